@@ -1,0 +1,219 @@
+"""Paths, the env file, and agent configs (`agents/<name>.json`)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .types import GENERATION_PARAM_TYPES, ConfigError, GenerationParams
+
+HOOK_EVENTS = ("agentSpawn", "preTurn", "postTurn", "preTool", "postTool", "preCompact", "postCompact", "turnError")
+
+
+def _dir(var: str, default: str) -> Path:
+    return Path(os.environ.get(var) or os.path.expanduser(default))
+
+
+def cfg_path() -> Path:
+    return _dir("OLLIE_CFG_PATH", "~/.config/ollie")
+
+
+def data_path() -> Path:
+    return _dir("OLLIE_DATA_PATH", "~/.local/share/ollie")
+
+
+def tmp_path() -> Path:
+    return _dir("OLLIE_TMP_PATH", "/tmp/ollie")
+
+
+def tools_path() -> list[Path]:
+    raw = os.environ.get("OLLIE_TOOLS_PATH") or str(cfg_path() / "tools")
+    return [Path(p) for p in raw.split(":") if p]
+
+
+def agents_path() -> list[Path]:
+    raw = os.environ.get("OLLIE_AGENTS_PATH") or str(cfg_path() / "agents")
+    return [Path(p) for p in raw.split(":") if p]
+
+
+def mount_path() -> Path:
+    return _dir("OLLIE", "~/mnt/ollie")
+
+
+def load_env_file(path: Path | None = None) -> None:
+    """Fill unset variables from `$OLLIE_CFG_PATH/env` (KEY=VALUE lines, # comments)."""
+    path = path or cfg_path() / "env"
+    try:
+        text = path.read_text()
+    except OSError:
+        return
+    for n, line in enumerate(text.splitlines(), 1):
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        key, sep, value = line.removeprefix("export ").partition("=")
+        key = key.strip()
+        if not sep or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
+            raise ConfigError(f"{path}:{n}: expected KEY=VALUE, got {line!r}")
+        value = value.strip()
+        if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
+            value = value[1:-1]
+        os.environ.setdefault(key, value)
+
+
+@dataclass
+class AgentConfig:
+    """An agent: its system prompt, tools, hooks, limits, generation params and MCP servers."""
+
+    name: str = "default"
+    path: str = ""  # the file it came from ("" for the built-in default)
+    prompt: str | list[str] = ""
+    backend: str = ""
+    model: str = ""
+    tools: bool = True
+    trusted_tools: list[str] = field(default_factory=list)
+    max_steps: int = 0  # 0: no budget
+    context_window: int = 0  # 0: ask the backend
+    compact_warn: float = 0.60
+    compact_at: float = 0.75
+    hooks: dict[str, list[str]] = field(default_factory=dict)
+    mcp_servers: dict[str, dict[str, Any]] = field(default_factory=dict)
+    params: GenerationParams = field(default_factory=GenerationParams)
+
+
+# JSON key → (attribute, expected type)
+_FIELDS: dict[str, tuple[str, type | tuple[type, ...]]] = {
+    "prompt": ("prompt", (str, list)),
+    "backend": ("backend", str),
+    "model": ("model", str),
+    "tools": ("tools", bool),
+    "trustedTools": ("trusted_tools", list),
+    "maxSteps": ("max_steps", int),
+    "contextWindow": ("context_window", int),
+    "compactWarn": ("compact_warn", (int, float)),
+    "compactAt": ("compact_at", (int, float)),
+    "hooks": ("hooks", dict),
+    "mcpServers": ("mcp_servers", dict),
+}
+_PARAM_KEYS = {
+    "temperature": "temperature",
+    "topP": "top_p",
+    "topK": "top_k",
+    "minP": "min_p",
+    "frequencyPenalty": "frequency_penalty",
+    "presencePenalty": "presence_penalty",
+    "repetitionPenalty": "repetition_penalty",
+    "maxTokens": "max_tokens",
+    "maxCompletionTokens": "max_completion_tokens",
+    "stop": "stop",
+    "responseFormat": "response_format",
+    "reasoningEffort": "reasoning_effort",
+    "reasoningBudget": "reasoning_budget",
+}
+
+
+def parse_agent(name: str, data: Any, path: str = "") -> AgentConfig:
+    """Validate a decoded agent config; errors name the file, the field and the fix."""
+    where = path or f"agent {name!r}"
+    if not isinstance(data, dict):
+        raise ConfigError(f"{where}: the config must be a JSON object, got {type(data).__name__}")
+    cfg = AgentConfig(name=name, path=path)
+    for key, value in data.items():
+        if key in _FIELDS:
+            attr, kind = _FIELDS[key]
+            if kind is int and isinstance(value, bool) or not isinstance(value, kind):
+                want = kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
+                raise ConfigError(f"{where}: field {key!r} must be {want}, got {json.dumps(value)}")
+            setattr(cfg, attr, value)
+        elif key in _PARAM_KEYS or key in GENERATION_PARAM_TYPES:
+            try:
+                cfg.params.set(_PARAM_KEYS.get(key, key), value)
+            except ValueError as e:
+                raise ConfigError(f"{where}: field {key!r}: {e}") from None
+        elif key in ("name", "description", "$schema"):
+            continue
+        else:
+            known = sorted([*_FIELDS, *_PARAM_KEYS])
+            raise ConfigError(f"{where}: unknown field {key!r}; known fields: {', '.join(known)}")
+    hooks: dict[str, list[str]] = {}
+    for event, cmds in cfg.hooks.items():
+        if event not in HOOK_EVENTS:
+            raise ConfigError(f"{where}: unknown hook event {event!r}; events: {', '.join(HOOK_EVENTS)}")
+        cmds = [cmds] if isinstance(cmds, str) else cmds
+        if not isinstance(cmds, list) or not all(isinstance(c, str) for c in cmds):
+            raise ConfigError(f"{where}: hooks.{event} must be a command string or a list of them")
+        hooks[event] = cmds
+    cfg.hooks = hooks
+    for server, spec in cfg.mcp_servers.items():
+        if not isinstance(spec, dict) or not ("command" in spec or "url" in spec):
+            raise ConfigError(f"{where}: mcpServers.{server} needs \"command\" (stdio) or \"url\" (HTTP)")
+    if not 0 < cfg.compact_warn <= cfg.compact_at <= 1:
+        raise ConfigError(f"{where}: need 0 < compactWarn <= compactAt <= 1")
+    return cfg
+
+
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+
+
+def list_agents() -> list[str]:
+    found = {"default"}
+    for d in agents_path():
+        if d.is_dir():
+            found.update(p.stem for p in d.glob("*.json"))
+    return sorted(found)
+
+
+def load_agent(name: str = "default") -> AgentConfig:
+    """Load `agents/<name>.json` from the agents path; "default" may be absent (built-in)."""
+    if not _NAME.fullmatch(name):
+        raise ConfigError(f"invalid agent name {name!r}: use letters, digits, '.', '_' and '-'")
+    for d in agents_path():
+        path = d / f"{name}.json"
+        if path.is_file():
+            try:
+                data = json.loads(path.read_text())
+            except json.JSONDecodeError as e:
+                raise ConfigError(f"{path}: invalid JSON at line {e.lineno} column {e.colno}: {e.msg}") from None
+            return parse_agent(name, data, str(path))
+    if name == "default":
+        return AgentConfig()
+    raise ConfigError(f"no agent {name!r}: create {agents_path()[0] / (name + '.json')}; known: {', '.join(list_agents())}")
+
+
+DEFAULT_SYSTEM_PROMPT = """You are ollie, a capable agent working in a Linux shell environment.
+Use the execute_code tool to run code when it helps: inspect files, compute, test. Prefer small steps.
+When the task is done, answer concisely."""
+
+
+def resolve_prompt(prompt: str | list[str], cwd: str) -> str:
+    """The system prompt: a literal (has a newline), `!command` output, a file's text, or the
+    joined outputs of a list of commands."""
+    if isinstance(prompt, list):
+        return "\n\n".join(_run_prompt_command(c, cwd) for c in prompt)
+    if not prompt:
+        return DEFAULT_SYSTEM_PROMPT
+    if "\n" in prompt:
+        return prompt
+    if prompt.startswith("!"):
+        return _run_prompt_command(prompt[1:], cwd)
+    path = Path(os.path.expanduser(prompt))
+    if not path.is_absolute():
+        path = cfg_path() / path
+    if path.is_file():
+        return path.read_text()
+    return prompt
+
+
+def _run_prompt_command(cmd: str, cwd: str) -> str:
+    try:
+        out = subprocess.run(["sh", "-c", cmd], cwd=cwd or None, capture_output=True, text=True, timeout=30)
+    except subprocess.TimeoutExpired:
+        raise ConfigError(f"prompt command {cmd!r} timed out after 30 s") from None
+    if out.returncode != 0:
+        raise ConfigError(f"prompt command {cmd!r} failed (exit {out.returncode}): {out.stderr.strip()[:500]}")
+    return out.stdout.strip()

@@ -1,0 +1,269 @@
+"""The data every layer shares: messages, tool calls, usage, stream chunks, events and errors.
+
+Nothing here imports anything heavy; every other module of ollie may import this one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+Role = Literal["system", "user", "assistant", "tool"]
+
+
+@dataclass(slots=True)
+class ToolCall:
+    id: str
+    name: str
+    arguments: str  # the JSON text exactly as the model wrote it; parsed when dispatched
+
+
+@dataclass(slots=True)
+class Message:
+    role: Role
+    content: str = ""
+    tool_calls: list[ToolCall] = field(default_factory=list)
+    tool_call_id: str = ""  # role "tool": the call this result answers
+    name: str = ""  # role "tool": the tool's name (some providers want it)
+    is_error: bool = False  # role "tool": the result is an error
+    # Provider state that must round-trip (e.g. Anthropic thinking blocks with signatures).
+    provider_data: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"role": self.role, "content": self.content}
+        if self.tool_calls:
+            d["tool_calls"] = [asdict(c) for c in self.tool_calls]
+        if self.tool_call_id:
+            d["tool_call_id"] = self.tool_call_id
+        if self.name:
+            d["name"] = self.name
+        if self.is_error:
+            d["is_error"] = True
+        if self.provider_data:
+            d["provider_data"] = self.provider_data
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Message:
+        return cls(
+            role=d["role"],
+            content=d.get("content") or "",
+            tool_calls=[ToolCall(**c) for c in d.get("tool_calls") or ()],
+            tool_call_id=d.get("tool_call_id", ""),
+            name=d.get("name", ""),
+            is_error=d.get("is_error", False),
+            provider_data=d.get("provider_data") or {},
+        )
+
+
+@dataclass(slots=True)
+class Usage:
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cache_read_tokens: int = 0
+    cache_write_tokens: int = 0
+    requests: int = 0
+    cost: float | None = None  # USD, when the provider reports it (OpenRouter)
+    estimated: bool = False  # token counts are our estimate, not the provider's
+
+    def add(self, other: Usage) -> None:
+        self.input_tokens += other.input_tokens
+        self.output_tokens += other.output_tokens
+        self.cache_read_tokens += other.cache_read_tokens
+        self.cache_write_tokens += other.cache_write_tokens
+        self.requests += other.requests
+        if other.cost is not None:
+            self.cost = (self.cost or 0.0) + other.cost
+        self.estimated = self.estimated or other.estimated
+
+
+# ---- what a backend streams -------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class TextDelta:
+    text: str
+
+
+@dataclass(slots=True)
+class ReasoningDelta:
+    text: str
+
+
+@dataclass(slots=True)
+class ToolCallDelta:
+    """A piece of a tool call. Pieces with the same index belong to one call; the call's
+    position among the turn's calls is its index, whatever order the pieces arrive in."""
+
+    index: int
+    id: str = ""
+    name: str = ""
+    arguments: str = ""
+
+
+@dataclass(slots=True)
+class UsageChunk:
+    usage: Usage
+
+
+StopReason = Literal["stop", "tool_calls", "length", "other"]
+
+
+@dataclass(slots=True)
+class Done:
+    """The stream's last chunk. A stream that ends without one was dropped."""
+
+    stop_reason: StopReason = "stop"
+    provider_data: dict[str, Any] = field(default_factory=dict)  # stored on the assistant message
+
+
+Chunk = TextDelta | ReasoningDelta | ToolCallDelta | UsageChunk | Done
+
+
+@dataclass(slots=True)
+class ToolSpec:
+    """A tool as offered to a model."""
+
+    name: str
+    description: str
+    input_schema: dict[str, Any]
+
+
+@dataclass(slots=True)
+class GenerationParams:
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    frequency_penalty: float | None = None
+    presence_penalty: float | None = None
+    repetition_penalty: float | None = None
+    max_tokens: int | None = None
+    max_completion_tokens: int | None = None
+    stop: list[str] | None = None
+    response_format: dict[str, Any] | None = None
+    reasoning_effort: str | None = None  # "low" | "medium" | "high"
+    reasoning_budget: int | None = None  # thinking tokens (Anthropic)
+
+    def set(self, key: str, value: Any) -> None:
+        """Set one parameter from text or a value; raises ValueError naming the key."""
+        if key not in GENERATION_PARAM_TYPES:
+            raise ValueError(f"unknown generation parameter {key!r}; known: {', '.join(GENERATION_PARAM_TYPES)}")
+        kind = GENERATION_PARAM_TYPES[key]
+        if value is None or value == "":
+            setattr(self, key, None)
+            return
+        try:
+            if kind is list and isinstance(value, str):
+                value = [s for s in value.split(",") if s]
+            elif kind is dict and isinstance(value, str):
+                import json
+
+                value = json.loads(value)
+            elif kind in (int, float, str):
+                value = kind(value)
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"{key}: expected {kind.__name__}, got {value!r}") from e
+        setattr(self, key, value)
+
+    def nonempty(self) -> dict[str, Any]:
+        return {k: v for k, v in asdict(self).items() if v is not None}
+
+
+GENERATION_PARAM_TYPES: dict[str, type] = {
+    "temperature": float,
+    "top_p": float,
+    "top_k": int,
+    "min_p": float,
+    "frequency_penalty": float,
+    "presence_penalty": float,
+    "repetition_penalty": float,
+    "max_tokens": int,
+    "max_completion_tokens": int,
+    "stop": list,
+    "response_format": dict,
+    "reasoning_effort": str,
+    "reasoning_budget": int,
+}
+
+
+# ---- what a frontend receives ------------------------------------------------------------------
+
+EventKind = Literal[
+    "user",  # text: the prompt that starts a turn
+    "assistant",  # text: a delta of the answer
+    "reasoning",  # text: a delta of the model's reasoning (never stored in history)
+    "call",  # name, text: the arguments JSON
+    "tool",  # name, text: the result; data["is_error"]
+    "usage",  # data: the session's Usage as a dict
+    "retry",  # text: why; data["seconds"]: seconds left (once a second)
+    "limitretry",  # the same for a rate limit
+    "maxsteps",  # the step budget ran out
+    "error",  # text: what went wrong
+    "info",  # text: a notice
+    "state",  # text: the new state
+    "done",  # the turn ended (successfully or not)
+]
+
+
+@dataclass(slots=True)
+class Event:
+    kind: EventKind
+    text: str = ""
+    name: str = ""
+    data: dict[str, Any] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"kind": self.kind}
+        if self.text:
+            d["text"] = self.text
+        if self.name:
+            d["name"] = self.name
+        if self.data:
+            d["data"] = self.data
+        return d
+
+
+# ---- backend errors ----------------------------------------------------------------------------
+
+
+class OllieError(Exception):
+    """Base of ollie's own errors; the message is meant for the user."""
+
+
+class ConfigError(OllieError):
+    """A configuration file or variable is wrong; the message names it and the fix."""
+
+
+class BackendError(OllieError):
+    """A backend request failed. `kind` is the taxonomy hooks and the loop use."""
+
+    kind = "unknown"
+
+    def __init__(self, message: str, *, provider: str = "", status: int | None = None):
+        self.provider = provider
+        self.status = status
+        prefix = provider + (f" (HTTP {status})" if status else "")
+        super().__init__(f"{prefix}: {message}" if prefix else message)
+
+
+class RateLimitError(BackendError):
+    kind = "rate_limit"
+
+    def __init__(self, message: str, *, retry_after: float | None = None, **kw: Any):
+        super().__init__(message, **kw)
+        self.retry_after = retry_after
+
+
+class TransientError(BackendError):
+    """5xx, network failure, or a stream that ended without its final chunk: worth retrying."""
+
+    kind = "transient"
+
+
+class ContextOverflowError(BackendError):
+    kind = "context_overflow"
+
+
+class ToolUnsupportedError(BackendError):
+    kind = "tool_unsupported"
