@@ -45,6 +45,14 @@ class Backend(Protocol):
 _REGISTRY: dict[str, str] = {
     "scripted": ".scripted:ScriptedBackend.from_options",
     "openai": ".openai:OpenAIBackend.from_options",
+    "anthropic": ".anthropic:AnthropicBackend.from_options",
+    "ollama": ".ollama:OllamaBackend.from_options",
+    "local": ".local:LocalBackend.from_options",
+    "openrouter": ".presets:openrouter",
+    "copilot": ".presets:copilot",
+    "llamacpp": ".presets:llamacpp",
+    "vllm": ".presets:vllm",
+    "lmstudio": ".presets:lmstudio",
 }
 
 

@@ -69,17 +69,31 @@ class Server(Protocol):
 Decl = Callable[[], Server]
 
 
+@dataclass(slots=True)
+class ServerStatus:
+    """What `/mcp` shows for one server."""
+
+    tools: dict[str, Tool]  # by the name a model calls them
+    error: str = ""  # why its tools are unavailable ("" when healthy)
+
+
 class Dispatcher:
     """Routes a tool name to the server that offers it. Names offered by more than one server
-    are shown as `<server>__<tool>` for every server that offers them, so no call is ambiguous."""
+    are shown as `<server>__<tool>` for every server that offers them, so no call is ambiguous.
+    Arguments are checked against the tool's input schema before the server sees them."""
 
     def __init__(self) -> None:
         self._servers: dict[str, Server] = {}
+        self._timeouts: dict[str, float | None] = {}
         self._routes: dict[str, tuple[str, Tool]] | None = None
+        self._errors: dict[str, str] = {}  # server → why its tools are missing from the routes
+        self._validators: dict[str, Any] = {}
 
-    def add_server(self, name: str, server: Server) -> None:
+    def add_server(self, name: str, server: Server, timeout: float | None = None) -> None:
+        """Register a server; `timeout` (seconds) bounds each of its calls."""
         self._servers[name] = server
-        self._routes = None
+        self._timeouts[name] = timeout
+        self.invalidate()
 
     def get_server(self, name: str) -> Server | None:
         return self._servers.get(name)
@@ -92,9 +106,11 @@ class Dispatcher:
             names = list(self._servers)
             listed = await asyncio.gather(*(self._servers[n].list_tools() for n in names), return_exceptions=True)
             offered: dict[str, list[tuple[str, Tool]]] = {}
+            self._errors = {}
             for server_name, tools in zip(names, listed):
                 if isinstance(tools, BaseException):
-                    continue  # a broken server offers nothing; it reports why in its own status
+                    self._errors[server_name] = str(tools) or type(tools).__name__
+                    continue
                 for tool in tools:
                     offered.setdefault(tool.name, []).append((server_name, tool))
             routes: dict[str, tuple[str, Tool]] = {}
@@ -108,31 +124,85 @@ class Dispatcher:
         return self._routes
 
     def invalidate(self) -> None:
-        """Forget the route table (a server's tool list changed)."""
+        """Forget the route table (a server's tool list or health changed)."""
         self._routes = None
+        self._validators = {}
 
     async def list_tools(self) -> dict[str, Tool]:
         """Every tool by the name a model calls it."""
         return {name: tool for name, (_, tool) in (await self._route_table()).items()}
 
+    async def server_status(self) -> dict[str, ServerStatus]:
+        """Every server, its tools and its health, asked afresh."""
+        self.invalidate()
+        routes = await self._route_table()
+        status = {name: ServerStatus({}, self._errors.get(name, "")) for name in self._servers}
+        for routed, (server_name, tool) in routes.items():
+            status[server_name].tools[routed] = tool
+        return status
+
     async def dispatch(self, name: str, arguments: dict[str, Any], ctx: CallContext) -> ToolResult:
         routes = await self._route_table()
         route = routes.get(name)
         if route is None:
-            known = ", ".join(sorted(routes)) or "none"
-            what = f"unknown tool {name!r}" if name else "empty tool name"
-            return ToolResult.of(f"{what}; available tools: {known}", is_error=True)
+            return ToolResult.of(self._unknown(name, routes), is_error=True)
+        invalid = self._check_arguments(name, route[1], arguments)
+        if invalid:
+            return ToolResult.of(invalid, is_error=True)
         server_name, tool = route
+        timeout = self._timeouts.get(server_name)
         try:
-            return await self._servers[server_name].call_tool(tool.name, arguments, ctx)
+            async with asyncio.timeout(timeout):
+                return await self._servers[server_name].call_tool(tool.name, arguments, ctx)
+        except TimeoutError:
+            return ToolResult.of(f"tool {name} timed out after {timeout:g} s (server {server_name})", is_error=True)
         except asyncio.CancelledError:
             raise
         except Exception as e:  # a server's failure is the call's result, never the session's end
+            self.invalidate()  # the server may be gone: the next listing shows it
             return ToolResult.of(f"tool {name} failed: {e}", is_error=True)
 
+    def _unknown(self, name: str, routes: dict[str, tuple[str, Tool]]) -> str:
+        known = ", ".join(sorted(routes)) or "none"
+        text = f"unknown tool {name!r}" if name else "empty tool name"
+        text += f"; available tools: {known}"
+        for server_name, error in self._errors.items():
+            text += f"; server {server_name} is unavailable: {error}"
+        return text
+
+    def _check_arguments(self, name: str, tool: Tool, arguments: Any) -> str:
+        """The validation message for arguments that fail the tool's input schema, else ""."""
+        if not isinstance(arguments, dict):
+            return f"invalid arguments for {name}: expected a JSON object, got {type(arguments).__name__}"
+        validator = self._validators.get(name)
+        if validator is None:
+            from jsonschema.validators import validator_for  # lazy: ~40 ms to import
+
+            validator = self._validators[name] = validator_for(tool.input_schema)(tool.input_schema)
+        try:
+            errors = sorted(validator.iter_errors(arguments), key=lambda e: list(map(str, e.absolute_path)))
+        except Exception:  # a schema jsonschema cannot use: the server checks for itself
+            return ""
+        if not errors:
+            return ""
+        lines = [f"{'/'.join(map(str, e.absolute_path)) or '(arguments)'}: {e.message[:300]}" for e in errors[:5]]
+        return f"invalid arguments for {name}:\n" + "\n".join(lines)
+
     async def close(self) -> None:
-        servers, self._servers, self._routes = list(self._servers.values()), {}, None
+        servers, self._servers = list(self._servers.values()), {}
+        self.invalidate()
         await asyncio.gather(*(s.close() for s in servers), return_exceptions=True)
+
+
+def format_status(status: dict[str, ServerStatus]) -> str:
+    """Servers, their health and their tools as `/mcp` and `ollie tools list` show them."""
+    lines = []
+    for server_name, st in status.items():
+        lines.append(f"{server_name}: {'unavailable: ' + st.error if st.error else 'ok'}")
+        for name, tool in st.tools.items():
+            summary = tool.description.strip().splitlines()[0] if tool.description.strip() else ""
+            lines.append(f"  {name}" + (f": {summary[:100]}" if summary else ""))
+    return "\n".join(lines) or "(no tool servers)"
 
 
 def new_dispatcher_func(decls: Mapping[str, Decl]) -> Callable[[], Dispatcher]:

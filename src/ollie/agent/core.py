@@ -1,0 +1,676 @@
+"""The agent: `Core` is the API frontends drive; `_run_turn` is the loop.
+
+One turn: send history to the backend, stream the answer, run the tool calls it asks for (in the
+model's order), append the results, repeat until the model answers without tools. Everything a
+frontend sees arrives as `Event`s; everything completed is on disk before the next request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import json
+import logging
+import os
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from .. import config
+from ..chatfmt import ChatRenderer
+from ..tools import CallContext, Dispatcher, Tool, ToolResult
+from ..types import (
+    BackendError,
+    ContextOverflowError,
+    Done,
+    Event,
+    GenerationParams,
+    Message,
+    RateLimitError,
+    ReasoningDelta,
+    TextDelta,
+    ToolCall,
+    ToolCallDelta,
+    ToolSpec,
+    TransientError,
+    Usage,
+    UsageChunk,
+)
+from . import context, hooks
+from .session import SessionMeta, SessionStore, check_session_id, new_session_id
+
+if TYPE_CHECKING:
+    from ..backends import Backend
+    from .env import AgentEnv
+
+log = logging.getLogger("ollie.core")
+
+MAX_ATTEMPTS = 4  # requests per step, retries included
+RETRY_CAP = 60.0  # seconds: no provider's Retry-After makes us wait longer than this
+RESULT_LIMIT = 8192  # bytes of a tool result the model sees; the rest is saved to the tmpdir
+NUDGE_AFTER, FAIL_AFTER = 5, 10  # consecutive all-error tool rounds
+PLAN_EVERY = 10  # rounds between re-showing the plan
+FIELDS = ("state", "usage", "ctxsz", "cwd", "reply")
+
+
+class TurnError(Exception):
+    """The turn cannot go on (the message says why); completed work is kept."""
+
+
+@dataclass
+class CoreConfig:
+    backend: Backend
+    env: AgentEnv  # the agent config, its dispatcher and resolved system prompt (build_agent_env)
+    new_dispatcher: Callable[[], Dispatcher] | None = None  # for /agent switches
+    session_id: str = ""  # restore this stored session; "" starts a new one
+    store_root: Path | None = None  # default $OLLIE_DATA_PATH/sessions
+
+
+class Core:
+    def __init__(self, cfg: CoreConfig):
+        self.backend = cfg.backend
+        self._env = cfg.env
+        self._new_dispatcher = cfg.new_dispatcher
+        sid = cfg.session_id or new_session_id()
+        self._store = SessionStore(sid, cfg.store_root)
+        self.messages: list[Message] = []
+        self.usage_total = Usage()
+        self.params = GenerationParams(**cfg.env.config.params.nonempty())
+        self._env_vars: dict[str, str] = {}
+        self._cwd = os.path.abspath(cfg.env.cwd or os.getcwd())
+        self.plan = ""
+        self._meta = SessionMeta(id=sid, agent=cfg.env.config.name)
+        if self._store.exists():
+            self._restore()
+        else:
+            self._store.create()
+        self._meta.backend, self._meta.model = self.backend.name, self.backend.model
+        self._save_meta()
+        self._state = "idle"
+        self._reply = ""
+        self._queue: collections.deque[str] = collections.deque()
+        self._inject: str | None = None
+        self._turn: asyncio.Task | None = None
+        self._subscribers: list[Callable[[Event], None]] = []
+        self._changed = asyncio.Event()
+        self._renderer = ChatRenderer()
+        self._ctx_len: int | None = cfg.env.config.context_window or None
+        self._last_input_tokens = 0  # what the backend said the last request cost, for ctxsz
+        self.tmpdir = config.tmp_path() / sid
+        self.tmpdir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self.window = context.Window(self)
+
+    def _restore(self) -> None:
+        meta = self._store.load_meta()
+        self._meta = meta
+        self.messages = self._store.load_history()
+        self.usage_total = Usage(**meta.usage) if meta.usage else Usage()
+        self._env_vars = dict(meta.env)
+        for k, v in meta.params.items():
+            self.params.set(k, v)
+        if meta.cwd and os.path.isdir(meta.cwd):
+            self._cwd = meta.cwd
+        self.plan = self._store.load_plan()
+
+    # ---- identity and settings ------------------------------------------------------------------
+    @property
+    def session_id(self) -> str:
+        return self._store.id
+
+    def set_session_id(self, new_id: str) -> None:
+        self._refuse_while_running("rename the session")
+        check_session_id(new_id)
+        if new_id == self.session_id:
+            return
+        self._store.rename(new_id)
+        new_tmp = config.tmp_path() / new_id
+        if self.tmpdir.exists():
+            os.rename(self.tmpdir, new_tmp)
+        self.tmpdir = new_tmp
+        self._meta.id = new_id
+        self._save_meta()
+
+    @property
+    def agent_name(self) -> str:
+        return self._env.config.name
+
+    @property
+    def backend_name(self) -> str:
+        return self.backend.name
+
+    @property
+    def model(self) -> str:
+        return self.backend.model
+
+    @property
+    def dispatcher(self) -> Dispatcher:
+        return self._env.dispatcher
+
+    @property
+    def agent_config(self) -> config.AgentConfig:
+        return self._env.config
+
+    @property
+    def meta(self) -> SessionMeta:
+        return self._meta
+
+    @property
+    def chat_path(self) -> Path:
+        return self._store.chat_path
+
+    @property
+    def cwd(self) -> str:
+        return self._cwd
+
+    def set_cwd(self, path: str) -> None:
+        path = os.path.abspath(os.path.join(self._cwd, os.path.expanduser(path)))
+        if not os.path.isdir(path):
+            raise ValueError(f"not a directory: {path}")
+        self._cwd = path
+        self._save_meta()
+        self._notify()
+
+    @property
+    def env(self) -> dict[str, str]:
+        return dict(self._env_vars)
+
+    def set_env(self, key: str, value: str | None) -> None:
+        if not key or "=" in key or "\0" in key:
+            raise ValueError(f"invalid variable name {key!r}")
+        if value is None:
+            self._env_vars.pop(key, None)
+        else:
+            self._env_vars[key] = value
+        self._save_meta()
+
+    def set_param(self, key: str, value: Any) -> None:
+        self._refuse_while_running("change generation parameters")
+        self.params.set(key, value)
+        self._save_meta()
+
+    def set_plan(self, text: str) -> None:
+        self.plan = text
+        self._store.save_plan(text)
+
+    def _refuse_while_running(self, what: str) -> None:
+        if self.running:
+            raise ValueError(f"cannot {what} while a turn is running; interrupt it first")
+
+    def _save_meta(self) -> None:
+        m = self._meta
+        m.cwd, m.env, m.params = self._cwd, self._env_vars, self.params.nonempty()
+        m.agent, m.backend, m.model = self._env.config.name, self.backend.name, self.backend.model
+        m.usage = {k: v for k, v in vars_of(self.usage_total).items()}
+        self._store.save_meta(m)
+
+    # ---- observing ---------------------------------------------------------------------------------
+    def subscribe(self, handler: Callable[[Event], None]) -> Callable[[], None]:
+        self._subscribers.append(handler)
+        return lambda: self._subscribers.remove(handler) if handler in self._subscribers else None
+
+    def _emit(self, ev: Event) -> None:
+        if text := self._renderer.render(ev):
+            self._store.append_chat(text)
+        for handler in tuple(self._subscribers):
+            try:
+                handler(ev)
+            except Exception:  # a broken frontend must not break the loop
+                log.exception("event handler failed")
+        if ev.kind in ("usage", "done", "state"):
+            self._notify()
+
+    def _notify(self) -> None:
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    def _set_state(self, state: str) -> None:
+        if state != self._state:
+            self._state = state
+            self._emit(Event("state", state))
+
+    @property
+    def state(self) -> str:
+        return self._state
+
+    @property
+    def running(self) -> bool:
+        return self._turn is not None and not self._turn.done()
+
+    @property
+    def reply(self) -> str:
+        return self._reply
+
+    def field(self, name: str) -> str:
+        if name not in FIELDS:
+            raise ValueError(f"unknown field {name!r}; fields: {', '.join(FIELDS)}")
+        return {"state": lambda: self._state, "usage": self.usage, "ctxsz": self.ctxsz,
+                "cwd": lambda: self._cwd, "reply": lambda: self._reply}[name]()
+
+    async def wait_change(self, name: str, current: str, timeout: float | None = None) -> str:
+        """Block until `name` differs from `current` (or the timeout passes); return its value."""
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
+        while (value := self.field(name)) == current:
+            remaining = None if deadline is None else deadline - loop.time()
+            if remaining is not None and remaining <= 0:
+                break
+            try:
+                await asyncio.wait_for(self._changed.wait(), remaining)
+            except TimeoutError:
+                break
+        return self.field(name)
+
+    def usage(self) -> str:
+        u = self.usage_total
+        s = f"{u.input_tokens} in, {u.output_tokens} out, {u.requests} requests"
+        if u.cache_read_tokens:
+            s += f", {u.cache_read_tokens} cached"
+        return s + (" [estimated]" if u.estimated else "")
+
+    def ctxsz(self) -> str:
+        est, size = self.window.estimate(), self.context_length
+        return f"{est} / {size} ({100 * est // max(size, 1)}%)"
+
+    @property
+    def context_length(self) -> int:
+        return self._ctx_len or context.DEFAULT_WINDOW
+
+    def cost(self) -> str:
+        return f"costLast=${self._meta.cost_last:.6f}\ncostSession=${self._meta.cost_session:.6f}" + (
+            "" if self._price_known() else f"\n(no price known for model {self.model!r}: counted as $0)"
+        )
+
+    def _price_known(self) -> bool:
+        from ..cost import cost_of
+
+        return self.usage_total.cost is not None or cost_of(self.model, Usage(input_tokens=1))[1]
+
+    def system_prompt(self) -> str:
+        return self._env.system_prompt
+
+    def context_jsonl(self) -> str:
+        return "".join(json.dumps(m.to_dict(), ensure_ascii=False) + "\n" for m in self.messages)
+
+    async def models(self) -> list[str]:
+        return sorted(await self.backend.models())
+
+    async def list_servers(self) -> dict[str, list[Tool]]:
+        """Every server and its tools; a server that failed lists none (its status says why)."""
+        out: dict[str, list[Tool]] = {}
+        for name, server in self.dispatcher.servers().items():
+            try:
+                out[name] = await server.list_tools()
+            except Exception:
+                out[name] = []
+        return out
+
+    # ---- prompts -----------------------------------------------------------------------------------
+    async def submit(self, prompt: str) -> None:
+        """Run `prompt` (and every follow-up) to completion; while a turn runs, queue it instead.
+        `/commands` and `!shell` lines are handled at once, even during a turn."""
+        prompt = prompt.strip()
+        if not prompt:
+            return
+        if prompt[0] in "/!":
+            from .commands import run_command
+
+            if await run_command(self, prompt):
+                return
+        if self.running:
+            self._queue.append(prompt)
+            self._emit(Event("info", f"queued: {prompt[:80]}"))
+            return
+        self._turn = asyncio.create_task(self._run_until_idle(prompt))
+        await asyncio.shield(self._turn)
+
+    def start(self, prompt: str) -> asyncio.Task:
+        """`submit` in the background (for frontends that must not wait)."""
+        return asyncio.ensure_future(self.submit(prompt))
+
+    def interrupt(self) -> bool:
+        if not self.running:
+            return False
+        self._turn.cancel()
+        return True
+
+    def inject(self, prompt: str) -> None:
+        """Deliver `prompt` into the running turn with the next tool result; else queue it."""
+        if self.running and self._inject is None:
+            self._inject = prompt
+        else:
+            self.queue(prompt)
+
+    def queue(self, prompt: str) -> None:
+        self._queue.append(prompt)
+        self._notify()
+
+    def pop_queue(self) -> str | None:
+        return self._queue.popleft() if self._queue else None
+
+    def queued(self) -> list[str]:
+        return list(self._queue)
+
+    async def _run_until_idle(self, prompt: str | None) -> None:
+        while prompt is not None:
+            follow_up = await self._guarded_turn(prompt)
+            if follow_up is None and self._inject is not None:
+                follow_up, self._inject = self._inject, None
+            prompt = follow_up if follow_up is not None else self.pop_queue()
+
+    async def _guarded_turn(self, prompt: str) -> str | None:
+        """One turn, whatever happens in it: errors become events, the state returns to idle."""
+        follow_up = None
+        try:
+            follow_up = await self._run_turn(prompt)
+        except asyncio.CancelledError:
+            asyncio.current_task().uncancel()
+            self._emit(Event("info", "interrupted"))
+        except Exception as e:
+            kind = getattr(e, "kind", "unknown")
+            if not isinstance(e, (BackendError, TurnError)):
+                log.exception("turn failed")
+            self._emit(Event("error", str(e) or type(e).__name__, data={"error_type": kind}))
+            handled = await hooks.run(self, "turnError", {"error": str(e), "error_type": kind})
+            follow_up = handled.next_prompt
+        finally:
+            self._set_state("idle")
+            self._save_meta()
+            self._emit(Event("done"))
+        return follow_up
+
+    # ---- the loop ----------------------------------------------------------------------------------
+    async def _run_turn(self, prompt: str) -> str | None:
+        """Run one turn; return a follow-up prompt (from a postTurn hook) or None."""
+        self._reply = ""
+        pre = await hooks.run(self, "preTurn", {"prompt": prompt})
+        if pre.blocked:
+            raise TurnError(f"preTurn hook blocked the turn: {pre.reason}")
+        await self.window.before_turn(prompt)
+        content = prompt + (f"\n\n{pre.output}" if pre.output else "")
+        if not self._meta.first_prompt:
+            self._meta.first_prompt = prompt[:200]
+        self._emit(Event("user", prompt))
+        start = len(self.messages)
+        self._commit([Message("user", content)])
+        try:
+            await self._steps(start)
+        except ContextOverflowError:
+            self._emit(Event("info", "context overflow: compacting and retrying the turn"))
+            await self.window.compact(reason="overflow", keep_prompt=content)
+            start = len(self.messages) - 1
+            await self._steps(start)
+        self._reply = "\n".join(m.content for m in self.messages[start:] if m.role == "assistant" and m.content)
+        post = await hooks.run(self, "postTurn", {"prompt": prompt, "reply": self._reply})
+        return post.reason if post.blocked else None
+
+    async def _steps(self, start: int) -> None:
+        tools = await self._tool_specs()
+        failing = steps = 0
+        max_steps = self._env.config.max_steps
+        while True:
+            if max_steps and steps >= max_steps:
+                self._emit(Event("maxsteps", f"step budget of {max_steps} exhausted"))
+                note = (f"[The step budget of {max_steps} steps is exhausted. Do not call tools. Summarize "
+                        "what you did, what you found and what remains to be done.]")
+                self._commit([Message("user", note)])
+                self._commit([await self._request([])])
+                return
+            steps += 1
+            assistant = await self._request(tools)
+            if not assistant.tool_calls:
+                self._commit([assistant])
+                return
+            results = await self._run_calls(assistant)
+            failing = failing + 1 if all(r.is_error for r in results) else 0
+            if failing >= FAIL_AFTER:
+                self._commit([assistant, *results])
+                raise TurnError(f"{FAIL_AFTER} consecutive tool rounds failed; stopping the turn")
+            notes = []
+            if failing == NUDGE_AFTER:
+                notes.append(f"[{NUDGE_AFTER} tool rounds in a row failed. Step back: read the errors, "
+                             "check your assumptions, and try a different approach.]")
+            if self.plan and steps % PLAN_EVERY == 0:
+                notes.append(f"[Your plan, as it stands:]\n{self.plan}")
+            if self._inject is not None:
+                notes.append(f"<system-user-interruption>{self._inject}</system-user-interruption>")
+                self._inject = None
+            if notes:
+                results[-1].content += "\n\n" + "\n\n".join(notes)
+            self._commit([assistant, *results])
+
+    def _commit(self, messages: list[Message]) -> None:
+        """Append completed messages to the history and to disk."""
+        self.messages.extend(messages)
+        self._store.append_messages(messages)
+        self.window.added(messages)
+
+    async def _tool_specs(self) -> list[ToolSpec]:
+        if not self._env.config.tools:
+            return []
+        return [tool.spec(name) for name, tool in (await self.dispatcher.list_tools()).items()]
+
+    async def _request(self, tools: list[ToolSpec]) -> Message:
+        """One model answer, retrying rate limits, 5xx and dropped streams with capped waits."""
+        for attempt in range(MAX_ATTEMPTS):
+            try:
+                return await self._stream_once(tools)
+            except (RateLimitError, TransientError) as e:
+                if attempt == MAX_ATTEMPTS - 1:
+                    raise
+                if isinstance(e, RateLimitError):
+                    wait, kind = e.retry_after if e.retry_after is not None else 5.0 * 2**attempt, "limitretry"
+                else:
+                    wait, kind = 2.0 * 2**attempt, "retry"
+                await self._countdown(min(wait, RETRY_CAP), kind, str(e))
+        raise AssertionError("unreachable")
+
+    async def _countdown(self, seconds: float, kind: str, why: str) -> None:
+        self._set_state("limitretry" if kind == "limitretry" else "thinking")
+        left, first = seconds, True
+        while left > 0:
+            self._emit(Event(kind, why, data={"seconds": round(left, 1), "first": first}))
+            first = False
+            step = min(1.0, left)
+            await asyncio.sleep(step)
+            left -= step
+
+    async def _stream_once(self, tools: list[ToolSpec]) -> Message:
+        self._set_state("thinking")
+        messages = [Message("system", self._env.system_prompt), *self.messages]
+        text: list[str] = []
+        parts: dict[int, ToolCallDelta] = {}
+        done: Done | None = None
+        counted = False
+        async for chunk in self.backend.stream(messages, tools, self.params):
+            if isinstance(chunk, TextDelta):
+                text.append(chunk.text)
+                self._emit(Event("assistant", chunk.text))
+            elif isinstance(chunk, ToolCallDelta):
+                part = parts.setdefault(chunk.index, ToolCallDelta(chunk.index))
+                part.id = part.id or chunk.id
+                part.name += chunk.name
+                part.arguments += chunk.arguments
+            elif isinstance(chunk, UsageChunk):
+                counted = counted or bool(chunk.usage.input_tokens or chunk.usage.output_tokens)
+                self._add_usage(chunk.usage)
+            elif isinstance(chunk, ReasoningDelta):
+                self._emit(Event("reasoning", chunk.text))
+            elif isinstance(chunk, Done):
+                done = chunk
+        if done is None:
+            raise TransientError("the stream ended before the answer was complete", provider=self.backend.name)
+        calls = [ToolCall(p.id or f"call_{i}", p.name, p.arguments) for i, p in sorted(parts.items())]
+        content = "".join(text)
+        if not counted:  # the backend gave no token counts: estimate them, and say so
+            out = len(content) + sum(len(c.arguments) for c in calls)
+            self._add_usage(Usage(input_tokens=self.window.estimate(), output_tokens=out // context.CHARS_PER_TOKEN,
+                                  requests=0, estimated=True))
+        if not calls and tools and content:
+            content, calls = self._recover_text_calls(content, tools)
+        if done.stop_reason == "length" and not calls:
+            self._emit(Event("info", "the answer was cut off at the token limit"))
+        return Message("assistant", content, tool_calls=calls, provider_data=done.provider_data)
+
+    @staticmethod
+    def _recover_text_calls(content: str, tools: list[ToolSpec]) -> tuple[str, list[ToolCall]]:
+        from ..textcalls import recover_tool_calls
+
+        return recover_tool_calls(content, {t.name for t in tools})
+
+    def _add_usage(self, usage: Usage) -> None:
+        from ..cost import cost_of
+
+        self.usage_total.add(usage)
+        self._last_input_tokens = usage.input_tokens + usage.cache_read_tokens + usage.cache_write_tokens
+        self.window.mark_usage()
+        last = usage.cost if usage.cost is not None else cost_of(self.model, usage)[0]
+        self._meta.cost_last = last
+        self._meta.cost_session += last
+        self._emit(Event("usage", self.usage(), data=vars_of(self.usage_total)))
+        cap = os.environ.get("OLLIE_MAX_SESSION_COST")
+        if cap and self._meta.cost_session > float(cap):
+            raise TurnError(f"session cost ${self._meta.cost_session:.4f} exceeds OLLIE_MAX_SESSION_COST=${cap}")
+
+    # ---- tool calls --------------------------------------------------------------------------------
+    async def _run_calls(self, assistant: Message) -> list[Message]:
+        """Run the calls in the model's order; consecutive read-only calls run concurrently and
+        identical ones once. On interrupt, calls that did not finish are stripped from history."""
+        calls = assistant.tool_calls
+        tools = await self.dispatcher.list_tools()
+        results: list[Message | None] = [None] * len(calls)
+        try:
+            i = 0
+            while i < len(calls):
+                j = i + 1
+                if self._read_only(calls[i], tools):
+                    while j < len(calls) and self._read_only(calls[j], tools):
+                        j += 1
+                batch: dict[tuple[str, str], asyncio.Future] = {}
+                for k in range(i, j):
+                    key = (calls[k].name, calls[k].arguments)
+                    if key not in batch:
+                        batch[key] = asyncio.ensure_future(self._call(calls[k]))
+                await asyncio.gather(*batch.values())
+                for k in range(i, j):
+                    r = batch[(calls[k].name, calls[k].arguments)].result()
+                    results[k] = Message("tool", r.content, tool_call_id=calls[k].id, name=calls[k].name,
+                                         is_error=r.is_error)
+                i = j
+        except asyncio.CancelledError:
+            kept = [(c, r) for c, r in zip(calls, results) if r is not None]
+            if kept or assistant.content:
+                assistant.tool_calls = [c for c, _ in kept]
+                self._commit([assistant, *(r for _, r in kept)])
+            raise
+        return results  # type: ignore[return-value]
+
+    @staticmethod
+    def _read_only(call: ToolCall, tools: dict[str, Tool]) -> bool:
+        tool = tools.get(call.name)
+        return tool is not None and tool.read_only
+
+    async def _call(self, call: ToolCall) -> Message:
+        self._set_state(f"calling: {call.name}")
+        self._emit(Event("call", call.arguments, name=call.name))
+        result = await self._dispatch(call)
+        text = self._fit(result.text(), call.id)
+        self._emit(Event("tool", text, name=call.name, data={"is_error": result.is_error}))
+        return Message("tool", text, is_error=result.is_error)
+
+    async def _dispatch(self, call: ToolCall) -> ToolResult:
+        try:
+            args = json.loads(call.arguments) if call.arguments.strip() else {}
+        except json.JSONDecodeError as e:
+            return ToolResult.of(f"invalid JSON arguments for {call.name}: {e.msg} at position {e.pos}; "
+                                 "send one JSON object that matches the tool's schema", is_error=True)
+        if not isinstance(args, dict):
+            return ToolResult.of(f"arguments for {call.name} must be a JSON object, got {type(args).__name__}",
+                                 is_error=True)
+        pre = await hooks.run(self, "preTool", {"tool": call.name, "arguments": call.arguments})
+        if pre.blocked:
+            return ToolResult.of(f"blocked by a preTool hook: {pre.reason}", is_error=True)
+        ctx = CallContext(cwd=self._cwd, session_id=self.session_id, env=dict(self._env_vars), tmpdir=str(self.tmpdir))
+        result = await self.dispatcher.dispatch(call.name, args, ctx)
+        post = await hooks.run(self, "postTool", {"tool": call.name, "arguments": call.arguments,
+                                                  "result": result.text()[:RESULT_LIMIT], "is_error": result.is_error})
+        if post.blocked:
+            return ToolResult.of(f"result withheld by a postTool hook: {post.reason}", is_error=True)
+        if post.output:
+            result.content.append({"type": "text", "text": post.output})
+        return result
+
+    def _fit(self, text: str, call_id: str) -> str:
+        """Cut a result to RESULT_LIMIT bytes; the whole of it is saved where the model can read it."""
+        data = text.encode()
+        if len(data) <= RESULT_LIMIT:
+            return text
+        path = self.tmpdir / "results" / f"{call_id or 'result'}.txt"
+        path.parent.mkdir(exist_ok=True)
+        path.write_bytes(data)
+        head = data[:RESULT_LIMIT].decode(errors="ignore")
+        return (f"{head}\n[result truncated: first {RESULT_LIMIT} of {len(data)} bytes shown; the whole result "
+                f"is in {path}; read on from offset={RESULT_LIMIT}, e.g. tail -c +{RESULT_LIMIT + 1} {path}]")
+
+    # ---- switching and life cycle -----------------------------------------------------------------
+    async def set_backend(self, name: str, model: str | None = None) -> None:
+        from .. import backends
+
+        self._refuse_while_running("switch the backend")
+        new = backends.create(name, model or None)
+        old, self.backend = self.backend, new
+        self._ctx_len = self._env.config.context_window or None
+        await old.aclose()
+        self._save_meta()
+
+    async def set_model(self, model: str) -> None:
+        await self.set_backend(self.backend.name, model)
+
+    async def set_agent(self, name: str) -> None:
+        """Switch agent: a fresh dispatcher (every server torn down and rebuilt), new env; cwd kept."""
+        from .env import build_agent_env
+
+        self._refuse_while_running("switch the agent")
+        if self._new_dispatcher is None:
+            raise ValueError("this session was built without a dispatcher factory; cannot switch agents")
+        cfg = config.load_agent(name)
+        await self.dispatcher.close()
+        self._env = await build_agent_env(cfg, self._new_dispatcher(), self._cwd)
+        self._ctx_len = cfg.context_window or None
+        for info in self._env.infos:
+            self._emit(Event("info", info))
+        self._save_meta()
+
+    async def refresh_context_length(self) -> None:
+        if not self._env.config.context_window:
+            try:
+                self._ctx_len = await self.backend.context_length()
+            except Exception as e:
+                log.warning("context length unknown for %s: %s", self.backend.name, e)
+
+    def clear(self) -> None:
+        self._refuse_while_running("clear the history")
+        self._store.replace_history([], archive=self.messages)
+        self.messages = []
+        self.window.reset()
+        self._notify()
+
+    async def compact(self) -> None:
+        self._refuse_while_running("compact")
+        await self.window.compact(reason="manual")
+
+    async def close(self) -> None:
+        """Stop the turn, close the tool servers and the backend, remove the tmpdir."""
+        if self.running:
+            self._turn.cancel()
+            await asyncio.gather(self._turn, return_exceptions=True)
+        await self.dispatcher.close()
+        await self.backend.aclose()
+        self._save_meta()
+        self._store.close()
+        shutil.rmtree(self.tmpdir, ignore_errors=True)
+
+
+def vars_of(usage: Usage) -> dict[str, Any]:
+    return {k: getattr(usage, k) for k in usage.__dataclass_fields__}

@@ -1,0 +1,230 @@
+"""OpenAI-compatible Chat Completions on the official `openai` SDK (imported on first request).
+
+Requests go through the SDK's client (`post` with a plain body and dict chunks) rather than its typed
+`chat.completions.create`, whose parameter conversion costs milliseconds per call; the SDK still does
+the transport, SSE decoding and errors. Retries are the Core's business, so the SDK's are off.
+
+Configuration: OLLIE_OPENAI_URL (without /v1) or OPENAI_BASE_URL, OLLIE_OPENAI_KEY or OPENAI_API_KEY.
+Presets (openrouter, copilot, local servers) are this backend with other defaults: see presets.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from ..types import (
+    BackendError,
+    Chunk,
+    ConfigError,
+    Done,
+    GenerationParams,
+    Message,
+    ReasoningDelta,
+    TextDelta,
+    ToolCallDelta,
+    ToolSpec,
+    Usage,
+    UsageChunk,
+)
+from . import http_error
+
+OPENAI_URL = "https://api.openai.com/v1"
+_FINISH = {"stop": "stop", "tool_calls": "tool_calls", "function_call": "tool_calls", "length": "length"}
+# Parameters the Chat Completions API takes by these names; the rest go in the body as local servers
+# (llama.cpp, vLLM) spell them.
+_BODY_PARAMS = {
+    "temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "min_p": "min_p",
+    "frequency_penalty": "frequency_penalty", "presence_penalty": "presence_penalty",
+    "repetition_penalty": "repetition_penalty", "max_tokens": "max_tokens",
+    "max_completion_tokens": "max_completion_tokens", "stop": "stop", "response_format": "response_format",
+    "reasoning_effort": "reasoning_effort",
+}
+
+
+def env_url() -> str:
+    if url := os.environ.get("OLLIE_OPENAI_URL"):
+        url = url.rstrip("/")
+        return url if url.endswith("/v1") else url + "/v1"
+    return os.environ.get("OPENAI_BASE_URL") or OPENAI_URL
+
+
+class OpenAIBackend:
+    def __init__(
+        self,
+        model: str | None = None,
+        *,
+        base_url: str | None = None,
+        api_key: str | None = None,
+        name: str = "openai",
+        headers: dict[str, str] | None = None,
+        extra_body: dict[str, Any] | None = None,
+        prepare: Callable[[dict[str, Any]], None] | None = None,
+        key_vars: tuple[str, ...] = ("OLLIE_OPENAI_KEY", "OPENAI_API_KEY"),
+        default_model: str = "gpt-4o-mini",
+    ):
+        """`prepare(body)` may edit each request body in place (a preset's cache_control, say)."""
+        self.name = name
+        self.base_url = (base_url or env_url()).rstrip("/")
+        self.model = model or os.environ.get("OLLIE_MODEL") or default_model
+        if api_key is None:
+            api_key = next((os.environ[v] for v in key_vars if os.environ.get(v)), None)
+        if api_key is None and self.base_url == OPENAI_URL:
+            raise ConfigError(f"{name}: no API key: set {' or '.join(key_vars)} (or OLLIE_OPENAI_URL for a local server)")
+        self._api_key = api_key or "none"  # local servers take any key
+        self._headers = headers or {}
+        self._extra_body = extra_body or {}
+        self._prepare = prepare
+        self._client: Any = None
+        self._model_info: list[dict[str, Any]] | None = None
+
+    @classmethod
+    def from_options(cls, model: str | None = None, **options: Any) -> OpenAIBackend:
+        return cls(model, **options)
+
+    def _sdk(self) -> Any:
+        if self._client is None:
+            import openai
+
+            self._client = openai.AsyncOpenAI(
+                base_url=self.base_url, api_key=self._api_key, max_retries=0,
+                default_headers=self._headers, timeout=openai.DEFAULT_TIMEOUT,
+            )
+        return self._client
+
+    # ---- the request ------------------------------------------------------------------------------
+    def request_body(self, messages: list[Message], tools: list[ToolSpec], params: GenerationParams) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "model": self.model,
+            "messages": [_wire_message(m) for m in messages],
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+        if tools:
+            body["tools"] = [
+                {"type": "function", "function": {"name": t.name, "description": t.description, "parameters": t.input_schema}}
+                for t in tools
+            ]
+        for key, value in params.nonempty().items():
+            if key in _BODY_PARAMS:
+                body[_BODY_PARAMS[key]] = value
+        body.update(self._extra_body)
+        if self._prepare:
+            self._prepare(body)
+        return body
+
+    async def stream(self, messages: list[Message], tools: list[ToolSpec], params: GenerationParams) -> AsyncIterator[Chunk]:
+        import openai
+        from openai import AsyncStream
+
+        client = self._sdk()
+        body = self.request_body(messages, tools, params)
+        finish: str | None = None
+        try:
+            stream = await client.post("/chat/completions", body=body, cast_to=object, stream=True,
+                                       stream_cls=AsyncStream[object])
+            async for data in stream:
+                if not isinstance(data, dict):
+                    raise BackendError(f"malformed stream chunk: {str(data)[:200]}", provider=self.name)
+                for chunk in self._chunks(data):
+                    if isinstance(chunk, Done):
+                        finish = chunk.stop_reason
+                    else:
+                        yield chunk
+        except openai.APIStatusError as e:
+            raise http_error(self.name, e.status_code, _error_message(e), e.response.headers.get("retry-after")) from None
+        except (openai.APIConnectionError, openai.APITimeoutError) as e:
+            raise http_error(self.name, None, f"cannot reach {self.base_url}: {e.__cause__ or e}") from None
+        except json.JSONDecodeError as e:
+            raise BackendError(f"malformed stream chunk: {e}", provider=self.name) from None
+        except openai.APIError as e:
+            raise BackendError(str(e.message), provider=self.name) from None
+        if finish is not None:
+            yield Done(finish)  # type: ignore[arg-type]
+
+    def _chunks(self, data: dict[str, Any]) -> list[Chunk]:
+        out: list[Chunk] = []
+        if usage := data.get("usage"):
+            details = usage.get("prompt_tokens_details") or {}
+            cached = details.get("cached_tokens") or 0
+            out.append(UsageChunk(Usage(
+                input_tokens=(usage.get("prompt_tokens") or 0) - cached,
+                output_tokens=usage.get("completion_tokens") or 0,
+                cache_read_tokens=cached,
+                cache_write_tokens=details.get("cache_write_tokens") or 0,
+                requests=1,
+                cost=usage.get("cost"),
+            )))
+        for choice in data.get("choices") or ():
+            delta = choice.get("delta") or {}
+            if reasoning := delta.get("reasoning_content") or delta.get("reasoning"):
+                out.append(ReasoningDelta(reasoning))
+            if content := delta.get("content"):
+                out.append(TextDelta(content))
+            for call in delta.get("tool_calls") or ():
+                fn = call.get("function") or {}
+                out.append(ToolCallDelta(call.get("index", 0), call.get("id") or "", fn.get("name") or "",
+                                         fn.get("arguments") or ""))
+            if reason := choice.get("finish_reason"):
+                out.append(Done(_FINISH.get(reason, "other")))  # type: ignore[arg-type]
+        return out
+
+    # ---- models ---------------------------------------------------------------------------------
+    async def _models(self) -> list[dict[str, Any]]:
+        if self._model_info is None:
+            import openai
+
+            try:
+                data = await self._sdk().get("/models", cast_to=object)
+            except openai.APIStatusError as e:
+                raise http_error(self.name, e.status_code, _error_message(e)) from None
+            except openai.APIConnectionError as e:
+                raise http_error(self.name, None, f"cannot reach {self.base_url}: {e.__cause__ or e}") from None
+            self._model_info = [m for m in (data or {}).get("data") or () if isinstance(m, dict)]
+        return self._model_info
+
+    async def models(self) -> list[str]:
+        return sorted(str(m.get("id")) for m in await self._models())
+
+    async def context_length(self) -> int | None:
+        """What the server says of the model (OpenRouter, vLLM and llama.cpp say it), else None."""
+        for m in await self._models():
+            if m.get("id") == self.model:
+                meta = m.get("meta") or {}
+                for value in (m.get("context_length"), m.get("max_model_len"), meta.get("n_ctx"), meta.get("n_ctx_train")):
+                    if isinstance(value, int) and value > 0:
+                        return value
+        return None
+
+    async def aclose(self) -> None:
+        if self._client is not None:
+            await self._client.close()
+            self._client = None
+
+
+def _wire_message(m: Message) -> dict[str, Any]:
+    if m.role == "tool":
+        return {"role": "tool", "tool_call_id": m.tool_call_id, "content": m.content}
+    if m.role == "assistant" and m.tool_calls:
+        return {
+            "role": "assistant",
+            "content": m.content or None,
+            "tool_calls": [
+                {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments or "{}"}}
+                for c in m.tool_calls
+            ],
+        }
+    return {"role": m.role, "content": m.content}
+
+
+def _error_message(e: Any) -> str:
+    body = getattr(e, "body", None)
+    if isinstance(body, dict):
+        err = body.get("error", body)
+        if isinstance(err, dict) and err.get("message"):
+            return str(err["message"])
+        if isinstance(err, str):
+            return err
+    return str(getattr(e, "message", e))

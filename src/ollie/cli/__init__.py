@@ -1,0 +1,166 @@
+"""The `ollie` command. Each subcommand imports what it needs when it runs, so `--help` stays fast."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from typing import Any
+
+# Subcommands that live in their own module; each module has `register(subparsers)`.
+_MODULES = ("tools", "srv", "mount")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not hasattr(args, "func"):
+        parser.print_help()
+        return 2
+    from ..types import OllieError
+
+    try:
+        from .. import config
+
+        config.load_env_file()
+        return args.func(args)
+    except OllieError as e:
+        print(f"ollie: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from .. import __version__
+
+    parser = argparse.ArgumentParser(prog="ollie", description="Agents with a sandboxed execute_code tool, served as files.")
+    parser.add_argument("--version", action="version", version=f"ollie {__version__}")
+    sub = parser.add_subparsers(metavar="COMMAND")
+
+    run = sub.add_parser("run", help="run one prompt and stream the conversation")
+    run.add_argument("prompt", help="the prompt, or - to read it from stdin")
+    _backend_args(run)
+    run.add_argument("--agent", help="agent config name (agents/<name>.json)")
+    run.add_argument("--cwd", help="working directory of the session (default: here)")
+    run.add_argument("--session", help="continue a stored session")
+    run.add_argument("--json", action="store_true", help="print the events as JSON lines")
+    run.set_defaults(func=_run)
+
+    sessions = sub.add_parser("sessions", help="list stored sessions, or show one")
+    sessions.add_argument("action", nargs="?", choices=["show"], help="show ID: print a session's chat")
+    sessions.add_argument("id", nargs="?")
+    sessions.set_defaults(func=_sessions)
+
+    sub.add_parser("backends", help="list the backends").set_defaults(func=_backends)
+    models = sub.add_parser("models", help="list a backend's models")
+    _backend_args(models)
+    models.set_defaults(func=_models)
+
+    for name in _MODULES:
+        try:
+            module = importlib.import_module(f".{name}", __name__)
+        except ImportError:
+            continue
+        module.register(sub)
+    return parser
+
+
+def _backend_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--backend", help="backend name (see `ollie backends`; default OLLIE_BACKEND)")
+    p.add_argument("--model", help="model name (default OLLIE_MODEL or the backend's default)")
+    p.add_argument("--script", help="with --backend scripted: the script file (JSON or YAML)")
+
+
+def _run(args: argparse.Namespace) -> int:
+    import asyncio
+
+    prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
+    return asyncio.run(_run_async(args, prompt))
+
+
+async def _run_async(args: argparse.Namespace, prompt: str) -> int:
+    import asyncio
+    import json
+    import signal
+
+    from ..agent import open_session
+    from ..chatfmt import ChatRenderer
+    from ..types import Event
+
+    renderer = ChatRenderer()
+    errors: list[str] = []
+    out = sys.stdout
+
+    def show(ev: Event) -> None:
+        if ev.kind == "error":
+            errors.append(ev.text)
+        if args.json:
+            out.write(json.dumps(ev.to_dict(), ensure_ascii=False) + "\n")
+        elif ev.kind == "user" and args.session is None:
+            pass  # the user typed it; no need to echo
+        else:
+            out.write(renderer.render(ev))
+        out.flush()
+
+    core = await open_session(agent=args.agent, cwd=args.cwd, backend=args.backend, model=args.model,
+                              session_id=args.session, script=args.script, on_event=show)
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGINT, core.interrupt)
+    try:
+        await core.submit(prompt)
+    finally:
+        loop.remove_signal_handler(signal.SIGINT)
+        await core.close()
+    if not args.json:
+        print(f"session: {core.session_id}", file=sys.stderr)
+    if errors:
+        print(f"ollie: {errors[-1].splitlines()[0]}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _sessions(args: argparse.Namespace) -> int:
+    import time
+
+    from ..agent.session import SessionStore, list_stored
+
+    if args.action == "show":
+        if not args.id:
+            print("usage: ollie sessions show ID", file=sys.stderr)
+            return 2
+        store = SessionStore(args.id)
+        store.load_meta()  # names the session when it does not exist
+        sys.stdout.write(store.chat_path.read_text())
+        return 0
+    for m in list_stored():
+        updated = time.strftime("%Y-%m-%d %H:%M", time.localtime(m.updated))
+        first = m.first_prompt.replace("\n", " ")[:60]
+        print(f"{m.id}\t{m.agent}\t{m.cwd}\t{updated}\t{first}")
+    return 0
+
+
+def _backends(args: argparse.Namespace) -> int:
+    from .. import backends
+
+    default = backends.default_name()
+    for name in backends.names():
+        print(f"{name}{'  (default)' if name == default else ''}")
+    return 0
+
+
+def _models(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from .. import backends
+
+    async def list_models() -> list[str]:
+        options: dict[str, Any] = {"script": args.script} if args.script else {}
+        be = backends.create(args.backend or backends.default_name(), args.model, **options)
+        try:
+            return sorted(await be.models())
+        finally:
+            await be.aclose()
+
+    print("\n".join(asyncio.run(list_models())))
+    return 0

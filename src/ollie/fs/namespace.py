@@ -1,0 +1,260 @@
+"""The protocol-independent namespace: a tree of directories backed by stores, and files.
+
+Both frontends (the FUSE mount in `fuse.py`, the 9P server in `ninep_server.py`) serve one
+`Namespace`; neither knows what a session is. Everything here runs on the server's asyncio loop.
+
+Paths are absolute, "/"-separated strings ("/" is the root, "/s/<id>/chat" a session's chat).
+
+    ns = Namespace(root_dir)
+    st   = await ns.stat(path)              # Stat; never reads a file's content
+    ents = await ns.list(path)              # list[Stat] of a directory, in listing order
+    h    = await ns.open(path, OpenMode.READ | OpenMode.WRITE | OpenMode.TRUNC)   # Handle
+    h    = await ns.create(path, mode=0o644)  # a new file, opened for writing
+    await ns.mkdir(path)                     # a new directory
+    await ns.remove(path)                    # a file, or a directory (`rm -r s/<id>` kills it)
+    await ns.rename(old, new)                # within one directory's store (mv a/x a/y; mv s/<id> s/<name>)
+    await ns.truncate(path, size)            # setattr size / 9P wstat length
+
+A Handle is one open of one file:
+
+    data = await h.read(offset, count)   # may block (statewait); cancel the task to abandon it
+    n    = await h.write(offset, data)   # may raise FsError: control files act per complete line,
+                                         # here, so the writing process sees the failure (shells
+                                         # never check close())
+    await h.flush()                      # a close(2) of a descriptor (FUSE flush, 9P clunk): acts on
+                                         # pending data (`prompt` submits); may raise FsError
+    await h.release()                    # the last close; never raises
+
+Mapping onto the protocols:
+  FUSE  getattr→stat, readdir→list, open→open, create→create, read/write→read/write, flush→flush,
+        release→release, unlink/rmdir→remove, rename→rename, truncate→truncate, mkdir→mkdir.
+        Handles with `direct_io` true are opened with direct_io (no page cache, size not trusted).
+  9P    walk→stat of each element, open→open (OTRUNC→TRUNC), create→create or mkdir (DMDIR),
+        read of a directory→list, read/write→read/write, clunk→flush then release (a flush error
+        becomes the Rclunk's Rerror), remove→remove, stat→stat, wstat: name→rename within the
+        parent, length→truncate. Tflush cancels the task running the read.
+
+Errors are FsError(errno, message); the message is for humans (9P's Rerror ename, the server log),
+the errno for FUSE.
+"""
+
+from __future__ import annotations
+
+import enum
+import errno as E
+import hashlib
+import os
+import stat as S
+import time
+from dataclasses import dataclass
+
+
+class FsError(Exception):
+    """A failed file operation: `errno` for FUSE, `message` for 9P and the log."""
+
+    def __init__(self, errno: int, message: str = ""):
+        super().__init__(message or E.errorcode.get(errno, str(errno)))
+        self.errno = errno
+        self.message = message or os.strerror(errno)
+
+
+class OpenMode(enum.IntFlag):
+    READ = 1
+    WRITE = 2
+    TRUNC = 4  # O_TRUNC / 9P OTRUNC: only disk files honour it (synthetic files ignore it)
+    APPEND = 8
+
+
+@dataclass(slots=True)
+class Stat:
+    """What a stat reports. `size` is honest where it is cheap (chat's on-disk size, the length of
+    an in-memory value) and 0 where knowing it would mean reading (models, fifo.out, context)."""
+
+    name: str
+    is_dir: bool = False
+    mode: int = 0o444  # permission bits only
+    size: int = 0
+    mtime: float = 0.0
+    qid: int = 0  # stable per path: the 9P qid path / FUSE inode
+    version: int = 0  # bumps when the content changes, where known (9P qid version)
+
+    @property
+    def st_mode(self) -> int:
+        return (S.S_IFDIR if self.is_dir else S.S_IFREG) | self.mode
+
+
+def qid_of(path: str) -> int:
+    return int.from_bytes(hashlib.blake2b(path.encode(), digest_size=8).digest(), "little") >> 1
+
+
+class Handle:
+    """One open file. Subclasses override what they support; the defaults refuse."""
+
+    direct_io = True  # FUSE: bypass the page cache (synthetic, growing or blocking content)
+
+    async def read(self, offset: int, count: int) -> bytes:
+        raise FsError(E.EBADF, "not open for reading")
+
+    async def write(self, offset: int, data: bytes) -> int:
+        raise FsError(E.EBADF, "not open for writing")
+
+    async def flush(self) -> None:
+        return None
+
+    async def release(self) -> None:
+        return None
+
+
+class File:
+    """A file node. `open` returns a Handle; the default mode is read-only."""
+
+    mode = 0o444
+
+    def stat(self, name: str) -> Stat:
+        return Stat(name, mode=self.mode, size=self.size(), mtime=self.mtime())
+
+    def size(self) -> int:
+        return 0
+
+    def mtime(self) -> float:
+        return _START
+
+    async def open(self, mode: OpenMode) -> Handle:
+        raise FsError(E.EACCES, "cannot open")
+
+    async def truncate(self, size: int) -> None:
+        """Synthetic files ignore truncation: `echo x > file` opens with O_TRUNC and must not
+        empty anything (a weak spot of the Go server)."""
+
+
+class Dir:
+    """A directory node; a store. `lookup` resolves names that `list` may hide (s/new, s/idx)."""
+
+    mode = 0o555
+
+    def stat(self, name: str) -> Stat:
+        return Stat(name, is_dir=True, mode=self.mode, mtime=self.mtime())
+
+    def mtime(self) -> float:
+        return _START
+
+    async def lookup(self, name: str) -> File | Dir:
+        raise FsError(E.ENOENT, f"{name}: no such file")
+
+    async def list(self) -> list[tuple[str, File | Dir]]:
+        return []
+
+    async def create(self, name: str, mode: int) -> Handle:
+        raise FsError(E.EACCES, f"{name}: cannot create files here")
+
+    async def mkdir(self, name: str, mode: int) -> None:
+        raise FsError(E.EACCES, f"{name}: cannot create directories here")
+
+    async def remove(self, name: str) -> None:
+        raise FsError(E.EACCES, f"{name}: cannot remove")
+
+    async def rename(self, old: str, new: str) -> None:
+        raise FsError(E.EACCES, f"{old}: cannot rename")
+
+
+_START = time.time()
+
+
+class StaticDir(Dir):
+    """A fixed set of named children (the root, a session directory)."""
+
+    def __init__(self, children: dict[str, File | Dir] | None = None):
+        self.children = dict(children or {})
+
+    async def lookup(self, name: str) -> File | Dir:
+        try:
+            return self.children[name]
+        except KeyError:
+            raise FsError(E.ENOENT, f"{name}: no such file") from None
+
+    async def list(self) -> list[tuple[str, File | Dir]]:
+        return list(self.children.items())
+
+
+def split(path: str) -> list[str]:
+    parts = [p for p in path.split("/") if p]
+    if any(p in (".", "..") for p in parts):
+        raise FsError(E.EINVAL, f"{path}: '.' and '..' are not allowed in paths")
+    return parts
+
+
+class Namespace:
+    """The tree as the protocols see it: path-based operations over a root Dir."""
+
+    def __init__(self, root: Dir):
+        self.root = root
+
+    async def walk(self, path: str) -> File | Dir:
+        node: File | Dir = self.root
+        for part in split(path):
+            if not isinstance(node, Dir):
+                raise FsError(E.ENOTDIR, f"{part}: parent is not a directory")
+            node = await node.lookup(part)
+        return node
+
+    async def _parent(self, path: str) -> tuple[Dir, str]:
+        parts = split(path)
+        if not parts:
+            raise FsError(E.EBUSY, "the root cannot be changed")
+        parent = await self.walk("/".join(parts[:-1]))
+        if not isinstance(parent, Dir):
+            raise FsError(E.ENOTDIR, f"{path}: parent is not a directory")
+        return parent, parts[-1]
+
+    async def stat(self, path: str) -> Stat:
+        node = await self.walk(path)
+        parts = split(path)
+        st = node.stat(parts[-1] if parts else "/")
+        st.qid = qid_of("/" + "/".join(parts))
+        return st
+
+    async def list(self, path: str) -> list[Stat]:
+        node = await self.walk(path)
+        if not isinstance(node, Dir):
+            raise FsError(E.ENOTDIR, f"{path}: not a directory")
+        base = "/" + "/".join(split(path))
+        out = []
+        for name, child in await node.list():
+            st = child.stat(name)
+            st.qid = qid_of(base.rstrip("/") + "/" + name)
+            out.append(st)
+        return out
+
+    async def open(self, path: str, mode: OpenMode) -> Handle:
+        node = await self.walk(path)
+        if isinstance(node, Dir):
+            raise FsError(E.EISDIR, f"{path}: is a directory")
+        if mode & OpenMode.TRUNC:
+            await node.truncate(0)
+        return await node.open(mode)
+
+    async def create(self, path: str, mode: int = 0o644) -> Handle:
+        parent, name = await self._parent(path)
+        return await parent.create(name, mode)
+
+    async def mkdir(self, path: str, mode: int = 0o755) -> None:
+        parent, name = await self._parent(path)
+        await parent.mkdir(name, mode)
+
+    async def remove(self, path: str) -> None:
+        parent, name = await self._parent(path)
+        await parent.remove(name)
+
+    async def rename(self, old: str, new: str) -> None:
+        old_parent, old_name = await self._parent(old)
+        new_parent, new_name = await self._parent(new)
+        if old_parent is not new_parent:
+            raise FsError(E.EXDEV, f"{old} -> {new}: rename only within one directory")
+        if old_name != new_name:
+            await old_parent.rename(old_name, new_name)
+
+    async def truncate(self, path: str, size: int) -> None:
+        node = await self.walk(path)
+        if isinstance(node, Dir):
+            raise FsError(E.EISDIR, f"{path}: is a directory")
+        await node.truncate(size)

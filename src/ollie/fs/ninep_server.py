@@ -1,0 +1,452 @@
+"""A 9P2000 server over a Namespace, on asyncio.
+
+    srv = await serve_unix(namespace)                  # $NAMESPACE/ollie, socket 0600 in a 0700 dir
+    srv = await serve_tcp(namespace, port=5640, token=t)  # loopback unless told otherwise
+    await srv.close()
+
+Every request runs as its own task, so a blocked read (statewait) holds up nothing else; replies are
+written whole, one frame at a time. Tflush cancels the flushed request's task. A client that hangs up
+has all its tasks cancelled and its open files released.
+
+TCP requires a token: each Tattach must carry it as its `aname` (compared in constant time). Tauth is
+refused; a token in aname works with any 9P client, where an auth file would need a custom dialogue.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno as E
+import getpass
+import hmac
+import logging
+import os
+import stat as S
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import ninep as P
+from .namespace import FsError, Handle, Namespace, OpenMode
+from .namespace import Stat as NsStat
+
+log = logging.getLogger(__name__)
+
+_MIN_MSIZE = 256  # room for a header, a stat entry and a short error
+_MAX_ENAME = 1024
+
+
+def default_socket_path() -> Path:
+    """`$NAMESPACE/ollie`, else plan9port's default namespace directory `/tmp/ns.$USER.$DISPLAY`."""
+    ns = os.environ.get("NAMESPACE")
+    if not ns:
+        display = (os.environ.get("DISPLAY") or ":0").removesuffix(".0").replace("/", "_")
+        ns = f"/tmp/ns.{getpass.getuser()}.{display}"
+    return Path(ns) / "ollie"
+
+
+@dataclass(slots=True)
+class _Fid:
+    path: str
+    qid: P.Qid
+    opened: bool = False
+    handle: Handle | None = None  # None when open on a directory
+    remove_on_close: bool = False
+    dir_entries: list[bytes] = field(default_factory=list)  # the listing a directory read walks through
+    dir_offset: int = 0
+
+
+def _qid(st: NsStat) -> P.Qid:
+    return P.Qid(P.QTDIR if st.is_dir else P.QTFILE, st.version & 0xFFFFFFFF, st.qid)
+
+
+def _child(path: str, name: str) -> str:
+    """The path one walk step from `path` ("..": the parent; the root is its own parent)."""
+    if name == "..":
+        return path.rsplit("/", 1)[0] or "/"
+    return _join(path, name)
+
+
+def _join(path: str, name: str) -> str:
+    _check_name(name)
+    return path.rstrip("/") + "/" + name
+
+
+def _check_name(name: str) -> None:
+    if not name or name in (".", "..") or "/" in name or "\0" in name:
+        raise FsError(E.EINVAL, f"{name!r}: not a valid file name")
+
+
+def _open_mode(mode: int) -> OpenMode:
+    access = {P.OREAD: OpenMode.READ, P.OWRITE: OpenMode.WRITE, P.ORDWR: OpenMode.READ | OpenMode.WRITE,
+              P.OEXEC: OpenMode.READ}[mode & 3]
+    return access | OpenMode.TRUNC if mode & P.OTRUNC else access
+
+
+class _Connection:
+    """One client: its fids, its running requests, and the negotiated msize."""
+
+    def __init__(self, server: NinePServer, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
+        self.ns, self.token, self.user = server.namespace, server.token, server.user
+        self.reader, self.writer = reader, writer
+        self.msize = 0  # 0 until Tversion
+        self.fids: dict[int, _Fid] = {}
+        self.tasks: dict[int, asyncio.Task] = {}
+
+    @property
+    def iounit(self) -> int:
+        return self.msize - P.IOHDRSZ
+
+    async def run(self) -> None:
+        try:
+            while True:
+                frame = await P.read_frame(self.reader, self.msize or P.MAX_MSIZE)
+                await self._dispatch(frame)
+        except (EOFError, ConnectionError):
+            pass
+        except P.ProtocolError as e:  # an impossible size: the stream cannot be resynchronised
+            log.warning("9P client dropped: %s", e)
+        finally:
+            await self._reset()
+            self.writer.close()
+
+    async def _dispatch(self, frame: bytes) -> None:
+        try:
+            msg = P.decode(frame)
+        except P.ProtocolError as e:  # the size was sound, so the stream stays in step: answer and go on
+            await self._send(P.Rerror(f"malformed message: {e}", tag=int.from_bytes(frame[5:7], "little")))
+            return
+        if isinstance(msg, P.Tversion):  # waits for outstanding requests, so handled in line
+            await self._send(await self._version(msg))
+        elif not self.msize:
+            await self._send(P.Rerror("Tversion must come first", tag=msg.tag))
+        elif msg.tag in self.tasks:
+            await self._send(P.Rerror(f"tag {msg.tag} is already in use", tag=msg.tag))
+        else:
+            self.tasks[msg.tag] = asyncio.create_task(self._serve(msg))
+
+    async def _serve(self, msg: P.Message) -> None:
+        try:
+            handler = _HANDLERS.get(type(msg))
+            if handler is None:
+                raise FsError(E.EINVAL, f"unexpected message {type(msg).__name__}")
+            reply = await handler(self, msg)
+        except FsError as e:
+            reply = P.Rerror(e.message)
+        except P.ProtocolError as e:
+            reply = P.Rerror(str(e))
+        except Exception as e:  # a bug in a store must cost one request, not the connection
+            log.exception("9P %s failed", type(msg).__name__)
+            reply = P.Rerror(f"internal error: {e}")
+        finally:
+            if self.tasks.get(msg.tag) is asyncio.current_task():
+                del self.tasks[msg.tag]
+        reply.tag = msg.tag
+        await self._send(reply)
+
+    async def _send(self, reply: P.Message) -> None:
+        if isinstance(reply, P.Rerror):
+            reply.ename = reply.ename[:_MAX_ENAME]
+        try:
+            frame = P.encode(reply)
+            if len(frame) > (self.msize or P.MAX_MSIZE):
+                raise P.ProtocolError(f"reply of {len(frame)} bytes exceeds msize")
+        except P.ProtocolError as e:
+            frame = P.encode(P.Rerror(str(e)[:_MAX_ENAME], tag=reply.tag))
+        if self.writer.is_closing():
+            return
+        self.writer.write(frame)  # one whole frame per write: replies never interleave
+        try:
+            await self.writer.drain()
+        except ConnectionError:
+            pass
+
+    async def _reset(self) -> None:
+        """Abort every request and release every open file (Tversion, or the client hung up)."""
+        tasks = list(self.tasks.values())
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self.tasks.clear()
+        fids, self.fids = list(self.fids.values()), {}
+        for fid in fids:
+            if fid.handle is not None:
+                await fid.handle.release()
+
+    def _fid(self, n: int) -> _Fid:
+        try:
+            return self.fids[n]
+        except KeyError:
+            raise FsError(E.EBADF, f"unknown fid {n}") from None
+
+    def _open_fid(self, n: int) -> _Fid:
+        fid = self._fid(n)
+        if not fid.opened:
+            raise FsError(E.EBADF, f"fid {n} is not open")
+        return fid
+
+    def _closed_fid(self, n: int) -> _Fid:
+        fid = self._fid(n)
+        if fid.opened:
+            raise FsError(E.EBADF, f"fid {n} is open")
+        return fid
+
+    def _add_fid(self, n: int, fid: _Fid) -> None:
+        if n == P.NOFID or n in self.fids:
+            raise FsError(E.EBADF, f"fid {n} is already in use")
+        self.fids[n] = fid
+
+    # Handlers
+
+    async def _version(self, m: P.Tversion) -> P.Message:
+        await self._reset()
+        if m.msize < _MIN_MSIZE:
+            self.msize = 0
+            return P.Rerror(f"msize {m.msize} is below the minimum of {_MIN_MSIZE}", tag=m.tag)
+        self.msize = min(m.msize, P.MAX_MSIZE)
+        version = P.VERSION if m.version.startswith(P.VERSION) else "unknown"
+        return P.Rversion(self.msize, version, tag=m.tag)
+
+    async def _auth(self, m: P.Tauth) -> P.Message:
+        if self.token is None:
+            raise FsError(E.EINVAL, "authentication not required")
+        raise FsError(E.EACCES, "no Tauth here: attach with the token as aname")
+
+    async def _attach(self, m: P.Tattach) -> P.Message:
+        if m.afid != P.NOFID:
+            raise FsError(E.EINVAL, "no authentication files: afid must be NOFID")
+        if self.token is not None and not hmac.compare_digest(m.aname.encode(), self.token.encode()):
+            raise FsError(E.EACCES, "permission denied: attach with the server's token as aname")
+        qid = _qid(await self.ns.stat("/"))
+        self._add_fid(m.fid, _Fid("/", qid))
+        return P.Rattach(qid)
+
+    async def _flush(self, m: P.Tflush) -> P.Message:
+        task = self.tasks.get(m.oldtag)
+        if task is not None and task is not asyncio.current_task():
+            task.cancel()
+            await asyncio.wait([task])
+        return P.Rflush()
+
+    async def _walk(self, m: P.Twalk) -> P.Message:
+        fid = self._closed_fid(m.fid)
+        if m.newfid != m.fid and m.newfid in self.fids:
+            raise FsError(E.EBADF, f"fid {m.newfid} is already in use")
+        path, qids = fid.path, []
+        for name in m.wname:
+            try:
+                path = _child(path, name)
+                qids.append(_qid(await self.ns.stat(path)))
+            except FsError:
+                if not qids:
+                    raise
+                return P.Rwalk(qids)  # a partial walk: newfid is not made
+        walked = _Fid(path, qids[-1] if qids else fid.qid)
+        if m.newfid == m.fid:
+            self.fids[m.fid] = walked
+        else:
+            self._add_fid(m.newfid, walked)
+        return P.Rwalk(qids)
+
+    async def _open(self, m: P.Topen) -> P.Message:
+        fid = self._closed_fid(m.fid)
+        fid.opened = True  # claimed now: a concurrent Topen on this fid must not open a second handle
+        try:
+            st = await self.ns.stat(fid.path)
+            if st.is_dir:
+                if m.mode & 3 not in (P.OREAD, P.OEXEC) or m.mode & P.OTRUNC:
+                    raise FsError(E.EISDIR, f"{fid.path}: is a directory")
+            else:
+                fid.handle = await self.ns.open(fid.path, _open_mode(m.mode))
+        except BaseException:
+            fid.opened = False
+            raise
+        fid.qid, fid.remove_on_close = _qid(st), bool(m.mode & P.ORCLOSE)
+        return P.Ropen(fid.qid, self.iounit)
+
+    async def _create(self, m: P.Tcreate) -> P.Message:
+        fid = self._closed_fid(m.fid)
+        path = _join(fid.path, m.name)
+        fid.opened = True
+        try:
+            if m.perm & P.DMDIR:
+                await self.ns.mkdir(path, m.perm & 0o777)
+            else:
+                fid.handle = await self.ns.create(path, m.perm & 0o777)
+            st = await self.ns.stat(path)
+        except BaseException:
+            if fid.handle is not None:
+                await fid.handle.release()
+            fid.opened, fid.handle = False, None
+            raise
+        fid.path, fid.qid, fid.remove_on_close = path, _qid(st), bool(m.mode & P.ORCLOSE)
+        return P.Rcreate(fid.qid, self.iounit)
+
+    async def _read(self, m: P.Tread) -> P.Message:
+        fid = self._open_fid(m.fid)
+        count = min(m.count, self.iounit)
+        if fid.handle is None:
+            return P.Rread(await self._read_dir(fid, m.offset, count))
+        return P.Rread((await fid.handle.read(m.offset, count))[:count])
+
+    async def _read_dir(self, fid: _Fid, offset: int, count: int) -> bytes:
+        """Whole stat entries, as many as fit; offset 0 takes a fresh listing."""
+        if offset == 0:
+            fid.dir_entries = [self._stat(st).encode() for st in await self.ns.list(fid.path)]
+            fid.dir_offset = 0
+        elif offset != fid.dir_offset:
+            raise FsError(E.EINVAL, "directory reads must continue where the last one ended")
+        out = bytearray()
+        while fid.dir_entries and len(out) + len(fid.dir_entries[0]) <= count:
+            out += fid.dir_entries.pop(0)
+        if not out and fid.dir_entries:
+            raise FsError(E.EINVAL, f"read count {count} is too small for a directory entry")
+        fid.dir_offset += len(out)
+        return bytes(out)
+
+    async def _write(self, m: P.Twrite) -> P.Message:
+        fid = self._open_fid(m.fid)
+        if fid.handle is None:
+            raise FsError(E.EISDIR, f"{fid.path}: is a directory")
+        return P.Rwrite(await fid.handle.write(m.offset, m.data))
+
+    async def _clunk(self, m: P.Tclunk) -> P.Message:
+        fid = self.fids.pop(m.fid, None)  # the fid goes even if closing fails
+        if fid is None:
+            raise FsError(E.EBADF, f"unknown fid {m.fid}")
+        if fid.handle is not None:
+            try:
+                await fid.handle.flush()  # where `prompt` submits: its error is the Rclunk's
+            finally:
+                await fid.handle.release()
+        if fid.remove_on_close:
+            await self.ns.remove(fid.path)
+        return P.Rclunk()
+
+    async def _remove(self, m: P.Tremove) -> P.Message:
+        fid = self.fids.pop(m.fid, None)
+        if fid is None:
+            raise FsError(E.EBADF, f"unknown fid {m.fid}")
+        if fid.handle is not None:
+            await fid.handle.release()
+        await self.ns.remove(fid.path)
+        return P.Rremove()
+
+    async def _stat_msg(self, m: P.Tstat) -> P.Message:
+        return P.Rstat(self._stat(await self.ns.stat(self._fid(m.fid).path)))
+
+    async def _wstat(self, m: P.Twstat) -> P.Message:
+        """Rename within the directory, and truncate; mode, owner and type changes are refused and
+        times are ignored (so that `touch` works)."""
+        fid, want = self._fid(m.fid), m.stat
+        have = self._stat(await self.ns.stat(fid.path))
+        for attr, unchanged in (("mode", 0xFFFFFFFF), ("uid", ""), ("gid", ""), ("type", 0xFFFF), ("dev", 0xFFFFFFFF)):
+            if getattr(want, attr) not in (unchanged, getattr(have, attr)):
+                raise FsError(E.EPERM, f"{fid.path}: cannot change {attr}")
+        if want.length != 0xFFFFFFFFFFFFFFFF and want.length != have.length:
+            await self.ns.truncate(fid.path, want.length)
+        if want.name and want.name != have.name:
+            new = _join(fid.path.rsplit("/", 1)[0], want.name)
+            await self.ns.rename(fid.path, new)
+            self._moved(fid.path, new)
+        return P.Rwstat()
+
+    def _moved(self, old: str, new: str) -> None:
+        for fid in self.fids.values():
+            if fid.path == old or fid.path.startswith(old + "/"):
+                fid.path = new + fid.path[len(old):]
+
+    def _stat(self, st: NsStat) -> P.Stat:
+        mode = (P.DMDIR if st.is_dir else 0) | S.S_IMODE(st.mode)
+        mtime = int(st.mtime) & 0xFFFFFFFF
+        return P.Stat(qid=_qid(st), mode=mode, atime=mtime, mtime=mtime, length=0 if st.is_dir else st.size,
+                      name=st.name, uid=self.user, gid=self.user, muid=self.user)
+
+
+_HANDLERS = {
+    P.Tauth: _Connection._auth,
+    P.Tattach: _Connection._attach,
+    P.Tflush: _Connection._flush,
+    P.Twalk: _Connection._walk,
+    P.Topen: _Connection._open,
+    P.Tcreate: _Connection._create,
+    P.Tread: _Connection._read,
+    P.Twrite: _Connection._write,
+    P.Tclunk: _Connection._clunk,
+    P.Tremove: _Connection._remove,
+    P.Tstat: _Connection._stat_msg,
+    P.Twstat: _Connection._wstat,
+}
+
+
+class NinePServer:
+    """A listening 9P server. `address` is the socket path or the bound (host, port)."""
+
+    def __init__(self, namespace: Namespace, token: str | None):
+        self.namespace, self.token = namespace, token
+        self.user = getpass.getuser()
+        self.address: str | tuple[str, int] = ""
+        self._server: asyncio.AbstractServer | None = None
+        self._clients: set[asyncio.Task] = set()
+
+    async def _client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        self._clients.add(task)
+        try:
+            await _Connection(self, reader, writer).run()
+        finally:
+            self._clients.discard(task)
+
+    async def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+        for task in list(self._clients):
+            task.cancel()
+        await asyncio.gather(*self._clients, return_exceptions=True)
+        if isinstance(self.address, str):
+            try:
+                os.unlink(self.address)
+            except FileNotFoundError:
+                pass
+
+
+def _private_dir(path: Path) -> None:
+    """Make `path` a directory only we can enter; refuse one that someone else owns."""
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    st = os.lstat(path)
+    if not S.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
+        raise PermissionError(f"{path}: not a directory of ours; refusing to serve there")
+    if S.S_IMODE(st.st_mode) & 0o077:
+        os.chmod(path, 0o700)
+
+
+async def _clear_stale_socket(path: Path) -> None:
+    if not path.exists():
+        return
+    try:
+        _, writer = await asyncio.open_unix_connection(str(path))
+    except OSError:
+        path.unlink()  # nobody listens: left by a server that died
+        return
+    writer.close()
+    raise OSError(E.EADDRINUSE, f"{path}: a server is already listening")
+
+
+async def serve_unix(namespace: Namespace, path: str | os.PathLike | None = None) -> NinePServer:
+    """Serve `namespace` on a Unix socket (0600, in a 0700 directory); default `default_socket_path()`."""
+    path = Path(path) if path is not None else default_socket_path()
+    _private_dir(path.parent)
+    await _clear_stale_socket(path)
+    srv = NinePServer(namespace, token=None)
+    srv._server = await asyncio.start_unix_server(srv._client, str(path))
+    os.chmod(path, 0o600)
+    srv.address = str(path)
+    return srv
+
+
+async def serve_tcp(namespace: Namespace, host: str = "127.0.0.1", port: int = 0, *, token: str) -> NinePServer:
+    """Serve `namespace` on TCP; every Tattach must carry `token` as its aname. Port 0 picks one."""
+    if not token:
+        raise ValueError("serving 9P over TCP requires a token")
+    srv = NinePServer(namespace, token=token)
+    srv._server = await asyncio.start_server(srv._client, host, port)
+    srv.address = srv._server.sockets[0].getsockname()[:2]
+    return srv

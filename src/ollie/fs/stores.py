@@ -1,0 +1,359 @@
+"""Generic stores and files: synthetic text, control files, write-on-close files, disk directories.
+
+Session-specific files are in `sessions.py`; everything here knows nothing about sessions.
+"""
+
+from __future__ import annotations
+
+import errno as E
+import json
+import os
+import re
+import secrets
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+from .namespace import Dir, File, FsError, Handle, OpenMode, Stat
+
+Getter = Callable[[], str | Awaitable[str]]
+
+
+async def _value(get: Getter) -> str:
+    v = get()
+    return v if isinstance(v, str) else await v
+
+
+class SnapshotHandle(Handle):
+    """Reads a snapshot of the content, taken at the first read at offset 0 (again at every later
+    read at offset 0, so a reader that rereads from the start sees fresh content)."""
+
+    def __init__(self, get: Getter):
+        self._get = get
+        self._data = b""
+
+    async def read(self, offset: int, count: int) -> bytes:
+        if offset == 0:
+            self._data = (await _value(self._get)).encode()
+        return self._data[offset : offset + count]
+
+
+class TextFile(File):
+    """Read-only synthetic text. `size` is given only when knowing it is cheap (never by reading:
+    stat of `models` must not call the backend)."""
+
+    def __init__(self, get: Getter, size: Callable[[], int] | None = None, mode: int = 0o444):
+        self._get = get
+        self._size = size
+        self.mode = mode
+
+    def size(self) -> int:
+        return self._size() if self._size else 0
+
+    async def open(self, mode: OpenMode) -> Handle:
+        if mode & OpenMode.WRITE:
+            raise FsError(E.EACCES, "read-only file")
+        return SnapshotHandle(self._get)
+
+
+def text_size(get: Callable[[], str]) -> Callable[[], int]:
+    """A size function for in-memory values: the encoded length, computed without side effects."""
+    return lambda: len(get().encode())
+
+
+class CtlHandle(SnapshotHandle):
+    """Acts on each complete line as it is written, so a bad command fails the write(2) the
+    writer is waiting on. A last line without newline is acted on at close. Reading gives what
+    the commands answered (e.g. a new session's id), or `get()` before any command ran."""
+
+    def __init__(self, act: Callable[[str], Awaitable[str | None]], get: Getter | None):
+        super().__init__(self._answers)
+        self._act = act
+        self._read_get = get
+        self._pending = b""
+        self._out: list[str] = []
+
+    async def _answers(self) -> str:
+        if self._out or self._read_get is None:
+            return "".join(self._out)
+        return await _value(self._read_get)
+
+    async def write(self, offset: int, data: bytes) -> int:
+        self._pending += data
+        *lines, self._pending = self._pending.split(b"\n")
+        for line in lines:
+            await self._run(line)
+        return len(data)
+
+    async def flush(self) -> None:
+        line, self._pending = self._pending, b""
+        await self._run(line)
+
+    async def _run(self, raw: bytes) -> None:
+        line = raw.decode(errors="replace").strip()
+        if line:
+            out = await self._act(line)
+            if out:
+                self._out.append(out if out.endswith("\n") else out + "\n")
+
+
+class CtlFile(File):
+    """A control file: `act(line)` per complete line; raise FsError to fail the write."""
+
+    def __init__(self, act: Callable[[str], Awaitable[str | None]], get: Getter | None = None, mode: int = 0o644):
+        self._act = act
+        self._get = get
+        self.mode = mode
+
+    async def open(self, mode: OpenMode) -> Handle:
+        return CtlHandle(self._act, self._get)
+
+
+class OnCloseHandle(SnapshotHandle):
+    """Accumulates what is written (at any offset) and hands it to `on_close` when the writer
+    closes: every close that has new data acts once (dup'd descriptors close more than once)."""
+
+    def __init__(self, get: Getter, on_close: Callable[[str], Awaitable[None]]):
+        super().__init__(get)
+        self._on_close = on_close
+        self._buf = bytearray()
+        self._dirty = False
+
+    async def write(self, offset: int, data: bytes) -> int:
+        if offset > len(self._buf):
+            offset = len(self._buf)  # appending writers (O_APPEND) may report any offset
+        self._buf[offset : offset + len(data)] = data
+        self._dirty = True
+        return len(data)
+
+    async def flush(self) -> None:
+        if self._dirty:
+            text, self._dirty = self._buf.decode(errors="replace"), False
+            self._buf.clear()
+            await self._on_close(text)
+
+
+class OnCloseFile(File):
+    """Write the whole content, act when closed (`prompt` submits, `plan` is saved)."""
+
+    def __init__(self, get: Getter, on_close: Callable[[str], Awaitable[None]],
+                 size: Callable[[], int] | None = None, mode: int = 0o644):
+        self._get = get
+        self._on_close = on_close
+        self._size = size
+        self.mode = mode
+
+    def size(self) -> int:
+        return self._size() if self._size else 0
+
+    async def open(self, mode: OpenMode) -> Handle:
+        return OnCloseHandle(self._get, self._on_close)
+
+
+# ---- disk directories -------------------------------------------------------------------------
+
+_FILE_NAME = re.compile(r"[^/\x00]{1,255}")
+
+
+def check_file_name(name: str) -> str:
+    if not _FILE_NAME.fullmatch(name) or name in (".", ".."):
+        raise FsError(E.EINVAL, f"invalid file name {name!r}")
+    return name
+
+
+class DiskHandle(Handle):
+    """An open file on disk, read and written in place."""
+
+    direct_io = False
+
+    def __init__(self, fd: int):
+        self._fd = fd
+
+    async def read(self, offset: int, count: int) -> bytes:
+        return os.pread(self._fd, count, offset)
+
+    async def write(self, offset: int, data: bytes) -> int:
+        return os.pwrite(self._fd, data, offset)
+
+    async def release(self) -> None:
+        os.close(self._fd)
+
+
+class ValidatedHandle(OnCloseHandle):
+    """A file replaced atomically at close if `validate` accepts it: a bad write loses nothing."""
+
+    def __init__(self, path: Path, validate: Callable[[str, str], None], trunc: bool):
+        super().__init__(lambda: _read_text(path), self._commit)
+        self._path = path
+        self._validate = validate
+        if not trunc:
+            self._buf[:] = _read_bytes(path)
+
+    async def _commit(self, text: str) -> None:
+        try:
+            self._validate(self._path.name, text)
+        except Exception as e:  # the validator's message is the user's error
+            raise FsError(E.EINVAL, f"{self._path.name}: {e}") from None
+        tmp = self._path.with_name(f".{self._path.name}.{secrets.token_hex(4)}.tmp")
+        tmp.write_text(text)
+        os.replace(tmp, self._path)
+
+
+def _read_bytes(path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except FileNotFoundError:
+        return b""
+
+
+def _read_text(path: Path) -> str:
+    return _read_bytes(path).decode(errors="replace")
+
+
+class DiskFile(File):
+    def __init__(self, path: Path, writable: bool, validate: Callable[[str, str], None] | None):
+        self.path = path
+        self._writable = writable
+        self._validate = validate
+
+    def stat(self, name: str) -> Stat:
+        try:
+            st = os.stat(self.path)
+        except FileNotFoundError:
+            raise FsError(E.ENOENT, f"{name}: no such file") from None
+        mode = st.st_mode & 0o777 if self._writable else st.st_mode & 0o555
+        return Stat(name, mode=mode, size=st.st_size, mtime=st.st_mtime, version=st.st_mtime_ns & 0xFFFFFFFF)
+
+    async def open(self, mode: OpenMode) -> Handle:
+        if mode & (OpenMode.WRITE | OpenMode.TRUNC) and not self._writable:
+            raise FsError(E.EACCES, f"{self.path.name}: read-only")
+        if self._validate and mode & OpenMode.WRITE:
+            return ValidatedHandle(self.path, self._validate, bool(mode & OpenMode.TRUNC))
+        flags = {OpenMode.READ: os.O_RDONLY, OpenMode.WRITE: os.O_WRONLY}.get(mode & 3, os.O_RDWR)
+        if mode & OpenMode.APPEND:
+            flags |= os.O_APPEND
+        try:
+            return DiskHandle(os.open(self.path, flags))
+        except OSError as e:
+            raise FsError(e.errno, f"{self.path.name}: {e.strerror}") from None
+
+    async def truncate(self, size: int) -> None:
+        if not self._writable:
+            raise FsError(E.EACCES, f"{self.path.name}: read-only")
+        if self._validate:
+            return  # a validated file changes only through a complete, valid write
+        os.truncate(self.path, size)
+
+
+class DiskDir(Dir):
+    """A flat directory on disk (created on first use). `synthetic` files are shown in it (t/idx);
+    `validate(name, text)` checks every write (agent configs) and may raise."""
+
+    def __init__(self, path: Path, writable: bool = True, validate: Callable[[str, str], None] | None = None,
+                 synthetic: dict[str, File] | None = None):
+        self.path = path
+        self.writable = writable
+        self.validate = validate
+        self.synthetic = synthetic or {}
+        self.mode = 0o755 if writable else 0o555
+
+    def mtime(self) -> float:
+        try:
+            return os.stat(self.path).st_mtime
+        except FileNotFoundError:
+            return super().mtime()
+
+    def _file(self, name: str) -> DiskFile:
+        return DiskFile(self.path / check_file_name(name), self.writable, self.validate)
+
+    async def lookup(self, name: str) -> File | Dir:
+        if name in self.synthetic:
+            return self.synthetic[name]
+        f = self._file(name)
+        if not f.path.is_file():
+            raise FsError(E.ENOENT, f"{name}: no such file")
+        return f
+
+    async def list(self) -> list[tuple[str, File | Dir]]:
+        try:
+            names = sorted(e.name for e in os.scandir(self.path) if e.is_file() and not e.name.startswith(".#"))
+        except FileNotFoundError:
+            names = []
+        return [*self.synthetic.items(), *((n, self._file(n)) for n in names if n not in self.synthetic)]
+
+    def _check_writable(self, name: str) -> None:
+        if not self.writable:
+            raise FsError(E.EACCES, f"{name}: read-only directory")
+        if name in self.synthetic:
+            raise FsError(E.EACCES, f"{name}: is a synthesised file")
+
+    async def create(self, name: str, mode: int) -> Handle:
+        self._check_writable(name)
+        f = self._file(name)
+        self.path.mkdir(parents=True, exist_ok=True)
+        if self.validate:
+            return ValidatedHandle(f.path, self.validate, trunc=True)
+        try:
+            return DiskHandle(os.open(f.path, os.O_RDWR | os.O_CREAT, mode & 0o777))
+        except OSError as e:
+            raise FsError(e.errno, f"{name}: {e.strerror}") from None
+
+    async def remove(self, name: str) -> None:
+        self._check_writable(name)
+        try:
+            os.unlink(self._file(name).path)
+        except OSError as e:
+            raise FsError(e.errno, f"{name}: {e.strerror}") from None
+
+    async def rename(self, old: str, new: str) -> None:
+        self._check_writable(old)
+        self._check_writable(new)
+        src, dst = self._file(old).path, self._file(new).path
+        if self.validate:
+            self.validate(new, _read_text(src))
+        try:
+            os.rename(src, dst)
+        except OSError as e:
+            raise FsError(e.errno, f"{old}: {e.strerror}") from None
+
+
+def validate_agent(name: str, text: str) -> None:
+    """Agent configs (a/<name>.json) must parse and validate before they replace anything."""
+    from .. import config
+
+    stem, dot, ext = name.rpartition(".")
+    if not dot or ext != "json" or not stem:
+        raise FsError(E.EINVAL, f"{name}: agent configs are named <agent>.json")
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise FsError(E.EINVAL, f"{name}: invalid JSON at line {e.lineno} column {e.colno}: {e.msg}") from None
+    config.parse_agent(stem, data, name)
+
+
+def tools_index(path: Path) -> str:
+    """t/idx: `## name`, `description: …`, `args: …` per script with a leading `# description:`."""
+    out = []
+    try:
+        entries = sorted((e for e in os.scandir(path) if e.is_file()), key=lambda e: e.name)
+    except FileNotFoundError:
+        return ""
+    for e in entries:
+        fields: dict[str, str] = {}
+        try:
+            with open(e.path, errors="replace") as f:
+                for line in f:
+                    if line.startswith("#!") or not line.strip():
+                        continue
+                    m = re.match(r"#\s*(description|args):\s*(.*)", line)
+                    if not line.startswith("#"):
+                        break
+                    if m:
+                        fields[m.group(1)] = m.group(2).strip()
+        except OSError:
+            continue
+        if "description" in fields:
+            out.append(f"## {e.name}\ndescription: {fields['description']}\n")
+            if "args" in fields:
+                out.append(f"args: {fields['args']}\n")
+            out.append("\n")
+    return "".join(out)

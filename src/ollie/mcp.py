@@ -1,0 +1,346 @@
+"""The MCP client: one connection to an MCP server, and `new_server` to offer its tools as a tool `Server`.
+
+Servers are declared the way other MCP hosts declare them (an agent's `mcpServers`):
+    {"command": "uvx", "args": ["mcp-server-time"], "env": {"TZ": "${TZ}"}, "cwd": "..."}   stdio
+    {"url": "http://127.0.0.1:8000/mcp", "headers": {"Authorization": "Bearer ${TOKEN}"}}   streamable HTTP
+    {"type": "sse", "url": "http://127.0.0.1:8000/sse"}                                     SSE
+plus our optional "timeout" (seconds per call) and "startupTimeout" (seconds to connect).
+
+Each connection is owned by one dedicated task that enters and exits the SDK's context managers:
+anyio cancel scopes must be exited by the task that entered them, so callers never touch them and
+talk to the owner through a queue of jobs and futures instead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import re
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .config import data_path
+from .tools import CallContext, Server, Tool, ToolResult
+from .types import ConfigError
+
+DEFAULT_CALL_TIMEOUT = 120.0
+DEFAULT_STARTUP_TIMEOUT = 20.0
+_CLOSE_TIMEOUT = 10.0  # the SDK bounds its own shutdown at ~6 s (stdin close, SIGTERM, SIGKILL)
+
+# The SDK logs transport noise (a non-JSON line from a server) at ERROR; without any handler Python
+# would print it on the terminal. What matters reaches the user as the server's error instead.
+logging.getLogger("mcp").addHandler(logging.NullHandler())
+
+_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+
+
+class Unavailable(Exception):
+    """The server cannot serve calls; the message says why."""
+
+
+@dataclass(slots=True)
+class ServerSpec:
+    """One validated `mcpServers` entry, with `${VAR}` expanded."""
+
+    name: str
+    transport: str  # "stdio" | "http" | "sse"
+    command: str = ""
+    args: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+    cwd: str = ""
+    url: str = ""
+    headers: dict[str, str] = field(default_factory=dict)
+    timeout: float = DEFAULT_CALL_TIMEOUT
+    startup_timeout: float = DEFAULT_STARTUP_TIMEOUT
+
+
+def parse_spec(name: str, raw: Any, cwd: str = "") -> ServerSpec:
+    """Validate an `mcpServers` entry; a relative server cwd is taken from `cwd`."""
+    where = f"mcpServers.{name}"
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{where} must be an object with \"command\" (stdio) or \"url\" (HTTP)")
+
+    def expand(value: Any, key: str) -> str:
+        if not isinstance(value, str):
+            raise ConfigError(f"{where}.{key} must be a string, got {value!r}")
+
+        def var(m: re.Match[str]) -> str:
+            if m[1] in os.environ:
+                return os.environ[m[1]]
+            if m[2] is not None:
+                return m[2]
+            raise ConfigError(f"{where}.{key}: ${{{m[1]}}} is not set (write ${{{m[1]}:-default}} for a default)")
+
+        return _VAR.sub(var, value)
+
+    def strings(key: str, kind: type) -> Any:
+        value = raw.get(key, kind())
+        if not isinstance(value, kind):
+            raise ConfigError(f"{where}.{key} must be a{'n object' if kind is dict else ' list'} of strings")
+        if kind is dict:
+            return {k: expand(v, f"{key}.{k}") for k, v in value.items()}
+        return [expand(v, f"{key}[{i}]") for i, v in enumerate(value)]
+
+    def seconds(key: str, default: float) -> float:
+        value = raw.get(key, default)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+            raise ConfigError(f"{where}.{key} must be a positive number of seconds, got {value!r}")
+        return float(value)
+
+    kind = raw.get("type") or raw.get("transport") or ("stdio" if "command" in raw else "http")
+    kind = {"streamable-http": "http", "streamableHttp": "http"}.get(kind, kind)
+    if kind not in ("stdio", "http", "sse"):
+        raise ConfigError(f"{where}.type must be stdio, http or sse, got {kind!r}")
+    spec = ServerSpec(name, kind, timeout=seconds("timeout", DEFAULT_CALL_TIMEOUT),
+                      startup_timeout=seconds("startupTimeout", DEFAULT_STARTUP_TIMEOUT))
+    if kind == "stdio":
+        if not raw.get("command"):
+            raise ConfigError(f"{where} needs \"command\" (the program that runs the server)")
+        spec.command = expand(raw["command"], "command")
+        spec.args, spec.env = strings("args", list), strings("env", dict)
+        spec.cwd = os.path.join(cwd, os.path.expanduser(expand(raw.get("cwd", ""), "cwd"))) if cwd or raw.get("cwd") else ""
+    else:
+        if not raw.get("url"):
+            raise ConfigError(f"{where} needs \"url\" (the server's HTTP endpoint)")
+        spec.url, spec.headers = expand(raw["url"], "url"), strings("headers", dict)
+    return spec
+
+
+def log_path(name: str) -> Path:
+    """Where a stdio server's stderr goes."""
+    return data_path() / "logs" / f"mcp-{name}.log"
+
+
+Job = Callable[[Any], Awaitable[Any]]
+
+
+class Client:
+    """One connection to an MCP server. `connect()` starts it and lists its tools; `error` says
+    why it cannot serve ("" while healthy); `close()` ends it and its process."""
+
+    def __init__(self, spec: ServerSpec) -> None:
+        self.spec = spec
+        self.name = spec.name
+        self.error = "not connected"
+        self.tools: list[Tool] = []
+        self._jobs: asyncio.Queue[tuple[Job, asyncio.Future[Any]]] = asyncio.Queue()
+        self._owner: asyncio.Task[None] | None = None
+        self._stop: Callable[[], None] = lambda: None
+        self._log_start = 0
+        self._closing = False
+        self._noise = ""  # the first thing the server sent that is not a protocol message
+
+    async def connect(self) -> None:
+        """Start the server and list its tools within `spec.startup_timeout`; raises Unavailable."""
+        ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._owner = asyncio.create_task(self._own(ready), name=f"mcp server {self.name}")
+        try:
+            async with asyncio.timeout(self.spec.startup_timeout):
+                await asyncio.shield(ready)
+        except TimeoutError:
+            ready.cancel()
+            noise = f"; it wrote {self._noise}, which is not MCP" if self._noise else ""
+            self._fail(f"no answer within {self.spec.startup_timeout:g} s{noise}")
+            await self.close()
+            raise Unavailable(self.error) from None
+        except asyncio.CancelledError:
+            await self.close()
+            raise
+        except Unavailable:
+            await self.close()
+            raise
+
+    async def call_tool(self, name: str, arguments: dict[str, Any]) -> ToolResult:
+        result = await self._submit(lambda c: c.call_tool(name, arguments))
+        blocks = [b.model_dump(mode="json", by_alias=True, exclude_none=True) for b in result.content]
+        if not blocks and result.structured_content is not None:
+            import json
+
+            blocks = [{"type": "text", "text": json.dumps(result.structured_content)}]
+        return ToolResult(blocks, bool(result.is_error))
+
+    async def close(self) -> None:
+        """End the connection and the server's process; safe to call more than once."""
+        if self.error in ("", "not connected"):
+            self.error = "closed"
+        self._closing = True
+        self._stop()
+        if self._owner is not None:
+            try:
+                await asyncio.wait_for(asyncio.shield(self._owner), _CLOSE_TIMEOUT)
+            except TimeoutError:
+                self._owner.cancel()
+            except asyncio.CancelledError:
+                self._owner.cancel()
+                raise
+
+    async def _submit(self, job: Job) -> Any:
+        if self.error:
+            raise Unavailable(self.error)
+        done: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._jobs.put_nowait((job, done))
+        return await done  # a caller's cancellation cancels `done`, which cancels the job
+
+    # ---- the owner task ---------------------------------------------------------------------
+
+    async def _own(self, ready: asyncio.Future[None]) -> None:
+        import anyio
+        from mcp import Client as SdkClient
+        from mcp import Implementation
+
+        from . import __version__
+
+        try:
+            with anyio.CancelScope() as scope:
+                self._stop = scope.cancel
+                if self._closing:
+                    return
+                info = Implementation(name="ollie", version=__version__)
+                async with SdkClient(
+                    self._transport(), client_info=info, cache=None, message_handler=self._on_message
+                ) as client, \
+                        anyio.create_task_group() as jobs:
+                    self.tools = await self._list_tools(client)
+                    self.error = ""
+                    ready.set_result(None)
+                    while True:
+                        job, done = await self._jobs.get()
+                        jobs.start_soon(self._run, client, job, done)
+        except Exception as e:  # noqa: BLE001 - any failure is the server's reason, shown to the user
+            self._fail(_describe(e))
+        finally:
+            self.error = self.error or "closed"
+            if not ready.done():
+                ready.set_exception(Unavailable(self.error))
+            while not self._jobs.empty():
+                _, done = self._jobs.get_nowait()
+                if not done.done():
+                    done.set_exception(Unavailable(self.error))
+
+    async def _run(self, client: Any, job: Job, done: asyncio.Future[Any]) -> None:
+        import anyio
+        from mcp.shared.exceptions import MCPError
+        from mcp_types import CONNECTION_CLOSED
+
+        with anyio.CancelScope() as scope:
+            done.add_done_callback(lambda f: f.cancelled() and scope.cancel())
+            try:
+                result = await job(client)
+                if not done.done():
+                    done.set_result(result)
+            except Exception as e:
+                if isinstance(e, MCPError) and e.error.code == CONNECTION_CLOSED:
+                    self._fail(_describe(e))
+                    self._stop()  # tear the transport down: the process is reaped, not left behind
+                    e = Unavailable(self.error)
+                if not done.done():
+                    done.set_exception(e)
+            finally:
+                if not done.done():  # the whole connection is going away
+                    done.set_exception(Unavailable(self.error or "closed"))
+
+    async def _on_message(self, message: Any) -> None:
+        if isinstance(message, Exception) and not self._noise:
+            errors = getattr(message, "errors", None)  # pydantic: what failed to parse is the input
+            seen = errors()[0].get("input") if callable(errors) and errors() else message
+            self._noise = repr(str(seen)[:100])
+
+    @staticmethod
+    async def _list_tools(client: Any) -> list[Tool]:
+        tools, cursor = [], None
+        while True:
+            page = await client.list_tools(cursor=cursor)
+            for t in page.tools:
+                read_only = bool(t.annotations and t.annotations.read_only_hint)
+                tools.append(Tool(t.name, t.description or "", dict(t.input_schema), read_only))
+            cursor = page.next_cursor
+            if not cursor:
+                return tools
+
+    @asynccontextmanager
+    async def _transport(self):  # type: ignore[no-untyped-def]
+        spec = self.spec
+        if spec.transport == "stdio":
+            from mcp.client.stdio import StdioServerParameters, stdio_client
+
+            path = log_path(self.name)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with open(path, "a") as log:
+                log.write(f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} {spec.command} {' '.join(spec.args)}\n")
+                log.flush()
+                self._log_start = log.tell()
+                params = StdioServerParameters(command=spec.command, args=spec.args, env=spec.env, cwd=spec.cwd or None)
+                async with stdio_client(params, errlog=log) as streams:
+                    yield streams
+        elif spec.transport == "sse":
+            from mcp.client.sse import sse_client
+
+            async with sse_client(spec.url, headers=spec.headers or None) as streams:
+                yield streams
+        else:
+            import httpx2
+            from mcp.client.streamable_http import streamable_http_client
+
+            timeout = httpx2.Timeout(30, read=300)  # the SDK's own defaults for an HTTP server
+            async with httpx2.AsyncClient(headers=spec.headers, timeout=timeout) as http, streamable_http_client(
+                spec.url, http_client=http
+            ) as streams:
+                yield streams
+
+    def _fail(self, reason: str) -> None:
+        if self.error in ("", "not connected"):
+            tail = self._stderr_tail()
+            self.error = f"{reason} (stderr: {tail})" if tail else reason
+
+    def _stderr_tail(self) -> str:
+        if self.spec.transport != "stdio":
+            return ""
+        try:
+            with open(log_path(self.name), "rb") as f:
+                f.seek(self._log_start)
+                lines = f.read()[-4000:].decode(errors="replace").strip().splitlines()
+        except OSError:
+            return ""
+        return lines[-1][:300] if lines else ""
+
+
+def _describe(e: BaseException) -> str:
+    while isinstance(e, BaseExceptionGroup) and e.exceptions:
+        e = e.exceptions[0]
+    from mcp.shared.exceptions import MCPError
+    from mcp_types import CONNECTION_CLOSED
+
+    if isinstance(e, MCPError) and e.error.code == CONNECTION_CLOSED:
+        return "the server closed the connection"
+    if isinstance(e, FileNotFoundError):
+        return f"cannot run {e.filename!r}: not found"
+    return str(e) or type(e).__name__
+
+
+class _ClientServer:
+    """An MCP connection offered as a tool `Server`."""
+
+    def __init__(self, client: Client) -> None:
+        self.client = client
+
+    async def list_tools(self) -> list[Tool]:
+        if self.client.error:
+            raise Unavailable(self.client.error)
+        return list(self.client.tools)
+
+    async def call_tool(self, name: str, arguments: dict[str, Any], ctx: CallContext) -> ToolResult:
+        return await self.client.call_tool(name, arguments)
+
+    async def close(self) -> None:
+        await self.client.close()
+
+
+def new_server(client: Client) -> Server:
+    """Wrap an MCP client as a tool server (the dispatcher routes to it like to any other)."""
+    return _ClientServer(client)
