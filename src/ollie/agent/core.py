@@ -469,8 +469,10 @@ class Core:
     async def _countdown(self, seconds: float, kind: str, why: str) -> None:
         self._set_state("limitretry" if kind == "limitretry" else "thinking")
         left, first = seconds, True
-        while left > 0:
+        while True:  # an event a second, the first and the last (0 s left) included
             self._emit(Event(kind, why, data={"seconds": round(left, 1), "first": first}))
+            if left <= 0:
+                return
             first = False
             step = min(1.0, left)
             await asyncio.sleep(step)

@@ -1,0 +1,63 @@
+"""Building Cores for tests: a scripted backend and small in-process tool servers."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from typing import Any
+
+from ollie.agent.core import Core, CoreConfig
+from ollie.agent.env import build_agent_env
+from ollie.backends.scripted import ScriptedBackend
+from ollie.config import AgentConfig
+from ollie.tools import Tool, ToolResult, new_dispatcher_func
+from ollie.types import Event
+
+
+class ToyServer:
+    """Tools for loop tests: `echo` (read-only), `sleep` (read-only, records overlap), `fail`, `write`."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, dict]] = []
+        self.running = 0
+        self.max_running = 0
+
+    async def list_tools(self) -> list[Tool]:
+        obj = {"type": "object", "properties": {}}
+        return [Tool("echo", "echo text", obj, read_only=True), Tool("sleep", "sleep", obj, read_only=True),
+                Tool("fail", "always fails", obj), Tool("write", "not read-only", obj)]
+
+    async def call_tool(self, name: str, args: dict[str, Any], ctx: Any) -> ToolResult:
+        self.calls.append((name, args))
+        if name == "echo":
+            return ToolResult.of(str(args.get("text", "")))
+        if name == "sleep":
+            self.running += 1
+            self.max_running = max(self.max_running, self.running)
+            try:
+                await asyncio.sleep(float(args.get("seconds", 0.05)))
+            finally:
+                self.running -= 1
+            return ToolResult.of(f"slept {args.get('seconds', 0.05)}")
+        if name == "fail":
+            return ToolResult.of(str(args.get("why", "it failed")), is_error=True)
+        return ToolResult.of("written")
+
+    async def close(self) -> None:
+        pass
+
+
+async def make_core(script: Any, cfg: AgentConfig | None = None, server: ToyServer | None = None,
+                    session_id: str = "") -> tuple[Core, ScriptedBackend, ToyServer, list[Event]]:
+    server = server or ToyServer()
+    backend = ScriptedBackend(script)
+    new_dispatcher = new_dispatcher_func({"toy": lambda: server})
+    env = await build_agent_env(cfg or AgentConfig(), new_dispatcher(), os.getcwd())
+    core = Core(CoreConfig(backend, env, new_dispatcher, session_id=session_id))
+    events: list[Event] = []
+    core.subscribe(events.append)
+    return core, backend, server, events
+
+
+def kinds(events: list[Event]) -> list[str]:
+    return [e.kind for e in events if e.kind not in ("state", "usage")]

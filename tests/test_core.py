@@ -1,0 +1,292 @@
+"""The agent loop against the scripted backend: events, states, tools, queueing, interrupts, retries,
+limits and persistence."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+
+import pytest
+
+from ollie.agent.core import RESULT_LIMIT
+from ollie.agent.session import SessionStore, list_stored
+from ollie.config import AgentConfig
+
+from agent_helpers import kinds, make_core
+
+
+def call(name, **args):
+    return {"name": name, "arguments": args}
+
+
+async def test_turn_events_reply_and_chat_log():
+    core, backend, server, events = await make_core([
+        {"text": "Let me look.", "tool_calls": [call("echo", text="hello")]},
+        {"text": "It said hello.", "expect": "hello"},
+    ])
+    await core.submit("what does echo say?")
+    assert kinds(events) == ["user", "assistant", "call", "tool", "assistant", "done"]
+    assert core.reply == "Let me look.\nIt said hello."
+    assert core.state == "idle"
+    states = [e.text for e in events if e.kind == "state"]
+    assert states == ["thinking", "calling: echo", "thinking", "idle"]
+    assert core.chat_path.read_text() == (
+        "user: what does echo say?\nassistant: Let me look.\n-> echo({\"text\": \"hello\"})\nhello\n"
+        "assistant: It said hello.\n\n"
+    )
+    backend.assert_consumed()
+    await core.close()
+
+
+async def test_calls_keep_model_order_and_read_only_calls_overlap():
+    core, backend, server, events = await make_core([
+        {"tool_calls": [call("sleep", seconds=0.2), call("sleep", seconds=0.1), call("write"), call("echo", text="x")]},
+        {"text": "ok"},
+    ])
+    await core.submit("go")
+    tool_msgs = [m for m in core.messages if m.role == "tool"]
+    assert [m.content for m in tool_msgs] == ["slept 0.2", "slept 0.1", "written", "x"]
+    assistant = core.messages[1]
+    assert [m.tool_call_id for m in tool_msgs] == [c.id for c in assistant.tool_calls]
+    assert server.max_running == 2  # the two sleeps ran together
+    assert [c[0] for c in server.calls] == ["sleep", "sleep", "write", "echo"]
+    await core.close()
+
+
+async def test_identical_read_only_calls_in_a_batch_run_once():
+    core, backend, server, _ = await make_core([
+        {"tool_calls": [call("echo", text="a"), call("echo", text="a")]},
+        {"text": "ok"},
+    ])
+    await core.submit("go")
+    assert len(server.calls) == 1
+    assert [m.content for m in core.messages if m.role == "tool"] == ["a", "a"]
+    await core.close()
+
+
+async def test_second_submit_during_a_turn_is_queued_then_run():
+    core, backend, _, events = await make_core([
+        {"text": "first", "delay": 0.2},
+        {"text": "second", "expect": "two"},
+    ])
+    first = asyncio.create_task(core.submit("one"))
+    await asyncio.sleep(0.05)
+    await core.submit("two")  # returns at once: queued
+    assert core.queued() == ["two"]
+    await first
+    assert core.reply == "second"
+    assert [m.content for m in core.messages if m.role == "user"] == ["one", "two"]
+    backend.assert_consumed()
+    await core.close()
+
+
+async def test_interrupt_keeps_completed_calls_and_strips_cancelled_ones():
+    core, backend, server, events = await make_core([
+        {"text": "working", "tool_calls": [call("write"), call("sleep", seconds=30)]},
+    ])
+    task = asyncio.create_task(core.submit("go"))
+    await core.wait_change("state", "idle", timeout=2)
+    while server.running == 0:
+        await asyncio.sleep(0.01)
+    assert core.interrupt() is True
+    await asyncio.wait_for(task, 5)
+    assert core.state == "idle" and not core.running
+    assistant = core.messages[1]
+    assert [c.name for c in assistant.tool_calls] == ["write"]
+    assert [m.role for m in core.messages] == ["user", "assistant", "tool"]
+    stored = SessionStore(core.session_id).load_history()
+    assert [m.role for m in stored] == ["user", "assistant", "tool"]
+    assert "info" in kinds(events) and core.interrupt() is False
+    await core.close()
+
+
+async def test_inject_is_delivered_with_the_next_tool_result():
+    core, backend, server, _ = await make_core([
+        {"tool_calls": [call("sleep", seconds=0.2)]},
+        {"text": "noted", "expect": "<system-user-interruption>also check B</system-user-interruption>"},
+    ])
+    task = asyncio.create_task(core.submit("check A"))
+    while server.running == 0:
+        await asyncio.sleep(0.01)
+    core.inject("also check B")
+    await task
+    assert core.reply == "noted"
+    backend.assert_consumed()
+    await core.close()
+
+
+async def test_rate_limit_and_dropped_stream_are_retried_without_duplicating_reply():
+    core, backend, _, events = await make_core([
+        {"error": {"type": "rate_limit", "message": "slow down", "retry_after": 0.1}},
+        {"text": "partial answer", "drop": True},
+        {"text": "full answer"},
+    ])
+    await core.submit("hi")
+    assert core.reply == "full answer"
+    assert [e.kind for e in events if e.kind in ("retry", "limitretry") and e.data["first"]] == ["limitretry", "retry"]
+    assert [m.content for m in core.messages] == ["hi", "full answer"]
+    await core.close()
+
+
+async def test_retry_waits_are_capped_and_cancellable():
+    core, backend, _, events = await make_core([
+        {"error": {"type": "rate_limit", "message": "quota", "retry_after": 86400}},
+    ])
+    task = asyncio.create_task(core.submit("hi"))
+    while not any(e.kind == "limitretry" for e in events):
+        await asyncio.sleep(0.01)
+    assert core.state == "limitretry"
+    first = next(e for e in events if e.kind == "limitretry")
+    assert first.data["seconds"] == 60.0
+    core.interrupt()
+    await asyncio.wait_for(task, 2)
+    assert core.state == "idle"
+    await core.close()
+
+
+async def test_backend_error_ends_the_turn_keeps_work_and_session_stays_usable():
+    core, backend, _, events = await make_core([
+        {"tool_calls": [call("echo", text="done once")]},
+        {"error": {"type": "other", "message": "model exploded", "status": 400}},
+        {"text": "fine now"},
+    ])
+    await core.submit("first")
+    errors = [e.text for e in events if e.kind == "error"]
+    assert errors == ["scripted (HTTP 400): model exploded"]
+    assert [m.role for m in core.messages] == ["user", "assistant", "tool"]
+    assert core.state == "idle"
+    await core.submit("again")
+    assert core.reply == "fine now"
+    await core.close()
+
+
+async def test_invalid_arguments_unknown_and_empty_tools_become_error_results():
+    core, backend, _, _ = await make_core([
+        {"tool_calls": [
+            {"name": "echo", "arguments": "{not json"},
+            {"name": "nope", "arguments": "{}"},
+            {"name": "", "arguments": "{}"},
+            {"name": "echo", "arguments": "[1, 2]"},
+        ]},
+        {"text": "sorry"},
+    ])
+    await core.submit("go")
+    results = [m for m in core.messages if m.role == "tool"]
+    assert all(r.is_error for r in results)
+    assert "invalid JSON arguments for echo" in results[0].content
+    assert "unknown tool 'nope'" in results[1].content and "echo" in results[1].content
+    assert "empty tool name" in results[2].content
+    assert "must be a JSON object" in results[3].content
+    await core.close()
+
+
+async def test_long_results_are_cut_with_the_rest_saved_where_the_model_can_read_it():
+    big = "x" * (RESULT_LIMIT * 3)
+    core, backend, _, _ = await make_core([{"tool_calls": [call("echo", text=big)]}, {"text": "ok"}])
+    await core.submit("go")
+    result = next(m for m in core.messages if m.role == "tool")
+    assert len(result.content) < RESULT_LIMIT + 400
+    assert f"first {RESULT_LIMIT} of {len(big)} bytes" in result.content
+    path = result.content.split("the whole result is in ")[1].split(";")[0]
+    assert open(path).read() == big
+    await core.close()
+
+
+async def test_failing_rounds_nudge_at_five_and_stop_at_ten():
+    script = [{"tool_calls": [call("fail", why=f"bad {i}")]} for i in range(10)]
+    core, backend, _, events = await make_core(script)
+    await core.submit("try")
+    tool_results = [m.content for m in core.messages if m.role == "tool"]
+    assert "tool rounds in a row failed" in tool_results[4]
+    assert "tool rounds in a row failed" not in tool_results[3]
+    assert [e.text for e in events if e.kind == "error"] == ["10 consecutive tool rounds failed; stopping the turn"]
+    assert core.state == "idle" and len(tool_results) == 10
+    backend.assert_consumed()
+    await core.close()
+
+
+async def test_max_steps_ends_with_a_final_answer_without_tools():
+    cfg = AgentConfig(max_steps=2)
+    core, backend, _, events = await make_core([
+        {"tool_calls": [call("echo", text="1")]},
+        {"tool_calls": [call("echo", text="2")]},
+        {"text": "summary of work", "expect": "step budget"},
+    ], cfg=cfg)
+    await core.submit("go")
+    assert core.reply == "summary of work"
+    assert backend.tools_seen[-1] == [] and backend.tools_seen[0] != []
+    assert "maxsteps" in kinds(events)
+    await core.close()
+
+
+async def test_session_is_persisted_and_restored_with_usage_and_cost():
+    core, backend, _, _ = await make_core([
+        {"text": "remembered", "usage": {"input_tokens": 100, "output_tokens": 7}},
+    ])
+    sid = core.session_id
+    await core.submit("remember 42")
+    core.set_env("FOO", "bar")
+    await core.close()
+    assert not os.path.exists(core.tmpdir)
+    again, backend2, _, _ = await make_core([{"text": "it was 42", "expect": "what was it"}], session_id=sid)
+    assert [m.content for m in again.messages] == ["remember 42", "remembered"]
+    assert again.usage() == "100 in, 7 out, 1 requests"
+    assert again.env == {"FOO": "bar"}
+    await again.submit("what was it")
+    assert len(backend2.requests[0]) == 4  # system + the restored two + the new prompt
+    assert [m.id for m in list_stored()] == [sid]
+    await again.close()
+
+
+async def test_history_is_appended_never_rewritten():
+    core, backend, _, _ = await make_core([{"text": "a"}, {"text": "b"}])
+    path = SessionStore(core.session_id).dir / "history.jsonl"
+    await core.submit("one")
+    inode, first = os.stat(path).st_ino, path.read_text()
+    await core.submit("two")
+    assert os.stat(path).st_ino == inode and path.read_text().startswith(first)
+    assert [json.loads(line)["content"] for line in path.read_text().splitlines()] == ["one", "a", "two", "b"]
+    await core.close()
+
+
+async def test_wait_change_returns_when_state_changes():
+    core, backend, _, _ = await make_core([{"text": "x", "delay": 0.1}])
+    waiter = asyncio.create_task(core.wait_change("state", "idle"))
+    await asyncio.sleep(0)
+    task = asyncio.create_task(core.submit("go"))
+    assert await asyncio.wait_for(waiter, 2) == "thinking"
+    await task
+    assert await core.wait_change("state", "idle", timeout=0.05) == "idle"
+    await core.close()
+
+
+async def test_set_session_id_moves_files_and_tmpdir(ollie_dirs):
+    core, backend, _, _ = await make_core([{"text": "x"}])
+    await core.submit("go")
+    old_dir, old_tmp = SessionStore(core.session_id).dir, core.tmpdir
+    (old_tmp / "scratch").write_text("keep")
+    core.set_session_id("renamed")
+    assert not old_dir.exists() and not old_tmp.exists()
+    assert (SessionStore("renamed").dir / "history.jsonl").exists()
+    assert (core.tmpdir / "scratch").read_text() == "keep"
+    with pytest.raises(ValueError):
+        core.set_session_id("../evil")
+    await core.close()
+
+
+async def test_close_removes_only_its_own_tmpdir():
+    a, *_ = await make_core([])
+    b, *_ = await make_core([])
+    await a.close()
+    assert not a.tmpdir.exists() and b.tmpdir.exists()
+    await b.close()
+
+
+async def test_spending_cap_stops_the_turn(monkeypatch):
+    monkeypatch.setenv("OLLIE_MAX_SESSION_COST", "0.01")
+    core, backend, _, events = await make_core([{"text": "pricey", "usage": {"input_tokens": 10, "cost": 0.5}}])
+    await core.submit("go")
+    assert any("OLLIE_MAX_SESSION_COST" in e.text for e in events if e.kind == "error")
+    assert core.state == "idle"
+    await core.close()

@@ -1,0 +1,183 @@
+"""The OpenAI-compatible backend against a local server speaking the Chat Completions wire format."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from ollie import backends
+from ollie.agent.core import Core, CoreConfig
+from ollie.agent.env import build_agent_env
+from ollie.config import AgentConfig
+from ollie.tools import new_dispatcher_func
+from ollie.types import (
+    BackendError,
+    ConfigError,
+    ContextOverflowError,
+    Done,
+    GenerationParams,
+    Message,
+    RateLimitError,
+    TextDelta,
+    ToolCall,
+    ToolSpec,
+    TransientError,
+    UsageChunk,
+)
+
+from agent_helpers import ToyServer
+from wire import Reply, WireServer, json_reply, sse, stream_reply
+from wire.openai import PATH, chunk, text_stream, tool_call_stream, usage
+
+
+@pytest.fixture
+def server():
+    with WireServer() as s:
+        yield s
+
+
+def backend(server, **kw):
+    return backends.create("openai", "gpt-4o-mini", base_url=server.url + "/v1", api_key="sk-test", **kw)
+
+
+async def collect(be, messages=None, tools=(), params=None):
+    return [c async for c in be.stream(messages or [Message("user", "hi")], list(tools), params or GenerationParams())]
+
+
+async def test_text_stream_usage_and_request_body(server):
+    server.reply(PATH, text_stream("Hello there"))
+    be = backend(server)
+    chunks = await collect(be, params=GenerationParams(temperature=0.2, max_tokens=50))
+    assert "".join(c.text for c in chunks if isinstance(c, TextDelta)) == "Hello there"
+    assert [c.usage.input_tokens for c in chunks if isinstance(c, UsageChunk)] == [12]
+    assert isinstance(chunks[-1], Done) and chunks[-1].stop_reason == "stop"
+    req = server.requests[0]
+    assert req.headers["authorization"] == "Bearer sk-test"
+    body = req.json
+    assert body["model"] == "gpt-4o-mini" and body["stream"] is True
+    assert body["stream_options"] == {"include_usage": True}
+    assert body["temperature"] == 0.2 and body["max_tokens"] == 50
+    assert body["messages"] == [{"role": "user", "content": "hi"}]
+    await be.aclose()
+
+
+async def test_tool_calls_assembled_by_index_and_sent_back(server):
+    server.reply(PATH, tool_call_stream([("call_a", "echo", '{"text": "one"}'), ("call_b", "echo", '{"text": "two"}')]))
+    be = backend(server)
+    tools = [ToolSpec("echo", "echo text", {"type": "object"})]
+    history = [
+        Message("user", "hi"),
+        Message("assistant", "", tool_calls=[ToolCall("c0", "echo", '{"text":"z"}')]),
+        Message("tool", "z", tool_call_id="c0", name="echo"),
+    ]
+    chunks = await collect(be, history, tools)
+    assert chunks[-1] == Done("tool_calls")
+    body = server.requests[0].json
+    assert body["tools"] == [{"type": "function", "function": {"name": "echo", "description": "echo text",
+                                                               "parameters": {"type": "object"}}}]
+    assert body["messages"][1] == {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "c0", "type": "function", "function": {"name": "echo", "arguments": '{"text":"z"}'}}]}
+    assert body["messages"][2] == {"role": "tool", "tool_call_id": "c0", "content": "z"}
+    await be.aclose()
+
+
+async def test_reasoning_deltas_in_both_spellings(server):
+    server.reply(PATH, stream_reply(sse([
+        (None, chunk({"reasoning_content": "think A "})),
+        (None, chunk({"reasoning": "think B"})),
+        (None, chunk({"content": "answer"}, "stop")),
+        (None, "[DONE]"),
+    ])))
+    be = backend(server)
+    chunks = await collect(be)
+    assert "".join(c.text for c in chunks if type(c).__name__ == "ReasoningDelta") == "think A think B"
+    await be.aclose()
+
+
+async def test_http_errors_map_onto_the_taxonomy(server):
+    server.reply(PATH,
+                 json_reply({"error": {"message": "Rate limit reached", "type": "requests"}}, 429, {"retry-after": "7"}),
+                 json_reply({"error": {"message": "upstream broke"}}, 500),
+                 json_reply({"error": {"message": "This model's maximum context length is 8192 tokens",
+                                       "code": "context_length_exceeded"}}, 400),
+                 json_reply({"error": {"message": "bad request: unknown field"}}, 400))
+    be = backend(server)
+    with pytest.raises(RateLimitError) as e:
+        await collect(be)
+    assert e.value.retry_after == 7 and "HTTP 429" in str(e.value) and "Rate limit reached" in str(e.value)
+    with pytest.raises(TransientError, match="upstream broke"):
+        await collect(be)
+    with pytest.raises(ContextOverflowError):
+        await collect(be)
+    with pytest.raises(BackendError, match=r"openai \(HTTP 400\): bad request"):
+        await collect(be)
+    await be.aclose()
+
+
+async def test_a_cut_stream_ends_without_done(server):
+    server.reply(PATH, stream_reply(sse([(None, chunk({"content": "partial"}))]), cut=True))
+    be = backend(server)
+    try:
+        chunks = await collect(be)
+    except TransientError:
+        chunks = []  # a reset connection is a transient error; a clean cut is a missing Done
+    assert not any(isinstance(c, Done) for c in chunks)
+    await be.aclose()
+
+
+async def test_malformed_chunk_is_an_error(server):
+    server.reply(PATH, stream_reply([b"data: {not json\n\n"]))
+    be = backend(server)
+    with pytest.raises(BackendError, match="malformed stream chunk"):
+        await collect(be)
+    await be.aclose()
+
+
+async def test_unreachable_server_names_the_url():
+    be = backends.create("openai", "m", base_url="http://127.0.0.1:9/v1", api_key="k")
+    with pytest.raises(TransientError, match=r"cannot reach http://127.0.0.1:9/v1"):
+        await collect(be)
+    await be.aclose()
+
+
+def test_missing_key_names_the_variables():
+    with pytest.raises(ConfigError, match="OLLIE_OPENAI_KEY or OPENAI_API_KEY"):
+        backends.create("openai", "gpt-4o")
+
+
+def test_url_from_the_environment(monkeypatch):
+    monkeypatch.setenv("OLLIE_OPENAI_URL", "http://127.0.0.1:8080/")
+    assert backends.create("openai", "m").base_url == "http://127.0.0.1:8080/v1"
+
+
+async def test_models_and_context_length(server):
+    server.route("/v1/models", lambda r: json_reply({"object": "list", "data": [
+        {"id": "b-model", "object": "model"}, {"id": "gpt-4o-mini", "object": "model", "context_length": 32768}]}))
+    be = backend(server)
+    assert await be.models() == ["b-model", "gpt-4o-mini"]
+    assert await be.context_length() == 32768
+    await be.aclose()
+
+
+async def test_full_loop_over_the_wire_with_retries(server):
+    """A turn against the server: a 429, a cut stream, then tool calls and an answer."""
+    server.reply(PATH,
+                 json_reply({"error": {"message": "slow down"}}, 429, {"retry-after": "0"}),
+                 stream_reply(sse([(None, chunk({"content": "half"}))])),  # ends without finish_reason
+                 tool_call_stream([("c1", "echo", '{"text": "from tool"}')]),
+                 text_stream("The tool said: from tool"))
+    be = backend(server)
+    toy = ToyServer()
+    nd = new_dispatcher_func({"toy": lambda: toy})
+    core = Core(CoreConfig(be, await build_agent_env(AgentConfig(), nd(), os.getcwd()), nd))
+    events = []
+    core.subscribe(events.append)
+    await core.submit("use the tool")
+    assert core.reply == "The tool said: from tool"
+    assert [e.kind for e in events if e.kind in ("retry", "limitretry") and e.data["first"]] == ["limitretry", "retry"]
+    last = server.requests[-1].json["messages"]
+    assert last[-1] == {"role": "tool", "tool_call_id": "c1", "content": "from tool"}
+    assert core.usage() == "24 in, 10 out, 2 requests"
+    await core.close()
