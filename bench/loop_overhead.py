@@ -1,0 +1,182 @@
+"""Loop overhead: what ollie adds per agent step over the raw OpenAI SDK call and over plain HTTP.
+
+Scenario (as in the peers' table): N steps, each one call of an in-process no-op tool, then a
+final answer, against a local Chat Completions server in another process. In the same run and
+interleaved, (a) the same N+1 requests made with the raw SDK (`chat.completions.create`), and
+(b) the same requests over a minimal keep-alive HTTP/1.1 client (the practical limit).
+
+    .venv/bin/python bench/loop_overhead.py [--steps 10] [--runs 30]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import multiprocessing
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+
+def _sse(obj) -> bytes:
+    return b"data: " + json.dumps(obj).encode() + b"\n\n"
+
+
+def _answer(body: dict, steps: int) -> bytes:
+    """A tool call until the history holds `steps` tool results, then a text answer."""
+    done = sum(1 for m in body["messages"] if m["role"] == "tool")
+    base = {"id": "c", "object": "chat.completion.chunk", "created": 0, "model": body["model"]}
+    if done < steps:
+        call = {"index": 0, "id": f"call_{done}", "type": "function", "function": {"name": "noop", "arguments": "{}"}}
+        chunks = [{"choices": [{"index": 0, "delta": {"role": "assistant", "tool_calls": [call]}, "finish_reason": None}]},
+                  {"choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]}]
+    else:
+        chunks = [{"choices": [{"index": 0, "delta": {"role": "assistant", "content": "done"}, "finish_reason": None}]},
+                  {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}]
+    chunks.append({"choices": [], "usage": {"prompt_tokens": 10, "completion_tokens": 2, "total_tokens": 12}})
+    return b"".join(_sse({**base, **c}) for c in chunks) + b"data: [DONE]\n\n"
+
+
+def serve(port_q, steps: int) -> None:
+    async def handle(reader, writer):
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = 0
+                for line in head.split(b"\r\n"):
+                    if line.lower().startswith(b"content-length:"):
+                        length = int(line.split(b":")[1])
+                body = json.loads(await reader.readexactly(length))
+                payload = _answer(body, steps)
+                writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncontent-length: %d\r\n\r\n%s"
+                             % (len(payload), payload))
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionResetError):
+            writer.close()
+
+    async def main():
+        server = await asyncio.start_server(handle, "127.0.0.1", 0)
+        port_q.put(server.sockets[0].getsockname()[1])
+        await server.serve_forever()
+
+    asyncio.run(main())
+
+
+def _history(steps_done: int) -> list[dict]:
+    msgs = [{"role": "system", "content": "You are a benchmark."}, {"role": "user", "content": "go"}]
+    for i in range(steps_done):
+        msgs.append({"role": "assistant", "content": None, "tool_calls": [
+            {"id": f"call_{i}", "type": "function", "function": {"name": "noop", "arguments": "{}"}}]})
+        msgs.append({"role": "tool", "tool_call_id": f"call_{i}", "content": "ok"})
+    return msgs
+
+
+TOOLS = [{"type": "function", "function": {"name": "noop", "description": "does nothing",
+                                           "parameters": {"type": "object", "properties": {}}}}]
+
+
+async def run_ollie(url: str, steps: int) -> float:
+    from ollie.agent.core import Core, CoreConfig
+    from ollie.agent.env import build_agent_env
+    from ollie.backends.openai import OpenAIBackend
+    from ollie.config import AgentConfig
+    from ollie.tools import Tool, ToolResult, new_dispatcher_func
+
+    class Noop:
+        async def list_tools(self):
+            return [Tool("noop", "does nothing", {"type": "object", "properties": {}})]
+
+        async def call_tool(self, name, args, ctx):
+            return ToolResult.of("ok")
+
+        async def close(self):
+            pass
+
+    nd = new_dispatcher_func({"noop": Noop})
+    env = await build_agent_env(AgentConfig(prompt="You are a benchmark.\n"), nd(), os.getcwd())
+    core = Core(CoreConfig(OpenAIBackend("bench", base_url=url, api_key="k"), env, nd))
+    t = time.perf_counter()
+    await core.submit("go")
+    elapsed = time.perf_counter() - t
+    assert core.reply == "done", core.reply
+    await core.close()
+    return elapsed
+
+
+async def run_sdk(client, steps: int) -> float:
+    t = time.perf_counter()
+    for i in range(steps + 1):
+        stream = await client.chat.completions.create(model="bench", messages=_history(i), tools=TOOLS, stream=True,
+                                                      stream_options={"include_usage": True})
+        async for _ in stream:
+            pass
+    return time.perf_counter() - t
+
+
+async def run_plain(port: int, steps: int) -> float:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    t = time.perf_counter()
+    for i in range(steps + 1):
+        body = json.dumps({"model": "bench", "messages": _history(i), "tools": TOOLS, "stream": True,
+                           "stream_options": {"include_usage": True}}).encode()
+        writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+                     b"content-length: %d\r\n\r\n%s" % (len(body), body))
+        head = await reader.readuntil(b"\r\n\r\n")
+        length = int(next(l for l in head.split(b"\r\n") if l.lower().startswith(b"content-length")).split(b":")[1])
+        payload = await reader.readexactly(length)
+        for line in payload.split(b"\n\n"):
+            if line.startswith(b"data: {"):
+                json.loads(line[6:])
+    elapsed = time.perf_counter() - t
+    writer.close()
+    return elapsed
+
+
+async def bench(port: int, steps: int, runs: int) -> None:
+    import openai
+
+    url = f"http://127.0.0.1:{port}/v1"
+    client = openai.AsyncOpenAI(base_url=url, api_key="k", max_retries=0)
+    results: dict[str, list[float]] = {"ollie": [], "sdk": [], "plain": []}
+    for _ in range(3):  # warm-up
+        await run_ollie(url, steps), await run_sdk(client, steps), await run_plain(port, steps)
+    for _ in range(runs):  # interleaved, so machine noise hits all three alike
+        results["ollie"].append(await run_ollie(url, steps))
+        results["sdk"].append(await run_sdk(client, steps))
+        results["plain"].append(await run_plain(port, steps))
+    await client.close()
+    med = {k: statistics.median(v) for k, v in results.items()}
+    per = steps + 1
+    print(f"{steps} tool steps + final answer ({per} requests), {runs} runs, medians:")
+    for k in ("plain", "sdk", "ollie"):
+        print(f"  {k:<6} {med[k] * 1000:8.2f} ms per run, {med[k] / per * 1000:6.3f} ms per request")
+    over_sdk = (med["ollie"] - med["sdk"]) / per * 1000
+    over_plain = (med["ollie"] - med["plain"]) / per * 1000
+    print(f"ollie per-step overhead over the raw SDK call: {over_sdk:+.3f} ms (target <= +0.3 ms); "
+          f"ratio ollie/sdk = {med['ollie'] / med['sdk']:.2f}")
+    print(f"ollie per-step overhead over plain HTTP:       {over_plain:+.3f} ms; ratio ollie/plain = "
+          f"{med['ollie'] / med['plain']:.2f}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--runs", type=int, default=30)
+    args = ap.parse_args()
+    for var in ("OLLIE_DATA_PATH", "OLLIE_TMP_PATH", "OLLIE_CFG_PATH"):
+        os.environ[var] = tempfile.mkdtemp(prefix="ollie-bench-")
+    q: multiprocessing.Queue = multiprocessing.Queue()
+    proc = multiprocessing.Process(target=serve, args=(q, args.steps), daemon=True)
+    proc.start()
+    try:
+        asyncio.run(bench(q.get(timeout=10), args.steps, args.runs))
+    finally:
+        proc.terminate()
+        proc.join()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
