@@ -55,6 +55,10 @@ async def open_session(
     await core.refresh_context_length()
     for info in env.infos:
         core._emit(Event("info", info))
+    if meta is None:
+        from . import hooks
+
+        await hooks.run(core, "agentSpawn", {"agent": agent})
     return core
 
 

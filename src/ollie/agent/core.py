@@ -643,6 +643,7 @@ class Core:
         for info in self._env.infos:
             self._emit(Event("info", info))
         self._save_meta()
+        await hooks.run(self, "agentSpawn", {"agent": name})
 
     async def refresh_context_length(self) -> None:
         if not self._env.config.context_window:

@@ -1,0 +1,280 @@
+"""Compaction and the rolling window, hooks, slash commands and `!cmd`, usage and cost."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+
+import pytest
+
+from ollie.agent import hooks
+from ollie.agent.context import SUMMARY_PREFIX
+from ollie.agent.session import SessionStore
+from ollie.config import AgentConfig
+from ollie.types import Message
+
+from agent_helpers import make_core
+
+
+def call(name, **args):
+    return {"name": name, "arguments": args}
+
+
+async def fill(core, n):
+    """Give the core n user/assistant exchanges of history without the backend."""
+    core._commit([m for i in range(n) for m in (Message("user", f"question {i}"), Message("assistant", f"answer {i}"))])
+
+
+# ---- compaction ---------------------------------------------------------------------------------
+
+async def test_manual_compact_sends_the_flattened_history_and_replaces_it():
+    core, backend, _, events = await make_core([{"text": "SUMMARY: asked 3 questions"}])
+    core._commit([Message("user", "q0"), Message("assistant", "", tool_calls=[]), Message("user", "q1")])
+    core._commit([Message("assistant", "a1"), Message("user", "q2"), Message("assistant", "a2")])
+    before = list(core.messages)
+    await core.submit("/compact")
+    request = backend.requests[0]
+    assert request[0].role == "system" and "Summarise" in request[0].content
+    assert "user: q0" in request[1].content and "assistant: a2" in request[1].content
+    assert backend.tools_seen[0] == []
+    assert [m.content for m in core.messages] == [SUMMARY_PREFIX + "SUMMARY: asked 3 questions"]
+    archived = (SessionStore(core.session_id).dir / "compaction.jsonl").read_text().splitlines()
+    assert [m["content"] for m in json.loads(archived[0])["messages"]] == [m.content for m in before]
+    assert [m.content for m in SessionStore(core.session_id).load_history()] == [core.messages[0].content]
+    await core.close()
+
+
+async def test_failed_manual_compaction_leaves_history_exactly_as_it_was():
+    core, backend, _, events = await make_core([{"error": {"type": "other", "message": "no"}}])
+    await fill(core, 4)
+    before = [m.to_dict() for m in core.messages]
+    await core.submit("/compact")
+    assert [m.to_dict() for m in core.messages] == before
+    assert [m.to_dict() for m in SessionStore(core.session_id).load_history()] == before
+    assert any("compaction failed, history unchanged" in e.text for e in events if e.kind == "error")
+    await core.close()
+
+
+async def test_auto_compaction_keeps_the_prompt_out_of_the_summary_and_sends_it_after():
+    cfg = AgentConfig(context_window=120)
+    core, backend, _, events = await make_core([
+        {"text": "the summary"},
+        {"text": "answer to the new prompt", "expect": "THE NEW PROMPT"},
+    ], cfg=cfg)
+    await fill(core, 6)  # ~100 tokens of 120, with the system prompt: over 75 %
+    await core.submit("THE NEW PROMPT")
+    assert "THE NEW PROMPT" not in backend.requests[0][1].content
+    final = backend.requests[1]
+    assert [m.role for m in final] == ["system", "user", "user"]
+    assert final[1].content.startswith(SUMMARY_PREFIX) and final[2].content == "THE NEW PROMPT"
+    assert core.reply == "answer to the new prompt"
+    backend.assert_consumed()
+    await core.close()
+
+
+async def test_context_overflow_compacts_and_retries_the_turn_once():
+    core, backend, _, events = await make_core([
+        {"error": {"type": "context_overflow", "message": "prompt is too long", "status": 400}},
+        {"text": "short summary"},
+        {"text": "now it fits", "expect": "big question"},
+    ])
+    await fill(core, 3)
+    await core.submit("big question")
+    assert core.reply == "now it fits"
+    assert [m.content for m in core.messages][-2:] == ["big question", "now it fits"]
+    assert core.messages[0].content.startswith(SUMMARY_PREFIX)
+    backend.assert_consumed()
+    await core.close()
+
+
+async def test_rolling_window_never_splits_a_call_from_its_result():
+    cfg = AgentConfig(context_window=300)
+    core, backend, _, events = await make_core([{"text": "ok", "expect": "next"}], cfg=cfg)
+    for i in range(8):
+        core._commit([Message("user", f"q{i} " + "x" * 60),
+                      Message("assistant", "", tool_calls=[__import__("ollie").ToolCall(f"c{i}", "echo", "{}")]),
+                      Message("tool", "r" * 60, tool_call_id=f"c{i}", name="echo"),
+                      Message("assistant", f"a{i}")])
+    await core.submit("next")
+    msgs = core.messages
+    assert msgs[0].role == "user" and "evicted" in msgs[0].content
+    ids = {c.id for m in msgs if m.role == "assistant" for c in m.tool_calls}
+    assert all(m.tool_call_id in ids for m in msgs if m.role == "tool")
+    assert msgs[1].role != "tool"
+    assert [e.text for e in events if e.kind == "error"] == []
+    assert len(backend.requests) == 1  # too large to summarise: evicted without a summary call
+    assert core.reply == "ok"
+    await core.close()
+
+
+async def test_compacted_session_resumes_and_compacts_again():
+    core, backend, _, _ = await make_core([{"text": "first summary"}])
+    sid = core.session_id
+    await fill(core, 3)
+    await core.submit("/compact")
+    await core.close()
+    again, backend2, _, _ = await make_core([{"text": "reply"}, {"text": "second summary"}], session_id=sid)
+    assert again.messages[0].content.startswith(SUMMARY_PREFIX)
+    await fill(again, 2)
+    await again.submit("more")
+    await again.submit("/compact")
+    assert again.messages[0].content == SUMMARY_PREFIX + "second summary"
+    assert "first summary" in backend2.requests[1][1].content
+    archived = (SessionStore(sid).dir / "compaction.jsonl").read_text().splitlines()
+    assert len(archived) == 2
+    await again.close()
+
+
+# ---- hooks --------------------------------------------------------------------------------------
+
+def hook_cfg(tmp_path, **hooks_by_event):
+    return AgentConfig(hooks={k: [v] for k, v in hooks_by_event.items()})
+
+
+async def test_every_hook_event_gets_its_payload(tmp_path):
+    log = tmp_path / "hooks.log"
+    record = f"{{ cat; echo; }} >> {log}"
+    events = ["agentSpawn", "preTurn", "postTurn", "preTool", "postTool", "preCompact", "postCompact", "turnError"]
+    cfg = AgentConfig(hooks={e: [record] for e in events})
+    core, backend, _, _ = await make_core([
+        {"tool_calls": [call("echo", text="hi")]},
+        {"text": "done"},
+        {"error": {"type": "rate_limit", "message": "quota", "retry_after": 0}},
+        {"error": {"type": "rate_limit", "message": "quota", "retry_after": 0}},
+        {"error": {"type": "rate_limit", "message": "quota", "retry_after": 0}},
+        {"error": {"type": "rate_limit", "message": "quota", "retry_after": 0}},
+        {"text": "summary"},
+    ], cfg=cfg)
+    await core.submit("go")
+    await core.submit("fails")
+    await fill(core, 3)
+    await core.submit("/compact")
+    payloads = [json.loads(line) for line in log.read_text().splitlines() if line]
+    seen = [p["event"] for p in payloads]
+    assert seen == ["preTurn", "preTool", "postTool", "postTurn", "preTurn", "turnError", "preCompact", "postCompact"]
+    by = {p["event"]: p for p in payloads}
+    assert by["preTool"]["tool"] == "echo" and by["postTool"]["result"] == "hi"
+    assert by["postTurn"]["reply"] == "done"
+    assert by["turnError"]["error_type"] == "rate_limit"
+    assert by["postCompact"]["summary"] == "summary"
+    assert all(p["session_id"] == core.session_id for p in payloads)
+    await core.close()
+
+
+async def test_hook_exit_codes(tmp_path):
+    cfg = AgentConfig(hooks={
+        "preTurn": ['echo "context from hook: $OLLIE_PROMPT"'],
+        "preTool": ["[ \"$OLLIE_TOOL\" = write ] && { echo 'writes are off' >&2; exit 2; } || exit 0"],
+        "postTool": ["exit 3"],
+    })
+    core, backend, server, events = await make_core([
+        {"tool_calls": [call("write"), call("echo", text="e")]},
+        {"text": "ok", "expect": "blocked by a preTool hook: writes are off"},
+    ], cfg=cfg)
+    await core.submit("do it")
+    assert "context from hook: do it" in backend.requests[0][-1].content
+    assert [c[0] for c in server.calls] == ["echo"]
+    assert any("postTool hook 'exit 3' exited 3" in e.text for e in events if e.kind == "info")
+    await core.close()
+
+
+async def test_post_turn_exit_2_becomes_the_next_prompt():
+    cfg = AgentConfig(hooks={"postTurn": ["[ \"$OLLIE_PROMPT\" = first ] && { echo 'now check the tests' >&2; exit 2; }; exit 0"]})
+    core, backend, _, _ = await make_core([{"text": "did it"}, {"text": "checked", "expect": "now check the tests"}], cfg=cfg)
+    await core.submit("first")
+    assert core.reply == "checked"
+    backend.assert_consumed()
+    await core.close()
+
+
+async def test_a_hanging_hook_is_killed_and_a_loud_one_truncated(monkeypatch, tmp_path):
+    monkeypatch.setattr(hooks, "TIMEOUT", 0.5)
+    pidfile = tmp_path / "pid"
+    cfg = AgentConfig(hooks={"preTurn": [f"sh -c 'echo $$ > {pidfile}; sleep 60' & wait",
+                                         f"{sys.executable} -c \"print('y' * 5_000_000)\""]})
+    core, backend, _, events = await make_core([{"text": "ok"}], cfg=cfg)
+    await core.submit("go")
+    assert any("timed out" in e.text for e in events if e.kind == "info")
+    pid = int(pidfile.read_text())
+    await asyncio.sleep(0.1)
+    assert not os.path.exists(f"/proc/{pid}") or open(f"/proc/{pid}/stat").read().split()[2] == "Z"
+    sent = backend.requests[0][-1].content
+    assert len(sent) < hooks.OUTPUT_LIMIT + 200 and "hook output truncated" in sent
+    await core.close()
+
+
+# ---- slash commands -----------------------------------------------------------------------------
+
+async def run(core, events, line):
+    n = len(events)
+    await core.submit(line)
+    return "\n".join(e.text for e in events[n:] if e.kind in ("info", "error"))
+
+
+async def test_slash_commands(tmp_path, ollie_dirs):
+    agents = ollie_dirs / "cfg" / "agents"
+    agents.mkdir()
+    (agents / "other.json").write_text(json.dumps({"prompt": "You are other.\n", "maxSteps": 3}))
+    core, backend, _, events = await make_core([{"text": "hello", "usage": {"input_tokens": 1000, "output_tokens": 10}}])
+    await core.submit("hi")
+    assert "/compact" in await run(core, events, "/help")
+    assert await run(core, events, "/usage") == "1000 in, 10 out, 1 requests"
+    assert "costSession=$" in await run(core, events, "/cost")
+    assert "/ 128000" in await run(core, events, "/context")
+    assert "user      hi" in await run(core, events, "/history")
+    assert core.session_id in await run(core, events, "/sessions")
+    assert "execute" not in await run(core, events, "/tools") and "echo" in await run(core, events, "/tools")
+    assert "toy: ok" in await run(core, events, "/mcp")
+    assert await run(core, events, "/sp") == core.system_prompt()
+    assert await run(core, events, f"/cwd {tmp_path}") == f"cwd: {tmp_path}" and core.cwd == str(tmp_path)
+    assert "not a directory" in await run(core, events, "/cwd /nonexistent")
+    assert "other" in await run(core, events, "/agents")
+    assert await run(core, events, "/agent other") == "agent: other"
+    assert core.system_prompt() == "You are other.\n" and core.cwd == str(tmp_path)
+    assert "no agent 'nosuch'" in await run(core, events, "/agent nosuch")
+    assert await run(core, events, "/models") == "scripted"
+    assert "no model 'nonexistent'" in await run(core, events, "/model nonexistent")
+    assert "temperature = 0.3" == await run(core, events, "/set temperature 0.3")
+    assert "unknown backend 'nope'" in await run(core, events, "/backend nope")
+    assert "no skills" in await run(core, events, "/skills")
+    assert await run(core, events, "/clear") == "history cleared" and core.messages == []
+    await core.close()
+
+
+async def test_commands_refused_during_a_turn_and_unknown_slash_is_a_prompt():
+    core, backend, _, events = await make_core([{"text": "slow", "delay": 0.3}, {"text": "was a prompt", "expect": "/notacommand"}])
+    task = asyncio.create_task(core.submit("go"))
+    await asyncio.sleep(0.05)
+    assert "cannot run while a turn is running" in await run(core, events, "/compact")
+    assert "cannot run while a turn is running" in await run(core, events, "/model x")
+    assert await run(core, events, "/usage")  # read-only commands still answer
+    await task
+    await core.submit("/notacommand please")
+    assert core.reply == "was a prompt"
+    await core.close()
+
+
+async def test_bang_runs_in_the_session_cwd_with_the_session_env(tmp_path):
+    core, backend, _, events = await make_core([])
+    core.set_cwd(str(tmp_path))
+    core.set_env("GREETING", "hello")
+    out = await run(core, events, "!pwd; echo $GREETING; exit 4")
+    assert out == f"!pwd; echo $GREETING; exit 4 (exit 4)\n{tmp_path}\nhello"
+    assert core.messages == []  # not part of the conversation
+    await core.close()
+
+
+async def test_usage_and_cost_survive_a_restart():
+    core, backend, _, _ = await make_core([
+        {"text": "a", "usage": {"input_tokens": 1000, "output_tokens": 100, "cost": 0.25}},
+    ])
+    sid = core.session_id
+    await core.submit("x")
+    cost_before = core.cost()
+    await core.close()
+    again, *_ = await make_core([], session_id=sid)
+    assert again.usage() == "1000 in, 100 out, 1 requests"
+    assert again.cost() == cost_before and "costSession=$0.250000" in cost_before
+    await again.close()
