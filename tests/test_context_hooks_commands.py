@@ -226,7 +226,7 @@ async def test_slash_commands(tmp_path, ollie_dirs):
     assert "user      hi" in await run(core, events, "/history")
     assert core.session_id in await run(core, events, "/sessions")
     assert "execute" not in await run(core, events, "/tools") and "echo" in await run(core, events, "/tools")
-    assert "toy: ok" in await run(core, events, "/mcp")
+    assert "toy: ok\n  echo: echo text" in await run(core, events, "/mcp")
     assert await run(core, events, "/sp") == core.system_prompt()
     assert await run(core, events, f"/cwd {tmp_path}") == f"cwd: {tmp_path}" and core.cwd == str(tmp_path)
     assert "not a directory" in await run(core, events, "/cwd /nonexistent")

@@ -17,7 +17,6 @@ import asyncio
 import logging
 import os
 import re
-import sys
 import time
 from collections.abc import Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -104,7 +103,8 @@ def parse_spec(name: str, raw: Any, cwd: str = "") -> ServerSpec:
             raise ConfigError(f"{where} needs \"command\" (the program that runs the server)")
         spec.command = expand(raw["command"], "command")
         spec.args, spec.env = strings("args", list), strings("env", dict)
-        spec.cwd = os.path.join(cwd, os.path.expanduser(expand(raw.get("cwd", ""), "cwd"))) if cwd or raw.get("cwd") else ""
+        if cwd or raw.get("cwd"):  # relative to the session's cwd, like a command typed there
+            spec.cwd = os.path.join(cwd, os.path.expanduser(expand(raw.get("cwd", ""), "cwd")))
     else:
         if not raw.get("url"):
             raise ConfigError(f"{where} needs \"url\" (the server's HTTP endpoint)")
@@ -130,6 +130,7 @@ class Client:
         self.error = "not connected"
         self.tools: list[Tool] = []
         self._jobs: asyncio.Queue[tuple[Job, asyncio.Future[Any]]] = asyncio.Queue()
+        self._pending: set[asyncio.Future[Any]] = set()  # calls not answered yet, queued or running
         self._owner: asyncio.Task[None] | None = None
         self._stop: Callable[[], None] = lambda: None
         self._log_start = 0
@@ -149,10 +150,7 @@ class Client:
             self._fail(f"no answer within {self.spec.startup_timeout:g} s{noise}")
             await self.close()
             raise Unavailable(self.error) from None
-        except asyncio.CancelledError:
-            await self.close()
-            raise
-        except Unavailable:
+        except (Unavailable, asyncio.CancelledError):
             await self.close()
             raise
 
@@ -168,7 +166,7 @@ class Client:
     async def close(self) -> None:
         """End the connection and the server's process; safe to call more than once."""
         if self.error in ("", "not connected"):
-            self.error = "closed"
+            self.error = "shut down"
         self._closing = True
         self._stop()
         if self._owner is not None:
@@ -184,8 +182,12 @@ class Client:
         if self.error:
             raise Unavailable(self.error)
         done: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._pending.add(done)
         self._jobs.put_nowait((job, done))
-        return await done  # a caller's cancellation cancels `done`, which cancels the job
+        try:
+            return await done  # a caller's cancellation cancels `done`, which cancels the job
+        finally:
+            self._pending.discard(done)
 
     # ---- the owner task ---------------------------------------------------------------------
 
@@ -202,11 +204,10 @@ class Client:
                 if self._closing:
                     return
                 info = Implementation(name="ollie", version=__version__)
-                async with SdkClient(
-                    self._transport(), client_info=info, cache=None, message_handler=self._on_message
-                ) as client, \
-                        anyio.create_task_group() as jobs:
+                sdk = SdkClient(self._transport(), client_info=info, cache=None, message_handler=self._on_message)
+                async with sdk as client, anyio.create_task_group() as jobs:
                     self.tools = await self._list_tools(client)
+                    self._log_start = self._log_size()  # a later failure's reason shows only later stderr
                     self.error = ""
                     ready.set_result(None)
                     while True:
@@ -215,11 +216,10 @@ class Client:
         except Exception as e:  # noqa: BLE001 - any failure is the server's reason, shown to the user
             self._fail(_describe(e))
         finally:
-            self.error = self.error or "closed"
+            self.error = self.error or "shut down"
             if not ready.done():
                 ready.set_exception(Unavailable(self.error))
-            while not self._jobs.empty():
-                _, done = self._jobs.get_nowait()
+            for done in self._pending:
                 if not done.done():
                     done.set_exception(Unavailable(self.error))
 
@@ -241,9 +241,7 @@ class Client:
                     e = Unavailable(self.error)
                 if not done.done():
                     done.set_exception(e)
-            finally:
-                if not done.done():  # the whole connection is going away
-                    done.set_exception(Unavailable(self.error or "closed"))
+            # cancelled with the whole connection: `_own` answers the call once it knows why
 
     async def _on_message(self, message: Any) -> None:
         if isinstance(message, Exception) and not self._noise:
@@ -270,11 +268,11 @@ class Client:
             from mcp.client.stdio import StdioServerParameters, stdio_client
 
             path = log_path(self.name)
-            path.parent.mkdir(parents=True, exist_ok=True)
+            path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)  # stderr may hold secrets
             with open(path, "a") as log:
                 log.write(f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} {spec.command} {' '.join(spec.args)}\n")
                 log.flush()
-                self._log_start = log.tell()
+                self._log_start = self._log_size()
                 params = StdioServerParameters(command=spec.command, args=spec.args, env=spec.env, cwd=spec.cwd or None)
                 async with stdio_client(params, errlog=log) as streams:
                     yield streams
@@ -297,6 +295,12 @@ class Client:
         if self.error in ("", "not connected"):
             tail = self._stderr_tail()
             self.error = f"{reason} (stderr: {tail})" if tail else reason
+
+    def _log_size(self) -> int:
+        try:
+            return log_path(self.name).stat().st_size if self.spec.transport == "stdio" else 0
+        except OSError:
+            return 0
 
     def _stderr_tail(self) -> str:
         if self.spec.transport != "stdio":

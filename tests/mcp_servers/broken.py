@@ -11,6 +11,6 @@ mode = sys.argv[1]
 if mode == "exit":
     print("broken: cannot open database /nonexistent/db", file=sys.stderr, flush=True)
     sys.exit(3)
-for line in sys.stdin:
+for _ in sys.stdin:
     if mode == "garbage":
         print("this is not json-rpc", flush=True)

@@ -207,11 +207,9 @@ async def _tools(core: Core, arg: str) -> str:
 
 @command("mcp", "list the tool servers and their tools")
 async def _mcp(core: Core, arg: str) -> str:
-    lines = []
-    for name, tools in (await core.list_servers()).items():
-        lines.append(f"{name}: {getattr(core.dispatcher.get_server(name), 'status', None) or 'ok'}")
-        lines.extend(f"  {t.name}" for t in tools)
-    return "\n".join(lines) or "(no tool servers)"
+    from ..tools import format_status
+
+    return format_status(await core.dispatcher.server_status())
 
 
 @command("sp", "show the system prompt")

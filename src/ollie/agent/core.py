@@ -297,14 +297,9 @@ class Core:
         return sorted(await self.backend.models())
 
     async def list_servers(self) -> dict[str, list[Tool]]:
-        """Every server and its tools; a server that failed lists none (its status says why)."""
-        out: dict[str, list[Tool]] = {}
-        for name, server in self.dispatcher.servers().items():
-            try:
-                out[name] = await server.list_tools()
-            except Exception:
-                out[name] = []
-        return out
+        """Every server and its tools, by the names the model calls them; a server that failed
+        lists none (`dispatcher.server_status()` says why)."""
+        return {name: list(s.tools.values()) for name, s in (await self.dispatcher.server_status()).items()}
 
     # ---- prompts -----------------------------------------------------------------------------------
     async def submit(self, prompt: str) -> None:

@@ -46,7 +46,7 @@ async def build_agent_env(cfg: AgentConfig, dispatcher: Dispatcher, cwd: str) ->
             dispatcher.add_server(name, mcp.new_server(client), timeout=spec.timeout)  # closed with it
             clients.append(client)
         results = await asyncio.gather(*(c.connect() for c in clients), return_exceptions=True)
-        for client, result in zip(clients, results):
+        for client, result in zip(clients, results, strict=True):
             if isinstance(result, BaseException):
                 env.infos.append(f"mcp server {client.name} failed: {client.error or result}")
         dispatcher.invalidate()

@@ -50,13 +50,7 @@ def _call(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace, action: Callable[[argparse.Namespace, Any], Awaitable[int]]) -> int:
     import asyncio
 
-    from ..types import ConfigError
-
-    try:
-        return asyncio.run(_with_env(args, action))
-    except ConfigError as e:
-        print(f"ollie tools: {e}", file=sys.stderr)
-        return 2
+    return asyncio.run(_with_env(args, action))  # a ConfigError reaches `ollie` main, which prints it
 
 
 async def _with_env(args: argparse.Namespace, action: Callable[[argparse.Namespace, Any], Awaitable[int]]) -> int:

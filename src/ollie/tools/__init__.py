@@ -107,7 +107,7 @@ class Dispatcher:
             listed = await asyncio.gather(*(self._servers[n].list_tools() for n in names), return_exceptions=True)
             offered: dict[str, list[tuple[str, Tool]]] = {}
             self._errors = {}
-            for server_name, tools in zip(names, listed):
+            for server_name, tools in zip(names, listed, strict=True):
                 if isinstance(tools, BaseException):
                     self._errors[server_name] = str(tools) or type(tools).__name__
                     continue
