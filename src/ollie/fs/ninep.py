@@ -92,14 +92,15 @@ def decode_stats(data: bytes) -> list[Stat]:
 class Message:
     TYPE: ClassVar[int]
     FORMAT: ClassVar[str]
+    FIELDS: ClassVar[tuple[str, ...]]  # the names FORMAT describes
     tag: int = field(default=0, kw_only=True)
 
 
 def _message(type_: int, fmt: str):
     def wrap(cls):
         cls = dataclass(slots=True)(cls)
-        cls.TYPE, cls.FORMAT = type_, fmt
-        if len(fmt) != len(fields(cls)) - 1:
+        cls.TYPE, cls.FORMAT, cls.FIELDS = type_, fmt, tuple(f.name for f in fields(cls) if f.name != "tag")
+        if len(fmt) != len(cls.FIELDS):
             raise TypeError(f"{cls.__name__}: format {fmt!r} does not match its fields")
         _BY_TYPE[type_] = cls
         return cls
@@ -318,8 +319,8 @@ def encode(msg: Message) -> bytes:
     """The frame for `msg`, size prefix included."""
     out = bytearray(4)
     out += _u(msg.TYPE, 1) + _u(msg.tag, 2)
-    for code, f in zip(msg.FORMAT, fields(msg)[1:]):
-        _put_field(out, code, getattr(msg, f.name))
+    for code, name in zip(msg.FORMAT, msg.FIELDS):
+        _put_field(out, code, getattr(msg, name))
     out[0:4] = _u(len(out), 4)
     return bytes(out)
 

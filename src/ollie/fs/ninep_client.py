@@ -106,6 +106,11 @@ class Client:
         self.writer.close()
         self._fail(RemoteError("connection closed", E.ENOTCONN))
 
+    async def wait_lost(self) -> None:
+        """Returns when the connection is gone (the server hung up, or close())."""
+        if self._receiver is not None:
+            await asyncio.shield(self._receiver)
+
     async def _receive(self) -> None:
         try:
             while True:

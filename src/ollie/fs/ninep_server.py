@@ -201,9 +201,11 @@ class _Connection:
         if m.msize < _MIN_MSIZE:
             self.msize = 0
             return P.Rerror(f"msize {m.msize} is below the minimum of {_MIN_MSIZE}", tag=m.tag)
+        if not m.version.startswith(P.VERSION):  # 9P2000.u and .L are answered with plain 9P2000
+            self.msize = 0
+            return P.Rversion(min(m.msize, P.MAX_MSIZE), "unknown", tag=m.tag)
         self.msize = min(m.msize, P.MAX_MSIZE)
-        version = P.VERSION if m.version.startswith(P.VERSION) else "unknown"
-        return P.Rversion(self.msize, version, tag=m.tag)
+        return P.Rversion(self.msize, P.VERSION, tag=m.tag)
 
     async def _auth(self, m: P.Tauth) -> P.Message:
         if self.token is None:
@@ -290,7 +292,7 @@ class _Connection:
     async def _read_dir(self, fid: _Fid, offset: int, count: int) -> bytes:
         """Whole stat entries, as many as fit; offset 0 takes a fresh listing."""
         if offset == 0:
-            fid.dir_entries = [self._stat(st).encode() for st in await self.ns.list(fid.path)]
+            fid.dir_entries = [self._entry(st).encode() for st in await self.ns.list(fid.path)]
             fid.dir_offset = 0
         elif offset != fid.dir_offset:
             raise FsError(E.EINVAL, "directory reads must continue where the last one ended")
@@ -330,14 +332,14 @@ class _Connection:
         await self.ns.remove(fid.path)
         return P.Rremove()
 
-    async def _stat_msg(self, m: P.Tstat) -> P.Message:
-        return P.Rstat(self._stat(await self.ns.stat(self._fid(m.fid).path)))
+    async def _stat(self, m: P.Tstat) -> P.Message:
+        return P.Rstat(self._entry(await self.ns.stat(self._fid(m.fid).path)))
 
     async def _wstat(self, m: P.Twstat) -> P.Message:
         """Rename within the directory, and truncate; mode, owner and type changes are refused and
         times are ignored (so that `touch` works)."""
         fid, want = self._fid(m.fid), m.stat
-        have = self._stat(await self.ns.stat(fid.path))
+        have = self._entry(await self.ns.stat(fid.path))
         for attr, unchanged in (("mode", 0xFFFFFFFF), ("uid", ""), ("gid", ""), ("type", 0xFFFF), ("dev", 0xFFFFFFFF)):
             if getattr(want, attr) not in (unchanged, getattr(have, attr)):
                 raise FsError(E.EPERM, f"{fid.path}: cannot change {attr}")
@@ -354,7 +356,7 @@ class _Connection:
             if fid.path == old or fid.path.startswith(old + "/"):
                 fid.path = new + fid.path[len(old):]
 
-    def _stat(self, st: NsStat) -> P.Stat:
+    def _entry(self, st: NsStat) -> P.Stat:
         mode = (P.DMDIR if st.is_dir else 0) | S.S_IMODE(st.mode)
         mtime = int(st.mtime) & 0xFFFFFFFF
         return P.Stat(qid=_qid(st), mode=mode, atime=mtime, mtime=mtime, length=0 if st.is_dir else st.size,
@@ -372,7 +374,7 @@ _HANDLERS = {
     P.Twrite: _Connection._write,
     P.Tclunk: _Connection._clunk,
     P.Tremove: _Connection._remove,
-    P.Tstat: _Connection._stat_msg,
+    P.Tstat: _Connection._stat,
     P.Twstat: _Connection._wstat,
 }
 
@@ -385,22 +387,29 @@ class NinePServer:
         self.user = getpass.getuser()
         self.address: str | tuple[str, int] = ""
         self._server: asyncio.AbstractServer | None = None
-        self._clients: set[asyncio.Task] = set()
+        self._clients: dict[asyncio.Task, asyncio.StreamWriter] = {}
+        self._closing = False
 
-    async def _client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        task = asyncio.current_task()
-        self._clients.add(task)
-        try:
-            await _Connection(self, reader, writer).run()
-        finally:
-            self._clients.discard(task)
+    def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """Called as each connection is made (not later, as a coroutine callback would be), so
+        close() knows every connection, even one whose task has not started yet."""
+        if self._closing:
+            writer.close()
+            return
+        task = asyncio.create_task(_Connection(self, reader, writer).run())
+        self._clients[task] = writer
+        task.add_done_callback(self._clients.pop)
 
     async def close(self) -> None:
+        self._closing = True
         if self._server is not None:
             self._server.close()
-        for task in list(self._clients):
+        clients = dict(self._clients)
+        for task in clients:
             task.cancel()
-        await asyncio.gather(*self._clients, return_exceptions=True)
+        await asyncio.gather(*clients, return_exceptions=True)
+        for writer in clients.values():
+            writer.close()
         if isinstance(self.address, str):
             try:
                 os.unlink(self.address)
@@ -422,11 +431,17 @@ async def _clear_stale_socket(path: Path) -> None:
     if not path.exists():
         return
     try:
-        _, writer = await asyncio.open_unix_connection(str(path))
+        reader, writer = await asyncio.open_unix_connection(str(path))
     except OSError:
         path.unlink()  # nobody listens: left by a server that died
         return
-    writer.close()
+    try:  # a version exchange, so the live server has taken the connection before we hang up
+        writer.write(P.encode(P.Tversion(P.MAX_MSIZE, P.VERSION, tag=P.NOTAG)))
+        await asyncio.wait_for(P.read_frame(reader, P.MAX_MSIZE), 2)
+    except (OSError, EOFError, P.ProtocolError, asyncio.TimeoutError):
+        pass
+    finally:
+        writer.close()
     raise OSError(E.EADDRINUSE, f"{path}: a server is already listening")
 
 
@@ -436,7 +451,7 @@ async def serve_unix(namespace: Namespace, path: str | os.PathLike | None = None
     _private_dir(path.parent)
     await _clear_stale_socket(path)
     srv = NinePServer(namespace, token=None)
-    srv._server = await asyncio.start_unix_server(srv._client, str(path))
+    srv._server = await asyncio.start_unix_server(srv._accept, str(path))
     os.chmod(path, 0o600)
     srv.address = str(path)
     return srv
@@ -447,6 +462,6 @@ async def serve_tcp(namespace: Namespace, host: str = "127.0.0.1", port: int = 0
     if not token:
         raise ValueError("serving 9P over TCP requires a token")
     srv = NinePServer(namespace, token=token)
-    srv._server = await asyncio.start_server(srv._client, host, port)
+    srv._server = await asyncio.start_server(srv._accept, host, port)
     srv.address = srv._server.sockets[0].getsockname()[:2]
     return srv

@@ -1,0 +1,417 @@
+"""The 9P2000 server, driven by python-9p (plan9port's codec, a client no one here wrote), by raw
+frames, and by our own client. The namespace is built from the real stores plus a file whose read
+blocks until cancelled."""
+
+import asyncio
+import os
+import socket
+import stat
+from pathlib import Path
+
+import py9p
+import pytest
+
+from ollie.fs import ninep as P
+from ollie.fs.namespace import File, FsError, Handle, Namespace, StaticDir
+from ollie.fs.ninep_client import Client, RemoteError, parse_address
+from ollie.fs.ninep_server import default_socket_path, serve_tcp, serve_unix
+from ollie.fs.stores import CtlFile, DiskDir, OnCloseFile, TextFile
+
+
+class WaitFile(File):
+    """`statewait` in miniature: a read that blocks until its task is cancelled."""
+
+    def __init__(self):
+        self.reading = asyncio.Event()
+        self.cancelled = 0
+        self.released = asyncio.Event()
+
+    async def open(self, mode):
+        return WaitHandle(self)
+
+
+class WaitHandle(Handle):
+    def __init__(self, f):
+        self.f = f
+
+    async def read(self, offset, count):
+        self.f.reading.set()
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            self.f.cancelled += 1
+            raise
+
+    async def release(self):
+        self.f.released.set()
+
+
+class World:
+    def __init__(self, tmp_path: Path):
+        self.disk = tmp_path / "d"
+        self.disk.mkdir()
+        (self.disk / "notes").write_text("first line\n")
+        self.submitted: list[str] = []
+        self.wait = WaitFile()
+        self.ns = Namespace(StaticDir({
+            "hello": TextFile(lambda: "hello, world\n"),
+            "d": DiskDir(self.disk),
+            "prompt": OnCloseFile(lambda: "", self.submit),
+            "ctl": CtlFile(self.command),
+            "wait": self.wait,
+        }))
+
+    async def submit(self, text):
+        self.submitted.append(text)
+
+    async def command(self, line):
+        if line != "ping":
+            raise FsError(22, f"unknown command {line!r}")
+        return "pong"
+
+
+@pytest.fixture
+async def world(tmp_path):
+    w = World(tmp_path)
+    w.sock = tmp_path / "ns" / "ollie"
+    w.srv = await serve_unix(w.ns, w.sock)
+    yield w
+    await w.srv.close()
+
+
+def py9p_client(w, **kw) -> py9p.Client:
+    c = py9p.Client.connect_unix(str(w.sock), msize=8192)
+    c.negotiate()
+    c.attach(0, **kw)
+    return c
+
+
+async def in_thread(fn):
+    """python-9p is a blocking client; the server runs on this loop."""
+    return await asyncio.wait_for(asyncio.to_thread(fn), 10)
+
+
+def test_default_socket_path(monkeypatch):
+    monkeypatch.setenv("NAMESPACE", "/run/ns")
+    assert default_socket_path() == Path("/run/ns/ollie")
+    monkeypatch.delenv("NAMESPACE")
+    monkeypatch.setenv("USER", "glenda")
+    monkeypatch.setenv("DISPLAY", ":1.0")
+    assert default_socket_path() == Path("/tmp/ns.glenda.:1/ollie")
+    monkeypatch.delenv("DISPLAY")
+    assert default_socket_path() == Path("/tmp/ns.glenda.:0/ollie")
+
+
+async def test_socket_is_private_and_removed_on_close(tmp_path):
+    d = tmp_path / "ns"
+    d.mkdir(mode=0o755)
+    srv = await serve_unix(Namespace(StaticDir()), d / "ollie")
+    assert stat.S_IMODE(os.stat(d).st_mode) == 0o700
+    assert stat.S_IMODE(os.stat(d / "ollie").st_mode) == 0o600
+    with pytest.raises(OSError, match="already listening"):
+        await serve_unix(Namespace(StaticDir()), d / "ollie")
+    await srv.close()
+    assert not (d / "ollie").exists()
+
+
+async def test_stale_socket_is_replaced(tmp_path):
+    path = tmp_path / "ollie"
+    dead = socket.socket(socket.AF_UNIX)
+    dead.bind(str(path))
+    dead.close()  # the file stays, nobody listens
+    srv = await serve_unix(Namespace(StaticDir()), path)
+    c = await Client.connect(f"unix!{path}")
+    assert [s.name for s in await c.list("/")] == []
+    await c.close()
+    await srv.close()
+
+
+async def test_read_walk_stat_and_list_with_python_9p(world):
+    def session():
+        with py9p_client(world) as c:
+            assert len(c.walk(0, 1, "d/notes")) == 2
+            c.open(1, py9p.OREAD)
+            assert c.read(1, 100, 0) == b"first line\n"
+            assert c.read(1, 100, 6) == b"line\n"
+            st = c.stat(1)
+            assert (st.name, st.length, st.mode & 0o777) == ("notes", 11, 0o644)
+            c.clunk(1)
+            c.walk(0, 2, "hello")
+            c.open(2)
+            assert c.read(2) == b"hello, world\n"
+            c.clunk(2)
+            c.walk(0, 3, "")
+            c.open(3)
+            entries = []
+            offset = 0
+            while chunk := c.read(3, 8192, offset):
+                offset += len(chunk)
+                while chunk:
+                    n = int.from_bytes(chunk[:2], "little") + 2
+                    entries.append(py9p.decode_dir(chunk[:n]))
+                    chunk = chunk[n:]
+            c.clunk(3)
+            return {e.name: e for e in entries}, c.stat(0)
+
+    entries, root = await in_thread(session)
+    assert list(entries) == ["hello", "d", "prompt", "ctl", "wait"]
+    assert entries["d"].mode & py9p.DMDIR and entries["d"].qid.type & py9p.QTDIR
+    assert not entries["hello"].mode & py9p.DMDIR
+    assert root.name == "/" and root.mode & py9p.DMDIR
+
+
+async def test_create_write_rename_remove_with_python_9p(world):
+    def session():
+        with py9p_client(world) as c:
+            c.walk(0, 1, "d")
+            c.create(1, "new.txt", 0o640, py9p.OWRITE)
+            assert c.write(1, b"written over 9P\n", 0) == 16
+            c.clunk(1)
+            assert (world.disk / "new.txt").read_text() == "written over 9P\n"
+            c.walk(0, 2, "d/new.txt")
+            st = c.stat(2)  # rename: the same entry with a new name (python-9p cannot send "don't touch")
+            c.wstat(2, py9p.Dir(st.type, st.dev, st.qid, st.mode, st.atime, st.mtime, st.length, "moved.txt",
+                                st.uid, st.gid, st.muid))
+            assert c.stat(2).name == "moved.txt"  # the fid follows the rename
+            assert sorted(os.listdir(world.disk)) == ["moved.txt", "notes"]
+            c.remove(2)
+            assert sorted(os.listdir(world.disk)) == ["notes"]
+            with pytest.raises(py9p.RemoteError, match="unknown fid 2"):
+                c.stat(2)  # remove clunks the fid, even though it succeeded
+
+    await in_thread(session)
+
+
+async def test_prompt_submits_at_clunk_and_bad_ctl_fails_the_write(world):
+    def session():
+        with py9p_client(world) as c:
+            c.walk(0, 1, "prompt")
+            c.open(1, py9p.OWRITE | py9p.OTRUNC)
+            c.write(1, b"do the ", 0)
+            c.write(1, b"thing\n", 7)
+            assert world.submitted == []  # nothing until the close
+            c.clunk(1)
+            c.walk(0, 2, "ctl")
+            c.open(2, py9p.ORDWR)
+            c.write(2, b"ping\n", 0)
+            assert c.read(2, 100, 0) == b"pong\n"
+            with pytest.raises(py9p.RemoteError, match="unknown command 'bogus'"):
+                c.write(2, b"bogus\n", 5)
+            c.clunk(2)
+
+    await in_thread(session)
+    assert world.submitted == ["do the thing\n"]
+
+
+async def test_errors_are_replies_not_crashes(world):
+    def session():
+        with py9p_client(world) as c:
+            with pytest.raises(py9p.RemoteError, match="unknown fid 42"):
+                c.stat(42)
+            with pytest.raises(py9p.RemoteError, match="unknown fid 42"):
+                c.clunk(42)
+            with pytest.raises(py9p.RemoteError, match="nothere: no such file"):
+                c.walk(0, 1, "nothere")
+            assert len(c.walk(0, 1, "d/nothere/x")) == 1  # a partial walk: newfid is not made
+            with pytest.raises(py9p.RemoteError, match="unknown fid 1"):
+                c.stat(1)
+            c.walk(0, 5, "")
+            with pytest.raises(py9p.RemoteError, match="fid 5 is already in use"):
+                c.walk(0, 5, "hello")
+            c.walk(0, 1, "hello")
+            with pytest.raises(py9p.RemoteError, match="not open"):
+                c.read(1, 10, 0)
+            with pytest.raises(py9p.RemoteError, match="read-only"):
+                c.open(1, py9p.OWRITE)
+            c.walk(0, 2, "d")
+            with pytest.raises(py9p.RemoteError, match="not a valid file name"):
+                c.create(2, "a/b", 0o644, py9p.OWRITE)
+            with pytest.raises(py9p.RemoteError, match="is a directory"):
+                c.open(2, py9p.OWRITE)
+            assert c.walk(2, 3, "..")[0].type & py9p.QTDIR
+            assert c.stat(3).name == "/"
+            return c.read(1, 5, 0) if c.open(1) else None
+
+    assert await in_thread(session) == b"hello"
+
+
+def raw_connect(path) -> socket.socket:
+    s = socket.socket(socket.AF_UNIX)
+    s.settimeout(10)
+    s.connect(str(path))
+    s.sendall(py9p.encode_message(py9p.Tversion(msize=8192, version="9P2000")))
+    assert isinstance(py9p.read_message(s), py9p.Rversion)
+    return s
+
+
+def raw_attach_wait(s, tag):
+    s.sendall(py9p.encode_message(py9p.Tattach(fid=0, uname="me", tag=1)))
+    s.sendall(py9p.encode_message(py9p.Twalk(fid=0, newfid=1, wname=("wait",), tag=2)))
+    s.sendall(py9p.encode_message(py9p.Topen(fid=1, mode=0, tag=3)))
+    assert [type(py9p.read_message(s)) for _ in range(3)] == [py9p.Rattach, py9p.Rwalk, py9p.Ropen]
+    s.sendall(py9p.encode_message(py9p.Tread(fid=1, offset=0, count=100, tag=tag)))
+
+
+async def test_tflush_cancels_a_blocked_read(world):
+    s = await in_thread(lambda: raw_connect(world.sock))
+    with s:
+        await in_thread(lambda: raw_attach_wait(s, tag=77))
+        await asyncio.wait_for(world.wait.reading.wait(), 5)
+        s.sendall(py9p.encode_message(py9p.Tflush(oldtag=77, tag=78)))
+        s.sendall(py9p.encode_message(py9p.Tstat(fid=0, tag=79)))
+        replies = [await in_thread(lambda: py9p.read_message(s)) for _ in range(2)]
+    assert sorted((type(r).__name__, r.tag) for r in replies) == [("Rflush", 78), ("Rstat", 79)]  # no Rread
+    assert world.wait.cancelled == 1
+
+
+async def test_vanished_client_leaves_no_task(world):
+    before = asyncio.all_tasks()
+    s = await in_thread(lambda: raw_connect(world.sock))
+    await in_thread(lambda: raw_attach_wait(s, tag=5))
+    await asyncio.wait_for(world.wait.reading.wait(), 5)
+    s.close()  # hang up while the read is blocked
+    await asyncio.wait_for(world.wait.released.wait(), 5)
+    leftover = asyncio.all_tasks() - before
+    done, pending = await asyncio.wait(leftover, timeout=5) if leftover else (set(), set())
+    assert not pending
+    assert world.wait.cancelled == 1
+
+
+async def test_oversized_and_malformed_frames(world):
+    def session():
+        with raw_connect(world.sock) as s:
+            s.sendall(b"\x0a\x00\x00\x00\x78\x09\x00\x01\x02")  # Tclunk, fid one byte short
+            s.sendall(b"\x00")
+            bad = py9p.read_message(s)
+            assert isinstance(bad, py9p.Rerror) and bad.tag == 9 and "malformed" in bad.ename
+            s.sendall(b"\x07\x00\x00\x00\x6a\x03\x00")  # type 106 (Terror) does not exist
+            assert "unknown message type 106" in py9p.read_message(s).ename
+            s.sendall((100_000).to_bytes(4, "little") + b"\x76" * 60)  # beyond msize: the server hangs up
+            assert s.recv(100) == b""
+        with py9p_client(world) as c:  # and goes on serving everyone else
+            c.walk(0, 1, "hello")
+            return c.stat(1).name
+
+    assert await in_thread(session) == "hello"
+
+
+async def test_requests_before_version_are_refused(world):
+    def session():
+        with socket.socket(socket.AF_UNIX) as s:
+            s.settimeout(10)
+            s.connect(str(world.sock))
+            s.sendall(py9p.encode_message(py9p.Tattach(fid=0, uname="me", tag=1)))
+            return py9p.read_message(s)
+
+    assert "Tversion must come first" in (await in_thread(session)).ename
+
+
+async def test_tcp_requires_the_token(world):
+    with pytest.raises(ValueError, match="requires a token"):
+        await serve_tcp(world.ns, port=0, token="")
+    srv = await serve_tcp(world.ns, port=0, token="s3cret")
+    host, port = srv.address
+    assert host == "127.0.0.1"
+    try:
+        def session():
+            with py9p.Client.connect_tcp(host, port) as c:
+                c.negotiate()
+                with pytest.raises(py9p.RemoteError, match="permission denied"):
+                    c.attach(0)
+                with pytest.raises(py9p.RemoteError, match="permission denied"):
+                    c.attach(0, aname="wrong")
+                with pytest.raises(py9p.RemoteError, match="unknown fid 0"):
+                    c.stat(0)
+                c.attach(0, aname="s3cret")
+                return c.stat(0).name
+
+        assert await in_thread(session) == "/"
+        with pytest.raises(RemoteError, match="permission denied"):
+            await Client.connect(f"tcp!{host}!{port}")
+        c = await Client.connect(f"{host}:{port}", token="s3cret")
+        assert await c.read_path("hello") == b"hello, world\n"
+        await c.close()
+    finally:
+        await srv.close()
+
+
+async def test_our_client_multiplexes_and_flushes_on_cancel(world):
+    c = await Client.connect(f"unix!{world.sock}")
+    try:
+        fid = await c.walk("wait")
+        await c.open(fid)
+        blocked = asyncio.create_task(c.read(fid, 0, 100))
+        await asyncio.wait_for(world.wait.reading.wait(), 5)
+        # other requests go on while one is blocked
+        results = await asyncio.gather(*(c.read_path("hello") for _ in range(20)))
+        assert results == [b"hello, world\n"] * 20
+        blocked.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await blocked
+        await asyncio.wait_for(asyncio.gather(*c._flushes), 5)
+        assert world.wait.cancelled == 1
+        await c.clunk(fid)
+        await asyncio.wait_for(world.wait.released.wait(), 5)
+    finally:
+        await c.close()
+
+
+async def test_our_client_create_write_rename_remove(world):
+    c = await Client.connect(f"unix!{world.sock}")
+    try:
+        d = await c.walk("d")
+        await c.create(d, "big", 0o600, P.ORDWR)
+        data = os.urandom(200_000)  # several msize-bounded writes and reads
+        assert await c.write(d, 0, data) == len(data)
+        assert await c.read_all(d) == data
+        await c.clunk(d)
+        await c.rename("d/big", "bigger")
+        assert [s.name for s in await c.list("d")] == ["bigger", "notes"]
+        assert (await c.stat_path("d/bigger")).length == len(data)
+        f = await c.walk("d/bigger")
+        await c.wstat(f, P.Stat.unchanged(length=10))
+        await c.remove(f)
+        assert [s.name for s in await c.list("d")] == ["notes"]
+        with pytest.raises(RemoteError, match="cannot change mode"):
+            f = await c.walk("d/notes")
+            try:
+                await c.wstat(f, P.Stat.unchanged(mode=0o777))
+            finally:
+                await c.clunk(f)
+        with pytest.raises(RemoteError, match="no such file"):
+            await c.walk("d/notes/deeper")
+    finally:
+        await c.close()
+
+
+async def test_version_resets_the_connection(world):
+    s = await in_thread(lambda: raw_connect(world.sock))
+    with s:
+        await in_thread(lambda: raw_attach_wait(s, tag=8))
+        await asyncio.wait_for(world.wait.reading.wait(), 5)
+
+        def session():
+            s.sendall(py9p.encode_message(py9p.Tversion(msize=1 << 20, version="9P2000.u", tag=0xFFFF)))
+            reply = py9p.read_message(s)
+            s.sendall(py9p.encode_message(py9p.Tstat(fid=0, tag=1)))  # fids went with the old session
+            return reply, py9p.read_message(s)
+
+        version, after = await in_thread(session)
+    assert (version.msize, version.version) == (65536, "9P2000")
+    assert "unknown fid 0" in after.ename
+    assert world.wait.cancelled == 1 and world.wait.released.is_set()
+
+
+@pytest.mark.parametrize(
+    "addr, want",
+    [("unix!/tmp/x", ("unix", "/tmp/x", 0)), ("tcp!127.0.0.1!564", ("tcp", "127.0.0.1", 564)),
+     ("localhost:5640", ("tcp", "localhost", 5640)), ("[::1]:9", ("tcp", "::1", 9)), ("/tmp/s", ("unix", "/tmp/s", 0))],
+)
+def test_parse_address(addr, want):
+    assert parse_address(addr) == want
+
+
+@pytest.mark.parametrize("addr", ["tcp!h", "tcp!h!x", "h:99999", "nothing", "unix!", "udp!h!1"])
+def test_parse_address_refuses(addr):
+    with pytest.raises(ValueError):
+        parse_address(addr)
