@@ -1,0 +1,438 @@
+"""The built-in `execute` server and its one tool, execute_code: pipelines of sandboxed code.
+
+A call is a list of stages run in order, each stage's output fed to the next one's stdin:
+`{code, language}` inline code, `{tool, args}` a script from OLLIE_TOOLS_PATH, or `{parallel: [...]}`
+several of those at once, their outputs joined in submission order. Every process runs inside the
+Landlock sandbox (see `ollie._sandbox`) in its own process group, which is killed whole when the
+stage ends, times out or is cancelled: nothing a stage starts outlives it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from typing import Any
+
+from .. import _sandbox, config
+from ..types import ConfigError
+from . import CallContext, Decl as DeclType, Tool, ToolResult
+
+DEFAULT_TIMEOUT = 30.0
+OUTPUT_CAP = 10 << 20  # bytes of merged stdout+stderr kept per process
+
+# language → (programs to look for, in order; the flag that precedes the code).
+# The flag "-c"/"-e" passes the code as an argument; ed, expect and bc read it from stdin instead.
+LANGUAGES: dict[str, tuple[tuple[str, ...], str]] = {
+    "bash": (("bash",), "-c"),
+    "sh": (("sh",), "-c"),
+    "python3": (("python3",), "-c"),
+    "python": (("python3", "python"), "-c"),
+    "perl": (("perl",), "-e"),
+    "lua": (("lua", "lua5.4", "lua5.3"), "-e"),
+    "awk": (("gawk",), ""),
+    "sed": (("sed",), "-e"),
+    "jq": (("jq",), ""),
+    "ed": (("ed",), "-s"),
+    "expect": (("expect",), "-"),
+    "bc": (("bc",), "-l"),
+}
+_CODE_ON_STDIN = {"ed", "expect", "bc"}
+
+DESCRIPTION = f"""Run code in a sandbox and return its output (stdout and stderr together).
+`steps` is a pipeline: stages run in order, each stage's output becomes the next stage's stdin.
+A stage is one of:
+- {{"code": "...", "language": "bash"}}: inline code. Languages: {", ".join(LANGUAGES)} (default bash; \
+ed, expect and bc read the code itself from stdin, so they take no piped input).
+- {{"tool": "name", "args": ["..."]}}: a tool script from OLLIE_TOOLS_PATH, args as its argv.
+- {{"parallel": [stage, ...]}}: code or tool stages run at once; outputs joined in the order given.
+Examples: [{{"code": "ls"}}] · [{{"code": "grep -rn TODO ."}}, {{"code": "wc -l"}}] · \
+[{{"parallel": [{{"code": "wc -l < a"}}, {{"code": "wc -l < b"}}]}}, {{"code": "sort -n"}}]
+The sandbox reads the system, writes only the working directory and $TMPDIR, and has no network. \
+Each stage gets `timeout` seconds (default {DEFAULT_TIMEOUT:g}); a failing stage stops the pipeline \
+and its exit status and output are returned."""
+
+_CODE_OR_TOOL = {
+    "code": {"type": "string", "description": "Source code to run."},
+    "language": {"type": "string", "enum": list(LANGUAGES), "default": "bash"},
+    "tool": {"type": "string", "description": "Name of a tool script in OLLIE_TOOLS_PATH."},
+    "args": {"type": "array", "items": {"type": "string"}, "description": "Arguments for the tool script."},
+}
+SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "steps": {
+            "type": "array",
+            "minItems": 1,
+            "description": "Pipeline stages, run in order.",
+            "items": {
+                "type": "object",
+                "properties": {
+                    **_CODE_OR_TOOL,
+                    "parallel": {
+                        "type": "array",
+                        "minItems": 1,
+                        "items": {"type": "object", "properties": _CODE_OR_TOOL},
+                        "description": "Code or tool stages to run concurrently.",
+                    },
+                },
+            },
+        },
+        "timeout": {"type": "number", "exclusiveMinimum": 0, "default": DEFAULT_TIMEOUT,
+                    "description": "Seconds each stage may run."},
+        "sandbox": {"type": "string", "default": "default", "description": "Sandbox policy name."},
+    },
+    "required": ["steps"],
+}
+
+
+class StepError(ValueError):
+    """The call's arguments are malformed; the message names the argument or stage."""
+
+
+def Decl(cwd: str = "") -> DeclType:  # noqa: N802 (the seed's name)
+    """A factory of execute servers running code in `cwd` ("" = the current directory) unless
+    a call's context names another."""
+    cwd = cwd or os.getcwd()
+    return lambda: Server(cwd)
+
+
+class Server:
+    def __init__(self, cwd: str):
+        self.cwd = cwd
+        self._sandboxes = _sandbox.Sandboxes()
+        self._scratch = ""  # $TMPDIR for calls whose context has none; removed on close
+
+    async def list_tools(self) -> list[Tool]:
+        return [Tool("execute_code", DESCRIPTION, SCHEMA, read_only=False)]
+
+    async def call_tool(self, name: str, arguments: dict[str, Any], ctx: CallContext) -> ToolResult:
+        if name != "execute_code":
+            return ToolResult.of(f"unknown tool {name!r}; the execute server offers execute_code", is_error=True)
+        try:
+            steps, timeout, policy = _parse_arguments(arguments)
+            job = self._job(ctx, policy, timeout)
+            stages = _parse_steps(steps, job.programs)
+        except (StepError, ConfigError) as e:
+            return ToolResult.of(str(e), is_error=True)
+        return await _run_pipeline(stages, job)
+
+    async def close(self) -> None:
+        self._sandboxes.close()
+        if self._scratch:
+            shutil.rmtree(self._scratch, ignore_errors=True)
+            self._scratch = ""
+
+    def _job(self, ctx: CallContext, policy: str, timeout: float) -> _Job:
+        cwd = ctx.cwd or self.cwd
+        if not os.path.isdir(cwd):
+            raise StepError(f"working directory {cwd} does not exist")
+        tmpdir = ctx.tmpdir or self._scratch_dir()
+        tool_dirs = _tool_dirs(ctx)
+        box = self._sandboxes.get(policy, cwd, tmpdir, tool_dirs)
+        env = box.environ(os.environ)  # only what the policy lets in: never the server's API keys
+        env.update(ctx.env)
+        env.update(TMPDIR=tmpdir, OLLIE_SESSION_ID=ctx.session_id, OLLIE_TOOLS_PATH=":".join(tool_dirs))
+        env["PATH"] = f"{config.mount_path() / 'x'}:{box.search_path(env.get('PATH') or os.defpath)}"
+        return _Job(box, cwd, env, timeout, _Programs(env["PATH"], tool_dirs), _sandbox.superpowers_prefix())
+
+    def _scratch_dir(self) -> str:
+        if not self._scratch:
+            config.tmp_path().mkdir(mode=0o700, parents=True, exist_ok=True)
+            self._scratch = tempfile.mkdtemp(prefix="execute-", dir=config.tmp_path())
+        return self._scratch
+
+
+def read_safe(arguments: dict[str, Any], ctx: CallContext | None = None) -> bool:
+    """Whether a call only runs tool scripts marked `ollie:parallel read` in their first lines,
+    so it may run beside other read-only calls."""
+    tool_dirs = _tool_dirs(ctx or CallContext())
+    steps = arguments.get("steps") if isinstance(arguments, dict) else None
+    if not isinstance(steps, list) or not steps:
+        return False
+    for step in steps:
+        for leaf in step.get("parallel", [step]) if isinstance(step, dict) else [None]:
+            if not isinstance(leaf, dict) or not isinstance(leaf.get("tool"), str):
+                return False
+            script = _find_tool(leaf["tool"], tool_dirs)
+            if script is None or not _marked_read_safe(script):
+                return False
+    return True
+
+
+# ---- parsing: everything is checked before anything runs ---------------------------------------
+
+
+@dataclass(slots=True)
+class _Command:
+    where: str  # "steps[1].parallel[0]": named in errors
+    argv: list[str]
+    stdin_code: bytes | None = None  # ed, expect and bc read their code from stdin
+
+
+_Stage = list[_Command]  # one command, or several run in parallel
+
+
+@dataclass(slots=True)
+class _Programs:
+    """Finds interpreters on the sandbox's PATH and scripts on the tools path."""
+
+    path: str
+    tool_dirs: tuple[str, ...]
+
+    def which(self, names: tuple[str, ...]) -> str | None:
+        for name in names:
+            found = name if os.path.isabs(name) and os.access(name, os.X_OK) else shutil.which(name, path=self.path)
+            if found:
+                return found
+        return None
+
+
+def _parse_arguments(arguments: Any) -> tuple[list[Any], float, str]:
+    if not isinstance(arguments, dict):
+        raise StepError("execute_code takes an object: {\"steps\": [...], \"timeout\": 30, \"sandbox\": \"default\"}")
+    unknown = set(arguments) - {"steps", "timeout", "sandbox"}
+    if unknown:
+        raise StepError(f"unknown argument {sorted(unknown)[0]!r}; execute_code takes steps, timeout and sandbox")
+    steps = arguments.get("steps")
+    if not isinstance(steps, list) or not steps:
+        raise StepError("steps: must be a non-empty list of stages, e.g. [{\"code\": \"ls\"}]")
+    timeout = arguments.get("timeout", DEFAULT_TIMEOUT)
+    if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not 0 < timeout < math.inf:
+        raise StepError(f"timeout: must be a positive number of seconds, got {timeout!r}")
+    policy = arguments.get("sandbox", "default")
+    if not isinstance(policy, str):
+        raise StepError(f"sandbox: must be a policy name, got {policy!r}")
+    return steps, float(timeout), policy
+
+
+def _parse_steps(steps: list[Any], programs: _Programs) -> list[_Stage]:
+    stages = []
+    for i, step in enumerate(steps):
+        where = f"steps[{i}]"
+        if isinstance(step, dict) and "parallel" in step:
+            if set(step) != {"parallel"}:
+                raise StepError(f"{where}: a parallel stage has only the key \"parallel\"")
+            branches = step["parallel"]
+            if not isinstance(branches, list) or not branches:
+                raise StepError(f"{where}.parallel: must be a non-empty list of code or tool stages")
+            stages.append([_parse_command(b, f"{where}.parallel[{j}]", programs) for j, b in enumerate(branches)])
+        else:
+            stages.append([_parse_command(step, where, programs)])
+    return stages
+
+
+def _parse_command(step: Any, where: str, programs: _Programs) -> _Command:
+    if not isinstance(step, dict):
+        raise StepError(f"{where}: must be an object like {{\"code\": \"ls\"}}, got {step!r}")
+    if "parallel" in step:
+        raise StepError(f"{where}: parallel stages cannot be nested")
+    unknown = set(step) - {"code", "language", "tool", "args"}
+    if unknown:
+        raise StepError(f"{where}: unknown key {sorted(unknown)[0]!r}; a stage has code and language, "
+                        "tool and args, or parallel")
+    if ("code" in step) == ("tool" in step):
+        raise StepError(f"{where}: needs code or tool" if "code" not in step else f"{where}: has both code and tool")
+    if "code" in step:
+        return _code_command(step, where, programs)
+    return _tool_command(step, where, programs)
+
+
+def _code_command(step: dict[str, Any], where: str, programs: _Programs) -> _Command:
+    code, language = step["code"], step.get("language", "bash")
+    if not isinstance(code, str):
+        raise StepError(f"{where}.code: must be a string")
+    if "args" in step:
+        raise StepError(f"{where}: args belong to tool stages")
+    if language not in LANGUAGES:
+        raise StepError(f"{where}.language: unknown language {language!r}; use one of {', '.join(LANGUAGES)}")
+    names, flag = LANGUAGES[language]
+    program = programs.which(names)
+    if program is None:
+        raise StepError(f"{where}: language {language} needs {names[0]}, which is not installed")
+    if language in _CODE_ON_STDIN:
+        return _Command(where, [program, flag], code.encode() + (b"" if code.endswith("\n") else b"\n"))
+    return _Command(where, [program, flag, code] if flag else [program, code])
+
+
+def _tool_command(step: dict[str, Any], where: str, programs: _Programs) -> _Command:
+    name, args = step["tool"], step.get("args", [])
+    if "language" in step:
+        raise StepError(f"{where}: a tool's language comes from its shebang; drop \"language\"")
+    if not isinstance(name, str) or not name or "/" in name or ".." in name:
+        raise StepError(f"{where}.tool: invalid tool name {name!r}: give a script's file name, without '/' or '..'")
+    if not isinstance(args, list) or not all(isinstance(a, str | int | float) and not isinstance(a, bool) for a in args):
+        raise StepError(f"{where}.args: must be a list of strings")
+    script = _find_tool(name, programs.tool_dirs)
+    if script is None:
+        raise StepError(f"{where}.tool: no tool script {name!r} in OLLIE_TOOLS_PATH ({':'.join(programs.tool_dirs)})")
+    interpreter = _shebang(script) or ["bash"]
+    program = programs.which((interpreter[0],))
+    if program is None:
+        raise StepError(f"{where}: tool {name} needs {interpreter[0]} (its shebang), which is not installed")
+    return _Command(where, [program, *interpreter[1:], script, *map(str, args)])
+
+
+def _tool_dirs(ctx: CallContext) -> tuple[str, ...]:
+    raw = ctx.env.get("OLLIE_TOOLS_PATH")
+    dirs = raw.split(":") if raw else [str(p) for p in config.tools_path()]
+    return tuple(d for d in dirs if d)
+
+
+def _find_tool(name: str, tool_dirs: tuple[str, ...]) -> str | None:
+    if "/" in name or ".." in name:
+        return None
+    for d in tool_dirs:
+        script = os.path.join(d, name)
+        if os.path.isfile(script):
+            return script
+    return None
+
+
+def _shebang(script: str) -> list[str]:
+    """The interpreter and its arguments from `#!`, looking through `env` (and `env -S`)."""
+    with open(script, "rb") as f:
+        first = f.readline(512)
+    if not first.startswith(b"#!"):
+        return []
+    words = first[2:].decode(errors="replace").split()
+    if words and os.path.basename(words[0]) == "env":
+        words = words[1:]
+        if words and words[0] in ("-S", "--split-string"):
+            words = words[1:]
+    return words
+
+
+def _marked_read_safe(script: str) -> bool:
+    try:
+        with open(script, "rb") as f:
+            head = b"".join(f.readline(512) for _ in range(5))
+    except OSError:
+        return False
+    return b"ollie:parallel read" in head
+
+
+# ---- running ------------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class _Job:
+    """What every process of one call shares."""
+
+    sandbox: _sandbox.Sandbox
+    cwd: str
+    env: dict[str, str]
+    timeout: float
+    programs: _Programs
+    wrapper: list[str]  # `superpowers run-session --` when superpowerd runs
+
+
+@dataclass(slots=True)
+class _Outcome:
+    output: bytes
+    error: str = ""  # why the command failed; "" when it succeeded
+
+
+async def _run_pipeline(stages: list[_Stage], job: _Job) -> ToolResult:
+    named = len(stages) > 1 or len(stages[0]) > 1  # one simple stage: errors need no stage name
+    data: bytes | None = None  # the first stage reads nothing
+    for stage in stages:
+        outcomes = await asyncio.gather(*(_run_command(cmd, data, job) for cmd in stage))
+        data = b"".join(o.output for o in outcomes)
+        failures = [f"{cmd.where}: {o.error}" if named else o.error for cmd, o in zip(stage, outcomes) if o.error]
+        if failures:
+            return ToolResult.of("\n".join(failures) + "\n" + _text(data), is_error=True)
+    return ToolResult.of(_text(data or b""))
+
+
+async def _run_command(cmd: _Command, stdin: bytes | None, job: _Job) -> _Outcome:
+    loop = asyncio.get_running_loop()
+    collector = _Collector(loop)
+    data = cmd.stdin_code if cmd.stdin_code is not None else stdin
+    try:
+        transport, _ = await loop.subprocess_exec(
+            lambda: collector, *job.wrapper, *cmd.argv,
+            stdin=subprocess.PIPE if data is not None else subprocess.DEVNULL,
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=job.cwd, env=job.env,
+            start_new_session=True, preexec_fn=job.sandbox.enter)
+    except OSError as e:
+        return _Outcome(b"", f"cannot run {cmd.argv[0]}: {e.strerror}")
+    except subprocess.SubprocessError as e:  # enter() failed in the child
+        return _Outcome(b"", f"could not enter the sandbox: {e}")
+    if data is not None:
+        stdin_pipe = transport.get_pipe_transport(0)
+        stdin_pipe.write(data)
+        stdin_pipe.write_eof()  # a process that never reads its input just loses it
+    timed_out = False
+    try:
+        async with asyncio.timeout(job.timeout):
+            await collector.exited
+    except TimeoutError:
+        timed_out = True
+    finally:
+        await _end(transport, collector)
+    output = bytes(collector.output)
+    if timed_out:
+        return _Outcome(output, f"execution timeout after {job.timeout:g} seconds")
+    if collector.truncated:
+        return _Outcome(output + b"\n[output truncated]", f"output exceeded {OUTPUT_CAP >> 20} MiB; the stage was stopped")
+    status = transport.get_returncode()
+    if status:
+        why = f"exit status {status}" if status > 0 else f"killed by {signal.Signals(-status).name}"
+        return _Outcome(output, f"execution failed: {why}")
+    return _Outcome(output)
+
+
+async def _end(transport: asyncio.SubprocessTransport, collector: _Collector) -> None:
+    """Kill what is left of the process group and wait until its output is drained."""
+    _kill_group(collector.pid)
+    try:
+        # Only a process that escaped the group could hold the pipe open: don't wait on it forever.
+        await asyncio.wait({collector.closed}, timeout=2)
+    finally:
+        transport.close()
+
+
+def _kill_group(pgid: int) -> None:
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass  # the group is already gone
+
+
+class _Collector(asyncio.SubprocessProtocol):
+    """Gathers merged stdout+stderr up to OUTPUT_CAP and reports exit and close."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop):
+        self.output = bytearray()
+        self.truncated = False
+        self.pid = 0
+        self.exited = loop.create_future()
+        self.closed = loop.create_future()
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.pid = transport.get_pid()  # type: ignore[attr-defined]
+
+    def pipe_data_received(self, fd: int, data: bytes) -> None:
+        room = OUTPUT_CAP - len(self.output)
+        if len(data) > room and not self.truncated:
+            self.truncated = True
+            _kill_group(self.pid)  # stop a runaway writer now rather than at its timeout
+        self.output += data[:room]
+
+    def process_exited(self) -> None:
+        if not self.exited.done():
+            self.exited.set_result(None)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not self.closed.done():
+            self.closed.set_result(None)
+
+
+def _text(data: bytes) -> str:
+    return data.decode(errors="replace")

@@ -1,0 +1,277 @@
+"""The Landlock sandbox: policies (files, overlays, templates, names) and the escape suite, every
+attempt made for real through execute_code under the default policy."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import socket
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from ollie import _sandbox
+from ollie.tools import CallContext
+from ollie.tools import execute
+
+pytestmark = pytest.mark.skipif(_sandbox.landlock_abi() < 6, reason="needs Landlock ABI 6 (Linux 6.12)")
+
+SECRET = "-----BEGIN OPENSSH PRIVATE KEY----- s3cr3t"
+API_KEY = "sk-test-0123456789-do-not-leak"
+
+
+@pytest.fixture
+def home(ollie_dirs, monkeypatch):
+    """A fake $HOME holding an SSH key and the ollie env file (API keys). Like a real home it is
+    not under /tmp, whose files the default policy's `tmpfile` rule leaves readable by exact path."""
+    home = Path(tempfile.mkdtemp(dir="/var/tmp", prefix="ollie-test-home-"))
+    (home / ".ssh").mkdir()
+    (home / ".ssh" / "id_rsa").write_text(SECRET)
+    cfg = home / ".config" / "ollie"
+    (cfg / "tools").mkdir(parents=True)
+    (cfg / "env").write_text(f"OPENAI_API_KEY={API_KEY}\n")
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setenv("OLLIE_CFG_PATH", str(cfg))
+    monkeypatch.setenv("OLLIE_TOOLS_PATH", str(cfg / "tools"))
+    monkeypatch.setenv("OPENAI_API_KEY", API_KEY)
+    for var in ("XDG_CONFIG_HOME", "XDG_DATA_HOME", "XDG_CACHE_HOME", "XDG_STATE_HOME"):
+        monkeypatch.delenv(var, raising=False)
+    yield home
+    shutil.rmtree(home)
+
+
+@pytest.fixture
+async def run(home, tmp_path):
+    cwd, tmpdir = tmp_path / "cwd", tmp_path / "session-tmp"
+    cwd.mkdir()
+    tmpdir.mkdir()
+    server = execute.Decl(str(cwd))()
+    ctx = CallContext(cwd=str(cwd), session_id="s", tmpdir=str(tmpdir))
+
+    async def call(code: str, language: str = "bash", **extra):
+        return await server.call_tool("execute_code", {"steps": [{"code": code, "language": language}], **extra}, ctx)
+
+    yield call
+    await server.close()
+
+
+def write_policy(name: str | None, text: str) -> Path:
+    cfg = Path(os.environ["OLLIE_CFG_PATH"])
+    path = cfg / "sandbox.yaml" if name is None else cfg / "sandbox" / f"{name}.yaml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return path
+
+
+# ---- the escape suite: each attempt fails under the default policy -------------------------------
+
+
+async def test_cannot_write_outside_the_cwd(run, tmp_path, home):
+    (tmp_path / "existing").write_text("original")
+    result = await run(f"echo x > {home}/.bashrc; mkdir {tmp_path}/d; echo x > {tmp_path}/new; echo x > /usr/x; "
+                       f"rm {tmp_path}/existing")
+    assert result.is_error and "Permission denied" in result.text()
+    assert not (home / ".bashrc").exists() and not (tmp_path / "d").exists() and not (tmp_path / "new").exists()
+    assert (tmp_path / "existing").read_text() == "original"
+
+
+async def test_cannot_read_secrets_under_home(run, home):
+    cfg = os.environ["OLLIE_CFG_PATH"]
+    for code in (f"cat {home}/.ssh/id_rsa", f"cat {cfg}/env", f"ls {home}", f"grep -r s3cr3t {home}"):
+        result = await run(code)
+        assert result.is_error, code
+        assert "s3cr3t" not in result.text() and API_KEY not in result.text()
+    result = await run(f"ls -a {home}")
+    assert result.is_error and ".ssh\n" not in result.text()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the point is that even root cannot")
+async def test_root_cannot_read_etc_shadow(run):
+    for code in ("cat /etc/shadow", "cat /etc/gshadow", "ls /etc/ssh", "cat /etc/sudoers"):
+        result = await run(code)
+        assert result.is_error and ("Permission denied" in result.text() or "No such file" in result.text()), code
+    result = await run("grep CapEff /proc/self/status")  # root inside holds no capabilities
+    assert result.text().split() == ["CapEff:", "0000000000000000"]
+
+
+async def test_cannot_write_through_a_symlink_pointing_outside(run, tmp_path, home):
+    target = home / "target"
+    target.write_text("original")
+    result = await run(f"ln -s {target} link && echo changed > link")
+    assert result.is_error and target.read_text() == "original"
+    result = await run(f"ln -s {home}/.ssh/id_rsa key && cat key")
+    assert result.is_error and "s3cr3t" not in result.text()
+
+
+async def test_cannot_connect_to_a_loopback_listener(run):
+    connected = asyncio.Event()
+    server = await asyncio.start_server(lambda r, w: connected.set(), "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        result = await run(f"echo hi > /dev/tcp/127.0.0.1/{port}")
+        assert result.is_error and "Permission denied" in result.text()
+        code = f"import socket; socket.create_connection(('127.0.0.1', {port}), timeout=2)"
+        result = await run(code, "python3")
+        assert result.is_error and "PermissionError" in result.text()
+        assert not connected.is_set()
+    finally:
+        server.close()
+        await server.wait_closed()
+
+
+async def test_cannot_bind_a_port(run):
+    for port in (0, 8765):
+        code = f"import socket; s = socket.socket(); s.bind(('127.0.0.1', {port})); s.listen(); print('bound')"
+        result = await run(code, "python3")
+        assert result.is_error and "PermissionError" in result.text() and "bound" not in result.text()
+
+
+async def test_cannot_reach_unix_sockets(run, tmp_path):
+    # Landlock does not govern connecting to a socket by path (tmux, ssh-agent, docker, ollie's own
+    # server): the sandbox refuses to create Unix sockets at all unless the policy says network.unix.
+    listener = socket.socket(socket.AF_UNIX)
+    listener.bind(str(tmp_path / "sock"))
+    listener.listen()
+    code = f"import socket; socket.socket(socket.AF_UNIX).connect({str(tmp_path / 'sock')!r}); print('connected')"
+    with listener:
+        result = await run(code, "python3")
+        assert result.is_error and "PermissionError" in result.text() and "connected" not in result.text()
+        result = await run("import socket; a, b = socket.socketpair(); a.send(b'pair'); print(b.recv(4).decode())",
+                           "python3")
+        assert result.text() == "pair\n"  # in-process socket pairs still work
+        write_policy("unix", "network:\n  unix: true\n")
+        result = await run(code, "python3", sandbox="unix")
+        assert result.text() == "connected\n"
+
+
+async def test_tmp_is_neither_listable_nor_writable_by_name(run, tmp_path):
+    result = await run(f"ls /tmp; echo x > /tmp/ollie-test-{os.getpid()}")
+    assert result.is_error and not Path(f"/tmp/ollie-test-{os.getpid()}").exists()
+    assert tmp_path.name not in result.text()
+
+
+async def test_cannot_read_api_keys_from_the_environment(run):
+    result = await run("env; cat /proc/$PPID/environ; cat /proc/1/environ; tr '\\0' '\\n' < /proc/self/environ")
+    assert API_KEY not in result.text()
+    assert "Permission denied" in result.text()  # the server's own environ is out of reach
+
+
+async def test_cannot_signal_the_server(run):
+    result = await run(f"kill -TERM {os.getpid()}")
+    assert result.is_error and "not permitted" in result.text()
+
+
+async def test_cannot_leave_a_process_running(run):
+    code = "setsid sleep 4242.1 & (trap '' HUP TERM; exec -a keepalive-4242 sleep 4242.2) & disown; echo bye"
+    result = await run(code)
+    assert result.text() == "bye\n"
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        assert not (b"4242" in cmdline and state != "Z"), cmdline
+
+
+# ---- what the default policy allows -----------------------------------------------------------
+
+
+async def test_reads_the_system_and_writes_cwd_and_tmpdir(run, tmp_path):
+    result = await run("ls /usr/bin | grep -c . ; head -1 /etc/passwd; echo made > file; mkdir -p d/e; "
+                       "echo tmp > $TMPDIR/t; cat file $TMPDIR/t; rm -r d")
+    assert not result.is_error, result.text()
+    lines = result.text().splitlines()
+    assert int(lines[0]) > 10 and lines[1].startswith("root:") and lines[2:] == ["made", "tmp"]
+    assert (tmp_path / "cwd" / "file").read_text() == "made\n"
+
+
+async def test_interpreters_run(run):
+    for language, code in (("python3", "import json, ssl; print('py')"), ("perl", "use POSIX; print qq(pl\\n)"),
+                           ("bash", "python3 -c 'print(1)' && jq -n 1 && date -u +%Y >/dev/null && echo sh")):
+        result = await run(code, language)
+        assert not result.is_error, result.text()
+
+
+# ---- policies -----------------------------------------------------------------------------------
+
+
+async def test_named_policy_overlays_the_global_one(run, tmp_path, monkeypatch):
+    shared, extra = tmp_path / "shared", tmp_path / "extra"
+    shared.mkdir()
+    extra.mkdir()
+    write_policy(None, f"filesystem:\n  rw: [{shared}, /no/such/dir]\n")
+    write_policy("wide", "filesystem:\n  rw: ['{VAR_FOR_TEST}/extra', '{UNSET_FOR_TEST}/']\nenv: [MY_VAR]\n")
+    monkeypatch.setenv("VAR_FOR_TEST", str(tmp_path))
+    monkeypatch.setenv("MY_VAR", "passed")
+    result = await run(f"echo a > {shared}/a && echo b > {extra}/b && echo $MY_VAR")
+    assert result.is_error and not (extra / "b").exists()  # default: the global file only
+    assert (shared / "a").exists()
+    result = await run(f"echo b > {extra}/b && echo $MY_VAR", sandbox="wide")
+    assert not result.is_error and result.text() == "passed\n"
+
+
+async def test_network_rules_open_exactly_the_listed_ports(run):
+    listener = socket.create_server(("127.0.0.1", 0))
+    other = socket.create_server(("127.0.0.1", 0))
+    port, other_port = listener.getsockname()[1], other.getsockname()[1]
+    with listener, other:
+        write_policy("net", f"network:\n  connect_tcp: [{port}]\n  bind_tcp: [18765]\n")
+        connect = "import socket, sys; socket.create_connection(('127.0.0.1', int(sys.argv[1])))"
+        result = await run(f"python3 -c \"{connect}\" {port} && echo ok", sandbox="net")
+        assert result.text() == "ok\n"
+        result = await run(f"python3 -c \"{connect}\" {other_port}", sandbox="net")
+        assert result.is_error and "PermissionError" in result.text()
+        result = await run("import socket; socket.socket().bind(('127.0.0.1', 18765)); print('bound')", "python3",
+                           sandbox="net")
+        assert result.text() == "bound\n"
+        write_policy("open", "network:\n  unrestricted: true\n")
+        result = await run(f"python3 -c \"{connect}\" {other_port} && echo ok", sandbox="open")
+        assert result.text() == "ok\n"
+
+
+@pytest.mark.parametrize("text,message", [
+    ("filesystem: [a]\n", "filesystem must be a mapping"),
+    ("filesystem:\n  rw: /tmp\n", "filesystem.rw must be a list of paths"),
+    ("filesystem:\n  write: [/tmp]\n", "unknown key filesystem.write"),
+    ("shell: bash\n", "unknown key 'shell'"),
+    ("filesystem:\n  rw: [relative/dir]\n", "'relative/dir' is not an absolute path"),
+    ("network:\n  connect_tcp: [http]\n", "network.connect_tcp must be a list of port numbers"),
+    ("env: PATH\n", "env must be a list of variable names"),
+    ("filesystem: {rw: [\n", "invalid YAML"),
+])
+async def test_bad_policy_files_are_reported(run, text, message):
+    path = write_policy("bad", text)
+    result = await run("echo never", sandbox="bad")
+    assert result.is_error and message in result.text() and "never" not in result.text(), result.text()
+    assert str(path) in result.text() or "sandbox " in result.text()
+
+
+def test_policies_are_built_once_and_rebuilt_when_edited(home, tmp_path):
+    boxes = _sandbox.Sandboxes()
+    first = boxes.get("default", str(tmp_path), str(tmp_path))
+    assert boxes.get("default", str(tmp_path), str(tmp_path)) is first
+    write_policy(None, "env: [EXTRA]\n")
+    second = boxes.get("default", str(tmp_path), str(tmp_path))
+    assert second is not first and "EXTRA" in second.policy.env
+    boxes.close()
+
+
+def test_templates_expand(home, tmp_path):
+    write_policy(None, "filesystem:\n  ro: ['{HOME}/.ssh', '{XDG_CONFIG_HOME}', '{OLLIE_CFG_PATH}']\n")
+    policy = _sandbox.load_policy("default", str(tmp_path), str(tmp_path))
+    assert {str(home / ".ssh"), str(home / ".config"), os.environ["OLLIE_CFG_PATH"]} <= set(policy.paths["ro"])
+    assert str(tmp_path) in policy.paths["rw"]  # {CWD} and {TMPDIR}
+
+
+def test_kernel_without_landlock_is_refused_unless_best_effort(home, tmp_path, monkeypatch):
+    monkeypatch.setattr(_sandbox, "landlock_abi", lambda: 0)  # the one thing this kernel cannot show
+    policy = _sandbox.load_policy("default", str(tmp_path), str(tmp_path))
+    with pytest.raises(_sandbox.SandboxError, match="no Landlock.*best_effort"):
+        _sandbox.Sandbox(policy)
+    write_policy(None, "general:\n  best_effort: true\n")
+    box = _sandbox.Sandbox(_sandbox.load_policy("default", str(tmp_path), str(tmp_path)))
+    assert box.policy.best_effort
+    box.close()
