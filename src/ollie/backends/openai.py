@@ -47,10 +47,15 @@ _BODY_PARAMS = {
 }
 
 
+def with_v1(url: str) -> str:
+    """A server's root URL as the API's base: OLLIE_*_URL variables are given without /v1."""
+    url = url.rstrip("/")
+    return url if url.endswith("/v1") else url + "/v1"
+
+
 def env_url() -> str:
     if url := os.environ.get("OLLIE_OPENAI_URL"):
-        url = url.rstrip("/")
-        return url if url.endswith("/v1") else url + "/v1"
+        return with_v1(url)
     return os.environ.get("OPENAI_BASE_URL") or OPENAI_URL
 
 
