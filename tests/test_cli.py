@@ -99,3 +99,13 @@ def test_env_file_fills_unset_variables(ollie_dirs, script):
     out = ollie("run", "--script", script([{"text": "from env file"}]), "hi")
     assert out.returncode == 0, out.stderr
     assert "from env file" in out.stdout
+
+
+def test_run_on_the_embedded_model_by_default_makes_a_real_tool_call(tmp_path):
+    """The README's first command: no backend configured, no key: the local model, offline."""
+    for name in ("a.txt", "b.txt", "c.txt"):
+        (tmp_path / name).write_text(name)
+    out = ollie("run", "How many files are in this directory?", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert '-> execute_code({"steps": [{"code": "ls | wc -l"}]})\n3\n' in out.stdout
+    assert out.stdout.startswith("assistant:") or out.stdout.startswith("->")

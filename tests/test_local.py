@@ -6,6 +6,7 @@ import json
 import pytest
 
 from ollie import backends
+from ollie.tools import execute
 from ollie.backends.local import _partial_json_string, default_model_path
 from ollie.types import (
     ConfigError,
@@ -20,11 +21,7 @@ from ollie.types import (
     UsageChunk,
 )
 
-EXECUTE_CODE = ToolSpec("execute_code", "Run code in a sandbox and return its output.", {
-    "type": "object",
-    "properties": {"code": {"type": "string"}, "language": {"type": "string", "enum": ["bash", "python"]}},
-    "required": ["code"],
-})
+EXECUTE_CODE = ToolSpec("execute_code", execute.DESCRIPTION, execute.SCHEMA)  # the real tool, as the Core offers it
 GREEDY = GenerationParams(temperature=0, max_tokens=48)
 
 
@@ -53,12 +50,12 @@ async def test_a_real_turn_of_text_with_real_token_counts():
 
 async def test_a_real_execute_code_call_through_the_grammar_then_an_answer_after_its_result():
     backend = backends.create("local")
-    history = [Message("user", "run `echo hi` with execute_code")]
+    history = [Message("user", "Run echo hi")]
     chunks = await collect(backend, history, [EXECUTE_CODE])
 
     [call] = [c for c in chunks if isinstance(c, ToolCallDelta)]
     assert call.name == "execute_code" and call.id.startswith("call_")
-    assert json.loads(call.arguments)["code"] == "echo hi"
+    assert json.loads(call.arguments)["steps"][0]["code"] == "echo hi"
     assert chunks[-1] == Done("tool_calls")
 
     history += [Message("assistant", "", tool_calls=[ToolCall(call.id, call.name, call.arguments)]),
@@ -67,7 +64,7 @@ async def test_a_real_execute_code_call_through_the_grammar_then_an_answer_after
     # Whatever the tiny model decides next, it is either text or a valid call of an offered tool.
     for c in chunks:
         if isinstance(c, ToolCallDelta):
-            assert c.name == "execute_code" and isinstance(json.loads(c.arguments)["code"], str)
+            assert c.name == "execute_code" and isinstance(json.loads(c.arguments)["steps"], list)
     assert isinstance(chunks[-1], Done)
 
 
