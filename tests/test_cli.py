@@ -51,7 +51,7 @@ def test_run_json_and_stdin_prompt(script):
     assert out.returncode == 0, out.stderr
     events = [json.loads(line) for line in out.stdout.splitlines()]
     assert [e["kind"] for e in events if e["kind"] not in ("state", "usage")] == ["user", "assistant", "done"]
-    assert events[0] == {"kind": "user", "text": "from stdin"}
+    assert next(e for e in events if e["kind"] == "user") == {"kind": "user", "text": "from stdin"}
 
 
 def test_sessions_list_show_and_continue(script):

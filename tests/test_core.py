@@ -290,3 +290,17 @@ async def test_spending_cap_stops_the_turn(monkeypatch):
     assert any("OLLIE_MAX_SESSION_COST" in e.text for e in events if e.kind == "error")
     assert core.state == "idle"
     await core.close()
+
+
+async def test_submit_empties_reply_at_once_and_a_restore_brings_it_back():
+    core, backend, _, _ = await make_core([{"text": "first reply"}, {"text": "second", "delay": 0.2}])
+    sid = core.session_id
+    await core.submit("one")
+    task = asyncio.create_task(core.submit("two"))
+    await asyncio.sleep(0)  # the task has not run yet
+    assert core.reply == "" and core.state == "thinking"
+    await task
+    await core.close()
+    again, *_ = await make_core([], session_id=sid)
+    assert again.reply == "second"
+    await again.close()

@@ -54,7 +54,7 @@ async def open_session(
         core.subscribe(on_event)
     await core.refresh_context_length()
     for info in env.infos:
-        core._emit(Event("info", info))
+        core.emit(Event("info", info))
     if meta is None:
         from . import hooks
 

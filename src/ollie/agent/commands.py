@@ -42,29 +42,29 @@ async def run_command(core: Core, line: str) -> bool:
     handler, _, idle_only = entry
     # "/backend", "/model" and "/cwd" with no argument only show the current value.
     if idle_only and core.running and (arg.strip() or name in ("compact", "clear")):
-        core._emit(Event("error", f"/{name} cannot run while a turn is running; interrupt it first"))
+        core.emit(Event("error", f"/{name} cannot run while a turn is running; interrupt it first"))
         return True
     try:
         out = await handler(core, arg.strip())
     except (ValueError, LookupError, OSError) as e:
-        core._emit(Event("error", f"/{name}: {e}"))
+        core.emit(Event("error", f"/{name}: {e}"))
         return True
     except Exception as e:  # a ConfigError or a backend failure is reported, never raised
-        core._emit(Event("error", f"/{name}: {e}"))
+        core.emit(Event("error", f"/{name}: {e}"))
         return True
     if out:
-        core._emit(Event("info", out))
+        core.emit(Event("info", out))
     return True
 
 
 async def _shell(core: Core, cmd: str) -> None:
     if not cmd:
-        core._emit(Event("error", "!: give a command to run"))
+        core.emit(Event("error", "!: give a command to run"))
         return
     code, out, err = await hooks.run_command(cmd, {}, core.cwd, core.env, timeout=SHELL_TIMEOUT)
     text = (out + err).rstrip()
     status = "" if code == 0 else (f" (exit {code})" if code is not None else " (timed out)")
-    core._emit(Event("info", f"!{cmd}{status}" + (f"\n{text}" if text else "")))
+    core.emit(Event("info", f"!{cmd}{status}" + (f"\n{text}" if text else "")))
 
 
 @command("help", "list the commands")

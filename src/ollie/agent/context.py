@@ -72,11 +72,11 @@ class Window:
         cfg = self.core.agent_config
         used = (self.estimate() + len(prompt) // CHARS_PER_TOKEN) / self.core.context_length
         if used >= cfg.compact_at:
-            self.core._emit(Event("info", f"context {used:.0%} full: compacting"))
+            self.core.emit(Event("info", f"context {used:.0%} full: compacting"))
             await self.compact(reason="auto")
         elif used >= cfg.compact_warn and not self._warned:
             self._warned = True
-            self.core._emit(Event("info", f"context {used:.0%} full; /compact to summarise it"))
+            self.core.emit(Event("info", f"context {used:.0%} full; /compact to summarise it"))
 
     async def compact(self, reason: str, keep_prompt: str | None = None) -> None:
         """Summarise the history (keeping `keep_prompt`, the turn in progress, out of it).
@@ -86,13 +86,13 @@ class Window:
         history = core.messages[:-1] if keep_prompt is not None else list(core.messages)
         if len(history) <= 4:
             if reason == "manual":
-                core._emit(Event("info", "nothing to compact"))
+                core.emit(Event("info", "nothing to compact"))
                 return
             if keep_prompt is None:
                 return
         pre = await hooks.run(core, "preCompact", {"reason": reason, "messages": len(history)})
         if pre.blocked:
-            core._emit(Event("info", f"compaction cancelled by a preCompact hook: {pre.reason}"))
+            core.emit(Event("info", f"compaction cancelled by a preCompact hook: {pre.reason}"))
             return
         previous_state = core.state
         core._set_state("compacting")
@@ -100,9 +100,9 @@ class Window:
             summary = await self._summarise(history)
         except Exception as e:
             if reason == "manual":
-                core._emit(Event("error", f"compaction failed, history unchanged: {e}"))
+                core.emit(Event("error", f"compaction failed, history unchanged: {e}"))
                 return
-            core._emit(Event("info", f"summarising failed ({e}); evicting old messages instead"))
+            core.emit(Event("info", f"summarising failed ({e}); evicting old messages instead"))
             self.evict(keep_prompt is not None)
             return
         finally:
@@ -111,7 +111,7 @@ class Window:
         if keep_prompt is not None:
             new.append(core.messages[-1])
         self._replace(new)
-        core._emit(Event("info", f"compacted {len(history)} messages into a summary"))
+        core.emit(Event("info", f"compacted {len(history)} messages into a summary"))
         await hooks.run(core, "postCompact", {"reason": reason, "summary": summary})
 
     async def _summarise(self, history: list[Message]) -> str:
@@ -154,7 +154,7 @@ class Window:
         notice = Message("user", f"[{cut} earlier messages were evicted from the context to make room; "
                                  "they are kept in the session's compaction.jsonl.]")
         self._replace([notice, *msgs[cut:]])
-        core._emit(Event("info", f"evicted {cut} old messages from the context"))
+        core.emit(Event("info", f"evicted {cut} old messages from the context"))
 
     def _replace(self, new: list[Message]) -> None:
         core = self.core

@@ -82,6 +82,7 @@ class Core:
         self._cwd = os.path.abspath(cfg.env.cwd or os.getcwd())
         self.plan = ""
         self._meta = SessionMeta(id=sid, agent=cfg.env.config.name)
+        self._reply = ""
         if self._store.exists():
             self._restore()
         else:
@@ -89,7 +90,6 @@ class Core:
         self._meta.backend, self._meta.model = self.backend.name, self.backend.model
         self._save_meta()
         self._state = "idle"
-        self._reply = ""
         self._queue: collections.deque[str] = collections.deque()
         self._inject: str | None = None
         self._turn: asyncio.Task | None = None
@@ -113,6 +113,7 @@ class Core:
         if meta.cwd and os.path.isdir(meta.cwd):
             self._cwd = meta.cwd
         self.plan = self._store.load_plan()
+        self._reply = last_reply(self.messages)
 
     # ---- identity and settings ------------------------------------------------------------------
     @property
@@ -210,7 +211,8 @@ class Core:
         self._subscribers.append(handler)
         return lambda: self._subscribers.remove(handler) if handler in self._subscribers else None
 
-    def _emit(self, ev: Event) -> None:
+    def emit(self, ev: Event) -> None:
+        """Send an event to every subscriber and to the chat log (frontends may add notes too)."""
         if text := self._renderer.render(ev):
             self._store.append_chat(text)
         for handler in tuple(self._subscribers):
@@ -228,7 +230,7 @@ class Core:
     def _set_state(self, state: str) -> None:
         if state != self._state:
             self._state = state
-            self._emit(Event("state", state))
+            self.emit(Event("state", state))
 
     @property
     def state(self) -> str:
@@ -315,8 +317,12 @@ class Core:
                 return
         if self.running:
             self._queue.append(prompt)
-            self._emit(Event("info", f"queued: {prompt[:80]}"))
+            self.emit(Event("info", f"queued: {prompt[:80]}"))
             return
+        # Visible at once, before the task first runs: a script that writes a prompt and then reads
+        # `reply` or `state` must not see the previous turn's.
+        self._reply = ""
+        self._set_state("thinking")
         self._turn = asyncio.create_task(self._run_until_idle(prompt))
         await asyncio.shield(self._turn)
 
@@ -361,18 +367,18 @@ class Core:
             follow_up = await self._run_turn(prompt)
         except asyncio.CancelledError:
             asyncio.current_task().uncancel()
-            self._emit(Event("info", "interrupted"))
+            self.emit(Event("info", "interrupted"))
         except Exception as e:
             kind = getattr(e, "kind", "unknown")
             if not isinstance(e, (BackendError, TurnError)):
                 log.exception("turn failed")
-            self._emit(Event("error", str(e) or type(e).__name__, data={"error_type": kind}))
+            self.emit(Event("error", str(e) or type(e).__name__, data={"error_type": kind}))
             handled = await hooks.run(self, "turnError", {"error": str(e), "error_type": kind})
             follow_up = handled.next_prompt
         finally:
             self._set_state("idle")
             self._save_meta()
-            self._emit(Event("done"))
+            self.emit(Event("done"))
         return follow_up
 
     # ---- the loop ----------------------------------------------------------------------------------
@@ -386,13 +392,13 @@ class Core:
         content = prompt + (f"\n\n{pre.output}" if pre.output else "")
         if not self._meta.first_prompt:
             self._meta.first_prompt = prompt[:200]
-        self._emit(Event("user", prompt))
+        self.emit(Event("user", prompt))
         start = len(self.messages)
         self._commit([Message("user", content)])
         try:
             await self._steps(start)
         except ContextOverflowError:
-            self._emit(Event("info", "context overflow: compacting and retrying the turn"))
+            self.emit(Event("info", "context overflow: compacting and retrying the turn"))
             await self.window.compact(reason="overflow", keep_prompt=content)
             start = len(self.messages) - 1
             await self._steps(start)
@@ -406,7 +412,7 @@ class Core:
         max_steps = self._env.config.max_steps
         while True:
             if max_steps and steps >= max_steps:
-                self._emit(Event("maxsteps", f"step budget of {max_steps} exhausted"))
+                self.emit(Event("maxsteps", f"step budget of {max_steps} exhausted"))
                 note = (f"[The step budget of {max_steps} steps is exhausted. Do not call tools. Summarize "
                         "what you did, what you found and what remains to be done.]")
                 self._commit([Message("user", note)])
@@ -465,7 +471,7 @@ class Core:
         self._set_state("limitretry" if kind == "limitretry" else "thinking")
         left, first = seconds, True
         while True:  # an event a second, the first and the last (0 s left) included
-            self._emit(Event(kind, why, data={"seconds": round(left, 1), "first": first}))
+            self.emit(Event(kind, why, data={"seconds": round(left, 1), "first": first}))
             if left <= 0:
                 return
             first = False
@@ -483,7 +489,7 @@ class Core:
         async for chunk in self.backend.stream(messages, tools, self.params):
             if isinstance(chunk, TextDelta):
                 text.append(chunk.text)
-                self._emit(Event("assistant", chunk.text))
+                self.emit(Event("assistant", chunk.text))
             elif isinstance(chunk, ToolCallDelta):
                 part = parts.setdefault(chunk.index, ToolCallDelta(chunk.index))
                 part.id = part.id or chunk.id
@@ -493,7 +499,7 @@ class Core:
                 counted = counted or bool(chunk.usage.input_tokens or chunk.usage.output_tokens)
                 self._add_usage(chunk.usage)
             elif isinstance(chunk, ReasoningDelta):
-                self._emit(Event("reasoning", chunk.text))
+                self.emit(Event("reasoning", chunk.text))
             elif isinstance(chunk, Done):
                 done = chunk
         if done is None:
@@ -507,7 +513,7 @@ class Core:
         if not calls and tools and content:
             content, calls = self._recover_text_calls(content, tools)
         if done.stop_reason == "length" and not calls:
-            self._emit(Event("info", "the answer was cut off at the token limit"))
+            self.emit(Event("info", "the answer was cut off at the token limit"))
         return Message("assistant", content, tool_calls=calls, provider_data=done.provider_data)
 
     @staticmethod
@@ -525,7 +531,7 @@ class Core:
         last = usage.cost if usage.cost is not None else cost_of(self.model, usage)[0]
         self._meta.cost_last = last
         self._meta.cost_session += last
-        self._emit(Event("usage", self.usage(), data=vars_of(self.usage_total)))
+        self.emit(Event("usage", self.usage(), data=vars_of(self.usage_total)))
         cap = os.environ.get("OLLIE_MAX_SESSION_COST")
         if cap and self._meta.cost_session > float(cap):
             raise TurnError(f"session cost ${self._meta.cost_session:.4f} exceeds OLLIE_MAX_SESSION_COST=${cap}")
@@ -570,10 +576,10 @@ class Core:
 
     async def _call(self, call: ToolCall) -> Message:
         self._set_state(f"calling: {call.name}")
-        self._emit(Event("call", call.arguments, name=call.name))
+        self.emit(Event("call", call.arguments, name=call.name))
         result = await self._dispatch(call)
         text = self._fit(result.text(), call.id)
-        self._emit(Event("tool", text, name=call.name, data={"is_error": result.is_error}))
+        self.emit(Event("tool", text, name=call.name, data={"is_error": result.is_error}))
         return Message("tool", text, is_error=result.is_error)
 
     async def _dispatch(self, call: ToolCall) -> ToolResult:
@@ -636,7 +642,7 @@ class Core:
         self._env = await build_agent_env(cfg, self._new_dispatcher(), self._cwd)
         self._ctx_len = cfg.context_window or None
         for info in self._env.infos:
-            self._emit(Event("info", info))
+            self.emit(Event("info", info))
         self._save_meta()
         await hooks.run(self, "agentSpawn", {"agent": name})
 
@@ -668,6 +674,16 @@ class Core:
         self._save_meta()
         self._store.close()
         shutil.rmtree(self.tmpdir, ignore_errors=True)
+
+
+def last_reply(messages: list[Message]) -> str:
+    """The assistant text after the last user message: a restored session's reply."""
+    start = 0
+    for i in range(len(messages) - 1, -1, -1):
+        if messages[i].role == "user":
+            start = i
+            break
+    return "\n".join(m.content for m in messages[start:] if m.role == "assistant" and m.content)
 
 
 def vars_of(usage: Usage) -> dict[str, Any]:

@@ -52,7 +52,7 @@ async def run(core: Core, event: str, payload: dict[str, Any]) -> Outcome:
         elif code == 2:
             return Outcome(True, err.strip() or f"{event} hook {cmd!r} exited 2", "\n".join(outputs))
         else:
-            core._emit(Event("info", f"{event} hook {cmd!r} {_describe(code)}: {err.strip()[:500]}"))
+            core.emit(Event("info", f"{event} hook {cmd!r} {_describe(code)}: {err.strip()[:500]}"))
     return Outcome(False, "", "\n".join(outputs))
 
 

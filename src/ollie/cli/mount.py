@@ -49,10 +49,6 @@ async def _run(addr: str, mnt: str, token: str) -> str:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         loop.add_signal_handler(sig, stop.set)
-    # libfuse interrupts a killed reader's request by sending SIGUSR1 to the thread serving it; it
-    # installs a handler only when `intr` is a fuse_new option, which mfusepy passes in fuse_config
-    # instead, so without one the signal kills the whole mount.
-    loop.add_signal_handler(signal.SIGUSR1, lambda: None)
 
     def ready() -> None:
         print(f"ollie mount: {addr} mounted on {mnt}", file=sys.stderr, flush=True)

@@ -7,6 +7,8 @@ Paths are absolute, "/"-separated strings ("/" is the root, "/s/<id>/chat" a ses
 
     ns = Namespace(root_dir)
     st   = await ns.stat(path)              # Stat; never reads a file's content
+    st   = ns.stat_now(path)                # the same, synchronous and safe from any thread (it
+                                            # only reads): FUSE answers getattr without a loop hop
     ents = await ns.list(path)              # list[Stat] of a directory, in listing order
     h    = await ns.open(path, OpenMode.READ | OpenMode.WRITE | OpenMode.TRUNC)   # Handle
     h    = await ns.create(path, mode=0o644)  # a new file, opened for writing
@@ -22,7 +24,9 @@ A Handle is one open of one file:
                                          # here, so the writing process sees the failure (shells
                                          # never check close())
     await h.flush()                      # a close(2) of a descriptor (FUSE flush, 9P clunk): acts on
-                                         # pending data (`prompt` submits); may raise FsError
+                                         # pending data (`prompt` submits); may raise FsError. It acts
+                                         # only on what was written, so FUSE skips it (noflush) for
+                                         # read-only opens
     await h.release()                    # the last close; never raises
 
 Mapping onto the protocols:
@@ -34,7 +38,8 @@ Mapping onto the protocols:
         becomes the Rclunk's Rerror), remove→remove, stat→stat, wstat: name→rename within the
         parent, length→truncate. Tflush cancels the task running the read.
 
-Errors are FsError(errno, message); the message is for humans (9P's Rerror ename, the server log),
+Stores implement Dir (`lookup` is synchronous and side-effect free, `list`/`create`/`remove`/
+`rename` are async) and File (`stat`, `open`, `truncate`). Errors are FsError(errno, message); the message is for humans (9P's Rerror ename, the server log),
 the errno for FUSE.
 """
 
@@ -138,7 +143,8 @@ class Dir:
     def mtime(self) -> float:
         return _START
 
-    async def lookup(self, name: str) -> File | Dir:
+    def lookup(self, name: str) -> File | Dir:
+        """Resolve a name: synchronous and side-effect free (it may run on a FUSE thread)."""
         raise FsError(E.ENOENT, f"{name}: no such file")
 
     async def list(self) -> list[tuple[str, File | Dir]]:
@@ -166,7 +172,7 @@ class StaticDir(Dir):
     def __init__(self, children: dict[str, File | Dir] | None = None):
         self.children = dict(children or {})
 
-    async def lookup(self, name: str) -> File | Dir:
+    def lookup(self, name: str) -> File | Dir:
         try:
             return self.children[name]
         except KeyError:
@@ -189,32 +195,35 @@ class Namespace:
     def __init__(self, root: Dir):
         self.root = root
 
-    async def walk(self, path: str) -> File | Dir:
+    def walk(self, path: str) -> File | Dir:
         node: File | Dir = self.root
         for part in split(path):
             if not isinstance(node, Dir):
                 raise FsError(E.ENOTDIR, f"{part}: parent is not a directory")
-            node = await node.lookup(part)
+            node = node.lookup(part)
         return node
 
     async def _parent(self, path: str) -> tuple[Dir, str]:
         parts = split(path)
         if not parts:
             raise FsError(E.EBUSY, "the root cannot be changed")
-        parent = await self.walk("/".join(parts[:-1]))
+        parent = self.walk("/".join(parts[:-1]))
         if not isinstance(parent, Dir):
             raise FsError(E.ENOTDIR, f"{path}: parent is not a directory")
         return parent, parts[-1]
 
     async def stat(self, path: str) -> Stat:
-        node = await self.walk(path)
+        return self.stat_now(path)
+
+    def stat_now(self, path: str) -> Stat:
+        node = self.walk(path)
         parts = split(path)
         st = node.stat(parts[-1] if parts else "/")
         st.qid = qid_of("/" + "/".join(parts))
         return st
 
     async def list(self, path: str) -> list[Stat]:
-        node = await self.walk(path)
+        node = self.walk(path)
         if not isinstance(node, Dir):
             raise FsError(E.ENOTDIR, f"{path}: not a directory")
         base = "/" + "/".join(split(path))
@@ -226,7 +235,7 @@ class Namespace:
         return out
 
     async def open(self, path: str, mode: OpenMode) -> Handle:
-        node = await self.walk(path)
+        node = self.walk(path)
         if isinstance(node, Dir):
             raise FsError(E.EISDIR, f"{path}: is a directory")
         if mode & OpenMode.TRUNC:
@@ -254,7 +263,7 @@ class Namespace:
             await old_parent.rename(old_name, new_name)
 
     async def truncate(self, path: str, size: int) -> None:
-        node = await self.walk(path)
+        node = self.walk(path)
         if isinstance(node, Dir):
             raise FsError(E.EISDIR, f"{path}: is a directory")
         await node.truncate(size)

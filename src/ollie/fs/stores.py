@@ -181,12 +181,18 @@ class DiskHandle(Handle):
 class ValidatedHandle(OnCloseHandle):
     """A file replaced atomically at close if `validate` accepts it: a bad write loses nothing."""
 
-    def __init__(self, path: Path, validate: Callable[[str, str], None], trunc: bool):
+    def __init__(self, path: Path, validate: Callable[[str, str], None], trunc: bool,
+                 on_release: Callable[[], None] | None = None):
         super().__init__(lambda: _read_text(path), self._commit)
         self._path = path
         self._validate = validate
+        self._on_release = on_release
         if not trunc:
             self._buf[:] = _read_bytes(path)
+
+    async def release(self) -> None:
+        if self._on_release:
+            self._on_release()
 
     async def _commit(self, text: str) -> None:
         try:
@@ -210,15 +216,19 @@ def _read_text(path: Path) -> str:
 
 
 class DiskFile(File):
-    def __init__(self, path: Path, writable: bool, validate: Callable[[str, str], None] | None):
+    def __init__(self, path: Path, writable: bool, validate: Callable[[str, str], None] | None,
+                 creating: bool = False):
         self.path = path
         self._writable = writable
         self._validate = validate
+        self._creating = creating  # created, being written, not on disk until valid
 
     def stat(self, name: str) -> Stat:
         try:
             st = os.stat(self.path)
         except FileNotFoundError:
+            if self._creating:
+                return Stat(name, mode=0o644)
             raise FsError(E.ENOENT, f"{name}: no such file") from None
         mode = st.st_mode & 0o777 if self._writable else st.st_mode & 0o555
         return Stat(name, mode=mode, size=st.st_size, mtime=st.st_mtime, version=st.st_mtime_ns & 0xFFFFFFFF)
@@ -255,6 +265,7 @@ class DiskDir(Dir):
         self.validate = validate
         self.synthetic = synthetic or {}
         self.mode = 0o755 if writable else 0o555
+        self._creating: set[str] = set()  # validated files created and still open
 
     def mtime(self) -> float:
         try:
@@ -263,13 +274,13 @@ class DiskDir(Dir):
             return super().mtime()
 
     def _file(self, name: str) -> DiskFile:
-        return DiskFile(self.path / check_file_name(name), self.writable, self.validate)
+        return DiskFile(self.path / check_file_name(name), self.writable, self.validate, name in self._creating)
 
-    async def lookup(self, name: str) -> File | Dir:
+    def lookup(self, name: str) -> File | Dir:
         if name in self.synthetic:
             return self.synthetic[name]
         f = self._file(name)
-        if not f.path.is_file():
+        if not f.path.is_file() and name not in self._creating:
             raise FsError(E.ENOENT, f"{name}: no such file")
         return f
 
@@ -291,7 +302,9 @@ class DiskDir(Dir):
         f = self._file(name)
         self.path.mkdir(parents=True, exist_ok=True)
         if self.validate:
-            return ValidatedHandle(f.path, self.validate, trunc=True)
+            self._creating.add(name)
+            return ValidatedHandle(f.path, self.validate, trunc=True,
+                                   on_release=lambda: self._creating.discard(name))
         try:
             return DiskHandle(os.open(f.path, os.O_RDWR | os.O_CREAT, mode & 0o777))
         except OSError as e:

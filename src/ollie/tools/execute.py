@@ -138,8 +138,11 @@ class Server:
         env = box.environ(os.environ)  # only what the policy lets in: never the server's API keys
         env.update(ctx.env)
         env.update(TMPDIR=tmpdir, OLLIE_SESSION_ID=ctx.session_id, OLLIE_TOOLS_PATH=":".join(tool_dirs))
-        env["PATH"] = f"{config.mount_path() / 'x'}:{box.search_path(env.get('PATH') or os.defpath)}"
-        return _Job(box, cwd, env, timeout, _Programs(env["PATH"], tool_dirs), _sandbox.superpowers_prefix())
+        system_path = box.search_path(env.get("PATH") or os.defpath)
+        env["PATH"] = f"{config.mount_path() / 'x'}:{system_path}"
+        # Interpreters are looked up on the system path only: $OLLIE/x may be this very process's
+        # FUSE mount, and a lookup there from the event loop would wait on itself forever.
+        return _Job(box, cwd, env, timeout, _Programs(system_path, tool_dirs), _sandbox.superpowers_prefix())
 
     def _scratch_dir(self) -> str:
         if not self._scratch:

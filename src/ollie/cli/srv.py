@@ -1,0 +1,168 @@
+"""`ollie srv start|fg|stop|status`: the file server."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+START_TIMEOUT = 60.0
+STOP_TIMEOUT = 30.0
+
+
+def register(sub) -> None:
+    p = sub.add_parser("srv", help="serve the sessions as files (9P socket and FUSE mount)")
+    actions = p.add_subparsers(metavar="ACTION", required=True)
+    for name, func, text in (("start", _start, "start the server in the background; return once it serves"),
+                             ("fg", _fg, "run the server in the foreground"),
+                             ("stop", _stop, "stop the server: sessions closed, unmounted, socket removed"),
+                             ("status", _status, "is a server running, where")):
+        a = actions.add_parser(name, help=text)
+        a.add_argument("--socket", help="the 9P socket (default $NAMESPACE/ollie)")
+        if name in ("start", "fg"):
+            a.add_argument("--mount", help="where to mount with FUSE (default $OLLIE or ~/mnt/ollie)")
+            a.add_argument("--no-mount", action="store_true", help="serve 9P only")
+            a.add_argument("--tcp", metavar="[HOST:]PORT", help="also serve 9P on TCP (loopback unless a host is "
+                                                                "given); needs a token")
+            a.add_argument("--token", help="the TCP token (default: generated, in <socket>.token)")
+        a.set_defaults(func=func)
+
+
+def _options(args: argparse.Namespace):
+    from ..fs.server import default_options
+
+    opts = default_options()
+    if args.socket:
+        opts.socket = Path(args.socket).absolute()
+    if getattr(args, "no_mount", False):
+        opts.mount = None
+    elif getattr(args, "mount", None):
+        opts.mount = Path(args.mount).expanduser().absolute()
+    if getattr(args, "tcp", None):
+        host, _, port = args.tcp.rpartition(":")
+        opts.tcp = (host or "127.0.0.1", int(port))
+        opts.token = args.token or os.environ.get("OLLIE_TOKEN", "")
+    return opts
+
+
+def _running_pid(opts) -> int | None:
+    """The pid in the pid file if that process is alive (a server killed with -9 leaves the file)."""
+    try:
+        pid = int(opts.pid_file.read_text().split()[0])
+        state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+    except (OSError, ValueError, IndexError):
+        return None
+    return None if state in ("Z", "X") else pid
+
+
+def _fg(args: argparse.Namespace) -> int:
+    import asyncio
+    import logging
+
+    from ..fs.server import serve
+
+    opts = _options(args)
+    if pid := _running_pid(opts):
+        print(f"ollie srv: already running (pid {pid})", file=sys.stderr)
+        return 1
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    ready = os.environ.pop("OLLIE_SRV_READY_FD", None)
+    try:
+        asyncio.run(serve(opts, int(ready) if ready else None))
+    except OSError as e:
+        print(f"ollie srv: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _start(args: argparse.Namespace) -> int:
+    """Run `fg` as a daemon and wait for it to say it serves (or why it cannot)."""
+    import select
+    import subprocess
+
+    opts = _options(args)
+    if pid := _running_pid(opts):
+        print(f"ollie srv: already running (pid {pid})", file=sys.stderr)
+        return 1
+    opts.socket.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    argv = [sys.executable, "-c", "import sys; from ollie.cli import main; sys.exit(main())", "srv", "fg",
+            "--socket", str(opts.socket)]
+    argv += ["--no-mount"] if opts.mount is None else ["--mount", str(opts.mount)]
+    if opts.tcp:
+        argv += ["--tcp", f"{opts.tcp[0]}:{opts.tcp[1]}"]
+    env = dict(os.environ)
+    if opts.token:
+        env["OLLIE_TOKEN"] = opts.token  # not on the command line, where ps shows it
+    r, w = os.pipe()
+    env["OLLIE_SRV_READY_FD"] = str(w)
+    with open(opts.log_file, "ab") as logf:
+        proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=logf, stderr=logf,
+                                pass_fds=(w,), start_new_session=True)
+    os.close(w)
+    answer = b""
+    with os.fdopen(r, "rb") as pipe:
+        if select.select([pipe], [], [], START_TIMEOUT)[0]:
+            answer = pipe.read()
+    text = answer.decode().strip()
+    if text == "ok":
+        where = f", mounted at {opts.mount}" if opts.mount else ""
+        print(f"ollie srv: serving on {opts.socket}{where} (pid {proc.pid})")
+        return 0
+    if proc.poll() is None and not text:
+        proc.terminate()
+    print(f"ollie srv: did not start: {text or 'no answer'}; see {opts.log_file}", file=sys.stderr)
+    return 1
+
+
+def _stop(args: argparse.Namespace) -> int:
+    import select
+    import signal
+
+    opts = _options(args)
+    pid = _running_pid(opts)
+    if pid is None:
+        print("ollie srv: not running", file=sys.stderr)
+        return 1
+    fd = os.pidfd_open(pid)
+    try:
+        os.kill(pid, signal.SIGTERM)
+        if not select.select([fd], [], [], STOP_TIMEOUT)[0]:
+            os.kill(pid, signal.SIGKILL)
+            _clean_after_kill(opts)
+            print(f"ollie srv: pid {pid} did not stop in {STOP_TIMEOUT:.0f} s: killed", file=sys.stderr)
+            return 1
+    finally:
+        os.close(fd)
+    print("ollie srv: stopped")
+    return 0
+
+
+def _recorded_mount(opts) -> str:
+    """The mount the running server wrote into its pid file (the second line)."""
+    try:
+        lines = opts.pid_file.read_text().splitlines()
+    except OSError:
+        return ""
+    return lines[1] if len(lines) > 1 else ""
+
+
+def _clean_after_kill(opts) -> None:
+    from ..fs.fuse import fusermount_u
+
+    if mount := _recorded_mount(opts):
+        fusermount_u(mount)
+    for path in (opts.socket, opts.pid_file, opts.token_file):
+        path.unlink(missing_ok=True)
+
+
+def _status(args: argparse.Namespace) -> int:
+    opts = _options(args)
+    pid = _running_pid(opts)
+    if pid is None:
+        print("ollie srv: not running")
+        return 1
+    mount = _recorded_mount(opts)
+    mounted = f", mounted at {mount}" if mount and os.path.ismount(mount) else ""
+    print(f"ollie srv: running (pid {pid}) on {opts.socket}{mounted}")
+    return 0

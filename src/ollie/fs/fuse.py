@@ -1,0 +1,246 @@
+"""The FUSE mount of a Namespace, through mfusepy and the system's libfuse3.
+
+libfuse runs its own threads; each operation is handed to the server's asyncio loop with
+`run_coroutine_threadsafe` and the FUSE thread waits for it. A wait that takes long (a blocked
+`statewait`) checks `fuse_interrupted()` now and then, so a killed reader gets EINTR at once and
+its coroutine is cancelled (the mount has `intr`, so the kernel tells libfuse about the signal).
+
+A request made by the loop's own thread (code in the server touching the mount, e.g. a PATH lookup
+through `x/`) could never be answered, since answering needs that thread: it fails with EDEADLK
+instead of hanging the server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import errno as E
+import itertools
+import logging
+import os
+import signal
+import subprocess
+import threading
+from collections.abc import Coroutine
+from typing import TYPE_CHECKING, Any
+
+from .namespace import FsError, Handle, Namespace, OpenMode
+
+if TYPE_CHECKING:
+    from .remote import RemoteNamespace
+
+log = logging.getLogger("ollie.fs.fuse")
+
+INTERRUPT_CHECK = 0.2  # seconds between checks for an interrupted request while waiting
+# Names may be cached briefly (the kernel updates its cache on rm and mv through the mount; a
+# session killed through ctl answers ENOENT at its next getattr); attributes never are, so sizes
+# are honest (`tail -f chat`, polling `reply`'s size); failed lookups never are, so a new session
+# shows at once.
+ENTRY_TIMEOUT = 1.0
+
+
+def _mfusepy():
+    import mfusepy
+
+    return mfusepy
+
+
+def _flags_to_mode(flags: int) -> OpenMode:
+    acc = flags & os.O_ACCMODE
+    mode = {os.O_RDONLY: OpenMode.READ, os.O_WRONLY: OpenMode.WRITE}.get(acc, OpenMode.READ | OpenMode.WRITE)
+    if flags & os.O_TRUNC:
+        mode |= OpenMode.TRUNC
+    if flags & os.O_APPEND:
+        mode |= OpenMode.APPEND
+    return mode
+
+
+class Operations:
+    """mfusepy operations over a Namespace (raw_fi: we set direct_io per open file)."""
+
+    use_ns = True
+
+    def __init__(self, ns: Namespace | RemoteNamespace, loop: asyncio.AbstractEventLoop, ready: threading.Event):
+        self.ns = ns
+        self.loop = loop
+        self.loop_tid = threading.get_native_id()  # made on the loop's thread
+        self.ready = ready
+        self.handles: dict[int, Handle] = {}
+        self._next_fh = itertools.count(1)
+        self._uid, self._gid = os.getuid(), os.getgid()
+        self._interrupted = _mfusepy()._libfuse.fuse_interrupted
+
+    # ---- bridging ----------------------------------------------------------------------------
+    def _run(self, coro: Coroutine[Any, Any, Any]) -> Any:
+        if _mfusepy().fuse_get_context()[2] == self.loop_tid:  # FUSE reports the caller's thread id
+            coro.close()
+            log.debug("refused a request from the loop thread (EDEADLK)")
+            raise _mfusepy().FuseOSError(E.EDEADLK)
+        fut = asyncio.run_coroutine_threadsafe(coro, self.loop)
+        try:
+            while True:
+                try:
+                    return fut.result(INTERRUPT_CHECK)
+                except concurrent.futures.TimeoutError:
+                    if self._interrupted():
+                        fut.cancel()
+                        raise _mfusepy().FuseOSError(E.EINTR) from None
+        except FsError as e:
+            raise _mfusepy().FuseOSError(e.errno) from None
+        except concurrent.futures.CancelledError:
+            raise _mfusepy().FuseOSError(E.EINTR) from None
+        except OSError as e:
+            if isinstance(e, _mfusepy().FuseOSError):
+                raise
+            raise _mfusepy().FuseOSError(e.errno or E.EIO) from None
+
+    def _handle(self, fi) -> Handle:
+        try:
+            return self.handles[fi.fh]
+        except KeyError:
+            raise _mfusepy().FuseOSError(E.EBADF) from None
+
+    def _add(self, handle: Handle, fi) -> int:
+        fh = next(self._next_fh)
+        self.handles[fh] = handle
+        fi.fh = fh
+        fi.direct_io = handle.direct_io
+        fi.noflush = fi.flags & os.O_ACCMODE == os.O_RDONLY  # nothing written: nothing to act on at close
+        return 0
+
+    # ---- operations ------------------------------------------------------------------------------
+    def init(self, path: str) -> None:
+        self.ready.set()
+
+    def getattr(self, path: str, fh: Any = None) -> dict[str, Any]:
+        if isinstance(self.ns, Namespace):  # a local tree's stat only reads: no hop (a hop costs ~0.1 ms)
+            try:
+                st = self.ns.stat_now(path)
+            except FsError as e:
+                raise _mfusepy().FuseOSError(e.errno) from None
+        else:
+            st = self._run(self.ns.stat(path))
+        mtime = int(st.mtime * 1e9)
+        return {"st_mode": st.st_mode, "st_nlink": 2 if st.is_dir else 1, "st_size": st.size,
+                "st_uid": self._uid, "st_gid": self._gid, "st_mtime": mtime, "st_ctime": mtime, "st_atime": mtime,
+                "st_blocks": (st.size + 511) // 512, "st_blksize": 4096}
+
+    def readdir(self, path: str, fh: int):
+        entries = self._run(self.ns.list(path))
+        return [".", "..", *((st.name, {"st_mode": st.st_mode}, 0) for st in entries)]
+
+    def open(self, path: str, fi) -> int:
+        return self._add(self._run(self.ns.open(path, _flags_to_mode(fi.flags))), fi)
+
+    def create(self, path: str, mode: int, fi) -> int:
+        return self._add(self._run(self.ns.create(path, mode & 0o777)), fi)
+
+    def read(self, path: str, size: int, offset: int, fi) -> bytes:
+        return self._run(self._handle(fi).read(offset, size))
+
+    def write(self, path: str, data: bytes, offset: int, fi) -> int:
+        return self._run(self._handle(fi).write(offset, data))
+
+    def flush(self, path: str, fi) -> int:
+        self._run(self._handle(fi).flush())
+        return 0
+
+    def release(self, path: str, fi) -> int:
+        handle = self.handles.pop(fi.fh, None)
+        if handle is not None:  # nothing to report to anyone: don't make the closer wait for it
+            asyncio.run_coroutine_threadsafe(handle.release(), self.loop)
+        return 0
+
+    def truncate(self, path: str, length: int, fh: Any = None) -> int:
+        self._run(self.ns.truncate(path, length))
+        return 0
+
+    def mkdir(self, path: str, mode: int) -> int:
+        self._run(self.ns.mkdir(path, mode & 0o777))
+        return 0
+
+    def unlink(self, path: str) -> int:
+        self._run(self.ns.remove(path))
+        return 0
+
+    def rmdir(self, path: str) -> int:
+        self._run(self.ns.remove(path))
+        return 0
+
+    def rename(self, old: str, new: str) -> int:
+        self._run(self.ns.rename(old, new))
+        return 0
+
+    def chmod(self, path: str, mode: int) -> int:
+        return 0  # modes are the namespace's; accepting keeps `cp -p` and editors happy
+
+    def chown(self, path: str, uid: int, gid: int) -> int:
+        return 0
+
+    def utimens(self, path: str, times: Any = None) -> int:
+        return 0
+
+    def statfs(self, path: str) -> dict[str, int]:
+        return {"f_bsize": 4096, "f_frsize": 4096, "f_namemax": 255}
+
+
+class Mount:
+    """A namespace (local, or another server's over 9P) mounted at `path` by a FUSE thread;
+    `unmount()` ends it."""
+
+    def __init__(self, ns: Namespace | RemoteNamespace, path: str):
+        self.ns = ns
+        self.path = os.path.abspath(path)
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+
+    async def start(self, timeout: float = 10.0) -> None:
+        clear_stale(self.path)
+        os.makedirs(self.path, exist_ok=True)
+        # libfuse interrupts a request by sending SIGUSR1 to the thread serving it. mfusepy enables
+        # `intr` after libfuse would have installed its handler, so without ours the signal kills
+        # the server. A Python-level no-op (not SIG_IGN, which children would inherit) is enough:
+        # the waiting thread sees fuse_interrupted() on its next check.
+        signal.signal(signal.SIGUSR1, lambda signum, frame: None)
+        loop = asyncio.get_running_loop()
+        ready = threading.Event()
+        ops = Operations(self.ns, loop, ready)
+        done = loop.create_future()
+
+        def run() -> None:
+            try:
+                _mfusepy().FUSE(ops, self.path, raw_fi=True, foreground=True, fsname="ollie", subtype="ollie",
+                                intr=True, attr_timeout=0, entry_timeout=ENTRY_TIMEOUT, negative_timeout=0,
+                                max_threads=256)
+            except BaseException as e:  # noqa: BLE001 - reported to start() / the log
+                self._error = e
+            finally:
+                ready.set()
+                loop.call_soon_threadsafe(lambda: done.done() or done.set_result(None))
+
+        self._thread = threading.Thread(target=run, name="ollie-fuse", daemon=True)
+        self._thread.start()
+        if not await asyncio.to_thread(ready.wait, timeout) or self._error or done.done():
+            raise OSError(f"cannot mount {self.path}: {self._error or 'FUSE did not start'}")
+        self._done = done
+
+    async def unmount(self) -> None:
+        if self._thread is None:
+            return
+        await asyncio.to_thread(fusermount_u, self.path)
+        await asyncio.wait_for(asyncio.shield(self._done), 10)
+        self._thread = None
+
+
+def fusermount_u(path: str) -> None:
+    """Unmount, lazily: a process still inside the mount must not keep the server alive."""
+    subprocess.run(["fusermount3", "-u", "-z", path], capture_output=True)
+
+
+def clear_stale(path: str) -> None:
+    """A server killed with -9 leaves its mount behind ("Transport endpoint is not connected")."""
+    try:
+        os.stat(path)
+    except OSError as e:
+        if e.errno == E.ENOTCONN:
+            fusermount_u(path)

@@ -1,0 +1,137 @@
+"""The serving process: one asyncio loop holding every session, serving one namespace over 9P (a
+Unix socket, TCP when asked) and a FUSE mount.
+
+Files beside the socket (`$NAMESPACE/ollie`, in a 0700 directory): `ollie.pid`, `ollie.log` (the
+daemon's output), `ollie.token` (0600, when TCP is served).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import resource
+import secrets
+import signal
+from dataclasses import dataclass
+from pathlib import Path
+
+from .. import config
+
+log = logging.getLogger("ollie.fs.server")
+
+
+@dataclass
+class Options:
+    socket: Path
+    mount: Path | None  # None: no FUSE mount
+    tcp: tuple[str, int] | None = None
+    token: str = ""
+
+    @property
+    def pid_file(self) -> Path:
+        return self.socket.with_name(self.socket.name + ".pid")
+
+    @property
+    def log_file(self) -> Path:
+        return self.socket.with_name(self.socket.name + ".log")
+
+    @property
+    def token_file(self) -> Path:
+        return self.socket.with_name(self.socket.name + ".token")
+
+
+def default_options() -> Options:
+    from .ninep_server import default_socket_path
+
+    return Options(socket=default_socket_path(), mount=config.mount_path())
+
+
+class Server:
+    """Start, serve, stop. Sessions stored on disk are registered (asleep) at start."""
+
+    def __init__(self, opts: Options):
+        self.opts = opts
+        self.listeners: list = []
+        self.mount = None
+        self.sessions = None
+
+    async def start(self) -> None:
+        from . import tree
+        from .fuse import Mount
+        from .ninep_server import serve_tcp, serve_unix
+        from .sessions import Sessions
+
+        _raise_fd_limit()
+        self.sessions = Sessions()
+        restored = self.sessions.restore()
+        ns = tree.build(self.sessions)
+        try:
+            self.listeners.append(await serve_unix(ns, self.opts.socket))
+            if self.opts.tcp:
+                token = self.opts.token or secrets.token_urlsafe(24)
+                _write_private(self.opts.token_file, token + "\n")
+                self.listeners.append(await serve_tcp(ns, *self.opts.tcp, token=token))
+            if self.opts.mount is not None:
+                self.mount = Mount(ns, str(self.opts.mount))
+                await self.mount.start()
+            _write_private(self.opts.pid_file, f"{os.getpid()}\n{self.opts.mount or ''}\n")
+        except BaseException:
+            await self.stop()
+            raise
+        log.info("serving %s (%d stored sessions) on %s%s", config.data_path(), restored, self.opts.socket,
+                 f", mounted at {self.opts.mount}" if self.mount else "")
+
+    async def stop(self) -> None:
+        """Stop listening, unmount, close every session (their state is on disk), remove our files."""
+        for listener in self.listeners:
+            await listener.close()
+        self.listeners = []
+        if self.mount is not None:
+            await self.mount.unmount()
+            self.mount = None
+        if self.sessions is not None:
+            await self.sessions.close()
+        for path in (self.opts.pid_file, self.opts.token_file):
+            path.unlink(missing_ok=True)
+
+
+def _raise_fd_limit() -> None:
+    """Each session that has run keeps its chat and history open: 1,000 sessions need more than
+    the usual soft limit of 1,024 descriptors."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and (hard == resource.RLIM_INFINITY or soft < hard):
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+
+
+def _write_private(path: Path, text: str) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+
+
+async def serve(opts: Options, ready_fd: int | None = None) -> None:
+    """Run until SIGTERM or SIGINT. `ready_fd` gets "ok" once serving, or the error, then closed."""
+    server = Server(opts)
+    try:
+        await server.start()
+    except Exception as e:
+        _tell(ready_fd, f"error: {e}")
+        raise
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        loop.add_signal_handler(sig, stop.set)  # after the mount: libfuse installs handlers of its own
+    _tell(ready_fd, "ok")
+    try:
+        await stop.wait()
+    finally:
+        await server.stop()
+
+
+def _tell(fd: int | None, message: str) -> None:
+    if fd is not None:
+        try:
+            os.write(fd, (message + "\n").encode())
+        finally:
+            os.close(fd)

@@ -1,0 +1,106 @@
+"""The namespace ollie serves: which store backs which directory.
+
+    ctl backends help        root files
+    a/    agent configs      $OLLIE_CFG_PATH/agents (first of OLLIE_AGENTS_PATH), validated on write
+    p/    prompt templates   $OLLIE_CFG_PATH/prompts (read-only)
+    sk/   skills             $OLLIE_CFG_PATH/skills
+    t/    tool scripts       $OLLIE_CFG_PATH/tools (first of OLLIE_TOOLS_PATH), `idx` synthesised
+    u/    utility scripts    $OLLIE_CFG_PATH/utils
+    x/    plugins            $OLLIE_CFG_PATH/plugins
+    m/    memory             $OLLIE_DATA_PATH/memory
+    tr/   transcripts        $OLLIE_DATA_PATH/transcripts (ctl `save` writes here)
+    tmp/  scratch            $OLLIE_TMP_PATH/scratch
+    s/    sessions           see sessions.py
+"""
+
+from __future__ import annotations
+
+from .. import config
+from .namespace import Namespace, StaticDir
+from .sessions import Sessions, SessionsDir, root_ctl
+from .stores import DiskDir, TextFile, text_size, tools_index, validate_agent
+
+HELP = """ollie file server
+
+ctl           write `new [agent=A] [cwd=DIR] [backend=B] [model=M] [name=N]` to create a session
+              (read the same open file back for its id), `kill <id>` to end one
+backends      the backends this server knows; the default is marked *
+s/            one directory per session, in creation order (ids sort by creation)
+s/new         read: a template; write `k=v` lines to create a session
+s/idx         id, state, cwd, backend, model of every session
+s/sh s/ls s/kill   scripts: a prompt loop, a listing, kill sessions
+s/<id>/prompt     write a prompt; it is submitted when the file is closed (queued while a turn runs)
+s/<id>/chat       the conversation; `tail -f chat` follows it
+s/<id>/state      idle, thinking, calling: <tool>, compacting, limitretry
+s/<id>/reply      the assistant text of the last completed turn; emptied by a write to prompt
+s/<id>/statewait  blocks until the state changes (5 s at most), then gives the state
+s/<id>/ctl        stop, kill, rn <name>, save [name], compact, clear, backend, model, agent, cwd,
+                  queue <prompt>, inject <prompt>
+s/<id>/cfg        state backend model agent cwd and generation parameters; write k=v lines
+s/<id>/fifo.in    queue a prompt (starts it when idle);  fifo.out: pop the next queued prompt
+s/<id>/usage cost ctxsz models systemprompt env context offset plan prompt.prev mcp
+rm -r s/<id>      kill a session;  mv s/<id> s/<name>  rename it (not while it runs)
+a/ p/ sk/ t/ u/ x/ m/ tr/ tmp/   agent configs, prompts, skills, tools (t/idx), utilities,
+                  plugins, memory, transcripts, scratch
+"""
+
+SH = r"""#!/bin/sh
+# s/sh [id]: talk to a session from a terminal (without an id: a new session in this directory).
+# One line is one prompt; the reply is printed when the session is idle again.
+s=$(dirname "$0")
+id=$1
+if [ -z "$id" ]; then
+    echo "new cwd=$PWD" > "$s/../ctl" || exit 1
+    id=$(ls -U "$s" | tail -n 1)  # the listing is in creation order
+fi
+[ -d "$s/$id" ] || { echo "no session $id" >&2; exit 1; }
+echo "session $id" >&2
+while printf '> ' >&2 && IFS= read -r line; do
+    [ -n "$line" ] || continue
+    printf '%s\n' "$line" > "$s/$id/prompt"
+    until [ "$(cat "$s/$id/state")" = idle ]; do cat "$s/$id/statewait" > /dev/null; done
+    cat "$s/$id/reply"; echo
+done
+"""
+
+LS = r"""#!/bin/sh
+# s/ls: the sessions with their state, cwd, backend and model.
+s=$(dirname "$0")
+printf 'ID\tSTATE\tCWD\tBACKEND\tMODEL\n'
+cat "$s/idx"
+"""
+
+KILL = r"""#!/bin/sh
+# s/kill ID...: end sessions (their history is deleted).
+s=$(dirname "$0")
+[ $# -gt 0 ] || { echo "usage: $0 ID..." >&2; exit 2; }
+for id; do echo "kill $id" > "$s/../ctl" || exit 1; done
+"""
+
+
+def backends_text() -> str:
+    from .. import backends
+
+    default = backends.default_name()
+    return "".join(f"{n}{' *' if n == default else ''}\n" for n in backends.names())
+
+
+def build(sessions: Sessions) -> Namespace:
+    cfg, data = config.cfg_path(), config.data_path()
+    tools = config.tools_path()[0]
+    root = StaticDir({
+        "ctl": root_ctl(sessions),
+        "backends": TextFile(backends_text),
+        "help": TextFile(lambda: HELP, text_size(lambda: HELP)),
+        "a": DiskDir(config.agents_path()[0], validate=validate_agent),
+        "p": DiskDir(cfg / "prompts", writable=False),
+        "sk": DiskDir(cfg / "skills"),
+        "t": DiskDir(tools, synthetic={"idx": TextFile(lambda: tools_index(tools))}),
+        "u": DiskDir(cfg / "utils"),
+        "x": DiskDir(cfg / "plugins"),
+        "m": DiskDir(data / "memory"),
+        "tr": DiskDir(data / "transcripts"),
+        "tmp": DiskDir(config.tmp_path() / "scratch"),
+        "s": SessionsDir(sessions, {"sh": SH, "ls": LS, "kill": KILL}),
+    })
+    return Namespace(root)

@@ -1,0 +1,268 @@
+"""Every file of the namespace, through the real FUSE mount, with ordinary tools."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+
+import pytest
+
+from fs_helpers import fs_server  # noqa: F401 - the fixture
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def agents(fs_server):
+    fs_server.agent("tooler", turns=[
+        {"tool_calls": [{"name": "execute_code", "arguments": {"steps": [{"code": "echo hi"}]}}]},
+        {"text": "done with the tool", "expect": "hi"},
+    ])
+    fs_server.agent("default", [
+        {"match": "slow", "text": "slow answer", "delay": 0.6},
+        {"match": ".", "text": "Hello there"},
+    ])
+
+
+def test_root_lists_the_namespace(fs_server):
+    names = set(os.listdir(fs_server.mnt))
+    assert {"ctl", "backends", "help", "a", "p", "sk", "t", "m", "tmp", "tr", "u", "x", "s"} <= names
+    assert "scripted" in (fs_server.mnt / "backends").read_text().split()
+    assert "s/<id>/prompt" in (fs_server.mnt / "help").read_text()
+
+
+def test_prompt_chat_reply_state(fs_server):
+    sid = fs_server.new_session()
+    s = fs_server.mnt / "s" / sid
+    assert (s / "state").read_text() == "idle\n"
+    assert (s / "reply").read_text() == ""
+    fs_server.sh(f"echo 'say hello' > s/{sid}/prompt")
+    fs_server.wait_idle(sid)
+    assert (s / "reply").read_text() == "Hello there"
+    assert os.stat(s / "reply").st_size == len("Hello there")  # spawn_subagents polls st_size
+    assert (s / "chat").read_text() == "user: say hello\nassistant: Hello there\n\n"
+    assert os.stat(s / "chat").st_size == len((s / "chat").read_bytes())
+    assert (s / "prompt.prev").read_text().strip() == "say hello"
+    assert "1 requests" in (s / "usage").read_text()
+    assert "costSession=$" in (s / "cost").read_text()
+    assert "%" in (s / "ctxsz").read_text()
+    assert (s / "systemprompt").read_text() == "You are the default.\n"
+    context = [json.loads(line) for line in (s / "context").read_text().splitlines()]
+    assert [m["role"] for m in context] == ["user", "assistant"]
+    offset = int((s / "offset").read_text())
+    assert (s / "chat").read_bytes()[offset:].startswith(b"user: say hello")
+
+
+def test_write_to_prompt_empties_reply_at_once(fs_server):
+    sid = fs_server.new_session()
+    s = fs_server.mnt / "s" / sid
+    (s / "prompt").write_text("first")
+    fs_server.wait_idle(sid)
+    assert (s / "reply").read_text() == "Hello there"
+    out = fs_server.sh(f"echo slow > s/{sid}/prompt; wc -c < s/{sid}/reply; cat s/{sid}/state")
+    assert out.stdout.split() == ["0", "thinking"]
+    fs_server.wait_idle(sid)
+    assert (s / "reply").read_text() == "slow answer"
+
+
+def test_queueing_while_a_turn_runs(fs_server):
+    sid = fs_server.new_session()
+    s = fs_server.mnt / "s" / sid
+    fs_server.sh(f"echo slow > s/{sid}/prompt; echo second > s/{sid}/prompt")
+    fs_server.wait_idle(sid)
+    chat = (s / "chat").read_text()
+    assert chat.index("user: slow") < chat.index("user: second")
+    assert (s / "reply").read_text() == "Hello there"
+
+
+def test_tool_calls_in_chat(fs_server):
+    sid = fs_server.new_session(agent="tooler")
+    s = fs_server.mnt / "s" / sid
+    (s / "prompt").write_text("use a tool")
+    fs_server.wait_idle(sid)
+    chat = (s / "chat").read_text()
+    assert chat.startswith('user: use a tool\n-> execute_code({"steps": [{"code": "echo hi"}]})\nhi\n')
+    assert chat.endswith("assistant: done with the tool\n\n")
+    assert (s / "reply").read_text() == "done with the tool"
+
+
+def test_tail_f_follows_chat(fs_server):
+    sid = fs_server.new_session()
+    s = fs_server.mnt / "s" / sid
+    tail = subprocess.Popen(["tail", "-f", str(s / "chat")], stdout=subprocess.PIPE, text=True)
+    try:
+        time.sleep(0.3)
+        (s / "prompt").write_text("slow please")
+        lines = [tail.stdout.readline() for _ in range(2)]
+        assert lines == ["user: slow please\n", "assistant: slow answer\n"]
+    finally:
+        tail.kill()
+        tail.wait()
+
+
+def test_statewait_blocks_until_the_state_changes(fs_server):
+    sid = fs_server.new_session()
+    s = fs_server.mnt / "s" / sid
+    waiter = subprocess.Popen(["cat", str(s / "statewait")], stdout=subprocess.PIPE, text=True)
+    time.sleep(0.3)
+    assert waiter.poll() is None
+    (s / "prompt").write_text("slow")
+    assert waiter.communicate(timeout=5)[0] == "thinking\n"
+    fs_server.wait_idle(sid)
+
+
+def test_a_blocked_statewait_reader_can_be_killed(fs_server):
+    sid = fs_server.new_session()
+    waiter = subprocess.Popen(["cat", str(fs_server.mnt / "s" / sid / "statewait")])
+    time.sleep(0.3)
+    t = time.monotonic()
+    waiter.send_signal(signal.SIGKILL)
+    waiter.wait(timeout=5)
+    assert time.monotonic() - t < 2
+    assert (fs_server.mnt / "s" / sid / "state").read_text() == "idle\n"  # the server is fine
+
+
+def test_bad_ctl_write_fails_the_writer_and_lands_in_chat(fs_server):
+    sid = fs_server.new_session()
+    out = fs_server.sh(f"echo bogus > s/{sid}/ctl", check=False)
+    assert out.returncode != 0 and "error" in out.stderr  # dash says "I/O error", bash "Invalid argument"
+    assert "error: unknown command 'bogus'" in (fs_server.mnt / "s" / sid / "chat").read_text()
+    for bad in (f"echo 'temperature=hot' > s/{sid}/cfg", f"echo 'colour=red' > s/{sid}/cfg",
+                "echo 'new agent=nosuch' > ctl", "echo 'new colour=red' > ctl", "echo 'frobnicate' > ctl",
+                "echo 'colour=red' > s/new", "echo 'new name=a/b' > ctl", "echo 'new name=..' > ctl",
+                "echo 'new name=idx' > ctl"):
+        out = fs_server.sh(bad, check=False)
+        assert out.returncode != 0, bad
+    assert "idx" not in os.listdir(fs_server.mnt / "s")
+
+
+def test_cfg_reads_and_writes(fs_server):
+    sid = fs_server.new_session()
+    cfg = fs_server.mnt / "s" / sid / "cfg"
+    text = cfg.read_text()
+    assert "state=idle\n" in text and "backend=scripted\n" in text and f"cwd={fs_server.work}\n" in text
+    fs_server.sh(f"printf 'temperature=0.3\\nmax_tokens=99\\n' > s/{sid}/cfg")
+    text = cfg.read_text()
+    assert "temperature=0.3\n" in text and "max_tokens=99\n" in text
+    fs_server.sh(f"echo cwd=/tmp > s/{sid}/cfg")
+    assert "cwd=/tmp\n" in cfg.read_text()
+
+
+def test_ctl_commands(fs_server):
+    sid = fs_server.new_session()
+    s = fs_server.mnt / "s" / sid
+    (s / "prompt").write_text("hello")
+    fs_server.wait_idle(sid)
+    fs_server.sh(f"echo save > s/{sid}/ctl")
+    assert (fs_server.mnt / "tr" / sid).read_text() == (s / "chat").read_text()
+    fs_server.sh(f"echo clear > s/{sid}/ctl")
+    assert (s / "context").read_text() == ""
+    fs_server.sh(f"echo 'cwd /tmp' > s/{sid}/ctl")
+    assert "cwd=/tmp\n" in (s / "cfg").read_text()
+
+
+def test_fifo_in_queues_and_starts_when_idle_fifo_out_pops(fs_server):
+    sid = fs_server.new_session()
+    s = fs_server.mnt / "s" / sid
+    (s / "fifo.in").write_text("hello from the fifo")
+    fs_server.wait_idle(sid)
+    assert "user: hello from the fifo" in (s / "chat").read_text()
+    (s / "prompt").write_text("slow")
+    (s / "fifo.in").write_text("later one")
+    os.stat(s / "fifo.out")  # stat pops nothing
+    assert (s / "fifo.out").read_text() == "later one\n"
+    assert (s / "fifo.out").read_text() == ""
+    fs_server.wait_idle(sid)
+    assert "later one" not in (s / "chat").read_text()
+
+
+def test_stat_never_reads(fs_server):
+    sid = fs_server.new_session()
+    s = fs_server.mnt / "s" / sid
+    for name in ("models", "fifo.out", "mcp", "context", "systemprompt"):
+        assert os.stat(s / name).st_size == 0
+    listing = subprocess.run(["ls", "-l", str(s)], capture_output=True, text=True, check=True).stdout
+    assert "fifo.out" in listing
+    assert (s / "models").read_text() != ""  # reading does ask the backend
+
+
+def test_plan_env_and_mcp(fs_server):
+    sid = fs_server.new_session()
+    s = fs_server.mnt / "s" / sid
+    fs_server.sh(f"printf '# goal\\n- [ ] step\\n' > s/{sid}/plan")
+    assert (s / "plan").read_text() == "# goal\n- [ ] step\n"
+    assert (fs_server.data / "sessions" / sid / "plan").read_text() == "# goal\n- [ ] step\n"
+    fs_server.sh(f"echo FOO=bar > s/{sid}/env")
+    assert "FOO=bar\n" in (s / "env").read_text()
+    assert "execute" in (s / "mcp").read_text()
+
+
+def test_s_listing_hides_fixed_files_and_is_in_creation_order(fs_server):
+    ids = [fs_server.new_session() for _ in range(3)]
+    listing = os.listdir(fs_server.mnt / "s")
+    assert not {"new", "idx", "sh", "ls", "kill"} & set(listing)
+    assert [i for i in listing if i in ids] == ids
+    assert sorted(listing) == listing
+    assert (fs_server.mnt / "s" / "new").read_text() == "name=\ncwd=\nbackend=\nmodel=\nagent=\n"
+    idx = (fs_server.mnt / "s" / "idx").read_text()
+    assert f"{ids[0]}\tidle\t{fs_server.work}\tscripted\t" in idx
+    assert os.access(fs_server.mnt / "s" / "ls", os.X_OK)
+    assert ids[0] in fs_server.sh("s/ls").stdout
+
+
+def test_s_new_creates_a_session(fs_server):
+    with open(fs_server.mnt / "s" / "new", "r+") as f:
+        f.write(f"name=fromnew\ncwd={fs_server.work}\nbackend=\nmodel=\nagent=\n")
+        f.flush()
+        f.seek(0)
+        assert f.read() == "fromnew\n"
+    assert "fromnew" in os.listdir(fs_server.mnt / "s")
+
+
+def test_rename_and_kill(fs_server):
+    sid = fs_server.new_session()
+    fs_server.sh(f"mv s/{sid} s/renamed")
+    assert "renamed" in os.listdir(fs_server.mnt / "s") and sid not in os.listdir(fs_server.mnt / "s")
+    assert (fs_server.data / "sessions" / "renamed").is_dir()
+    out = fs_server.sh("mv s/renamed s/new", check=False)
+    assert out.returncode != 0
+    busy = fs_server.new_session()
+    fs_server.sh(f"echo slow > s/{busy}/prompt")
+    out = fs_server.sh(f"mv s/{busy} s/busyname", check=False)
+    assert out.returncode != 0 and "busyname" not in os.listdir(fs_server.mnt / "s")
+    fs_server.sh("rm -r s/renamed")
+    assert "renamed" not in os.listdir(fs_server.mnt / "s")
+    assert not (fs_server.data / "sessions" / "renamed").exists()
+    fs_server.sh(f"echo 'kill {busy}' > ctl")
+    assert busy not in os.listdir(fs_server.mnt / "s")
+    assert fs_server.sh("s/kill nosuch", check=False).returncode != 0
+
+
+def test_agent_configs_read_write_cp_mv_rm(fs_server):
+    a = fs_server.mnt / "a"
+    assert "default.json" in os.listdir(a)
+    fs_server.sh('echo \'{"backend": "scripted", "maxSteps": 3}\' > a/small.json')
+    assert json.loads((a / "small.json").read_text())["maxSteps"] == 3
+    fs_server.sh("cp a/small.json a/copy.json && mv a/copy.json a/moved.json")
+    assert {"small.json", "moved.json"} <= set(os.listdir(a)) and "copy.json" not in os.listdir(a)
+    with pytest.raises(OSError):  # a writer that checks close() sees the failure; nothing is lost
+        (a / "small.json").write_text('{"maxSteps": "many"}')
+    with pytest.raises(OSError):
+        (a / "small.json").write_text("{not json")
+    assert json.loads((a / "small.json").read_text())["maxSteps"] == 3
+    fs_server.sh("rm a/moved.json")
+    assert not (fs_server.cfg / "agents" / "moved.json").exists()
+
+
+def test_disk_directories(fs_server):
+    fs_server.sh("echo remember > m/note.md && cat m/note.md && echo scratch > tmp/x && rm tmp/x")
+    assert (fs_server.data / "memory" / "note.md").read_text() == "remember\n"
+    tool = fs_server.cfg / "tools" / "greet"
+    tool.write_text("#!/bin/sh\n# description: say hello\n# args: name\necho hello $1\n")
+    tool.chmod(0o755)
+    assert (fs_server.mnt / "t" / "idx").read_text() == "## greet\ndescription: say hello\nargs: name\n\n"
+    assert fs_server.sh("t/greet you").stdout == "hello you\n"
+    assert fs_server.sh("echo x > p/new.md", check=False).returncode != 0

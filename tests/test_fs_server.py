@@ -1,0 +1,67 @@
+"""The serving process: `ollie srv start|status|stop`, and sessions surviving a kill -9."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+
+import pytest
+
+from fs_helpers import FsServer
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture
+def server(tmp_path):
+    srv = FsServer(tmp_path)
+    srv.agent("default", [{"match": "slow", "text": "slow answer", "delay": 0.5}, {"match": ".", "text": "answer"}])
+    srv.start()
+    try:
+        yield srv
+    finally:
+        srv.stop()
+
+
+def test_start_status_stop(server):
+    socket = server.root / "ns" / "ollie"
+    assert stat.S_ISSOCK(os.stat(socket).st_mode) and stat.S_IMODE(os.stat(socket).st_mode) == 0o600
+    assert stat.S_IMODE(os.stat(server.root / "ns").st_mode) == 0o700
+    status = server.ollie("srv", "status")
+    assert f"running (pid {server.pid()})" in status.stdout and str(server.mnt) in status.stdout
+    again = server.ollie("srv", "start", check=False)
+    assert again.returncode == 1 and "already running" in again.stderr
+    sid = server.new_session()
+    (server.mnt / "s" / sid / "prompt").write_text("slow")  # a turn still running when stopped
+    assert server.ollie("srv", "stop").stdout == "ollie srv: stopped\n"
+    assert not os.path.ismount(server.mnt)
+    assert not socket.exists() and not (server.root / "ns" / "ollie.pid").exists()
+    assert server.ollie("srv", "status", check=False).returncode == 1
+    meta = json.loads((server.data / "sessions" / sid / "meta.json").read_text())
+    assert meta["id"] == sid
+
+
+def test_sessions_survive_kill_9(server):
+    a = server.new_session()
+    b = server.new_session()
+    (server.mnt / "s" / a / "prompt").write_text("hello")
+    server.wait_idle(a)
+    server.sh(f"printf '# plan\\n- [ ] one\\n' > s/{a}/plan; echo temperature=0.25 > s/{a}/cfg; "
+              f"mv s/{b} s/named")
+    chat = (server.mnt / "s" / a / "chat").read_text()
+    server.kill9()
+    assert not os.path.ismount(server.mnt)
+    server.start()
+    s = server.mnt / "s"
+    assert os.listdir(s) == [a, "named"]
+    assert (s / a / "chat").read_text() == chat  # read from disk: no Core built for it
+    assert (s / a / "state").read_text() == "idle\n"
+    assert (s / a / "plan").read_text() == "# plan\n- [ ] one\n"
+    assert "temperature=0.25\n" in (s / a / "cfg").read_text()
+    (s / a / "prompt").write_text("again")
+    server.wait_idle(a)
+    roles = [json.loads(line)["role"] for line in (s / a / "context").read_text().splitlines()]
+    assert roles == ["user", "assistant", "user", "assistant"]
+    assert (s / a / "chat").read_text() == chat + "user: again\nassistant: answer\n\n"
+    assert "cwd=" + str(server.work) in (s / "named" / "cfg").read_text()
