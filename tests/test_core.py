@@ -304,3 +304,24 @@ async def test_submit_empties_reply_at_once_and_a_restore_brings_it_back():
     again, *_ = await make_core([], session_id=sid)
     assert again.reply == "second"
     await again.close()
+
+
+async def test_execute_calls_of_read_safe_tool_scripts_run_together(ollie_dirs, tmp_path):
+    """Two calls of a script marked `ollie:parallel read` overlap: each waits for the other's mark."""
+    from ollie.agent.core import Core, CoreConfig
+    from ollie.agent.env import build_agent_env
+    from ollie.backends.scripted import ScriptedBackend
+    from ollie.tools import execute, new_dispatcher_func
+
+    script = ollie_dirs / "cfg" / "tools" / "meet"
+    script.write_text("#!/bin/sh\n# ollie:parallel read\ntouch \"$1\"\n"
+                      "for i in $(seq 100); do [ -e \"$2\" ] && echo met && exit 0; sleep 0.05; done; exit 1\n")
+    script.chmod(0o755)
+    calls = [{"name": "execute_code", "arguments": {"steps": [{"tool": "meet", "args": [a, b]}]}}
+             for a, b in (("a", "b"), ("b", "a"))]
+    backend = ScriptedBackend([{"tool_calls": calls}, {"text": "done"}])
+    nd = new_dispatcher_func({"execute": execute.Decl(str(tmp_path))})
+    core = Core(CoreConfig(backend, await build_agent_env(AgentConfig(), nd(), str(tmp_path)), nd))
+    await core.submit("go")
+    assert [m.content.strip() for m in core.messages if m.role == "tool"] == ["met", "met"]
+    await core.close()

@@ -572,7 +572,13 @@ class Core:
     @staticmethod
     def _read_only(call: ToolCall, tools: dict[str, Tool]) -> bool:
         tool = tools.get(call.name)
-        return tool is not None and tool.read_only
+        if tool is None or not (tool.read_only or tool.read_only_call):
+            return False
+        try:
+            args = json.loads(call.arguments or "{}")
+        except json.JSONDecodeError:
+            return False
+        return isinstance(args, dict) and tool.reads_only(args)
 
     async def _call(self, call: ToolCall) -> Message:
         self._set_state(f"calling: {call.name}")

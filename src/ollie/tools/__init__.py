@@ -21,6 +21,11 @@ class Tool:
     description: str = ""
     input_schema: dict[str, Any] = field(default_factory=lambda: {"type": "object", "properties": {}})
     read_only: bool = False  # safe to run concurrently with other read-only calls
+    # For a tool that is read-only for some arguments only: decides per call (read_only stays False).
+    read_only_call: Callable[[dict[str, Any]], bool] | None = None
+
+    def reads_only(self, arguments: dict[str, Any]) -> bool:
+        return self.read_only or (self.read_only_call is not None and self.read_only_call(arguments))
 
     def spec(self, name: str | None = None) -> ToolSpec:
         return ToolSpec(name or self.name, self.description, self.input_schema)

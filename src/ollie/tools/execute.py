@@ -109,7 +109,7 @@ class Server:
         self._scratch = ""  # $TMPDIR for calls whose context has none; removed on close
 
     async def list_tools(self) -> list[Tool]:
-        return [Tool("execute_code", DESCRIPTION, SCHEMA, read_only=False)]
+        return [Tool("execute_code", DESCRIPTION, SCHEMA, read_only_call=read_safe)]
 
     async def call_tool(self, name: str, arguments: dict[str, Any], ctx: CallContext) -> ToolResult:
         if name != "execute_code":
