@@ -125,6 +125,21 @@ def test_a_blocked_statewait_reader_can_be_killed(fs_server):
     assert (fs_server.mnt / "s" / sid / "state").read_text() == "idle\n"  # the server is fine
 
 
+def test_many_blocked_statewait_readers_stall_nothing(fs_server):
+    """Each blocked read holds a FUSE thread: libfuse's default of 10 would stall the mount."""
+    sid = fs_server.new_session()
+    s = fs_server.mnt / "s" / sid
+    waiters = [subprocess.Popen(["cat", str(s / "statewait")], stdout=subprocess.PIPE) for _ in range(20)]
+    try:
+        time.sleep(0.5)
+        assert (s / "state").read_text() == "idle\n"
+        assert all(w.poll() is None for w in waiters)  # answered while all twenty still wait
+    finally:
+        for w in waiters:
+            w.kill()
+            w.wait()
+
+
 def test_bad_ctl_write_fails_the_writer_and_lands_in_chat(fs_server):
     sid = fs_server.new_session()
     out = fs_server.sh(f"echo bogus > s/{sid}/ctl", check=False)
@@ -149,6 +164,18 @@ def test_cfg_reads_and_writes(fs_server):
     assert "temperature=0.3\n" in text and "max_tokens=99\n" in text
     fs_server.sh(f"echo cwd=/tmp > s/{sid}/cfg")
     assert "cwd=/tmp\n" in cfg.read_text()
+
+
+def test_cfg_written_back_as_read_changes_only_what_differs(fs_server):
+    """An editor writes the whole file back: state= and the unchanged keys must pass."""
+    sid = fs_server.new_session()
+    fs_server.sh(f"""echo 'response_format={{"type": "json_object"}}' > s/{sid}/cfg""")
+    edited = fs_server.work / "cfg.edited"
+    fs_server.sh(f"sed 's/^top_p=.*/top_p=0.5/' s/{sid}/cfg > {edited} && cat {edited} > s/{sid}/cfg")
+    text = (fs_server.mnt / "s" / sid / "cfg").read_text()
+    assert "top_p=0.5\n" in text and 'response_format={"type": "json_object"}\n' in text
+    assert "error" not in (fs_server.mnt / "s" / sid / "chat").read_text()
+    assert fs_server.sh(f"echo state=thinking > s/{sid}/cfg", check=False).returncode != 0
 
 
 def test_ctl_commands(fs_server):
@@ -177,6 +204,15 @@ def test_fifo_in_queues_and_starts_when_idle_fifo_out_pops(fs_server):
     assert (s / "fifo.out").read_text() == ""
     fs_server.wait_idle(sid)
     assert "later one" not in (s / "chat").read_text()
+
+
+def test_fifo_in_takes_the_prompt_without_echos_newline(fs_server):
+    sid = fs_server.new_session()
+    fs_server.sh(f"echo slow > s/{sid}/prompt; echo from the fifo > s/{sid}/fifo.in")  # queued, then run
+    fs_server.wait_idle(sid)
+    s = fs_server.mnt / "s" / sid
+    assert json.loads((s / "context").read_text().splitlines()[2])["content"] == "from the fifo"
+    assert (s / "chat").read_text().endswith("\n\nuser: from the fifo\nassistant: Hello there\n\n")
 
 
 def test_stat_never_reads(fs_server):
@@ -222,6 +258,17 @@ def test_s_new_creates_a_session(fs_server):
     assert "fromnew" in os.listdir(fs_server.mnt / "s")
 
 
+def test_s_new_refuses_at_the_write(fs_server):
+    """The session is made at close, whose error a shell ignores: what can be checked is checked as
+    each line is written, so `printf … > s/new` exits non-zero."""
+    before = os.listdir(fs_server.mnt / "s")
+    for bad in ("name=new", "name=a/b", "name=..", "cwd=/no/such/dir", "agent=nosuch", "backend=nosuch",
+                "colour=red"):
+        out = fs_server.sh(f"printf '{bad}\\ncwd={fs_server.work}\\n' > s/new", check=False)
+        assert out.returncode != 0, bad
+    assert os.listdir(fs_server.mnt / "s") == before
+
+
 def test_rename_and_kill(fs_server):
     sid = fs_server.new_session()
     fs_server.sh(f"mv s/{sid} s/renamed")
@@ -255,6 +302,23 @@ def test_agent_configs_read_write_cp_mv_rm(fs_server):
     assert json.loads((a / "small.json").read_text())["maxSteps"] == 3
     fs_server.sh("rm a/moved.json")
     assert not (fs_server.cfg / "agents" / "moved.json").exists()
+
+
+def test_agent_configs_edited_in_place(fs_server):
+    """sed -i writes a temporary file and renames it over the config; vim opens without O_TRUNC,
+    ftruncates and writes. Both must work, and a bad edit must lose nothing."""
+    a = fs_server.mnt / "a"
+    fs_server.sh('echo \'{"backend": "scripted", "maxSteps": 30, "prompt": "long prompt"}\' > a/ed.json')
+    fs_server.sh("sed -i 's/30/4/' a/ed.json")
+    assert json.loads((a / "ed.json").read_text())["maxSteps"] == 4
+    assert fs_server.sh("sed -i 's/}/,,/' a/ed.json", check=False).returncode != 0
+    assert json.loads((a / "ed.json").read_text())["maxSteps"] == 4
+    assert sorted(os.listdir(fs_server.cfg / "agents")) == sorted(os.listdir(a))  # no temporary file left
+    fd = os.open(a / "ed.json", os.O_WRONLY)
+    os.ftruncate(fd, 0)
+    os.write(fd, b'{"maxSteps": 5}')  # shorter than what was there
+    os.close(fd)
+    assert json.loads((a / "ed.json").read_text()) == {"maxSteps": 5}
 
 
 def test_disk_directories(fs_server):

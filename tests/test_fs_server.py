@@ -57,6 +57,8 @@ def test_sessions_survive_kill_9(server):
     assert os.listdir(s) == [a, "named"]
     assert (s / a / "chat").read_text() == chat  # read from disk: no Core built for it
     assert (s / a / "state").read_text() == "idle\n"
+    assert os.stat(s / a / "reply").st_size == len("answer")  # scripts poll its size
+    assert (s / a / "reply").read_text() == "answer" and (s / a / "prompt.prev").read_text() == "hello"
     assert (s / a / "plan").read_text() == "# plan\n- [ ] one\n"
     assert "temperature=0.25\n" in (s / a / "cfg").read_text()
     (s / a / "prompt").write_text("again")

@@ -106,6 +106,16 @@ async def test_shell_tools_and_a_session_through_a_remote_mount(served, mounts, 
     await ok("mv tmp/note tmp/kept && rm tmp/kept", mnt)
     assert await ok("ls tmp", mnt) == ""
 
+    # editors: `sed -i` renames a temporary file over a config; vim truncates the file it opened (a
+    # wstat of an open fid), then writes less than was there
+    agent = config.agents_path()[0] / "reviewer.json"
+    await ok("""sed -i 's/}/, "maxSteps": 7}/' a/reviewer.json""", mnt)
+    assert json.loads(agent.read_text())["maxSteps"] == 7
+    shorter = json.dumps({"backend": "scripted", "model": str(tmp_path / "script.json")})
+    await ok(f"{sys.executable} -c 'import os, sys; fd = os.open(\"a/reviewer.json\", os.O_WRONLY); "
+             f"os.ftruncate(fd, 0); os.write(fd, sys.argv[1].encode()); os.close(fd)' '{shorter}'", mnt)
+    assert agent.read_text() == shorter
+
     # a session, driven the way IDEAS.md does: root ctl, ls s/, prompt, reply
     await ok("echo 'new agent=reviewer' > ctl", mnt)
     sid = (await ok("ls s", mnt)).split()[-1]

@@ -277,6 +277,30 @@ async def test_vanished_client_leaves_no_task(world):
     assert world.wait.cancelled == 1
 
 
+async def test_a_client_that_reads_no_replies_is_not_buffered_without_bound(world):
+    """Requests keep coming, replies are never read: the server must stop serving that client
+    rather than hold every reply (here 2,000 reads of 8 KiB, 16 MiB) in memory."""
+    (world.disk / "big").write_bytes(b"x" * 8000)
+    s = await in_thread(lambda: raw_connect(world.sock))
+    with s:
+        def flood():
+            for msg in (py9p.Tattach(fid=0, uname="me", tag=1), py9p.Twalk(fid=0, newfid=1, wname=("d", "big"), tag=2),
+                        py9p.Topen(fid=1, mode=0, tag=3)):
+                s.sendall(py9p.encode_message(msg))
+            reads = b"".join(py9p.encode_message(py9p.Tread(fid=1, offset=0, count=8000, tag=10 + i))
+                             for i in range(2000))
+            s.settimeout(2)
+            try:
+                s.sendall(reads)
+            except TimeoutError:
+                pass  # the server stopped reading: what we want
+
+        await in_thread(flood)
+        await asyncio.sleep(0.3)
+        (writer,) = world.srv._clients.values()
+        assert writer.transport.get_write_buffer_size() < 256 * 1024
+
+
 async def test_oversized_and_malformed_frames(world):
     def session():
         with raw_connect(world.sock) as s:

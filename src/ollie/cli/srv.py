@@ -25,7 +25,8 @@ def register(sub) -> None:
             a.add_argument("--no-mount", action="store_true", help="serve 9P only")
             a.add_argument("--tcp", metavar="[HOST:]PORT", help="also serve 9P on TCP (loopback unless a host is "
                                                                 "given); needs a token")
-            a.add_argument("--token", help="the TCP token (default: generated, in <socket>.token)")
+            a.add_argument("--token", help="the TCP token (default: $OLLIE_9P_TOKEN, else generated; "
+                                            "written to <socket>.token)")
         a.set_defaults(func=func)
 
 
@@ -42,7 +43,7 @@ def _options(args: argparse.Namespace):
     if getattr(args, "tcp", None):
         host, _, port = args.tcp.rpartition(":")
         opts.tcp = (host or "127.0.0.1", int(port))
-        opts.token = args.token or os.environ.get("OLLIE_TOKEN", "")
+        opts.token = args.token or os.environ.get("OLLIE_9P_TOKEN", "")
     return opts
 
 
@@ -93,7 +94,7 @@ def _start(args: argparse.Namespace) -> int:
         argv += ["--tcp", f"{opts.tcp[0]}:{opts.tcp[1]}"]
     env = dict(os.environ)
     if opts.token:
-        env["OLLIE_TOKEN"] = opts.token  # not on the command line, where ps shows it
+        env["OLLIE_9P_TOKEN"] = opts.token  # not on the command line, where ps shows it
     r, w = os.pipe()
     env["OLLIE_SRV_READY_FD"] = str(w)
     with open(opts.log_file, "ab") as logf:

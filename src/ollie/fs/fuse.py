@@ -37,6 +37,12 @@ INTERRUPT_CHECK = 0.2  # seconds between checks for an interrupted request while
 # are honest (`tail -f chat`, polling `reply`'s size); failed lookups never are, so a new session
 # shows at once.
 ENTRY_TIMEOUT = 1.0
+# Each request holds a libfuse thread until answered, and a `statewait` read blocks for up to 5 s:
+# libfuse's default of 10 threads would let ten waiting readers stall the whole mount. Threads left
+# idle after a burst end beyond MAX_IDLE_THREADS (setting it also silences libfuse 3.14's spurious
+# "Ignoring invalid max threads value 4294967295" about its own default).
+MAX_THREADS = 256
+MAX_IDLE_THREADS = 16
 
 
 def _mfusepy():
@@ -152,7 +158,8 @@ class Operations:
         return 0
 
     def truncate(self, path: str, length: int, fh: Any = None) -> int:
-        self._run(self.ns.truncate(path, length))
+        handle = self.handles.get(fh.fh) if fh is not None else None  # ftruncate(2): that open file
+        self._run(handle.truncate(length) if handle is not None else self.ns.truncate(path, length))
         return 0
 
     def mkdir(self, path: str, mode: int) -> int:
@@ -184,6 +191,16 @@ class Operations:
         return {"f_bsize": 4096, "f_frsize": 4096, "f_namemax": 255}
 
 
+def _fuse_class():
+    class FUSE(_mfusepy().FUSE):
+        def truncate_fuse_3(self, path, length, fip):
+            """mfusepy drops the open file of an ftruncate(2); pass it on (vim truncates the
+            descriptor it opened, and a/ configs and prompts are buffered per open file)."""
+            return self.ftruncate(path, length, fip)
+
+    return FUSE
+
+
 class Mount:
     """A namespace (local, or another server's over 9P) mounted at `path` by a FUSE thread;
     `unmount()` ends it."""
@@ -209,9 +226,9 @@ class Mount:
 
         def run() -> None:
             try:
-                _mfusepy().FUSE(ops, self.path, raw_fi=True, foreground=True, fsname="ollie", subtype="ollie",
+                _fuse_class()(ops, self.path, raw_fi=True, foreground=True, fsname="ollie", subtype="ollie",
                                 intr=True, attr_timeout=0, entry_timeout=ENTRY_TIMEOUT, negative_timeout=0,
-                                max_threads=256)
+                                max_threads=MAX_THREADS, max_idle_threads=MAX_IDLE_THREADS)
             except BaseException as e:  # noqa: BLE001 - reported to start() / the log
                 self._error = e
             finally:

@@ -23,6 +23,7 @@ A Handle is one open of one file:
     n    = await h.write(offset, data)   # may raise FsError: control files act per complete line,
                                          # here, so the writing process sees the failure (shells
                                          # never check close())
+    await h.truncate(size)               # ftruncate(2) of this open file (FUSE, 9P wstat of an open fid)
     await h.flush()                      # a close(2) of a descriptor (FUSE flush, 9P clunk): acts on
                                          # pending data (`prompt` submits); may raise FsError. It acts
                                          # only on what was written, so FUSE skips it (noflush) for
@@ -31,16 +32,17 @@ A Handle is one open of one file:
 
 Mapping onto the protocols:
   FUSE  getattr→stat, readdir→list, open→open, create→create, read/write→read/write, flush→flush,
-        release→release, unlink/rmdir→remove, rename→rename, truncate→truncate, mkdir→mkdir.
+        release→release, unlink/rmdir→remove, rename→rename, mkdir→mkdir, truncate→truncate
+        (ftruncate→the handle's truncate).
         Handles with `direct_io` true are opened with direct_io (no page cache, size not trusted).
   9P    walk→stat of each element, open→open (OTRUNC→TRUNC), create→create or mkdir (DMDIR),
         read of a directory→list, read/write→read/write, clunk→flush then release (a flush error
         becomes the Rclunk's Rerror), remove→remove, stat→stat, wstat: name→rename within the
-        parent, length→truncate. Tflush cancels the task running the read.
+        parent, length→truncate (of the handle, on an open fid). Tflush cancels the task running the read.
 
 Stores implement Dir (`lookup` is synchronous and side-effect free, `list`/`create`/`remove`/
-`rename` are async) and File (`stat`, `open`, `truncate`). Errors are FsError(errno, message); the message is for humans (9P's Rerror ename, the server log),
-the errno for FUSE.
+`rename` are async) and File (`stat`, `open`, `truncate`). Errors are FsError(errno, message): the
+message is for humans (9P's Rerror ename, the server log), the errno for FUSE.
 """
 
 from __future__ import annotations
@@ -102,6 +104,9 @@ class Handle:
 
     async def write(self, offset: int, data: bytes) -> int:
         raise FsError(E.EBADF, "not open for writing")
+
+    async def truncate(self, size: int) -> None:
+        """Synthetic content ignores truncation, as File.truncate does."""
 
     async def flush(self) -> None:
         return None

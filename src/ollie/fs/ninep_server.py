@@ -5,8 +5,9 @@
     await srv.close()
 
 Every request runs as its own task, so a blocked read (statewait) holds up nothing else; replies are
-written whole, one frame at a time. Tflush cancels the flushed request's task. A client that hangs up
-has all its tasks cancelled and its open files released.
+written whole, one frame at a time; while they pile up unread no request is read or served. Tflush
+cancels the flushed request's task. A client that hangs up has all its tasks cancelled and its open
+files released.
 
 TCP requires a token: each Tattach must carry it as its `aname` (compared in constant time). Tauth is
 refused; a token in aname works with any 9P client, where an auth file would need a custom dialogue.
@@ -98,6 +99,7 @@ class _Connection:
     async def run(self) -> None:
         try:
             while True:
+                await self._drained()
                 frame = await P.read_frame(self.reader, self.msize or P.MAX_MSIZE)
                 await self._dispatch(frame)
         except (EOFError, ConnectionError):
@@ -125,6 +127,7 @@ class _Connection:
 
     async def _serve(self, msg: P.Message) -> None:
         try:
+            await self._drained()
             handler = _HANDLERS.get(type(msg))
             if handler is None:
                 raise FsError(E.EINVAL, f"unexpected message {type(msg).__name__}")
@@ -154,6 +157,14 @@ class _Connection:
         if self.writer.is_closing():
             return
         self.writer.write(frame)  # one whole frame per write: replies never interleave
+        try:
+            await self.writer.drain()
+        except ConnectionError:
+            pass
+
+    async def _drained(self) -> None:
+        """Wait while replies pile up unread: a client that does not read them gets no more of its
+        requests read or served, so what the server holds for it stays bounded."""
         try:
             await self.writer.drain()
         except ConnectionError:
@@ -344,7 +355,10 @@ class _Connection:
             if getattr(want, attr) not in (unchanged, getattr(have, attr)):
                 raise FsError(E.EPERM, f"{fid.path}: cannot change {attr}")
         if want.length != 0xFFFFFFFFFFFFFFFF and want.length != have.length:
-            await self.ns.truncate(fid.path, want.length)
+            if fid.handle is not None:
+                await fid.handle.truncate(want.length)
+            else:
+                await self.ns.truncate(fid.path, want.length)
         if want.name and want.name != have.name:
             new = _join(fid.path.rsplit("/", 1)[0], want.name)
             await self.ns.rename(fid.path, new)

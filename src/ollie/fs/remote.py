@@ -90,6 +90,10 @@ class RemoteHandle(Handle):
         return n
 
     @_fs_errors
+    async def truncate(self, size: int) -> None:
+        await self.client.wstat(await self._open_fid(), P.Stat.unchanged(length=size))
+
+    @_fs_errors
     async def flush(self) -> None:
         if self._dirty and self.fid is not None:
             fid, self.fid, self._dirty = self.fid, None, False

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import errno as E
+import json
 import logging
 import os
 import shlex
@@ -51,6 +52,7 @@ class Session:
         self._changed = asyncio.Event()
         self.offset: int | None = None
         self.prompt_prev = ""
+        self._stored: tuple[str, str] | None = None  # (reply, last prompt) while asleep, read once
         if core is not None:
             self._attach(core)
 
@@ -120,7 +122,24 @@ class Session:
 
     @property
     def reply(self) -> str:
-        return "" if self.core is None or self._pending else self.core.reply
+        if self.core is None:
+            return self.stored()[0]
+        return "" if self._pending else self.core.reply
+
+    def stored(self) -> tuple[str, str]:
+        """The reply and the last prompt of a session that has not woken, from its stored history:
+        a restart must not empty `reply` (scripts poll its size), and reading it must not wake."""
+        if self._stored is None:
+            from ..agent.core import last_reply
+            from ..agent.session import SessionStore
+
+            try:
+                messages = SessionStore(self.id).load_history()
+            except OllieError:
+                messages = []  # a corrupt history is reported when the session wakes, not by `ls`
+            users = [m.content for m in messages if m.role == "user"]
+            self._stored = (last_reply(messages), users[-1] if users else "")
+        return self._stored
 
     @property
     def running(self) -> bool:
@@ -158,7 +177,8 @@ class Session:
     async def enqueue(self, text: str) -> None:
         """`fifo.in`: queue the prompt; when idle, start the oldest queued one."""
         core = await self.wake()
-        if not text.strip():
+        text = text.strip()  # as `prompt` does: the newline echo adds is not part of the prompt
+        if not text:
             return
         core.queue(text)
         if not self.running:
@@ -226,17 +246,37 @@ class Sessions:
             raise FsError(E.EEXIST, f"session {name!r} already exists")
         return name
 
+    def check_spec(self, spec: dict[str, str]) -> None:
+        """What can be known wrong in a new session's spec before making it: the writer of `s/new`
+        hears of it at its write (the session is made at close, whose error shells ignore)."""
+        from .. import backends
+
+        if unknown := sorted(set(spec) - set(NEW_KEYS)):
+            raise FsError(E.EINVAL, f"unknown key {unknown[0]!r}; keys: {', '.join(NEW_KEYS)}")
+        if spec.get("name"):
+            self.check_name(spec["name"])
+        if spec.get("cwd") and not os.path.isdir(self._cwd(spec)):
+            raise FsError(E.ENOENT, f"cwd {self._cwd(spec)!r} is not a directory")
+        if spec.get("backend") and spec["backend"] not in backends.names():
+            known = ", ".join(backends.names())
+            raise FsError(E.EINVAL, f"unknown backend {spec['backend']!r}; backends: {known}")
+        if spec.get("agent"):
+            try:
+                config.load_agent(spec["agent"])
+            except ConfigError as e:
+                raise FsError(E.EINVAL, str(e)) from None
+
+    def _cwd(self, spec: dict[str, str]) -> str:
+        return os.path.join(self.default_cwd, os.path.expanduser(spec.get("cwd") or "."))
+
     async def new(self, spec: dict[str, str]) -> Session:
         """Create a session: keys agent, cwd, backend, model, name (empty values mean default)."""
         from ..agent import open_session
 
-        if unknown := sorted(set(spec) - set(NEW_KEYS)):
-            raise FsError(E.EINVAL, f"unknown key {unknown[0]!r}; keys: {', '.join(NEW_KEYS)}")
         async with self._lock:
+            self.check_spec(spec)
             name = spec.get("name") or ""
-            if name:
-                self.check_name(name)
-            cwd = os.path.join(self.default_cwd, os.path.expanduser(spec.get("cwd") or "."))
+            cwd = self._cwd(spec)
             try:
                 core = await open_session(agent=spec.get("agent") or None, cwd=cwd,
                                           backend=spec.get("backend") or None, model=spec.get("model") or None)
@@ -323,8 +363,8 @@ NEW_TEMPLATE = "".join(f"{k}=\n" for k in ("name", "cwd", "backend", "model", "a
 
 class NewHandle(SnapshotHandle):
     """s/new: `k=v` lines (the template, filled in) create a session when closed; each line is
-    checked as it is written, so an unknown key fails the write. Reading gives the template, or
-    the new session's id once one was created."""
+    checked as it is written, so an unknown key, a bad name, cwd, backend or agent fails the write.
+    Reading gives the template, or the new session's id once one was created."""
 
     def __init__(self, sessions: Sessions):
         super().__init__(lambda: self._answer or NEW_TEMPLATE)
@@ -348,8 +388,7 @@ class NewHandle(SnapshotHandle):
 
     def _take(self, raw: bytes) -> None:
         spec = parse_kv(raw.decode(errors="replace"))
-        if unknown := sorted(set(spec) - set(NEW_KEYS)):
-            raise FsError(E.EINVAL, f"unknown key {unknown[0]!r}; keys: {', '.join(NEW_KEYS)}")
+        self._sessions.check_spec(spec)
         self._spec.update(spec)
 
     async def flush(self) -> None:
@@ -509,37 +548,55 @@ def _line(s: str) -> str:
     return s if not s or s.endswith("\n") else s + "\n"
 
 
-def _cfg_text(core: Core) -> str:
-    lines = [f"state={core.state}", f"backend={core.backend_name}", f"model={core.model}",
-             f"agent={core.agent_name}", f"cwd={core.cwd}"]
+def _cfg_values(core: Core) -> dict[str, str]:
+    """What `cfg` shows, in the form a write takes back (lists comma-separated, objects as JSON)."""
+    values = {"state": core.state, "backend": core.backend_name, "model": core.model, "agent": core.agent_name,
+              "cwd": core.cwd}
     for key in GENERATION_PARAM_TYPES:
-        v = getattr(core.params, key)
-        lines.append(f"{key}=" + ("" if v is None else ",".join(v) if isinstance(v, list) else str(v)))
-    return "\n".join(lines) + "\n"
+        values[key] = _param_text(getattr(core.params, key))
+    return values
+
+
+def _param_text(v: object) -> str:
+    if v is None:
+        return ""
+    if isinstance(v, list):
+        return ",".join(v)
+    return json.dumps(v) if isinstance(v, dict) else str(v)
+
+
+def _cfg_text(core: Core) -> str:
+    return "".join(f"{k}={v}\n" for k, v in _cfg_values(core).items())
 
 
 async def _cfg_set(session: Session, line: str) -> None:
+    """One `key=value` line, the value being the rest of the line (so an object in JSON fits). A
+    value equal to what cfg shows changes nothing: an editor writes the whole file back."""
     core = await session.wake()
-    for key, value in parse_kv(line).items():
-        if key == "state":
-            raise FsError(E.EINVAL, "state is read-only")
-        if key in ("backend", "model", "agent", "cwd") or key in GENERATION_PARAM_TYPES:
-            if core.running:
-                raise FsError(E.EBUSY, f"cannot change {key} while a turn is running; echo stop > ctl first")
-        match key:
-            case "backend":
-                await core.set_backend(value)
-            case "model":
-                await core.set_model(value)
-            case "agent":
-                await core.set_agent(value)
-            case "cwd":
-                core.set_cwd(value)
-            case _ if key in GENERATION_PARAM_TYPES:
-                core.set_param(key, value)
-            case _:
-                known = ", ".join(["backend", "model", "agent", "cwd", *GENERATION_PARAM_TYPES])
-                raise FsError(E.EINVAL, f"unknown key {key!r}; keys: {known}")
+    key, sep, value = line.partition("=")
+    key, value = key.strip(), value.strip()
+    if not sep or not key:
+        raise FsError(E.EINVAL, f"expected key=value, got {line!r}")
+    current = _cfg_values(core)
+    if key not in current:
+        raise FsError(E.EINVAL, f"unknown key {key!r}; keys: {', '.join(k for k in current if k != 'state')}")
+    if current[key] == value:
+        return
+    if key == "state":
+        raise FsError(E.EINVAL, "state is read-only")
+    if core.running:
+        raise FsError(E.EBUSY, f"cannot change {key} while a turn is running; echo stop > ctl first")
+    match key:
+        case "backend":
+            await core.set_backend(value)
+        case "model":
+            await core.set_model(value)
+        case "agent":
+            await core.set_agent(value)
+        case "cwd":
+            core.set_cwd(value)
+        case _:
+            core.set_param(key, value)
 
 
 async def _env_set(session: Session, line: str) -> None:
@@ -624,8 +681,10 @@ def _mcp_text(servers: dict) -> str:
 
 
 def _prompt_prev(session: Session) -> str:
-    if session.prompt_prev or session.core is None:
+    if session.prompt_prev:
         return session.prompt_prev
+    if session.core is None:
+        return session.stored()[1]
     users = [m.content for m in session.core.messages if m.role == "user"]
     return users[-1] if users else ""
 

@@ -125,6 +125,9 @@ class OnCloseHandle(SnapshotHandle):
         self._dirty = True
         return len(data)
 
+    async def truncate(self, size: int) -> None:
+        del self._buf[size:]  # vim opens without O_TRUNC, then ftruncates and writes
+
     async def flush(self) -> None:
         if self._dirty:
             text, self._dirty = self._buf.decode(errors="replace"), False
@@ -173,6 +176,9 @@ class DiskHandle(Handle):
 
     async def write(self, offset: int, data: bytes) -> int:
         return os.pwrite(self._fd, data, offset)
+
+    async def truncate(self, size: int) -> None:
+        os.ftruncate(self._fd, size)
 
     async def release(self) -> None:
         os.close(self._fd)
@@ -330,12 +336,14 @@ class DiskDir(Dir):
 
 
 def validate_agent(name: str, text: str) -> None:
-    """Agent configs (a/<name>.json) must parse and validate before they replace anything."""
+    """Agent configs (a/<name>.json) must parse and validate before they replace anything. Other
+    names are plain files, ignored by the agent loader: the temporary file that `sed -i` or an
+    editor writes before renaming it over a config (the rename validates)."""
     from .. import config
 
     stem, dot, ext = name.rpartition(".")
     if not dot or ext != "json" or not stem:
-        raise FsError(E.EINVAL, f"{name}: agent configs are named <agent>.json")
+        return
     try:
         data = json.loads(text)
     except json.JSONDecodeError as e:
