@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-import os
+import signal
 import subprocess
 import sys
 
@@ -109,3 +109,70 @@ def test_run_on_the_embedded_model_by_default_makes_a_real_tool_call(tmp_path):
     assert out.returncode == 0, out.stderr
     assert '-> execute_code({"steps": [{"code": "ls | wc -l"}]})\n3\n' in out.stdout
     assert out.stdout.startswith("assistant:") or out.stdout.startswith("->")
+
+
+def test_ctrl_c_stops_the_turn_at_once_keeps_what_it_completed_and_exits_130(script, tmp_path):
+    path = script([
+        {"tool_calls": [{"name": "execute_code", "arguments": {"steps": [{"code": "echo first"}]}}]},
+        {"delay": 60, "text": "too late"},
+    ])
+    proc = subprocess.Popen([*OLLIE, "run", "--script", path, "--cwd", str(tmp_path), "go"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().startswith("-> execute_code(")
+        assert proc.stdout.readline() == "first\n"  # the slow second step has begun
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=30)  # not 60 s: the delay is cut short
+    finally:
+        proc.kill()
+        proc.wait()
+    assert proc.returncode == 130, err
+    assert ":: interrupted" in out and "too late" not in out
+    sid = err.split("session: ")[1].split()[0]
+    assert f"ollie: interrupted; the session is saved (continue with --session {sid})" in err
+    shown = ollie("sessions", "show", sid).stdout
+    assert "user: go\n" in shown and "first\n" in shown
+
+
+def test_a_script_with_turns_never_requested_fails_the_run(script):
+    out = ollie("run", "--script", script([{"text": "one"}, {"text": "two"}]), "hi")
+    assert out.returncode == 1
+    assert out.stderr.splitlines()[-1] == "ollie: scripted backend: 1 turn(s) never requested: {'text': 'two'}"
+
+
+def test_script_implies_the_scripted_backend_and_refuses_another(script):
+    path = script([{"text": "scripted answer"}])
+    ok = ollie("run", "--script", path, "hi")
+    assert ok.returncode == 0 and "scripted answer" in ok.stdout, ok.stderr
+    wrong = ollie("run", "--backend", "local", "--script", path, "hi")
+    assert wrong.returncode == 1
+    assert wrong.stderr == "ollie: --script is for --backend scripted, not --backend local\n"
+    missing = ollie("run", "--script", "/nonexistent/turns.yaml", "hi")
+    assert missing.returncode == 1
+    assert missing.stderr == "ollie: scripted backend: cannot read script /nonexistent/turns.yaml: No such file or directory\n"
+
+
+def test_bad_prompts_and_session_ids_are_refused_before_anything_starts(script, ollie_dirs):
+    path = script([{"text": "never"}])
+    empty = ollie("run", "--script", path, "  ")
+    assert (empty.returncode, empty.stderr) == (2, "ollie run: the prompt is empty\n")
+    typo = ollie("run", "--script", path, "--session", "1234-abcdef", "hi")
+    assert typo.returncode == 1 and "no stored session '1234-abcdef'" in typo.stderr
+    for argv in (["run", "--script", path, "--session", "../x", "hi"], ["sessions", "show", "../x"]):
+        bad = ollie(*argv)
+        assert bad.returncode == 1 and bad.stderr.startswith("ollie: invalid session id '../x'"), bad.stderr
+    assert not (ollie_dirs / "data" / "sessions").exists() or not any((ollie_dirs / "data" / "sessions").iterdir())
+
+
+def test_json_output_still_names_the_session_on_stderr(script):
+    out = ollie("run", "--json", "--script", script([{"text": "hi"}]), "hello")
+    assert out.returncode == 0, out.stderr
+    sid = out.stderr.split("session: ")[1].split()[0]
+    assert "assistant: hi" in ollie("sessions", "show", sid).stdout
+
+
+def test_a_data_directory_that_cannot_be_created_is_one_line_not_a_traceback(script, monkeypatch):
+    monkeypatch.setenv("OLLIE_DATA_PATH", "/proc/ollie-data")
+    out = ollie("run", "--script", script([{"text": "hi"}]), "hello")
+    assert out.returncode == 1
+    assert out.stderr.startswith("ollie: /proc/ollie-data: ") and "Traceback" not in out.stderr

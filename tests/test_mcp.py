@@ -165,6 +165,15 @@ async def test_http_and_sse_servers_list_call_and_fail_at_once_when_killed_mid_c
         await d.close()
 
 
+async def test_an_unreachable_http_server_is_named_by_its_url():
+    url = "http://127.0.0.1:1/mcp"  # nothing listens on port 1
+    d, infos = await connect({"docs": {"url": url}})
+    try:
+        assert len(infos) == 1 and infos[0].startswith("mcp server docs failed: ") and infos[0].endswith(f"({url})")
+    finally:
+        await d.close()
+
+
 async def test_servers_that_fail_to_start_exit_hang_or_answer_garbage_leave_the_others_working():
     servers = {
         "calc": calc(),
@@ -188,10 +197,12 @@ async def test_servers_that_fail_to_start_exit_hang_or_answer_garbage_leave_the_
         status = await d.server_status()
         assert status["calc"].error == "" and "add" in status["calc"].tools
         assert status["exits"].error.startswith("the server closed the connection") and status["exits"].tools == {}
-        assert "unset" not in status  # a config error registers nothing
+        # a bad entry stays listed with its reason, for /mcp and for the model that calls its tools
+        assert status["unset"].error.startswith("mcpServers.unset.command: ${OLLIE_TEST_UNSET} is not set")
         assert (await call(d, "add", a=1, b=1)).text() == "2"
         result = await call(d, "query_db")
         assert result.is_error and "server hangs is unavailable: no answer within 1 s" in result.text()
+        assert "server unset is unavailable: mcpServers.unset.command" in result.text()
     finally:
         await d.close()
 

@@ -293,8 +293,8 @@ class Client:
 
     def _fail(self, reason: str) -> None:
         if self.error in ("", "not connected"):
-            tail = self._stderr_tail()
-            self.error = f"{reason} (stderr: {tail})" if tail else reason
+            detail = f"stderr: {tail}" if (tail := self._stderr_tail()) else self.spec.url
+            self.error = f"{reason} ({detail})" if detail else reason
 
     def _log_size(self) -> int:
         try:
@@ -347,4 +347,12 @@ class _ClientServer:
 
 def new_server(client: Client) -> Server:
     """Wrap an MCP client as a tool server (the dispatcher routes to it like to any other)."""
+    return _ClientServer(client)
+
+
+def failed_server(name: str, reason: str) -> Server:
+    """A declared server that cannot even start (a bad `mcpServers` entry): it stays listed, and
+    answers calls, with its reason."""
+    client = Client(ServerSpec(name, "stdio"))
+    client.error = reason
     return _ClientServer(client)

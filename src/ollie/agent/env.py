@@ -40,6 +40,7 @@ async def build_agent_env(cfg: AgentConfig, dispatcher: Dispatcher, cwd: str) ->
             try:
                 spec = mcp.parse_spec(name, raw, cwd)
             except Exception as e:  # ConfigError: the rest of the agent still works
+                dispatcher.add_server(name, mcp.failed_server(name, str(e)))
                 env.infos.append(f"mcp server {name} failed: {e}")
                 continue
             client = mcp.Client(spec)

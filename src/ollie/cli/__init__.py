@@ -5,7 +5,10 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ..agent.session import SessionStore
 
 # Subcommands that live in their own module; each module has `register(subparsers)`.
 _MODULES = ("tools", "srv", "mount")
@@ -27,7 +30,11 @@ def main(argv: list[str] | None = None) -> int:
     except OllieError as e:
         print(f"ollie: {e}", file=sys.stderr)
         return 1
+    except OSError as e:  # e.g. a data directory that cannot be created
+        print(f"ollie: {e.filename}: {e.strerror}" if e.filename else f"ollie: {e}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
+        print("ollie: interrupted", file=sys.stderr)
         return 130
 
 
@@ -69,13 +76,40 @@ def build_parser() -> argparse.ArgumentParser:
 def _backend_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--backend", help="backend name (see `ollie backends`; default OLLIE_BACKEND)")
     p.add_argument("--model", help="model name (default OLLIE_MODEL or the backend's default)")
-    p.add_argument("--script", help="with --backend scripted: the script file (JSON or YAML)")
+    p.add_argument("--script", help="a script of model turns (JSON or YAML) for the scripted backend, which it implies")
+
+
+def _backend(args: argparse.Namespace) -> str | None:
+    """The backend asked for: --script implies the scripted one, and makes no sense with another."""
+    from ..types import ConfigError
+
+    if args.script and args.backend not in (None, "scripted"):
+        raise ConfigError(f"--script is for --backend scripted, not --backend {args.backend}")
+    return "scripted" if args.script else args.backend
+
+
+def _stored_session(sid: str) -> SessionStore:
+    """The SessionStore of an existing session; a ConfigError saying what is wrong otherwise."""
+    from ..agent.session import SessionStore
+    from ..types import ConfigError
+
+    try:
+        store = SessionStore(sid)
+    except ValueError as e:  # a malformed id
+        raise ConfigError(str(e)) from None
+    store.load_meta()  # names the session when it does not exist
+    return store
 
 
 def _run(args: argparse.Namespace) -> int:
     import asyncio
 
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
+    if not prompt.strip():
+        print("ollie run: the prompt is empty", file=sys.stderr)
+        return 2
+    if args.session:
+        _stored_session(args.session)  # a typo must not start a new, empty conversation
     return asyncio.run(_run_async(args, prompt))
 
 
@@ -103,35 +137,52 @@ async def _run_async(args: argparse.Namespace, prompt: str) -> int:
             out.write(renderer.render(ev))
         out.flush()
 
-    core = await open_session(agent=args.agent, cwd=args.cwd, backend=args.backend, model=args.model,
+    core = await open_session(agent=args.agent, cwd=args.cwd, backend=_backend(args), model=args.model,
                               session_id=args.session, script=args.script, on_event=show)
+    interrupted = False
+
+    def interrupt() -> None:  # Ctrl-C stops the turn; what it completed is kept and saved
+        nonlocal interrupted
+        interrupted = True
+        core.interrupt()
+
     loop = asyncio.get_running_loop()
-    loop.add_signal_handler(signal.SIGINT, core.interrupt)
+    loop.add_signal_handler(signal.SIGINT, interrupt)
     try:
         await core.submit(prompt)
+        if not (errors or interrupted):
+            _check_script_consumed(core.backend, errors)
     finally:
         loop.remove_signal_handler(signal.SIGINT)
         await core.close()
-    if not args.json:
-        print(f"session: {core.session_id}", file=sys.stderr)
+    print(f"session: {core.session_id}", file=sys.stderr)
+    if interrupted:
+        print(f"ollie: interrupted; the session is saved (continue with --session {core.session_id})", file=sys.stderr)
+        return 130
     if errors:
         print(f"ollie: {errors[-1].splitlines()[0]}", file=sys.stderr)
         return 1
     return 0
 
 
+def _check_script_consumed(backend: Any, errors: list[str]) -> None:
+    """A scripted run fails when turns of its script were never requested."""
+    try:
+        getattr(backend, "assert_consumed", lambda: None)()
+    except AssertionError as e:
+        errors.append(str(e))
+
+
 def _sessions(args: argparse.Namespace) -> int:
     import time
 
-    from ..agent.session import SessionStore, list_stored
+    from ..agent.session import list_stored
 
     if args.action == "show":
         if not args.id:
             print("usage: ollie sessions show ID", file=sys.stderr)
             return 2
-        store = SessionStore(args.id)
-        store.load_meta()  # names the session when it does not exist
-        sys.stdout.write(store.chat_path.read_text())
+        sys.stdout.write(_stored_session(args.id).chat_path.read_text())
         return 0
     for m in list_stored():
         updated = time.strftime("%Y-%m-%d %H:%M", time.localtime(m.updated))
@@ -156,7 +207,7 @@ def _models(args: argparse.Namespace) -> int:
 
     async def list_models() -> list[str]:
         options: dict[str, Any] = {"script": args.script} if args.script else {}
-        be = backends.create(args.backend or backends.default_name(), args.model, **options)
+        be = backends.create(_backend(args) or backends.default_name(), args.model, **options)
         try:
             return sorted(await be.models())
         finally:
