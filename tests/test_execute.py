@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import select
 from pathlib import Path
 
 import pytest
@@ -36,16 +37,23 @@ async def run(work):
 
 
 def alive(marker: str) -> list[int]:
-    """Live (not zombie) processes whose command line contains `marker`."""
+    """Processes whose command line contains `marker` that are still running a moment later: a
+    killed process may take that moment to finish dying, an escaped one stays."""
     found = []
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
             state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+            if marker not in cmdline or state == "Z":
+                continue
+            pidfd = os.pidfd_open(int(pid))  # readable once the process has exited
         except (OSError, IndexError):
             continue
-        if marker in cmdline and state != "Z":
-            found.append(int(pid))
+        try:
+            if not select.select([pidfd], [], [], 2)[0]:
+                found.append(int(pid))
+        finally:
+            os.close(pidfd)
     return found
 
 
@@ -238,6 +246,15 @@ async def test_tool_with_an_uninstalled_interpreter(run, work):
     assert result.is_error and "no-such-lang" in result.text() and "not installed" in result.text()
 
 
+async def test_an_unreadable_tool_script_is_an_error_naming_it(work):
+    cwd, tmpdir, _ = work
+    server = execute.Decl(str(cwd))()
+    ctx = CallContext(cwd=str(cwd), tmpdir=str(tmpdir), env={"OLLIE_TOOLS_PATH": "/proc/self"})
+    result = await server.call_tool("execute_code", {"steps": [{"tool": "mem"}]}, ctx)  # a file whose read fails
+    assert result.is_error and result.text() == "steps[0].tool: cannot read /proc/self/mem: Input/output error"
+    await server.close()
+
+
 def test_read_safe_marks(work):
     _, _, tools = work
     script(tools, "peek", "#!/bin/sh\n# ollie:parallel read\ncat \"$1\"\n")
@@ -324,6 +341,10 @@ BAD = [
     ({"steps": [{"code": "touch ran"}], "sandbox": "../etc"}, "invalid sandbox name '../etc'"),
     ({"steps": [{"code": "touch ran"}], "sandbox": "nope"}, "no sandbox policy 'nope': create "),
     ({"code": "ls"}, "unknown argument 'code'; execute_code takes steps, timeout and sandbox"),
+    ({"steps": [{"code": "touch ran"}, {"code": "x", "language": ["bash"]}]},
+     "steps[1].language: unknown language ['bash']"),
+    ({"steps": [{"code": "touch ran"}, {"code": "echo a\0b"}]}, "steps[1].code: must not contain NUL characters"),
+    ({"steps": [{"code": "touch ran"}, {"tool": "t", "args": ["a\0b"]}]}, "steps[1].args: must not contain NUL"),
 ]
 
 
@@ -335,6 +356,18 @@ async def test_malformed_calls_fail_before_anything_runs(work, arguments, messag
     assert result.is_error and message in result.text(), result.text()
     assert not (cwd / "ran").exists()
     await server.close()
+
+
+async def test_null_arguments_count_as_not_given(run):
+    # Models filling every schema field send null for the ones they do not use.
+    result = await run({"code": "echo hi", "language": None, "tool": None, "args": None},
+                       {"parallel": [{"code": "cat", "tool": None}], "code": None}, timeout=None, sandbox=None)
+    assert not result.is_error and result.text() == "hi\n", result.text()
+
+
+def test_read_safe_refuses_malformed_steps_without_raising():
+    for steps in ([{"parallel": 5}], [{"parallel": None, "tool": "peek"}], [{"parallel": "ab"}], [[]], [5]):
+        assert execute.read_safe({"steps": steps}) is False
 
 
 async def test_missing_cwd_is_reported(work, tmp_path):

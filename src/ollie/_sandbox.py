@@ -22,6 +22,7 @@ import re
 import shutil
 import stat
 import sys
+import weakref
 from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -387,26 +388,34 @@ class Sandbox:
             raise SandboxError("this kernel has no Landlock (needs Linux 5.13+ with landlock in the lsm= list), "
                                "so execute_code cannot be sandboxed; set general.best_effort: true in "
                                f"{config.cfg_path() / 'sandbox.yaml'} to run without it")
-        self._ruleset = _build_ruleset(policy, abi) if abi else -1
-        self._restrict = (ctypes.c_long(_SYS_RESTRICT_SELF), ctypes.c_long(self._ruleset), ctypes.c_long(0)) \
-            if self._ruleset >= 0 else None
+        ruleset = _build_ruleset(policy, abi) if abi else -1
+        if ruleset >= 0:
+            # Closed when the last call using this sandbox lets go of it, never before: a process
+            # spawned with a closed ruleset's fd would run unconfined, or in another ruleset.
+            weakref.finalize(self, os.close, ruleset)
         self._exec_roots = tuple(os.path.realpath(p).rstrip("/") + "/"
                                  for p in policy.paths["rox"] + policy.paths["rwx"])
         self._search_paths: dict[str, str] = {}
         self._env_names = re.compile("|".join(fnmatch.translate(p) for p in policy.env) or "(?!)")
+        # The child's calls, with their C arguments built here: between fork and exec every page
+        # the child touches is copied, so it only loops over this tuple.
+        long = ctypes.c_long
+        calls = [(_libc.prctl, (long(_PR_SET_NO_NEW_PRIVS), long(1), long(0), long(0), long(0)), "no_new_privs")]
+        if ruleset >= 0:
+            calls.append((_libc.syscall, (long(_SYS_RESTRICT_SELF), long(ruleset), long(0)), "landlock_restrict_self"))
         seccomp = _SECCOMP[policy.unix_sockets]
-        self._seccomp = ctypes.byref(seccomp) if seccomp is not None else None
+        if seccomp is not None:
+            calls.append((_libc.prctl, (long(_PR_SET_SECCOMP), long(_SECCOMP_MODE_FILTER), ctypes.byref(seccomp)),
+                          "seccomp"))
+        calls.append((_libc.capset, (ctypes.byref(_CAP_HEADER), _NO_CAPS), "capset"))
+        self._child_calls = tuple(calls)
 
     def enter(self) -> None:
-        """Runs in the child between fork and exec: keep it to the prepared calls."""
-        if _libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
-            raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS)")
-        if self._restrict is not None and _libc.syscall(*self._restrict) != 0:
-            raise OSError(ctypes.get_errno(), "landlock_restrict_self")
-        if self._seccomp is not None and _libc.prctl(_PR_SET_SECCOMP, _SECCOMP_MODE_FILTER, self._seccomp) != 0:
-            raise OSError(ctypes.get_errno(), "seccomp")
-        if _libc.capset(ctypes.byref(_CAP_HEADER), _NO_CAPS) != 0:
-            raise OSError(ctypes.get_errno(), "capset")
+        """Runs in the child between fork and exec: no-new-privs, the Landlock ruleset, the
+        seccomp filter, no capabilities."""
+        for call, args, name in self._child_calls:
+            if call(*args) != 0:
+                raise OSError(ctypes.get_errno(), name)
 
     def search_path(self, path: str) -> str:
         """`path` without the directories the sandbox cannot execute from, so a program resolves
@@ -420,11 +429,6 @@ class Sandbox:
     def environ(self, source: Mapping[str, str]) -> dict[str, str]:
         """The variables of `source` that the policy lets in."""
         return {k: v for k, v in source.items() if self._env_names.match(k)}
-
-    def close(self) -> None:
-        if self._ruleset >= 0:
-            os.close(self._ruleset)
-            self._ruleset, self._restrict = -1, None
 
 
 class Sandboxes:
@@ -441,13 +445,11 @@ class Sandboxes:
         if box is None:
             box = self._cache[key] = Sandbox(load_policy(name, cwd, tmpdir, extra_rox))
             if len(self._cache) > self._size:
-                self._cache.popitem(last=False)[1].close()
+                self._cache.popitem(last=False)
         self._cache.move_to_end(key)
         return box
 
-    def close(self) -> None:
-        for box in self._cache.values():
-            box.close()
+    def clear(self) -> None:
         self._cache.clear()
 
 

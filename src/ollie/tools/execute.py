@@ -123,7 +123,7 @@ class Server:
         return await _run_pipeline(stages, job)
 
     async def close(self) -> None:
-        self._sandboxes.close()
+        self._sandboxes.clear()
         if self._scratch:
             shutil.rmtree(self._scratch, ignore_errors=True)
             self._scratch = ""
@@ -158,8 +158,11 @@ def read_safe(arguments: dict[str, Any], ctx: CallContext | None = None) -> bool
     steps = arguments.get("steps") if isinstance(arguments, dict) else None
     if not isinstance(steps, list) or not steps:
         return False
-    for step in steps:
-        for leaf in step.get("parallel", [step]) if isinstance(step, dict) else [None]:
+    for step in map(_given, steps):
+        leaves = step.get("parallel", [step]) if isinstance(step, dict) else None
+        if not isinstance(leaves, list):
+            return False
+        for leaf in leaves:
             if not isinstance(leaf, dict) or not isinstance(leaf.get("tool"), str):
                 return False
             script = _find_tool(leaf["tool"], tool_dirs)
@@ -196,9 +199,16 @@ class _Programs:
         return None
 
 
+def _given(value: Any) -> Any:
+    """An object without its null members: a model filling every field of the schema sends null
+    for the ones it means to leave out."""
+    return {k: v for k, v in value.items() if v is not None} if isinstance(value, dict) else value
+
+
 def _parse_arguments(arguments: Any) -> tuple[list[Any], float, str]:
     if not isinstance(arguments, dict):
         raise StepError("execute_code takes an object: {\"steps\": [...], \"timeout\": 30, \"sandbox\": \"default\"}")
+    arguments = _given(arguments)
     unknown = set(arguments) - {"steps", "timeout", "sandbox"}
     if unknown:
         raise StepError(f"unknown argument {sorted(unknown)[0]!r}; execute_code takes steps, timeout and sandbox")
@@ -217,7 +227,7 @@ def _parse_arguments(arguments: Any) -> tuple[list[Any], float, str]:
 def _parse_steps(steps: list[Any], programs: _Programs) -> list[_Stage]:
     stages = []
     for i, step in enumerate(steps):
-        where = f"steps[{i}]"
+        where, step = f"steps[{i}]", _given(step)
         if isinstance(step, dict) and "parallel" in step:
             if set(step) != {"parallel"}:
                 raise StepError(f"{where}: a parallel stage has only the key \"parallel\"")
@@ -231,6 +241,7 @@ def _parse_steps(steps: list[Any], programs: _Programs) -> list[_Stage]:
 
 
 def _parse_command(step: Any, where: str, programs: _Programs) -> _Command:
+    step = _given(step)
     if not isinstance(step, dict):
         raise StepError(f"{where}: must be an object like {{\"code\": \"ls\"}}, got {step!r}")
     if "parallel" in step:
@@ -250,9 +261,11 @@ def _code_command(step: dict[str, Any], where: str, programs: _Programs) -> _Com
     code, language = step["code"], step.get("language", "bash")
     if not isinstance(code, str):
         raise StepError(f"{where}.code: must be a string")
+    if "\0" in code:
+        raise StepError(f"{where}.code: must not contain NUL characters")
     if "args" in step:
         raise StepError(f"{where}: args belong to tool stages")
-    if language not in LANGUAGES:
+    if not isinstance(language, str) or language not in LANGUAGES:
         raise StepError(f"{where}.language: unknown language {language!r}; use one of {', '.join(LANGUAGES)}")
     names, flag = LANGUAGES[language]
     program = programs.which(names)
@@ -271,10 +284,15 @@ def _tool_command(step: dict[str, Any], where: str, programs: _Programs) -> _Com
         raise StepError(f"{where}.tool: invalid tool name {name!r}: give a script's file name, without '/' or '..'")
     if not isinstance(args, list) or not all(isinstance(a, str | int | float) and not isinstance(a, bool) for a in args):
         raise StepError(f"{where}.args: must be a list of strings")
+    if any("\0" in str(a) for a in args):
+        raise StepError(f"{where}.args: must not contain NUL characters")
     script = _find_tool(name, programs.tool_dirs)
     if script is None:
         raise StepError(f"{where}.tool: no tool script {name!r} in OLLIE_TOOLS_PATH ({':'.join(programs.tool_dirs)})")
-    interpreter = _shebang(script) or ["bash"]
+    try:
+        interpreter = _shebang(script) or ["bash"]
+    except OSError as e:
+        raise StepError(f"{where}.tool: cannot read {script}: {e.strerror}") from None
     program = programs.which((interpreter[0],))
     if program is None:
         raise StepError(f"{where}: tool {name} needs {interpreter[0]} (its shebang), which is not installed")
@@ -354,87 +372,128 @@ async def _run_pipeline(stages: list[_Stage], job: _Job) -> ToolResult:
 
 
 async def _run_command(cmd: _Command, stdin: bytes | None, job: _Job) -> _Outcome:
-    loop = asyncio.get_running_loop()
-    collector = _Collector(loop)
     data = cmd.stdin_code if cmd.stdin_code is not None else stdin
     try:
-        transport, _ = await loop.subprocess_exec(
-            lambda: collector, *job.wrapper, *cmd.argv,
-            stdin=subprocess.PIPE if data is not None else subprocess.DEVNULL,
+        popen = subprocess.Popen(
+            [*job.wrapper, *cmd.argv], stdin=subprocess.PIPE if data is not None else subprocess.DEVNULL,
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=job.cwd, env=job.env,
             start_new_session=True, preexec_fn=job.sandbox.enter)
+        process = _Process(popen, data or b"")
     except OSError as e:
         return _Outcome(b"", f"cannot run {cmd.argv[0]}: {e.strerror}")
     except subprocess.SubprocessError as e:  # enter() failed in the child
         return _Outcome(b"", f"could not enter the sandbox: {e}")
-    if data is not None:
-        stdin_pipe = transport.get_pipe_transport(0)
-        stdin_pipe.write(data)
-        stdin_pipe.write_eof()  # a process that never reads its input just loses it
     timed_out = False
     try:
         async with asyncio.timeout(job.timeout):
-            await collector.exited
+            await process.exited
     except TimeoutError:
         timed_out = True
     finally:
-        await _end(transport, collector)
-    output = bytes(collector.output)
+        await process.end()
+    output = bytes(process.output)
     if timed_out:
         return _Outcome(output, f"execution timeout after {job.timeout:g} seconds")
-    if collector.truncated:
+    if process.truncated:
         return _Outcome(output + b"\n[output truncated]", f"output exceeded {OUTPUT_CAP >> 20} MiB; the stage was stopped")
-    status = transport.get_returncode()
+    status = popen.returncode
     if status:
         why = f"exit status {status}" if status > 0 else f"killed by {signal.Signals(-status).name}"
         return _Outcome(output, f"execution failed: {why}")
     return _Outcome(output)
 
 
-async def _end(transport: asyncio.SubprocessTransport, collector: _Collector) -> None:
-    """Kill what is left of the process group and wait until its output is drained."""
-    _kill_group(collector.pid)
-    try:
-        # Only a process that escaped the group could hold the pipe open: don't wait on it forever.
-        await asyncio.wait({collector.closed}, timeout=2)
-    finally:
-        transport.close()
+class _Process:
+    """A started process served by the event loop's selector: its input written and its merged
+    output gathered (up to OUTPUT_CAP) through non-blocking pipes, its exit seen on a pidfd
+    (no watcher thread per child). When the process exits, its group is killed before it is
+    reaped: the unreaped leader keeps the group's id from being reused."""
 
-
-def _kill_group(pgid: int) -> None:
-    try:
-        os.killpg(pgid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass  # the group is already gone
-
-
-class _Collector(asyncio.SubprocessProtocol):
-    """Gathers merged stdout+stderr up to OUTPUT_CAP and reports exit and close."""
-
-    def __init__(self, loop: asyncio.AbstractEventLoop):
+    def __init__(self, popen: subprocess.Popen, data: bytes):
+        self.popen = popen
         self.output = bytearray()
         self.truncated = False
-        self.pid = 0
+        self._loop = loop = asyncio.get_running_loop()
         self.exited = loop.create_future()
-        self.closed = loop.create_future()
+        self._drained = loop.create_future()
+        try:
+            self._pidfd = os.pidfd_open(popen.pid)
+        except OSError:  # out of file descriptors: the process cannot be watched, so it must not run
+            os.killpg(popen.pid, signal.SIGKILL)
+            popen.wait()
+            raise
+        self._out = popen.stdout.fileno()  # type: ignore[union-attr]
+        os.set_blocking(self._out, False)
+        loop.add_reader(self._out, self._read)
+        loop.add_reader(self._pidfd, self._reap)
+        self._pending = memoryview(data)
+        if popen.stdin is not None:
+            os.set_blocking(popen.stdin.fileno(), False)
+            self._write()
 
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.pid = transport.get_pid()  # type: ignore[attr-defined]
+    def kill(self) -> None:
+        """SIGKILL the process group, while its leader is unreaped (so the id is still ours)."""
+        if self.popen.returncode is None:
+            try:
+                os.killpg(self.popen.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
 
-    def pipe_data_received(self, fd: int, data: bytes) -> None:
+    async def end(self) -> None:
+        """Kill what is left of the process group; wait until the output is drained and the
+        process reaped."""
+        self.kill()
+        self._close_stdin()
+        # Only a process that escaped the group could hold the pipe open: don't wait on it forever.
+        await asyncio.wait({self._drained, self.exited}, timeout=2)
+        if not self._drained.done():
+            self._close_output()
+
+    def _read(self) -> None:
+        try:
+            data = os.read(self._out, 1 << 16)
+        except BlockingIOError:
+            return
+        if not data:
+            self._close_output()
+            return
         room = OUTPUT_CAP - len(self.output)
         if len(data) > room and not self.truncated:
             self.truncated = True
-            _kill_group(self.pid)  # stop a runaway writer now rather than at its timeout
+            self.kill()  # stop a runaway writer now rather than at its timeout
         self.output += data[:room]
 
-    def process_exited(self) -> None:
-        if not self.exited.done():
-            self.exited.set_result(None)
+    def _write(self) -> None:
+        stdin = self.popen.stdin
+        assert stdin is not None
+        try:
+            self._pending = self._pending[os.write(stdin.fileno(), self._pending):]
+        except BlockingIOError:
+            pass
+        except OSError:  # the process stopped reading (EPIPE): it just loses its input
+            self._pending = memoryview(b"")
+        if self._pending:
+            self._loop.add_writer(stdin.fileno(), self._write)
+        else:
+            self._close_stdin()
 
-    def connection_lost(self, exc: Exception | None) -> None:
-        if not self.closed.done():
-            self.closed.set_result(None)
+    def _reap(self) -> None:
+        self._loop.remove_reader(self._pidfd)
+        os.close(self._pidfd)
+        self.kill()  # what the stage left behind dies with it
+        self.popen.wait()  # returns at once: the pidfd said the process has exited
+        self.exited.set_result(None)
+
+    def _close_stdin(self) -> None:
+        stdin = self.popen.stdin
+        if stdin is not None and not stdin.closed:
+            self._loop.remove_writer(stdin.fileno())
+            stdin.close()
+
+    def _close_output(self) -> None:
+        self._loop.remove_reader(self._out)
+        self.popen.stdout.close()  # type: ignore[union-attr]
+        self._drained.set_result(None)
 
 
 def _text(data: bytes) -> str:
