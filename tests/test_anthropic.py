@@ -161,6 +161,44 @@ async def test_thinking_streams_reasoning_and_its_signed_blocks_go_back_next_tim
     assert sent[:2] == [thought, redacted] and sent[2]["type"] == "tool_use"
 
 
+async def test_without_tools_past_calls_and_results_go_as_text(server):
+    """The API refuses tool_use/tool_result blocks in a request without tools: the Core's last
+    answer after the step budget is such a request."""
+    server.reply(wire.PATH, wire.stream([{"type": "text", "text": "summary"}]))
+    thought = {"type": "thinking", "thinking": "hm", "signature": "sig"}
+    history = [
+        Message("user", "go"),
+        Message("assistant", "Looking.", tool_calls=[ToolCall("t1", "execute_code", '{"code": "ls"}')],
+                provider_data={"anthropic_thinking": [thought]}),
+        Message("tool", "a.txt", tool_call_id="t1", is_error=True),
+        Message("user", "[The step budget is exhausted. Summarize.]"),
+    ]
+    await run(history, params=GenerationParams(reasoning_budget=2048))
+    msgs = server.requests[0].json["messages"]
+    assert msgs[1] == {"role": "assistant", "content": [
+        {"type": "text", "text": "Looking."}, {"type": "text", "text": '[Tool call: execute_code({"code": "ls"})]'}]}
+    assert msgs[2] == {"role": "user", "content": [
+        {"type": "text", "text": "[Tool result (error)]: a.txt"},
+        {"type": "text", "text": "[The step budget is exhausted. Summarize.]"}]}
+
+
+async def test_arguments_that_are_no_json_object_are_sent_as_an_object(server):
+    server.reply(wire.PATH, wire.stream([{"type": "text", "text": "ok"}]))
+    history = [Message("user", "go"),
+               Message("assistant", "", tool_calls=[ToolCall("t1", "execute_code", "[1, 2]"),
+                                                    ToolCall("t2", "execute_code", "{oops")]),
+               Message("tool", "bad", tool_call_id="t1"), Message("tool", "bad", tool_call_id="t2")]
+    await run(history, tools=[TOOL])
+    inputs = [b["input"] for b in server.requests[0].json["messages"][1]["content"]]
+    assert inputs == [{"_raw": "[1, 2]"}, {"_raw": "{oops"}]
+
+
+async def test_a_malformed_event_is_an_error_naming_the_provider(server):
+    server.reply(wire.PATH, stream_reply([b"event: message_start\ndata: {not json\n\n"]))
+    with pytest.raises(BackendError, match="anthropic: malformed stream event"):
+        await run([Message("user", "hi")])
+
+
 async def test_thinking_budget_larger_than_max_tokens_leaves_room_for_the_answer(server):
     server.reply(wire.PATH, wire.stream([{"type": "text", "text": "ok"}]))
     await run([Message("user", "hi")], params=GenerationParams(reasoning_budget=10000, max_tokens=4000))

@@ -30,7 +30,8 @@ async def fill(core, n):
 # ---- compaction ---------------------------------------------------------------------------------
 
 async def test_manual_compact_sends_the_flattened_history_and_replaces_it():
-    core, backend, _, events = await make_core([{"text": "SUMMARY: asked 3 questions"}])
+    core, backend, _, events = await make_core([
+        {"text": "SUMMARY: asked 3 questions", "usage": {"input_tokens": 50, "output_tokens": 6}}])
     core._commit([Message("user", "q0"), Message("assistant", "", tool_calls=[]), Message("user", "q1")])
     core._commit([Message("assistant", "a1"), Message("user", "q2"), Message("assistant", "a2")])
     before = list(core.messages)
@@ -43,6 +44,7 @@ async def test_manual_compact_sends_the_flattened_history_and_replaces_it():
     archived = (SessionStore(core.session_id).dir / "compaction.jsonl").read_text().splitlines()
     assert [m["content"] for m in json.loads(archived[0])["messages"]] == [m.content for m in before]
     assert [m.content for m in SessionStore(core.session_id).load_history()] == [core.messages[0].content]
+    assert core.usage() == "50 in, 6 out, 1 requests"  # the summary request is paid for too
     await core.close()
 
 
@@ -85,6 +87,26 @@ async def test_context_overflow_compacts_and_retries_the_turn_once():
     assert core.reply == "now it fits"
     assert [m.content for m in core.messages][-2:] == ["big question", "now it fits"]
     assert core.messages[0].content.startswith(SUMMARY_PREFIX)
+    backend.assert_consumed()
+    await core.close()
+
+
+async def test_overflow_after_tool_calls_keeps_the_turns_work_and_its_prompt_verbatim():
+    core, backend, server, events = await make_core([
+        {"tool_calls": [call("write")]},
+        {"error": {"type": "context_overflow", "message": "prompt is too long", "status": 400}},
+        {"text": "summary of the earlier talk"},
+        {"text": "finished", "expect": "written"},
+    ])
+    await fill(core, 3)
+    await core.submit("do the work")
+    assert "do the work" not in backend.requests[2][1].content  # only the earlier talk is summarised
+    assert [(m.role, m.content) for m in core.messages] == [
+        ("user", SUMMARY_PREFIX + "summary of the earlier talk"), ("user", "do the work"),
+        ("assistant", ""), ("tool", "written"), ("assistant", "finished")]
+    assert core.messages[3].tool_call_id == core.messages[2].tool_calls[0].id
+    assert [c[0] for c in server.calls] == ["write"]  # continued, not run again
+    assert core.reply == "finished"
     backend.assert_consumed()
     await core.close()
 
@@ -205,6 +227,42 @@ async def test_a_hanging_hook_is_killed_and_a_loud_one_truncated(monkeypatch, tm
     await core.close()
 
 
+async def test_hook_variables_are_capped_and_a_hook_that_cannot_start_is_a_warning(tmp_path):
+    out = tmp_path / "lengths"
+    cfg = AgentConfig(hooks={"preTurn": [f'printf %s "$OLLIE_PROMPT" | wc -c >> {out}'],
+                             "postTool": [f'printf %s "$OLLIE_RESULT" | wc -c >> {out}']})
+    core, backend, _, events = await make_core([
+        {"tool_calls": [call("echo", text="a\u0000b")]}, {"text": "ok"}, {"text": "still ok"}], cfg=cfg)
+    await core.submit("p" * 300_000)  # over the kernel's limit for one variable
+    assert core.reply == "ok"
+    assert out.read_text().split() == [str(hooks.VARIABLE_LIMIT), "2"]  # the NUL dropped
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    core.set_cwd(str(gone))
+    gone.rmdir()
+    await core.submit("again")
+    assert core.reply == "still ok" and core.state == "idle"
+    assert any("preTurn hook" in e.text and "could not start" in e.text for e in events if e.kind == "info")
+    await core.close()
+
+
+async def test_interrupt_during_a_turn_error_hook_ends_quietly():
+    cfg = AgentConfig(hooks={"turnError": ["sleep 30"]})
+    core, backend, _, events = await make_core([{"error": {"type": "other", "message": "boom"}}], cfg=cfg)
+    task = asyncio.create_task(core.submit("go"))
+    while not any(e.kind == "error" for e in events):
+        await asyncio.sleep(0.01)
+    await asyncio.sleep(0.1)  # the hook runs
+    assert core.interrupt()
+    await asyncio.wait_for(task, 5)  # submit returns: the interrupt is not raised into its caller
+    assert core.state == "idle" and kinds_of(events)[-3:] == ["error", "info", "done"]
+    await core.close()
+
+
+def kinds_of(events):
+    return [e.kind for e in events if e.kind not in ("state", "usage")]
+
+
 # ---- slash commands -----------------------------------------------------------------------------
 
 async def run(core, events, line):
@@ -278,3 +336,24 @@ async def test_usage_and_cost_survive_a_restart():
     assert again.usage() == "1000 in, 100 out, 1 requests"
     assert again.cost() == cost_before and "costSession=$0.250000" in cost_before
     await again.close()
+
+
+async def test_inject_replace_inject_and_queue_commands():
+    core, backend, server, events = await make_core([
+        {"tool_calls": [call("sleep", seconds=0.3)]},
+        {"text": "saw it", "expect": "<system-user-interruption>second thought</system-user-interruption>"},
+        {"text": "later done", "expect": "later please"},
+    ])
+    task = asyncio.create_task(core.submit("start"))
+    while server.running == 0:
+        await asyncio.sleep(0.01)
+    assert await run(core, events, "/i first thought") == "injected"
+    assert await run(core, events, "/irw second thought") == "injected (replacing)"
+    assert await run(core, events, "/q later please") == "queued (1 waiting)"
+    assert await run(core, events, "/i") == "/i: usage: /i <message>"
+    await task
+    assert core.reply == "later done"
+    assert "first thought" not in json.dumps([m.to_dict() for m in core.messages])
+    backend.assert_consumed()
+    assert await run(core, events, "/i when idle") == "queued" and core.queued() == ["when idle"]
+    await core.close()

@@ -208,15 +208,17 @@ async def test_failing_rounds_nudge_at_five_and_stop_at_ten():
 
 async def test_max_steps_ends_with_a_final_answer_without_tools():
     cfg = AgentConfig(max_steps=2)
-    core, backend, _, events = await make_core([
+    core, backend, server, events = await make_core([
         {"tool_calls": [call("echo", text="1")]},
         {"tool_calls": [call("echo", text="2")]},
-        {"text": "summary of work", "expect": "step budget"},
+        {"text": "summary of work", "expect": "step budget", "tool_calls": [call("echo", text="3")]},
     ], cfg=cfg)
     await core.submit("go")
     assert core.reply == "summary of work"
     assert backend.tools_seen[-1] == [] and backend.tools_seen[0] != []
     assert "maxsteps" in kinds(events)
+    # A call in the last answer is dropped: it could never get a result, which providers refuse.
+    assert core.messages[-1].tool_calls == [] and len(server.calls) == 2
     await core.close()
 
 
@@ -283,12 +285,22 @@ async def test_close_removes_only_its_own_tmpdir():
     await b.close()
 
 
-async def test_spending_cap_stops_the_turn(monkeypatch):
+async def test_spending_cap_is_checked_before_every_request_and_keeps_what_was_paid_for(monkeypatch):
     monkeypatch.setenv("OLLIE_MAX_SESSION_COST", "0.01")
-    core, backend, _, events = await make_core([{"text": "pricey", "usage": {"input_tokens": 10, "cost": 0.5}}])
+    core, backend, server, events = await make_core([
+        {"tool_calls": [call("echo", text="paid")], "usage": {"input_tokens": 10, "cost": 0.5}},
+    ])
     await core.submit("go")
-    assert any("OLLIE_MAX_SESSION_COST" in e.text for e in events if e.kind == "error")
-    assert core.state == "idle"
+    assert [e.text for e in events if e.kind == "error"] == [
+        "session cost $0.5000 exceeds OLLIE_MAX_SESSION_COST=$0.01; raise the cap to go on"]
+    assert [m.role for m in core.messages] == ["user", "assistant", "tool"]  # the paid answer and its call
+    await core.submit("more")  # refused before the turn: no request, the prompt not taken into history
+    assert len(backend.requests) == 1 and core.messages[-1].content == "paid"
+    errors = [e.text for e in events if e.kind == "error"]
+    assert core.state == "idle" and len(errors) == 2 and "OLLIE_MAX_SESSION_COST" in errors[-1]
+    monkeypatch.setenv("OLLIE_MAX_SESSION_COST", "ten dollars")
+    await core.submit("more")
+    assert "OLLIE_MAX_SESSION_COST='ten dollars' is not an amount of US dollars" in [e for e in events if e.kind == "error"][-1].text
     await core.close()
 
 
@@ -324,4 +336,66 @@ async def test_execute_calls_of_read_safe_tool_scripts_run_together(ollie_dirs, 
     core = Core(CoreConfig(backend, await build_agent_env(AgentConfig(), nd(), str(tmp_path)), nd))
     await core.submit("go")
     assert [m.content.strip() for m in core.messages if m.role == "tool"] == ["met", "met"]
+    await core.close()
+
+
+async def test_a_torn_last_history_line_is_dropped_and_the_session_goes_on():
+    core, *_ = await make_core([{"text": "a"}])
+    sid = core.session_id
+    await core.submit("one")
+    await core.close()
+    with open(SessionStore(sid).dir / "history.jsonl", "a") as f:
+        f.write('{"role": "assistant", "content": "cut off by a cra')  # a crash mid-write
+    again, *_ = await make_core([{"text": "b"}], session_id=sid)
+    assert [m.content for m in again.messages] == ["one", "a"]
+    await again.submit("two")
+    await again.close()
+    third, *_ = await make_core([], session_id=sid)
+    assert [m.content for m in third.messages] == ["one", "a", "two", "b"]
+    await third.close()
+
+
+async def test_close_during_a_turn_starts_no_queued_prompt():
+    core, backend, _, _ = await make_core([{"text": "slow", "delay": 30}])
+    task = asyncio.create_task(core.submit("one"))
+    await asyncio.sleep(0.05)
+    await core.submit("two")
+    await asyncio.wait_for(core.close(), 5)
+    await task
+    assert len(backend.requests) == 1
+
+
+async def test_calls_written_as_text_get_ids_unique_in_the_history():
+    same = '{"name": "echo", "arguments": {"text": "hi"}}'
+    core, *_ = await make_core([{"text": same}, {"text": same}, {"text": "done"}])
+    await core.submit("go")
+    ids = [c.id for m in core.messages for c in m.tool_calls]
+    assert len(ids) == 2 and ids[0] != ids[1]
+    assert [m.tool_call_id for m in core.messages if m.role == "tool"] == ids
+    await core.close()
+
+
+async def test_cut_results_are_saved_apart_inside_the_tmpdir_whatever_the_call_id():
+    big = "x" * RESULT_LIMIT
+    core, *_ = await make_core([
+        {"tool_calls": [{"id": "../../../escape", "name": "echo", "arguments": {"text": big + "1"}}]},
+        {"tool_calls": [{"id": "../../../escape", "name": "echo", "arguments": {"text": big + "2"}}]},
+        {"text": "ok"},
+    ])
+    await core.submit("go")
+    paths = [m.content.split("the whole result is in ")[1].split(";")[0] for m in core.messages if m.role == "tool"]
+    assert [open(p).read()[-1] for p in paths] == ["1", "2"]
+    assert all(os.path.dirname(p) == str(core.tmpdir / "results") for p in paths)
+    await core.close()
+
+
+async def test_a_failing_subscriber_does_not_stop_the_turn():
+    core, _, _, events = await make_core([{"tool_calls": [call("echo", text="x")]}, {"text": "fine"}])
+
+    def broken(ev):
+        raise RuntimeError("frontend bug")
+
+    core.subscribe(broken)
+    await core.submit("go")
+    assert core.reply == "fine" and core.state == "idle"
     await core.close()

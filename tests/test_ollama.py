@@ -8,6 +8,7 @@ from ollie import backends
 from ollie.backends.ollama import base_url_from_env
 from ollie.types import (
     BackendError,
+    ContextOverflowError,
     Done,
     GenerationParams,
     Message,
@@ -21,7 +22,7 @@ from ollie.types import (
     TransientError,
     UsageChunk,
 )
-from wire import WireServer
+from wire import WireServer, stream_reply
 from wire import ollama as wire
 
 TOOL = ToolSpec("execute_code", "Run code", {"type": "object", "properties": {"code": {"type": "string"}}})
@@ -145,6 +146,26 @@ async def test_error_line_mid_stream_is_transient(server):
     server.reply(wire.CHAT, wire.chat([wire.chat_line(content="par"), {"error": "an error was encountered while running the model"}]))
     with pytest.raises(TransientError, match="while running the model"):
         await run([Message("user", "hi")])
+
+
+async def test_overflow_reported_mid_stream_is_a_context_overflow(server):
+    server.reply(wire.CHAT, wire.chat([{"error": "the input length exceeds the context length"}]))
+    with pytest.raises(ContextOverflowError):
+        await run([Message("user", "hi")])
+
+
+async def test_a_malformed_line_is_an_error_naming_the_provider(server):
+    server.reply(wire.CHAT, stream_reply([b'{"message": {"content": "hi"}, "done": false}\n', b"<html>oops\n"],
+                                         content_type="application/x-ndjson"))
+    with pytest.raises(BackendError, match="ollama: malformed stream line: '<html>oops'"):
+        await run([Message("user", "hi")])
+
+
+async def test_arguments_given_as_json_text_stay_that_text(server):
+    server.reply(wire.CHAT, wire.chat([wire.chat_line(tool_calls=[wire.tool_call("execute_code", '{"code": "ls"}')]),
+                                       wire.done_line()]))
+    [call] = [c for c in await run([Message("user", "go")], tools=[TOOL]) if isinstance(c, ToolCallDelta)]
+    assert json.loads(call.arguments) == {"code": "ls"}
 
 
 @pytest.mark.parametrize("cut", [True, False], ids=["connection-dropped", "ended-early"])

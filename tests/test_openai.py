@@ -135,6 +135,35 @@ async def test_malformed_chunk_is_an_error(server):
     await be.aclose()
 
 
+async def test_chunks_not_shaped_as_the_apis_are_errors(server):
+    server.reply(PATH, stream_reply(sse([(None, {"choices": "not a list"})])),
+                 stream_reply(sse([(None, [1, 2])])))
+    be = backend(server)
+    for _ in range(2):
+        with pytest.raises(BackendError, match="openai: malformed stream chunk"):
+            await collect(be)
+    await be.aclose()
+
+
+async def test_an_error_sent_inside_the_stream_maps_onto_the_taxonomy(server):
+    """OpenRouter and vLLM report a failure after the 200 as an `error` object in the stream."""
+    def failing(error):
+        return stream_reply(sse([(None, chunk({"content": "par"})), (None, {"error": error})]))
+
+    server.reply(PATH, failing({"code": 502, "message": "upstream overloaded"}),
+                 failing({"message": "This model's maximum context length is 8192 tokens"}),
+                 failing({"code": 400, "message": "invalid tool schema"}))
+    be = backend(server)
+    with pytest.raises(TransientError, match=r"openai \(HTTP 502\): upstream overloaded"):
+        await collect(be)
+    with pytest.raises(ContextOverflowError):
+        await collect(be)
+    with pytest.raises(BackendError, match="invalid tool schema") as e:
+        await collect(be)
+    assert type(e.value) is BackendError
+    await be.aclose()
+
+
 async def test_unreachable_server_names_the_url():
     be = backends.create("openai", "m", base_url="http://127.0.0.1:9/v1", api_key="k")
     with pytest.raises(TransientError, match=r"cannot reach http://127.0.0.1:9/v1"):

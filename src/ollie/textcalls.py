@@ -34,16 +34,18 @@ _FENCE = re.compile(r"```(?:json)?\s*(\{.*?\})\s*```", re.S)
 _CALL_KEYS = {"name", "arguments", "parameters", "id", "type"}
 
 
-def recover_tool_calls(text: str, known_tool_names: Collection[str]) -> tuple[str, list[ToolCall]]:
+def recover_tool_calls(text: str, known_tool_names: Collection[str], position: int = 0) -> tuple[str, list[ToolCall]]:
     """(the text without the recovered calls, the calls). Returns the text unchanged and no
-    calls when nothing in it is a call to a known tool."""
+    calls when nothing in it is a call to a known tool. `position` (the answer's place in the
+    history) goes into the ids: providers reject a history where two calls share one."""
     known = set(known_tool_names)
     if not known or not text:
         return text, []
     for recover in (_recover_tagged, _recover_dsml, _recover_json):
         remaining, found = recover(text, known)
         if found:
-            calls = [ToolCall(stable_call_id(i, name, args), name, args) for i, (name, args) in enumerate(found)]
+            calls = [ToolCall(stable_call_id(position, i, name, args), name, args)
+                     for i, (name, args) in enumerate(found)]
             return remaining.strip(), calls
     return text, []
 

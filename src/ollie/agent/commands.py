@@ -33,38 +33,41 @@ def command(name: str, help: str, idle_only: bool = False) -> Callable[[Handler]
 async def run_command(core: Core, line: str) -> bool:
     """Handle `line` if it is a command; return False when it is a prompt after all."""
     if line.startswith("!"):
-        await _shell(core, line[1:].strip())
+        await _report(core, "!", _shell(core, line[1:].strip()))
         return True
     name, _, arg = line[1:].partition(" ")
     entry = _COMMANDS.get(name)
     if entry is None:
         return False
     handler, _, idle_only = entry
+    arg = arg.strip()
     # "/backend", "/model" and "/cwd" with no argument only show the current value.
-    if idle_only and core.running and (arg.strip() or name in ("compact", "clear")):
+    if idle_only and core.running and (arg or name in ("compact", "clear")):
         core.emit(Event("error", f"/{name} cannot run while a turn is running; interrupt it first"))
         return True
-    try:
-        out = await handler(core, arg.strip())
-    except (ValueError, LookupError, OSError) as e:
-        core.emit(Event("error", f"/{name}: {e}"))
-        return True
-    except Exception as e:  # a ConfigError or a backend failure is reported, never raised
-        core.emit(Event("error", f"/{name}: {e}"))
-        return True
-    if out:
-        core.emit(Event("info", out))
+    await _report(core, f"/{name}", handler(core, arg))
     return True
 
 
-async def _shell(core: Core, cmd: str) -> None:
-    if not cmd:
-        core.emit(Event("error", "!: give a command to run"))
+async def _report(core: Core, name: str, work: Awaitable[str | None]) -> None:
+    """Run a command: its output becomes an info event, its failure an error event (a bad
+    argument, a ConfigError, a backend down): reported, never raised."""
+    try:
+        out = await work
+    except Exception as e:
+        core.emit(Event("error", f"{name}: {e}"))
         return
+    if out:
+        core.emit(Event("info", out))
+
+
+async def _shell(core: Core, cmd: str) -> str:
+    if not cmd:
+        raise ValueError("give a command to run")
     code, out, err = await hooks.run_command(cmd, {}, core.cwd, core.env, timeout=SHELL_TIMEOUT)
     text = (out + err).rstrip()
     status = "" if code == 0 else (f" (exit {code})" if code is not None else " (timed out)")
-    core.emit(Event("info", f"!{cmd}{status}" + (f"\n{text}" if text else "")))
+    return f"!{cmd}{status}" + (f"\n{text}" if text else "")
 
 
 @command("help", "list the commands")
@@ -85,11 +88,8 @@ async def _inject(core: Core, arg: str) -> str:
 async def _inject_overwrite(core: Core, arg: str) -> str:
     if not arg:
         raise ValueError("usage: /irw <message>")
-    if core.running:
-        core._inject = arg
-        return "injected (replacing)"
-    core.queue(arg)
-    return "queued"
+    core.inject(arg, replace=True)
+    return "injected (replacing)" if core.running else "queued"
 
 
 @command("q", "queue a prompt for after the current turn")

@@ -1,10 +1,11 @@
 """The context window: how full it is, and what happens when it fills.
 
 Before a turn, at `compactWarn` (60 %) the user is warned once; at `compactAt` (75 %) the history is
-summarised. A context-overflow error compacts and retries the turn once. Summarising keeps the
-prompt in progress out of the summary. Where summarising is not possible (the summary call fails,
-or the history is too large to summarise), the rolling window evicts the oldest messages instead,
-never separating a tool call from its result, and says so in a notice. Every replaced history is
+summarised. A context-overflow error compacts what came before the turn in progress (its prompt
+and completed calls stay verbatim) and goes on with the turn, once. Where summarising is not
+possible (the summary call fails, or the history is too large to summarise), the rolling window
+evicts the oldest messages instead, never separating a tool call from its result, and says so in
+a notice. Every replaced history is
 appended to the session's compaction.jsonl: nothing is lost.
 """
 
@@ -13,7 +14,7 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING
 
-from ..types import Event, GenerationParams, Message, TextDelta
+from ..types import Event, GenerationParams, Message, TextDelta, Usage, UsageChunk
 from . import hooks
 
 if TYPE_CHECKING:
@@ -39,6 +40,7 @@ class Window:
     def __init__(self, core: Core):
         self.core = core
         self._chars = sum(_chars(m) for m in core.messages)
+        self._tokens = 0  # input tokens of the last request, as the backend counted them
         self._chars_at_usage = 0
         self._warned = False
 
@@ -48,19 +50,20 @@ class Window:
 
     def reset(self) -> None:
         self._chars = sum(_chars(m) for m in self.core.messages)
-        self.core._last_input_tokens = 0
+        self._tokens = 0
         self._warned = False
 
-    def mark_usage(self) -> None:
+    def measured(self, usage: Usage) -> None:
+        """The backend counted the request that the history so far made."""
+        self._tokens = usage.input_tokens + usage.cache_read_tokens + usage.cache_write_tokens
         self._chars_at_usage = self._chars
 
     def estimate(self) -> int:
         """Tokens the next request will take: the backend's last count plus what was added since,
         else characters / 4 of the system prompt, the tool schemas and the history."""
-        core = self.core
-        if core._last_input_tokens:
-            return core._last_input_tokens + (self._chars - self._chars_at_usage) // CHARS_PER_TOKEN
-        fixed = len(core.system_prompt()) + self._schema_chars()
+        if self._tokens:
+            return self._tokens + (self._chars - self._chars_at_usage) // CHARS_PER_TOKEN
+        fixed = len(self.core.system_prompt()) + self._schema_chars()
         return (fixed + self._chars) // CHARS_PER_TOKEN
 
     def _schema_chars(self) -> int:
@@ -78,18 +81,17 @@ class Window:
             self._warned = True
             self.core.emit(Event("info", f"context {used:.0%} full; /compact to summarise it"))
 
-    async def compact(self, reason: str, keep_prompt: str | None = None) -> None:
-        """Summarise the history (keeping `keep_prompt`, the turn in progress, out of it).
-        A manual compaction that fails leaves the history as it was; automatic ones fall back to
-        evicting old messages."""
+    async def compact(self, reason: str, keep_last: int = 0) -> None:
+        """Summarise the history but its last `keep_last` messages (the turn in progress: its
+        prompt and the calls it completed stay as they are). A manual compaction that fails
+        leaves the history as it was; automatic ones fall back to evicting old messages."""
         core = self.core
-        history = core.messages[:-1] if keep_prompt is not None else list(core.messages)
-        if len(history) <= 4:
+        cut = len(core.messages) - keep_last
+        history, kept = core.messages[:cut], core.messages[cut:]
+        if not history or (len(history) <= 4 and reason != "overflow"):
             if reason == "manual":
                 core.emit(Event("info", "nothing to compact"))
-                return
-            if keep_prompt is None:
-                return
+            return
         pre = await hooks.run(core, "preCompact", {"reason": reason, "messages": len(history)})
         if pre.blocked:
             core.emit(Event("info", f"compaction cancelled by a preCompact hook: {pre.reason}"))
@@ -103,14 +105,11 @@ class Window:
                 core.emit(Event("error", f"compaction failed, history unchanged: {e}"))
                 return
             core.emit(Event("info", f"summarising failed ({e}); evicting old messages instead"))
-            self.evict(keep_prompt is not None)
+            self.evict(keep_last)
             return
         finally:
             core._set_state(previous_state)
-        new = [Message("user", SUMMARY_PREFIX + summary)]
-        if keep_prompt is not None:
-            new.append(core.messages[-1])
-        self._replace(new)
+        self._replace([Message("user", SUMMARY_PREFIX + summary), *kept])
         core.emit(Event("info", f"compacted {len(history)} messages into a summary"))
         await hooks.run(core, "postCompact", {"reason": reason, "summary": summary})
 
@@ -124,17 +123,20 @@ class Window:
         async for chunk in core.backend.stream(request, [], GenerationParams(max_tokens=core.params.max_tokens)):
             if isinstance(chunk, TextDelta):
                 parts.append(chunk.text)
+            elif isinstance(chunk, UsageChunk):  # the summary is paid for like any request
+                core._add_usage(chunk.usage)
         summary = "".join(parts).strip()
         if not summary:
             raise ValueError("the model returned an empty summary")
         return summary
 
-    def evict(self, keep_last: bool = False) -> None:
-        """Drop the oldest units (a user message, or an assistant message with its tool results)
-        until the history takes at most half the window; say what was dropped."""
+    def evict(self, keep_last: int = 0) -> None:
+        """Drop the oldest units (a user message, or an assistant message with its tool results),
+        never one of the last `keep_last` messages, until the history takes at most half the
+        window; say what was dropped."""
         core = self.core
         msgs = core.messages
-        protected = len(msgs) - 1 if keep_last else len(msgs)
+        protected = len(msgs) - keep_last
         budget = core.context_length * CHARS_PER_TOKEN // 2
         total = sum(_chars(m) for m in msgs)
         cut = 0

@@ -13,21 +13,24 @@ import json
 import logging
 import os
 import shutil
-from collections.abc import Callable
+import tempfile
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .. import config
 from ..chatfmt import ChatRenderer
+from ..textcalls import recover_tool_calls, stable_call_id
 from ..tools import CallContext, Dispatcher, Tool, ToolResult
 from ..types import (
-    BackendError,
+    ConfigError,
     ContextOverflowError,
     Done,
     Event,
     GenerationParams,
     Message,
+    OllieError,
     RateLimitError,
     ReasoningDelta,
     TextDelta,
@@ -97,7 +100,6 @@ class Core:
         self._changed = asyncio.Event()
         self._renderer = ChatRenderer()
         self._ctx_len: int | None = cfg.env.config.context_window or None
-        self._last_input_tokens = 0  # what the backend said the last request cost, for ctxsz
         self.tmpdir = config.tmp_path() / sid
         self.tmpdir.mkdir(parents=True, exist_ok=True, mode=0o700)
         self.window = context.Window(self)
@@ -180,6 +182,8 @@ class Core:
     def set_env(self, key: str, value: str | None) -> None:
         if not key or "=" in key or "\0" in key:
             raise ValueError(f"invalid variable name {key!r}")
+        if value is not None and "\0" in value:
+            raise ValueError(f"the value of {key} contains a NUL byte")
         if value is None:
             self._env_vars.pop(key, None)
         else:
@@ -254,7 +258,7 @@ class Core:
         """Block until `name` differs from `current` (or the timeout passes); return its value."""
         loop = asyncio.get_running_loop()
         deadline = None if timeout is None else loop.time() + timeout
-        while (value := self.field(name)) == current:
+        while self.field(name) == current:
             remaining = None if deadline is None else deadline - loop.time()
             if remaining is not None and remaining <= 0:
                 break
@@ -336,9 +340,10 @@ class Core:
         self._turn.cancel()
         return True
 
-    def inject(self, prompt: str) -> None:
-        """Deliver `prompt` into the running turn with the next tool result; else queue it."""
-        if self.running and self._inject is None:
+    def inject(self, prompt: str, replace: bool = False) -> None:
+        """Deliver `prompt` into the running turn with the next tool result; else queue it.
+        One message waits for delivery: another queues behind it, or `replace`s it."""
+        if self.running and (self._inject is None or replace):
             self._inject = prompt
         else:
             self.queue(prompt)
@@ -362,29 +367,33 @@ class Core:
 
     async def _guarded_turn(self, prompt: str) -> str | None:
         """One turn, whatever happens in it: errors become events, the state returns to idle."""
-        follow_up = None
         try:
-            follow_up = await self._run_turn(prompt)
-        except asyncio.CancelledError:
+            try:
+                return await self._run_turn(prompt)
+            except Exception as e:
+                return await self._turn_failed(e)
+        except asyncio.CancelledError:  # an interrupt, in the turn or in its turnError hook
             asyncio.current_task().uncancel()
             self.emit(Event("info", "interrupted"))
-        except Exception as e:
-            kind = getattr(e, "kind", "unknown")
-            if not isinstance(e, (BackendError, TurnError)):
-                log.exception("turn failed")
-            self.emit(Event("error", str(e) or type(e).__name__, data={"error_type": kind}))
-            handled = await hooks.run(self, "turnError", {"error": str(e), "error_type": kind})
-            follow_up = handled.next_prompt
+            return None
         finally:
             self._set_state("idle")
             self._save_meta()
             self.emit(Event("done"))
-        return follow_up
+
+    async def _turn_failed(self, e: Exception) -> str | None:
+        """Report why the turn failed; a turnError hook may answer with the next prompt."""
+        kind = getattr(e, "kind", "unknown")
+        if not isinstance(e, (OllieError, TurnError)):
+            log.error("turn failed", exc_info=e)
+        self.emit(Event("error", str(e) or type(e).__name__, data={"error_type": kind}))
+        return (await hooks.run(self, "turnError", {"error": str(e), "error_type": kind})).next_prompt
 
     # ---- the loop ----------------------------------------------------------------------------------
     async def _run_turn(self, prompt: str) -> str | None:
         """Run one turn; return a follow-up prompt (from a postTurn hook) or None."""
         self._reply = ""
+        self._check_spending_cap()
         pre = await hooks.run(self, "preTurn", {"prompt": prompt})
         if pre.blocked:
             raise TurnError(f"preTurn hook blocked the turn: {pre.reason}")
@@ -396,27 +405,24 @@ class Core:
         start = len(self.messages)
         self._commit([Message("user", content)])
         try:
-            await self._steps(start)
+            await self._steps()
         except ContextOverflowError:
             self.emit(Event("info", "context overflow: compacting and retrying the turn"))
-            await self.window.compact(reason="overflow", keep_prompt=content)
-            start = len(self.messages) - 1
-            await self._steps(start)
+            turn = len(self.messages) - start  # the prompt and the turn's work so far stay as they are
+            await self.window.compact(reason="overflow", keep_last=turn)
+            start = len(self.messages) - turn
+            await self._steps()
         self._reply = "\n".join(m.content for m in self.messages[start:] if m.role == "assistant" and m.content)
         post = await hooks.run(self, "postTurn", {"prompt": prompt, "reply": self._reply})
         return post.reason if post.blocked else None
 
-    async def _steps(self, start: int) -> None:
+    async def _steps(self) -> None:
         tools = await self._tool_specs()
         failing = steps = 0
         max_steps = self._env.config.max_steps
         while True:
             if max_steps and steps >= max_steps:
-                self.emit(Event("maxsteps", f"step budget of {max_steps} exhausted"))
-                note = (f"[The step budget of {max_steps} steps is exhausted. Do not call tools. Summarize "
-                        "what you did, what you found and what remains to be done.]")
-                self._commit([Message("user", note)])
-                self._commit([await self._request([])])
+                await self._last_answer(max_steps)
                 return
             steps += 1
             assistant = await self._request(tools)
@@ -428,18 +434,33 @@ class Core:
             if failing >= FAIL_AFTER:
                 self._commit([assistant, *results])
                 raise TurnError(f"{FAIL_AFTER} consecutive tool rounds failed; stopping the turn")
-            notes = []
-            if failing == NUDGE_AFTER:
-                notes.append(f"[{NUDGE_AFTER} tool rounds in a row failed. Step back: read the errors, "
-                             "check your assumptions, and try a different approach.]")
-            if self.plan and steps % PLAN_EVERY == 0:
-                notes.append(f"[Your plan, as it stands:]\n{self.plan}")
-            if self._inject is not None:
-                notes.append(f"<system-user-interruption>{self._inject}</system-user-interruption>")
-                self._inject = None
-            if notes:
-                results[-1].content += "\n\n" + "\n\n".join(notes)
+            self._add_notes(results[-1], failing, steps)
             self._commit([assistant, *results])
+
+    async def _last_answer(self, max_steps: int) -> None:
+        """The step budget is spent: one more answer, without tools, that sums the work up."""
+        self.emit(Event("maxsteps", f"step budget of {max_steps} exhausted"))
+        note = (f"[The step budget of {max_steps} steps is exhausted. Do not call tools. Summarize "
+                "what you did, what you found and what remains to be done.]")
+        self._commit([Message("user", note)])
+        final = await self._request([])
+        final.tool_calls = []  # no tools were offered: a call now could never get its result
+        self._commit([final])
+
+    def _add_notes(self, result: Message, failing: int, steps: int) -> None:
+        """What the model must hear besides the results: a nudge after failing rounds, the plan
+        now and then, a message the user injected."""
+        notes = []
+        if failing == NUDGE_AFTER:
+            notes.append(f"[{NUDGE_AFTER} tool rounds in a row failed. Step back: read the errors, "
+                         "check your assumptions, and try a different approach.]")
+        if self.plan and steps % PLAN_EVERY == 0:
+            notes.append(f"[Your plan, as it stands:]\n{self.plan}")
+        if self._inject is not None:
+            notes.append(f"<system-user-interruption>{self._inject}</system-user-interruption>")
+            self._inject = None
+        if notes:
+            result.content += "\n\n" + "\n\n".join(notes)
 
     def _commit(self, messages: list[Message]) -> None:
         """Append completed messages to the history and to disk."""
@@ -454,6 +475,7 @@ class Core:
 
     async def _request(self, tools: list[ToolSpec]) -> Message:
         """One model answer, retrying rate limits, 5xx and dropped streams with capped waits."""
+        self._check_spending_cap()
         for attempt in range(MAX_ATTEMPTS):
             try:
                 return await self._stream_once(tools)
@@ -498,76 +520,90 @@ class Core:
             elif isinstance(chunk, UsageChunk):
                 counted = counted or bool(chunk.usage.input_tokens or chunk.usage.output_tokens)
                 self._add_usage(chunk.usage)
+                self.window.measured(chunk.usage)
             elif isinstance(chunk, ReasoningDelta):
                 self.emit(Event("reasoning", chunk.text))
             elif isinstance(chunk, Done):
                 done = chunk
         if done is None:
             raise TransientError("the stream ended before the answer was complete", provider=self.backend.name)
-        calls = [ToolCall(p.id or f"call_{i}", p.name, p.arguments) for i, p in sorted(parts.items())]
+        calls = [ToolCall(p.id or stable_call_id(len(self.messages), i, p.name, p.arguments), p.name, p.arguments)
+                 for i, p in sorted(parts.items())]
         content = "".join(text)
         if not counted:  # the backend gave no token counts: estimate them, and say so
             out = len(content) + sum(len(c.arguments) for c in calls)
             self._add_usage(Usage(input_tokens=self.window.estimate(), output_tokens=out // context.CHARS_PER_TOKEN,
                                   requests=0, estimated=True))
         if not calls and tools and content:
-            content, calls = self._recover_text_calls(content, tools)
+            content, calls = recover_tool_calls(content, {t.name for t in tools}, len(self.messages))
         if done.stop_reason == "length" and not calls:
             self.emit(Event("info", "the answer was cut off at the token limit"))
         return Message("assistant", content, tool_calls=calls, provider_data=done.provider_data)
 
-    @staticmethod
-    def _recover_text_calls(content: str, tools: list[ToolSpec]) -> tuple[str, list[ToolCall]]:
-        from ..textcalls import recover_tool_calls
-
-        return recover_tool_calls(content, {t.name for t in tools})
-
     def _add_usage(self, usage: Usage) -> None:
+        """Count a request's tokens and cost into the session's (summary requests too)."""
         from ..cost import cost_of
 
         self.usage_total.add(usage)
-        self._last_input_tokens = usage.input_tokens + usage.cache_read_tokens + usage.cache_write_tokens
-        self.window.mark_usage()
         last = usage.cost if usage.cost is not None else cost_of(self.model, usage)[0]
         self._meta.cost_last = last
         self._meta.cost_session += last
         self.emit(Event("usage", self.usage(), data=vars_of(self.usage_total)))
+
+    def _check_spending_cap(self) -> None:
+        """Before every request: a session that spent OLLIE_MAX_SESSION_COST makes no more.
+        (The answer that crossed the cap is kept: it is paid for.)"""
         cap = os.environ.get("OLLIE_MAX_SESSION_COST")
-        if cap and self._meta.cost_session > float(cap):
-            raise TurnError(f"session cost ${self._meta.cost_session:.4f} exceeds OLLIE_MAX_SESSION_COST=${cap}")
+        if not cap:
+            return
+        try:
+            limit = float(cap)
+        except ValueError:
+            raise ConfigError(f"OLLIE_MAX_SESSION_COST={cap!r} is not an amount of US dollars; "
+                              "set it like OLLIE_MAX_SESSION_COST=5, or unset it") from None
+        if self._meta.cost_session > limit:
+            raise TurnError(f"session cost ${self._meta.cost_session:.4f} exceeds OLLIE_MAX_SESSION_COST=${cap}; "
+                            "raise the cap to go on")
 
     # ---- tool calls --------------------------------------------------------------------------------
     async def _run_calls(self, assistant: Message) -> list[Message]:
         """Run the calls in the model's order; consecutive read-only calls run concurrently and
         identical ones once. On interrupt, calls that did not finish are stripped from history."""
         calls = assistant.tool_calls
-        tools = await self.dispatcher.list_tools()
-        results: list[Message | None] = [None] * len(calls)
+        results: list[Message] = []
+        running: dict[tuple[str, str], asyncio.Future] = {}
         try:
-            i = 0
-            while i < len(calls):
-                j = i + 1
-                if self._read_only(calls[i], tools):
-                    while j < len(calls) and self._read_only(calls[j], tools):
-                        j += 1
-                batch: dict[tuple[str, str], asyncio.Future] = {}
-                for k in range(i, j):
-                    key = (calls[k].name, calls[k].arguments)
-                    if key not in batch:
-                        batch[key] = asyncio.ensure_future(self._call(calls[k]))
-                await asyncio.gather(*batch.values())
-                for k in range(i, j):
-                    r = batch[(calls[k].name, calls[k].arguments)].result()
-                    results[k] = Message("tool", r.content, tool_call_id=calls[k].id, name=calls[k].name,
-                                         is_error=r.is_error)
-                i = j
-        except asyncio.CancelledError:
-            kept = [(c, r) for c, r in zip(calls, results) if r is not None]
-            if kept or assistant.content:
-                assistant.tool_calls = [c for c, _ in kept]
-                self._commit([assistant, *(r for _, r in kept)])
+            for batch in self._batches(calls, await self.dispatcher.list_tools()):
+                running = {}
+                for call in batch:
+                    if (call.name, call.arguments) not in running:
+                        running[call.name, call.arguments] = asyncio.ensure_future(self._call(call))
+                await asyncio.gather(*running.values())
+                for call in batch:
+                    r = running[call.name, call.arguments].result()
+                    results.append(Message("tool", r.content, tool_call_id=call.id, name=call.name, is_error=r.is_error))
+        except BaseException:  # an interrupt, or a failure no call result could carry
+            for future in running.values():
+                future.cancel()
+            if results or assistant.content:
+                assistant.tool_calls = calls[: len(results)]
+                self._commit([assistant, *results])
             raise
-        return results  # type: ignore[return-value]
+        return results
+
+    def _batches(self, calls: list[ToolCall], tools: dict[str, Tool]) -> Iterator[list[ToolCall]]:
+        """The calls in order: each run of read-only calls as one batch, every other call alone."""
+        reads: list[ToolCall] = []
+        for call in calls:
+            if self._read_only(call, tools):
+                reads.append(call)
+                continue
+            if reads:
+                yield reads
+                reads = []
+            yield [call]
+        if reads:
+            yield reads
 
     @staticmethod
     def _read_only(call: ToolCall, tools: dict[str, Tool]) -> bool:
@@ -584,7 +620,7 @@ class Core:
         self._set_state(f"calling: {call.name}")
         self.emit(Event("call", call.arguments, name=call.name))
         result = await self._dispatch(call)
-        text = self._fit(result.text(), call.id)
+        text = self._fit(result.text())
         self.emit(Event("tool", text, name=call.name, data={"is_error": result.is_error}))
         return Message("tool", text, is_error=result.is_error)
 
@@ -610,14 +646,18 @@ class Core:
             result.content.append({"type": "text", "text": post.output})
         return result
 
-    def _fit(self, text: str, call_id: str) -> str:
+    def _fit(self, text: str) -> str:
         """Cut a result to RESULT_LIMIT bytes; the whole of it is saved where the model can read it."""
         data = text.encode()
         if len(data) <= RESULT_LIMIT:
             return text
-        path = self.tmpdir / "results" / f"{call_id or 'result'}.txt"
-        path.parent.mkdir(exist_ok=True)
-        path.write_bytes(data)
+        results = self.tmpdir / "results"
+        results.mkdir(exist_ok=True)
+        # A fresh name: call ids come from the model, may repeat, and are no safe file names.
+        fd, name = tempfile.mkstemp(prefix="result-", suffix=".txt", dir=results)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        path = Path(name)
         head = data[:RESULT_LIMIT].decode(errors="ignore")
         return (f"{head}\n[result truncated: first {RESULT_LIMIT} of {len(data)} bytes shown; the whole result "
                 f"is in {path}; read on from offset={RESULT_LIMIT}, e.g. tail -c +{RESULT_LIMIT + 1} {path}]")
@@ -671,7 +711,10 @@ class Core:
         await self.window.compact(reason="manual")
 
     async def close(self) -> None:
-        """Stop the turn, close the tool servers and the backend, remove the tmpdir."""
+        """Stop the turn (queued prompts are dropped), close the tool servers and the backend,
+        remove the tmpdir."""
+        self._queue.clear()
+        self._inject = None
         if self.running:
             self._turn.cancel()
             await asyncio.gather(self._turn, return_exceptions=True)

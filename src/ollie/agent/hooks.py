@@ -20,6 +20,9 @@ if TYPE_CHECKING:
 
 TIMEOUT = 60.0  # seconds a hook may run
 OUTPUT_LIMIT = 64 * 1024  # bytes of a hook's stdout or stderr that are kept
+# Bytes of a payload value exported as OLLIE_<KEY>: the kernel refuses to start a program with a
+# variable over 128 KiB. The whole payload is on stdin.
+VARIABLE_LIMIT = 32 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,7 +48,11 @@ async def run(core: Core, event: str, payload: dict[str, Any]) -> Outcome:
     payload = {"event": event, "session_id": core.session_id, "cwd": core.cwd, **payload}
     outputs = []
     for cmd in commands:
-        code, out, err = await run_command(cmd, payload, core.cwd, core.env)
+        try:
+            code, out, err = await run_command(cmd, payload, core.cwd, core.env)
+        except OSError as e:  # it could not start: the session's cwd is gone, say
+            core.emit(Event("info", f"{event} hook {cmd!r} could not start: {e}"))
+            continue
         if code == 0:
             if out.strip():
                 outputs.append(out.strip())
@@ -65,7 +72,8 @@ async def run_command(cmd: str, payload: dict[str, Any], cwd: str, session_env: 
     """Run one hook; returns (exit code or None on timeout, stdout, stderr), outputs capped."""
     env = {**os.environ, **session_env}
     for key, value in payload.items():
-        env[f"OLLIE_{key.upper()}"] = value if isinstance(value, str) else json.dumps(value)
+        text = value if isinstance(value, str) else json.dumps(value)
+        env[f"OLLIE_{key.upper()}"] = text.replace("\0", "").encode()[:VARIABLE_LIMIT].decode(errors="ignore")
     proc = await asyncio.create_subprocess_exec(
         "sh", "-c", cmd, cwd=cwd or None, env=env, start_new_session=True,
         stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,

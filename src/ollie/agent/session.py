@@ -73,6 +73,29 @@ def _replace_atomically(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
+def _drop_torn_line(path: Path) -> None:
+    """Cut a last line without its newline (a crash mid-write; `load_history` skips it), so that
+    the next message starts a line of its own instead of gluing onto it."""
+    try:
+        f = open(path, "rb+")
+    except FileNotFoundError:
+        return
+    with f:
+        end = f.seek(0, os.SEEK_END)
+        pos = end
+        while pos > 0:  # back, a block at a time, to the last newline
+            step = min(pos, 65536)
+            f.seek(pos - step)
+            block = f.read(step)
+            if pos == end and block.endswith(b"\n"):
+                return
+            if (nl := block.rfind(b"\n")) >= 0:
+                f.truncate(pos - step + nl + 1)
+                return
+            pos -= step
+        f.truncate(0)
+
+
 class SessionStore:
     """The files of one session. Appends are flushed per message; metadata is replaced atomically."""
 
@@ -118,6 +141,7 @@ class SessionStore:
 
     def append_messages(self, messages: list[Message]) -> None:
         if self._history is None:
+            _drop_torn_line(self.dir / "history.jsonl")
             self._history = open(self.dir / "history.jsonl", "a")
         for m in messages:
             self._history.write(json.dumps(m.to_dict(), ensure_ascii=False) + "\n")

@@ -110,15 +110,16 @@ _NO_TOOLS = re.compile(r"does not support tools|tools? (are|is) not supported|to
 
 
 def http_error(provider: str, status: int | None, message: str, retry_after: str | None = None) -> BackendError:
-    """The BackendError for an HTTP failure: 429 → rate limit, ≥500 or no status → transient,
-    400-class with known phrases → context overflow / tool unsupported, else a plain error."""
+    """The BackendError for an HTTP failure: 429 → rate limit; a known phrase below 500 → context
+    overflow / tool unsupported; ≥500 or no status (the network, an error sent mid-stream) →
+    transient; else a plain error."""
     kw = {"provider": provider, "status": status}
     if status == 429:
         return RateLimitError(message, retry_after=parse_retry_after(retry_after), **kw)
+    if (status is None or status < 500) and _OVERFLOW.search(message):
+        return ContextOverflowError(message, **kw)
     if status is None or status >= 500 or status in (408, 409):
         return TransientError(message, **kw)
-    if _OVERFLOW.search(message):
-        return ContextOverflowError(message, **kw)
     if status in (400, 404, 422) and _NO_TOOLS.search(message):
         return ToolUnsupportedError(message, **kw)
     return BackendError(message, **kw)

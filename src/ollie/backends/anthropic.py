@@ -102,6 +102,8 @@ class AnthropicBackend:
             raise _status_error(e) from e
         except (anthropic.APIConnectionError, httpx2.TransportError) as e:
             raise TransientError(f"network: {e}", provider=PROVIDER) from e
+        except (ValueError, AttributeError, KeyError, TypeError) as e:  # JSON or events not as the API sends them
+            raise BackendError(f"malformed stream event: {e!r}", provider=PROVIDER) from e
 
     async def models(self) -> list[str]:
         import anthropic
@@ -141,7 +143,7 @@ def build_request(
     req: dict[str, Any] = {
         "model": model,
         "max_tokens": max_tokens,
-        "messages": _messages(messages, with_thinking=bool(budget)),
+        "messages": _messages(messages, with_thinking=bool(budget), tools_offered=bool(tools)),
     }
     system = "\n\n".join(m.content for m in messages if m.role == "system" and m.content)
     if system:
@@ -166,15 +168,22 @@ def build_request(
     return req, headers
 
 
-def _messages(messages: list[Message], with_thinking: bool) -> list[dict[str, Any]]:
+def _messages(messages: list[Message], with_thinking: bool, tools_offered: bool) -> list[dict[str, Any]]:
     """API messages; consecutive messages of one API role (tool results, then a user prompt)
-    become one message, since the API wants user and assistant turns to alternate."""
+    become one message, since the API wants user and assistant turns to alternate.
+
+    The API refuses tool_use and tool_result blocks in a request that offers no tools (the last
+    answer after a step budget ran out, say): then past calls and results are sent as text, and
+    thinking blocks, which only a tool-use loop needs back, are left out."""
     out: list[dict[str, Any]] = []
     for m in messages:
         if m.role == "system":
             continue
         role = "assistant" if m.role == "assistant" else "user"
-        blocks = _assistant_blocks(m, with_thinking) if role == "assistant" else _user_blocks(m)
+        if role == "assistant":
+            blocks = _assistant_blocks(m, with_thinking and tools_offered, calls_as_text=not tools_offered)
+        else:
+            blocks = _user_blocks(m, result_as_text=not tools_offered)
         if not blocks:
             continue
         if out and out[-1]["role"] == role:
@@ -185,7 +194,9 @@ def _messages(messages: list[Message], with_thinking: bool) -> list[dict[str, An
     return out
 
 
-def _user_blocks(m: Message) -> list[dict[str, Any]]:
+def _user_blocks(m: Message, result_as_text: bool) -> list[dict[str, Any]]:
+    if m.role == "tool" and result_as_text:
+        return [{"type": "text", "text": f"[Tool result{' (error)' if m.is_error else ''}]: {m.content}"}]
     if m.role == "tool":
         block: dict[str, Any] = {"type": "tool_result", "tool_use_id": m.tool_call_id, "content": m.content}
         if m.is_error:
@@ -194,21 +205,27 @@ def _user_blocks(m: Message) -> list[dict[str, Any]]:
     return [{"type": "text", "text": m.content}] if m.content else []
 
 
-def _assistant_blocks(m: Message, with_thinking: bool) -> list[dict[str, Any]]:
+def _assistant_blocks(m: Message, with_thinking: bool, calls_as_text: bool) -> list[dict[str, Any]]:
     blocks: list[dict[str, Any]] = list(m.provider_data.get(THINKING_KEY, ())) if with_thinking else []
     if m.content:
         blocks.append({"type": "text", "text": m.content})
     for call in m.tool_calls:
-        blocks.append({"type": "tool_use", "id": call.id, "name": call.name, "input": _input(call.arguments)})
+        if calls_as_text:
+            blocks.append({"type": "text", "text": f"[Tool call: {call.name}({call.arguments})]"})
+        else:
+            blocks.append({"type": "tool_use", "id": call.id, "name": call.name, "input": _input(call.arguments)})
     return blocks
 
 
-def _input(arguments: str) -> Any:
-    """Arguments as the object the API wants; text that is not JSON is sent as it was written."""
+def _input(arguments: str) -> dict[str, Any]:
+    """Arguments as the object the API wants; anything else (text that is not JSON, a JSON
+    array from another model) is sent as it was written, since the API refuses a history
+    with a non-object input on every later request."""
     try:
-        return json.loads(arguments) if arguments.strip() else {}
+        value = json.loads(arguments) if arguments.strip() else {}
     except ValueError:
-        return {"_raw": arguments}
+        value = None
+    return value if isinstance(value, dict) else {"_raw": arguments}
 
 
 def _cache_large_last_tool_result(out: list[dict[str, Any]]) -> None:

@@ -18,6 +18,7 @@ import httpx
 
 from ..textcalls import stable_call_id
 from ..types import (
+    BackendError,
     Chunk,
     Done,
     GenerationParams,
@@ -171,9 +172,13 @@ async def _chunks(lines: AsyncIterator[str], turn: int) -> AsyncIterator[Chunk]:
     async for line in lines:
         if not line.strip():
             continue
-        obj = json.loads(line)
-        if err := obj.get("error"):  # an error after the stream started has no status of its own
-            raise http_error(PROVIDER, 500, str(err))
+        try:
+            obj = json.loads(line)
+            err = obj.get("error")
+        except (ValueError, AttributeError):
+            raise BackendError(f"malformed stream line: {line[:200]!r}", provider=PROVIDER) from None
+        if err:  # an error after the stream started has no status of its own
+            raise http_error(PROVIDER, None, str(err))
         msg = obj.get("message") or {}
         if thinking := msg.get("thinking"):
             yield ReasoningDelta(thinking)
@@ -181,7 +186,9 @@ async def _chunks(lines: AsyncIterator[str], turn: int) -> AsyncIterator[Chunk]:
             yield TextDelta(content)
         for call in msg.get("tool_calls") or ():
             fn = call.get("function") or {}
-            args = json.dumps(fn.get("arguments") or {}, ensure_ascii=False)
+            args = fn.get("arguments") or {}
+            if not isinstance(args, str):  # an object, as Ollama sends it; some models' templates give text
+                args = json.dumps(args, ensure_ascii=False)
             call_id = call.get("id") or stable_call_id(turn, calls, fn.get("name", ""), args)
             yield ToolCallDelta(index=calls, id=call_id, name=fn.get("name", ""), arguments=args)
             calls += 1

@@ -141,24 +141,31 @@ class OpenAIBackend:
         try:
             stream = await client.post("/chat/completions", body=body, cast_to=object, stream=True,
                                        stream_cls=AsyncStream[object])
-            async for data in stream:
-                if not isinstance(data, dict):
-                    raise BackendError(f"malformed stream chunk: {str(data)[:200]}", provider=self.name)
-                for chunk in self._chunks(data):
-                    if isinstance(chunk, Done):
-                        finish = chunk.stop_reason
-                    else:
-                        yield chunk
+            async with stream:  # closes the response however the iteration ends
+                async for data in stream:
+                    for chunk in self._parse(data):
+                        if isinstance(chunk, Done):
+                            finish = chunk.stop_reason
+                        else:
+                            yield chunk
         except openai.APIStatusError as e:
             raise http_error(self.name, e.status_code, _error_message(e), e.response.headers.get("retry-after")) from None
         except (openai.APIConnectionError, openai.APITimeoutError) as e:
             raise http_error(self.name, None, f"cannot reach {self.base_url}: {e.__cause__ or e}") from None
         except json.JSONDecodeError as e:
             raise BackendError(f"malformed stream chunk: {e}", provider=self.name) from None
-        except openai.APIError as e:
-            raise BackendError(str(e.message), provider=self.name) from None
+        except openai.APIError as e:  # an error object the server sent inside the stream
+            body = e.body if isinstance(e.body, dict) else {}
+            code = body.get("code")  # OpenRouter gives the HTTP status the upstream answered
+            raise http_error(self.name, code if isinstance(code, int) else None, str(e.message)) from None
         if finish is not None:
             yield Done(finish)  # type: ignore[arg-type]
+
+    def _parse(self, data: Any) -> list[Chunk]:
+        try:
+            return self._chunks(data)
+        except (AttributeError, TypeError):  # a chunk not shaped as the API's
+            raise BackendError(f"malformed stream chunk: {str(data)[:200]}", provider=self.name) from None
 
     def _chunks(self, data: dict[str, Any]) -> list[Chunk]:
         out: list[Chunk] = []
