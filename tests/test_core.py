@@ -399,3 +399,22 @@ async def test_a_failing_subscriber_does_not_stop_the_turn():
     await core.submit("go")
     assert core.reply == "fine" and core.state == "idle"
     await core.close()
+
+
+async def test_a_core_built_by_hand_asks_the_backend_for_its_window_before_the_first_turn():
+    core, backend, _, _ = await make_core([{"text": "ok"}])
+    backend._context_length = 32_000
+    await core.submit("hi")
+    assert core.ctxsz().endswith("/ 32000 (0%)")
+    await core.close()
+
+
+async def test_an_expectation_the_loop_reported_still_fails_assert_consumed():
+    from ollie.backends.scripted import ScriptError
+
+    core, backend, _, events = await make_core([{"text": "x", "expect": "something else"}])
+    await core.submit("hi")
+    assert [e.text for e in events if e.kind == "error"][0].startswith("scripted backend: expected 'something else'")
+    with pytest.raises(ScriptError):
+        backend.assert_consumed()
+    await core.close()

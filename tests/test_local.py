@@ -119,11 +119,6 @@ def test_a_file_that_is_not_gguf_names_the_path(tmp_path):
         backends.create("local", model=str(fake))
 
 
-def test_a_model_name_that_is_not_a_path_is_refused():
-    with pytest.raises(ConfigError, match="'gpt-4o' is not a .gguf path"):
-        backends.create("local", model="gpt-4o")
-
-
 @pytest.mark.parametrize("raw, decoded", [
     ('Hello, wor', "Hello, wor"),
     ('line\\nnext', "line\nnext"),
@@ -135,3 +130,11 @@ def test_a_model_name_that_is_not_a_path_is_refused():
 ])
 def test_the_answer_string_is_decoded_as_it_is_written(raw, decoded):
     assert _partial_json_string(raw) == decoded
+
+
+def test_the_model_name_a_session_stored_selects_the_same_model():
+    default = backends.create("local")
+    again = backends.create("local", default.model)  # e.g. restored from a session's metadata
+    assert again.path == default.path
+    with pytest.raises(ConfigError, match="no model 'gpt-4o'; models: SmolLM2"):
+        backends.create("local", "gpt-4o")

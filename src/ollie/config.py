@@ -177,6 +177,8 @@ def load_agent(name: str = "default") -> AgentConfig:
         if path.is_file():
             try:
                 data = json.loads(path.read_text())
+            except (OSError, UnicodeDecodeError) as e:
+                raise ConfigError(f"{path}: cannot read the agent config: {e}") from None
             except json.JSONDecodeError as e:
                 raise ConfigError(f"{path}: invalid JSON at line {e.lineno} column {e.colno}: {e.msg}") from None
             return parse_agent(name, data, str(path))

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING
 
-from ..types import Event, GenerationParams, Message, TextDelta, Usage, UsageChunk
+from ..types import Event, GenerationParams, Message, TextDelta, ToolSpec, Usage, UsageChunk
 from . import hooks
 
 if TYPE_CHECKING:
@@ -42,6 +42,7 @@ class Window:
         self._chars = sum(_chars(m) for m in core.messages)
         self._tokens = 0  # input tokens of the last request, as the backend counted them
         self._chars_at_usage = 0
+        self._schema_chars = 0  # of the tools last offered to the model
         self._warned = False
 
     # ---- accounting ----
@@ -63,12 +64,12 @@ class Window:
         else characters / 4 of the system prompt, the tool schemas and the history."""
         if self._tokens:
             return self._tokens + (self._chars - self._chars_at_usage) // CHARS_PER_TOKEN
-        fixed = len(self.core.system_prompt()) + self._schema_chars()
+        fixed = len(self.core.system_prompt()) + self._schema_chars
         return (fixed + self._chars) // CHARS_PER_TOKEN
 
-    def _schema_chars(self) -> int:
-        routes = getattr(self.core.dispatcher, "_routes", None) or {}
-        return sum(len(t.description) + len(json.dumps(t.input_schema)) for _, t in routes.values())
+    def offered(self, tools: list[ToolSpec]) -> None:
+        """The tools the next requests carry: their schemas take room in the window too."""
+        self._schema_chars = sum(len(t.name) + len(t.description) + len(json.dumps(t.input_schema)) for t in tools)
 
     # ---- triggers ----
     async def before_turn(self, prompt: str) -> None:

@@ -100,6 +100,7 @@ class Core:
         self._changed = asyncio.Event()
         self._renderer = ChatRenderer()
         self._ctx_len: int | None = cfg.env.config.context_window or None
+        self._ctx_asked = False
         self.tmpdir = config.tmp_path() / sid
         self.tmpdir.mkdir(parents=True, exist_ok=True, mode=0o700)
         self.window = context.Window(self)
@@ -394,6 +395,8 @@ class Core:
         """Run one turn; return a follow-up prompt (from a postTurn hook) or None."""
         self._reply = ""
         self._check_spending_cap()
+        if not self._ctx_asked:
+            await self.refresh_context_length()
         pre = await hooks.run(self, "preTurn", {"prompt": prompt})
         if pre.blocked:
             raise TurnError(f"preTurn hook blocked the turn: {pre.reason}")
@@ -471,7 +474,9 @@ class Core:
     async def _tool_specs(self) -> list[ToolSpec]:
         if not self._env.config.tools:
             return []
-        return [tool.spec(name) for name, tool in (await self.dispatcher.list_tools()).items()]
+        specs = [tool.spec(name) for name, tool in (await self.dispatcher.list_tools()).items()]
+        self.window.offered(specs)
+        return specs
 
     async def _request(self, tools: list[ToolSpec]) -> Message:
         """One model answer, retrying rate limits, 5xx and dropped streams with capped waits."""
@@ -669,7 +674,7 @@ class Core:
         self._refuse_while_running("switch the backend")
         new = backends.create(name, model or None)
         old, self.backend = self.backend, new
-        self._ctx_len = self._env.config.context_window or None
+        self._ctx_len, self._ctx_asked = self._env.config.context_window or None, False
         await old.aclose()
         self._save_meta()
 
@@ -686,13 +691,16 @@ class Core:
         cfg = config.load_agent(name)
         await self.dispatcher.close()
         self._env = await build_agent_env(cfg, self._new_dispatcher(), self._cwd)
-        self._ctx_len = cfg.context_window or None
+        self._ctx_len, self._ctx_asked = cfg.context_window or None, False
         for info in self._env.infos:
             self.emit(Event("info", info))
         self._save_meta()
         await hooks.run(self, "agentSpawn", {"agent": name})
 
     async def refresh_context_length(self) -> None:
+        """Ask the backend for its window (unless the agent config sets one); done before the
+        first turn after a start or a switch, so a Core built by hand gets it too."""
+        self._ctx_asked = True
         if not self._env.config.context_window:
             try:
                 self._ctx_len = await self.backend.context_length()

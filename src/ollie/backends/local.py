@@ -141,13 +141,16 @@ class LocalBackend:
     name = PROVIDER
 
     def __init__(self, model: str | None = None, *, model_path: str | None = None, n_ctx: int | None = None) -> None:
-        # `model` may name a GGUF path (--model /x.gguf); any other name means nothing here.
-        if model and not model.endswith(".gguf"):
-            raise ConfigError(
-                f"local: model {model!r} is not a .gguf path; pass a path or set OLLIE_LOCAL_MODEL=/path/model.gguf"
-            )
-        chosen = model_path or model or os.environ.get("OLLIE_LOCAL_MODEL")
-        self.path = check_gguf(Path(chosen).expanduser().absolute() if chosen else default_model_path())
+        # `model` is a GGUF path (--model /x.gguf), or the name this backend gives its model (the
+        # file's stem, as `ollie models` lists it and a stored session remembers it).
+        chosen = model_path or os.environ.get("OLLIE_LOCAL_MODEL")
+        path = check_gguf(Path(chosen).expanduser().absolute() if chosen else default_model_path())
+        if model and model.endswith(".gguf"):
+            path = check_gguf(Path(model).expanduser().absolute())
+        elif model and model != path.name.removesuffix(".gguf"):
+            raise ConfigError(f"local: no model {model!r}; models: {path.name.removesuffix('.gguf')} "
+                              "(or pass a .gguf path, or set OLLIE_LOCAL_MODEL=/path/model.gguf)")
+        self.path = path
         self.model = self.path.name.removesuffix(".gguf")
         self._n_ctx = n_ctx or _env_int("OLLIE_LOCAL_CTX") or DEFAULT_CTX
 

@@ -35,6 +35,7 @@ from typing import Any
 from ..types import (
     BackendError,
     Chunk,
+    OllieError,
     ConfigError,
     ContextOverflowError,
     Done,
@@ -60,8 +61,9 @@ _ERRORS: dict[str, type[BackendError]] = {
 }
 
 
-class ScriptError(AssertionError):
-    """The agent did not do what the script expected."""
+class ScriptError(OllieError, AssertionError):
+    """The agent did not do what the script expected (an OllieError: reported in one line, and
+    kept, so that `assert_consumed` fails the test even when the loop caught it)."""
 
 
 def load_script(source: str | Path | list | dict) -> list[dict] | dict:
@@ -99,6 +101,7 @@ class ScriptedBackend:
         self._context_length = context_length
         self.requests: list[list[Message]] = []  # every request's messages, for assertions
         self.tools_seen: list[list[ToolSpec]] = []
+        self.failures: list[ScriptError] = []  # every mismatch, even those the loop reported and went on
 
     @classmethod
     def from_options(cls, model: str | None = None, script: Any = None, **_: Any) -> ScriptedBackend:
@@ -113,13 +116,17 @@ class ScriptedBackend:
             for rule in self._rules:
                 if re.search(rule.get("match", ""), last_user, re.S):
                     return rule
-            raise ScriptError(f"scripted backend: no rule matches the request {last_user[:200]!r}")
+            raise self._fail(f"scripted backend: no rule matches the request {last_user[:200]!r}")
         if not self._turns:
-            raise ScriptError(
+            raise self._fail(
                 f"scripted backend: unexpected request #{len(self.requests)}: the script has no turns left "
                 f"(last message: {messages[-1].role}: {messages[-1].content[:200]!r})"
             )
         return self._turns.pop(0)
+
+    def _fail(self, message: str) -> ScriptError:
+        self.failures.append(ScriptError(message))
+        return self.failures[-1]
 
     async def stream(
         self, messages: list[Message], tools: list[ToolSpec], params: GenerationParams
@@ -130,7 +137,7 @@ class ScriptedBackend:
         if expect := turn.get("expect"):
             last = next((m.content for m in reversed(messages) if m.role in ("user", "tool")), "")
             if expect not in last:
-                raise ScriptError(f"scripted backend: expected {expect!r} in the last message, got {last[:300]!r}")
+                raise self._fail(f"scripted backend: expected {expect!r} in the last message, got {last[:300]!r}")
         if delay := turn.get("delay"):
             await asyncio.sleep(delay)
         if err := turn.get("error"):
@@ -163,6 +170,9 @@ class ScriptedBackend:
         yield Done(turn.get("stop_reason") or ("tool_calls" if calls else "stop"))
 
     def assert_consumed(self) -> None:
+        """Fail if the agent did something the script did not expect, or left turns unrequested."""
+        if self.failures:
+            raise self.failures[0]
         if self._turns:
             raise ScriptError(f"scripted backend: {len(self._turns)} turn(s) never requested: {self._turns[0]}")
 
