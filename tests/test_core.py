@@ -418,3 +418,17 @@ async def test_an_expectation_the_loop_reported_still_fails_assert_consumed():
     with pytest.raises(ScriptError):
         backend.assert_consumed()
     await core.close()
+
+
+async def test_a_turn_cut_short_by_a_crash_is_marked_in_the_chat_on_restore():
+    core, backend, _, _ = await make_core([{"text": "done"}])
+    await core.submit("one")
+    sid = core.session_id
+    SessionStore(sid).append_chat("user: two\nassistant: half an ans")  # the process died here
+    again, *_ = await make_core([], session_id=sid)
+    chat = again.chat_path.read_text()
+    assert chat.endswith("half an ans\n:: the turn was cut short when ollie stopped; completed work is kept\n\n")
+    third, *_ = await make_core([], session_id=sid)  # a clean log is left alone
+    assert third.chat_path.read_text() == chat
+    for c in (core, again, third):
+        await c.close()

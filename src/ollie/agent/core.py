@@ -117,6 +117,7 @@ class Core:
             self._cwd = meta.cwd
         self.plan = self._store.load_plan()
         self._reply = last_reply(self.messages)
+        self._store.end_cut_turn("the turn was cut short when ollie stopped; completed work is kept")
 
     # ---- identity and settings ------------------------------------------------------------------
     @property

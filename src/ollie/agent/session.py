@@ -166,6 +166,18 @@ class SessionStore:
         self._chat.write(text)
         self._chat.flush()
 
+    def end_cut_turn(self, note: str) -> None:
+        """If the chat log stops inside a turn (finished turns end with a blank line), end it with
+        `note`, so that readers see the turn will not go on."""
+        try:
+            with open(self.chat_path, "rb") as f:
+                f.seek(max(0, f.seek(0, os.SEEK_END) - 2))
+                tail = f.read()
+        except FileNotFoundError:
+            return
+        if tail and not tail.endswith(b"\n\n"):
+            self.append_chat(("" if tail.endswith(b"\n") else "\n") + f":: {note}\n\n")
+
     # ---- metadata and plan ----
     def load_meta(self) -> SessionMeta:
         path = self.dir / "meta.json"
