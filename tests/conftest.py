@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+pytest_plugins = ["fs_helpers"]  # the fs_server fixture
+
 _CLEARED = (
     "OLLIE_BACKEND", "OLLIE_MODEL", "OLLIE_OPENAI_URL", "OLLIE_OPENAI_KEY", "OPENAI_API_KEY", "OPENAI_BASE_URL",
     "OLLIE_ANTHROPIC_KEY", "ANTHROPIC_API_KEY", "OLLIE_ANTHROPIC_URL", "ANTHROPIC_BASE_URL", "OLLIE_MAX_SESSION_COST",

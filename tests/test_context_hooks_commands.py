@@ -7,8 +7,6 @@ import json
 import os
 import sys
 
-import pytest
-
 from ollie.agent import hooks
 from ollie.agent.context import SUMMARY_PREFIX
 from ollie.agent.session import SessionStore

@@ -10,7 +10,6 @@ import time
 
 import pytest
 
-from fs_helpers import fs_server  # noqa: F401 - the fixture
 
 pytestmark = pytest.mark.timeout(120)
 

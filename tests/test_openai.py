@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 
 import pytest
@@ -28,8 +27,8 @@ from ollie.types import (
 )
 
 from agent_helpers import ToyServer
-from wire import Reply, WireServer, json_reply, sse, stream_reply
-from wire.openai import PATH, chunk, text_stream, tool_call_stream, usage
+from wire import WireServer, json_reply, sse, stream_reply
+from wire.openai import PATH, chunk, text_stream, tool_call_stream
 
 
 @pytest.fixture
