@@ -130,6 +130,8 @@ async def test_shell_tools_and_a_session_through_a_remote_mount(served, mounts, 
     assert rc != 0 and "Invalid argument" in err
     rc, _, err = await sh("echo 'new name=a/b' > ctl", mnt)
     assert rc != 0
+    rc, _, err = await sh(f"head -c 100000 /dev/zero | tr '\\0' x > s/{sid}/ctl", mnt)
+    assert rc != 0 and "File too large" in err  # the server's cap (its Rerror) as an errno
 
     # a reader blocked in statewait can be killed (Tflush), and the mount lives on
     reader = await asyncio.create_subprocess_exec("cat", str(mnt / "s" / sid / "statewait"),

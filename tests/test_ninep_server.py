@@ -56,7 +56,7 @@ class World:
         self.ns = Namespace(StaticDir({
             "hello": TextFile(lambda: "hello, world\n"),
             "d": DiskDir(self.disk),
-            "prompt": OnCloseFile(lambda: "", self.submit),
+            "prompt": OnCloseFile(lambda: "", self.submit, limit=1 << 20),
             "ctl": CtlFile(self.command),
             "wait": self.wait,
         }))

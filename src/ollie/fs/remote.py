@@ -21,8 +21,9 @@ from .ninep_client import Client, RemoteError
 
 # Rerror carries only text; these phrases (the ones our server and Plan 9 use) recover an errno for FUSE.
 _ERRNOS = (
-    ("unknown fid", E.EBADF), ("no such file", E.ENOENT), ("does not exist", E.ENOENT), ("not found", E.ENOENT),
-    ("no session", E.ENOENT), ("is a directory", E.EISDIR), ("not a directory", E.ENOTDIR),
+    ("too large", E.EFBIG), ("too long", E.EFBIG), ("too many fids", E.EMFILE), ("too many", E.EAGAIN),
+    ("is relative", E.EINVAL), ("unknown fid", E.EBADF), ("no such file", E.ENOENT), ("does not exist", E.ENOENT),
+    ("not found", E.ENOENT), ("no session", E.ENOENT), ("is a directory", E.EISDIR), ("not a directory", E.ENOTDIR),
     ("already exists", E.EEXIST), ("not empty", E.ENOTEMPTY), ("permission denied", E.EACCES),
     ("read-only", E.EACCES), ("only within one directory", E.EXDEV), ("is running", E.EBUSY),
     ("cannot change", E.EPERM), ("cannot", E.EACCES), ("connection", E.ENOTCONN), ("unknown", E.EINVAL),

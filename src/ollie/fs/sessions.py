@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 from .. import config
 from ..types import GENERATION_PARAM_TYPES, ConfigError, Event, OllieError
 from .namespace import Dir, File, FsError, Handle, OpenMode, Stat
-from .stores import CtlFile, OnCloseFile, SnapshotHandle, TextFile, text_size
+from .stores import CtlFile, LineBuffer, MiB, OnCloseFile, SnapshotHandle, TextFile, text_size
 
 if TYPE_CHECKING:
     from ..agent import Core
@@ -35,6 +35,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("ollie.fs")
 
 NEW_KEYS = ("agent", "cwd", "backend", "model", "name")
+PROMPT_MAX = 1 * MiB  # a prompt written to `prompt` or `fifo.in`
+PLAN_MAX = 1 * MiB
 
 
 class Session:
@@ -255,8 +257,10 @@ class Sessions:
             raise FsError(E.EINVAL, f"unknown key {unknown[0]!r}; keys: {', '.join(NEW_KEYS)}")
         if spec.get("name"):
             self.check_name(spec["name"])
-        if spec.get("cwd") and not os.path.isdir(self._cwd(spec)):
-            raise FsError(E.ENOENT, f"cwd {self._cwd(spec)!r} is not a directory")
+        if spec.get("cwd"):
+            check_cwd(spec["cwd"])
+            if not os.path.isdir(self._cwd(spec)):
+                raise FsError(E.ENOENT, f"cwd {self._cwd(spec)!r} is not a directory")
         if spec.get("backend") and spec["backend"] not in backends.names():
             known = ", ".join(backends.names())
             raise FsError(E.EINVAL, f"unknown backend {spec['backend']!r}; backends: {known}")
@@ -267,7 +271,7 @@ class Sessions:
                 raise FsError(E.EINVAL, str(e)) from None
 
     def _cwd(self, spec: dict[str, str]) -> str:
-        return os.path.join(self.default_cwd, os.path.expanduser(spec.get("cwd") or "."))
+        return os.path.expanduser(spec["cwd"]) if spec.get("cwd") else self.default_cwd
 
     async def new(self, spec: dict[str, str]) -> Session:
         """Create a session: keys agent, cwd, backend, model, name (empty values mean default)."""
@@ -322,6 +326,14 @@ class Sessions:
         return "".join(lines)
 
 
+def check_cwd(path: str) -> str:
+    """A session's working directory must be absolute: a relative one would be taken from the
+    server's directory (or the session's), which the writer cannot see."""
+    if not os.path.isabs(os.path.expanduser(path)):
+        raise FsError(E.EINVAL, f"cwd {path!r} is relative: give an absolute path")
+    return path
+
+
 def parse_kv(line: str) -> dict[str, str]:
     """`k=v k2="v 2"` tokens (shell quoting allowed) into a dict; a token without '=' fails."""
     try:
@@ -364,6 +376,7 @@ NEW_TEMPLATE = "".join(f"{k}=\n" for k in ("name", "cwd", "backend", "model", "a
 class NewHandle(SnapshotHandle):
     """s/new: `k=v` lines (the template, filled in) create a session when closed; each line is
     checked as it is written, so an unknown key, a bad name, cwd, backend or agent fails the write.
+    A line longer than LINE_MAX fails too, and then nothing is created at close.
     Reading gives the template, or the new session's id once one was created."""
 
     def __init__(self, sessions: Sessions):
@@ -371,12 +384,15 @@ class NewHandle(SnapshotHandle):
         self._sessions = sessions
         self._answer = ""
         self._spec: dict[str, str] = {}
-        self._pending = b""
+        self._lines = LineBuffer()
         self._dirty = False
 
     async def write(self, offset: int, data: bytes) -> int:
-        self._pending += data
-        *lines, self._pending = self._pending.split(b"\n")
+        try:
+            lines = self._lines.feed(data)
+        except FsError:
+            self._dirty = False
+            raise
         for line in lines:
             self._take(line)
         self._dirty = True
@@ -394,8 +410,8 @@ class NewHandle(SnapshotHandle):
     async def flush(self) -> None:
         if not self._dirty:
             return
-        self._take(self._pending)
-        spec, self._spec, self._pending, self._dirty = self._spec, {}, b"", False
+        self._take(self._lines.rest())
+        spec, self._spec, self._dirty = self._spec, {}, False
         self._answer = (await self._sessions.new(spec)).id + "\n"
 
 
@@ -594,7 +610,7 @@ async def _cfg_set(session: Session, line: str) -> None:
         case "agent":
             await core.set_agent(value)
         case "cwd":
-            core.set_cwd(value)
+            core.set_cwd(check_cwd(value))
         case _:
             core.set_param(key, value)
 
@@ -630,7 +646,7 @@ async def _ctl(session: Session, sessions: Sessions, line: str) -> str | None:
         case "agent":
             await core.set_agent(arg)
         case "cwd":
-            core.set_cwd(arg)
+            core.set_cwd(check_cwd(arg))
         case "queue":
             core.queue(arg)
         case "inject":
@@ -739,14 +755,14 @@ async def _mcp(core: Core) -> str:
 
 
 SESSION_FILES: dict[str, SessionFileMaker] = {
-    "prompt": lambda s, _: OnCloseFile(lambda: "", s.submit, mode=0o622),
+    "prompt": lambda s, _: OnCloseFile(lambda: "", s.submit, PROMPT_MAX, mode=0o622),
     "chat": lambda s, _: ChatFile(s),
     "state": _text(lambda s: s.state + "\n"),
     "reply": _text(lambda s: s.reply),
     "statewait": lambda s, _: StateWaitFile(s),
     "ctl": lambda s, ss: _ctl_file(s, lambda line: _ctl(s, ss, line), get=lambda: CTL_HELP + "\n"),
     "cfg": lambda s, _: _ctl_file(s, lambda line: _cfg_set(s, line), get=_awake(s, _cfg_text)),
-    "fifo.in": lambda s, _: OnCloseFile(lambda: "", s.enqueue, mode=0o622),
+    "fifo.in": lambda s, _: OnCloseFile(lambda: "", s.enqueue, PROMPT_MAX, mode=0o622),
     "fifo.out": _core_text(_pop),
     "usage": _core_text(lambda c: c.usage() + "\n"),
     "cost": _core_text(lambda c: c.cost() + "\n"),
@@ -757,7 +773,7 @@ SESSION_FILES: dict[str, SessionFileMaker] = {
                                   get=_awake(s, lambda c: "".join(f"{k}={v}\n" for k, v in c.env.items()))),
     "context": _core_text(lambda c: c.context_jsonl()),
     "offset": _text(_offset, sized=False),
-    "plan": lambda s, _: OnCloseFile(lambda: _plan(s), lambda text: _set_plan(s, text),
+    "plan": lambda s, _: OnCloseFile(lambda: _plan(s), lambda text: _set_plan(s, text), PLAN_MAX,
                                      text_size(lambda: _plan(s))),
     "prompt.prev": _text(_prompt_prev),
     "mcp": _core_text(_mcp),

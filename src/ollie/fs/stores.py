@@ -1,6 +1,10 @@
 """Generic stores and files: synthetic text, control files, write-on-close files, disk directories.
 
 Session-specific files are in `sessions.py`; everything here knows nothing about sessions.
+
+Whatever a writer sends is held in memory until it is acted on, so every such file has a cap: a
+control line LINE_MAX, an agent config CONFIG_MAX, and what its maker gives an OnCloseFile. Past
+the cap the write fails with EFBIG (its message, over 9P, names the limit).
 """
 
 from __future__ import annotations
@@ -16,6 +20,58 @@ from pathlib import Path
 from .namespace import Dir, File, FsError, Handle, OpenMode, Stat
 
 Getter = Callable[[], str | Awaitable[str]]
+
+KiB, MiB = 1 << 10, 1 << 20
+LINE_MAX = 64 * KiB  # one line of a control file (ctl, cfg, env, s/new)
+CONFIG_MAX = 1 * MiB  # an agent config (a/<name>.json)
+
+
+def size_text(n: int) -> str:
+    """1048576 -> "1 MiB": limits as the docs state them."""
+    for unit, size in (("MiB", MiB), ("KiB", KiB)):
+        if n >= size and n % size == 0:
+            return f"{n // size} {unit}"
+    return f"{n} bytes"
+
+
+class LineBuffer:
+    """Complete lines out of written chunks, in linear time: only the new chunk is searched for a
+    newline, and a partial line grows in place. A line longer than LINE_MAX fails the write and
+    every later one to this open file, so that the tail of a refused line is never read as
+    commands."""
+
+    def __init__(self):
+        self._partial = bytearray()
+        self._refused = False
+
+    def feed(self, data: bytes) -> list[bytes]:
+        if self._refused:
+            raise self._too_long()
+        lines, start = [], 0
+        while (nl := data.find(b"\n", start)) >= 0:
+            self._grow(data, start, nl)
+            lines.append(bytes(self._partial))
+            self._partial.clear()
+            start = nl + 1
+        self._grow(data, start, len(data))
+        return lines
+
+    def rest(self) -> bytes:
+        """The last line, unterminated (at close); empty after a refused line."""
+        rest = bytes(self._partial)
+        self._partial.clear()
+        return rest
+
+    def _grow(self, data: bytes, start: int, end: int) -> None:
+        if len(self._partial) + end - start > LINE_MAX:
+            self._refused = True
+            self._partial.clear()
+            raise self._too_long()
+        self._partial += data[start:end]
+
+    def _too_long(self) -> FsError:
+        return FsError(E.EFBIG, f"line too long: control lines are at most {size_text(LINE_MAX)}; "
+                                "this open file takes no more writes")
 
 
 async def _value(get: Getter) -> str:
@@ -69,7 +125,7 @@ class CtlHandle(SnapshotHandle):
         super().__init__(self._answers)
         self._act = act
         self._read_get = get
-        self._pending = b""
+        self._lines = LineBuffer()
         self._out: list[str] = []
 
     async def _answers(self) -> str:
@@ -78,15 +134,12 @@ class CtlHandle(SnapshotHandle):
         return await _value(self._read_get)
 
     async def write(self, offset: int, data: bytes) -> int:
-        self._pending += data
-        *lines, self._pending = self._pending.split(b"\n")
-        for line in lines:
+        for line in self._lines.feed(data):
             await self._run(line)
         return len(data)
 
     async def flush(self) -> None:
-        line, self._pending = self._pending, b""
-        await self._run(line)
+        await self._run(self._lines.rest())
 
     async def _run(self, raw: bytes) -> None:
         line = raw.decode(errors="replace").strip()
@@ -110,17 +163,25 @@ class CtlFile(File):
 
 class OnCloseHandle(SnapshotHandle):
     """Accumulates what is written (at any offset) and hands it to `on_close` when the writer
-    closes: every close that has new data acts once (dup'd descriptors close more than once)."""
+    closes: every close that has new data acts once (dup'd descriptors close more than once).
+    Writing past `limit` bytes fails, and then the close acts on nothing: a cut prompt is not
+    submitted."""
 
-    def __init__(self, get: Getter, on_close: Callable[[str], Awaitable[None]]):
+    def __init__(self, get: Getter, on_close: Callable[[str], Awaitable[None]], limit: int):
         super().__init__(get)
         self._on_close = on_close
+        self._limit = limit
         self._buf = bytearray()
         self._dirty = False
+        self._refused = False
 
     async def write(self, offset: int, data: bytes) -> int:
-        if offset > len(self._buf):
-            offset = len(self._buf)  # appending writers (O_APPEND) may report any offset
+        offset = min(offset, len(self._buf))  # appending writers (O_APPEND) may report any offset
+        if self._refused or offset + len(data) > self._limit:
+            self._refused, self._dirty = True, False
+            self._buf.clear()
+            raise FsError(E.EFBIG, f"too large: this file takes at most {size_text(self._limit)}; "
+                                   "nothing written to this open file is used")
         self._buf[offset : offset + len(data)] = data
         self._dirty = True
         return len(data)
@@ -136,12 +197,14 @@ class OnCloseHandle(SnapshotHandle):
 
 
 class OnCloseFile(File):
-    """Write the whole content, act when closed (`prompt` submits, `plan` is saved)."""
+    """Write the whole content (at most `limit` bytes), act when closed (`prompt` submits, `plan`
+    is saved)."""
 
-    def __init__(self, get: Getter, on_close: Callable[[str], Awaitable[None]],
+    def __init__(self, get: Getter, on_close: Callable[[str], Awaitable[None]], limit: int,
                  size: Callable[[], int] | None = None, mode: int = 0o644):
         self._get = get
         self._on_close = on_close
+        self._limit = limit
         self._size = size
         self.mode = mode
 
@@ -149,7 +212,7 @@ class OnCloseFile(File):
         return self._size() if self._size else 0
 
     async def open(self, mode: OpenMode) -> Handle:
-        return OnCloseHandle(self._get, self._on_close)
+        return OnCloseHandle(self._get, self._on_close, self._limit)
 
 
 # ---- disk directories -------------------------------------------------------------------------
@@ -189,7 +252,7 @@ class ValidatedHandle(OnCloseHandle):
 
     def __init__(self, path: Path, validate: Callable[[str, str], None], trunc: bool,
                  on_release: Callable[[], None] | None = None):
-        super().__init__(lambda: _read_text(path), self._commit)
+        super().__init__(lambda: _read_text(path), self._commit, CONFIG_MAX)
         self._path = path
         self._validate = validate
         self._on_release = on_release
