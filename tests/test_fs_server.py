@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import stat
+from pathlib import Path
 
 import pytest
 
@@ -67,3 +68,17 @@ def test_sessions_survive_kill_9(server):
     assert roles == ["user", "assistant", "user", "assistant"]
     assert (s / a / "chat").read_text() == chat + "user: again\nassistant: answer\n\n"
     assert "cwd=" + str(server.work) in (s / "named" / "cfg").read_text()
+
+
+def test_the_tcp_token_comes_from_a_file_never_the_command_line(tmp_path):
+    srv = FsServer(tmp_path)
+    out = srv.ollie("srv", "start", "--no-mount", "--tcp", "127.0.0.1:0", "--token", "s3cret", check=False)
+    assert out.returncode != 0 and "--token-file PATH" in out.stderr and "$OLLIE_9P_TOKEN" in out.stderr
+    assert srv.ollie("srv", "status", check=False).returncode == 1
+    (tmp_path / "token").write_text("s3cret\n")
+    srv.ollie("srv", "start", "--no-mount", "--tcp", "127.0.0.1:0", "--token-file", str(tmp_path / "token"))
+    try:
+        assert (tmp_path / "ns" / "ollie.token").read_text() == "s3cret\n"
+        assert b"s3cret" not in Path(f"/proc/{srv.pid()}/cmdline").read_bytes()
+    finally:
+        srv.stop()

@@ -59,8 +59,8 @@ class MountProcess:
 async def mounts():
     started = []
 
-    async def start(addr, mnt, env=None, expect_ready=True):
-        proc = await asyncio.create_subprocess_exec(*OLLIE, "mount", addr, str(mnt), stderr=subprocess.PIPE,
+    async def start(addr, mnt, env=None, expect_ready=True, args=()):
+        proc = await asyncio.create_subprocess_exec(*OLLIE, "mount", addr, str(mnt), *args, stderr=subprocess.PIPE,
                                                     env={**os.environ, **(env or {})})
         m = MountProcess(proc, mnt)
         started.append(m)
@@ -155,6 +155,20 @@ async def test_tcp_mount_needs_the_token(served, mounts, tmp_path):
     assert refused.proc.returncode == 1 and "permission denied" in refused.stderr
     assert not os.path.ismount(tmp_path / "no")
     await mounts(f"{host}:{port}", tmp_path / "yes", env={"OLLIE_9P_TOKEN": "let-me-in"})
+    assert await ok("cat backends", tmp_path / "yes") == tree.backends_text()
+
+
+async def test_the_token_comes_from_a_file_never_the_command_line(served, mounts, tmp_path):
+    """Every user can read every process's command line (ps)."""
+    _, tcp = served
+    host, port = tcp.address
+    on_cmdline = await mounts(f"{host}:{port}", tmp_path / "no", args=("--token", "let-me-in"), expect_ready=False)
+    assert on_cmdline.proc.returncode != 0 and not os.path.ismount(tmp_path / "no")
+    assert "--token-file PATH" in on_cmdline.stderr and "$OLLIE_9P_TOKEN" in on_cmdline.stderr
+    token = tmp_path / "token"
+    token.write_text("let-me-in\n")
+    await mounts(f"{host}:{port}", tmp_path / "yes", env={"OLLIE_9P_TOKEN": "wrong"},
+                 args=("--token-file", str(token)))  # the file wins
     assert await ok("cat backends", tmp_path / "yes") == tree.backends_text()
 
 

@@ -5,6 +5,9 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from pathlib import Path
+
+from ..types import ConfigError
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -13,8 +16,27 @@ def register(sub: argparse._SubParsersAction) -> None:
                                    "until interrupted or the server goes away.")
     p.add_argument("addr", help="unix!/path, tcp!host!port or host:port")
     p.add_argument("mnt", nargs="?", help="mount point (default: $OLLIE or ~/mnt/ollie)")
-    p.add_argument("--token", help="the server's token, for TCP (default: $OLLIE_9P_TOKEN)")
+    add_token_options(p, "the server's token, for TCP (default: $OLLIE_9P_TOKEN)")
     p.set_defaults(func=_mount)
+
+
+def add_token_options(p: argparse.ArgumentParser, help: str) -> None:
+    p.add_argument("--token-file", metavar="PATH", help=f"a file holding {help}")
+    p.add_argument("--token", nargs="?", const="", help=argparse.SUPPRESS)  # refused: see token()
+
+
+def token(args: argparse.Namespace) -> str:
+    """The token from --token-file, else $OLLIE_9P_TOKEN, else "". --token is refused: a token on
+    a command line is shown to every user by ps."""
+    if args.token is not None:
+        raise ConfigError("--token would show the token to every user (ps): put it in a file and give "
+                          "--token-file PATH, or set $OLLIE_9P_TOKEN")
+    if args.token_file:
+        text = Path(args.token_file).expanduser().read_text().strip()
+        if not text:
+            raise ConfigError(f"{args.token_file}: the token file is empty")
+        return text
+    return os.environ.get("OLLIE_9P_TOKEN", "")
 
 
 def _mount(args: argparse.Namespace) -> int:
@@ -28,10 +50,10 @@ def _mount(args: argparse.Namespace) -> int:
     except ValueError as e:
         print(f"ollie mount: {e}", file=sys.stderr)
         return 2
-    token = args.token if args.token is not None else os.environ.get("OLLIE_9P_TOKEN", "")
+    secret = token(args)
     mnt = args.mnt or str(config.mount_path())
     try:
-        why = asyncio.run(_run(args.addr, mnt, token))
+        why = asyncio.run(_run(args.addr, mnt, secret))
     except (OSError, RemoteError) as e:
         print(f"ollie mount: {args.addr}: {e}", file=sys.stderr)
         return 1

@@ -7,6 +7,8 @@ import os
 import sys
 from pathlib import Path
 
+from .mount import add_token_options, token
+
 START_TIMEOUT = 60.0
 STOP_TIMEOUT = 30.0
 
@@ -25,8 +27,8 @@ def register(sub) -> None:
             a.add_argument("--no-mount", action="store_true", help="serve 9P only")
             a.add_argument("--tcp", metavar="[HOST:]PORT", help="also serve 9P on TCP (loopback unless a host is "
                                                                 "given); needs a token")
-            a.add_argument("--token", help="the TCP token (default: $OLLIE_9P_TOKEN, else generated; "
-                                            "written to <socket>.token)")
+            add_token_options(a, "the TCP token (default: $OLLIE_9P_TOKEN, else generated; written to "
+                                 "<socket>.token)")
         a.set_defaults(func=func)
 
 
@@ -43,7 +45,8 @@ def _options(args: argparse.Namespace):
     if getattr(args, "tcp", None):
         host, _, port = args.tcp.rpartition(":")
         opts.tcp = (host or "127.0.0.1", int(port))
-        opts.token = args.token or os.environ.get("OLLIE_9P_TOKEN", "")
+    if hasattr(args, "token"):
+        opts.token = token(args)
     return opts
 
 
@@ -64,6 +67,7 @@ def _fg(args: argparse.Namespace) -> int:
     from ..fs.server import serve
 
     opts = _options(args)
+    os.environ.pop("OLLIE_9P_TOKEN", None)  # read: the sessions' hooks and tools need not inherit it
     if pid := _running_pid(opts):
         print(f"ollie srv: already running (pid {pid})", file=sys.stderr)
         return 1
