@@ -11,6 +11,13 @@ files released.
 
 TCP requires a token: each Tattach must carry it as its `aname` (compared in constant time). Tauth is
 refused; a token in aname works with any 9P client, where an auth file would need a custom dialogue.
+
+What one client can make the server hold is capped: MAX_FIDS per connection (each may hold an open
+file), MAX_REQUESTS in flight per connection (each holds up to msize bytes), and connections per
+client (the uid on the Unix socket, from SO_PEERCRED; the address on TCP, an IPv6 /64 counting as
+one). A connection over the cap gets its first request answered with an Rerror saying so, then is
+closed. On TCP, ATTACH_FAILURES bad tokens from one address get its later attaches refused
+unchecked for ATTACH_DELAY seconds, doubling with each further failure: guessing a token is slow.
 """
 
 from __future__ import annotations
@@ -19,9 +26,15 @@ import asyncio
 import errno as E
 import getpass
 import hmac
+import ipaddress
 import logging
+import math
 import os
+import socket
 import stat as S
+import struct
+import time
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -33,6 +46,17 @@ log = logging.getLogger(__name__)
 
 _MIN_MSIZE = 256  # room for a header, a stat entry and a short error
 _MAX_ENAME = 1024
+
+MAX_FIDS = 4096  # per connection
+MAX_REQUESTS = 1024  # in flight per connection (Tflush is always taken: it ends requests)
+MAX_UNIX_CONNECTIONS = 256  # per uid
+MAX_TCP_CONNECTIONS = 16  # per address
+ATTACH_FAILURES = 5  # bad tokens from one address before its attaches are refused for a while
+ATTACH_DELAY = 10.0  # seconds, doubling with each further bad token
+ATTACH_DELAY_MAX = 600.0
+_ATTACH_FORGET = 3600.0  # an address this long without a bad token starts afresh
+_REFUSE_TIMEOUT = 5.0  # how long a refused connection may take to send the request its answer goes to
+_REFUSALS = 16  # connections refused with an answer at once per client; more are closed unanswered
 
 
 def default_socket_path() -> Path:
@@ -85,8 +109,11 @@ def _open_mode(mode: int) -> OpenMode:
 class _Connection:
     """One client: its fids, its running requests, and the negotiated msize."""
 
-    def __init__(self, server: NinePServer, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
+    def __init__(self, server: NinePServer, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                 client: str, refusal: str | None):
         self.ns, self.token, self.user = server.namespace, server.token, server.user
+        self.throttle = server.throttle
+        self.client, self.refusal = client, refusal
         self.reader, self.writer = reader, writer
         self.msize = 0  # 0 until Tversion
         self.fids: dict[int, _Fid] = {}
@@ -97,6 +124,9 @@ class _Connection:
         return self.msize - P.IOHDRSZ
 
     async def run(self) -> None:
+        if self.refusal:
+            await self._refuse()
+            return
         try:
             while True:
                 await self._drained()
@@ -108,6 +138,17 @@ class _Connection:
             log.warning("9P client dropped: %s", e)
         finally:
             await self._reset()
+            self.writer.close()
+
+    async def _refuse(self) -> None:
+        """Answer the first request (Tversion, whose Rerror every client reports) with the reason."""
+        try:
+            async with asyncio.timeout(_REFUSE_TIMEOUT):
+                frame = await P.read_frame(self.reader, P.MAX_MSIZE)
+            await self._send(P.Rerror(self.refusal, tag=int.from_bytes(frame[5:7], "little")))
+        except (EOFError, ConnectionError, P.ProtocolError, TimeoutError):
+            pass
+        finally:
             self.writer.close()
 
     async def _dispatch(self, frame: bytes) -> None:
@@ -122,6 +163,9 @@ class _Connection:
             await self._send(P.Rerror("Tversion must come first", tag=msg.tag))
         elif msg.tag in self.tasks:
             await self._send(P.Rerror(f"tag {msg.tag} is already in use", tag=msg.tag))
+        elif len(self.tasks) >= MAX_REQUESTS and not isinstance(msg, P.Tflush):
+            await self._send(P.Rerror(f"too many requests in flight: at most {MAX_REQUESTS} per connection",
+                                      tag=msg.tag))
         else:
             self.tasks[msg.tag] = asyncio.create_task(self._serve(msg))
 
@@ -203,6 +247,8 @@ class _Connection:
     def _add_fid(self, n: int, fid: _Fid) -> None:
         if n == P.NOFID or n in self.fids:
             raise FsError(E.EBADF, f"fid {n} is already in use")
+        if len(self.fids) >= MAX_FIDS:
+            raise FsError(E.EMFILE, f"too many fids: at most {MAX_FIDS} per connection; clunk some")
         self.fids[n] = fid
 
     # Handlers
@@ -226,8 +272,12 @@ class _Connection:
     async def _attach(self, m: P.Tattach) -> P.Message:
         if m.afid != P.NOFID:
             raise FsError(E.EINVAL, "no authentication files: afid must be NOFID")
-        if self.token is not None and not hmac.compare_digest(m.aname.encode(), self.token.encode()):
-            raise FsError(E.EACCES, "permission denied: attach with the server's token as aname")
+        if self.token is not None:
+            self.throttle.check(self.client)
+            if not hmac.compare_digest(m.aname.encode(), self.token.encode()):
+                self.throttle.failed(self.client)
+                raise FsError(E.EACCES, "permission denied: attach with the server's token as aname")
+            self.throttle.succeeded(self.client)
         qid = _qid(await self.ns.stat("/"))
         self._add_fid(m.fid, _Fid("/", qid))
         return P.Rattach(qid)
@@ -393,26 +443,88 @@ _HANDLERS = {
 }
 
 
+class _AttachThrottle:
+    """Bad tokens per client address. After ATTACH_FAILURES of them the address's attaches are
+    refused without a look at the token (no oracle) for ATTACH_DELAY seconds, twice that after the
+    next bad token, and so on up to ATTACH_DELAY_MAX; a good token starts the count afresh."""
+
+    def __init__(self):
+        self._by_client: dict[str, tuple[int, float, float]] = {}  # failures, refused until, last failure
+
+    def check(self, client: str) -> None:
+        _, until, _ = self._by_client.get(client, (0, 0.0, 0.0))
+        if (wait := until - time.monotonic()) > 0:
+            raise FsError(E.EAGAIN, f"too many failed attaches from {client}: tokens are not checked for "
+                                    f"another {math.ceil(wait)} s")
+
+    def failed(self, client: str) -> None:
+        now = time.monotonic()
+        failures = self._by_client.get(client, (0, 0.0, 0.0))[0] + 1
+        until = 0.0
+        if failures >= ATTACH_FAILURES:
+            until = now + min(ATTACH_DELAY * 2 ** min(failures - ATTACH_FAILURES, 16), ATTACH_DELAY_MAX)
+        if len(self._by_client) >= 1024:  # many addresses: drop the ones long quiet
+            self._by_client = {k: v for k, v in self._by_client.items() if now - v[2] < _ATTACH_FORGET}
+        self._by_client[client] = (failures, until, now)
+
+    def succeeded(self, client: str) -> None:
+        self._by_client.pop(client, None)
+
+
+def _peer(writer: asyncio.StreamWriter) -> str | None:
+    """Who is connecting, as the connection caps count them: "uid N" on a Unix socket, the address
+    on TCP (an IPv6 /64, which one host commonly has to itself, counts as one). None if the peer
+    is already gone."""
+    sock = writer.get_extra_info("socket")
+    if sock.family == socket.AF_UNIX:
+        _, uid, _ = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
+        return f"uid {uid}"
+    peer = writer.get_extra_info("peername")
+    if not peer:
+        return None
+    address = ipaddress.ip_address(peer[0])
+    if address.version == 4:
+        return str(address)
+    if address.ipv4_mapped:
+        return str(address.ipv4_mapped)
+    return str(ipaddress.ip_network(f"{address}/64", strict=False))
+
+
 class NinePServer:
     """A listening 9P server. `address` is the socket path or the bound (host, port)."""
 
-    def __init__(self, namespace: Namespace, token: str | None):
+    def __init__(self, namespace: Namespace, token: str | None, max_connections: int):
         self.namespace, self.token = namespace, token
         self.user = getpass.getuser()
         self.address: str | tuple[str, int] = ""
+        self.throttle = _AttachThrottle()
+        self._max_connections = max_connections  # per client
         self._server: asyncio.AbstractServer | None = None
         self._clients: dict[asyncio.Task, asyncio.StreamWriter] = {}
+        self._per_client: Counter[str] = Counter()
         self._closing = False
 
     def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         """Called as each connection is made (not later, as a coroutine callback would be), so
         close() knows every connection, even one whose task has not started yet."""
-        if self._closing:
+        client = _peer(writer)
+        n = self._per_client[client] if client else 0
+        if self._closing or client is None or n >= self._max_connections + _REFUSALS:
             writer.close()
             return
-        task = asyncio.create_task(_Connection(self, reader, writer).run())
+        refusal = None
+        if n >= self._max_connections:
+            refusal = f"too many connections from {client}: at most {self._max_connections}; close some first"
+        self._per_client[client] += 1
+        task = asyncio.create_task(_Connection(self, reader, writer, client, refusal).run())
         self._clients[task] = writer
-        task.add_done_callback(self._clients.pop)
+        task.add_done_callback(lambda t: self._gone(t, client))
+
+    def _gone(self, task: asyncio.Task, client: str) -> None:
+        self._clients.pop(task)
+        self._per_client[client] -= 1
+        if not self._per_client[client]:
+            del self._per_client[client]
 
     async def close(self) -> None:
         self._closing = True
@@ -464,7 +576,7 @@ async def serve_unix(namespace: Namespace, path: str | os.PathLike | None = None
     path = Path(path) if path is not None else default_socket_path()
     _private_dir(path.parent)
     await _clear_stale_socket(path)
-    srv = NinePServer(namespace, token=None)
+    srv = NinePServer(namespace, token=None, max_connections=MAX_UNIX_CONNECTIONS)
     srv._server = await asyncio.start_unix_server(srv._accept, str(path))
     os.chmod(path, 0o600)
     srv.address = str(path)
@@ -475,7 +587,7 @@ async def serve_tcp(namespace: Namespace, host: str = "127.0.0.1", port: int = 0
     """Serve `namespace` on TCP; every Tattach must carry `token` as its aname. Port 0 picks one."""
     if not token:
         raise ValueError("serving 9P over TCP requires a token")
-    srv = NinePServer(namespace, token=token)
+    srv = NinePServer(namespace, token=token, max_connections=MAX_TCP_CONNECTIONS)
     srv._server = await asyncio.start_server(srv._accept, host, port)
     srv.address = srv._server.sockets[0].getsockname()[:2]
     return srv
