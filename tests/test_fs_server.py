@@ -82,3 +82,21 @@ def test_the_tcp_token_comes_from_a_file_never_the_command_line(tmp_path):
         assert b"s3cret" not in Path(f"/proc/{srv.pid()}/cmdline").read_bytes()
     finally:
         srv.stop()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="making a directory another user's needs root")
+@pytest.mark.parametrize("theirs", ["ns", "tmp"])
+def test_directories_of_another_user_are_refused(tmp_path, theirs):
+    """Under a shared /tmp, whoever makes a name first owns it and what goes into it."""
+    srv = FsServer(tmp_path)
+    (tmp_path / theirs).mkdir(exist_ok=True)
+    os.chown(tmp_path / theirs, 65534, 65534)
+    out = srv.ollie("srv", "start", check=False)
+    assert out.returncode == 1 and f"{tmp_path / theirs} belongs to uid 65534, not to you" in out.stderr
+    assert not os.path.ismount(srv.mnt)
+    srv.stop()
+
+
+def test_namespace_and_scratch_directories_are_private(server):
+    for d in (server.root / "ns", server.root / "tmp", server.root / "tmp" / "scratch"):
+        assert stat.S_IMODE(os.stat(d).st_mode) == 0o700, d

@@ -16,6 +16,7 @@ from ollie.fs.namespace import File, FsError, Handle, Namespace, StaticDir
 from ollie.fs.ninep_client import Client, RemoteError, parse_address
 from ollie.fs.ninep_server import default_socket_path, serve_tcp, serve_unix
 from ollie.fs.stores import CtlFile, DiskDir, OnCloseFile, TextFile
+from ollie.types import ConfigError
 
 
 class WaitFile(File):
@@ -112,6 +113,18 @@ async def test_socket_is_private_and_removed_on_close(tmp_path):
         await serve_unix(Namespace(StaticDir()), d / "ollie")
     await srv.close()
     assert not (d / "ollie").exists()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="making a directory another user's needs root")
+async def test_a_socket_directory_of_another_user_is_refused(tmp_path):
+    """Under a shared /tmp, whoever makes /tmp/ns.$USER.$DISPLAY first owns it and what is in it."""
+    d = tmp_path / "theirs"
+    d.mkdir()
+    d.chmod(0o777)
+    os.chown(d, 65534, 65534)
+    with pytest.raises(ConfigError, match="belongs to uid 65534, not to you"):
+        await serve_unix(Namespace(StaticDir()), d / "ollie")
+    assert os.listdir(d) == [] and stat.S_IMODE(os.stat(d).st_mode) == 0o777
 
 
 async def test_stale_socket_is_replaced(tmp_path):

@@ -86,11 +86,13 @@ def _start(args: argparse.Namespace) -> int:
     import select
     import subprocess
 
+    from .. import config
+
     opts = _options(args)
     if pid := _running_pid(opts):
         print(f"ollie srv: already running (pid {pid})", file=sys.stderr)
         return 1
-    opts.socket.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    config.private_dir(opts.socket.parent)  # the log goes there before the server checks it (ConfigError)
     argv = [sys.executable, "-c", "import sys; from ollie.cli import main; sys.exit(main())", "srv", "fg",
             "--socket", str(opts.socket)]
     argv += ["--no-mount"] if opts.mount is None else ["--mount", str(opts.mount)]

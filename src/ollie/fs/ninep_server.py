@@ -38,6 +38,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .. import config
 from . import ninep as P
 from .namespace import FsError, Handle, Namespace, OpenMode
 from .namespace import Stat as NsStat
@@ -543,16 +544,6 @@ class NinePServer:
                 pass
 
 
-def _private_dir(path: Path) -> None:
-    """Make `path` a directory only we can enter; refuse one that someone else owns."""
-    path.mkdir(mode=0o700, parents=True, exist_ok=True)
-    st = os.lstat(path)
-    if not S.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
-        raise PermissionError(f"{path}: not a directory of ours; refusing to serve there")
-    if S.S_IMODE(st.st_mode) & 0o077:
-        os.chmod(path, 0o700)
-
-
 async def _clear_stale_socket(path: Path) -> None:
     if not path.exists():
         return
@@ -574,7 +565,7 @@ async def _clear_stale_socket(path: Path) -> None:
 async def serve_unix(namespace: Namespace, path: str | os.PathLike | None = None) -> NinePServer:
     """Serve `namespace` on a Unix socket (0600, in a 0700 directory); default `default_socket_path()`."""
     path = Path(path) if path is not None else default_socket_path()
-    _private_dir(path.parent)
+    config.private_dir(path.parent)  # under a shared /tmp: refused if another user made it first
     await _clear_stale_socket(path)
     srv = NinePServer(namespace, token=None, max_connections=MAX_UNIX_CONNECTIONS)
     srv._server = await asyncio.start_unix_server(srv._accept, str(path))

@@ -9,11 +9,13 @@
     x/    plugins            $OLLIE_CFG_PATH/plugins
     m/    memory             $OLLIE_DATA_PATH/memory
     tr/   transcripts        $OLLIE_DATA_PATH/transcripts (ctl `save` writes here)
-    tmp/  scratch            $OLLIE_TMP_PATH/scratch
+    tmp/  scratch            $OLLIE_TMP_PATH/scratch, 0700
     s/    sessions           see sessions.py
 """
 
 from __future__ import annotations
+
+from pathlib import Path
 
 from .. import config
 from .namespace import Namespace, StaticDir
@@ -85,6 +87,12 @@ def backends_text() -> str:
     return "".join(f"{n}{' *' if n == default else ''}\n" for n in backends.names())
 
 
+def _private(path: Path) -> Path:
+    """Scratch under a shared /tmp: ours alone, or the server refuses to start (ConfigError)."""
+    config.private_dir(path.parent)
+    return config.private_dir(path)
+
+
 def build(sessions: Sessions) -> Namespace:
     cfg, data = config.cfg_path(), config.data_path()
     tools = config.tools_path()[0]
@@ -100,7 +108,7 @@ def build(sessions: Sessions) -> Namespace:
         "x": DiskDir(cfg / "plugins"),
         "m": DiskDir(data / "memory"),
         "tr": DiskDir(data / "transcripts"),
-        "tmp": DiskDir(config.tmp_path() / "scratch"),
+        "tmp": DiskDir(_private(config.tmp_path() / "scratch")),
         "s": SessionsDir(sessions, {"sh": SH, "ls": LS, "kill": KILL}),
     })
     return Namespace(root)
