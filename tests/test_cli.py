@@ -176,3 +176,10 @@ def test_a_data_directory_that_cannot_be_created_is_one_line_not_a_traceback(scr
     out = ollie("run", "--script", script([{"text": "hi"}]), "hello")
     assert out.returncode == 1
     assert out.stderr.startswith("ollie: /proc/ollie-data: ") and "Traceback" not in out.stderr
+
+
+def test_a_script_turn_that_is_no_object_is_refused_naming_it(script):
+    out = ollie("run", "--script", script([{"text": "one"}, "two"]), "hi")
+    assert out.returncode == 1
+    assert out.stderr.strip() == ("ollie: scripted backend: turn 2 (index 1) must be an object with keys such as "
+                                  "text and tool_calls, not str 'two'")

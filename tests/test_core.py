@@ -174,7 +174,7 @@ async def test_invalid_arguments_unknown_and_empty_tools_become_error_results():
     await core.submit("go")
     results = [m for m in core.messages if m.role == "tool"]
     assert all(r.is_error for r in results)
-    assert "invalid JSON arguments for echo" in results[0].content
+    assert "arguments for echo are not valid JSON: Expecting property name" in results[0].content
     assert "unknown tool 'nope'" in results[1].content and "echo" in results[1].content
     assert "empty tool name" in results[2].content
     assert "must be a JSON object" in results[3].content

@@ -1,4 +1,9 @@
-"""Recovering tool calls that a model wrote as text instead of as structured calls.
+"""Tool-call arguments read safely, and tool calls that a model wrote as text instead of as
+structured calls recovered.
+
+Arguments are JSON text written by a model: `parse_arguments` turns them into the object tools
+take, or says what is wrong with them (not JSON, nested too deep, not an object) in words the model
+can act on; `arguments_text` writes arguments that an API sent already parsed.
 
 Three shapes are recognised: `<tool_call>{…}</tool_call>` tags (Hermes, Qwen), DeepSeek's DSML
 markup, and a bare JSON object `{"name": …, "arguments": {…}}` (also fenced in ```json, or in the
@@ -15,7 +20,7 @@ import re
 from collections.abc import Collection
 from typing import Any
 
-from .types import ToolCall
+from .types import ToolCall, valid_text, valid_value
 
 _TAGGED = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|\Z)", re.S)
 
@@ -32,6 +37,66 @@ _DSML_PARAM = re.compile(
 
 _FENCE = re.compile(r"```(?:json)?\s*(\{.*?\})\s*```", re.S)
 _CALL_KEYS = {"name", "arguments", "parameters", "id", "type"}
+
+
+# Levels of nesting in a call's arguments. No tool needs more, and deeper values exhaust the
+# recursion of the JSON encoders they pass through (ours, the SDKs', the servers') on every request.
+MAX_DEPTH = 64
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+_JSON_TYPES = {list: "an array", str: "a string", int: "a number", float: "a number", bool: "true or false",
+               type(None): "null"}
+
+
+class BadArguments(ValueError):
+    """Arguments no tool can take; the message completes "arguments for TOOL ..."."""
+
+
+def parse_arguments(text: str) -> dict[str, Any]:
+    """A call's arguments as the object tools take ({} for none), its strings valid Unicode."""
+    if not text.strip():
+        return {}
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise BadArguments(f"are not valid JSON: {e.msg} at position {e.pos}") from None
+    except RecursionError:
+        raise BadArguments(f"are nested more than {MAX_DEPTH} levels deep") from None
+    if not isinstance(value, dict):
+        raise BadArguments(f"must be a JSON object, not {_JSON_TYPES[type(value)]}")
+    if _too_deep(value):
+        raise BadArguments(f"are nested more than {MAX_DEPTH} levels deep")
+    # A "\ud800" escape decodes to a lone surrogate, which no tool or provider can take.
+    return valid_value(value) if _SURROGATE_ESCAPE.search(text) else value
+
+
+def arguments_text(value: Any) -> str:
+    """Arguments that an API sent parsed, as JSON text. Containers nested deeper than MAX_DEPTH
+    are cut (shown as "…"): encoding them whole could exhaust the recursion, and the text, still
+    too deep, gets the call its error result. Values JSON has no type for are written as text."""
+    return valid_text(json.dumps(_cut(value, MAX_DEPTH + 1), ensure_ascii=False, default=str))
+
+
+def _too_deep(value: Any) -> bool:
+    stack = [(value, 1)]
+    while stack:  # not recursive: the value may be as deep as the JSON decoder goes
+        v, depth = stack.pop()
+        children = v.values() if isinstance(v, dict) else v if isinstance(v, list) else None
+        if children is None:
+            continue
+        if depth > MAX_DEPTH:
+            return True
+        stack.extend((child, depth + 1) for child in children)
+    return False
+
+
+def _cut(value: Any, levels: int) -> Any:
+    if isinstance(value, (dict, list, tuple)) and levels == 0:
+        return "…"
+    if isinstance(value, dict):
+        return {k if isinstance(k, str) else str(k): _cut(v, levels - 1) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_cut(v, levels - 1) for v in value]
+    return value
 
 
 def recover_tool_calls(text: str, known_tool_names: Collection[str], position: int = 0) -> tuple[str, list[ToolCall]]:
@@ -81,7 +146,7 @@ def _recover_dsml(text: str, known: set[str]) -> tuple[str, list[tuple[str, str]
             if name not in known:
                 return block.group(0)
             args = {p.group(1): _dsml_value(p.group(3), p.group(2)) for p in _DSML_PARAM.finditer(invoke.group(2))}
-            found.append((name, json.dumps(args, ensure_ascii=False)))
+            found.append((name, arguments_text(args)))
         calls.extend(found)
         return "" if found else block.group(0)
 
@@ -95,7 +160,7 @@ def _dsml_value(raw: str, string: str | None) -> Any:
         return raw
     try:
         return json.loads(raw)
-    except ValueError:
+    except (ValueError, RecursionError):
         return raw
 
 
@@ -113,6 +178,8 @@ def _recover_json(text: str, known: set[str]) -> tuple[str, list[tuple[str, str]
         except ValueError:
             start = text.find("{", start + 1)
             continue
+        except RecursionError:  # no call is nested that deep; and trying each inner "{" would take long
+            break
         call = _call_from_obj(obj, known)
         if call:
             return text[:start] + text[end:], [call]
@@ -123,7 +190,7 @@ def _recover_json(text: str, known: set[str]) -> tuple[str, list[tuple[str, str]
 def _call_from_json(raw: str, known: set[str]) -> tuple[str, str] | None:
     try:
         return _call_from_obj(json.loads(raw), known)
-    except ValueError:
+    except (ValueError, RecursionError):
         return None
 
 
@@ -133,16 +200,17 @@ def _call_from_obj(obj: Any, known: set[str]) -> tuple[str, str] | None:
         return None
     if isinstance(obj.get("function"), dict) and set(obj) <= {"type", "id", "function"}:
         obj = obj["function"]
-    if not set(obj) <= _CALL_KEYS or obj.get("name") not in known:
+    name = obj.get("name")
+    if not set(obj) <= _CALL_KEYS or not isinstance(name, str) or name not in known:
         return None
     if "arguments" not in obj and "parameters" not in obj:
         return None
     args = obj.get("arguments", obj.get("parameters"))
     if isinstance(args, str):  # OpenAI style: arguments already JSON text
         try:
-            args = json.loads(args) if args.strip() else {}
-        except ValueError:
+            args = parse_arguments(args)
+        except BadArguments:
             return None
     if not isinstance(args, dict):
         return None
-    return obj["name"], json.dumps(args, ensure_ascii=False)
+    return name, arguments_text(args)

@@ -5,10 +5,34 @@ Nothing here imports anything heavy; every other module of ollie may import this
 
 from __future__ import annotations
 
+import re
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 Role = Literal["system", "user", "assistant", "tool"]
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def valid_text(text: str) -> str:
+    """`text` with each lone surrogate (what a JSON "\\ud800" escape decodes to) replaced by U+FFFD:
+    it is no Unicode, cannot be written as UTF-8, and providers refuse a request that holds one.
+    A split pair is joined."""
+    if not _SURROGATE.search(text):
+        return text
+    return text.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
+
+
+def valid_value(value: Any) -> Any:
+    """`valid_text` over the strings of a JSON value (recursive: for values of bounded depth)."""
+    if isinstance(value, str):
+        return valid_text(value)
+    if isinstance(value, list):
+        return [valid_value(v) for v in value]
+    if isinstance(value, dict):
+        return {valid_value(k): valid_value(v) for k, v in value.items()}
+    return value
 
 
 @dataclass(slots=True)
@@ -93,7 +117,9 @@ class ReasoningDelta:
 @dataclass(slots=True)
 class ToolCallDelta:
     """A piece of a tool call. Pieces with the same index belong to one call; the call's
-    position among the turn's calls is its index, whatever order the pieces arrive in."""
+    position among the turn's calls is its index, whatever order the pieces arrive in.
+    Backends pass on the id, name and arguments as the API sent them, whatever their type: the
+    Core makes a well-formed call of them (and a malformed one gets an error result)."""
 
     index: int
     id: str = ""

@@ -21,9 +21,10 @@ from typing import TYPE_CHECKING, Any
 
 from .. import config
 from ..chatfmt import ChatRenderer
-from ..textcalls import recover_tool_calls, stable_call_id
+from ..textcalls import BadArguments, arguments_text, parse_arguments, recover_tool_calls, stable_call_id
 from ..tools import CallContext, Dispatcher, Tool, ToolResult
 from ..types import (
+    BackendError,
     ConfigError,
     ContextOverflowError,
     Done,
@@ -40,6 +41,8 @@ from ..types import (
     TransientError,
     Usage,
     UsageChunk,
+    valid_text,
+    valid_value,
 )
 from . import context, hooks
 from .session import SessionMeta, SessionStore, check_session_id, new_session_id
@@ -219,6 +222,7 @@ class Core:
 
     def emit(self, ev: Event) -> None:
         """Send an event to every subscriber and to the chat log (frontends may add notes too)."""
+        ev.text = valid_text(ev.text)  # whatever it quotes (a server's error, a prompt) must be writable
         if text := self._renderer.render(ev):
             self._store.append_chat(text)
         for handler in tuple(self._subscribers):
@@ -394,6 +398,7 @@ class Core:
     # ---- the loop ----------------------------------------------------------------------------------
     async def _run_turn(self, prompt: str) -> str | None:
         """Run one turn; return a follow-up prompt (from a postTurn hook) or None."""
+        prompt = valid_text(prompt)  # an argv or a file may hold bytes that are no UTF-8
         self._reply = ""
         self._check_spending_cap()
         if not self._ctx_asked:
@@ -467,7 +472,12 @@ class Core:
             result.content += "\n\n" + "\n\n".join(notes)
 
     def _commit(self, messages: list[Message]) -> None:
-        """Append completed messages to the history and to disk."""
+        """Append completed messages to the history and to disk; nothing in them may be unwritable
+        as UTF-8 or unsendable (tool calls are checked as they are put together)."""
+        for m in messages:
+            m.content = valid_text(m.content)
+            if m.provider_data:
+                m.provider_data = valid_value(m.provider_data)
         self.messages.extend(messages)
         self._store.append_messages(messages)
         self.window.added(messages)
@@ -511,31 +521,30 @@ class Core:
         self._set_state("thinking")
         messages = [Message("system", self._env.system_prompt), *self.messages]
         text: list[str] = []
-        parts: dict[int, ToolCallDelta] = {}
+        parts: dict[int, list[ToolCallDelta]] = {}
         done: Done | None = None
         counted = False
         async for chunk in self.backend.stream(messages, tools, self.params):
             if isinstance(chunk, TextDelta):
-                text.append(chunk.text)
-                self.emit(Event("assistant", chunk.text))
+                text.append(self._text_of(chunk))
+                self.emit(Event("assistant", text[-1]))
             elif isinstance(chunk, ToolCallDelta):
-                part = parts.setdefault(chunk.index, ToolCallDelta(chunk.index))
-                part.id = part.id or chunk.id
-                part.name += chunk.name
-                part.arguments += chunk.arguments
+                if not isinstance(chunk.index, int):  # no telling which call the piece belongs to
+                    raise BackendError(f"malformed answer: a tool call piece has the index {chunk.index!r}, "
+                                       "not a number", provider=self.backend.name)
+                parts.setdefault(chunk.index, []).append(chunk)
             elif isinstance(chunk, UsageChunk):
                 counted = counted or bool(chunk.usage.input_tokens or chunk.usage.output_tokens)
                 self._add_usage(chunk.usage)
                 self.window.measured(chunk.usage)
             elif isinstance(chunk, ReasoningDelta):
-                self.emit(Event("reasoning", chunk.text))
+                self.emit(Event("reasoning", self._text_of(chunk)))
             elif isinstance(chunk, Done):
                 done = chunk
         if done is None:
             raise TransientError("the stream ended before the answer was complete", provider=self.backend.name)
-        calls = [ToolCall(p.id or stable_call_id(len(self.messages), i, p.name, p.arguments), p.name, p.arguments)
-                 for i, p in sorted(parts.items())]
-        content = "".join(text)
+        calls = self._assemble_calls(parts)
+        content = valid_text("".join(text))  # before recovering calls from it: their arguments come from it
         if not counted:  # the backend gave no token counts: estimate them, and say so
             out = len(content) + sum(len(c.arguments) for c in calls)
             self._add_usage(Usage(input_tokens=self.window.estimate(), output_tokens=out // context.CHARS_PER_TOKEN,
@@ -546,10 +555,38 @@ class Core:
             self.emit(Event("info", "the answer was cut off at the token limit"))
         return Message("assistant", content, tool_calls=calls, provider_data=done.provider_data)
 
+    def _text_of(self, chunk: TextDelta | ReasoningDelta) -> str:
+        if not isinstance(chunk.text, str):
+            what = "text" if isinstance(chunk, TextDelta) else "reasoning"
+            raise BackendError(f"malformed answer: a piece of its {what} is {type(chunk.text).__name__}, not a string",
+                               provider=self.backend.name)
+        return chunk.text
+
+    def _assemble_calls(self, parts: dict[int, list[ToolCallDelta]]) -> list[ToolCall]:
+        """The answer's calls from their pieces, fit for the history whatever the backend sent: a
+        name or arguments that are no text become text (then an unknown name or bad arguments give
+        the call its error result), and an id that is missing, no text or already used is replaced
+        by a stable one (providers refuse a history in which two calls share an id)."""
+        taken = {c.id for m in self.messages for c in m.tool_calls}
+        calls = []
+        for i, (_, pieces) in enumerate(sorted(parts.items())):
+            name = valid_text("".join(_as_text(p.name) for p in pieces))
+            args = valid_text("".join(_as_text(p.arguments) for p in pieces))
+            call_id = next((p.id for p in pieces if p.id), "")
+            if not isinstance(call_id, str) or not call_id or call_id in taken:
+                call_id = stable_call_id(len(self.messages), i, name, args)
+            taken.add(call_id)
+            calls.append(ToolCall(valid_text(call_id), name, args))
+        return calls
+
     def _add_usage(self, usage: Usage) -> None:
         """Count a request's tokens and cost into the session's (summary requests too)."""
         from ..cost import cost_of
 
+        counts = vars_of(usage)
+        if bad := [k for k, v in counts.items() if not isinstance(v, (int, float)) and (k, v) != ("cost", None)]:
+            raise BackendError(f"malformed answer: its usage ({', '.join(bad)}) is not in numbers",
+                               provider=self.backend.name)
         self.usage_total.add(usage)
         last = usage.cost if usage.cost is not None else cost_of(self.model, usage)[0]
         self._meta.cost_last = last
@@ -617,28 +654,24 @@ class Core:
         if tool is None or not (tool.read_only or tool.read_only_call):
             return False
         try:
-            args = json.loads(call.arguments or "{}")
-        except json.JSONDecodeError:
+            return tool.reads_only(parse_arguments(call.arguments))
+        except BadArguments:
             return False
-        return isinstance(args, dict) and tool.reads_only(args)
 
     async def _call(self, call: ToolCall) -> Message:
         self._set_state(f"calling: {call.name}")
         self.emit(Event("call", call.arguments, name=call.name))
         result = await self._dispatch(call)
-        text = self._fit(result.text())
+        text = self._fit(valid_text(result.text()))  # a tool's output may be anything
         self.emit(Event("tool", text, name=call.name, data={"is_error": result.is_error}))
         return Message("tool", text, is_error=result.is_error)
 
     async def _dispatch(self, call: ToolCall) -> ToolResult:
         try:
-            args = json.loads(call.arguments) if call.arguments.strip() else {}
-        except json.JSONDecodeError as e:
-            return ToolResult.of(f"invalid JSON arguments for {call.name}: {e.msg} at position {e.pos}; "
-                                 "send one JSON object that matches the tool's schema", is_error=True)
-        if not isinstance(args, dict):
-            return ToolResult.of(f"arguments for {call.name} must be a JSON object, got {type(args).__name__}",
-                                 is_error=True)
+            args = parse_arguments(call.arguments)
+        except BadArguments as e:
+            return ToolResult.of(f"arguments for {call.name} {e}; send one JSON object that matches the tool's "
+                                 "schema", is_error=True)
         pre = await hooks.run(self, "preTool", {"tool": call.name, "arguments": call.arguments})
         if pre.blocked:
             return ToolResult.of(f"blocked by a preTool hook: {pre.reason}", is_error=True)
@@ -732,6 +765,11 @@ class Core:
         self._save_meta()
         self._store.close()
         shutil.rmtree(self.tmpdir, ignore_errors=True)
+
+
+def _as_text(value: Any) -> str:
+    """A piece of a call's name or arguments as text: None is none; another value, as JSON."""
+    return value if isinstance(value, str) else "" if value is None else arguments_text(value)
 
 
 def last_reply(messages: list[Message]) -> str:

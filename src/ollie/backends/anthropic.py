@@ -7,11 +7,11 @@ tool calls on later requests that have thinking on, as the API requires.
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import AsyncIterator
 from typing import Any
 
+from ..textcalls import BadArguments, parse_arguments
 from ..types import (
     BackendError,
     Chunk,
@@ -104,6 +104,8 @@ class AnthropicBackend:
             raise TransientError(f"network: {e}", provider=PROVIDER) from e
         except (ValueError, AttributeError, KeyError, TypeError) as e:  # JSON or events not as the API sends them
             raise BackendError(f"malformed stream event: {e!r}", provider=PROVIDER) from e
+        except RecursionError:  # the SDK's JSON decoder gave up on it
+            raise BackendError("malformed stream event: nested too deeply to read", provider=PROVIDER) from None
 
     async def models(self) -> list[str]:
         import anthropic
@@ -219,13 +221,12 @@ def _assistant_blocks(m: Message, with_thinking: bool, calls_as_text: bool) -> l
 
 def _input(arguments: str) -> dict[str, Any]:
     """Arguments as the object the API wants; anything else (text that is not JSON, a JSON
-    array from another model) is sent as it was written, since the API refuses a history
-    with a non-object input on every later request."""
+    array from another model, nesting too deep) is sent as it was written, since the API refuses
+    a history with a non-object input on every later request."""
     try:
-        value = json.loads(arguments) if arguments.strip() else {}
-    except ValueError:
-        value = None
-    return value if isinstance(value, dict) else {"_raw": arguments}
+        return parse_arguments(arguments)
+    except BadArguments:
+        return {"_raw": arguments}
 
 
 def _cache_large_last_tool_result(out: list[dict[str, Any]]) -> None:

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..textcalls import stable_call_id
+from ..textcalls import BadArguments, arguments_text, parse_arguments, stable_call_id
 from ..types import (
     Chunk,
     ConfigError,
@@ -265,8 +265,8 @@ def _assistant_text(m: Message, tools: list[ToolSpec]) -> str:
     if m.tool_calls:
         call = m.tool_calls[0]
         try:
-            args = json.loads(call.arguments or "{}")
-        except ValueError:
+            args = parse_arguments(call.arguments)
+        except BadArguments:
             args = {}
         return json.dumps({"tool_call": {"name": call.name, "arguments": args}})
     return json.dumps({"answer": m.content})
@@ -419,13 +419,13 @@ class _Output:
             return
         try:
             call = json.loads(self.raw)["tool_call"] if _CALL.match(self.raw) else None
-        except (ValueError, KeyError, TypeError):
+        except (ValueError, KeyError, TypeError, RecursionError):
             call = None
         if call is None:  # cut off by the token limit: show what there is
             if self.raw:
                 yield TextDelta(self.raw)
             return
-        args = json.dumps(call["arguments"], ensure_ascii=False)
+        args = arguments_text(call["arguments"])
         self.called = True
         yield ToolCallDelta(index=0, id=stable_call_id(self.turn, 0, call["name"], args), name=call["name"],
                             arguments=args)

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import httpx
 
-from ..textcalls import stable_call_id
+from ..textcalls import BadArguments, arguments_text, parse_arguments, stable_call_id
 from ..types import (
     BackendError,
     Chunk,
@@ -157,10 +157,12 @@ def _message(m: Message) -> dict[str, Any]:
     return out
 
 
-def _arguments(text: str) -> Any:
+def _arguments(text: str) -> dict[str, Any]:
+    """An object, as Ollama refuses any other arguments (on every later request); arguments that
+    make none are sent as they were written."""
     try:
-        return json.loads(text) if text.strip() else {}
-    except ValueError:
+        return parse_arguments(text)
+    except BadArguments:
         return {"_raw": text}
 
 
@@ -173,32 +175,42 @@ async def _chunks(lines: AsyncIterator[str], turn: int) -> AsyncIterator[Chunk]:
         if not line.strip():
             continue
         try:
-            obj = json.loads(line)
-            err = obj.get("error")
-        except (ValueError, AttributeError):
+            chunks = list(_line_chunks(json.loads(line), turn, calls))
+        except RecursionError:  # the JSON decoder gave up on it
+            raise BackendError(f"malformed stream line, nested too deeply to read: {line[:100]!r}…",
+                               provider=PROVIDER) from None
+        except (ValueError, AttributeError, TypeError):  # not JSON, or not shaped as Ollama's lines
             raise BackendError(f"malformed stream line: {line[:200]!r}", provider=PROVIDER) from None
-        if err:  # an error after the stream started has no status of its own
-            raise http_error(PROVIDER, None, str(err))
-        msg = obj.get("message") or {}
-        if thinking := msg.get("thinking"):
-            yield ReasoningDelta(thinking)
-        if content := msg.get("content"):
-            yield TextDelta(content)
-        for call in msg.get("tool_calls") or ():
-            fn = call.get("function") or {}
-            args = fn.get("arguments") or {}
-            if not isinstance(args, str):  # an object, as Ollama sends it; some models' templates give text
-                args = json.dumps(args, ensure_ascii=False)
-            call_id = call.get("id") or stable_call_id(turn, calls, fn.get("name", ""), args)
-            yield ToolCallDelta(index=calls, id=call_id, name=fn.get("name", ""), arguments=args)
-            calls += 1
-        if obj.get("done"):
-            usage = Usage(input_tokens=obj.get("prompt_eval_count") or 0, output_tokens=obj.get("eval_count") or 0,
-                          requests=1)
-            yield UsageChunk(usage)
-            yield Done(stop_reason=_stop_reason(obj.get("done_reason"), calls))
-            return
+        for chunk in chunks:
+            yield chunk
+            if isinstance(chunk, Done):
+                return
+            calls += isinstance(chunk, ToolCallDelta)
     raise TransientError("the stream ended before its final (done) line", provider=PROVIDER)
+
+
+def _line_chunks(obj: dict[str, Any], turn: int, calls: int) -> Iterator[Chunk]:
+    """The chunks of one line; `calls` of the answer came before it."""
+    if err := obj.get("error"):  # an error after the stream started has no status of its own
+        raise http_error(PROVIDER, None, str(err))
+    msg = obj.get("message") or {}
+    if thinking := msg.get("thinking"):
+        yield ReasoningDelta(thinking)
+    if content := msg.get("content"):
+        yield TextDelta(content)
+    for call in msg.get("tool_calls") or ():
+        fn = call.get("function") or {}
+        args = fn.get("arguments") or {}
+        if not isinstance(args, str):  # an object, as Ollama sends it; some models' templates give text
+            args = arguments_text(args)
+        call_id = call.get("id") or stable_call_id(turn, calls, fn.get("name", ""), args)
+        yield ToolCallDelta(index=calls, id=call_id, name=fn.get("name", ""), arguments=args)
+        calls += 1
+    if obj.get("done"):
+        usage = Usage(input_tokens=obj.get("prompt_eval_count") or 0, output_tokens=obj.get("eval_count") or 0,
+                      requests=1)
+        yield UsageChunk(usage)
+        yield Done(stop_reason=_stop_reason(obj.get("done_reason"), calls))
 
 
 def _stop_reason(done_reason: str | None, calls: int) -> StopReason:

@@ -154,6 +154,8 @@ class OpenAIBackend:
             raise http_error(self.name, None, f"cannot reach {self.base_url}: {e.__cause__ or e}") from None
         except json.JSONDecodeError as e:
             raise BackendError(f"malformed stream chunk: {e}", provider=self.name) from None
+        except RecursionError:  # the SDK's JSON decoder gave up on it
+            raise BackendError("malformed stream chunk: nested too deeply to read", provider=self.name) from None
         except openai.APIError as e:  # an error object the server sent inside the stream
             body = e.body if isinstance(e.body, dict) else {}
             code = body.get("code")  # OpenRouter gives the HTTP status the upstream answered

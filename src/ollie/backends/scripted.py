@@ -15,6 +15,9 @@ answering), `chunk` (stream text in pieces of this many characters), `stop_reaso
 stream without its final chunk, as a dropped connection does), `error` ({type: rate_limit | transient |
 context_overflow | tool_unsupported | other, message, retry_after}), and `expect` (a substring the
 last user or tool message must contain: the double fails loudly when the agent sent something else).
+A turn of the wrong shape (not an object, an unknown key, a value of the wrong type) is refused when
+the backend is built, naming the turn; what a tool call holds is left as written, so that a script
+can play a model that sends malformed calls.
 
 Instead of a list, `{"rules": [{"match": REGEX, ...turn}]}` answers every request with the first rule
 whose regex matches the last user message; rules are never used up (for agents in long scripts).
@@ -28,10 +31,12 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import reprlib
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+from ..textcalls import arguments_text
 from ..types import (
     BackendError,
     Chunk,
@@ -59,6 +64,16 @@ _ERRORS: dict[str, type[BackendError]] = {
     "tool_unsupported": ToolUnsupportedError,
     "other": BackendError,
 }
+
+
+# A turn's keys and their types. The contents of a tool call are not checked: a script may play a
+# model that sends a malformed one.
+_TURN_KEYS: dict[str, tuple[type, ...]] = {
+    "text": (str,), "reasoning": (str,), "tool_calls": (list,), "usage": (dict,), "delay": (int, float),
+    "chunk": (int,), "stop_reason": (str,), "drop": (bool,), "error": (dict,), "expect": (str,),
+}
+_RULE_KEYS = {**_TURN_KEYS, "match": (str,)}
+_TYPE_NAMES = {str: "a string", list: "a list", dict: "an object", int: "a number", bool: "true or false"}
 
 
 class ScriptError(OllieError, AssertionError):
@@ -94,9 +109,13 @@ class ScriptedBackend:
     def __init__(self, script: list[dict] | dict | str | Path, *, model: str = "scripted", context_length: int = 128_000):
         data = load_script(script)
         self._rules: list[dict] | None = data.get("rules") if isinstance(data, dict) else None
-        if isinstance(data, dict) and self._rules is None:
+        if isinstance(data, dict) and not isinstance(self._rules, list):
             raise ConfigError("scripted backend: a script object needs a \"rules\" list")
         self._turns: list[dict] = list(data) if isinstance(data, list) else []
+        for i, turn in enumerate(self._turns):
+            _check_turn(turn, f"turn {i + 1} (index {i})", _TURN_KEYS)
+        for i, rule in enumerate(self._rules or ()):
+            _check_turn(rule, f"rule {i + 1} (index {i})", _RULE_KEYS)
         self.model = model
         self._context_length = context_length
         self.requests: list[list[Message]] = []  # every request's messages, for assertions
@@ -114,7 +133,7 @@ class ScriptedBackend:
         last_user = next((m.content for m in reversed(messages) if m.role == "user"), "")
         if self._rules is not None:
             for rule in self._rules:
-                if re.search(rule.get("match", ""), last_user, re.S):
+                if re.search(rule.get("match") or "", last_user, re.S):
                     return rule
             raise self._fail(f"scripted backend: no rule matches the request {last_user[:200]!r}")
         if not self._turns:
@@ -161,7 +180,7 @@ class ScriptedBackend:
                 index=i,
                 id=call.get("id") or f"call_{len(self.requests)}_{i}",
                 name=call.get("name", ""),
-                arguments=args if isinstance(args, str) else json.dumps(args),
+                arguments=args if isinstance(args, str) else arguments_text(args),
             )
         if turn.get("drop"):
             return
@@ -184,3 +203,28 @@ class ScriptedBackend:
 
     async def aclose(self) -> None:
         return None
+
+
+def _check_turn(turn: Any, where: str, keys: dict[str, tuple[type, ...]]) -> None:
+    """A ConfigError naming the turn (or rule) and what is wrong with its shape."""
+    if not isinstance(turn, dict):
+        raise ConfigError(f"scripted backend: {where} must be an object with keys such as text and tool_calls, "
+                          f"not {type(turn).__name__} {reprlib.repr(turn)}")
+    for key, value in turn.items():
+        if key not in keys:
+            raise ConfigError(f"scripted backend: {where} has an unknown key {key!r}; known keys: {', '.join(keys)}")
+        if value is not None and not isinstance(value, keys[key]):
+            raise ConfigError(f"scripted backend: {where}: {key} must be {_TYPE_NAMES[keys[key][0]]}, "
+                              f"not {type(value).__name__} {reprlib.repr(value)}")
+    for n, call in enumerate(turn.get("tool_calls") or ()):
+        if not isinstance(call, dict):
+            raise ConfigError(f"scripted backend: {where}: tool_calls[{n}] must be an object (name, arguments, id), "
+                              f"not {type(call).__name__} {reprlib.repr(call)}")
+    if unknown := set(turn.get("usage") or ()) - set(Usage.__dataclass_fields__):
+        raise ConfigError(f"scripted backend: {where}: usage has unknown keys {sorted(unknown)}; known: "
+                          f"{', '.join(Usage.__dataclass_fields__)}")
+    if turn.get("match") is not None:
+        try:
+            re.compile(turn["match"])
+        except re.error as e:
+            raise ConfigError(f"scripted backend: {where}: match is no regular expression: {e}") from None
