@@ -282,6 +282,7 @@ def test_rename_and_kill(fs_server):
     fs_server.sh("rm -r s/renamed")
     assert "renamed" not in os.listdir(fs_server.mnt / "s")
     assert not (fs_server.data / "sessions" / "renamed").exists()
+    assert (fs_server.mnt / "tr" / "renamed" / "chat").exists()  # kept a while: see test_fs_transcripts
     fs_server.sh(f"echo 'kill {busy}' > ctl")
     assert busy not in os.listdir(fs_server.mnt / "s")
     assert fs_server.sh("s/kill nosuch", check=False).returncode != 0

@@ -3,6 +3,8 @@ Unix socket, TCP when asked) and a FUSE mount.
 
 Files beside the socket (`$NAMESPACE/ollie`, in a 0700 directory): `ollie.pid`, `ollie.log` (the
 daemon's output), `ollie.token` (0600, when TCP is served).
+
+Killed sessions past their retention are pruned at start and every transcripts.PRUNE_INTERVAL.
 """
 
 from __future__ import annotations
@@ -55,14 +57,17 @@ class Server:
         self.listeners: list = []
         self.mount = None
         self.sessions = None
+        self._pruner: asyncio.Task | None = None
 
     async def start(self) -> None:
-        from . import tree
+        from . import transcripts, tree
         from .fuse import Mount
         from .ninep_server import serve_tcp, serve_unix
         from .sessions import Sessions
 
         _raise_fd_limit()
+        if pruned := transcripts.prune():  # a bad OLLIE_TRANSCRIPT_DAYS fails the start here
+            log.info("pruned %d expired transcripts", pruned)
         self.sessions = Sessions()
         restored = self.sessions.restore()
         ns = tree.build(self.sessions)
@@ -76,6 +81,7 @@ class Server:
                 self.mount = Mount(ns, str(self.opts.mount))
                 await self.mount.start()
             _write_private(self.opts.pid_file, f"{os.getpid()}\n{self.opts.mount or ''}\n")
+            self._pruner = asyncio.create_task(_prune_periodically())
         except BaseException:
             await self.stop()
             raise
@@ -84,6 +90,8 @@ class Server:
 
     async def stop(self) -> None:
         """Stop listening, unmount, close every session (their state is on disk), remove our files."""
+        if self._pruner is not None:
+            self._pruner.cancel()
         for listener in self.listeners:
             await listener.close()
         self.listeners = []
@@ -94,6 +102,14 @@ class Server:
             await self.sessions.close()
         for path in (self.opts.pid_file, self.opts.token_file):
             path.unlink(missing_ok=True)
+
+
+async def _prune_periodically() -> None:
+    from . import transcripts
+
+    while True:
+        await asyncio.sleep(transcripts.PRUNE_INTERVAL)
+        await asyncio.to_thread(transcripts.prune)  # rmtree of large sessions: off the loop
 
 
 def _raise_fd_limit() -> None:

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 
 from .. import config
 from ..types import GENERATION_PARAM_TYPES, ConfigError, Event, OllieError
+from . import transcripts
 from .namespace import Dir, File, FsError, Handle, OpenMode, Stat
 from .stores import CtlFile, LineBuffer, MiB, OnCloseFile, SnapshotHandle, TextFile, text_size
 
@@ -293,14 +294,14 @@ class Sessions:
             return session
 
     async def kill(self, sid: str) -> None:
-        """Stop the session and delete it from disk."""
-        from ..agent.session import SessionStore
+        """Stop the session and move its files to the transcripts (tr/)."""
+        from ..agent.session import sessions_dir
 
         async with self._lock:
             session = self.get(sid)
             del self._by_id[sid]
         await session.close()
-        SessionStore(sid).delete()
+        transcripts.keep(sessions_dir() / sid)
 
     async def rename(self, old: str, new: str) -> None:
         async with self._lock:

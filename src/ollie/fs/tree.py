@@ -8,7 +8,8 @@
     u/    utility scripts    $OLLIE_CFG_PATH/utils
     x/    plugins            $OLLIE_CFG_PATH/plugins
     m/    memory             $OLLIE_DATA_PATH/memory
-    tr/   transcripts        $OLLIE_DATA_PATH/transcripts (ctl `save` writes here)
+    tr/   transcripts        $OLLIE_DATA_PATH/transcripts (ctl `save` writes here; killed sessions
+                             are kept here a while, see transcripts.py)
     tmp/  scratch            $OLLIE_TMP_PATH/scratch, 0700
     s/    sessions           see sessions.py
 """
@@ -21,6 +22,7 @@ from .. import config
 from .namespace import Namespace, StaticDir
 from .sessions import Sessions, SessionsDir, root_ctl
 from .stores import DiskDir, TextFile, text_size, tools_index, validate_agent
+from .transcripts import TranscriptsDir
 
 HELP = """ollie file server
 
@@ -41,9 +43,10 @@ s/<id>/ctl        stop, kill, rn <name>, save [name], compact, clear, backend, m
 s/<id>/cfg        state backend model agent cwd and generation parameters; write k=v lines
 s/<id>/fifo.in    queue a prompt (starts it when idle);  fifo.out: pop the next queued prompt
 s/<id>/usage cost ctxsz models systemprompt env context offset plan prompt.prev mcp
-rm -r s/<id>      kill a session;  mv s/<id> s/<name>  rename it (not while it runs)
+rm -r s/<id>      kill a session (kept read-only in tr/<id>/ for $OLLIE_TRANSCRIPT_DAYS days);
+                  mv s/<id> s/<name>  rename it (not while it runs)
 a/ p/ sk/ t/ u/ x/ m/ tr/ tmp/   agent configs, prompts, skills, tools (t/idx), utilities,
-                  plugins, memory, transcripts, scratch
+                  plugins, memory, transcripts (saved chats, killed sessions), scratch
 """
 
 SH = r"""#!/bin/sh
@@ -73,7 +76,7 @@ cat "$s/idx"
 """
 
 KILL = r"""#!/bin/sh
-# s/kill ID...: end sessions (their history is deleted).
+# s/kill ID...: end sessions (kept read-only in tr/ for $OLLIE_TRANSCRIPT_DAYS days).
 s=$(dirname "$0")
 [ $# -gt 0 ] || { echo "usage: $0 ID..." >&2; exit 2; }
 for id; do echo "kill $id" > "$s/../ctl" || exit 1; done
@@ -107,7 +110,7 @@ def build(sessions: Sessions) -> Namespace:
         "u": DiskDir(cfg / "utils"),
         "x": DiskDir(cfg / "plugins"),
         "m": DiskDir(data / "memory"),
-        "tr": DiskDir(data / "transcripts"),
+        "tr": TranscriptsDir(data / "transcripts"),
         "tmp": DiskDir(_private(config.tmp_path() / "scratch")),
         "s": SessionsDir(sessions, {"sh": SH, "ls": LS, "kill": KILL}),
     })
