@@ -6,6 +6,7 @@ import json
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -176,6 +177,42 @@ def test_a_data_directory_that_cannot_be_created_is_one_line_not_a_traceback(scr
     out = ollie("run", "--script", script([{"text": "hi"}]), "hello")
     assert out.returncode == 1
     assert out.stderr.startswith("ollie: /proc/ollie-data: ") and "Traceback" not in out.stderr
+
+
+# Each drives a terminal: retitles the window, clears the screen, colours, overwrites what was written
+# (CR, BS), an 8-bit CSI, a hyperlink ended by ST.
+ESCAPES = "\x1b]0;pwned\x07 \x1b[2J \x1b[31mred\x1b[0m safe\rEVIL abc\x08\x08\x08XYZ \x9b31m \x1b]8;;http://x\x1b\\link"
+RAW = [b"\x1b", b"\x07", b"\r", b"\x08", "\x9b".encode()]
+
+
+def test_run_shows_control_characters_from_the_model_and_tools_escaped(ollie_dirs, tmp_path):
+    calc = Path(__file__).parent / "mcp_servers" / "calc.py"
+    (ollie_dirs / "cfg" / "agents").mkdir()
+    (ollie_dirs / "cfg" / "agents" / "calc.json").write_text(
+        json.dumps({"mcpServers": {"calc": {"command": sys.executable, "args": [str(calc)]}}}))
+    path = tmp_path / "turns.json"
+    path.write_text(json.dumps([
+        {"text": "model " + ESCAPES, "tool_calls": [{"name": "echo", "arguments": {"text": "tool " + ESCAPES}}]},
+        {"text": "end", "expect": "tool " + ESCAPES},
+    ]))
+    run = [*OLLIE, "run", "--agent", "calc", "--script", str(path)]
+    out = subprocess.run([*run, "go"], capture_output=True, timeout=120)  # bytes: text mode would eat CRs
+    assert out.returncode == 0, out.stderr
+    sid = out.stderr.decode().split("session: ")[1].split()[0]
+    chat = (ollie_dirs / "data" / "sessions" / sid / "chat").read_bytes()
+    for shown in (out.stdout, chat):
+        assert [raw for raw in RAW if raw in shown] == []
+        text = shown.decode()
+        assert "assistant: model \\x1b]0;pwned\\x07 \\x1b[2J \\x1b[31mred\\x1b[0m safe\\x0dEVIL" in text
+        assert "\ntool \\x1b]0;pwned\\x07" in text
+        assert "abc\\x08\\x08\\x08XYZ \\x9b31m \\x1b]8;;http://x\\x1b\\link" in text
+
+    out = subprocess.run([*run, "--json", "go"], capture_output=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert [raw for raw in RAW if raw in out.stdout] == []
+    events = [json.loads(line) for line in out.stdout.splitlines()]
+    assert next(e["text"] for e in events if e["kind"] == "assistant") == "model " + ESCAPES
+    assert next(e["text"] for e in events if e["kind"] == "tool") == "tool " + ESCAPES
 
 
 def test_a_script_turn_that_is_no_object_is_refused_naming_it(script):

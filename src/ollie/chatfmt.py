@@ -1,4 +1,4 @@
-"""The chat log: the conversation as plain text, the way `tail -f chat` shows it.
+r"""The chat log: the conversation as plain text, the way `tail -f chat` shows it.
 
     user: what is in this directory?
     assistant: Let me look.
@@ -9,11 +9,32 @@
 
 A segment of assistant text is prefixed once; tool calls are `-> name(args)`; results follow as
 they are; `retrying in Ns...`, `error: X` and `:: info` lines; each turn ends with a blank line.
+Control characters are shown as escapes (ESC as `\x1b`), so that printing the chat cannot drive
+the terminal: `visible` does it, for every frontend that prints text from a model or a tool.
 """
 
 from __future__ import annotations
 
+import re
+
 from .types import Event
+
+# What a terminal acts on instead of showing: C0 controls but tab and newline (ESC starts CSI and
+# OSC sequences; CR and BS write over what is shown), DEL, and C1 controls (U+009B is a CSI on its
+# own). Lone surrogates too: they cannot be written as UTF-8 at all.
+_UNSAFE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\ud800-\udfff]")
+
+
+def visible(text: str) -> str:
+    r"""`text` safe to print to a terminal, each control character shown as an escape (`\x1b`,
+    `\x0d`, `\x9b`, `\ud800`). A CR before a newline only ends a line: it goes."""
+    text = text.replace("\r\n", "\n")
+    return _UNSAFE.sub(_escape, text) if _UNSAFE.search(text) else text
+
+
+def _escape(m: re.Match[str]) -> str:
+    code = ord(m[0])
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
 
 
 class ChatRenderer:
@@ -28,13 +49,13 @@ class ChatRenderer:
                 return ""
             out = ev.text if self._in_text else "assistant: " + ev.text
             self._in_text = True
-            return out
+            return visible(out)
         line = self._line(ev)
         if line is None:
             return ""
         out = "\n" if self._in_text else ""
         self._in_text = False
-        return out + line
+        return visible(out + line)
 
     @staticmethod
     def _line(ev: Event) -> str | None:

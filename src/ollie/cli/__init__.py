@@ -20,6 +20,7 @@ def main(argv: list[str] | None = None) -> int:
     if not hasattr(args, "func"):
         parser.print_help()
         return 2
+    from ..chatfmt import visible
     from ..types import OllieError
 
     try:
@@ -27,11 +28,11 @@ def main(argv: list[str] | None = None) -> int:
 
         config.load_env_file()
         return args.func(args)
-    except OllieError as e:
-        print(f"ollie: {e}", file=sys.stderr)
+    except OllieError as e:  # the message may quote a server's reply or a file
+        print(f"ollie: {visible(str(e))}", file=sys.stderr)
         return 1
     except OSError as e:  # e.g. a data directory that cannot be created
-        print(f"ollie: {e.filename}: {e.strerror}" if e.filename else f"ollie: {e}", file=sys.stderr)
+        print(visible(f"ollie: {e.filename}: {e.strerror}" if e.filename else f"ollie: {e}"), file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print("ollie: interrupted", file=sys.stderr)
@@ -119,7 +120,7 @@ async def _run_async(args: argparse.Namespace, prompt: str) -> int:
     import signal
 
     from ..agent import open_session
-    from ..chatfmt import ChatRenderer
+    from ..chatfmt import ChatRenderer, visible
     from ..types import Event
 
     renderer = ChatRenderer()
@@ -129,8 +130,8 @@ async def _run_async(args: argparse.Namespace, prompt: str) -> int:
     def show(ev: Event) -> None:
         if ev.kind == "error":
             errors.append(ev.text)
-        if args.json:
-            out.write(json.dumps(ev.to_dict(), ensure_ascii=False) + "\n")
+        if args.json:  # all but ASCII escaped: JSON leaves DEL and C1 controls (U+009B is a CSI) raw
+            out.write(json.dumps(ev.to_dict()) + "\n")
         elif ev.kind == "user" and args.session is None:
             pass  # the user typed it; no need to echo
         else:
@@ -160,7 +161,7 @@ async def _run_async(args: argparse.Namespace, prompt: str) -> int:
         print(f"ollie: interrupted; the session is saved (continue with --session {core.session_id})", file=sys.stderr)
         return 130
     if errors:
-        print(f"ollie: {errors[-1].splitlines()[0]}", file=sys.stderr)
+        print(f"ollie: {visible(errors[-1].splitlines()[0])}", file=sys.stderr)
         return 1
     return 0
 
@@ -177,17 +178,19 @@ def _sessions(args: argparse.Namespace) -> int:
     import time
 
     from ..agent.session import list_stored
+    from ..chatfmt import visible
 
     if args.action == "show":
         if not args.id:
             print("usage: ollie sessions show ID", file=sys.stderr)
             return 2
-        sys.stdout.write(_stored_session(args.id).chat_path.read_text())
+        # Chat logs are written escaped; those from before that are escaped here.
+        sys.stdout.write(visible(_stored_session(args.id).chat_path.read_text()))
         return 0
     for m in list_stored():
         updated = time.strftime("%Y-%m-%d %H:%M", time.localtime(m.updated))
         first = m.first_prompt.replace("\n", " ")[:60]
-        print(f"{m.id}\t{m.agent}\t{m.cwd}\t{updated}\t{first}")
+        print(visible(f"{m.id}\t{m.agent}\t{m.cwd}\t{updated}\t{first}"))
     return 0
 
 
@@ -213,5 +216,7 @@ def _models(args: argparse.Namespace) -> int:
         finally:
             await be.aclose()
 
-    print("\n".join(asyncio.run(list_models())))
+    from ..chatfmt import visible
+
+    print(visible("\n".join(asyncio.run(list_models()))))  # names a server sent
     return 0
