@@ -6,12 +6,14 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import stat
 
 import pytest
 
 from ollie.agent.core import RESULT_LIMIT
 from ollie.agent.session import SessionStore, list_stored
 from ollie.config import AgentConfig
+from ollie.types import ConfigError
 
 from agent_helpers import kinds, make_core
 
@@ -432,3 +434,15 @@ async def test_a_turn_cut_short_by_a_crash_is_marked_in_the_chat_on_restore():
     assert third.chat_path.read_text() == chat
     for c in (core, again, third):
         await c.close()
+
+
+async def test_the_tmp_root_is_made_private_and_refused_when_another_user_owns_it(ollie_dirs):
+    root = ollie_dirs / "tmp"
+    core, *_ = await make_core([])
+    assert stat.S_IMODE(root.stat().st_mode) == 0o700 and core.tmpdir.parent == root
+    await core.close()
+    os.chown(root, 65534, 65534)  # as if another user had made /tmp/ollie first
+    sessions = set((ollie_dirs / "data" / "sessions").iterdir())
+    with pytest.raises(ConfigError, match=f"^{root} belongs to uid 65534, not to you"):
+        await make_core([])
+    assert set((ollie_dirs / "data" / "sessions").iterdir()) == sessions  # nothing was started

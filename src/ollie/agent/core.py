@@ -80,6 +80,8 @@ class Core:
         self._env = cfg.env
         self._new_dispatcher = cfg.new_dispatcher
         sid = cfg.session_id or new_session_id()
+        # Checked before the store is touched, so that a refused start leaves nothing behind.
+        self.tmpdir = _private_tmp() / sid
         self._store = SessionStore(sid, cfg.store_root)
         self.messages: list[Message] = []
         self.usage_total = Usage()
@@ -104,8 +106,7 @@ class Core:
         self._renderer = ChatRenderer()
         self._ctx_len: int | None = cfg.env.config.context_window or None
         self._ctx_asked = False
-        self.tmpdir = config.tmp_path() / sid
-        self.tmpdir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self.tmpdir.mkdir(exist_ok=True, mode=0o700)
         self.window = context.Window(self)
 
     def _restore(self) -> None:
@@ -133,7 +134,7 @@ class Core:
         if new_id == self.session_id:
             return
         self._store.rename(new_id)
-        new_tmp = config.tmp_path() / new_id
+        new_tmp = _private_tmp() / new_id
         if self.tmpdir.exists():
             os.rename(self.tmpdir, new_tmp)
         self.tmpdir = new_tmp
@@ -765,6 +766,12 @@ class Core:
         self._save_meta()
         self._store.close()
         shutil.rmtree(self.tmpdir, ignore_errors=True)
+
+
+def _private_tmp() -> Path:
+    """The parent of session tmpdirs, refused unless it is ours alone: in a shared /tmp another
+    user could create it first and then read or swap what tools keep there."""
+    return config.private_dir(config.tmp_path())
 
 
 def _as_text(value: Any) -> str:
