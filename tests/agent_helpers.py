@@ -48,10 +48,11 @@ class ToyServer:
 
 
 async def make_core(script: Any, cfg: AgentConfig | None = None, server: ToyServer | None = None,
-                    session_id: str = "") -> tuple[Core, ScriptedBackend, ToyServer, list[Event]]:
+                    session_id: str = "", extra_servers: dict[str, Any] | None = None,
+                    ) -> tuple[Core, ScriptedBackend, ToyServer, list[Event]]:
     server = server or ToyServer()
     backend = ScriptedBackend(script)
-    new_dispatcher = new_dispatcher_func({"toy": lambda: server})
+    new_dispatcher = new_dispatcher_func({"toy": lambda: server, **(extra_servers or {})})
     env = await build_agent_env(cfg or AgentConfig(), new_dispatcher(), os.getcwd())
     core = Core(CoreConfig(backend, env, new_dispatcher, session_id=session_id))
     events: list[Event] = []

@@ -7,13 +7,17 @@ import json
 import os
 import sys
 
+import pytest
+
 from ollie.agent import hooks
+from ollie.tools import execute
 from ollie.agent.context import SUMMARY_PREFIX
 from ollie.agent.session import SessionStore
 from ollie.config import AgentConfig
 from ollie.types import Message
 
 from agent_helpers import make_core
+from test_execute import alive
 
 
 def call(name, **args):
@@ -153,7 +157,16 @@ def hook_cfg(tmp_path, **hooks_by_event):
     return AgentConfig(hooks={k: [v] for k, v in hooks_by_event.items()})
 
 
-async def test_every_hook_event_gets_its_payload(tmp_path):
+@pytest.fixture
+def hooks_write(tmp_path, ollie_dirs):
+    """Hooks run sandboxed with the cwd read-only: the hooks policy, overlaid as users do, lets
+    these tests' hooks write their records in tmp_path."""
+    (ollie_dirs / "cfg" / "sandbox").mkdir(exist_ok=True)
+    (ollie_dirs / "cfg" / "sandbox" / "hooks.yaml").write_text(f"filesystem:\n  rw: [{tmp_path}]\n")
+    return tmp_path
+
+
+async def test_every_hook_event_gets_its_payload(tmp_path, hooks_write):
     log = tmp_path / "hooks.log"
     record = f"{{ cat; echo; }} >> {log}"
     events = ["agentSpawn", "preTurn", "postTurn", "preTool", "postTool", "preCompact", "postCompact", "turnError"]
@@ -211,21 +224,18 @@ async def test_post_turn_exit_2_becomes_the_next_prompt():
 
 async def test_a_hanging_hook_is_killed_and_a_loud_one_truncated(monkeypatch, tmp_path):
     monkeypatch.setattr(hooks, "TIMEOUT", 0.5)
-    pidfile = tmp_path / "pid"
-    cfg = AgentConfig(hooks={"preTurn": [f"sh -c 'echo $$ > {pidfile}; sleep 60' & wait",
+    cfg = AgentConfig(hooks={"preTurn": ["sh -c 'sleep 61.25' & wait",
                                          f"{sys.executable} -c \"print('y' * 5_000_000)\""]})
     core, backend, _, events = await make_core([{"text": "ok"}], cfg=cfg)
     await core.submit("go")
     assert any("timed out" in e.text for e in events if e.kind == "info")
-    pid = int(pidfile.read_text())
-    await asyncio.sleep(0.1)
-    assert not os.path.exists(f"/proc/{pid}") or open(f"/proc/{pid}/stat").read().split()[2] == "Z"
+    assert alive("sleep 61.25") == []  # the hook's child died with it
     sent = backend.requests[0][-1].content
     assert len(sent) < hooks.OUTPUT_LIMIT + 200 and "hook output truncated" in sent
     await core.close()
 
 
-async def test_hook_variables_are_capped_and_a_hook_that_cannot_start_is_a_warning(tmp_path):
+async def test_hook_variables_are_capped_and_a_hook_that_cannot_start_is_a_warning(tmp_path, hooks_write):
     out = tmp_path / "lengths"
     cfg = AgentConfig(hooks={"preTurn": [f'printf %s "$OLLIE_PROMPT" | wc -c >> {out}'],
                              "postTool": [f'printf %s "$OLLIE_RESULT" | wc -c >> {out}']})
@@ -312,12 +322,18 @@ async def test_commands_refused_during_a_turn_and_unknown_slash_is_a_prompt():
     await core.close()
 
 
-async def test_bang_runs_in_the_session_cwd_with_the_session_env(tmp_path):
-    core, backend, _, events = await make_core([])
+async def test_bang_runs_sandboxed_in_the_session_cwd_with_the_session_env(tmp_path, ollie_dirs, monkeypatch):
+    # `!cmd` may arrive through the file server's `prompt` file: it runs as the model's code does.
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-must-not-leak")
+    core, backend, _, events = await make_core([], extra_servers={"execute": execute.Decl(str(tmp_path))})
     core.set_cwd(str(tmp_path))
     core.set_env("GREETING", "hello")
     out = await run(core, events, "!pwd; echo $GREETING; exit 4")
-    assert out == f"!pwd; echo $GREETING; exit 4 (exit 4)\n{tmp_path}\nhello"
+    assert out == f"!pwd; echo $GREETING; exit 4 (failed)\nexecution failed: exit status 4\n{tmp_path}\nhello"
+    outside = f"/var/tmp/ollie-escaped-{os.getpid()}"
+    out = await run(core, events, f"!env; echo x > {outside}")
+    assert "sk-must-not-leak" not in out and "Permission denied" in out
+    assert not os.path.exists(outside)
     assert core.messages == []  # not part of the conversation
     await core.close()
 

@@ -85,13 +85,15 @@ async def test_decl_builds_a_server_offering_execute_code(tmp_path, monkeypatch)
 async def test_decl_cwd_is_used_when_the_context_has_none(work):
     cwd, _, _ = work
     server = execute.Decl(str(cwd))()
-    result = await server.call_tool("execute_code", {"steps": [{"code": "pwd; echo $TMPDIR; touch $TMPDIR/x"}]},
+    result = await server.call_tool("execute_code", {"steps": [{"code": "pwd; echo $TMPDIR; echo kept > $TMPDIR/x"}]},
                                     CallContext())
     pwd, tmp = result.text().split()
     assert not result.is_error and pwd == str(cwd)
-    assert Path(tmp, "x").exists()  # a scratch $TMPDIR the sandbox may write
+    # $TMPDIR is the jail's private /tmp: it lasts across calls and is not the host's.
+    assert tmp == "/tmp" and not Path(tmp, "x").exists()
+    result = await server.call_tool("execute_code", {"steps": [{"code": "cat $TMPDIR/x"}]}, CallContext())
+    assert result.text() == "kept\n"
     await server.close()
-    assert not Path(tmp).exists()
 
 
 # ---- pipelines ----------------------------------------------------------------------------------
@@ -296,13 +298,17 @@ async def test_cancel_kills_the_stage(run, work):
     assert alive("1618.") == []
 
 
-async def test_output_is_capped(run):
+async def test_output_is_capped_across_the_whole_call(run):
     result = await run({"code": "yes 0123456789abcdef"}, timeout=20)
     assert result.is_error
     text = result.text()
-    assert text.startswith("output exceeded 10 MiB; the stage was stopped\n")
+    assert text.startswith("the call's output exceeded 10 MiB (limits.output); the stage was stopped\n")
     assert text.endswith("\n[output truncated]")
-    assert len(text.encode()) < execute.OUTPUT_CAP + 200
+    assert len(text.encode()) < (10 << 20) + 200
+    # Branches share the budget: eight of 4 MiB each do not keep 32 MiB.
+    result = await run({"parallel": [{"code": "head -c 4194304 /dev/zero | tr '\\0' a"}] * 8}, timeout=20)
+    assert result.is_error and "limits.output" in result.text()
+    assert len(result.text().encode()) < (10 << 20) + 2000
 
 
 # ---- the environment ----------------------------------------------------------------------------
@@ -316,7 +322,7 @@ async def test_environment_is_the_policy_plus_the_session(run, work, monkeypatch
     assert env["GREETING"] == "hello"
     assert env["OLLIE_SESSION_ID"] == "sess-1"
     assert env["OLLIE_TOOLS_PATH"] == str(tools)
-    assert env["TMPDIR"] == str(tmpdir)
+    assert env["TMPDIR"] == "/tmp"  # the jail's private one; the session's own is readable
     assert env["PATH"].startswith(os.path.expanduser("~/mnt/ollie/x:"))
     assert "UNLISTED_VAR" not in env
 
@@ -338,8 +344,8 @@ BAD = [
     ({"steps": [{"code": "touch ran"}], "timeout": 0}, "timeout: must be a positive number of seconds, got 0"),
     ({"steps": [{"code": "touch ran"}], "timeout": "5"}, "timeout: must be a positive number of seconds, got '5'"),
     ({"steps": [{"code": "touch ran"}], "timeout": True}, "timeout: must be a positive number"),
-    ({"steps": [{"code": "touch ran"}], "sandbox": "../etc"}, "invalid sandbox name '../etc'"),
-    ({"steps": [{"code": "touch ran"}], "sandbox": "nope"}, "no sandbox policy 'nope': create "),
+    ({"steps": [{"code": "touch ran"}], "sandbox": "../etc"}, "sandbox: policy '../etc' is not allowed"),
+    ({"steps": [{"code": "touch ran"}], "sandbox": "nope"}, "sandbox: policy 'nope' is not allowed for this agent"),
     ({"code": "ls"}, "unknown argument 'code'; execute_code takes steps, timeout and sandbox"),
     ({"steps": [{"code": "touch ran"}, {"code": "x", "language": ["bash"]}]},
      "steps[1].language: unknown language ['bash']"),

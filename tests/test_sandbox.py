@@ -21,6 +21,7 @@ pytestmark = pytest.mark.skipif(_sandbox.landlock_abi() < 6, reason="needs Landl
 
 SECRET = "-----BEGIN OPENSSH PRIVATE KEY----- s3cr3t"
 API_KEY = "sk-test-0123456789-do-not-leak"
+POLICIES = ("default", "unix", "wide", "net", "open", "bad", "small")  # the policies the tests write
 
 
 @pytest.fixture
@@ -49,11 +50,12 @@ async def run(home, tmp_path):
     cwd.mkdir()
     tmpdir.mkdir()
     server = execute.Decl(str(cwd))()
-    ctx = CallContext(cwd=str(cwd), session_id="s", tmpdir=str(tmpdir))
+    ctx = CallContext(cwd=str(cwd), session_id="s", tmpdir=str(tmpdir), policies=POLICIES)
 
     async def call(code: str, language: str = "bash", **extra):
         return await server.call_tool("execute_code", {"steps": [{"code": code, "language": language}], **extra}, ctx)
 
+    call.server, call.ctx = server, ctx  # type: ignore[attr-defined]  (for calls of another shape)
     yield call
     await server.close()
 
@@ -165,26 +167,43 @@ async def test_cannot_reach_unix_sockets(run, tmp_path):
         result = await run("import socket; a, b = socket.socketpair(); a.send(b'pair'); print(b.recv(4).decode())",
                            "python3")
         assert result.text() == "pair\n"  # in-process socket pairs still work
-        write_policy("unix", "network:\n  unix: true\n")
+        # With network.unix, a socket the policy's paths show (the jail hides the rest of /tmp).
+        write_policy("unix", f"network:\n  unix: true\nfilesystem:\n  ro: [{tmp_path}]\n")
         result = await run(code, "python3", sandbox="unix")
         assert result.text() == "connected\n"
 
 
-async def test_tmp_is_neither_listable_nor_writable_by_name(run, tmp_path):
-    result = await run(f"ls /tmp; echo x > /tmp/ollie-test-{os.getpid()}")
-    assert result.is_error and not Path(f"/tmp/ollie-test-{os.getpid()}").exists()
-    assert tmp_path.name not in result.text()
+async def test_the_hosts_tmp_is_out_of_sight(run, tmp_path):
+    # Other sessions' scratch directories, the file server's token and pid files, anything of
+    # the user's kept under /tmp: a jail has a /tmp of its own.
+    secret = Path(f"/tmp/ollie-test-secret-{os.getpid()}")
+    secret.write_text(SECRET)
+    other_session = Path(os.environ["OLLIE_TMP_PATH"]) / "other-session"
+    other_session.mkdir(parents=True)
+    (other_session / "history.jsonl").write_text(SECRET)
+    try:
+        result = await run(f"cat {secret}; cat {other_session}/history.jsonl; ls /tmp; echo mine > /tmp/written; "
+                           "cat /tmp/written")
+        assert "s3cr3t" not in result.text() and result.text().count("No such file") == 2
+        assert "mine" in result.text() and not Path("/tmp/written").exists()
+        listing = result.text().split("No such file or directory\n")[-1]
+        assert secret.name not in listing and "ns." not in listing
+    finally:
+        secret.unlink()
+
+
+async def test_cannot_signal_the_server_nor_the_jail(run):
+    result = await run(f"kill -TERM {os.getpid()}; kill -KILL 1; echo tried")
+    assert "No such process" in result.text()  # the server is not in the jail's PID namespace
+    assert "not permitted" in result.text()  # PID 1 is the jail, outside the sandbox's Landlock domain
+    result = await run("echo still here")
+    assert result.text() == "still here\n"
 
 
 async def test_cannot_read_api_keys_from_the_environment(run):
     result = await run("env; cat /proc/$PPID/environ; cat /proc/1/environ; tr '\\0' '\\n' < /proc/self/environ")
     assert API_KEY not in result.text()
     assert "Permission denied" in result.text()  # the server's own environ is out of reach
-
-
-async def test_cannot_signal_the_server(run):
-    result = await run(f"kill -TERM {os.getpid()}")
-    assert result.is_error and "not permitted" in result.text()
 
 
 async def test_cannot_leave_a_process_running(run):

@@ -1,15 +1,16 @@
-"""The Landlock sandbox behind execute_code (private; no stable API).
+"""The sandbox behind execute_code and hooks (private; no stable API).
 
 A policy says what sandboxed code may touch: filesystem paths by right (`ro`, `rox`, `rw`, `rwx`, and
 `tmpfile` for unnamed temporary files), TCP ports (`bind_tcp`, `connect_tcp`, or `unrestricted`), Unix
-sockets (`unix`), and which environment variables pass.
-It is the built-in DEFAULT_POLICY overlaid by `$OLLIE_CFG_PATH/sandbox.yaml`, then by
-`$OLLIE_CFG_PATH/sandbox/<name>.yaml` (maps merge, lists extend, scalars replace).
+sockets (`unix`), which environment variables pass, and resource `limits`.
+It is a built-in policy (`default`, or `hooks` for hook commands) overlaid by
+`$OLLIE_CFG_PATH/sandbox.yaml`, then by `$OLLIE_CFG_PATH/sandbox/<name>.yaml` (maps merge, lists
+extend, scalars replace).
 
-The parent builds the kernel ruleset once per policy and directory (`Sandboxes.get`). Between fork
-and exec the child only makes four prepared calls (`Sandbox.enter`): no-new-privs, enter the
-ruleset, a seccomp filter (setsid/setpgid become no-ops so killing the stage's process group
-reaches every descendant; no Unix sockets), and dropping all capabilities (root inside is not root).
+The parent builds the Landlock ruleset and the seccomp program once per policy and directory
+(`Sandboxes.get`); a jail (`ollie._jail`) applies them to each program it starts, inside fresh
+user, PID, IPC, mount and (unless the policy grants network) network namespaces. docs/sandbox.md
+has the threat model.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import platform
 import re
 import shutil
 import stat
+import struct
 import sys
 import weakref
 from collections import OrderedDict
@@ -55,22 +57,53 @@ DEFAULT_POLICY: dict[str, Any] = {
         # memory and fds of every process outside the sandbox.
         "ro": [f"/etc/{p}" for p in _ETC] + ["/proc", "/sys/devices/system/cpu", "/dev/random", "/dev/urandom"],
         # /dev/ptmx and /dev/pts: expect's spawn needs a pseudo-terminal.
+        # In a jail, /tmp and $TMPDIR are its private tmpfs (granted by the jail itself).
         "rw": ["{CWD}", "{TMPDIR}", "/dev/null", "/dev/zero", "/dev/full", "/dev/ptmx", "/dev/pts"],
         "rwx": [],
-        # tmpfile(3) (ed's buffer) opens an unnamed O_TMPFILE in /tmp whatever $TMPDIR says. This
-        # grants read/write of files but neither listing /tmp nor creating names in it.
-        "tmpfile": ["/tmp"],
+        "tmpfile": [],
     },
     "network": {"unrestricted": False, "bind_tcp": [], "connect_tcp": [], "unix": False},
     "env": ["PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LANGUAGE", "LC_*", "TERM", "TZ"],
+    "limits": {
+        "processes": 512,  # processes and threads alive at once in a session's jail (at least 300)
+        "memory": "4G",  # data (heap) of one process
+        "cpu": 600,  # CPU seconds of one process
+        "file_size": "1G",  # the largest file a process may write
+        "timeout": 600,  # the most seconds a call may ask for
+        "output": "10M",  # output kept of one call, all its stages and branches together
+        "parallel": 64,  # branches of one parallel stage
+        "tmpdir": "1G",  # size of the private /tmp (which holds $TMPDIR)
+    },
     "general": {"best_effort": False},
 }
+
+# Hooks run commands from the agent's config: they read (and may run) the project, never change it.
+HOOK_POLICY: dict[str, Any] = {**DEFAULT_POLICY, "filesystem": {
+    **DEFAULT_POLICY["filesystem"],
+    "rox": [*DEFAULT_POLICY["filesystem"]["rox"], "{CWD}"],
+    "rw": [p for p in DEFAULT_POLICY["filesystem"]["rw"] if p != "{CWD}"],
+}}
+BUILTIN = {"default": DEFAULT_POLICY, "hooks": HOOK_POLICY}
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 _TEMPLATE = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
 _FS_KEYS = ("ro", "rox", "rw", "rwx", "tmpfile")
+_LIMIT_KEYS = tuple(DEFAULT_POLICY["limits"])
+_SIZE_LIMITS = ("memory", "file_size", "output", "tmpdir")
 _SCHEMA = {"filesystem": _FS_KEYS, "network": ("enabled", "unrestricted", "bind_tcp", "connect_tcp", "unix"),
-           "env": None, "general": ("best_effort",)}
+           "env": None, "limits": _LIMIT_KEYS, "general": ("best_effort",)}
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    processes: int
+    memory: int
+    cpu: int
+    file_size: int
+    timeout: float
+    output: int
+    parallel: int
+    tmpdir: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,7 +117,18 @@ class Policy:
     bind_tcp: tuple[int, ...]
     connect_tcp: tuple[int, ...]
     env: tuple[str, ...]  # variable names or fnmatch patterns
+    limits: Limits
     best_effort: bool
+
+    def writes(self, path: str) -> bool:
+        """Whether sandboxed code may write `path` (a real path) under this policy."""
+        return any(path == p or path.startswith(p.rstrip("/") + "/")
+                   for key in ("rw", "rwx", "tmpfile") for p in map(os.path.realpath, self.paths[key]))
+
+    @property
+    def network(self) -> bool:
+        """Whether the policy reaches the host's network at all (else a jail gets none)."""
+        return self.unrestricted_net or bool(self.bind_tcp or self.connect_tcp)
 
 
 def policy_files(name: str) -> tuple[Path, Path]:
@@ -93,17 +137,20 @@ def policy_files(name: str) -> tuple[Path, Path]:
     return config.cfg_path() / "sandbox.yaml", config.cfg_path() / "sandbox" / f"{name}.yaml"
 
 
-def load_policy(name: str, cwd: str, tmpdir: str, extra_rox: tuple[str, ...] = ()) -> Policy:
-    """Read, validate and expand the policy `name` for a call running in `cwd`."""
+def load_policy(name: str, cwd: str, tmpdir: str, extra_rox: tuple[str, ...] = (),
+                extra_ro: tuple[str, ...] = ()) -> Policy:
+    """Read, validate and expand the policy `name` for a call running in `cwd` ("" for `tmpdir`
+    drops the policy's `{TMPDIR}` entries: a jail grants its private /tmp itself)."""
     global_file, named_file = policy_files(name)
-    if name != "default" and not named_file.is_file():
+    if name not in BUILTIN and not named_file.is_file():
         raise SandboxError(f"no sandbox policy {name!r}: create {named_file}")
-    raw: dict[str, Any] = DEFAULT_POLICY
+    raw: dict[str, Any] = BUILTIN.get(name, DEFAULT_POLICY)
     for path in (global_file, named_file):
         raw = _overlay(raw, _read_policy_file(path))
     values = _template_values(cwd, tmpdir)
     paths = {key: _expand_paths(raw["filesystem"][key], values, f"filesystem.{key}") for key in _FS_KEYS}
     paths["rox"] += tuple(p for p in extra_rox if os.path.exists(p))
+    paths["ro"] += tuple(p for p in extra_ro if os.path.exists(p))
     net = raw["network"]
     return Policy(
         name=name,
@@ -113,8 +160,33 @@ def load_policy(name: str, cwd: str, tmpdir: str, extra_rox: tuple[str, ...] = (
         bind_tcp=_ports(net.get("bind_tcp"), "network.bind_tcp"),
         connect_tcp=_ports(net.get("connect_tcp"), "network.connect_tcp"),
         env=tuple(raw["env"]),
+        limits=_limits(raw["limits"]),
         best_effort=bool(raw["general"].get("best_effort")),
     )
+
+
+def _limits(raw: dict[str, Any]) -> Limits:
+    values = {}
+    for key in _LIMIT_KEYS:
+        value = raw[key]
+        if key in _SIZE_LIMITS:
+            value = _size(value, f"limits.{key}")
+        elif isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+            raise SandboxError(f"sandbox limits.{key} must be a positive number, got {value!r}")
+        values[key] = value if key == "timeout" else int(value)
+    if values["processes"] < 300:
+        raise SandboxError("sandbox limits.processes must be at least 300 (a PID namespace cannot hold fewer)")
+    return Limits(**values)
+
+
+def _size(value: Any, where: str) -> int:
+    """Bytes from a number or a string such as 512K, 64M, 2G."""
+    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+        return value
+    match = re.fullmatch(r"\s*(\d+)\s*([KMG]?)i?B?\s*", str(value), re.IGNORECASE)
+    if not match or int(match[1]) == 0:
+        raise SandboxError(f"sandbox {where} must be a size such as 512M or 2G, got {value!r}")
+    return int(match[1]) << {"": 0, "K": 10, "M": 20, "G": 30}[match[2].upper()]
 
 
 def _read_policy_file(path: Path) -> dict[str, Any]:
@@ -209,8 +281,7 @@ def _ports(value: Any, where: str) -> tuple[int, ...]:
 # ---- the kernel interface ------------------------------------------------------------------------
 
 _libc = ctypes.CDLL(None, use_errno=True)
-_SYS_CREATE_RULESET, _SYS_ADD_RULE, _SYS_RESTRICT_SELF = 444, 445, 446  # the same on every arch
-_PR_SET_NO_NEW_PRIVS, _PR_SET_SECCOMP, _SECCOMP_MODE_FILTER = 38, 22, 2
+_SYS_CREATE_RULESET, _SYS_ADD_RULE = 444, 445  # the same on every arch
 
 # Filesystem rights, and the ABI each appeared in.
 _EXECUTE, _WRITE_FILE, _READ_FILE, _READ_DIR = 1 << 0, 1 << 1, 1 << 2, 1 << 3
@@ -307,49 +378,70 @@ def _add_path_rule(ruleset: int, path: str, rights: int) -> None:
         os.close(fd)
 
 
-class _SockFilter(ctypes.Structure):
-    _fields_ = [("code", ctypes.c_uint16), ("jt", ctypes.c_uint8), ("jf", ctypes.c_uint8), ("k", ctypes.c_uint32)]
-
-
-class _SockFprog(ctypes.Structure):
-    _fields_ = [("len", ctypes.c_uint16), ("filter", ctypes.POINTER(_SockFilter))]
-
-
-# machine → per ABI (native, then 32-bit): (audit arch, setsid, setpgid, socket, socketcall or None)
-_SYSCALLS = {
-    "x86_64": ((0xC000003E, 112, 109, 41, None), (0x40000003, 66, 57, 359, 102)),
-    "aarch64": ((0xC00000B7, 157, 154, 198, None), (0x40000028, 66, 57, 281, None)),
+# machine → (audit arch, syscall numbers). Calls of any other ABI (i386 or x32 on x86_64, arm32 on
+# aarch64) are refused whole: the filter reads arguments by the native ABI's numbers only.
+_ARCH = {
+    "x86_64": (0xC000003E, {"setsid": 112, "setpgid": 109, "socket": 41, "prlimit64": 302,
+                            "add_key": 248, "request_key": 249, "keyctl": 250}),
+    "aarch64": (0xC00000B7, {"setsid": 157, "setpgid": 154, "socket": 198, "prlimit64": 261,
+                             "add_key": 217, "request_key": 218, "keyctl": 219}),
 }
-_AF_UNIX, _EACCES = 1, 13
+_IO_URING = (425, 426, 427)  # setup, enter, register: the same on every arch
+_AF_UNIX, _AF_INET, _AF_INET6, _AF_NETLINK = 1, 2, 10, 16
+_SOCK_STREAM, _SOCK_TYPE_MASK, _IPPROTO_TCP, _NETLINK_ROUTE = 1, 0xF, 6, 0
+_EPERM, _EACCES, _ENOSYS, _EAFNOSUPPORT = 1, 13, 38, 97
 _RET_ALLOW, _RET_ERRNO = 0x7FFF0000, 0x00050000
+_LD, _JEQ, _JGE, _AND, _RET = 0x20, 0x15, 0x35, 0x54, 0x06  # BPF_LD|W|ABS, JMP|JEQ|K, JMP|JGE|K, ALU|AND|K, RET|K
 
 
-def _seccomp_program(allow_unix: bool) -> _SockFprog | None:
-    """A filter that (1) makes setsid and setpgid succeed without acting, so no descendant leaves
-    the stage's process group (a daemon stays killable; expect and `setsid` still run), and
-    (2) unless `allow_unix`, refuses socket(AF_UNIX): Landlock does not govern connecting to a
-    socket by path, which would reach tmux, ssh-agent, docker or ollie's own server.
-    socketpair(2) stays allowed."""
-    abis = _SYSCALLS.get(platform.machine())
-    if abis is None:
-        return None
-    ld, jeq, and_, ret = 0x20, 0x15, 0x54, 0x06  # BPF_LD|W|ABS, BPF_JMP|JEQ|K, BPF_ALU|AND|K, BPF_RET|K
-    prog: list[tuple[int, int | str, int | str, int]] = [(ld, 0, 0, 4)]  # seccomp_data.arch
-    for n, (arch, setsid, setpgid, sock, socketcall) in enumerate(abis):
-        prog += [(jeq, 0, f"abi{n + 1}", arch), (ld, 0, 0, 0), (and_, 0, 0, 0xBFFFFFFF),  # nr, x32 bit cleared
-                 (jeq, "fake", 0, setsid), (jeq, "fake", 0, setpgid)]
-        if not allow_unix:
-            if socketcall is not None:
-                prog.append((jeq, "deny", 0, socketcall))  # its arguments are out of the filter's sight
-            prog += [(jeq, 0, "allow", sock), (ld, 0, 0, 16), (jeq, "deny", "allow", _AF_UNIX)]  # args[0]
-        prog.append((ret, 0, 0, _RET_ALLOW))
-        prog.append(f"abi{n + 1}")
-    prog += [(ret, 0, 0, _RET_ALLOW), "allow", (ret, 0, 0, _RET_ALLOW), "fake", (ret, 0, 0, _RET_ERRNO),
-             "deny", (ret, 0, 0, _RET_ERRNO | _EACCES)]
+def _arg(n: int) -> int:
+    return 16 + 8 * n  # offset of args[n]'s low word in seccomp_data (little-endian machines)
+
+
+def seccomp_program(policy: Policy) -> bytes:
+    """The BPF filter a sandboxed program runs under, as the kernel's `struct sock_filter` array.
+
+    - setsid and setpgid succeed without acting: nothing leaves the stage's process group, so
+      killing the group reaches every descendant (daemons, `setsid`, double forks).
+    - io_uring is refused (ENOSYS): its operations make sockets and open files without the
+      system calls this filter sees.
+    - the kernel keyrings are refused; prlimit64 acts on the caller only.
+    - socket(2) by list, everything else refused: AF_UNIX only with `network.unix` (Landlock does
+      not govern connecting by path); TCP over IPv4/6 (Landlock governs its ports); with
+      `network.unrestricted` any IPv4/6 socket and rtnetlink (name resolution needs them).
+      No UDP, MPTCP, raw, packet, vsock, sock_diag or other families otherwise.
+    """
+    machine = _ARCH.get(platform.machine())
+    if machine is None:
+        return b""
+    arch, nr = machine
+    unix = "allow" if policy.unix_sockets else "eacces"
+    prog: list[tuple[int, int | str, int | str, int] | str] = [
+        (_LD, 0, 0, 4), (_JEQ, 0, "enosys", arch),  # seccomp_data.arch
+        (_LD, 0, 0, 0), (_JGE, "enosys", 0, 0x40000000),  # seccomp_data.nr; x32 calls have bit 30 set
+        (_JEQ, "fake", 0, nr["setsid"]), (_JEQ, "fake", 0, nr["setpgid"]),
+        *[(_JEQ, "enosys", 0, n) for n in _IO_URING],
+        *[(_JEQ, "eperm", 0, nr[k]) for k in ("add_key", "request_key", "keyctl")],
+        (_JEQ, "prlimit", 0, nr["prlimit64"]),
+        (_JEQ, "socket", "allow", nr["socket"]),
+        "prlimit", (_LD, 0, 0, _arg(0)), (_JEQ, 0, "eperm", 0), (_LD, 0, 0, _arg(0) + 4), (_JEQ, "allow", "eperm", 0),
+        "socket", (_LD, 0, 0, _arg(0)),
+        (_JEQ, unix, 0, _AF_UNIX), (_JEQ, "inet", 0, _AF_INET), (_JEQ, "inet", 0, _AF_INET6),
+    ]
+    if policy.unrestricted_net:
+        prog += [(_JEQ, 0, "eafnosupport", _AF_NETLINK), (_LD, 0, 0, _arg(2)),
+                 (_JEQ, "allow", "eacces", _NETLINK_ROUTE), "inet", (_RET, 0, 0, _RET_ALLOW)]
+    else:
+        prog += [(_RET, 0, 0, _RET_ERRNO | _EAFNOSUPPORT),
+                 "inet", (_LD, 0, 0, _arg(1)), (_AND, 0, 0, _SOCK_TYPE_MASK), (_JEQ, 0, "eacces", _SOCK_STREAM),
+                 (_LD, 0, 0, _arg(2)), (_JEQ, "allow", 0, 0), (_JEQ, "allow", "eacces", _IPPROTO_TCP)]
+    prog += ["eafnosupport", (_RET, 0, 0, _RET_ERRNO | _EAFNOSUPPORT), "allow", (_RET, 0, 0, _RET_ALLOW),
+             "fake", (_RET, 0, 0, _RET_ERRNO), "eperm", (_RET, 0, 0, _RET_ERRNO | _EPERM),
+             "eacces", (_RET, 0, 0, _RET_ERRNO | _EACCES), "enosys", (_RET, 0, 0, _RET_ERRNO | _ENOSYS)]
     return _assemble(prog)
 
 
-def _assemble(prog: list) -> _SockFprog:
+def _assemble(prog: list) -> bytes:
     """Resolve string jump targets (labels placed in the list) into relative BPF offsets."""
     labels, code = {}, []
     for item in prog:
@@ -357,65 +449,49 @@ def _assemble(prog: list) -> _SockFprog:
             labels[item] = len(code)
         else:
             code.append(item)
-    out = []
+    out = bytearray()
     for i, (op, jt, jf, k) in enumerate(code):
         jt, jf = (labels[j] - i - 1 if isinstance(j, str) else j for j in (jt, jf))
-        out.append(_SockFilter(op, jt, jf, k))
-    return _SockFprog(len(out), (_SockFilter * len(out))(*out))
+        out += struct.pack("<HBBI", op, jt, jf, k)
+    return bytes(out)
 
 
-class _CapHeader(ctypes.Structure):
-    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
-
-
-class _CapData(ctypes.Structure):
-    _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32), ("inheritable", ctypes.c_uint32)]
-
-
-_CAP_HEADER = _CapHeader(0x20080522, 0)  # _LINUX_CAPABILITY_VERSION_3
-_NO_CAPS = (_CapData * 2)()
-_SECCOMP = {allow: _seccomp_program(allow) for allow in (False, True)}
+_RLIMIT_CPU, _RLIMIT_FSIZE, _RLIMIT_DATA, _RLIMIT_CORE = 0, 1, 2, 4
 
 
 class Sandbox:
-    """A built policy: the ruleset fd, the environment filter and the PATH directories the
+    """A built policy: what a jail applies to each program it starts (the Landlock ruleset fd,
+    the seccomp program, resource limits), the environment filter and the PATH directories the
     sandbox can execute from."""
 
     def __init__(self, policy: Policy):
         self.policy = policy
-        abi = landlock_abi()
+        self.abi = abi = landlock_abi()
         if abi == 0 and not policy.best_effort:
             raise SandboxError("this kernel has no Landlock (needs Linux 5.13+ with landlock in the lsm= list), "
                                "so execute_code cannot be sandboxed; set general.best_effort: true in "
                                f"{config.cfg_path() / 'sandbox.yaml'} to run without it")
-        ruleset = _build_ruleset(policy, abi) if abi else -1
-        if ruleset >= 0:
+        self.ruleset = _build_ruleset(policy, abi) if abi else -1
+        if self.ruleset >= 0:
             # Closed when the last call using this sandbox lets go of it, never before: a process
             # spawned with a closed ruleset's fd would run unconfined, or in another ruleset.
-            weakref.finalize(self, os.close, ruleset)
+            weakref.finalize(self, os.close, self.ruleset)
+        handled = _fs_handled(abi)
+        # The jail's own /proc, /tmp and pseudo-terminals, which the parent's rules cannot name.
+        self.jail_rules = [["/proc", _RO & handled], ["/tmp", _RW & handled], ["/dev/pts", _RW & handled],
+                           ["/dev/ptmx", _RW & handled]]
+        self.seccomp = seccomp_program(policy).hex()
+        limits = policy.limits
+        self.rlimits = [[_RLIMIT_DATA, limits.memory, limits.memory], [_RLIMIT_CPU, limits.cpu, limits.cpu + 1],
+                        [_RLIMIT_FSIZE, limits.file_size, limits.file_size], [_RLIMIT_CORE, 0, 0]]
         self._exec_roots = tuple(os.path.realpath(p).rstrip("/") + "/"
                                  for p in policy.paths["rox"] + policy.paths["rwx"])
         self._search_paths: dict[str, str] = {}
         self._env_names = re.compile("|".join(fnmatch.translate(p) for p in policy.env) or "(?!)")
-        # The child's calls, with their C arguments built here: between fork and exec every page
-        # the child touches is copied, so it only loops over this tuple.
-        long = ctypes.c_long
-        calls = [(_libc.prctl, (long(_PR_SET_NO_NEW_PRIVS), long(1), long(0), long(0), long(0)), "no_new_privs")]
-        if ruleset >= 0:
-            calls.append((_libc.syscall, (long(_SYS_RESTRICT_SELF), long(ruleset), long(0)), "landlock_restrict_self"))
-        seccomp = _SECCOMP[policy.unix_sockets]
-        if seccomp is not None:
-            calls.append((_libc.prctl, (long(_PR_SET_SECCOMP), long(_SECCOMP_MODE_FILTER), ctypes.byref(seccomp)),
-                          "seccomp"))
-        calls.append((_libc.capset, (ctypes.byref(_CAP_HEADER), _NO_CAPS), "capset"))
-        self._child_calls = tuple(calls)
 
-    def enter(self) -> None:
-        """Runs in the child between fork and exec: no-new-privs, the Landlock ruleset, the
-        seccomp filter, no capabilities."""
-        for call, args, name in self._child_calls:
-            if call(*args) != 0:
-                raise OSError(ctypes.get_errno(), name)
+    def granted(self) -> list[tuple[str, bool]]:
+        """Every path the policy grants, and whether it is writable."""
+        return [(path, key in ("rw", "rwx", "tmpfile")) for key, paths in self.policy.paths.items() for path in paths]
 
     def search_path(self, path: str) -> str:
         """`path` without the directories the sandbox cannot execute from, so a program resolves
@@ -431,6 +507,14 @@ class Sandbox:
         return {k: v for k, v in source.items() if self._env_names.match(k)}
 
 
+def hidden_paths() -> tuple[str, ...]:
+    """What a jail hides under empty mounts besides /tmp, whatever a policy grants around it:
+    ollie's configuration (API keys, agent configs with hooks, policies), its stored sessions,
+    the session scratch directories, the file server's socket directory and its mount."""
+    paths = [config.cfg_path(), config.data_path(), config.tmp_path(), config.mount_path(), config.namespace_path()]
+    return tuple(dict.fromkeys(os.path.normpath(os.path.abspath(p)) for p in paths))
+
+
 class Sandboxes:
     """Built sandboxes, cached by policy, directories and the policy files' mtimes."""
 
@@ -438,12 +522,13 @@ class Sandboxes:
         self._size = size
         self._cache: OrderedDict[tuple, Sandbox] = OrderedDict()
 
-    def get(self, name: str, cwd: str, tmpdir: str, extra_rox: tuple[str, ...] = ()) -> Sandbox:
+    def get(self, name: str, cwd: str, tmpdir: str, extra_rox: tuple[str, ...] = (),
+            extra_ro: tuple[str, ...] = ()) -> Sandbox:
         stamp = tuple(_mtime(p) for p in policy_files(name))
-        key = (name, cwd, tmpdir, extra_rox, stamp)
+        key = (name, cwd, tmpdir, extra_rox, extra_ro, stamp)
         box = self._cache.get(key)
         if box is None:
-            box = self._cache[key] = Sandbox(load_policy(name, cwd, tmpdir, extra_rox))
+            box = self._cache[key] = Sandbox(load_policy(name, cwd, tmpdir, extra_rox, extra_ro))
             if len(self._cache) > self._size:
                 self._cache.popitem(last=False)
         self._cache.move_to_end(key)

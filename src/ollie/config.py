@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import getpass
 import json
 import os
 import re
+import stat
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,6 +31,32 @@ def data_path() -> Path:
 
 def tmp_path() -> Path:
     return _dir("OLLIE_TMP_PATH", "/tmp/ollie")
+
+
+def namespace_path() -> Path:
+    """The directory of the file server's socket: `$NAMESPACE`, else plan9port's default
+    `/tmp/ns.$USER.$DISPLAY`."""
+    ns = os.environ.get("NAMESPACE")
+    if not ns:
+        display = (os.environ.get("DISPLAY") or ":0").removesuffix(".0").replace("/", "_")
+        ns = f"/tmp/ns.{getpass.getuser()}.{display}"
+    return Path(ns)
+
+
+def private_dir(path: Path) -> Path:
+    """`path` as a directory only this user can enter: created 0700 (parents too) if missing, and
+    refused when another user owns it or can write to it (under a shared /tmp, whoever creates a
+    name first owns it, and could swap what we keep there)."""
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    st = os.lstat(path)
+    if not stat.S_ISDIR(st.st_mode):
+        raise ConfigError(f"{path} must be a directory, not a link or a file; remove it or choose another path")
+    if st.st_uid != os.geteuid():
+        raise ConfigError(f"{path} belongs to uid {st.st_uid}, not to you (uid {os.geteuid()}); remove it or "
+                          "choose another path")
+    if st.st_mode & 0o077:
+        os.chmod(path, stat.S_IMODE(st.st_mode) & 0o700)
+    return path
 
 
 def tools_path() -> list[Path]:
@@ -82,6 +110,9 @@ class AgentConfig:
     compact_warn: float = 0.60
     compact_at: float = 0.75
     hooks: dict[str, list[str]] = field(default_factory=dict)
+    hook_sandbox: str | bool = "hooks"  # the sandbox policy hooks run under; False: unsandboxed
+    trust_writable_hooks: bool = False  # run a hook whose file sandboxed code can write
+    sandboxes: list[str] = field(default_factory=lambda: ["default"])  # policies the model may pick
     mcp_servers: dict[str, dict[str, Any]] = field(default_factory=dict)
     params: GenerationParams = field(default_factory=GenerationParams)
 
@@ -98,6 +129,9 @@ _FIELDS: dict[str, tuple[str, type | tuple[type, ...]]] = {
     "compactWarn": ("compact_warn", (int, float)),
     "compactAt": ("compact_at", (int, float)),
     "hooks": ("hooks", dict),
+    "hookSandbox": ("hook_sandbox", (str, bool)),
+    "trustWritableHooks": ("trust_writable_hooks", bool),
+    "sandboxes": ("sandboxes", list),
     "mcpServers": ("mcp_servers", dict),
 }
 _PARAM_KEYS = {
@@ -149,6 +183,10 @@ def parse_agent(name: str, data: Any, path: str = "") -> AgentConfig:
             raise ConfigError(f"{where}: hooks.{event} must be a command string or a list of them")
         hooks[event] = cmds
     cfg.hooks = hooks
+    if cfg.hook_sandbox is True or cfg.hook_sandbox == "":
+        raise ConfigError(f"{where}: hookSandbox is a sandbox policy name, or false to run hooks unsandboxed")
+    if not cfg.sandboxes or not all(isinstance(p, str) and _NAME.fullmatch(p) for p in cfg.sandboxes):
+        raise ConfigError(f"{where}: sandboxes must be a non-empty list of sandbox policy names, e.g. [\"default\"]")
     for server, spec in cfg.mcp_servers.items():
         if not isinstance(spec, dict) or not ("command" in spec or "url" in spec):
             raise ConfigError(f"{where}: mcpServers.{server} needs \"command\" (stdio) or \"url\" (HTTP)")

@@ -11,7 +11,6 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
 from ..types import Event
-from . import hooks
 
 if TYPE_CHECKING:
     from .core import Core
@@ -62,12 +61,14 @@ async def _report(core: Core, name: str, work: Awaitable[str | None]) -> None:
 
 
 async def _shell(core: Core, cmd: str) -> str:
+    """`!cmd` runs as the model's own code does (execute_code, the session's default sandbox
+    policy): a prompt may come from anyone who can write the session's `prompt` file."""
     if not cmd:
         raise ValueError("give a command to run")
-    code, out, err = await hooks.run_command(cmd, {}, core.cwd, core.env, timeout=SHELL_TIMEOUT)
-    text = (out + err).rstrip()
-    status = "" if code == 0 else (f" (exit {code})" if code is not None else " (timed out)")
-    return f"!{cmd}{status}" + (f"\n{text}" if text else "")
+    arguments = {"steps": [{"code": cmd}], "timeout": SHELL_TIMEOUT}
+    result = await core.dispatcher.dispatch("execute_code", arguments, core.call_context())
+    text = result.text().rstrip()
+    return f"!{cmd}" + (" (failed)" if result.is_error else "") + (f"\n{text}" if text else "")
 
 
 @command("help", "list the commands")

@@ -91,6 +91,7 @@ class Core:
         self.plan = ""
         self._meta = SessionMeta(id=sid, agent=cfg.env.config.name)
         self._reply = ""
+        self._hook_runner: hooks.Runner | None = None
         if self._store.exists():
             self._restore()
         else:
@@ -160,6 +161,21 @@ class Core:
     @property
     def agent_config(self) -> config.AgentConfig:
         return self._env.config
+
+    @property
+    def hook_runner(self) -> hooks.Runner | None:
+        """What runs this session's hooks confined (None: the agent runs them unsandboxed)."""
+        policy = self._env.config.hook_sandbox
+        if not policy:
+            return None
+        if self._hook_runner is None:  # closed and dropped by an agent switch
+            self._hook_runner = hooks.Runner(str(policy))
+        return self._hook_runner
+
+    def call_context(self) -> CallContext:
+        """What a tool call of this session runs with: its cwd, env, scratch dir, allowed policies."""
+        return CallContext(cwd=self._cwd, session_id=self.session_id, env=dict(self._env_vars), tmpdir=str(self.tmpdir),
+                           policies=tuple(self._env.config.sandboxes))
 
     @property
     def meta(self) -> SessionMeta:
@@ -676,8 +692,7 @@ class Core:
         pre = await hooks.run(self, "preTool", {"tool": call.name, "arguments": call.arguments})
         if pre.blocked:
             return ToolResult.of(f"blocked by a preTool hook: {pre.reason}", is_error=True)
-        ctx = CallContext(cwd=self._cwd, session_id=self.session_id, env=dict(self._env_vars), tmpdir=str(self.tmpdir))
-        result = await self.dispatcher.dispatch(call.name, args, ctx)
+        result = await self.dispatcher.dispatch(call.name, args, self.call_context())
         post = await hooks.run(self, "postTool", {"tool": call.name, "arguments": call.arguments,
                                                   "result": result.text()[:RESULT_LIMIT], "is_error": result.is_error})
         if post.blocked:
@@ -725,12 +740,18 @@ class Core:
             raise ValueError("this session was built without a dispatcher factory; cannot switch agents")
         cfg = config.load_agent(name)
         await self.dispatcher.close()
+        await self._close_hook_runner()
         self._env = await build_agent_env(cfg, self._new_dispatcher(), self._cwd)
         self._ctx_len, self._ctx_asked = cfg.context_window or None, False
         for info in self._env.infos:
             self.emit(Event("info", info))
         self._save_meta()
         await hooks.run(self, "agentSpawn", {"agent": name})
+
+    async def _close_hook_runner(self) -> None:
+        if self._hook_runner is not None:
+            await self._hook_runner.close()
+            self._hook_runner = None
 
     async def refresh_context_length(self) -> None:
         """Ask the backend for its window (unless the agent config sets one); done before the
@@ -762,6 +783,7 @@ class Core:
             self._turn.cancel()
             await asyncio.gather(self._turn, return_exceptions=True)
         await self.dispatcher.close()
+        await self._close_hook_runner()
         await self.backend.aclose()
         self._save_meta()
         self._store.close()

@@ -4,6 +4,11 @@ Each command runs `sh -c` in the session cwd, in its own process group, with the
 stdin and each payload key exported as `OLLIE_<KEY>`. Exit 0: its stdout is added to the context.
 Exit 2: the action is blocked and stderr says why (after postTurn or turnError, stderr becomes the
 next prompt). Any other exit, a timeout or a crash: a warning, and the loop goes on.
+
+Hooks run sandboxed, under the agent's `hookSandbox` policy (built in: `hooks`, the default policy
+with the cwd read-only): the model writes the cwd, and a hook runs what it finds there (`make`, a
+`git` that reads `.git/config`). A hook whose command is a file the agent's code can write is
+refused unless the config says `trustWritableHooks`. `"hookSandbox": false` runs hooks as the user.
 """
 
 from __future__ import annotations
@@ -11,9 +16,13 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shlex
+import shutil
 import signal
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
+
+from .. import _jail, _sandbox
 
 if TYPE_CHECKING:
     from .core import Core
@@ -46,11 +55,14 @@ async def run(core: Core, event: str, payload: dict[str, Any]) -> Outcome:
     from ..types import Event
 
     payload = {"event": event, "session_id": core.session_id, "cwd": core.cwd, **payload}
+    agent = core.agent_config
     outputs = []
     for cmd in commands:
         try:
-            code, out, err = await run_command(cmd, payload, core.cwd, core.env)
-        except OSError as e:  # it could not start: the session's cwd is gone, say
+            if agent.hook_sandbox and not agent.trust_writable_hooks:
+                _refuse_writable(cmd, core.cwd, agent.sandboxes)
+            code, out, err = await run_command(cmd, payload, core.cwd, core.env, runner=core.hook_runner)
+        except (OSError, _sandbox.SandboxError) as e:  # it could not start (the cwd is gone, a refusal): say
             core.emit(Event("info", f"{event} hook {cmd!r} could not start: {e}"))
             continue
         if code == 0:
@@ -68,30 +80,149 @@ def _describe(code: int | None) -> str:
 
 
 async def run_command(cmd: str, payload: dict[str, Any], cwd: str, session_env: dict[str, str],
-                      timeout: float | None = None) -> tuple[int | None, str, str]:
-    """Run one hook; returns (exit code or None on timeout, stdout, stderr), outputs capped."""
-    env = {**os.environ, **session_env}
+                      timeout: float | None = None, runner: Runner | None = None) -> tuple[int | None, str, str]:
+    """Run one hook (confined by `runner`, else as the user); returns (exit code or None on
+    timeout, stdout, stderr), outputs capped."""
+    variables = {}
     for key, value in payload.items():
         text = value if isinstance(value, str) else json.dumps(value)
-        env[f"OLLIE_{key.upper()}"] = text.replace("\0", "").encode()[:VARIABLE_LIMIT].decode(errors="ignore")
-    proc = await asyncio.create_subprocess_exec(
-        "sh", "-c", cmd, cwd=cwd or None, env=env, start_new_session=True,
-        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-    )
+        variables[f"OLLIE_{key.upper()}"] = text.replace("\0", "").encode()[:VARIABLE_LIMIT].decode(errors="ignore")
+    if cwd and not os.path.isdir(cwd):
+        raise FileNotFoundError(f"the session's working directory {cwd} is gone")
+    if runner is None:
+        proc = await asyncio.create_subprocess_exec(
+            "sh", "-c", cmd, cwd=cwd or None, env={**os.environ, **session_env, **variables},
+            start_new_session=True, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE)
+        process: _Started = _Subprocess(proc)
+    else:
+        process = await runner.start(cmd, cwd or os.getcwd(), {**session_env, **variables})
     try:
         out, err = await asyncio.wait_for(
-            _communicate(proc, json.dumps(payload).encode()), timeout if timeout is not None else TIMEOUT
+            _communicate(process, json.dumps(payload).encode()), timeout if timeout is not None else TIMEOUT
         )
     except (TimeoutError, asyncio.CancelledError) as e:
-        _kill_group(proc)
-        await proc.wait()
+        process.kill()
+        await process.wait()
         if isinstance(e, asyncio.CancelledError):
             raise
         return None, "", f"(killed after {timeout or TIMEOUT:g} s)"
-    return proc.returncode, out, err
+    return await process.wait(), out, err
 
 
-async def _communicate(proc: asyncio.subprocess.Process, data: bytes) -> tuple[str, str]:
+class Runner:
+    """Runs hook commands in a jail under a sandbox policy; the jail starts on the first hook and
+    lives until `close`."""
+
+    def __init__(self, policy: str):
+        self.policy = policy
+        self._sandboxes = _sandbox.Sandboxes(size=4)
+        self._jail: _jail.Jail | None = None
+
+    async def start(self, cmd: str, cwd: str, env: dict[str, str]) -> _Started:
+        box = self._sandboxes.get(self.policy, cwd, "")
+        if self._jail is None or not self._jail.alive:
+            limits = box.policy.limits
+            self._jail = await _jail.Jail.start(_jail.JailSetup(box.policy.network, limits.processes,
+                                                                limits.tmpdir, _sandbox.hidden_paths()))
+        jailed = not self._jail.namespaces_refused
+        if not jailed and not box.policy.best_effort:
+            raise _sandbox.SandboxError(f"hooks cannot be isolated: {self._jail.namespaces_refused}; allow user "
+                                        "namespaces or set general.best_effort in the hooks' sandbox policy")
+        full_env = {**box.environ(os.environ), **env}
+        if jailed:
+            full_env["TMPDIR"] = "/tmp"  # the jail's own
+        full_env["PATH"] = box.search_path(full_env.get("PATH") or os.defpath)
+        sh = shutil.which("sh", path=full_env["PATH"]) or "/bin/sh"
+        fds = [os.pipe2(os.O_CLOEXEC) for _ in range(3)]  # stdin, stdout, stderr
+        spec = {"argv": [sh, "-c", cmd], "cwd": cwd, "env": full_env, "rlimits": box.rlimits,
+                "seccomp": box.seccomp, "jail_rules": box.jail_rules, "expose": box.granted()}
+        try:
+            stage = await self._jail.spawn(spec, ruleset=box.ruleset, stdin=fds[0][0], stdout=fds[1][1],
+                                           stderr=fds[2][1])
+        except BaseException:
+            for fd in (fds[0][1], fds[1][0], fds[2][0]):
+                os.close(fd)
+            raise
+        finally:
+            for fd in (fds[0][0], fds[1][1], fds[2][1]):
+                os.close(fd)
+        return await _JailedProcess.connect(stage, fds[0][1], fds[1][0], fds[2][0])
+
+    async def close(self) -> None:
+        if self._jail is not None:
+            await self._jail.close()
+            self._jail = None
+
+
+class _Started(Protocol):
+    """A started hook: its pipes as asyncio streams, its exit, a way to kill its process group."""
+
+    stdin: asyncio.StreamWriter
+    stdout: asyncio.StreamReader
+    stderr: asyncio.StreamReader
+
+    def kill(self) -> None: ...
+
+    async def wait(self) -> int | None: ...
+
+
+class _Subprocess:
+    def __init__(self, proc: asyncio.subprocess.Process):
+        self._proc = proc
+        self.stdin, self.stdout, self.stderr = proc.stdin, proc.stdout, proc.stderr  # type: ignore[assignment]
+
+    def kill(self) -> None:
+        try:
+            os.killpg(self._proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+    async def wait(self) -> int | None:
+        return await self._proc.wait()
+
+
+class _JailedProcess:
+    @classmethod
+    async def connect(cls, stage: _jail.Stage, stdin: int, stdout: int, stderr: int) -> _JailedProcess:
+        self = cls()
+        self._stage = stage
+        loop = asyncio.get_running_loop()
+        self.stdout, self.stderr = asyncio.StreamReader(), asyncio.StreamReader()
+        for reader, fd in ((self.stdout, stdout), (self.stderr, stderr)):
+            await loop.connect_read_pipe(lambda r=reader: asyncio.StreamReaderProtocol(r), os.fdopen(fd, "rb", 0))
+        transport, protocol = await loop.connect_write_pipe(asyncio.streams.FlowControlMixin, os.fdopen(stdin, "wb", 0))
+        self.stdin = asyncio.StreamWriter(transport, protocol, None, loop)
+        return self
+
+    def kill(self) -> None:
+        self._stage.kill()
+
+    async def wait(self) -> int | None:
+        try:
+            return await asyncio.shield(self._stage.exited)
+        except _jail.JailError:
+            return None
+
+
+def _refuse_writable(cmd: str, cwd: str, policies: list[str]) -> None:
+    """Refuse a hook that runs a file the agent's code may have rewritten."""
+    try:
+        words = shlex.split(cmd)
+    except ValueError:
+        words = cmd.split()
+    program = words[0] if words else ""
+    if "/" not in program:
+        return  # a command looked up on PATH: the sandbox cannot write the system's directories
+    path = os.path.realpath(os.path.join(cwd, os.path.expanduser(program)))
+    for name in policies:
+        if _sandbox.load_policy(name, cwd, "").writes(path):
+            raise _sandbox.SandboxError(
+                f"{program} is a file that sandboxed code can write (sandbox policy {name!r}); move it out of "
+                "the agent's reach, or set \"trustWritableHooks\": true in the agent config")
+
+
+async def _communicate(proc: _Started, data: bytes) -> tuple[str, str]:
     async def feed() -> None:
         try:
             proc.stdin.write(data)
@@ -116,10 +247,3 @@ async def _read_capped(stream: asyncio.StreamReader) -> str:
         dropped += max(0, len(chunk) - room)
     text = kept.decode(errors="replace")
     return text + (f"\n[hook output truncated: {dropped} more bytes]" if dropped else "")
-
-
-def _kill_group(proc: asyncio.subprocess.Process) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass

@@ -60,6 +60,7 @@ class CallContext:
     session_id: str = ""
     env: dict[str, str] = field(default_factory=dict)  # the session env (`Core.set_env`)
     tmpdir: str = ""
+    policies: tuple[str, ...] = ("default",)  # the sandbox policies the agent's model may pick
 
 
 @runtime_checkable

@@ -2,9 +2,10 @@
 
 A call is a list of stages run in order, each stage's output fed to the next one's stdin:
 `{code, language}` inline code, `{tool, args}` a script from OLLIE_TOOLS_PATH, or `{parallel: [...]}`
-several of those at once, their outputs joined in submission order. Every process runs inside the
-Landlock sandbox (see `ollie._sandbox`) in its own process group, which is killed whole when the
-stage ends, times out or is cancelled: nothing a stage starts outlives it.
+several of those at once, their outputs joined in submission order. Every process runs in the
+session's jail (`ollie._jail`: fresh namespaces, one per network setting, started on first use)
+under the sandbox policy the call names (`ollie._sandbox`), in its own process group, which is
+killed whole when the stage ends, times out or is cancelled: nothing a stage starts outlives it.
 """
 
 from __future__ import annotations
@@ -14,17 +15,15 @@ import math
 import os
 import shutil
 import signal
-import subprocess
 import tempfile
 from dataclasses import dataclass
 from typing import Any
 
-from .. import _sandbox, config
+from .. import _jail, _sandbox, config
 from ..types import ConfigError
 from . import CallContext, Decl as DeclType, Tool, ToolResult
 
 DEFAULT_TIMEOUT = 30.0
-OUTPUT_CAP = 10 << 20  # bytes of merged stdout+stderr kept per process
 
 # language → (programs to look for, in order; the flag that precedes the code).
 # The flag "-c"/"-e" passes the code as an argument; ed, expect and bc read it from stdin instead.
@@ -53,9 +52,9 @@ ed, expect and bc read the code itself from stdin, so they take no piped input).
 - {{"parallel": [stage, ...]}}: code or tool stages run at once; outputs joined in the order given.
 Examples: [{{"code": "ls"}}] · [{{"code": "grep -rn TODO ."}}, {{"code": "wc -l"}}] · \
 [{{"parallel": [{{"code": "wc -l < a"}}, {{"code": "wc -l < b"}}]}}, {{"code": "sort -n"}}]
-The sandbox reads the system, writes only the working directory and $TMPDIR, and has no network. \
-Each stage gets `timeout` seconds (default {DEFAULT_TIMEOUT:g}); a failing stage stops the pipeline \
-and its exit status and output are returned."""
+The sandbox reads the system, writes only the working directory and $TMPDIR (a private /tmp), and \
+has no network. Each stage gets `timeout` seconds (default {DEFAULT_TIMEOUT:g}); a failing stage \
+stops the pipeline and its exit status and output are returned."""
 
 _CODE_OR_TOOL = {
     "code": {"type": "string", "description": "Source code to run."},
@@ -85,7 +84,8 @@ SCHEMA: dict[str, Any] = {
         },
         "timeout": {"type": "number", "exclusiveMinimum": 0, "default": DEFAULT_TIMEOUT,
                     "description": "Seconds each stage may run."},
-        "sandbox": {"type": "string", "default": "default", "description": "Sandbox policy name."},
+        "sandbox": {"type": "string", "default": "default",
+                    "description": "Sandbox policy name (one the agent's config allows)."},
     },
     "required": ["steps"],
 }
@@ -106,6 +106,8 @@ class Server:
     def __init__(self, cwd: str):
         self.cwd = cwd
         self._sandboxes = _sandbox.Sandboxes()
+        self._jails: dict[_jail.JailSetup, _jail.Jail] = {}
+        self._namespaces = True  # False once a jail found them refused (and the policy allowed that)
         self._scratch = ""  # $TMPDIR for calls whose context has none; removed on close
 
     async def list_tools(self) -> list[Tool]:
@@ -115,39 +117,82 @@ class Server:
         if name != "execute_code":
             return ToolResult.of(f"unknown tool {name!r}; the execute server offers execute_code", is_error=True)
         try:
-            steps, timeout, policy = _parse_arguments(arguments)
-            job = self._job(ctx, policy, timeout)
-            stages = _parse_steps(steps, job.programs)
+            steps, timeout, policy = _parse_arguments(arguments, ctx.policies)
+            job = await self._job(ctx, policy, timeout)
+            stages = _parse_steps(steps, job.programs, job.sandbox.policy.limits.parallel)
         except (StepError, ConfigError) as e:
             return ToolResult.of(str(e), is_error=True)
-        return await _run_pipeline(stages, job)
+        result = await _run_pipeline(stages, job)
+        if job.notice:
+            result.content.insert(0, {"type": "text", "text": job.notice + "\n"})
+        return result
 
     async def close(self) -> None:
+        jails, self._jails = list(self._jails.values()), {}
+        await asyncio.gather(*(j.close() for j in jails))
         self._sandboxes.clear()
         if self._scratch:
             shutil.rmtree(self._scratch, ignore_errors=True)
             self._scratch = ""
 
-    def _job(self, ctx: CallContext, policy: str, timeout: float) -> _Job:
+    async def _job(self, ctx: CallContext, policy: str, timeout: float | None) -> _Job:
         cwd = ctx.cwd or self.cwd
         if not os.path.isdir(cwd):
             raise StepError(f"working directory {cwd} does not exist")
-        tmpdir = ctx.tmpdir or self._scratch_dir()
+        session_tmp = ctx.tmpdir
         tool_dirs = _tool_dirs(ctx)
-        box = self._sandboxes.get(policy, cwd, tmpdir, tool_dirs)
+        box = self._sandbox(policy, cwd, session_tmp, tool_dirs)
+        limits = box.policy.limits
+        timeout = float(timeout or min(DEFAULT_TIMEOUT, limits.timeout))
+        if timeout > limits.timeout:
+            raise StepError(f"timeout: at most {limits.timeout:g} seconds (limits.timeout of sandbox policy {policy!r})")
+        jail, notice = await self._jail(box.policy)
+        if not self._namespaces:  # $TMPDIR is a directory of the host, granted by the policy
+            session_tmp = session_tmp or self._scratch_dir()
+            box = self._sandbox(policy, cwd, session_tmp, tool_dirs)
         env = box.environ(os.environ)  # only what the policy lets in: never the server's API keys
         env.update(ctx.env)
-        env.update(TMPDIR=tmpdir, OLLIE_SESSION_ID=ctx.session_id, OLLIE_TOOLS_PATH=":".join(tool_dirs))
+        # In a jail $TMPDIR is its private /tmp; the session's own scratch directory (where long
+        # results are saved) is readable there.
+        env.update(TMPDIR="/tmp" if self._namespaces else session_tmp, OLLIE_SESSION_ID=ctx.session_id,
+                   OLLIE_TOOLS_PATH=":".join(tool_dirs))
         system_path = box.search_path(env.get("PATH") or os.defpath)
         env["PATH"] = f"{config.mount_path() / 'x'}:{system_path}"
         # Interpreters are looked up on the system path only: $OLLIE/x may be this very process's
         # FUSE mount, and a lookup there from the event loop would wait on itself forever.
-        return _Job(box, cwd, env, timeout, _Programs(system_path, tool_dirs), _sandbox.superpowers_prefix())
+        return _Job(box, jail, cwd, env, timeout, _Programs(system_path, tool_dirs), _sandbox.superpowers_prefix(),
+                    _Budget(limits.output), notice)
+
+    def _sandbox(self, policy: str, cwd: str, session_tmp: str, tool_dirs: tuple[str, ...]) -> _sandbox.Sandbox:
+        if self._namespaces:
+            return self._sandboxes.get(policy, cwd, "", tool_dirs, (session_tmp,) if session_tmp else ())
+        return self._sandboxes.get(policy, cwd, session_tmp, tool_dirs)
+
+    async def _jail(self, policy: _sandbox.Policy) -> tuple[_jail.Jail, str]:
+        """The running jail for `policy`'s network and limits, started on first use; and a notice
+        for the result when it runs without namespaces."""
+        limits = policy.limits
+        setup = _jail.JailSetup(policy.network, limits.processes, limits.tmpdir, _sandbox.hidden_paths())
+        jail = self._jails.get(setup)
+        if jail is None or not jail.alive:
+            jail = self._jails[setup] = await _jail.Jail.start(setup)
+        if not jail.namespaces_refused:
+            return jail, ""
+        fix = (f"set general.best_effort: true in {config.cfg_path() / 'sandbox.yaml'} to run with Landlock "
+               "and seccomp alone (no process, network, /tmp or terminal isolation)")
+        if not policy.best_effort:
+            raise _sandbox.SandboxError(f"the sandbox cannot isolate this call: {jail.namespaces_refused}; "
+                                        f"allow user namespaces (sysctl user.max_user_namespaces) or {fix}")
+        notice = ""
+        if self._namespaces:
+            self._namespaces = False
+            notice = (f"[sandbox: {jail.namespaces_refused}; running with Landlock and seccomp alone, as "
+                      "general.best_effort allows: no process, network, /tmp or terminal isolation]")
+        return jail, notice
 
     def _scratch_dir(self) -> str:
         if not self._scratch:
-            config.tmp_path().mkdir(mode=0o700, parents=True, exist_ok=True)
-            self._scratch = tempfile.mkdtemp(prefix="execute-", dir=config.tmp_path())
+            self._scratch = tempfile.mkdtemp(prefix="execute-", dir=config.private_dir(config.tmp_path()))
         return self._scratch
 
 
@@ -205,7 +250,7 @@ def _given(value: Any) -> Any:
     return {k: v for k, v in value.items() if v is not None} if isinstance(value, dict) else value
 
 
-def _parse_arguments(arguments: Any) -> tuple[list[Any], float, str]:
+def _parse_arguments(arguments: Any, allowed: tuple[str, ...]) -> tuple[list[Any], float | None, str]:
     if not isinstance(arguments, dict):
         raise StepError("execute_code takes an object: {\"steps\": [...], \"timeout\": 30, \"sandbox\": \"default\"}")
     arguments = _given(arguments)
@@ -215,16 +260,20 @@ def _parse_arguments(arguments: Any) -> tuple[list[Any], float, str]:
     steps = arguments.get("steps")
     if not isinstance(steps, list) or not steps:
         raise StepError("steps: must be a non-empty list of stages, e.g. [{\"code\": \"ls\"}]")
-    timeout = arguments.get("timeout", DEFAULT_TIMEOUT)
-    if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not 0 < timeout < math.inf:
+    timeout = arguments.get("timeout")  # None: the default, within the policy's limit
+    if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, int | float)
+                                or not 0 < timeout < math.inf):
         raise StepError(f"timeout: must be a positive number of seconds, got {timeout!r}")
     policy = arguments.get("sandbox", "default")
     if not isinstance(policy, str):
         raise StepError(f"sandbox: must be a policy name, got {policy!r}")
-    return steps, float(timeout), policy
+    if policy not in allowed:
+        raise StepError(f"sandbox: policy {policy!r} is not allowed for this agent; it may use "
+                        f"{', '.join(allowed)} (the agent config's \"sandboxes\" list)")
+    return steps, timeout, policy
 
 
-def _parse_steps(steps: list[Any], programs: _Programs) -> list[_Stage]:
+def _parse_steps(steps: list[Any], programs: _Programs, max_parallel: int) -> list[_Stage]:
     stages = []
     for i, step in enumerate(steps):
         where, step = f"steps[{i}]", _given(step)
@@ -234,6 +283,9 @@ def _parse_steps(steps: list[Any], programs: _Programs) -> list[_Stage]:
             branches = step["parallel"]
             if not isinstance(branches, list) or not branches:
                 raise StepError(f"{where}.parallel: must be a non-empty list of code or tool stages")
+            if len(branches) > max_parallel:
+                raise StepError(f"{where}.parallel: {len(branches)} branches; the sandbox policy allows at most "
+                                f"{max_parallel} (limits.parallel)")
             stages.append([_parse_command(b, f"{where}.parallel[{j}]", programs) for j, b in enumerate(branches)])
         else:
             stages.append([_parse_command(step, where, programs)])
@@ -342,15 +394,30 @@ def _marked_read_safe(script: str) -> bool:
 
 
 @dataclass(slots=True)
+class _Budget:
+    """Bytes of output a call may still keep, shared by all its stages and branches."""
+
+    left: int
+
+
+@dataclass(slots=True)
 class _Job:
     """What every process of one call shares."""
 
     sandbox: _sandbox.Sandbox
+    jail: _jail.Jail
     cwd: str
     env: dict[str, str]
     timeout: float
     programs: _Programs
     wrapper: list[str]  # `superpowers run-session --` when superpowerd runs
+    output: _Budget
+    notice: str = ""  # said before the result: how the sandbox runs, when that is worth knowing
+
+    def spec(self, argv: list[str]) -> dict[str, Any]:
+        box = self.sandbox
+        return {"argv": [*self.wrapper, *argv], "cwd": self.cwd, "env": self.env, "rlimits": box.rlimits,
+                "seccomp": box.seccomp, "jail_rules": box.jail_rules, "expose": box.granted()}
 
 
 @dataclass(slots=True)
@@ -373,30 +440,42 @@ async def _run_pipeline(stages: list[_Stage], job: _Job) -> ToolResult:
 
 async def _run_command(cmd: _Command, stdin: bytes | None, job: _Job) -> _Outcome:
     data = cmd.stdin_code if cmd.stdin_code is not None else stdin
+    out_read, out_write = os.pipe2(os.O_CLOEXEC)
+    if data is not None:
+        in_read, in_write = os.pipe2(os.O_CLOEXEC)
+    else:
+        in_read, in_write = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC), -1
     try:
-        popen = subprocess.Popen(
-            [*job.wrapper, *cmd.argv], stdin=subprocess.PIPE if data is not None else subprocess.DEVNULL,
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=job.cwd, env=job.env,
-            start_new_session=True, preexec_fn=job.sandbox.enter)
-        process = _Process(popen, data or b"")
-    except OSError as e:
-        return _Outcome(b"", f"cannot run {cmd.argv[0]}: {e.strerror}")
-    except subprocess.SubprocessError as e:  # enter() failed in the child
-        return _Outcome(b"", f"could not enter the sandbox: {e}")
-    timed_out = False
+        stage = await job.jail.spawn(job.spec(cmd.argv), ruleset=job.sandbox.ruleset, stdin=in_read,
+                                     stdout=out_write, stderr=out_write)
+    except BaseException as e:
+        for fd in (out_read, in_write):
+            if fd >= 0:
+                os.close(fd)
+        if isinstance(e, _jail.JailError):
+            return _Outcome(b"", f"cannot run {cmd.argv[0]}: {e}")
+        raise
+    finally:
+        os.close(in_read)
+        os.close(out_write)
+    process = _Process(stage, out_read, in_write, data or b"", job.output)
     try:
-        async with asyncio.timeout(job.timeout):
-            await process.exited
-    except TimeoutError:
-        timed_out = True
+        # asyncio.wait, not a timeout around an await: that would cancel the exit future itself,
+        # and the stage would then look finished to end().
+        done, _ = await asyncio.wait({stage.exited}, timeout=job.timeout)
+        timed_out = not done
     finally:
         await process.end()
     output = bytes(process.output)
     if timed_out:
         return _Outcome(output, f"execution timeout after {job.timeout:g} seconds")
     if process.truncated:
-        return _Outcome(output + b"\n[output truncated]", f"output exceeded {OUTPUT_CAP >> 20} MiB; the stage was stopped")
-    status = popen.returncode
+        cap = job.sandbox.policy.limits.output
+        return _Outcome(output + b"\n[output truncated]",
+                        f"the call's output exceeded {_size_text(cap)} (limits.output); the stage was stopped")
+    status = process.status
+    if status is None:
+        return _Outcome(output, "the sandbox helper exited; the stage was lost")
     if status:
         why = f"exit status {status}" if status > 0 else f"killed by {signal.Signals(-status).name}"
         return _Outcome(output, f"execution failed: {why}")
@@ -404,48 +483,38 @@ async def _run_command(cmd: _Command, stdin: bytes | None, job: _Job) -> _Outcom
 
 
 class _Process:
-    """A started process served by the event loop's selector: its input written and its merged
-    output gathered (up to OUTPUT_CAP) through non-blocking pipes, its exit seen on a pidfd
-    (no watcher thread per child). When the process exits, its group is killed before it is
-    reaped: the unreaped leader keeps the group's id from being reused."""
+    """A program started in the jail, served by the event loop's selector: its input written and
+    its merged output gathered (within the call's budget) through non-blocking pipes. Its exit
+    comes from the jail, which kills what is left of its process group first."""
 
-    def __init__(self, popen: subprocess.Popen, data: bytes):
-        self.popen = popen
+    def __init__(self, stage: _jail.Stage, out: int, stdin: int, data: bytes, budget: _Budget):
+        self.stage = stage
         self.output = bytearray()
         self.truncated = False
+        self._budget = budget
         self._loop = loop = asyncio.get_running_loop()
-        self.exited = loop.create_future()
         self._drained = loop.create_future()
-        try:
-            self._pidfd = os.pidfd_open(popen.pid)
-        except OSError:  # out of file descriptors: the process cannot be watched, so it must not run
-            os.killpg(popen.pid, signal.SIGKILL)
-            popen.wait()
-            raise
-        self._out = popen.stdout.fileno()  # type: ignore[union-attr]
-        os.set_blocking(self._out, False)
-        loop.add_reader(self._out, self._read)
-        loop.add_reader(self._pidfd, self._reap)
+        self._out, self._stdin = out, stdin
+        os.set_blocking(out, False)
+        loop.add_reader(out, self._read)
         self._pending = memoryview(data)
-        if popen.stdin is not None:
-            os.set_blocking(popen.stdin.fileno(), False)
+        if stdin >= 0:
+            os.set_blocking(stdin, False)
             self._write()
 
-    def kill(self) -> None:
-        """SIGKILL the process group, while its leader is unreaped (so the id is still ours)."""
-        if self.popen.returncode is None:
-            try:
-                os.killpg(self.popen.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+    @property
+    def status(self) -> int | None:
+        """The exit status; None when the jail died before it could tell."""
+        exited = self.stage.exited
+        return exited.result() if exited.done() and not exited.exception() else None
 
     async def end(self) -> None:
         """Kill what is left of the process group; wait until the output is drained and the
-        process reaped."""
-        self.kill()
+        exit reported."""
+        self.stage.kill()
         self._close_stdin()
         # Only a process that escaped the group could hold the pipe open: don't wait on it forever.
-        await asyncio.wait({self._drained, self.exited}, timeout=2)
+        await asyncio.wait({self._drained, self.stage.exited}, timeout=2)
         if not self._drained.done():
             self._close_output()
 
@@ -457,43 +526,44 @@ class _Process:
         if not data:
             self._close_output()
             return
-        room = OUTPUT_CAP - len(self.output)
+        room = self._budget.left
         if len(data) > room and not self.truncated:
             self.truncated = True
-            self.kill()  # stop a runaway writer now rather than at its timeout
-        self.output += data[:room]
+            self.stage.kill()  # stop a runaway writer now rather than at its timeout
+        kept = data[:room]
+        self._budget.left -= len(kept)
+        self.output += kept
 
     def _write(self) -> None:
-        stdin = self.popen.stdin
-        assert stdin is not None
         try:
-            self._pending = self._pending[os.write(stdin.fileno(), self._pending):]
+            self._pending = self._pending[os.write(self._stdin, self._pending):]
         except BlockingIOError:
             pass
         except OSError:  # the process stopped reading (EPIPE): it just loses its input
             self._pending = memoryview(b"")
         if self._pending:
-            self._loop.add_writer(stdin.fileno(), self._write)
+            self._loop.add_writer(self._stdin, self._write)
         else:
             self._close_stdin()
 
-    def _reap(self) -> None:
-        self._loop.remove_reader(self._pidfd)
-        os.close(self._pidfd)
-        self.kill()  # what the stage left behind dies with it
-        self.popen.wait()  # returns at once: the pidfd said the process has exited
-        self.exited.set_result(None)
-
     def _close_stdin(self) -> None:
-        stdin = self.popen.stdin
-        if stdin is not None and not stdin.closed:
-            self._loop.remove_writer(stdin.fileno())
-            stdin.close()
+        if self._stdin >= 0:
+            self._loop.remove_writer(self._stdin)
+            os.close(self._stdin)
+            self._stdin = -1
 
     def _close_output(self) -> None:
-        self._loop.remove_reader(self._out)
-        self.popen.stdout.close()  # type: ignore[union-attr]
-        self._drained.set_result(None)
+        if not self._drained.done():
+            self._loop.remove_reader(self._out)
+            os.close(self._out)
+            self._drained.set_result(None)
+
+
+def _size_text(size: int) -> str:
+    for shift, unit in ((30, "GiB"), (20, "MiB"), (10, "KiB")):
+        if size >= 1 << shift and size % (1 << shift) == 0:
+            return f"{size >> shift} {unit}"
+    return f"{size} bytes"
 
 
 def _text(data: bytes) -> str:

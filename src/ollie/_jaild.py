@@ -1,0 +1,347 @@
+"""The jail helper: a small process that starts sandboxed programs inside fresh namespaces.
+
+Run by `ollie._jail` as `python -I -S _jaild.py SETUP_JSON`, the setup naming its SOCK_SEQPACKET socket's fd.
+It imports nothing of ollie (stdlib only, so it starts lean and trusts no package directory) and
+decides nothing: the parent sends what to run and the finished Landlock ruleset, seccomp program
+and resource limits; this process only applies them.
+
+The first process enters new user, mount, IPC, PID (and, unless the setup grants network, network)
+namespaces, then forks the jail's PID 1 and exits. PID 1 mounts a fresh /proc, a private tmpfs on
+/tmp, a new /dev/pts instance, hides the setup's `hide` directories under empty tmpfs mounts, caps
+the number of PIDs, and then serves requests until its socket closes, when everything in the jail
+dies with it. Messages are JSON, one per packet; a spawn request's payload (argv, env: larger than a
+packet may hold) travels in a memfd whose descriptor comes with the packet.
+"""
+
+import ctypes
+import json
+import os
+import selectors
+import signal
+import socket
+import stat
+import subprocess
+import sys
+
+CLONE_NEWNS, CLONE_NEWIPC, CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET = (
+    0x20000, 0x8000000, 0x10000000, 0x20000000, 0x40000000)
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = (
+    1, 2, 4, 8, 32, 4096, 16384, 1 << 18)
+ST_FLAGS = {MS_NOSUID: os.ST_NOSUID, MS_NODEV: os.ST_NODEV, MS_NOEXEC: os.ST_NOEXEC}
+PR_SET_NO_NEW_PRIVS, PR_SET_SECCOMP, SECCOMP_MODE_FILTER, PR_SET_CHILD_SUBREAPER = 38, 22, 2, 36
+SYS_LANDLOCK_ADD_RULE, SYS_LANDLOCK_RESTRICT_SELF = 445, 446
+
+libc = ctypes.CDLL(None, use_errno=True)
+
+
+def check(result, what):
+    if result < 0:
+        e = ctypes.get_errno()
+        raise OSError(e, f"{what}: {os.strerror(e)}")
+    return result
+
+
+def mount(source, target, fstype, flags, data=None):
+    check(libc.mount(source and source.encode(), target.encode(), fstype and fstype.encode(),
+                     ctypes.c_ulong(flags), data and data.encode()), f"mount {target}")
+
+
+class SockFilter(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint16), ("jt", ctypes.c_uint8), ("jf", ctypes.c_uint8), ("k", ctypes.c_uint32)]
+
+
+class SockFprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_uint16), ("filter", ctypes.POINTER(SockFilter))]
+
+
+class PathBeneath(ctypes.Structure):
+    _pack_ = 1
+    _fields_ = [("allowed", ctypes.c_uint64), ("parent_fd", ctypes.c_int32)]
+
+
+class CapHeader(ctypes.Structure):
+    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+
+class CapData(ctypes.Structure):
+    _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32), ("inheritable", ctypes.c_uint32)]
+
+
+CAP_HEADER, NO_CAPS = CapHeader(0x20080522, 0), (CapData * 2)()
+
+
+# ---- setting the jail up -------------------------------------------------------------------------
+
+
+def enter_namespaces(network):
+    """Unshare what can be; returns a description of what was not (empty: all of it)."""
+    uid, gid = os.geteuid(), os.getegid()
+    rest = CLONE_NEWNS | CLONE_NEWIPC | CLONE_NEWPID | (0 if network else CLONE_NEWNET)
+    try:
+        check(libc.unshare(CLONE_NEWUSER | rest), "unshare")
+    except OSError as e:
+        if uid != 0:  # without a user namespace only root may make the others
+            return f"user namespaces are refused ({os.strerror(e.errno)})"
+        try:
+            check(libc.unshare(rest), "unshare")
+        except OSError as e2:
+            return f"namespaces are refused ({os.strerror(e2.errno)})"
+        return ""
+    with open("/proc/self/setgroups", "w") as f:
+        f.write("deny")
+    with open("/proc/self/uid_map", "w") as f:
+        f.write(f"{uid} {uid} 1")
+    with open("/proc/self/gid_map", "w") as f:
+        f.write(f"{gid} {gid} 1")
+    return ""
+
+
+class Mounts:
+    """The jail's view of the filesystem: hidden directories (a private /tmp, `hide`) and paths
+    from under them exposed again by bind mounts, each read-only unless granted writable."""
+
+    def __init__(self, hide, tmp_size):
+        mount(None, "/", None, MS_REC | MS_PRIVATE)  # nothing done here shows outside
+        self.hidden = {}  # hidden directory -> O_PATH fd of what it hid, to bind from
+        self.exposed = {}  # path -> writable
+        for path in ["/tmp", *hide]:
+            if os.path.isdir(path) and path not in self.hidden:
+                self.hidden[path] = os.open(path, os.O_PATH | os.O_DIRECTORY)
+        mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+        mount("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, f"size={tmp_size},mode=1777")
+        for path in self.hidden:
+            if self._root(os.path.dirname(path)) is None:  # not already gone with a hidden parent
+                self._hide(path)
+        try:
+            mount("devpts", "/dev/pts", "devpts", MS_NOSUID | MS_NOEXEC, "newinstance,ptmxmode=0666,mode=0620")
+            mount("/dev/pts/ptmx", "/dev/ptmx", None, MS_BIND)
+        except OSError:
+            pass  # no /dev/pts to replace: pseudo-terminals stay unavailable
+
+    def expose(self, path, writable):
+        if self.exposed.get(path) == writable or self._root(path) is None:
+            return
+        self.exposed[path] = writable
+        self._bind(path, writable)
+        for hidden in self.hidden:  # a hidden directory inside what was just exposed: hide it again
+            if hidden != path and hidden.startswith(path.rstrip("/") + "/"):
+                self._hide(hidden)
+                for inner, w in list(self.exposed.items()):
+                    if inner.startswith(hidden + "/"):
+                        self._bind(inner, w)
+
+    def _root(self, path):
+        roots = [h for h in self.hidden if path == h or path.startswith(h.rstrip("/") + "/")]
+        return max(roots, key=len) if roots else None
+
+    def _bind(self, path, writable):
+        root = self._root(path)
+        source = f"/proc/self/fd/{self.hidden[root]}/{os.path.relpath(path, root)}"
+        st = os.stat(source)
+        if stat.S_ISDIR(st.st_mode):
+            os.makedirs(path, exist_ok=True)
+        else:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            if not os.path.exists(path):
+                open(path, "x").close()
+        mount(source, path, None, MS_BIND | MS_REC)
+        if not writable:
+            keep = sum(ms for ms, st_flag in ST_FLAGS.items() if os.statvfs(path).f_flag & st_flag)
+            mount(None, path, None, MS_BIND | MS_REMOUNT | MS_RDONLY | keep)
+
+    def _hide(self, path):
+        if path != "/tmp":
+            mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV, "size=1048576,mode=755")
+
+
+# ---- starting a stage ----------------------------------------------------------------------------
+
+
+def add_rules(ruleset, rules):
+    """Grant paths of the jail's own mounts (a fresh /proc, the private /tmp): the parent built its
+    rules on the host's inodes, which the jail does not see there."""
+    for path, rights in rules:
+        try:
+            fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+        except OSError:
+            continue
+        try:
+            if not stat.S_ISDIR(os.fstat(fd).st_mode):
+                rights &= 1 | 2 | 4 | (1 << 14) | (1 << 15)  # the rights a file can have
+            rule = PathBeneath(rights, fd)
+            check(libc.syscall(ctypes.c_long(SYS_LANDLOCK_ADD_RULE), ctypes.c_long(ruleset), ctypes.c_long(1),
+                               ctypes.byref(rule), ctypes.c_long(0)), f"landlock rule for {path}")
+        finally:
+            os.close(fd)
+
+
+def confine(ruleset, seccomp, rlimits):
+    """The child's steps between fork and exec, in this order: limits, no new privileges, the
+    Landlock domain, the seccomp filter (last but one: it refuses calls the others make), no
+    capabilities."""
+    import resource
+
+    for which, soft, hard in rlimits:
+        resource.setrlimit(which, (soft, hard))
+    check(libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
+    if ruleset >= 0:
+        check(libc.syscall(ctypes.c_long(SYS_LANDLOCK_RESTRICT_SELF), ctypes.c_long(ruleset), ctypes.c_long(0)),
+              "landlock_restrict_self")
+    if seccomp is not None:
+        check(libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(seccomp)), "seccomp")
+    check(libc.capset(ctypes.byref(CAP_HEADER), NO_CAPS), "capset")
+
+
+def seccomp_program(hex_code):
+    if not hex_code:
+        return None
+    raw = bytes.fromhex(hex_code)
+    filters = (SockFilter * (len(raw) // 8)).from_buffer_copy(raw)
+    prog = SockFprog(len(filters), filters)
+    prog._keep = filters  # the program points into it
+    return prog
+
+
+class Jail:
+    def __init__(self, sock, mounts, pid_one):
+        self.sock = sock
+        self.mounts = mounts
+        self.pid_one = pid_one  # in a PID namespace: orphans are ours to reap, and kill(-1) ends all
+        self.stages = {}  # pid -> request id
+        self.pids = {}  # request id -> pid, while running
+
+    def serve(self):
+        read_wake, write_wake = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        signal.set_wakeup_fd(write_wake)
+        signal.signal(signal.SIGCHLD, lambda *_: None)
+        selector = selectors.DefaultSelector()
+        selector.register(self.sock, selectors.EVENT_READ)
+        selector.register(read_wake, selectors.EVENT_READ)
+        while True:
+            for key, _ in selector.select():
+                if key.fileobj is read_wake:
+                    while True:
+                        try:
+                            os.read(read_wake, 512)
+                        except BlockingIOError:
+                            break
+                    self.reap()
+                elif not self.receive():
+                    self.end()
+                    return
+
+    def receive(self):
+        try:
+            data, fds, _, _ = socket.recv_fds(self.sock, 65536, 8)
+        except ConnectionError:
+            return False
+        if not data:
+            return False
+        request = json.loads(data)
+        if request["op"] == "spawn":
+            self.spawn(request, fds)
+        elif request["op"] == "kill":
+            pid = self.pids.get(request["id"])
+            if pid is not None:
+                kill_group(pid)
+        for fd in fds:
+            os.close(fd)
+        return True
+
+    def spawn(self, request, fds):
+        rid = request["id"]
+        named = dict(zip(request["fds"], fds))
+        spec = json.loads(os.pread(named["spec"], os.fstat(named["spec"]).st_size, 0))
+        try:
+            for path, writable in spec["expose"] if self.mounts else ():
+                self.mounts.expose(path, writable)
+            ruleset = named.get("ruleset", -1)
+            if ruleset >= 0 and self.mounts is not None:
+                add_rules(ruleset, spec["jail_rules"])
+            seccomp = seccomp_program(spec["seccomp"])
+            rlimits = spec["rlimits"]
+            process = subprocess.Popen(
+                spec["argv"], executable=spec["argv"][0], stdin=named["stdin"], stdout=named["stdout"],
+                stderr=named["stderr"], cwd=spec["cwd"], env=spec["env"], process_group=0,
+                # close_fds closes the ruleset after preexec_fn used it: a stage that held it could
+                # add rules to the ruleset the next stages enter.
+                close_fds=True, preexec_fn=lambda: confine(ruleset, seccomp, rlimits))
+        except (OSError, subprocess.SubprocessError, ValueError) as e:
+            self.send({"id": rid, "error": describe(e)})
+            return
+        process.returncode = 0  # reaped by reap() (waitid on every child), never by Popen
+        self.stages[process.pid] = rid
+        self.pids[rid] = process.pid
+        self.send({"id": rid, "pid": process.pid})
+
+    def reap(self):
+        while True:
+            try:
+                info = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+            except ChildProcessError:
+                return
+            if info is None:
+                return
+            pid = info.si_pid
+            rid = self.stages.pop(pid, None)
+            if rid is not None:
+                kill_group(pid)  # before the reap: until then the group's id cannot be reused
+                del self.pids[rid]
+            _, status = os.waitpid(pid, 0)
+            if rid is not None:
+                self.send({"id": rid, "status": os.waitstatus_to_exitcode(status)})
+
+    def send(self, message):
+        try:
+            self.sock.send(json.dumps(message).encode())
+        except OSError:
+            pass  # the parent is gone: the next receive ends the jail
+
+    def end(self):
+        if self.pid_one:
+            try:
+                os.kill(-1, signal.SIGKILL)
+            except ProcessLookupError:
+                pass  # nothing left to kill
+        else:
+            for pid in self.stages:
+                kill_group(pid)
+
+
+def kill_group(pid):
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def describe(error):
+    if isinstance(error, OSError) and error.strerror:
+        return f"{error.filename or 'sandbox'}: {error.strerror}" if error.filename else error.strerror
+    return str(error)
+
+
+def main():
+    setup = json.loads(sys.argv[1])
+    sock = socket.socket(fileno=setup["fd"])
+    refused = enter_namespaces(setup["network"])
+    if os.fork():
+        os._exit(0)  # the server lives on (in a jail, as its PID 1); the parent watches it through the socket
+    if refused:
+        check(libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0), "subreaper")  # orphans come to us to reap
+        sock.send(json.dumps({"ready": True, "namespaces": refused}).encode())
+        Jail(sock, None, pid_one=False).serve()
+        return
+    try:
+        mounts = Mounts(setup["hide"], setup["tmp_size"])
+        with open("/proc/sys/kernel/pid_max", "w") as f:
+            f.write(str(setup["processes"] + 1))  # PIDs run from 1 (this process) to pid_max - 1
+    except OSError as e:
+        sock.send(json.dumps({"ready": False, "error": describe(e)}).encode())
+        return
+    sock.send(json.dumps({"ready": True, "namespaces": ""}).encode())
+    Jail(sock, mounts, pid_one=True).serve()
+
+
+if __name__ == "__main__":
+    main()

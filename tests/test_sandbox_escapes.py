@@ -1,0 +1,359 @@
+"""The escape suite, second round: every way out an attacker's review found, tried for real from
+inside a sandboxed stage (or hook), each shown to fail, and what must still work shown to work."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ollie import _sandbox
+from ollie.config import AgentConfig, ConfigError, parse_agent
+from ollie.tools import CallContext
+from ollie.tools import execute
+from agent_helpers import make_core
+from test_execute import alive
+from test_sandbox import API_KEY, POLICIES, SECRET, home, run, write_policy  # noqa: F401 (fixtures)
+
+pytestmark = pytest.mark.skipif(_sandbox.landlock_abi() < 6, reason="needs Landlock ABI 6 (Linux 6.12)")
+
+
+def errno_of(code: str) -> str:
+    """Python that runs `code` and prints the errno name it fails with, or 'ok'."""
+    body = "\n".join(" " + line for line in code.splitlines())
+    return f"import ctypes, errno, os, socket\ntry:\n{body}\n print('ok')\nexcept OSError as e:\n print(errno.errorcode[e.errno])"
+
+
+SYSCALL = "libc = ctypes.CDLL(None, use_errno=True)\n"
+
+
+def syscall(nr: int, *args: str) -> str:
+    """Python for a raw system call that raises OSError on failure."""
+    return (f"{SYSCALL}r = libc.syscall({nr}, {', '.join(args)})\n"
+            "if r < 0: raise OSError(ctypes.get_errno(), 'failed')")
+
+
+# ---- 1, 2, 6: sockets --------------------------------------------------------------------------
+
+
+async def test_io_uring_is_refused(run):
+    # IORING_OP_SOCKET makes sockets without socket(2), past the filter: no rings at all.
+    result = await run(errno_of(syscall(425, "8", "ctypes.create_string_buffer(120)")), "python3")
+    assert result.text() == "ENOSYS\n"
+
+
+@pytest.mark.parametrize("family,kind,proto,expected", [
+    ("AF_INET", "SOCK_STREAM", 262, "EACCES"),  # MPTCP: Landlock's TCP rules do not cover it
+    ("AF_INET", "SOCK_DGRAM", 0, "EACCES"),
+    ("AF_INET6", "SOCK_DGRAM", 17, "EACCES"),
+    ("AF_INET", "SOCK_RAW", 1, "EACCES"),
+    ("AF_VSOCK", "SOCK_STREAM", 0, "EAFNOSUPPORT"),
+    ("AF_NETLINK", "SOCK_RAW", 4, "EAFNOSUPPORT"),  # sock_diag lists every socket's path
+    ("AF_NETLINK", "SOCK_RAW", 0, "EAFNOSUPPORT"),
+    ("AF_PACKET", "SOCK_RAW", 0, "EAFNOSUPPORT"),
+    ("AF_INET", "SOCK_STREAM", 0, "ok"),  # plain TCP sockets: Landlock decides their ports
+])
+async def test_sockets_by_list(run, family, kind, proto, expected):
+    result = await run(errno_of(f"socket.socket(socket.{family}, socket.{kind}, {proto})"), "python3")
+    assert result.text() == f"{expected}\n"
+
+
+async def test_mptcp_cannot_reach_a_loopback_listener(run):
+    connected = asyncio.Event()
+    server = await asyncio.start_server(lambda r, w: connected.set(), "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        code = f"s = socket.socket(socket.AF_INET, socket.SOCK_STREAM, 262)\ns.connect(('127.0.0.1', {port}))"
+        result = await run(errno_of(code), "python3")
+        assert result.text() == "EACCES\n" and not connected.is_set()
+    finally:
+        server.close()
+        await server.wait_closed()
+
+
+async def test_without_granted_network_a_jail_has_no_interfaces(run):
+    result = await run("tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' '")
+    assert result.text() == "lo\n"
+
+
+async def test_granted_ports_allow_tcp_only_and_unrestricted_allows_udp(run):
+    write_policy("net", "network:\n  connect_tcp: [443]\n")
+    udp = errno_of("socket.socket(socket.AF_INET, socket.SOCK_DGRAM)")
+    mptcp = errno_of("socket.socket(socket.AF_INET, socket.SOCK_STREAM, 262)")
+    for code in (udp, mptcp):
+        result = await run(code, "python3", sandbox="net")
+        assert result.text() == "EACCES\n"
+    write_policy("open", "network:\n  unrestricted: true\n")
+    result = await run(udp, "python3", sandbox="open")
+    assert result.text() == "ok\n"
+    result = await run("tail -n +3 /proc/net/dev | wc -l", sandbox="open")
+    assert int(result.text()) >= 1  # the host's interfaces
+
+
+# ---- 3: hooks --------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def project(home, tmp_path, monkeypatch):
+    cwd = tmp_path / "project"
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)
+    return cwd
+
+
+async def hook_run(cfg: AgentConfig, cwd: Path, prompt: str = "go") -> tuple[str, list[str]]:
+    """Run one turn with hooks; returns what the model was sent and the info events."""
+    core, backend, _, events = await make_core([{"text": "ok"}], cfg=cfg)
+    core.set_cwd(str(cwd))
+    await core.submit(prompt)
+    await core.close()
+    return backend.requests[0][-1].content, [e.text for e in events if e.kind == "info"]
+
+
+async def test_hooks_run_confined(project, home):
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    cfg = AgentConfig(hooks={"preTurn": [
+        f"env; touch written; cat {home}/.ssh/id_rsa; echo hi > /dev/tcp/127.0.0.1/{port}; exit 0"]})
+    with listener:
+        sent, infos = await hook_run(cfg, project)
+    assert API_KEY not in sent and "s3cr3t" not in sent and infos == []
+    assert not (project / "written").exists()
+    assert "OLLIE_PROMPT=go" in sent  # the payload still comes in
+
+
+async def test_a_hook_file_the_agent_can_write_is_refused_unless_trusted(project):
+    hook = project / "check-tool.sh"  # the README's example: the model can rewrite it
+    hook.write_text("#!/bin/sh\necho checked\n")
+    hook.chmod(0o755)
+    sent, infos = await hook_run(AgentConfig(hooks={"preTurn": ["./check-tool.sh"]}), project)
+    assert "checked" not in sent
+    assert any("check-tool.sh is a file that sandboxed code can write" in i and "trustWritableHooks" in i
+               for i in infos)
+    sent, infos = await hook_run(AgentConfig(hooks={"preTurn": ["./check-tool.sh"]}, trust_writable_hooks=True),
+                                 project)
+    assert "checked" in sent
+
+
+@pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
+async def test_a_planted_git_fsmonitor_runs_confined(project, home):
+    # A hook as plain as `git status` runs whatever core.fsmonitor the agent wrote into .git/config.
+    subprocess.run(["git", "init", "-q"], cwd=project, check=True)
+    loot = home / "loot"
+    subprocess.run(["git", "config", "core.fsmonitor", f"env > {loot}; env > {project}/loot; false"],
+                   cwd=project, check=True)
+    await hook_run(AgentConfig(hooks={"preTurn": ["git status >/dev/null 2>&1; exit 0"]}), project)
+    assert not loot.exists() and not (project / "loot").exists()
+
+
+async def test_unsandboxed_hooks_are_an_explicit_opt_out(project):
+    cfg = parse_agent("x", {"hooks": {"preTurn": "touch written"}, "hookSandbox": False})
+    await hook_run(cfg, project)
+    assert (project / "written").exists()
+    with pytest.raises(ConfigError, match="hookSandbox is a sandbox policy name, or false"):
+        parse_agent("x", {"hookSandbox": True})
+
+
+# ---- 4: ollie's own files --------------------------------------------------------------------
+
+
+async def test_ollies_files_are_hidden_even_inside_a_granted_cwd(home, tmp_path, monkeypatch):
+    # A session whose cwd is $HOME can write all of it, but not ollie's configuration (API keys,
+    # agent configs whose hooks run outside), its stored sessions, nor the server's socket.
+    cfg, data = Path(os.environ["OLLIE_CFG_PATH"]), home / ".local" / "share" / "ollie"
+    (cfg / "agents").mkdir()
+    (cfg / "agents" / "default.json").write_text("{}")
+    (data / "sessions" / "s1").mkdir(parents=True)
+    (data / "sessions" / "s1" / "history.jsonl").write_text(SECRET)
+    monkeypatch.setenv("OLLIE_DATA_PATH", str(data))
+    server = execute.Decl(str(home))()
+    ctx = CallContext(cwd=str(home), tmpdir=str(tmp_path))
+    code = (f"cat {cfg}/env; ls {cfg}; echo '{{\"hooks\": {{}}}}' > {cfg}/agents/default.json; "
+            f"cat {data}/sessions/s1/history.jsonl; echo ok > {home}/notes.txt")
+    result = await server.call_tool("execute_code", {"steps": [{"code": code}]}, ctx)
+    await server.close()
+    assert API_KEY not in result.text() and "s3cr3t" not in result.text()
+    assert (cfg / "agents" / "default.json").read_text() == "{}"
+    assert (home / "notes.txt").read_text() == "ok\n"  # the rest of the cwd is writable
+
+
+async def test_tool_scripts_stay_visible_inside_the_hidden_configuration(run, home):
+    tools = Path(os.environ["OLLIE_TOOLS_PATH"])
+    (tools / "hello").write_text("#!/bin/sh\necho hello from $0\n")
+    (tools / "hello").chmod(0o755)
+    result = await run(f"cat {tools}/hello > /dev/null && echo readable; echo x > {tools}/hello")
+    assert "readable" in result.text() and "Read-only file system" in result.text()
+    assert (tools / "hello").read_text().startswith("#!/bin/sh")
+
+
+# ---- 7, 8, 9: other processes, terminals, IPC, keys ------------------------------------------
+
+
+async def test_processes_outside_the_jail_are_out_of_reach(run):
+    me = os.getpid()
+    result = await run(f"prlimit --pid {me} --cpu=1; prlimit --pid 1 --cpu=1:1; cat /proc/{me}/cmdline; "
+                       "ls /proc | grep -c '^[0-9]'")
+    text = result.text()
+    assert text.count("Operation not permitted") == 2 and f"/proc/{me}/cmdline: No such file" in text
+    assert int(text.split()[-1]) < 10  # the jail's own processes only
+    assert open(f"/proc/{me}/limits").read().count("unlimited") > 3  # the server's limits untouched
+
+
+async def test_prlimit_on_itself_still_works(run):
+    result = await run("ulimit -n 64 && ulimit -n")
+    assert result.text() == "64\n"
+
+
+async def test_the_users_terminals_are_out_of_reach(run):
+    master, slave = os.openpty()
+    try:
+        name = os.ttyname(slave)
+        result = await run(f"echo injected > {name}; ls /dev/pts")
+        assert "Permission denied" in result.text() and result.text().split()[-1] == "ptmx"  # a new instance
+        os.set_blocking(master, False)
+        with pytest.raises(BlockingIOError):
+            os.read(master, 100)
+    finally:
+        os.close(master)
+        os.close(slave)
+
+
+@pytest.mark.skipif(shutil.which("ipcmk") is None, reason="needs util-linux's ipcmk")
+async def test_sysv_ipc_and_keyrings_are_out_of_reach(run):
+    made = subprocess.run(["ipcmk", "-M", "4096"], capture_output=True, text=True, check=True).stdout
+    shm_id = made.split()[-1]
+    try:
+        result = await run(f"ipcs -m | grep -c ' {shm_id} ' ; true")
+        assert result.text() == "0\n"
+    finally:
+        subprocess.run(["ipcrm", "-m", shm_id], check=True)
+    add_key = syscall(248 if os.uname().machine == "x86_64" else 217, "b'user'", "b'k'", "b'v'", "1",
+                      "ctypes.c_int(-3)")
+    result = await run(errno_of(add_key), "python3")
+    assert result.text() == "EPERM\n"
+
+
+# ---- 10, 11: limits and the choice of policy --------------------------------------------------
+
+
+SMALL = ("limits:\n  processes: 300\n  memory: 256M\n  file_size: 1M\n  timeout: 5\n  parallel: 4\n"
+         "  tmpdir: 1M\n  output: 64K\n")
+
+
+async def test_a_fork_bomb_is_bounded(run):
+    write_policy("small", SMALL)
+    code = ("import os, time\nn = 0\ntry:\n while n < 5000:\n  if os.fork() == 0:\n   time.sleep(60.5)\n"
+            "   os._exit(0)\n  n += 1\nexcept OSError as e:\n print('stopped', n < 300, e.strerror)")
+    result = await run(code, "python3", sandbox="small")
+    assert result.text() == "stopped True Resource temporarily unavailable\n"
+    assert alive("sleep(60.5)") == []  # and none of them outlived the stage
+
+
+async def test_memory_file_size_and_tmpdir_are_bounded(run, tmp_path):
+    write_policy("small", SMALL)
+    result = await run("bytearray(512 << 20)", "python3", sandbox="small")
+    assert result.is_error and "MemoryError" in result.text()
+    result = await run("head -c 2M /dev/zero > big", sandbox="small")
+    assert result.is_error and (tmp_path / "cwd" / "big").stat().st_size <= 1 << 20
+    result = await run("dd if=/dev/zero of=$TMPDIR/big bs=64k count=64 2>&1; ls $TMPDIR")
+    assert "No space left" not in result.text()  # the default allows 1 GiB
+    result = await run("for i in 1 2 3; do head -c 512K /dev/zero > $TMPDIR/part$i || exit 1; done", sandbox="small")
+    assert result.is_error and "No space left on device" in result.text()
+
+
+async def test_call_shape_is_bounded(run):
+    write_policy("small", SMALL)
+    result = await run("true", timeout=1e300)
+    assert result.is_error and "timeout: at most 600 seconds" in result.text()
+    result = await run("true", timeout=601)
+    assert result.is_error and "at most 600 seconds (limits.timeout of sandbox policy 'default')" in result.text()
+    result = await run("true", timeout=6, sandbox="small")
+    assert result.is_error and "at most 5 seconds" in result.text()
+    call = {"steps": [{"parallel": [{"code": "touch ran"}] * 5}], "sandbox": "small"}
+    result = await run.server.call_tool("execute_code", call, run.ctx)
+    assert result.is_error and "5 branches; the sandbox policy allows at most 4 (limits.parallel)" in result.text()
+    result = await run("yes", sandbox="small")
+    assert result.is_error and "exceeded 64 KiB (limits.output)" in result.text()
+
+
+async def test_the_model_picks_only_the_policies_its_agent_allows(home, tmp_path):
+    write_policy("wide", "filesystem:\n  rw: [/var/tmp]\n")
+    server = execute.Decl(str(tmp_path))()
+    call = {"steps": [{"code": "touch ran"}], "sandbox": "wide"}
+    result = await server.call_tool("execute_code", call, CallContext(cwd=str(tmp_path)))
+    assert result.is_error and "policy 'wide' is not allowed for this agent; it may use default" in result.text()
+    assert not (tmp_path / "ran").exists()
+    result = await server.call_tool("execute_code", call, CallContext(cwd=str(tmp_path), policies=("default", "wide")))
+    assert not result.is_error and (tmp_path / "ran").exists()
+    await server.close()
+    core, *_ = await make_core([], cfg=parse_agent("x", {"sandboxes": ["default", "wide"]}))
+    assert core.call_context().policies == ("default", "wide")
+    await core.close()
+    with pytest.raises(ConfigError, match="sandboxes must be a non-empty list of sandbox policy names"):
+        parse_agent("x", {"sandboxes": ["../etc"]})
+
+
+# ---- what still works --------------------------------------------------------------------------
+
+
+async def test_pseudo_terminals_and_expect_still_work(run):
+    result = await run('spawn sh -c "tty; echo from-pty"\nexpect eof', "expect")
+    assert not result.is_error and "/dev/pts/" in result.text() and "from-pty" in result.text()
+
+
+async def test_the_sessions_saved_results_are_readable_not_writable(run, tmp_path):
+    results = tmp_path / "session-tmp" / "results"
+    results.mkdir()
+    (results / "result-1.txt").write_text("the whole result")
+    result = await run(f"cat {results}/result-1.txt; echo x > {results}/result-1.txt")
+    assert "the whole result" in result.text() and "Read-only file system" in result.text()
+
+
+# ---- without user namespaces ------------------------------------------------------------------
+
+NO_NAMESPACES = r'''
+import asyncio, ctypes, os, platform, struct, sys
+# A seccomp filter that refuses unshare(2) with EPERM, as a kernel without user namespaces would.
+nr = {"x86_64": 272, "aarch64": 97}[platform.machine()]
+code = [(0x20, 0, 0, 0), (0x15, 0, 1, nr), (0x06, 0, 0, 0x00050001), (0x06, 0, 0, 0x7FFF0000)]
+prog = b"".join(struct.pack("<HBBI", *c) for c in code)
+buf = ctypes.create_string_buffer(prog)
+class Fprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_uint16), ("filter", ctypes.c_void_p)]
+libc = ctypes.CDLL(None, use_errno=True)
+assert libc.prctl(38, 1, 0, 0, 0) == 0
+assert libc.prctl(22, 2, ctypes.byref(Fprog(len(code), ctypes.addressof(buf)))) == 0
+from ollie.tools import CallContext, execute
+async def main():
+    cwd = sys.argv[1]
+    server = execute.Decl(cwd)()
+    ctx = CallContext(cwd=cwd, tmpdir=sys.argv[2])
+    for code in ("echo confined", f"echo confined; cat {sys.argv[3]}"):
+        result = await server.call_tool("execute_code", {"steps": [{"code": code}]}, ctx)
+        print(repr(result.text()), result.is_error)
+    await server.close()
+asyncio.run(main())
+'''
+
+
+def test_without_namespaces_the_sandbox_refuses_unless_best_effort_and_says_so(home, tmp_path):
+    cwd, scratch = tmp_path / "cwd", tmp_path / "scratch"
+    cwd.mkdir()
+    scratch.mkdir()
+    argv = [sys.executable, "-c", NO_NAMESPACES, str(cwd), str(scratch), str(home / ".ssh" / "id_rsa")]
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=60, env=os.environ).stdout
+    first = out.splitlines()[0]
+    assert "the sandbox cannot isolate this call: namespaces are refused" in first and "best_effort" in first
+    assert "confined" not in first.split("best_effort")[-1]  # nothing ran
+    write_policy(None, "general:\n  best_effort: true\n")
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=60, env=os.environ).stdout
+    first, second = out.splitlines()
+    assert "[sandbox: namespaces are refused" in first and "Landlock and seccomp alone" in first
+    assert "confined" in first and first.endswith("False")
+    assert "confined" in second and "Permission denied" in second and "s3cr3t" not in second  # Landlock holds
