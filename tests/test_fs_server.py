@@ -72,12 +72,12 @@ def test_sessions_survive_kill_9(server):
 
 def test_the_tcp_token_comes_from_a_file_never_the_command_line(tmp_path):
     srv = FsServer(tmp_path)
-    out = srv.ollie("srv", "start", "--no-mount", "--tcp", "127.0.0.1:0", "--token", "s3cret", check=False)
-    assert out.returncode != 0 and "--token-file PATH" in out.stderr and "$OLLIE_9P_TOKEN" in out.stderr
-    assert srv.ollie("srv", "status", check=False).returncode == 1
-    (tmp_path / "token").write_text("s3cret\n")
-    srv.ollie("srv", "start", "--no-mount", "--tcp", "127.0.0.1:0", "--token-file", str(tmp_path / "token"))
-    try:
+    try:  # stopped even when a start that should have failed did not
+        out = srv.ollie("srv", "start", "--no-mount", "--tcp", "127.0.0.1:0", "--token", "s3cret", check=False)
+        assert out.returncode != 0 and "--token-file PATH" in out.stderr and "$OLLIE_9P_TOKEN" in out.stderr
+        assert srv.ollie("srv", "status", check=False).returncode == 1
+        (tmp_path / "token").write_text("s3cret\n")
+        srv.ollie("srv", "start", "--no-mount", "--tcp", "127.0.0.1:0", "--token-file", str(tmp_path / "token"))
         assert (tmp_path / "ns" / "ollie.token").read_text() == "s3cret\n"
         assert b"s3cret" not in Path(f"/proc/{srv.pid()}/cmdline").read_bytes()
     finally:
@@ -91,10 +91,12 @@ def test_directories_of_another_user_are_refused(tmp_path, theirs):
     srv = FsServer(tmp_path)
     (tmp_path / theirs).mkdir(exist_ok=True)
     os.chown(tmp_path / theirs, 65534, 65534)
-    out = srv.ollie("srv", "start", check=False)
-    assert out.returncode == 1 and f"{tmp_path / theirs} belongs to uid 65534, not to you" in out.stderr
-    assert not os.path.ismount(srv.mnt)
-    srv.stop()
+    try:
+        out = srv.ollie("srv", "start", check=False)
+        assert out.returncode == 1 and f"{tmp_path / theirs} belongs to uid 65534, not to you" in out.stderr
+        assert not os.path.ismount(srv.mnt)
+    finally:
+        srv.stop()
 
 
 def test_namespace_and_scratch_directories_are_private(server):

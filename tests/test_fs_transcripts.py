@@ -81,12 +81,12 @@ def test_expired_transcripts_are_pruned_at_start(server):
 
 def test_transcript_days_zero_deletes_at_once_and_nonsense_is_refused(tmp_path):
     srv = FsServer(tmp_path)
-    srv.env["OLLIE_TRANSCRIPT_DAYS"] = "a week"
-    out = srv.ollie("srv", "start", check=False)
-    assert out.returncode == 1 and "OLLIE_TRANSCRIPT_DAYS='a week': expected a number of days" in out.stderr
-    srv.env["OLLIE_TRANSCRIPT_DAYS"] = "0"
-    srv.start()
-    try:
+    try:  # stopped even when a start that should have failed did not
+        srv.env["OLLIE_TRANSCRIPT_DAYS"] = "a week"
+        out = srv.ollie("srv", "start", check=False)
+        assert out.returncode == 1 and "OLLIE_TRANSCRIPT_DAYS='a week': expected a number of days" in out.stderr
+        srv.env["OLLIE_TRANSCRIPT_DAYS"] = "0"
+        srv.start()
         sid = srv.new_session()
         srv.sh(f"rm -r s/{sid}")
         assert os.listdir(srv.mnt / "tr") == [] and not (srv.data / "sessions" / sid).exists()
