@@ -61,12 +61,8 @@ _REFUSALS = 16  # connections refused with an answer at once per client; more ar
 
 
 def default_socket_path() -> Path:
-    """`$NAMESPACE/ollie`, else plan9port's default namespace directory `/tmp/ns.$USER.$DISPLAY`."""
-    ns = os.environ.get("NAMESPACE")
-    if not ns:
-        display = (os.environ.get("DISPLAY") or ":0").removesuffix(".0").replace("/", "_")
-        ns = f"/tmp/ns.{getpass.getuser()}.{display}"
-    return Path(ns) / "ollie"
+    """`$NAMESPACE/ollie`, else in plan9port's default namespace directory `/tmp/ns.$USER.$DISPLAY`."""
+    return config.namespace_path() / "ollie"
 
 
 @dataclass(slots=True)
