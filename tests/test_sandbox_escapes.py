@@ -349,7 +349,7 @@ def test_without_namespaces_the_sandbox_refuses_unless_best_effort_and_says_so(h
     argv = [sys.executable, "-c", NO_NAMESPACES, str(cwd), str(scratch), str(home / ".ssh" / "id_rsa")]
     out = subprocess.run(argv, capture_output=True, text=True, timeout=60, env=os.environ).stdout
     first = out.splitlines()[0]
-    assert "the sandbox cannot isolate this call: namespaces are refused" in first and "best_effort" in first
+    assert "the sandbox cannot isolate this: namespaces are refused" in first and "best_effort" in first
     assert "confined" not in first.split("best_effort")[-1]  # nothing ran
     write_policy(None, "general:\n  best_effort: true\n")
     out = subprocess.run(argv, capture_output=True, text=True, timeout=60, env=os.environ).stdout

@@ -16,11 +16,11 @@ packet may hold) travels in a memfd whose descriptor comes with the packet.
 import ctypes
 import json
 import os
+import resource
 import selectors
 import signal
 import socket
 import stat
-import subprocess
 import sys
 
 CLONE_NEWNS, CLONE_NEWIPC, CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET = (
@@ -29,7 +29,7 @@ MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVA
     1, 2, 4, 8, 32, 4096, 16384, 1 << 18)
 ST_FLAGS = {MS_NOSUID: os.ST_NOSUID, MS_NODEV: os.ST_NODEV, MS_NOEXEC: os.ST_NOEXEC}
 PR_SET_NO_NEW_PRIVS, PR_SET_SECCOMP, SECCOMP_MODE_FILTER, PR_SET_CHILD_SUBREAPER = 38, 22, 2, 36
-SYS_LANDLOCK_ADD_RULE, SYS_LANDLOCK_RESTRICT_SELF = 445, 446
+SYS_LANDLOCK_ADD_RULE, SYS_LANDLOCK_RESTRICT_SELF, SYS_CLOSE_RANGE = 445, 446, 436  # the same on every arch
 
 libc = ctypes.CDLL(None, use_errno=True)
 
@@ -175,13 +175,47 @@ def add_rules(ruleset, rules):
             os.close(fd)
 
 
-def confine(ruleset, seccomp, rlimits):
-    """The child's steps between fork and exec, in this order: limits, no new privileges, the
-    Landlock domain, the seccomp filter (last but one: it refuses calls the others make), no
-    capabilities."""
-    import resource
+def start(spec, fds, ruleset, seccomp):
+    """Fork and exec one program in its own process group, confined; returns its pid or raises
+    what stopped it (reported by the child through a close-on-exec pipe, as subprocess does)."""
+    errors, report = os.pipe2(os.O_CLOEXEC)
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.close(errors)
+            child(spec, fds, ruleset, seccomp, report)
+        except BaseException as e:
+            code = e.errno if isinstance(e, OSError) and e.errno else 0
+            os.write(report, f"{code}:{describe(e)}".encode())
+        finally:
+            os._exit(127)
+    os.close(report)
+    try:
+        with os.fdopen(errors, "rb") as f:
+            failure = f.read()
+    except BaseException:
+        os.kill(pid, signal.SIGKILL)
+        raise
+    if failure:
+        os.waitpid(pid, 0)
+        code, _, text = failure.decode(errors="replace").partition(":")
+        raise OSError(int(code) or 0, text)
+    return pid
 
-    for which, soft, hard in rlimits:
+
+def child(spec, fds, ruleset, seccomp, report):
+    """In the forked child, in this order: its own process group, its standard streams and cwd,
+    default signal dispositions, limits, no new privileges, the Landlock domain, the seccomp
+    filter (last but one: it refuses calls the others make), no capabilities; then every other
+    descriptor closed (the jail's hold hidden directories and the ruleset, which a stage could
+    widen for the stages after it), and exec."""
+    os.setpgid(0, 0)
+    for target, name in enumerate(("stdin", "stdout", "stderr")):
+        os.dup2(fds[name], target)
+    os.chdir(spec["cwd"])
+    for sig in (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGCHLD):  # Python ignores or handles them
+        signal.signal(sig, signal.SIG_DFL)
+    for which, soft, hard in spec["rlimits"]:
         resource.setrlimit(which, (soft, hard))
     check(libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
     if ruleset >= 0:
@@ -190,6 +224,11 @@ def confine(ruleset, seccomp, rlimits):
     if seccomp is not None:
         check(libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(seccomp)), "seccomp")
     check(libc.capset(ctypes.byref(CAP_HEADER), NO_CAPS), "capset")
+    os.closerange(3, report)
+    check(libc.syscall(ctypes.c_long(SYS_CLOSE_RANGE), ctypes.c_long(report + 1), ctypes.c_long(0xFFFFFFFF),
+                       ctypes.c_long(0)), "close_range")  # os.closerange may close fds one at a time
+    argv = spec["argv"]
+    os.execve(argv[0], argv, spec["env"])
 
 
 def seccomp_program(hex_code):
@@ -209,6 +248,8 @@ class Jail:
         self.pid_one = pid_one  # in a PID namespace: orphans are ours to reap, and kill(-1) ends all
         self.stages = {}  # pid -> request id
         self.pids = {}  # request id -> pid, while running
+        self.ruled = set()  # rulesets (by the parent's key) that hold the jail's own rules
+        self.seccomp = {}  # program text -> the built program
 
     def serve(self):
         read_wake, write_wake = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
@@ -252,27 +293,24 @@ class Jail:
         rid = request["id"]
         named = dict(zip(request["fds"], fds))
         spec = json.loads(os.pread(named["spec"], os.fstat(named["spec"]).st_size, 0))
+        ruleset = named.get("ruleset", -1)
         try:
-            for path, writable in spec["expose"] if self.mounts else ():
-                self.mounts.expose(path, writable)
-            ruleset = named.get("ruleset", -1)
-            if ruleset >= 0 and self.mounts is not None:
-                add_rules(ruleset, spec["jail_rules"])
-            seccomp = seccomp_program(spec["seccomp"])
-            rlimits = spec["rlimits"]
-            process = subprocess.Popen(
-                spec["argv"], executable=spec["argv"][0], stdin=named["stdin"], stdout=named["stdout"],
-                stderr=named["stderr"], cwd=spec["cwd"], env=spec["env"], process_group=0,
-                # close_fds closes the ruleset after preexec_fn used it: a stage that held it could
-                # add rules to the ruleset the next stages enter.
-                close_fds=True, preexec_fn=lambda: confine(ruleset, seccomp, rlimits))
-        except (OSError, subprocess.SubprocessError, ValueError) as e:
+            if self.mounts is not None:
+                for path, writable in spec["expose"]:
+                    self.mounts.expose(path, writable)
+                if ruleset >= 0 and spec["ruleset_key"] not in self.ruled:
+                    add_rules(ruleset, spec["jail_rules"])
+                    self.ruled.add(spec["ruleset_key"])
+            seccomp = self.seccomp.get(spec["seccomp"])
+            if seccomp is None:
+                seccomp = self.seccomp[spec["seccomp"]] = seccomp_program(spec["seccomp"])
+            pid = start(spec, named, ruleset, seccomp)
+        except (OSError, ValueError) as e:
             self.send({"id": rid, "error": describe(e)})
             return
-        process.returncode = 0  # reaped by reap() (waitid on every child), never by Popen
-        self.stages[process.pid] = rid
-        self.pids[rid] = process.pid
-        self.send({"id": rid, "pid": process.pid})
+        self.stages[pid] = rid
+        self.pids[rid] = pid
+        self.send({"id": rid, "pid": pid})
 
     def reap(self):
         while True:

@@ -15,8 +15,10 @@ has the threat model.
 
 from __future__ import annotations
 
+import asyncio
 import ctypes
 import fnmatch
+import itertools
 import os
 import platform
 import re
@@ -32,7 +34,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from . import config
+from . import _jail, config
 from .types import ConfigError
 
 
@@ -457,6 +459,7 @@ def _assemble(prog: list) -> bytes:
 
 
 _RLIMIT_CPU, _RLIMIT_FSIZE, _RLIMIT_DATA, _RLIMIT_CORE = 0, 1, 2, 4
+_keys = itertools.count(1)
 
 
 class Sandbox:
@@ -472,6 +475,7 @@ class Sandbox:
                                "so execute_code cannot be sandboxed; set general.best_effort: true in "
                                f"{config.cfg_path() / 'sandbox.yaml'} to run without it")
         self.ruleset = _build_ruleset(policy, abi) if abi else -1
+        self.key = next(_keys)  # names the ruleset to a jail, which adds its own rules to it once
         if self.ruleset >= 0:
             # Closed when the last call using this sandbox lets go of it, never before: a process
             # spawned with a closed ruleset's fd would run unconfined, or in another ruleset.
@@ -484,14 +488,17 @@ class Sandbox:
         limits = policy.limits
         self.rlimits = [[_RLIMIT_DATA, limits.memory, limits.memory], [_RLIMIT_CPU, limits.cpu, limits.cpu + 1],
                         [_RLIMIT_FSIZE, limits.file_size, limits.file_size], [_RLIMIT_CORE, 0, 0]]
+        # Every path granted, and whether writable: a jail shows those it hides (under /tmp, say).
+        self._granted = [(path, key in ("rw", "rwx", "tmpfile")) for key, paths in policy.paths.items() for path in paths]
         self._exec_roots = tuple(os.path.realpath(p).rstrip("/") + "/"
                                  for p in policy.paths["rox"] + policy.paths["rwx"])
         self._search_paths: dict[str, str] = {}
         self._env_names = re.compile("|".join(fnmatch.translate(p) for p in policy.env) or "(?!)")
 
-    def granted(self) -> list[tuple[str, bool]]:
-        """Every path the policy grants, and whether it is writable."""
-        return [(path, key in ("rw", "rwx", "tmpfile")) for key, paths in self.policy.paths.items() for path in paths]
+    def spec(self, argv: list[str], cwd: str, env: dict[str, str]) -> dict[str, Any]:
+        """What a jail needs to start `argv` under this sandbox (see `_jail.Jail.spawn`)."""
+        return {"argv": argv, "cwd": cwd, "env": env, "rlimits": self.rlimits, "ruleset_key": self.key,
+                "seccomp": self.seccomp, "jail_rules": self.jail_rules, "expose": self._granted}
 
     def search_path(self, path: str) -> str:
         """`path` without the directories the sandbox cannot execute from, so a program resolves
@@ -505,6 +512,33 @@ class Sandbox:
     def environ(self, source: Mapping[str, str]) -> dict[str, str]:
         """The variables of `source` that the policy lets in."""
         return {k: v for k, v in source.items() if self._env_names.match(k)}
+
+
+class Jails:
+    """The jails of one owner (a session's execute server, its hooks): one per network setting and
+    limits, started on first use, restarted if one dies."""
+
+    def __init__(self) -> None:
+        self._jails: dict[_jail.JailSetup, _jail.Jail] = {}
+
+    async def get(self, policy: Policy) -> _jail.Jail:
+        """The jail for `policy`; one without namespaces (the kernel refused them) only when the
+        policy says general.best_effort, else SandboxError."""
+        limits = policy.limits
+        setup = _jail.JailSetup(policy.network, limits.processes, limits.tmpdir, hidden_paths())
+        jail = self._jails.get(setup)
+        if jail is None or not jail.alive:
+            jail = self._jails[setup] = await _jail.Jail.start(setup)
+        if jail.namespaces_refused and not policy.best_effort:
+            raise SandboxError(f"the sandbox cannot isolate this: {jail.namespaces_refused}; allow user namespaces "
+                               f"(sysctl user.max_user_namespaces) or set general.best_effort: true in "
+                               f"{config.cfg_path() / 'sandbox.yaml'} to run with Landlock and seccomp alone "
+                               "(no process, network, /tmp or terminal isolation)")
+        return jail
+
+    async def close(self) -> None:
+        jails, self._jails = list(self._jails.values()), {}
+        await asyncio.gather(*(j.close() for j in jails))
 
 
 def hidden_paths() -> tuple[str, ...]:

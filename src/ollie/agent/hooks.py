@@ -117,28 +117,20 @@ class Runner:
     def __init__(self, policy: str):
         self.policy = policy
         self._sandboxes = _sandbox.Sandboxes(size=4)
-        self._jail: _jail.Jail | None = None
+        self._jails = _sandbox.Jails()
 
     async def start(self, cmd: str, cwd: str, env: dict[str, str]) -> _Started:
         box = self._sandboxes.get(self.policy, cwd, "")
-        if self._jail is None or not self._jail.alive:
-            limits = box.policy.limits
-            self._jail = await _jail.Jail.start(_jail.JailSetup(box.policy.network, limits.processes,
-                                                                limits.tmpdir, _sandbox.hidden_paths()))
-        jailed = not self._jail.namespaces_refused
-        if not jailed and not box.policy.best_effort:
-            raise _sandbox.SandboxError(f"hooks cannot be isolated: {self._jail.namespaces_refused}; allow user "
-                                        "namespaces or set general.best_effort in the hooks' sandbox policy")
+        jail = await self._jails.get(box.policy)
         full_env = {**box.environ(os.environ), **env}
-        if jailed:
+        if not jail.namespaces_refused:
             full_env["TMPDIR"] = "/tmp"  # the jail's own
         full_env["PATH"] = box.search_path(full_env.get("PATH") or os.defpath)
         sh = shutil.which("sh", path=full_env["PATH"]) or "/bin/sh"
         fds = [os.pipe2(os.O_CLOEXEC) for _ in range(3)]  # stdin, stdout, stderr
-        spec = {"argv": [sh, "-c", cmd], "cwd": cwd, "env": full_env, "rlimits": box.rlimits,
-                "seccomp": box.seccomp, "jail_rules": box.jail_rules, "expose": box.granted()}
+        spec = box.spec([sh, "-c", cmd], cwd, full_env)
         try:
-            stage = await self._jail.spawn(spec, ruleset=box.ruleset, stdin=fds[0][0], stdout=fds[1][1],
+            stage = await jail.spawn(spec, ruleset=box.ruleset, stdin=fds[0][0], stdout=fds[1][1],
                                            stderr=fds[2][1])
         except BaseException:
             for fd in (fds[0][1], fds[1][0], fds[2][0]):
@@ -150,9 +142,7 @@ class Runner:
         return await _JailedProcess.connect(stage, fds[0][1], fds[1][0], fds[2][0])
 
     async def close(self) -> None:
-        if self._jail is not None:
-            await self._jail.close()
-            self._jail = None
+        await self._jails.close()
 
 
 class _Started(Protocol):

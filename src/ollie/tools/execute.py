@@ -106,7 +106,7 @@ class Server:
     def __init__(self, cwd: str):
         self.cwd = cwd
         self._sandboxes = _sandbox.Sandboxes()
-        self._jails: dict[_jail.JailSetup, _jail.Jail] = {}
+        self._jails = _sandbox.Jails()
         self._namespaces = True  # False once a jail found them refused (and the policy allowed that)
         self._scratch = ""  # $TMPDIR for calls whose context has none; removed on close
 
@@ -128,8 +128,7 @@ class Server:
         return result
 
     async def close(self) -> None:
-        jails, self._jails = list(self._jails.values()), {}
-        await asyncio.gather(*(j.close() for j in jails))
+        await self._jails.close()
         self._sandboxes.clear()
         if self._scratch:
             shutil.rmtree(self._scratch, ignore_errors=True)
@@ -169,26 +168,14 @@ class Server:
         return self._sandboxes.get(policy, cwd, session_tmp, tool_dirs)
 
     async def _jail(self, policy: _sandbox.Policy) -> tuple[_jail.Jail, str]:
-        """The running jail for `policy`'s network and limits, started on first use; and a notice
-        for the result when it runs without namespaces."""
-        limits = policy.limits
-        setup = _jail.JailSetup(policy.network, limits.processes, limits.tmpdir, _sandbox.hidden_paths())
-        jail = self._jails.get(setup)
-        if jail is None or not jail.alive:
-            jail = self._jails[setup] = await _jail.Jail.start(setup)
-        if not jail.namespaces_refused:
+        """The running jail for `policy`, and a notice for the first result when it runs without
+        namespaces."""
+        jail = await self._jails.get(policy)
+        if not jail.namespaces_refused or not self._namespaces:
             return jail, ""
-        fix = (f"set general.best_effort: true in {config.cfg_path() / 'sandbox.yaml'} to run with Landlock "
-               "and seccomp alone (no process, network, /tmp or terminal isolation)")
-        if not policy.best_effort:
-            raise _sandbox.SandboxError(f"the sandbox cannot isolate this call: {jail.namespaces_refused}; "
-                                        f"allow user namespaces (sysctl user.max_user_namespaces) or {fix}")
-        notice = ""
-        if self._namespaces:
-            self._namespaces = False
-            notice = (f"[sandbox: {jail.namespaces_refused}; running with Landlock and seccomp alone, as "
+        self._namespaces = False
+        return jail, (f"[sandbox: {jail.namespaces_refused}; running with Landlock and seccomp alone, as "
                       "general.best_effort allows: no process, network, /tmp or terminal isolation]")
-        return jail, notice
 
     def _scratch_dir(self) -> str:
         if not self._scratch:
@@ -414,11 +401,6 @@ class _Job:
     output: _Budget
     notice: str = ""  # said before the result: how the sandbox runs, when that is worth knowing
 
-    def spec(self, argv: list[str]) -> dict[str, Any]:
-        box = self.sandbox
-        return {"argv": [*self.wrapper, *argv], "cwd": self.cwd, "env": self.env, "rlimits": box.rlimits,
-                "seccomp": box.seccomp, "jail_rules": box.jail_rules, "expose": box.granted()}
-
 
 @dataclass(slots=True)
 class _Outcome:
@@ -446,8 +428,9 @@ async def _run_command(cmd: _Command, stdin: bytes | None, job: _Job) -> _Outcom
     else:
         in_read, in_write = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC), -1
     try:
-        stage = await job.jail.spawn(job.spec(cmd.argv), ruleset=job.sandbox.ruleset, stdin=in_read,
-                                     stdout=out_write, stderr=out_write)
+        spec = job.sandbox.spec([*job.wrapper, *cmd.argv], job.cwd, job.env)
+        stage = await job.jail.spawn(spec, ruleset=job.sandbox.ruleset, stdin=in_read, stdout=out_write,
+                                     stderr=out_write)
     except BaseException as e:
         for fd in (out_read, in_write):
             if fd >= 0:
