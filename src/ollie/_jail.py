@@ -1,9 +1,10 @@
 """Jails: helper processes that start sandboxed programs in fresh namespaces (private; no stable API).
 
-A `Jail` is one `_jaild.py` process, started once and then asked over a socket to start each
-program: the program forks from that small process (not from ollie's, whose fork copies the page
-tables of every SDK it imported) and runs with the Landlock ruleset, seccomp filter and limits of a
-`_sandbox.Sandbox`. Everything a jail started dies when the jail is closed or its owner exits.
+A `Jail` is one `_jaild.py` process, started once. For each `Confinement` (a Landlock ruleset with
+its seccomp program and limits) it makes a spawner, a process inside the jail confined once that
+way, and asks it over a socket of its own to start each program: posix_spawn from a small confined
+process, not a fork of ollie's (whose page tables hold every SDK it imported). Everything a jail
+started dies when the jail is closed or its owner exits.
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ from .types import ConfigError
 
 _JAILD = str(Path(__file__).with_name("_jaild.py"))
 _START_TIMEOUT = 10.0
+_INLINE = 32 << 10  # a spawn request's argv and env up to this size travel in its packet
+_SPAWNERS = 8  # idle spawners kept per jail (one per ruleset: a session's cwd and policy)
 
 
 class JailError(ConfigError):
@@ -40,37 +43,131 @@ class JailSetup:
     hide: tuple[str, ...]
 
 
+@dataclass(frozen=True, eq=False, slots=True)
+class Confinement:
+    """What a spawner applies to itself and so to every program it starts: a Landlock ruleset fd
+    (-1: none) and a spec of JSON data (seccomp, rlimits, jail_rules, expose; see _jaild.py)."""
+
+    ruleset: int
+    spec: dict[str, Any]
+
+
 class Stage:
     """A program started in a jail; `exited` resolves to its exit status (negative: the signal).
     Await it shielded (or through asyncio.wait): cancelling an awaiter would cancel it."""
 
-    def __init__(self, jail: Jail, rid: int):
-        self._jail, self._rid = jail, rid
+    def __init__(self, spawner: _Channel, rid: int):
+        self._spawner, self._rid = spawner, rid
         self.exited: asyncio.Future[int] = asyncio.get_running_loop().create_future()
 
     def kill(self) -> None:
-        """SIGKILL the program's process group (the jail does it: the group is not visible here)."""
-        if self._rid in self._jail._stages:  # until the jail reports the exit
-            self._jail._post({"op": "kill", "id": self._rid})
+        """SIGKILL the program's process group (the spawner does it: the group is not visible here)."""
+        if self._rid in self._spawner.stages:  # until the spawner reports the exit
+            self._spawner.post({"op": "kill", "id": self._rid})
+
+
+class _Channel:
+    """One end of a socket to a process of the jail: requests out, JSON replies in by id (a reply
+    that is not well-formed ends the channel: a spawner shares a Landlock domain with what it
+    runs, so its words are checked, never trusted)."""
+
+    def __init__(self, sock: socket.socket):
+        sock.setblocking(False)
+        self.sock = sock
+        self.stages: dict[int, Stage] = {}
+        self.replies: dict[int, asyncio.Future[tuple[dict[str, Any], list[int]]]] = {}
+        self.gone: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        self._loop = asyncio.get_running_loop()
+        self._ids = itertools.count(1)
+        self._loop.add_reader(sock.fileno(), self._receive)
+
+    def next_id(self) -> int:
+        return next(self._ids)
+
+    def post(self, message: dict[str, Any]) -> None:
+        try:
+            self.sock.send(json.dumps(message).encode())
+        except BlockingIOError:
+            self._loop.create_task(self.send(message, []))
+        except OSError:
+            pass  # gone, and what it ran with it
+
+    async def send(self, message: dict[str, Any], fds: list[int]) -> None:
+        data = json.dumps(message).encode()
+        while True:
+            if self.gone.done():
+                raise JailError(self.gone.result())
+            try:
+                socket.send_fds(self.sock, [data], fds)
+                return
+            except BlockingIOError:
+                writable = self._loop.create_future()
+                self._loop.add_writer(self.sock.fileno(), writable.set_result, None)
+                try:
+                    await writable
+                finally:
+                    self._loop.remove_writer(self.sock.fileno())
+            except OSError as e:
+                raise JailError(f"the sandbox helper is unreachable: {e.strerror}") from None
+
+    def _receive(self) -> None:
+        try:
+            data, fds, _, _ = socket.recv_fds(self.sock, 65536, 4)
+        except BlockingIOError:
+            return
+        except OSError:
+            data, fds = b"", []
+        try:
+            message = json.loads(data) if data else None
+            rid = message["id"] if isinstance(message, dict) else None
+        except (ValueError, KeyError, TypeError):
+            message = rid = None
+        if not isinstance(rid, int):
+            for fd in fds:
+                os.close(fd)
+            self.end("the sandbox helper exited" if not data else "the sandbox helper sent garbage")
+            return
+        assert isinstance(message, dict)
+        stage = self.stages.pop(rid, None) if ("status" in message or "error" in message) else None
+        if stage is not None and not stage.exited.done():
+            if isinstance(message.get("status"), int):
+                stage.exited.set_result(message["status"])
+            else:
+                stage.exited.set_exception(JailError(str(message.get("error"))))
+        elif rid in self.replies and not self.replies[rid].done():
+            self.replies[rid].set_result((message, fds))
+            return
+        for fd in fds:
+            os.close(fd)
+
+    def close(self) -> None:
+        self.end("the sandbox helper was closed")
+        self.sock.close()
+
+    def end(self, why: str) -> None:
+        if self.gone.done():
+            return
+        self._loop.remove_reader(self.sock.fileno())
+        self.gone.set_result(why)
+        for future in self.replies.values():
+            if not future.done():
+                future.set_result(({"error": why}, []))
+        for stage in self.stages.values():
+            if not stage.exited.done():
+                stage.exited.set_exception(JailError(why))
+        self.stages.clear()
 
 
 class Jail:
     def __init__(self, setup: JailSetup, sock: socket.socket):
         self.setup = setup
         self.namespaces_refused = ""  # why the jail runs without namespaces, when it does
-        self._sock = sock
-        self._loop = asyncio.get_running_loop()
-        self._ids = itertools.count(1)
-        self._replies: dict[int, asyncio.Future[dict[str, Any]]] = {}
-        self._stages: dict[int, Stage] = {}
-        self._ready: asyncio.Future[dict[str, Any]] = self._loop.create_future()
-        self._gone: asyncio.Future[None] = self._loop.create_future()
-        self._loop.add_reader(sock.fileno(), self._receive)
+        self._control = _Channel(sock)
+        self._spawners: dict[Confinement, _Channel] = {}
 
     @classmethod
     async def start(cls, setup: JailSetup) -> Jail:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        ours.setblocking(False)
         config = {**asdict(setup), "fd": theirs.fileno()}
         try:
             # A clean environment: the helper needs nothing from ollie's, least of all its API keys.
@@ -82,120 +179,99 @@ class Jail:
         finally:
             theirs.close()
         jail = cls(setup, ours)
+        hello = jail._control.replies[0] = asyncio.get_running_loop().create_future()
         try:
             async with asyncio.timeout(_START_TIMEOUT):
-                hello = await jail._ready
+                message, _ = await hello
         except BaseException:
             await jail.close()
             raise
         finally:
-            await asyncio.to_thread(helper.wait)  # the first process exits once the jail's PID 1 runs
-        if not hello.get("ready"):
+            await asyncio.to_thread(helper.wait)  # the first process exits once the jail's server runs
+        if not message.get("ready"):
             await jail.close()
-            raise JailError(f"the sandbox could not set up its namespaces: {hello.get('error')}")
-        jail.namespaces_refused = hello.get("namespaces", "")
+            raise JailError(f"the sandbox could not set up its namespaces: {message.get('error')}")
+        jail.namespaces_refused = message.get("namespaces", "")
         return jail
 
-    async def spawn(self, spec: dict[str, Any], *, ruleset: int, stdin: int, stdout: int, stderr: int) -> Stage:
-        """Start `spec` (argv, cwd, env, rlimits, seccomp, expose, jail_rules); the fds are sent to
-        the jail, and the caller keeps (and closes) its own."""
-        rid = next(self._ids)
-        reply = self._replies[rid] = self._loop.create_future()
-        stage = self._stages[rid] = Stage(self, rid)
-        memfd = os.memfd_create("ollie-stage", os.MFD_CLOEXEC)  # argv and env may not fit in a packet
+    async def spawn(self, confinement: Confinement, argv: list[str], cwd: str, env: dict[str, str], *,
+                    stdin: int, stdout: int, stderr: int) -> Stage:
+        """Start `argv` under `confinement`; the fds are sent to the jail, and the caller keeps
+        (and closes) its own. A failure to start comes as the stage's exit: JailError."""
+        spawner = await self._spawner(confinement)
+        rid = spawner.next_id()
+        stage = spawner.stages[rid] = Stage(spawner, rid)
+        request: dict[str, Any] = {"op": "spawn", "id": rid, "fds": ["stdin", "stdout", "stderr"]}
+        spec = {"argv": argv, "cwd": cwd, "env": env}
+        fds = [stdin, stdout, stderr]
+        if sum(map(len, argv)) + sum(len(k) + len(v) for k, v in env.items()) < _INLINE:
+            request["spec"] = spec
+        else:  # argv and env may not fit in a packet
+            request["fds"].append("spec")
+            fds.append(_memfd(spec))
         try:
-            os.write(memfd, json.dumps(spec).encode())
-            names, fds = ["spec", "stdin", "stdout", "stderr"], [memfd, stdin, stdout, stderr]
-            if ruleset >= 0:
-                names.append("ruleset")
-                fds.append(ruleset)
-            await self._send({"op": "spawn", "id": rid, "fds": names}, fds)
+            await spawner.send(request, fds)
+        except JailError:
+            spawner.stages.pop(rid, None)
+            raise
+        finally:
+            if len(fds) > 3:
+                os.close(fds[3])
+        return stage
+
+    async def _spawner(self, confinement: Confinement) -> _Channel:
+        spawner = self._spawners.get(confinement)
+        if spawner is not None and not spawner.gone.done():
+            return spawner
+        control = self._control
+        rid = control.next_id()
+        reply = control.replies[rid] = asyncio.get_running_loop().create_future()
+        memfd = _memfd(confinement.spec)
+        names, fds = ["spec"], [memfd]
+        if confinement.ruleset >= 0:
+            names.append("ruleset")
+            fds.append(confinement.ruleset)
+        try:
+            await control.send({"op": "spawner", "id": rid, "fds": names}, fds)
         finally:
             os.close(memfd)
         try:
-            answer = await reply
+            message, received = await reply
         finally:
-            self._replies.pop(rid, None)
-        if "error" in answer:
-            self._stages.pop(rid, None)
-            raise JailError(answer["error"])
-        return stage
+            control.replies.pop(rid, None)
+        if "error" in message or len(received) != 1:
+            for fd in received:
+                os.close(fd)
+            raise JailError(f"the sandbox could not confine a program: {message.get('error')}")
+        spawner = self._spawners[confinement] = _Channel(socket.socket(fileno=received[0]))
+        idle = [c for c, s in self._spawners.items() if c is not confinement and (s.gone.done() or not s.stages)]
+        for old in idle[:max(0, len(self._spawners) - _SPAWNERS)]:
+            self._spawners.pop(old).close()  # the oldest idle ones: their rulesets are out of use
+        return spawner
 
     async def close(self) -> None:
         """End the jail and everything in it; returns once the helper is gone."""
-        if not self._gone.done():
+        for spawner in self._spawners.values():
+            spawner.close()
+        self._spawners.clear()
+        control = self._control
+        if not control.gone.done():
             try:
-                self._sock.shutdown(socket.SHUT_WR)  # the jail sees EOF, kills all, exits
+                control.sock.shutdown(socket.SHUT_WR)  # PID 1 sees EOF, kills all, exits
             except OSError:
                 pass
             try:
-                await asyncio.wait_for(asyncio.shield(self._gone), 5)
+                await asyncio.wait_for(asyncio.shield(control.gone), 5)
             except TimeoutError:
-                self._end("the sandbox helper did not exit")
-        self._sock.close()
+                pass
+        control.close()
 
     @property
     def alive(self) -> bool:
-        return not self._gone.done()
+        return not self._control.gone.done()
 
-    def _post(self, message: dict[str, Any]) -> None:
-        try:
-            self._sock.send(json.dumps(message).encode())
-        except BlockingIOError:
-            self._loop.create_task(self._send(message, []))
-        except OSError:
-            pass  # the jail is gone, and its programs with it
 
-    async def _send(self, message: dict[str, Any], fds: list[int]) -> None:
-        data = json.dumps(message).encode()
-        while True:
-            if self._gone.done():
-                raise JailError("the sandbox helper has exited")
-            try:
-                socket.send_fds(self._sock, [data], fds)
-                return
-            except BlockingIOError:
-                writable = self._loop.create_future()
-                self._loop.add_writer(self._sock.fileno(), writable.set_result, None)
-                try:
-                    await writable
-                finally:
-                    self._loop.remove_writer(self._sock.fileno())
-            except OSError as e:
-                raise JailError(f"the sandbox helper is unreachable: {e.strerror}") from None
-
-    def _receive(self) -> None:
-        try:
-            data = self._sock.recv(65536)
-        except BlockingIOError:
-            return
-        except OSError:
-            data = b""
-        if not data:
-            self._end("the sandbox helper exited")
-            return
-        message = json.loads(data)
-        if not self._ready.done():
-            self._ready.set_result(message)
-            return
-        rid = message.get("id")
-        if "status" in message:
-            stage = self._stages.pop(rid, None)
-            if stage is not None and not stage.exited.done():
-                stage.exited.set_result(message["status"])
-        elif rid in self._replies and not self._replies[rid].done():
-            self._replies[rid].set_result(message)
-
-    def _end(self, why: str) -> None:
-        self._loop.remove_reader(self._sock.fileno())
-        if not self._gone.done():
-            self._gone.set_result(None)
-        if not self._ready.done():
-            self._ready.set_result({"ready": False, "error": why})
-        for future in self._replies.values():
-            if not future.done():
-                future.set_result({"error": why})
-        for stage in self._stages.values():
-            if not stage.exited.done():
-                stage.exited.set_exception(JailError(why))
-        self._stages.clear()
+def _memfd(data: dict[str, Any]) -> int:
+    fd = os.memfd_create("ollie-spec", os.MFD_CLOEXEC)
+    os.write(fd, json.dumps(data).encode())
+    return fd

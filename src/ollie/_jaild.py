@@ -2,15 +2,19 @@
 
 Run by `ollie._jail` as `python -I -S _jaild.py SETUP_JSON`, the setup naming its SOCK_SEQPACKET socket's fd.
 It imports nothing of ollie (stdlib only, so it starts lean and trusts no package directory) and
-decides nothing: the parent sends what to run and the finished Landlock ruleset, seccomp program
-and resource limits; this process only applies them.
+decides nothing: the parent sends the finished Landlock ruleset, seccomp program and resource
+limits; this process only applies them.
 
-The first process enters new user, mount, IPC, PID (and, unless the setup grants network, network)
+The first process enters new user, mount, IPC, PID (and, unless the setup grants network) network
 namespaces, then forks the jail's PID 1 and exits. PID 1 mounts a fresh /proc, a private tmpfs on
 /tmp, a new /dev/pts instance, hides the setup's `hide` directories under empty tmpfs mounts, caps
-the number of PIDs, and then serves requests until its socket closes, when everything in the jail
-dies with it. Messages are JSON, one per packet; a spawn request's payload (argv, env: larger than a
-packet may hold) travels in a memfd whose descriptor comes with the packet.
+the number of PIDs, and serves its socket until it closes, when everything in the jail dies.
+
+For each ruleset PID 1 forks a spawner that confines itself once (limits, no new privileges,
+Landlock, seccomp, no capabilities) and then starts that ruleset's programs with posix_spawn:
+they inherit the confinement, and starting one copies no Python process. The parent talks to a
+spawner over a socket of its own. Messages are JSON, one per packet; a payload too large for a
+packet (a spawner's spec, a long argv or env) travels in a memfd whose descriptor comes with it.
 """
 
 import ctypes
@@ -28,7 +32,7 @@ CLONE_NEWNS, CLONE_NEWIPC, CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET = (
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = (
     1, 2, 4, 8, 32, 4096, 16384, 1 << 18)
 ST_FLAGS = {MS_NOSUID: os.ST_NOSUID, MS_NODEV: os.ST_NODEV, MS_NOEXEC: os.ST_NOEXEC}
-PR_SET_NO_NEW_PRIVS, PR_SET_SECCOMP, SECCOMP_MODE_FILTER, PR_SET_CHILD_SUBREAPER = 38, 22, 2, 36
+PR_SET_NO_NEW_PRIVS, PR_SET_SECCOMP, SECCOMP_MODE_FILTER, PR_SET_CHILD_SUBREAPER, PR_SET_DUMPABLE = 38, 22, 2, 36, 4
 SYS_LANDLOCK_ADD_RULE, SYS_LANDLOCK_RESTRICT_SELF, SYS_CLOSE_RANGE = 445, 446, 436  # the same on every arch
 
 libc = ctypes.CDLL(None, use_errno=True)
@@ -175,48 +179,14 @@ def add_rules(ruleset, rules):
             os.close(fd)
 
 
-def start(spec, fds, ruleset, seccomp):
-    """Fork and exec one program in its own process group, confined; returns its pid or raises
-    what stopped it (reported by the child through a close-on-exec pipe, as subprocess does)."""
-    errors, report = os.pipe2(os.O_CLOEXEC)
-    pid = os.fork()
-    if pid == 0:
-        try:
-            os.close(errors)
-            child(spec, fds, ruleset, seccomp, report)
-        except BaseException as e:
-            code = e.errno if isinstance(e, OSError) and e.errno else 0
-            os.write(report, f"{code}:{describe(e)}".encode())
-        finally:
-            os._exit(127)
-    os.close(report)
-    try:
-        with os.fdopen(errors, "rb") as f:
-            failure = f.read()
-    except BaseException:
-        os.kill(pid, signal.SIGKILL)
-        raise
-    if failure:
-        os.waitpid(pid, 0)
-        code, _, text = failure.decode(errors="replace").partition(":")
-        raise OSError(int(code) or 0, text)
-    return pid
-
-
-def child(spec, fds, ruleset, seccomp, report):
-    """In the forked child, in this order: its own process group, its standard streams and cwd,
-    default signal dispositions, limits, no new privileges, the Landlock domain, the seccomp
-    filter (last but one: it refuses calls the others make), no capabilities; then every other
-    descriptor closed (the jail's hold hidden directories and the ruleset, which a stage could
-    widen for the stages after it), and exec."""
-    os.setpgid(0, 0)
-    for target, name in enumerate(("stdin", "stdout", "stderr")):
-        os.dup2(fds[name], target)
-    os.chdir(spec["cwd"])
-    for sig in (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGCHLD):  # Python ignores or handles them
-        signal.signal(sig, signal.SIG_DFL)
-    for which, soft, hard in spec["rlimits"]:
+def confine(ruleset, seccomp, rlimits):
+    """A spawner confines itself as its programs will be (they inherit all of it), in this order:
+    limits, not dumpable (a program cannot trace it or read its memory), no new privileges, the
+    Landlock domain, the seccomp filter (last but one: it refuses calls the others make), no
+    capabilities."""
+    for which, soft, hard in rlimits:
         resource.setrlimit(which, (soft, hard))
+    check(libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0), "dumpable")
     check(libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
     if ruleset >= 0:
         check(libc.syscall(ctypes.c_long(SYS_LANDLOCK_RESTRICT_SELF), ctypes.c_long(ruleset), ctypes.c_long(0)),
@@ -224,52 +194,36 @@ def child(spec, fds, ruleset, seccomp, report):
     if seccomp is not None:
         check(libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(seccomp)), "seccomp")
     check(libc.capset(ctypes.byref(CAP_HEADER), NO_CAPS), "capset")
-    os.closerange(3, report)
-    check(libc.syscall(ctypes.c_long(SYS_CLOSE_RANGE), ctypes.c_long(report + 1), ctypes.c_long(0xFFFFFFFF),
-                       ctypes.c_long(0)), "close_range")  # os.closerange may close fds one at a time
-    argv = spec["argv"]
-    os.execve(argv[0], argv, spec["env"])
 
 
-def seccomp_program(hex_code):
-    if not hex_code:
-        return None
-    raw = bytes.fromhex(hex_code)
-    filters = (SockFilter * (len(raw) // 8)).from_buffer_copy(raw)
-    prog = SockFprog(len(filters), filters)
-    prog._keep = filters  # the program points into it
-    return prog
+def close_all_but(fd):
+    """Close every descriptor but `fd` (moved to 3): PID 1's hold hidden directories, and the
+    ruleset, which a program could widen for the programs after it."""
+    if fd != 3:
+        os.dup2(fd, 3)
+    check(libc.syscall(ctypes.c_long(SYS_CLOSE_RANGE), ctypes.c_long(4), ctypes.c_long(0xFFFFFFFF),
+                       ctypes.c_long(0)), "close_range")
+    return 3
 
 
-class Jail:
-    def __init__(self, sock, mounts, pid_one):
+class Spawner:
+    """Starts programs for the parent, each in its own process group, and reports their exits.
+    When a program exits its group is killed. A process that left its group (setsid, setpgid)
+    and lost its parent comes to us (we are a subreaper) and is killed: nothing outlives its
+    stage, and looking costs one read of our children's list, not a walk of /proc."""
+
+    def __init__(self, sock):
         self.sock = sock
-        self.mounts = mounts
-        self.pid_one = pid_one  # in a PID namespace: orphans are ours to reap, and kill(-1) ends all
         self.stages = {}  # pid -> request id
         self.pids = {}  # request id -> pid, while running
-        self.ruled = set()  # rulesets (by the parent's key) that hold the jail's own rules
-        self.seccomp = {}  # program text -> the built program
+        # Kept open: reading it again from offset 0 lists the children anew.
+        self.children = os.open(f"/proc/self/task/{os.getpid()}/children", os.O_RDONLY | os.O_CLOEXEC)
 
     def serve(self):
-        read_wake, write_wake = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
-        signal.set_wakeup_fd(write_wake)
-        signal.signal(signal.SIGCHLD, lambda *_: None)
-        selector = selectors.DefaultSelector()
-        selector.register(self.sock, selectors.EVENT_READ)
-        selector.register(read_wake, selectors.EVENT_READ)
-        while True:
-            for key, _ in selector.select():
-                if key.fileobj is read_wake:
-                    while True:
-                        try:
-                            os.read(read_wake, 512)
-                        except BlockingIOError:
-                            break
-                    self.reap()
-                elif not self.receive():
-                    self.end()
-                    return
+        serve(self.sock, self.receive, self.reap)
+        for pid in self.stages:  # the parent is gone: so are its programs
+            kill_group(pid)
+        self.sweep()
 
     def receive(self):
         try:
@@ -278,39 +232,34 @@ class Jail:
             return False
         if not data:
             return False
-        request = json.loads(data)
-        if request["op"] == "spawn":
-            self.spawn(request, fds)
-        elif request["op"] == "kill":
-            pid = self.pids.get(request["id"])
-            if pid is not None:
-                kill_group(pid)
         for fd in fds:
-            os.close(fd)
+            os.set_inheritable(fd, False)  # only the dup2 copies reach the program
+        try:
+            request = json.loads(data)
+            if request["op"] == "spawn":
+                self.spawn(request, dict(zip(request["fds"], fds)))
+            elif request["op"] == "kill" and request["id"] in self.pids:
+                kill_group(self.pids[request["id"]])
+        finally:
+            for fd in fds:
+                os.close(fd)
         return True
 
     def spawn(self, request, fds):
         rid = request["id"]
-        named = dict(zip(request["fds"], fds))
-        spec = json.loads(os.pread(named["spec"], os.fstat(named["spec"]).st_size, 0))
-        ruleset = named.get("ruleset", -1)
         try:
-            if self.mounts is not None:
-                for path, writable in spec["expose"]:
-                    self.mounts.expose(path, writable)
-                if ruleset >= 0 and spec["ruleset_key"] not in self.ruled:
-                    add_rules(ruleset, spec["jail_rules"])
-                    self.ruled.add(spec["ruleset_key"])
-            seccomp = self.seccomp.get(spec["seccomp"])
-            if seccomp is None:
-                seccomp = self.seccomp[spec["seccomp"]] = seccomp_program(spec["seccomp"])
-            pid = start(spec, named, ruleset, seccomp)
+            spec = request.get("spec") or json.loads(os.pread(fds["spec"], os.fstat(fds["spec"]).st_size, 0))
+            os.chdir(spec["cwd"])
+            argv = spec["argv"]
+            pid = os.posix_spawn(argv[0], argv, spec["env"], setpgroup=0,
+                                 setsigdef=(signal.SIGPIPE, signal.SIGXFSZ),  # Python ignores them
+                                 file_actions=[(os.POSIX_SPAWN_DUP2, fds[name], n)
+                                               for n, name in enumerate(("stdin", "stdout", "stderr"))])
         except (OSError, ValueError) as e:
             self.send({"id": rid, "error": describe(e)})
             return
         self.stages[pid] = rid
         self.pids[rid] = pid
-        self.send({"id": rid, "pid": pid})
 
     def reap(self):
         while True:
@@ -328,22 +277,134 @@ class Jail:
             _, status = os.waitpid(pid, 0)
             if rid is not None:
                 self.send({"id": rid, "status": os.waitstatus_to_exitcode(status)})
+            self.sweep()  # after the answer, which need not wait for it
+
+    def sweep(self):
+        """Kill our children that are neither a running program nor in one's group: strays."""
+        for pid in map(int, os.pread(self.children, 1 << 16, 0).split()):
+            if pid in self.stages:
+                continue
+            try:
+                with open(f"/proc/{pid}/stat", "rb") as f:
+                    group = int(f.read().rsplit(b")", 1)[1].split()[2])
+                if group not in self.stages:
+                    os.kill(pid, signal.SIGKILL)
+            except (OSError, ValueError, IndexError):
+                continue
 
     def send(self, message):
         try:
             self.sock.send(json.dumps(message).encode())
         except OSError:
-            pass  # the parent is gone: the next receive ends the jail
+            pass  # the parent is gone: the next receive ends the spawner
 
-    def end(self):
+
+def serve(sock, on_request, on_child):
+    """Wait for requests on `sock` and for children's exits, until `on_request` says stop."""
+    read_wake, write_wake = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+    signal.set_wakeup_fd(write_wake)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    selector = selectors.DefaultSelector()
+    selector.register(sock, selectors.EVENT_READ)
+    selector.register(read_wake, selectors.EVENT_READ)
+    while True:
+        for key, _ in selector.select():
+            if key.fileobj is read_wake:
+                while True:
+                    try:
+                        os.read(read_wake, 512)
+                    except BlockingIOError:
+                        break
+                on_child()
+            elif not on_request():
+                return
+
+
+def seccomp_program(hex_code):
+    if not hex_code:
+        return None
+    raw = bytes.fromhex(hex_code)
+    filters = (SockFilter * (len(raw) // 8)).from_buffer_copy(raw)
+    prog = SockFprog(len(filters), filters)
+    prog._keep = filters  # the program points into it
+    return prog
+
+
+class Jail:
+    """PID 1 (or, without namespaces, the jail's only server): makes a spawner per ruleset."""
+
+    def __init__(self, sock, mounts, pid_one):
+        self.sock = sock
+        self.mounts = mounts
+        self.pid_one = pid_one  # in a PID namespace: kill(-1) ends all
+
+    def serve(self):
+        serve(self.sock, self.receive, self.reap)
         if self.pid_one:
             try:
                 os.kill(-1, signal.SIGKILL)
             except ProcessLookupError:
                 pass  # nothing left to kill
+
+    def receive(self):
+        try:
+            data, fds, _, _ = socket.recv_fds(self.sock, 65536, 8)
+        except ConnectionError:
+            return False
+        if not data:
+            return False
+        request = json.loads(data)
+        try:
+            theirs = self.spawner(dict(zip(request["fds"], fds)))
+        except (OSError, ValueError, KeyError) as e:
+            self.send({"id": request["id"], "error": describe(e)})
         else:
-            for pid in self.stages:
-                kill_group(pid)
+            with theirs:
+                socket.send_fds(self.sock, [json.dumps({"id": request["id"]}).encode()], [theirs.fileno()])
+        finally:
+            for fd in fds:
+                os.close(fd)
+        return True
+
+    def spawner(self, fds):
+        """Fork a spawner confined by the ruleset and the spec in `fds`; returns the parent's end
+        of its socket."""
+        spec = json.loads(os.pread(fds["spec"], os.fstat(fds["spec"]).st_size, 0))
+        ruleset = fds.get("ruleset", -1)
+        if self.mounts is not None:
+            for path, writable in spec["expose"]:
+                self.mounts.expose(path, writable)
+            if ruleset >= 0:
+                add_rules(ruleset, spec["jail_rules"])
+        seccomp = seccomp_program(spec["seccomp"])
+        theirs, ours = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        pid = os.fork()
+        if pid == 0:
+            try:
+                signal.set_wakeup_fd(-1)
+                check(libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0), "subreaper")  # strays come to us
+                confine(ruleset, seccomp, spec["rlimits"])
+                fd = close_all_but(ours.detach())
+                Spawner(socket.socket(fileno=fd)).serve()
+            finally:
+                os._exit(0)
+        ours.close()
+        return theirs
+
+    def reap(self):
+        while True:  # spawners, and (as PID 1) every orphan of the jail
+            try:
+                pid, _ = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+
+    def send(self, message):
+        try:
+            self.sock.send(json.dumps(message).encode())
+        except OSError:
+            pass
 
 
 def kill_group(pid):
@@ -367,7 +428,7 @@ def main():
         os._exit(0)  # the server lives on (in a jail, as its PID 1); the parent watches it through the socket
     if refused:
         check(libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0), "subreaper")  # orphans come to us to reap
-        sock.send(json.dumps({"ready": True, "namespaces": refused}).encode())
+        sock.send(json.dumps({"id": 0, "ready": True, "namespaces": refused}).encode())
         Jail(sock, None, pid_one=False).serve()
         return
     try:
@@ -375,9 +436,9 @@ def main():
         with open("/proc/sys/kernel/pid_max", "w") as f:
             f.write(str(setup["processes"] + 1))  # PIDs run from 1 (this process) to pid_max - 1
     except OSError as e:
-        sock.send(json.dumps({"ready": False, "error": describe(e)}).encode())
+        sock.send(json.dumps({"id": 0, "ready": False, "error": describe(e)}).encode())
         return
-    sock.send(json.dumps({"ready": True, "namespaces": ""}).encode())
+    sock.send(json.dumps({"id": 0, "ready": True, "namespaces": ""}).encode())
     Jail(sock, mounts, pid_one=True).serve()
 
 

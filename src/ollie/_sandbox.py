@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import fnmatch
-import itertools
 import os
 import platform
 import re
@@ -28,7 +27,6 @@ import struct
 import sys
 import weakref
 from collections import OrderedDict
-from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -383,10 +381,8 @@ def _add_path_rule(ruleset: int, path: str, rights: int) -> None:
 # machine → (audit arch, syscall numbers). Calls of any other ABI (i386 or x32 on x86_64, arm32 on
 # aarch64) are refused whole: the filter reads arguments by the native ABI's numbers only.
 _ARCH = {
-    "x86_64": (0xC000003E, {"setsid": 112, "setpgid": 109, "socket": 41, "prlimit64": 302,
-                            "add_key": 248, "request_key": 249, "keyctl": 250}),
-    "aarch64": (0xC00000B7, {"setsid": 157, "setpgid": 154, "socket": 198, "prlimit64": 261,
-                             "add_key": 217, "request_key": 218, "keyctl": 219}),
+    "x86_64": (0xC000003E, {"socket": 41, "prlimit64": 302, "add_key": 248, "request_key": 249, "keyctl": 250}),
+    "aarch64": (0xC00000B7, {"socket": 198, "prlimit64": 261, "add_key": 217, "request_key": 218, "keyctl": 219}),
 }
 _IO_URING = (425, 426, 427)  # setup, enter, register: the same on every arch
 _AF_UNIX, _AF_INET, _AF_INET6, _AF_NETLINK = 1, 2, 10, 16
@@ -403,8 +399,6 @@ def _arg(n: int) -> int:
 def seccomp_program(policy: Policy) -> bytes:
     """The BPF filter a sandboxed program runs under, as the kernel's `struct sock_filter` array.
 
-    - setsid and setpgid succeed without acting: nothing leaves the stage's process group, so
-      killing the group reaches every descendant (daemons, `setsid`, double forks).
     - io_uring is refused (ENOSYS): its operations make sockets and open files without the
       system calls this filter sees.
     - the kernel keyrings are refused; prlimit64 acts on the caller only.
@@ -421,7 +415,6 @@ def seccomp_program(policy: Policy) -> bytes:
     prog: list[tuple[int, int | str, int | str, int] | str] = [
         (_LD, 0, 0, 4), (_JEQ, 0, "enosys", arch),  # seccomp_data.arch
         (_LD, 0, 0, 0), (_JGE, "enosys", 0, 0x40000000),  # seccomp_data.nr; x32 calls have bit 30 set
-        (_JEQ, "fake", 0, nr["setsid"]), (_JEQ, "fake", 0, nr["setpgid"]),
         *[(_JEQ, "enosys", 0, n) for n in _IO_URING],
         *[(_JEQ, "eperm", 0, nr[k]) for k in ("add_key", "request_key", "keyctl")],
         (_JEQ, "prlimit", 0, nr["prlimit64"]),
@@ -438,7 +431,7 @@ def seccomp_program(policy: Policy) -> bytes:
                  "inet", (_LD, 0, 0, _arg(1)), (_AND, 0, 0, _SOCK_TYPE_MASK), (_JEQ, 0, "eacces", _SOCK_STREAM),
                  (_LD, 0, 0, _arg(2)), (_JEQ, "allow", 0, 0), (_JEQ, "allow", "eacces", _IPPROTO_TCP)]
     prog += ["eafnosupport", (_RET, 0, 0, _RET_ERRNO | _EAFNOSUPPORT), "allow", (_RET, 0, 0, _RET_ALLOW),
-             "fake", (_RET, 0, 0, _RET_ERRNO), "eperm", (_RET, 0, 0, _RET_ERRNO | _EPERM),
+             "eperm", (_RET, 0, 0, _RET_ERRNO | _EPERM),
              "eacces", (_RET, 0, 0, _RET_ERRNO | _EACCES), "enosys", (_RET, 0, 0, _RET_ERRNO | _ENOSYS)]
     return _assemble(prog)
 
@@ -459,7 +452,6 @@ def _assemble(prog: list) -> bytes:
 
 
 _RLIMIT_CPU, _RLIMIT_FSIZE, _RLIMIT_DATA, _RLIMIT_CORE = 0, 1, 2, 4
-_keys = itertools.count(1)
 
 
 class Sandbox:
@@ -474,31 +466,29 @@ class Sandbox:
             raise SandboxError("this kernel has no Landlock (needs Linux 5.13+ with landlock in the lsm= list), "
                                "so execute_code cannot be sandboxed; set general.best_effort: true in "
                                f"{config.cfg_path() / 'sandbox.yaml'} to run without it")
-        self.ruleset = _build_ruleset(policy, abi) if abi else -1
-        self.key = next(_keys)  # names the ruleset to a jail, which adds its own rules to it once
-        if self.ruleset >= 0:
+        ruleset = _build_ruleset(policy, abi) if abi else -1
+        if ruleset >= 0:
             # Closed when the last call using this sandbox lets go of it, never before: a process
             # spawned with a closed ruleset's fd would run unconfined, or in another ruleset.
-            weakref.finalize(self, os.close, self.ruleset)
+            weakref.finalize(self, os.close, ruleset)
         handled = _fs_handled(abi)
-        # The jail's own /proc, /tmp and pseudo-terminals, which the parent's rules cannot name.
-        self.jail_rules = [["/proc", _RO & handled], ["/tmp", _RW & handled], ["/dev/pts", _RW & handled],
-                           ["/dev/ptmx", _RW & handled]]
-        self.seccomp = seccomp_program(policy).hex()
         limits = policy.limits
-        self.rlimits = [[_RLIMIT_DATA, limits.memory, limits.memory], [_RLIMIT_CPU, limits.cpu, limits.cpu + 1],
-                        [_RLIMIT_FSIZE, limits.file_size, limits.file_size], [_RLIMIT_CORE, 0, 0]]
-        # Every path granted, and whether writable: a jail shows those it hides (under /tmp, say).
-        self._granted = [(path, key in ("rw", "rwx", "tmpfile")) for key, paths in policy.paths.items() for path in paths]
+        self.confinement = _jail.Confinement(ruleset, {
+            # The jail's own /proc, /tmp and pseudo-terminals, which the parent's rules cannot name.
+            "jail_rules": [["/proc", _RO & handled], ["/tmp", _RW & handled], ["/dev/pts", _RW & handled],
+                           ["/dev/ptmx", _RW & handled]],
+            "seccomp": seccomp_program(policy).hex(),
+            "rlimits": [[_RLIMIT_DATA, limits.memory, limits.memory], [_RLIMIT_CPU, limits.cpu, limits.cpu + 1],
+                        [_RLIMIT_FSIZE, limits.file_size, limits.file_size], [_RLIMIT_CORE, 0, 0]],
+            # Every path granted, and whether writable: a jail shows those it hides (under /tmp, say).
+            "expose": [(path, key in ("rw", "rwx", "tmpfile")) for key, paths in policy.paths.items() for path in paths],
+        })
         self._exec_roots = tuple(os.path.realpath(p).rstrip("/") + "/"
                                  for p in policy.paths["rox"] + policy.paths["rwx"])
         self._search_paths: dict[str, str] = {}
         self._env_names = re.compile("|".join(fnmatch.translate(p) for p in policy.env) or "(?!)")
+        self._environ: dict[str, str] | None = None
 
-    def spec(self, argv: list[str], cwd: str, env: dict[str, str]) -> dict[str, Any]:
-        """What a jail needs to start `argv` under this sandbox (see `_jail.Jail.spawn`)."""
-        return {"argv": argv, "cwd": cwd, "env": env, "rlimits": self.rlimits, "ruleset_key": self.key,
-                "seccomp": self.seccomp, "jail_rules": self.jail_rules, "expose": self._granted}
 
     def search_path(self, path: str) -> str:
         """`path` without the directories the sandbox cannot execute from, so a program resolves
@@ -509,9 +499,12 @@ class Sandbox:
             kept = self._search_paths[path] = ":".join(dirs)
         return kept
 
-    def environ(self, source: Mapping[str, str]) -> dict[str, str]:
-        """The variables of `source` that the policy lets in."""
-        return {k: v for k, v in source.items() if self._env_names.match(k)}
+    def environ(self) -> dict[str, str]:
+        """The variables of ollie's environment that the policy lets in (read once: a sandbox is
+        rebuilt when its policy changes, not when ollie's environment does)."""
+        if self._environ is None:
+            self._environ = {k: v for k, v in os.environ.items() if self._env_names.match(k)}
+        return dict(self._environ)
 
 
 class Jails:
@@ -520,12 +513,13 @@ class Jails:
 
     def __init__(self) -> None:
         self._jails: dict[_jail.JailSetup, _jail.Jail] = {}
+        self._hide = hidden_paths()
 
     async def get(self, policy: Policy) -> _jail.Jail:
         """The jail for `policy`; one without namespaces (the kernel refused them) only when the
         policy says general.best_effort, else SandboxError."""
         limits = policy.limits
-        setup = _jail.JailSetup(policy.network, limits.processes, limits.tmpdir, hidden_paths())
+        setup = _jail.JailSetup(policy.network, limits.processes, limits.tmpdir, self._hide)
         jail = self._jails.get(setup)
         if jail is None or not jail.alive:
             jail = self._jails[setup] = await _jail.Jail.start(setup)
@@ -555,10 +549,12 @@ class Sandboxes:
     def __init__(self, size: int = 32):
         self._size = size
         self._cache: OrderedDict[tuple, Sandbox] = OrderedDict()
+        self._files: dict[str, tuple[Path, Path]] = {}  # policy name -> its files (found once)
 
     def get(self, name: str, cwd: str, tmpdir: str, extra_rox: tuple[str, ...] = (),
             extra_ro: tuple[str, ...] = ()) -> Sandbox:
-        stamp = tuple(_mtime(p) for p in policy_files(name))
+        files = self._files.get(name) or self._files.setdefault(name, policy_files(name))
+        stamp = tuple(_mtime(p) for p in files)
         key = (name, cwd, tmpdir, extra_rox, extra_ro, stamp)
         box = self._cache.get(key)
         if box is None:

@@ -30,7 +30,7 @@ def data_path() -> Path:
 
 
 def tmp_path() -> Path:
-    return _dir("OLLIE_TMP_PATH", "/tmp/ollie")
+    return _dir("OLLIE_TMP_PATH", f"/tmp/ollie-{os.geteuid()}")  # one per user: it must be theirs alone
 
 
 def namespace_path() -> Path:

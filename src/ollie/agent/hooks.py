@@ -122,16 +122,15 @@ class Runner:
     async def start(self, cmd: str, cwd: str, env: dict[str, str]) -> _Started:
         box = self._sandboxes.get(self.policy, cwd, "")
         jail = await self._jails.get(box.policy)
-        full_env = {**box.environ(os.environ), **env}
+        full_env = {**box.environ(), **env}
         if not jail.namespaces_refused:
             full_env["TMPDIR"] = "/tmp"  # the jail's own
         full_env["PATH"] = box.search_path(full_env.get("PATH") or os.defpath)
         sh = shutil.which("sh", path=full_env["PATH"]) or "/bin/sh"
         fds = [os.pipe2(os.O_CLOEXEC) for _ in range(3)]  # stdin, stdout, stderr
-        spec = box.spec([sh, "-c", cmd], cwd, full_env)
         try:
-            stage = await jail.spawn(spec, ruleset=box.ruleset, stdin=fds[0][0], stdout=fds[1][1],
-                                           stderr=fds[2][1])
+            stage = await jail.spawn(box.confinement, [sh, "-c", cmd], cwd, full_env, stdin=fds[0][0],
+                                     stdout=fds[1][1], stderr=fds[2][1])
         except BaseException:
             for fd in (fds[0][1], fds[1][0], fds[2][0]):
                 os.close(fd)

@@ -109,6 +109,8 @@ class Server:
         self._jails = _sandbox.Jails()
         self._namespaces = True  # False once a jail found them refused (and the policy allowed that)
         self._scratch = ""  # $TMPDIR for calls whose context has none; removed on close
+        self._wrapper = _sandbox.superpowers_prefix()
+        self._x_dir = str(config.mount_path() / "x")
 
     async def list_tools(self) -> list[Tool]:
         return [Tool("execute_code", DESCRIPTION, SCHEMA, read_only_call=read_safe)]
@@ -149,17 +151,17 @@ class Server:
         if not self._namespaces:  # $TMPDIR is a directory of the host, granted by the policy
             session_tmp = session_tmp or self._scratch_dir()
             box = self._sandbox(policy, cwd, session_tmp, tool_dirs)
-        env = box.environ(os.environ)  # only what the policy lets in: never the server's API keys
+        env = box.environ()  # only what the policy lets in: never the server's API keys
         env.update(ctx.env)
         # In a jail $TMPDIR is its private /tmp; the session's own scratch directory (where long
         # results are saved) is readable there.
         env.update(TMPDIR="/tmp" if self._namespaces else session_tmp, OLLIE_SESSION_ID=ctx.session_id,
                    OLLIE_TOOLS_PATH=":".join(tool_dirs))
         system_path = box.search_path(env.get("PATH") or os.defpath)
-        env["PATH"] = f"{config.mount_path() / 'x'}:{system_path}"
+        env["PATH"] = f"{self._x_dir}:{system_path}"
         # Interpreters are looked up on the system path only: $OLLIE/x may be this very process's
         # FUSE mount, and a lookup there from the event loop would wait on itself forever.
-        return _Job(box, jail, cwd, env, timeout, _Programs(system_path, tool_dirs), _sandbox.superpowers_prefix(),
+        return _Job(box, jail, cwd, env, timeout, _Programs(system_path, tool_dirs), self._wrapper,
                     _Budget(limits.output), notice)
 
     def _sandbox(self, policy: str, cwd: str, session_tmp: str, tool_dirs: tuple[str, ...]) -> _sandbox.Sandbox:
@@ -339,7 +341,7 @@ def _tool_command(step: dict[str, Any], where: str, programs: _Programs) -> _Com
 
 
 def _tool_dirs(ctx: CallContext) -> tuple[str, ...]:
-    raw = ctx.env.get("OLLIE_TOOLS_PATH")
+    raw = ctx.env.get("OLLIE_TOOLS_PATH") or os.environ.get("OLLIE_TOOLS_PATH")
     dirs = raw.split(":") if raw else [str(p) for p in config.tools_path()]
     return tuple(d for d in dirs if d)
 
@@ -412,7 +414,10 @@ async def _run_pipeline(stages: list[_Stage], job: _Job) -> ToolResult:
     named = len(stages) > 1 or len(stages[0]) > 1  # one simple stage: errors need no stage name
     data: bytes | None = None  # the first stage reads nothing
     for stage in stages:
-        outcomes = await asyncio.gather(*(_run_command(cmd, data, job) for cmd in stage))
+        if len(stage) == 1:  # no task to schedule for the usual case
+            outcomes = [await _run_command(stage[0], data, job)]
+        else:
+            outcomes = await asyncio.gather(*(_run_command(cmd, data, job) for cmd in stage))
         data = b"".join(o.output for o in outcomes)
         failures = [f"{cmd.where}: {o.error}" if named else o.error for cmd, o in zip(stage, outcomes) if o.error]
         if failures:
@@ -428,9 +433,8 @@ async def _run_command(cmd: _Command, stdin: bytes | None, job: _Job) -> _Outcom
     else:
         in_read, in_write = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC), -1
     try:
-        spec = job.sandbox.spec([*job.wrapper, *cmd.argv], job.cwd, job.env)
-        stage = await job.jail.spawn(spec, ruleset=job.sandbox.ruleset, stdin=in_read, stdout=out_write,
-                                     stderr=out_write)
+        stage = await job.jail.spawn(job.sandbox.confinement, [*job.wrapper, *cmd.argv], job.cwd, job.env,
+                                     stdin=in_read, stdout=out_write, stderr=out_write)
     except BaseException as e:
         for fd in (out_read, in_write):
             if fd >= 0:
@@ -456,9 +460,10 @@ async def _run_command(cmd: _Command, stdin: bytes | None, job: _Job) -> _Outcom
         cap = job.sandbox.policy.limits.output
         return _Outcome(output + b"\n[output truncated]",
                         f"the call's output exceeded {_size_text(cap)} (limits.output); the stage was stopped")
+    failure = process.failure
+    if failure:
+        return _Outcome(output, f"cannot run {cmd.argv[0]}: {failure}")
     status = process.status
-    if status is None:
-        return _Outcome(output, "the sandbox helper exited; the stage was lost")
     if status:
         why = f"exit status {status}" if status > 0 else f"killed by {signal.Signals(-status).name}"
         return _Outcome(output, f"execution failed: {why}")
@@ -486,10 +491,16 @@ class _Process:
             self._write()
 
     @property
-    def status(self) -> int | None:
-        """The exit status; None when the jail died before it could tell."""
+    def status(self) -> int:
+        return self.stage.exited.result()
+
+    @property
+    def failure(self) -> str:
+        """Why the program did not start or was lost ("" if it ran and exited)."""
         exited = self.stage.exited
-        return exited.result() if exited.done() and not exited.exception() else None
+        if not exited.done():
+            return "the sandbox helper did not report its exit"
+        return str(exited.exception() or "")
 
     async def end(self) -> None:
         """Kill what is left of the process group; wait until the output is drained and the
@@ -497,7 +508,8 @@ class _Process:
         self.stage.kill()
         self._close_stdin()
         # Only a process that escaped the group could hold the pipe open: don't wait on it forever.
-        await asyncio.wait({self._drained, self.stage.exited}, timeout=2)
+        if not (self._drained.done() and self.stage.exited.done()):
+            await asyncio.wait({self._drained, self.stage.exited}, timeout=2)
         if not self._drained.done():
             self._close_output()
 
