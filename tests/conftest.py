@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-pytest_plugins = ["fs_helpers"]  # the fs_server fixture
+pytest_plugins = ["fs_helpers", "sandbox_helpers"]  # the fs_server, home and run fixtures
 
 _CLEARED = (
     "OLLIE_BACKEND", "OLLIE_MODEL", "OLLIE_OPENAI_URL", "OLLIE_OPENAI_KEY", "OPENAI_API_KEY", "OPENAI_BASE_URL",

@@ -19,7 +19,7 @@ from ollie.tools import CallContext
 from ollie.tools import execute
 from agent_helpers import make_core
 from test_execute import alive
-from test_sandbox import API_KEY, POLICIES, SECRET, home, run, write_policy  # noqa: F401 (fixtures)
+from sandbox_helpers import API_KEY, SECRET, write_policy
 
 pytestmark = pytest.mark.skipif(_sandbox.landlock_abi() < 6, reason="needs Landlock ABI 6 (Linux 6.12)")
 
@@ -27,7 +27,8 @@ pytestmark = pytest.mark.skipif(_sandbox.landlock_abi() < 6, reason="needs Landl
 def errno_of(code: str) -> str:
     """Python that runs `code` and prints the errno name it fails with, or 'ok'."""
     body = "\n".join(" " + line for line in code.splitlines())
-    return f"import ctypes, errno, os, socket\ntry:\n{body}\n print('ok')\nexcept OSError as e:\n print(errno.errorcode[e.errno])"
+    return (f"import ctypes, errno, os, socket\ntry:\n{body}\n print('ok')\n"
+            "except OSError as e:\n print(errno.errorcode[e.errno])")
 
 
 SYSCALL = "libc = ctypes.CDLL(None, use_errno=True)\n"
@@ -265,6 +266,12 @@ async def test_memory_file_size_and_tmpdir_are_bounded(run, tmp_path):
     assert "No space left" not in result.text()  # the default allows 1 GiB
     result = await run("for i in 1 2 3; do head -c 512K /dev/zero > $TMPDIR/part$i || exit 1; done", sandbox="small")
     assert result.is_error and "No space left on device" in result.text()
+
+
+async def test_cpu_time_is_bounded(run):
+    write_policy("small", "limits:\n  cpu: 1\n")
+    result = await run("while :; do :; done", sandbox="small", timeout=20)
+    assert result.is_error and "killed by SIGXCPU" in result.text()
 
 
 async def test_call_shape_is_bounded(run):

@@ -237,7 +237,7 @@ class Spawner:
         try:
             request = json.loads(data)
             if request["op"] == "spawn":
-                self.spawn(request, dict(zip(request["fds"], fds)))
+                self.spawn(request, dict(zip(request["fds"], fds, strict=True)))
             elif request["op"] == "kill" and request["id"] in self.pids:
                 kill_group(self.pids[request["id"]])
         finally:
@@ -355,7 +355,7 @@ class Jail:
             return False
         request = json.loads(data)
         try:
-            theirs = self.spawner(dict(zip(request["fds"], fds)))
+            theirs = self.spawner(dict(zip(request["fds"], fds, strict=True)))
         except (OSError, ValueError, KeyError) as e:
             self.send({"id": request["id"], "error": describe(e)})
         else:

@@ -481,7 +481,8 @@ class Sandbox:
             "rlimits": [[_RLIMIT_DATA, limits.memory, limits.memory], [_RLIMIT_CPU, limits.cpu, limits.cpu + 1],
                         [_RLIMIT_FSIZE, limits.file_size, limits.file_size], [_RLIMIT_CORE, 0, 0]],
             # Every path granted, and whether writable: a jail shows those it hides (under /tmp, say).
-            "expose": [(path, key in ("rw", "rwx", "tmpfile")) for key, paths in policy.paths.items() for path in paths],
+            "expose": [(path, key in ("rw", "rwx", "tmpfile"))
+                       for key, paths in policy.paths.items() for path in paths],
         })
         self._exec_roots = tuple(os.path.realpath(p).rstrip("/") + "/"
                                  for p in policy.paths["rox"] + policy.paths["rwx"])

@@ -146,7 +146,8 @@ class Server:
         limits = box.policy.limits
         timeout = float(timeout or min(DEFAULT_TIMEOUT, limits.timeout))
         if timeout > limits.timeout:
-            raise StepError(f"timeout: at most {limits.timeout:g} seconds (limits.timeout of sandbox policy {policy!r})")
+            raise StepError(f"timeout: at most {limits.timeout:g} seconds "
+                            f"(limits.timeout of sandbox policy {policy!r})")
         jail, notice = await self._jail(box.policy)
         if not self._namespaces:  # $TMPDIR is a directory of the host, granted by the policy
             session_tmp = session_tmp or self._scratch_dir()
