@@ -206,24 +206,15 @@ def close_all_but(fd):
     return 3
 
 
-class Spawner:
-    """Starts programs for the parent, each in its own process group, and reports their exits.
-    When a program exits its group is killed. A process that left its group (setsid, setpgid)
-    and lost its parent comes to us (we are a subreaper) and is killed: nothing outlives its
-    stage, and looking costs one read of our children's list, not a walk of /proc."""
+class Endpoint:
+    """A process of the jail serving the parent's requests on its socket until it closes; the
+    descriptors that come with a request are named by its `fds` and closed once handled."""
 
     def __init__(self, sock):
         self.sock = sock
-        self.stages = {}  # pid -> request id
-        self.pids = {}  # request id -> pid, while running
-        # Kept open: reading it again from offset 0 lists the children anew.
-        self.children = os.open(f"/proc/self/task/{os.getpid()}/children", os.O_RDONLY | os.O_CLOEXEC)
 
     def serve(self):
         serve(self.sock, self.receive, self.reap)
-        for pid in self.stages:  # the parent is gone: so are its programs
-            kill_group(pid)
-        self.sweep()
 
     def receive(self):
         try:
@@ -233,17 +224,52 @@ class Spawner:
         if not data:
             return False
         for fd in fds:
-            os.set_inheritable(fd, False)  # only the dup2 copies reach the program
+            os.set_inheritable(fd, False)  # a program gets only what is passed to it on purpose
         try:
             request = json.loads(data)
-            if request["op"] == "spawn":
-                self.spawn(request, dict(zip(request["fds"], fds, strict=True)))
-            elif request["op"] == "kill" and request["id"] in self.pids:
-                kill_group(self.pids[request["id"]])
+            self.handle(request, dict(zip(request.get("fds", []), fds, strict=True)))
         finally:
             for fd in fds:
                 os.close(fd)
         return True
+
+    def send(self, message, fds=()):
+        try:
+            socket.send_fds(self.sock, [json.dumps(message).encode()], list(fds))
+        except OSError:
+            pass  # the parent is gone: the next receive ends this process
+
+    def handle(self, request, fds):
+        raise NotImplementedError
+
+    def reap(self):
+        raise NotImplementedError
+
+
+class Spawner(Endpoint):
+    """Starts programs for the parent, each in its own process group, and reports their exits.
+    When a program exits its group is killed. A process that left its group (setsid, setpgid)
+    and lost its parent comes to us (we are a subreaper) and is killed: nothing outlives its
+    stage, and looking costs one read of our children's list, not a walk of /proc."""
+
+    def __init__(self, sock):
+        super().__init__(sock)
+        self.stages = {}  # pid -> request id
+        self.pids = {}  # request id -> pid, while running
+        # Kept open: reading it again from offset 0 lists the children anew.
+        self.children = os.open(f"/proc/self/task/{os.getpid()}/children", os.O_RDONLY | os.O_CLOEXEC)
+
+    def serve(self):
+        super().serve()
+        for pid in self.stages:  # the parent is gone: so are its programs
+            kill_group(pid)
+        self.sweep()
+
+    def handle(self, request, fds):
+        if request["op"] == "spawn":
+            self.spawn(request, fds)
+        elif request["op"] == "kill" and request["id"] in self.pids:
+            kill_group(self.pids[request["id"]])
 
     def spawn(self, request, fds):
         rid = request["id"]
@@ -292,13 +318,6 @@ class Spawner:
             except (OSError, ValueError, IndexError):
                 continue
 
-    def send(self, message):
-        try:
-            self.sock.send(json.dumps(message).encode())
-        except OSError:
-            pass  # the parent is gone: the next receive ends the spawner
-
-
 def serve(sock, on_request, on_child):
     """Wait for requests on `sock` and for children's exits, until `on_request` says stop."""
     read_wake, write_wake = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
@@ -330,41 +349,30 @@ def seccomp_program(hex_code):
     return prog
 
 
-class Jail:
+class Jail(Endpoint):
     """PID 1 (or, without namespaces, the jail's only server): makes a spawner per ruleset."""
 
     def __init__(self, sock, mounts, pid_one):
-        self.sock = sock
+        super().__init__(sock)
         self.mounts = mounts
         self.pid_one = pid_one  # in a PID namespace: kill(-1) ends all
 
     def serve(self):
-        serve(self.sock, self.receive, self.reap)
+        super().serve()
         if self.pid_one:
             try:
                 os.kill(-1, signal.SIGKILL)
             except ProcessLookupError:
                 pass  # nothing left to kill
 
-    def receive(self):
+    def handle(self, request, fds):
         try:
-            data, fds, _, _ = socket.recv_fds(self.sock, 65536, 8)
-        except ConnectionError:
-            return False
-        if not data:
-            return False
-        request = json.loads(data)
-        try:
-            theirs = self.spawner(dict(zip(request["fds"], fds, strict=True)))
+            theirs = self.spawner(fds)
         except (OSError, ValueError, KeyError) as e:
             self.send({"id": request["id"], "error": describe(e)})
-        else:
-            with theirs:
-                socket.send_fds(self.sock, [json.dumps({"id": request["id"]}).encode()], [theirs.fileno()])
-        finally:
-            for fd in fds:
-                os.close(fd)
-        return True
+            return
+        with theirs:
+            self.send({"id": request["id"]}, [theirs.fileno()])
 
     def spawner(self, fds):
         """Fork a spawner confined by the ruleset and the spec in `fds`; returns the parent's end
@@ -399,12 +407,6 @@ class Jail:
                 return
             if pid == 0:
                 return
-
-    def send(self, message):
-        try:
-            self.sock.send(json.dumps(message).encode())
-        except OSError:
-            pass
 
 
 def kill_group(pid):
