@@ -206,6 +206,29 @@ async def test_processes_outside_the_jail_are_out_of_reach(run):
     assert open(f"/proc/{me}/limits").read().count("unlimited") > 3  # the server's limits untouched
 
 
+async def test_killing_the_spawner_ends_the_stage_and_the_session_recovers(run):
+    # The spawner shares the stages' Landlock domain, so a stage can signal it: its programs must
+    # not be left running, and the session's next call must work.
+    result = await run("kill -9 $PPID; sleep 0.3; sleep 4711.5; echo survived")
+    assert result.is_error and "the sandbox helper exited; the stage was stopped" in result.text()
+    assert "survived" not in result.text() and alive("4711.5") == []
+    result = await run("echo next")
+    assert result.text() == "next\n"
+
+
+async def test_a_stopped_spawner_restarts_the_sessions_sandbox(run):
+    result = await run("kill -STOP $PPID; echo stopped", timeout=1)
+    assert result.is_error and "the session's sandbox was restarted" in result.text()
+    result = await run("echo next")
+    assert result.text() == "next\n"
+
+
+async def test_a_spawner_cannot_be_traced_or_read(run):
+    result = await run("readlink /proc/$PPID/fd/3; cat /proc/$PPID/fd/4; cat /proc/$PPID/environ; "
+                       "cat /proc/$PPID/maps | head -1")
+    assert result.text().count("Permission denied") >= 3 and "socket:" not in result.text()
+
+
 async def test_prlimit_on_itself_still_works(run):
     result = await run("ulimit -n 64 && ulimit -n")
     assert result.text() == "64\n"

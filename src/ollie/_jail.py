@@ -29,7 +29,11 @@ _SPAWNERS = 8  # idle spawners kept per jail (one per ruleset: a session's cwd a
 
 
 class JailError(ConfigError):
-    """The jail could not start, or could not start a program."""
+    """The jail could not start, or lost a program (its helper died)."""
+
+
+class SpawnError(JailError):
+    """A program could not be started (not found, not executable, its cwd is gone)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,7 +137,7 @@ class _Channel:
             if isinstance(message.get("status"), int):
                 stage.exited.set_result(message["status"])
             else:
-                stage.exited.set_exception(JailError(str(message.get("error"))))
+                stage.exited.set_exception(SpawnError(str(message.get("error"))))
         elif rid in self.replies and not self.replies[rid].done():
             self.replies[rid].set_result((message, fds))
             return
@@ -155,6 +159,7 @@ class _Channel:
         for stage in self.stages.values():
             if not stage.exited.done():
                 stage.exited.set_exception(JailError(why))
+                stage.exited.exception()  # retrieved: whoever waits on the stage reads it from the stage
         self.stages.clear()
 
 

@@ -354,6 +354,7 @@ class Jail(Endpoint):
 
     def __init__(self, sock, mounts, pid_one):
         super().__init__(sock)
+        self.spawners = set()  # their pids
         self.mounts = mounts
         self.pid_one = pid_one  # in a PID namespace: kill(-1) ends all
 
@@ -388,25 +389,35 @@ class Jail(Endpoint):
         theirs, ours = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         pid = os.fork()
         if pid == 0:
+            status = 1
             try:
                 signal.set_wakeup_fd(-1)
                 check(libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0), "subreaper")  # strays come to us
                 confine(ruleset, seccomp, spec["rlimits"])
                 fd = close_all_but(ours.detach())
                 Spawner(socket.socket(fileno=fd)).serve()
+                status = 0
             finally:
-                os._exit(0)
+                os._exit(status)
         ours.close()
+        self.spawners.add(pid)
         return theirs
 
     def reap(self):
         while True:  # spawners, and (as PID 1) every orphan of the jail
             try:
-                pid, _ = os.waitpid(-1, os.WNOHANG)
+                pid, status = os.waitpid(-1, os.WNOHANG)
             except ChildProcessError:
                 return
             if pid == 0:
                 return
+            if pid in self.spawners:
+                self.spawners.discard(pid)
+                if status and self.pid_one:
+                    # Killed (a program of its domain can signal it) or broken: its programs are
+                    # now ours, and nothing would end them with their stages. End everything;
+                    # the parent sees its spawners gone and makes new ones.
+                    os.kill(-1, signal.SIGKILL)
 
 
 def kill_group(pid):

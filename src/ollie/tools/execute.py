@@ -446,7 +446,7 @@ async def _run_command(cmd: _Command, stdin: bytes | None, job: _Job) -> _Outcom
     finally:
         os.close(in_read)
         os.close(out_write)
-    process = _Process(stage, out_read, in_write, data or b"", job.output)
+    process = _Process(job.jail, stage, out_read, in_write, data or b"", job.output)
     try:
         # asyncio.wait, not a timeout around an await: that would cancel the exit future itself,
         # and the stage would then look finished to end().
@@ -455,15 +455,15 @@ async def _run_command(cmd: _Command, stdin: bytes | None, job: _Job) -> _Outcom
     finally:
         await process.end()
     output = bytes(process.output)
+    failure = process.failure(cmd.argv[0])
     if timed_out:
-        return _Outcome(output, f"execution timeout after {job.timeout:g} seconds")
+        return _Outcome(output, f"execution timeout after {job.timeout:g} seconds" + (f"; {failure}" if failure else ""))
     if process.truncated:
         cap = job.sandbox.policy.limits.output
         return _Outcome(output + b"\n[output truncated]",
                         f"the call's output exceeded {_size_text(cap)} (limits.output); the stage was stopped")
-    failure = process.failure
     if failure:
-        return _Outcome(output, f"cannot run {cmd.argv[0]}: {failure}")
+        return _Outcome(output, failure)
     status = process.status
     if status:
         why = f"exit status {status}" if status > 0 else f"killed by {signal.Signals(-status).name}"
@@ -476,8 +476,10 @@ class _Process:
     its merged output gathered (within the call's budget) through non-blocking pipes. Its exit
     comes from the jail, which kills what is left of its process group first."""
 
-    def __init__(self, stage: _jail.Stage, out: int, stdin: int, data: bytes, budget: _Budget):
+    def __init__(self, jail: _jail.Jail, stage: _jail.Stage, out: int, stdin: int, data: bytes, budget: _Budget):
+        self.jail = jail
         self.stage = stage
+        self.unanswered = False  # the jail never reported the exit, and was closed
         self.output = bytearray()
         self.truncated = False
         self._budget = budget
@@ -495,13 +497,14 @@ class _Process:
     def status(self) -> int:
         return self.stage.exited.result()
 
-    @property
-    def failure(self) -> str:
+    def failure(self, program: str) -> str:
         """Why the program did not start or was lost ("" if it ran and exited)."""
-        exited = self.stage.exited
-        if not exited.done():
-            return "the sandbox helper did not report its exit"
-        return str(exited.exception() or "")
+        if self.unanswered:
+            return "the sandbox did not report the stage's exit; the session's sandbox was restarted"
+        error = self.stage.exited.exception()
+        if isinstance(error, _jail.SpawnError):
+            return f"cannot run {program}: {error}"
+        return f"{error}; the stage was stopped" if error else ""
 
     async def end(self) -> None:
         """Kill what is left of the process group; wait until the output is drained and the
@@ -513,6 +516,9 @@ class _Process:
             await asyncio.wait({self._drained, self.stage.exited}, timeout=2)
         if not self._drained.done():
             self._close_output()
+        if not self.stage.exited.done():  # the jail does not answer (a stopped spawner): end it whole
+            self.unanswered = True
+            await self.jail.close()
 
     def _read(self) -> None:
         try:
