@@ -420,7 +420,7 @@ async def _run_pipeline(stages: list[_Stage], job: _Job) -> ToolResult:
         else:
             outcomes = await asyncio.gather(*(_run_command(cmd, data, job) for cmd in stage))
         data = b"".join(o.output for o in outcomes)
-        failures = [f"{cmd.where}: {o.error}" if named else o.error for cmd, o in zip(stage, outcomes) if o.error]
+        failures = [f"{cmd.where}: {o.error}" if named else o.error for cmd, o in zip(stage, outcomes, strict=True) if o.error]
         if failures:
             return ToolResult.of("\n".join(failures) + "\n" + _text(data), is_error=True)
     return ToolResult.of(_text(data or b""))
@@ -457,7 +457,8 @@ async def _run_command(cmd: _Command, stdin: bytes | None, job: _Job) -> _Outcom
     output = bytes(process.output)
     failure = process.failure(cmd.argv[0])
     if timed_out:
-        return _Outcome(output, f"execution timeout after {job.timeout:g} seconds" + (f"; {failure}" if failure else ""))
+        timeout = f"execution timeout after {job.timeout:g} seconds"
+        return _Outcome(output, f"{timeout}; {failure}" if failure else timeout)
     if process.truncated:
         cap = job.sandbox.policy.limits.output
         return _Outcome(output + b"\n[output truncated]",
