@@ -324,7 +324,8 @@ def _tool_command(step: dict[str, Any], where: str, programs: _Programs) -> _Com
         raise StepError(f"{where}: a tool's language comes from its shebang; drop \"language\"")
     if not isinstance(name, str) or not name or "/" in name or ".." in name:
         raise StepError(f"{where}.tool: invalid tool name {name!r}: give a script's file name, without '/' or '..'")
-    if not isinstance(args, list) or not all(isinstance(a, str | int | float) and not isinstance(a, bool) for a in args):
+    if not isinstance(args, list) or not all(isinstance(a, str | int | float) and not isinstance(a, bool)
+                                             for a in args):
         raise StepError(f"{where}.args: must be a list of strings")
     if any("\0" in str(a) for a in args):
         raise StepError(f"{where}.args: must not contain NUL characters")
@@ -420,7 +421,8 @@ async def _run_pipeline(stages: list[_Stage], job: _Job) -> ToolResult:
         else:
             outcomes = await asyncio.gather(*(_run_command(cmd, data, job) for cmd in stage))
         data = b"".join(o.output for o in outcomes)
-        failures = [f"{cmd.where}: {o.error}" if named else o.error for cmd, o in zip(stage, outcomes, strict=True) if o.error]
+        failures = [f"{cmd.where}: {o.error}" if named else o.error
+                    for cmd, o in zip(stage, outcomes, strict=True) if o.error]
         if failures:
             return ToolResult.of("\n".join(failures) + "\n" + _text(data), is_error=True)
     return ToolResult.of(_text(data or b""))
