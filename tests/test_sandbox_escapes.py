@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from ollie import _sandbox
+from ollie.agent import hooks
 from ollie.config import AgentConfig, ConfigError, parse_agent
 from ollie.tools import CallContext
 from ollie.tools import execute
@@ -221,6 +222,38 @@ async def test_a_stopped_spawner_restarts_the_sessions_sandbox(run):
     assert result.is_error and "the session's sandbox was restarted" in result.text()
     result = await run("echo next")
     assert result.text() == "next\n"
+
+
+async def test_a_stage_holds_only_its_standard_streams(run):
+    # Any other descriptor would be the jail's: a spawner's socket lets a program answer for it.
+    code = "import os\nfds = os.listdir('/proc/self/fd')  # the listing's own fd is closed by now\nprint(sorted(fds))"
+    result = await run(code, "python3")
+    assert result.text() == "['0', '1', '2', '3']\n"
+    code = "import os\nprint([os.readlink(f'/proc/self/fd/{n}') for n in (0, 1, 2)])"
+    result = await run(code, "python3")
+    assert "socket:" not in result.text() and "pipe:" in result.text()
+
+
+async def test_garbage_from_a_spawner_ends_its_channel_not_ollie():
+    from ollie import _jail
+
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    channel = _jail._Channel(ours)
+    stage = channel.stages[1] = _jail.Stage(channel, 1)
+    with theirs:
+        theirs.send(b"[" * 60000)  # nested past the JSON decoder's recursion limit
+        with pytest.raises(_jail.JailError, match="sent garbage"):
+            await asyncio.wait_for(stage.exited, 5)
+    assert channel.gone.done()
+    channel.close()
+
+
+async def test_a_hook_whose_jail_stops_answering_cannot_hang_the_session(project, monkeypatch):
+    monkeypatch.setattr(hooks, "TIMEOUT", 0.5)
+    sent, infos = await hook_run(AgentConfig(hooks={"preTurn": ["kill -STOP $PPID; sleep 30"]}), project)
+    assert any("timed out" in i for i in infos)
+    sent, infos = await hook_run(AgentConfig(hooks={"preTurn": ["echo after"]}), project)
+    assert "after" in sent
 
 
 async def test_a_spawner_cannot_be_traced_or_read(run):

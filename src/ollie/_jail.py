@@ -124,7 +124,7 @@ class _Channel:
         try:
             message = json.loads(data) if data else None
             rid = message["id"] if isinstance(message, dict) else None
-        except (ValueError, KeyError, TypeError):
+        except (ValueError, KeyError, TypeError, RecursionError):
             message = rid = None
         if not isinstance(rid, int):
             for fd in fds:

@@ -199,8 +199,8 @@ def confine(ruleset, seccomp, rlimits):
 def close_all_but(fd):
     """Close every descriptor but `fd` (moved to 3): PID 1's hold hidden directories, and the
     ruleset, which a program could widen for the programs after it."""
-    if fd != 3:
-        os.dup2(fd, 3)
+    if fd != 3:  # not inheritable (os.dup2's default is): a program holding it could speak for us
+        os.dup2(fd, 3, inheritable=False)
     check(libc.syscall(ctypes.c_long(SYS_CLOSE_RANGE), ctypes.c_long(4), ctypes.c_long(0xFFFFFFFF),
                        ctypes.c_long(0)), "close_range")
     return 3

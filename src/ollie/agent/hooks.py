@@ -32,6 +32,7 @@ OUTPUT_LIMIT = 64 * 1024  # bytes of a hook's stdout or stderr that are kept
 # Bytes of a payload value exported as OLLIE_<KEY>: the kernel refuses to start a program with a
 # variable over 128 KiB. The whole payload is on stdin.
 VARIABLE_LIMIT = 32 * 1024
+_KILL_GRACE = 2.0  # seconds a killed hook's exit may take to be reported
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,7 +104,11 @@ async def run_command(cmd: str, payload: dict[str, Any], cwd: str, session_env: 
         )
     except (TimeoutError, asyncio.CancelledError) as e:
         process.kill()
-        await process.wait()
+        try:
+            await asyncio.wait_for(process.wait(), _KILL_GRACE)
+        except TimeoutError:  # the jail does not answer (its spawner stopped): end it whole
+            if runner is not None:
+                await runner.close()
         if isinstance(e, asyncio.CancelledError):
             raise
         return None, "", f"(killed after {timeout or TIMEOUT:g} s)"
