@@ -185,6 +185,21 @@ async def test_ollies_files_are_hidden_even_inside_a_granted_cwd(home, tmp_path,
     assert (home / "notes.txt").read_text() == "ok\n"  # the rest of the cwd is writable
 
 
+async def test_renaming_a_parent_of_ollies_files_does_not_unhide_them(home, tmp_path):
+    # The jail hides by path: were `.config` renamed, the next jail would not find ollie's
+    # configuration to hide. A stopped spawner makes the session start a new jail.
+    cfg = Path(os.environ["OLLIE_CFG_PATH"])
+    server = execute.Decl(str(home))()
+    ctx = CallContext(cwd=str(home), tmpdir=str(tmp_path))
+    moves = "mv .config .moved; mv .config/ollie .config/moved; mv .ssh .ssh2; kill -STOP $PPID"
+    result = await server.call_tool("execute_code", {"steps": [{"code": moves}], "timeout": 1}, ctx)
+    assert result.text().count("Device or resource busy") == 2, result.text()
+    assert (cfg / "env").exists() and (home / ".ssh2").exists()  # other directories move as ever
+    result = await server.call_tool("execute_code", {"steps": [{"code": f"cat {cfg}/env .moved/ollie/env"}]}, ctx)
+    assert API_KEY not in result.text() and "the sandbox" not in result.text()
+    await server.close()
+
+
 async def test_tool_scripts_stay_visible_inside_the_hidden_configuration(run, home):
     tools = Path(os.environ["OLLIE_TOOLS_PATH"])
     (tools / "hello").write_text("#!/bin/sh\necho hello from $0\n")
@@ -260,6 +275,17 @@ async def test_a_spawner_cannot_be_traced_or_read(run):
     result = await run("readlink /proc/$PPID/fd/3; cat /proc/$PPID/fd/4; cat /proc/$PPID/environ; "
                        "cat /proc/$PPID/maps | head -1")
     assert result.text().count("Permission denied") >= 3 and "socket:" not in result.text()
+
+
+async def test_a_process_cannot_join_another_stages_group(run):
+    # Were it to, it would live until that stage ends, not its own.
+    waiting = "echo $$ > group; while [ ! -e joined ]; do sleep 0.05; done"
+    join = ("while [ ! -s group ]; do sleep 0.05; done; python3 -c \"import os\n"
+            "try:\n os.setpgid(0, int(open('group').read()))\n print('joined')\n"
+            "except OSError as e:\n print(e.strerror)\"; touch joined")
+    call = {"steps": [{"parallel": [{"code": waiting}, {"code": join}]}], "timeout": 10}
+    result = await run.server.call_tool("execute_code", call, run.ctx)
+    assert result.text() == "Operation not permitted\n", result.text()
 
 
 async def test_prlimit_on_itself_still_works(run):

@@ -24,6 +24,7 @@ from .types import ConfigError
 
 _JAILD = str(Path(__file__).with_name("_jaild.py"))
 _START_TIMEOUT = 10.0
+_SEND_TIMEOUT = 10.0
 _INLINE = 32 << 10  # a spawn request's argv and env up to this size travel in its packet
 _SPAWNERS = 8  # idle spawners kept per jail (one per ruleset: a session's cwd and policy)
 
@@ -104,13 +105,16 @@ class _Channel:
             try:
                 socket.send_fds(self.sock, [data], fds)
                 return
-            except BlockingIOError:
+            except BlockingIOError:  # its queue is full: wait until it reads, dies, or plainly hangs
                 writable = self._loop.create_future()
                 self._loop.add_writer(self.sock.fileno(), writable.set_result, None)
                 try:
-                    await writable
+                    done, _ = await asyncio.wait({writable, self.gone}, timeout=_SEND_TIMEOUT,
+                                                 return_when=asyncio.FIRST_COMPLETED)
                 finally:
                     self._loop.remove_writer(self.sock.fileno())
+                if not done:
+                    self.end("the sandbox helper does not take requests")
             except OSError as e:
                 raise JailError(f"the sandbox helper is unreachable: {e.strerror}") from None
 

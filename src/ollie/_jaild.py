@@ -108,14 +108,15 @@ class Mounts:
         mount(None, "/", None, MS_REC | MS_PRIVATE)  # nothing done here shows outside
         self.hidden = {}  # hidden directory -> O_PATH fd of what it hid, to bind from
         self.exposed = {}  # path -> writable
+        self.pinned = set()  # directories bound onto themselves, so that they cannot be renamed
         for path in ["/tmp", *hide]:
             if os.path.isdir(path) and path not in self.hidden:
                 self.hidden[path] = os.open(path, os.O_PATH | os.O_DIRECTORY)
         mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
-        mount("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, f"size={tmp_size},mode=1777")
         for path in self.hidden:
-            if self._root(os.path.dirname(path)) is None:  # not already gone with a hidden parent
-                self._hide(path)
+            if path != "/tmp" and self._root(os.path.dirname(path)) is None:  # not gone with a hidden parent
+                self._hide(path, "/")
+        mount("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, f"size={tmp_size},mode=1777")
         try:
             mount("devpts", "/dev/pts", "devpts", MS_NOSUID | MS_NOEXEC, "newinstance,ptmxmode=0666,mode=0620")
             mount("/dev/pts/ptmx", "/dev/ptmx", None, MS_BIND)
@@ -127,9 +128,10 @@ class Mounts:
             return
         self.exposed[path] = writable
         self._bind(path, writable)
+        self.pinned -= {p for p in self.pinned if p.startswith(path.rstrip("/") + "/")}  # covered over
         for hidden in self.hidden:  # a hidden directory inside what was just exposed: hide it again
             if hidden != path and hidden.startswith(path.rstrip("/") + "/"):
-                self._hide(hidden)
+                self._hide(hidden, path)
                 for inner, w in list(self.exposed.items()):
                     if inner.startswith(hidden + "/"):
                         self._bind(inner, w)
@@ -153,9 +155,17 @@ class Mounts:
             keep = sum(ms for ms, st_flag in ST_FLAGS.items() if os.statvfs(path).f_flag & st_flag)
             mount(None, path, None, MS_BIND | MS_REMOUNT | MS_RDONLY | keep)
 
-    def _hide(self, path):
-        if path != "/tmp":
-            mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV, "size=1048576,mode=755")
+    def _hide(self, path, above):
+        """An empty tmpfs over `path`, whose directories below `above` (a mount) are pinned first:
+        a mount point cannot be renamed, and a renamed parent would leave `path` unhidden in the
+        next jail, which hides by path."""
+        parts = os.path.relpath(path, above).split("/")[:-1]
+        for n in range(1, len(parts) + 1):
+            ancestor = os.path.join(above, *parts[:n])
+            if ancestor not in self.pinned:
+                mount(ancestor, ancestor, None, MS_BIND | MS_REC)
+                self.pinned.add(ancestor)
+        mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV, "size=1048576,mode=755")
 
 
 # ---- starting a stage ----------------------------------------------------------------------------
@@ -277,7 +287,8 @@ class Spawner(Endpoint):
             spec = request.get("spec") or json.loads(os.pread(fds["spec"], os.fstat(fds["spec"]).st_size, 0))
             os.chdir(spec["cwd"])
             argv = spec["argv"]
-            pid = os.posix_spawn(argv[0], argv, spec["env"], setpgroup=0,
+            # A session of its own: a process group no other stage's process can join.
+            pid = os.posix_spawn(argv[0], argv, spec["env"], setsid=True,
                                  setsigdef=(signal.SIGPIPE, signal.SIGXFSZ),  # Python ignores them
                                  file_actions=[(os.POSIX_SPAWN_DUP2, fds[name], n)
                                                for n, name in enumerate(("stdin", "stdout", "stderr"))])
@@ -367,6 +378,7 @@ class Jail(Endpoint):
                 pass  # nothing left to kill
 
     def handle(self, request, fds):
+        self.reap()  # a spawner that just died resets the jail before, not after, its successor starts
         try:
             theirs = self.spawner(fds)
         except (OSError, ValueError, KeyError) as e:

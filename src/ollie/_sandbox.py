@@ -541,7 +541,9 @@ def hidden_paths() -> tuple[str, ...]:
     ollie's configuration (API keys, agent configs with hooks, policies), its stored sessions,
     the session scratch directories, the file server's socket directory and its mount."""
     paths = [config.cfg_path(), config.data_path(), config.tmp_path(), config.mount_path(), config.namespace_path()]
-    return tuple(dict.fromkeys(os.path.normpath(os.path.abspath(p)) for p in paths))
+    for path in paths[:3]:  # ollie's own: made now, so that a jail has them to hide (it hides what exists)
+        path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    return tuple(dict.fromkeys(os.path.realpath(p) for p in paths))  # a symlinked config is hidden where it is
 
 
 class Sandboxes:
