@@ -200,6 +200,39 @@ async def test_renaming_a_parent_of_ollies_files_does_not_unhide_them(home, tmp_
     await server.close()
 
 
+async def test_the_file_servers_mount_is_hidden_wherever_it_is(fs_server):
+    # Through the mount, `a/` holds agent configs (whose hooks may run unsandboxed) and `s/` every
+    # session: a jail hides every mount of ollie's file server, not only the one at $OLLIE.
+    assert (fs_server.mnt / "ctl").exists()
+    server = execute.Decl(str(fs_server.root))()
+    ctx = CallContext(cwd=str(fs_server.root))
+    result = await server.call_tool("execute_code", {"steps": [{"code": f"ls -A {fs_server.mnt}; echo listed"}]},
+                                    ctx)
+    await server.close()
+    assert result.text() == "listed\n"
+
+
+def test_a_replaceable_symlink_to_ollies_files_is_refused(home, tmp_path, monkeypatch):
+    # With ~/.config/ollie a symlink (dotfile managers make them) and the session in $HOME, sandboxed
+    # code could point it elsewhere, and a later session would read its configuration from there.
+    real = home / "dotfiles" / "ollie"
+    real.mkdir(parents=True)
+    link = home / ".config" / "linked"
+    link.symlink_to(real)
+    monkeypatch.setenv("OLLIE_CFG_PATH", str(link))
+    policy = _sandbox.load_policy("default", str(home), "")
+    with pytest.raises(_sandbox.SandboxError, match=f"reached through the symlink {link}.*{real}"):
+        asyncio.run(_sandbox.Jails().get(policy))
+    policy = _sandbox.load_policy("default", str(tmp_path), "")  # a cwd that cannot touch the link
+    jails = _sandbox.Jails()
+
+    async def start_and_close():
+        await jails.get(policy)
+        await jails.close()
+
+    asyncio.run(start_and_close())
+
+
 async def test_tool_scripts_stay_visible_inside_the_hidden_configuration(run, home):
     tools = Path(os.environ["OLLIE_TOOLS_PATH"])
     (tools / "hello").write_text("#!/bin/sh\necho hello from $0\n")

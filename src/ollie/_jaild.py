@@ -18,8 +18,10 @@ packet (a spawner's spec, a long argv or env) travels in a memfd whose descripto
 """
 
 import ctypes
+import errno
 import json
 import os
+import re
 import resource
 import selectors
 import signal
@@ -116,6 +118,10 @@ class Mounts:
         for path in self.hidden:
             if path != "/tmp" and self._root(os.path.dirname(path)) is None:  # not gone with a hidden parent
                 self._hide(path, "/")
+        self.servers = ollie_mounts()  # hidden wherever they are: their directories may have moved
+        for path in self.servers:
+            if self._root(path) is None:
+                self._hide(path, "/")
         mount("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, f"size={tmp_size},mode=1777")
         try:
             mount("devpts", "/dev/pts", "devpts", MS_NOSUID | MS_NOEXEC, "newinstance,ptmxmode=0666,mode=0620")
@@ -129,7 +135,7 @@ class Mounts:
         self.exposed[path] = writable
         self._bind(path, writable)
         self.pinned -= {p for p in self.pinned if p.startswith(path.rstrip("/") + "/")}  # covered over
-        for hidden in self.hidden:  # a hidden directory inside what was just exposed: hide it again
+        for hidden in [*self.hidden, *self.servers]:  # hidden inside what was just exposed: hide it again
             if hidden != path and hidden.startswith(path.rstrip("/") + "/"):
                 self._hide(hidden, path)
                 for inner, w in list(self.exposed.items()):
@@ -150,10 +156,19 @@ class Mounts:
             os.makedirs(os.path.dirname(path), exist_ok=True)
             if not os.path.exists(path):
                 open(path, "x").close()
-        mount(source, path, None, MS_BIND | MS_REC)
-        if not writable:
-            keep = sum(ms for ms, st_flag in ST_FLAGS.items() if os.statvfs(path).f_flag & st_flag)
-            mount(None, path, None, MS_BIND | MS_REMOUNT | MS_RDONLY | keep)
+        # The target's directories are in writable places (the private /tmp, a hiding tmpfs): mount
+        # on what it is now, by descriptor, and only if no symlink planted on the way moved it.
+        target = os.open(path, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            where = f"/proc/self/fd/{target}"
+            if os.readlink(where) != path:
+                raise OSError(errno.ELOOP, f"{path} leads elsewhere ({os.readlink(where)})")
+            mount(source, where, None, MS_BIND | MS_REC)
+            if not writable:  # the new mount is what the path shows now, and nothing can move it
+                keep = sum(ms for ms, st_flag in ST_FLAGS.items() if os.statvfs(path).f_flag & st_flag)
+                mount(None, path, None, MS_BIND | MS_REMOUNT | MS_RDONLY | keep)
+        finally:
+            os.close(target)
 
     def _hide(self, path, above):
         """An empty tmpfs over `path`, whose directories below `above` (a mount) are pinned first:
@@ -166,6 +181,19 @@ class Mounts:
                 mount(ancestor, ancestor, None, MS_BIND | MS_REC)
                 self.pinned.add(ancestor)
         mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV, "size=1048576,mode=755")
+
+
+def ollie_mounts():
+    """The mount points of ollie's file servers (FUSE, fsname "ollie") in this mount namespace."""
+    found = []
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            fields, _, fs = line.partition(" - ")
+            fstype, source = (fs.split() + ["", ""])[:2]
+            if fstype.startswith("fuse") and (fstype == "fuse.ollie" or source == "ollie"):
+                point = fields.split()[4]
+                found.append(re.sub(r"\\([0-7]{3})", lambda m: chr(int(m[1], 8)), point))  # \040 is a space
+    return found
 
 
 # ---- starting a stage ----------------------------------------------------------------------------

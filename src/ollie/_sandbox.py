@@ -523,6 +523,7 @@ class Jails:
         setup = _jail.JailSetup(policy.network, limits.processes, limits.tmpdir, self._hide)
         jail = self._jails.get(setup)
         if jail is None or not jail.alive:
+            _refuse_replaceable_links(policy)
             jail = self._jails[setup] = await _jail.Jail.start(setup)
         if jail.namespaces_refused and not policy.best_effort:
             raise SandboxError(f"the sandbox cannot isolate this: {jail.namespaces_refused}; allow user namespaces "
@@ -536,12 +537,32 @@ class Jails:
         await asyncio.gather(*(j.close() for j in jails))
 
 
+def _refuse_replaceable_links(policy: Policy) -> None:
+    """A jail hides ollie's directories where their paths lead when it starts. A symlink on such a
+    path in a directory the sandbox can write (a dotfile manager's `~/.config/ollie -> ...`, a
+    session in $HOME) could be pointed elsewhere: the next jail would then hide the wrong place,
+    and ollie itself read its configuration (hooks included) from the sandbox's choice."""
+    for path in _own_paths():
+        parts = path.absolute().parts
+        for n in range(2, len(parts) + 1):
+            link = os.path.join(*parts[:n])
+            if os.path.islink(link) and policy.writes(os.path.realpath(os.path.dirname(link))):
+                raise SandboxError(f"{path} is reached through the symlink {link}, which sandboxed code could "
+                                   f"replace; set the variable that names it to the real directory "
+                                   f"({os.path.realpath(path)})")
+
+
+def _own_paths() -> list[Path]:
+    return [config.cfg_path(), config.data_path(), config.tmp_path(), config.namespace_path()]
+
+
 def hidden_paths() -> tuple[str, ...]:
     """What a jail hides under empty mounts besides /tmp, whatever a policy grants around it:
     ollie's configuration (API keys, agent configs with hooks, policies), its stored sessions,
-    the session scratch directories, the file server's socket directory and its mount."""
-    paths = [config.cfg_path(), config.data_path(), config.tmp_path(), config.mount_path(), config.namespace_path()]
-    for path in paths[:3]:  # ollie's own: made now, so that a jail has them to hide (it hides what exists)
+    the session scratch directories, the file server's socket directory and its mount (the jail
+    also hides every mount of ollie's file server, wherever it is)."""
+    paths = [*_own_paths(), config.mount_path()]
+    for path in paths[:-1]:  # made now, so that a jail has them to hide and pin (it can only hide what exists)
         path.mkdir(mode=0o700, parents=True, exist_ok=True)
     return tuple(dict.fromkeys(os.path.realpath(p) for p in paths))  # a symlinked config is hidden where it is
 
