@@ -222,6 +222,21 @@ async def test_post_turn_exit_2_becomes_the_next_prompt():
     await core.close()
 
 
+async def test_a_hook_that_always_blocks_cannot_run_turns_forever(monkeypatch):
+    # A sandboxed hook that cannot write its log (dash exits 2 on a failed redirection) would
+    # otherwise start turn after turn.
+    from ollie.agent import core as core_module
+
+    monkeypatch.setattr(core_module, "HOOK_FOLLOW_UPS", 3)
+    cfg = AgentConfig(hooks={"postTurn": ["echo again >&2; exit 2"]})
+    core, backend, _, events = await make_core({"rules": [{"text": "ok"}]}, cfg=cfg)
+    await core.submit("go")
+    assert len(backend.requests) == 4  # the prompt, then three follow-ups
+    assert any("hooks asked for 3 more turns in a row" in e.text for e in events if e.kind == "info")
+    assert core.state == "idle"
+    await core.close()
+
+
 async def test_a_hanging_hook_is_killed_and_a_loud_one_truncated(monkeypatch, tmp_path):
     monkeypatch.setattr(hooks, "TIMEOUT", 0.5)
     cfg = AgentConfig(hooks={"preTurn": ["sh -c 'sleep 61.25' & wait",

@@ -55,6 +55,7 @@ log = logging.getLogger("ollie.core")
 
 MAX_ATTEMPTS = 4  # requests per step, retries included
 RETRY_CAP = 60.0  # seconds: no provider's Retry-After makes us wait longer than this
+HOOK_FOLLOW_UPS = 10  # turns in a row a hook's exit 2 may start
 RESULT_LIMIT = 8192  # bytes of a tool result the model sees; the rest is saved to the tmpdir
 NUDGE_AFTER, FAIL_AFTER = 5, 10  # consecutive all-error tool rounds
 PLAN_EVERY = 10  # rounds between re-showing the plan
@@ -382,8 +383,14 @@ class Core:
         return list(self._queue)
 
     async def _run_until_idle(self, prompt: str | None) -> None:
+        follow_ups = 0  # turns in a row that a postTurn or turnError hook asked for
         while prompt is not None:
             follow_up = await self._guarded_turn(prompt)
+            follow_ups = follow_ups + 1 if follow_up is not None else 0
+            if follow_ups > HOOK_FOLLOW_UPS:  # a hook that always exits 2 would run turns (and bills) forever
+                self.emit(Event("info", f"hooks asked for {HOOK_FOLLOW_UPS} more turns in a row; not another "
+                                        "(does a postTurn or turnError hook always exit 2?)"))
+                follow_up, follow_ups = None, 0
             if follow_up is None and self._inject is not None:
                 follow_up, self._inject = self._inject, None
             prompt = follow_up if follow_up is not None else self.pop_queue()
