@@ -66,6 +66,59 @@ async def test_sockets_by_list(run, family, kind, proto, expected):
     assert result.text() == f"{expected}\n"
 
 
+async def test_granted_ports_are_the_only_ones_tcp_fast_open_and_listen_included(run):
+    # sendto(MSG_FASTOPEN) connects without connect(2), and listen(2) on an unbound socket picks
+    # a port without bind(2): Landlock sees neither, the seccomp filter refuses both.
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    write_policy("net", "network:\n  connect_tcp: [9]\n")
+    with listener:
+        fast_open = f"socket.socket().sendto(b'hi', socket.MSG_FASTOPEN, ('127.0.0.1', {port}))"
+        result = await run(errno_of(fast_open), "python3", sandbox="net")
+        assert result.text() == "EACCES\n"
+        listener.settimeout(0.2)
+        with pytest.raises(TimeoutError):
+            listener.accept()
+    result = await run(errno_of("socket.socket().listen()"), "python3", sandbox="net")
+    assert result.text() == "EACCES\n"
+    write_policy("open", "network:\n  unrestricted: true\n")
+    result = await run(errno_of("socket.socket().listen()"), "python3", sandbox="open")
+    assert result.text() == "ok\n"
+
+
+async def test_a_datagram_socketpair_cannot_send_to_a_socket_by_path(run, home):
+    target = home / "dgram.sock"
+    receiver = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    receiver.bind(str(target))
+    with receiver:
+        code = f"a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)\na.sendto(b'out', {str(target)!r})"
+        result = await run(errno_of(code), "python3")
+        assert result.text() == "EACCES\n"
+        receiver.setblocking(False)
+        with pytest.raises(BlockingIOError):
+            receiver.recv(10)
+    result = await run(errno_of("socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)"), "python3")
+    assert result.text() == "ok\n"
+
+
+@pytest.mark.skipif(sys.prefix == sys.base_prefix, reason="needs a virtualenv (its parent becomes the cwd)")
+async def test_the_python_that_runs_the_jail_is_read_only_even_inside_a_writable_cwd(tmp_path):
+    # A session whose cwd holds ollie's own virtualenv (or pyenv under $HOME) could otherwise
+    # rewrite the interpreter or library the next jail starts with, outside the sandbox.
+    prefix = Path(sys.prefix)
+    server = execute.Decl(str(prefix.parent))()
+    marker = prefix / "bin" / f"planted-{os.getpid()}"
+    code = f"echo x > {marker}; echo x >> {prefix}/pyvenv.cfg"
+    try:
+        ctx = CallContext(cwd=str(prefix.parent))
+        result = await server.call_tool("execute_code", {"steps": [{"code": code}]}, ctx)
+        assert result.text().count("Read-only file system") == 2, result.text()
+        assert not marker.exists()
+    finally:
+        marker.unlink(missing_ok=True)
+        await server.close()
+
+
 async def test_mptcp_cannot_reach_a_loopback_listener(run):
     connected = asyncio.Event()
     server = await asyncio.start_server(lambda r, w: connected.set(), "127.0.0.1", 0)

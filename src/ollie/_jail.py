@@ -22,7 +22,9 @@ from typing import Any
 
 from .types import ConfigError
 
-_JAILD = str(Path(__file__).with_name("_jaild.py"))
+# Read once: were the file inside a session's writable cwd (ollie's own checkout, a pipx install
+# under $HOME), sandboxed code could rewrite what the next jail runs outside the sandbox.
+_JAILD = Path(__file__).with_name("_jaild.py").read_text()
 _START_TIMEOUT = 10.0
 _SEND_TIMEOUT = 10.0
 _INLINE = 32 << 10  # a spawn request's argv and env up to this size travel in its packet
@@ -39,13 +41,14 @@ class SpawnError(JailError):
 
 @dataclass(frozen=True, slots=True)
 class JailSetup:
-    """What is fixed for a jail's life: its network, its PID budget, its private /tmp and what it
-    hides."""
+    """What is fixed for a jail's life: its network, its PID budget, its private /tmp, what it
+    hides, and what it keeps read-only whatever a policy grants (the Python that runs the jail)."""
 
     network: bool
     processes: int
     tmp_size: int
     hide: tuple[str, ...]
+    protect: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, eq=False, slots=True)
@@ -180,7 +183,7 @@ class Jail:
         config = {**asdict(setup), "fd": theirs.fileno()}
         try:
             # A clean environment: the helper needs nothing from ollie's, least of all its API keys.
-            helper = subprocess.Popen([sys.executable, "-I", "-S", _JAILD, json.dumps(config)], env={},
+            helper = subprocess.Popen([sys.executable, "-I", "-S", "-c", _JAILD, json.dumps(config)], env={},
                                       stdin=subprocess.DEVNULL, pass_fds=(theirs.fileno(),))
         except OSError as e:
             ours.close()

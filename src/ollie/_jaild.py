@@ -1,6 +1,7 @@
 """The jail helper: a small process that starts sandboxed programs inside fresh namespaces.
 
-Run by `ollie._jail` as `python -I -S _jaild.py SETUP_JSON`, the setup naming its SOCK_SEQPACKET socket's fd.
+Run by `ollie._jail` as `python -I -S -c SOURCE SETUP_JSON` (its source read once, when ollie started:
+a file a sandbox could rewrite is never run again), the setup naming its SOCK_SEQPACKET socket's fd.
 It imports nothing of ollie (stdlib only, so it starts lean and trusts no package directory) and
 decides nothing: the parent sends the finished Landlock ruleset, seccomp program and resource
 limits; this process only applies them.
@@ -106,7 +107,7 @@ class Mounts:
     """The jail's view of the filesystem: hidden directories (a private /tmp, `hide`) and paths
     from under them exposed again by bind mounts, each read-only unless granted writable."""
 
-    def __init__(self, hide, tmp_size):
+    def __init__(self, hide, protect, tmp_size):
         mount(None, "/", None, MS_REC | MS_PRIVATE)  # nothing done here shows outside
         self.hidden = {}  # hidden directory -> O_PATH fd of what it hid, to bind from
         self.exposed = {}  # path -> writable
@@ -122,6 +123,8 @@ class Mounts:
         for path in self.servers:
             if self._root(path) is None:
                 self._hide(path, "/")
+        for path in protect:  # what starts the next jail, outside the sandbox: never the sandbox's to change
+            self.protect(path)
         mount("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, f"size={tmp_size},mode=1777")
         try:
             mount("devpts", "/dev/pts", "devpts", MS_NOSUID | MS_NOEXEC, "newinstance,ptmxmode=0666,mode=0620")
@@ -171,16 +174,28 @@ class Mounts:
             os.close(target)
 
     def _hide(self, path, above):
-        """An empty tmpfs over `path`, whose directories below `above` (a mount) are pinned first:
-        a mount point cannot be renamed, and a renamed parent would leave `path` unhidden in the
-        next jail, which hides by path."""
+        """An empty tmpfs over `path`."""
+        self._pin(path, above)
+        mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV, "size=1048576,mode=755")
+
+    def protect(self, path):
+        """`path` read-only, whatever a policy grants around it."""
+        if os.path.isdir(path) and self._root(path) is None:
+            self._pin(path, "/")
+            mount(path, path, None, MS_BIND | MS_REC)
+            keep = sum(ms for ms, st_flag in ST_FLAGS.items() if os.statvfs(path).f_flag & st_flag)
+            mount(None, path, None, MS_BIND | MS_REMOUNT | MS_RDONLY | keep)
+
+    def _pin(self, path, above):
+        """Bind the directories between `above` (a mount) and `path` onto themselves: a mount point
+        cannot be renamed, and a renamed parent would move `path` out of the next jail's sight
+        (it finds what to hide or protect by path)."""
         parts = os.path.relpath(path, above).split("/")[:-1]
         for n in range(1, len(parts) + 1):
             ancestor = os.path.join(above, *parts[:n])
             if ancestor not in self.pinned:
                 mount(ancestor, ancestor, None, MS_BIND | MS_REC)
                 self.pinned.add(ancestor)
-        mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV, "size=1048576,mode=755")
 
 
 def ollie_mounts():
@@ -485,7 +500,7 @@ def main():
         Jail(sock, None, pid_one=False).serve()
         return
     try:
-        mounts = Mounts(setup["hide"], setup["tmp_size"])
+        mounts = Mounts(setup["hide"], setup["protect"], setup["tmp_size"])
         with open("/proc/sys/kernel/pid_max", "w") as f:
             f.write(str(setup["processes"] + 1))  # PIDs run from 1 (this process) to pid_max - 1
     except OSError as e:

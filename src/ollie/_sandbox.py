@@ -381,12 +381,15 @@ def _add_path_rule(ruleset: int, path: str, rights: int) -> None:
 # machine → (audit arch, syscall numbers). Calls of any other ABI (i386 or x32 on x86_64, arm32 on
 # aarch64) are refused whole: the filter reads arguments by the native ABI's numbers only.
 _ARCH = {
-    "x86_64": (0xC000003E, {"socket": 41, "prlimit64": 302, "add_key": 248, "request_key": 249, "keyctl": 250}),
-    "aarch64": (0xC00000B7, {"socket": 198, "prlimit64": 261, "add_key": 217, "request_key": 218, "keyctl": 219}),
+    "x86_64": (0xC000003E, {"socket": 41, "socketpair": 53, "listen": 50, "sendto": 44, "sendmsg": 46,
+                            "sendmmsg": 307, "prlimit64": 302, "add_key": 248, "request_key": 249, "keyctl": 250}),
+    "aarch64": (0xC00000B7, {"socket": 198, "socketpair": 199, "listen": 201, "sendto": 206, "sendmsg": 211,
+                             "sendmmsg": 269, "prlimit64": 261, "add_key": 217, "request_key": 218, "keyctl": 219}),
 }
 _IO_URING = (425, 426, 427)  # setup, enter, register: the same on every arch
 _AF_UNIX, _AF_INET, _AF_INET6, _AF_NETLINK = 1, 2, 10, 16
-_SOCK_STREAM, _SOCK_TYPE_MASK, _IPPROTO_TCP, _NETLINK_ROUTE = 1, 0xF, 6, 0
+_SOCK_STREAM, _SOCK_SEQPACKET, _SOCK_TYPE_MASK, _IPPROTO_TCP, _NETLINK_ROUTE = 1, 5, 0xF, 6, 0
+_MSG_FASTOPEN = 0x20000000
 _EPERM, _EACCES, _ENOSYS, _EAFNOSUPPORT = 1, 13, 38, 97
 _RET_ALLOW, _RET_ERRNO = 0x7FFF0000, 0x00050000
 _LD, _JEQ, _JGE, _AND, _RET = 0x20, 0x15, 0x35, 0x54, 0x06  # BPF_LD|W|ABS, JMP|JEQ|K, JMP|JGE|K, ALU|AND|K, RET|K
@@ -406,6 +409,11 @@ def seccomp_program(policy: Policy) -> bytes:
       not govern connecting by path); TCP over IPv4/6 (Landlock governs its ports); with
       `network.unrestricted` any IPv4/6 socket and rtnetlink (name resolution needs them).
       No UDP, MPTCP, raw, packet, vsock, sock_diag or other families otherwise.
+    - without `network.unix`, socketpair(2) makes stream and seqpacket pairs only: a datagram one
+      could send to any socket by path.
+    - without `network.unrestricted`, no TCP Fast Open (sendto/sendmsg with MSG_FASTOPEN connect
+      past Landlock's connect rule), and without `bind_tcp` (or `unix`) no listen(2) (which binds
+      an unbound socket to a port Landlock's bind rule never sees).
     """
     machine = _ARCH.get(platform.machine())
     if machine is None:
@@ -418,7 +426,21 @@ def seccomp_program(policy: Policy) -> bytes:
         *[(_JEQ, "enosys", 0, n) for n in _IO_URING],
         *[(_JEQ, "eperm", 0, nr[k]) for k in ("add_key", "request_key", "keyctl")],
         (_JEQ, "prlimit", 0, nr["prlimit64"]),
-        (_JEQ, "socket", "allow", nr["socket"]),
+        (_JEQ, "socket", 0, nr["socket"]),
+    ]
+    if not policy.unix_sockets:
+        prog.append((_JEQ, "socketpair", 0, nr["socketpair"]))
+    if not (policy.unrestricted_net or policy.bind_tcp or policy.unix_sockets):
+        prog.append((_JEQ, "eacces", 0, nr["listen"]))
+    if not policy.unrestricted_net:
+        prog += [(_JEQ, "flags3", 0, nr["sendto"]), (_JEQ, "flags3", 0, nr["sendmmsg"]),
+                 (_JEQ, "flags2", 0, nr["sendmsg"])]
+    prog += [
+        (_RET, 0, 0, _RET_ALLOW),
+        "socketpair", (_LD, 0, 0, _arg(1)), (_AND, 0, 0, _SOCK_TYPE_MASK), (_JEQ, "allow", 0, _SOCK_STREAM),
+        (_JEQ, "allow", "eacces", _SOCK_SEQPACKET),
+        "flags3", (_LD, 0, 0, _arg(3)), (_AND, 0, 0, _MSG_FASTOPEN), (_JEQ, "allow", "eacces", 0),
+        "flags2", (_LD, 0, 0, _arg(2)), (_AND, 0, 0, _MSG_FASTOPEN), (_JEQ, "allow", "eacces", 0),
         "prlimit", (_LD, 0, 0, _arg(0)), (_JEQ, 0, "eperm", 0), (_LD, 0, 0, _arg(0) + 4), (_JEQ, "allow", "eperm", 0),
         "socket", (_LD, 0, 0, _arg(0)),
         (_JEQ, unix, 0, _AF_UNIX), (_JEQ, "inet", 0, _AF_INET), (_JEQ, "inet", 0, _AF_INET6),
@@ -520,7 +542,7 @@ class Jails:
         """The jail for `policy`; one without namespaces (the kernel refused them) only when the
         policy says general.best_effort, else SandboxError."""
         limits = policy.limits
-        setup = _jail.JailSetup(policy.network, limits.processes, limits.tmpdir, self._hide)
+        setup = _jail.JailSetup(policy.network, limits.processes, limits.tmpdir, self._hide, _PROTECTED)
         jail = self._jails.get(setup)
         if jail is None or not jail.alive:
             _refuse_replaceable_links(policy)
@@ -550,6 +572,12 @@ def _refuse_replaceable_links(policy: Policy) -> None:
                 raise SandboxError(f"{path} is reached through the symlink {link}, which sandboxed code could "
                                    f"replace; set the variable that names it to the real directory "
                                    f"({os.path.realpath(path)})")
+
+
+# The Python that starts every jail, outside the sandbox: kept read-only in each jail even when a
+# session's cwd contains it (a virtualenv in the project, pyenv under $HOME with the cwd at $HOME).
+_PROTECTED = tuple(dict.fromkeys(os.path.realpath(p) for p in (sys.prefix, sys.base_prefix,
+                                                              os.path.dirname(sys.executable))))
 
 
 def _own_paths() -> list[Path]:
