@@ -168,8 +168,7 @@ class Mounts:
                 raise OSError(errno.ELOOP, f"{path} leads elsewhere ({os.readlink(where)})")
             mount(source, where, None, MS_BIND | MS_REC)
             if not writable:  # the new mount is what the path shows now, and nothing can move it
-                keep = sum(ms for ms, st_flag in ST_FLAGS.items() if os.statvfs(path).f_flag & st_flag)
-                mount(None, path, None, MS_BIND | MS_REMOUNT | MS_RDONLY | keep)
+                read_only(path)
         finally:
             os.close(target)
 
@@ -183,8 +182,7 @@ class Mounts:
         if os.path.isdir(path) and self._root(path) is None:
             self._pin(path, "/")
             mount(path, path, None, MS_BIND | MS_REC)
-            keep = sum(ms for ms, st_flag in ST_FLAGS.items() if os.statvfs(path).f_flag & st_flag)
-            mount(None, path, None, MS_BIND | MS_REMOUNT | MS_RDONLY | keep)
+            read_only(path)
 
     def _pin(self, path, above):
         """Bind the directories between `above` (a mount) and `path` onto themselves: a mount point
@@ -196,6 +194,12 @@ class Mounts:
             if ancestor not in self.pinned:
                 mount(ancestor, ancestor, None, MS_BIND | MS_REC)
                 self.pinned.add(ancestor)
+
+
+def read_only(path):
+    """Remount the bind mount at `path` read-only, keeping the flags a user namespace may not drop."""
+    keep = sum(ms for ms, st_flag in ST_FLAGS.items() if os.statvfs(path).f_flag & st_flag)
+    mount(None, path, None, MS_BIND | MS_REMOUNT | MS_RDONLY | keep)
 
 
 def ollie_mounts():
