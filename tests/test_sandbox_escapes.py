@@ -107,15 +107,16 @@ async def test_the_python_that_runs_the_jail_is_read_only_even_inside_a_writable
     # rewrite the interpreter or library the next jail starts with, outside the sandbox.
     prefix = Path(sys.prefix)
     server = execute.Decl(str(prefix.parent))()
-    marker = prefix / "bin" / f"planted-{os.getpid()}"
-    code = f"echo x > {marker}; echo x >> {prefix}/pyvenv.cfg"
+    marker, other = prefix / "bin" / f"planted-{os.getpid()}", prefix / f"planted-{os.getpid()}"
+    code = f"echo x > {marker}; echo x > {other}"  # (a real attack would edit bin/python or the library)
     try:
         ctx = CallContext(cwd=str(prefix.parent))
         result = await server.call_tool("execute_code", {"steps": [{"code": code}]}, ctx)
         assert result.text().count("Read-only file system") == 2, result.text()
-        assert not marker.exists()
+        assert not marker.exists() and not other.exists()
     finally:
         marker.unlink(missing_ok=True)
+        other.unlink(missing_ok=True)
         await server.close()
 
 

@@ -123,8 +123,10 @@ class Mounts:
         for path in self.servers:
             if self._root(path) is None:
                 self._hide(path, "/")
-        for path in protect:  # what starts the next jail, outside the sandbox: never the sandbox's to change
-            self.protect(path)
+        self.protected = protect  # what starts the next jail, outside the sandbox: never the sandbox's to change
+        for path in protect:
+            if os.path.isdir(path) and self._root(path) is None:
+                self._protect(path, "/")
         mount("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, f"size={tmp_size},mode=1777")
         try:
             mount("devpts", "/dev/pts", "devpts", MS_NOSUID | MS_NOEXEC, "newinstance,ptmxmode=0666,mode=0620")
@@ -144,6 +146,9 @@ class Mounts:
                 for inner, w in list(self.exposed.items()):
                     if inner.startswith(hidden + "/"):
                         self._bind(inner, w)
+        for protected in self.protected:  # and protected inside it: read-only again
+            if writable and (protected == path or protected.startswith(path.rstrip("/") + "/")):
+                self._protect(protected, path)
 
     def _root(self, path):
         roots = [h for h in self.hidden if path == h or path.startswith(h.rstrip("/") + "/")]
@@ -177,12 +182,11 @@ class Mounts:
         self._pin(path, above)
         mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV, "size=1048576,mode=755")
 
-    def protect(self, path):
+    def _protect(self, path, above):
         """`path` read-only, whatever a policy grants around it."""
-        if os.path.isdir(path) and self._root(path) is None:
-            self._pin(path, "/")
-            mount(path, path, None, MS_BIND | MS_REC)
-            read_only(path)
+        self._pin(path, above)
+        mount(path, path, None, MS_BIND | MS_REC)
+        read_only(path)
 
     def _pin(self, path, above):
         """Bind the directories between `above` (a mount) and `path` onto themselves: a mount point
