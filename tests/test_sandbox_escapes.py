@@ -120,6 +120,25 @@ async def test_the_python_that_runs_the_jail_is_read_only_even_inside_a_writable
         await server.close()
 
 
+async def test_uvs_cache_is_read_only_unless_granted_itself(home, tmp_path, monkeypatch):
+    # uv installs packages as hard links into its cache: writable there, ollie's own packages
+    # would be writable through it, whatever the virtualenv's mount says.
+    cache = home / ".cache" / "uv"
+    cache.mkdir(parents=True)
+    monkeypatch.setenv("UV_CACHE_DIR", str(cache))
+    write_policy("uv", f"filesystem:\n  rw: [{cache}]\n")
+    server = execute.Decl(str(home))()
+    ctx = CallContext(cwd=str(home), policies=("default", "uv"))
+    try:
+        result = await server.call_tool("execute_code", {"steps": [{"code": "echo x > .cache/uv/planted"}]}, ctx)
+        assert "Read-only file system" in result.text() and not (cache / "planted").exists()
+        call = {"steps": [{"code": "echo x > .cache/uv/allowed"}], "sandbox": "uv"}
+        result = await server.call_tool("execute_code", call, ctx)
+        assert not result.is_error and (cache / "allowed").exists()
+    finally:
+        await server.close()
+
+
 async def test_mptcp_cannot_reach_a_loopback_listener(run):
     connected = asyncio.Event()
     server = await asyncio.start_server(lambda r, w: connected.set(), "127.0.0.1", 0)

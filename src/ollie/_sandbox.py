@@ -542,7 +542,8 @@ class Jails:
         """The jail for `policy`; one without namespaces (the kernel refused them) only when the
         policy says general.best_effort, else SandboxError."""
         limits = policy.limits
-        setup = _jail.JailSetup(policy.network, limits.processes, limits.tmpdir, self._hide, _PROTECTED)
+        setup = _jail.JailSetup(policy.network, limits.processes, limits.tmpdir, self._hide,
+                                _PROTECTED + _link_sources(policy))
         jail = self._jails.get(setup)
         if jail is None or not jail.alive:
             _refuse_replaceable_links(policy)
@@ -578,6 +579,18 @@ def _refuse_replaceable_links(policy: Policy) -> None:
 # session's cwd contains it (a virtualenv in the project, pyenv under $HOME with the cwd at $HOME).
 _PROTECTED = tuple(dict.fromkeys(os.path.realpath(p) for p in (sys.prefix, sys.base_prefix,
                                                               os.path.dirname(sys.executable))))
+
+
+def _link_sources(policy: Policy) -> tuple[str, ...]:
+    """Where installed packages may be hard links to: uv's cache (uv links by default). Writable
+    there, a file is writable in the virtualenv too, whatever its mount says; so read-only in the
+    jail, unless the policy grants the cache itself (not merely a directory around it)."""
+    cache = os.environ.get("UV_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "uv")
+    cache = os.path.realpath(cache)
+    granted = any(p == cache or p.startswith(cache + "/")
+                  for key in ("rw", "rwx") for p in map(os.path.realpath, policy.paths[key]))
+    return (cache,) if os.path.isdir(cache) and not granted else ()
 
 
 def _own_paths() -> list[Path]:
