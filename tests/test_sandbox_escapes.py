@@ -139,19 +139,6 @@ async def test_uvs_cache_is_read_only_unless_granted_itself(home, tmp_path, monk
         await server.close()
 
 
-async def test_mptcp_cannot_reach_a_loopback_listener(run):
-    connected = asyncio.Event()
-    server = await asyncio.start_server(lambda r, w: connected.set(), "127.0.0.1", 0)
-    port = server.sockets[0].getsockname()[1]
-    try:
-        code = f"s = socket.socket(socket.AF_INET, socket.SOCK_STREAM, 262)\ns.connect(('127.0.0.1', {port}))"
-        result = await run(errno_of(code), "python3")
-        assert result.text() == "EACCES\n" and not connected.is_set()
-    finally:
-        server.close()
-        await server.wait_closed()
-
-
 async def test_without_granted_network_a_jail_has_no_interfaces(run):
     result = await run("tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' '")
     assert result.text() == "lo\n"
