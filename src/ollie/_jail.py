@@ -171,8 +171,7 @@ class _Channel:
 
 
 class Jail:
-    def __init__(self, setup: JailSetup, sock: socket.socket):
-        self.setup = setup
+    def __init__(self, sock: socket.socket):
         self.namespaces_refused = ""  # why the jail runs without namespaces, when it does
         self._control = _Channel(sock)
         self._spawners: dict[Confinement, _Channel] = {}
@@ -190,7 +189,7 @@ class Jail:
             raise JailError(f"cannot start the sandbox helper: {e.strerror}") from None
         finally:
             theirs.close()
-        jail = cls(setup, ours)
+        jail = cls(ours)
         hello = jail._control.replies[0] = asyncio.get_running_loop().create_future()
         try:
             async with asyncio.timeout(_START_TIMEOUT):

@@ -483,7 +483,7 @@ class Sandbox:
 
     def __init__(self, policy: Policy):
         self.policy = policy
-        self.abi = abi = landlock_abi()
+        abi = landlock_abi()
         if abi == 0 and not policy.best_effort:
             raise SandboxError("this kernel has no Landlock (needs Linux 5.13+ with landlock in the lsm= list), "
                                "so execute_code cannot be sandboxed; set general.best_effort: true in "
@@ -537,13 +537,14 @@ class Jails:
     def __init__(self) -> None:
         self._jails: dict[_jail.JailSetup, _jail.Jail] = {}
         self._hide = hidden_paths()
+        self._uv_cache = _uv_cache()
 
     async def get(self, policy: Policy) -> _jail.Jail:
         """The jail for `policy`; one without namespaces (the kernel refused them) only when the
         policy says general.best_effort, else SandboxError."""
         limits = policy.limits
         setup = _jail.JailSetup(policy.network, limits.processes, limits.tmpdir, self._hide,
-                                _PROTECTED + _link_sources(policy))
+                                _PROTECTED + self._link_sources(policy))
         jail = self._jails.get(setup)
         if jail is None or not jail.alive:
             _refuse_replaceable_links(policy)
@@ -554,6 +555,16 @@ class Jails:
                                f"{config.cfg_path() / 'sandbox.yaml'} to run with Landlock and seccomp alone "
                                "(no process, network, /tmp or terminal isolation)")
         return jail
+
+    def _link_sources(self, policy: Policy) -> tuple[str, ...]:
+        """Where installed packages may be hard links to: uv's cache (uv links by default).
+        Writable there, a file is writable in the virtualenv too, whatever its mount says; so
+        read-only in the jail, unless the policy grants the cache itself (not a directory around it)."""
+        cache = self._uv_cache
+        if not cache or any(p == cache or p.startswith(cache + "/")
+                            for key in ("rw", "rwx") for p in policy.paths[key]):
+            return ()
+        return (cache,)
 
     async def close(self) -> None:
         jails, self._jails = list(self._jails.values()), {}
@@ -581,16 +592,10 @@ _PROTECTED = tuple(dict.fromkeys(os.path.realpath(p) for p in (sys.prefix, sys.b
                                                               os.path.dirname(sys.executable))))
 
 
-def _link_sources(policy: Policy) -> tuple[str, ...]:
-    """Where installed packages may be hard links to: uv's cache (uv links by default). Writable
-    there, a file is writable in the virtualenv too, whatever its mount says; so read-only in the
-    jail, unless the policy grants the cache itself (not merely a directory around it)."""
+def _uv_cache() -> str:
     cache = os.environ.get("UV_CACHE_DIR") or os.path.join(
         os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "uv")
-    cache = os.path.realpath(cache)
-    granted = any(p == cache or p.startswith(cache + "/")
-                  for key in ("rw", "rwx") for p in map(os.path.realpath, policy.paths[key]))
-    return (cache,) if os.path.isdir(cache) and not granted else ()
+    return os.path.realpath(cache) if os.path.isdir(cache) else ""
 
 
 def _own_paths() -> list[Path]:
