@@ -132,7 +132,9 @@ class UsageChunk:
     usage: Usage
 
 
-StopReason = Literal["stop", "tool_calls", "length", "other"]
+# Why the answer ended. `content_filter` and `refusal` (the provider withheld or stopped the
+# answer) and `other` (a reason ollie does not know) end the turn with an error: they are no answer.
+StopReason = Literal["stop", "tool_calls", "length", "content_filter", "refusal", "other"]
 
 
 @dataclass(slots=True)
@@ -141,6 +143,7 @@ class Done:
 
     stop_reason: StopReason = "stop"
     provider_data: dict[str, Any] = field(default_factory=dict)  # stored on the assistant message
+    reason: str = ""  # the provider's own word for why it stopped, when it is not plain "stop"
 
 
 Chunk = TextDelta | ReasoningDelta | ToolCallDelta | UsageChunk | Done
@@ -174,7 +177,7 @@ class GenerationParams:
     def set(self, key: str, value: Any) -> None:
         """Set one parameter from text or a value; raises ValueError naming the key."""
         if key not in GENERATION_PARAM_TYPES:
-            raise ValueError(f"unknown generation parameter {key!r}; known: {', '.join(GENERATION_PARAM_TYPES)}")
+            raise InvalidValue(f"unknown generation parameter {key!r}; known: {', '.join(GENERATION_PARAM_TYPES)}")
         kind = GENERATION_PARAM_TYPES[key]
         if value is None or value == "":
             setattr(self, key, None)
@@ -189,7 +192,7 @@ class GenerationParams:
             elif kind in (int, float, str):
                 value = kind(value)
         except (TypeError, ValueError) as e:
-            raise ValueError(f"{key}: expected {kind.__name__}, got {value!r}") from e
+            raise InvalidValue(f"{key}: expected {kind.__name__}, got {value!r}") from e
         setattr(self, key, value)
 
     def nonempty(self) -> dict[str, Any]:
@@ -250,7 +253,9 @@ class Event:
         return d
 
 
-# ---- backend errors ----------------------------------------------------------------------------
+# ---- errors ------------------------------------------------------------------------------------
+# One root: a frontend catches OllieError and shows the message; the file server maps the classes
+# below to errno values (Busy: EBUSY, InvalidValue and ConfigError: EINVAL, NotFound: ENOENT).
 
 
 class OllieError(Exception):
@@ -259,6 +264,37 @@ class OllieError(Exception):
 
 class ConfigError(OllieError):
     """A configuration file or variable is wrong; the message names it and the fix."""
+
+
+class InvalidValue(OllieError, ValueError):
+    """A value given to ollie is wrong (a cwd that is no directory, an unknown parameter, a bad
+    session name); the message names the value and what is expected."""
+
+
+class NotFound(OllieError, LookupError):
+    """What was asked for does not exist (a model the backend lacks, an agent without a config)."""
+
+
+class Busy(OllieError):
+    """Refused while a turn runs (switching the backend, changing the cwd, compacting, …)."""
+
+
+class TurnError(OllieError):
+    """The turn cannot go on (the message says why); completed work is kept."""
+
+    kind = "turn"
+
+
+class StoppedError(TurnError):
+    """The model's answer ended for a reason that is no answer: a content filter, a refusal, or a
+    stop reason ollie does not know. What it had said is kept; its tool calls are not run."""
+
+    def __init__(self, stop_reason: str, reason: str, provider: str):
+        self.kind = stop_reason
+        words = {"content_filter": "was withheld by the provider's content filter",
+                 "refusal": "was stopped: the model refused"}
+        what = words.get(stop_reason, f"stopped for a reason ollie does not know ({reason or stop_reason!r})")
+        super().__init__(f"{provider}: the answer {what}; what it said so far is kept, its tool calls were not run")
 
 
 class BackendError(OllieError):
