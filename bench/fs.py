@@ -48,8 +48,14 @@ class Server:
         script.write_text(json.dumps({"rules": [{"match": ".", "text": "ok"}]}))
         (root / "cfg" / "agents").mkdir(parents=True)
         (root / "cfg" / "agents" / "default.json").write_text(json.dumps({"backend": "scripted", "model": str(script)}))
-        self.env = dict(os.environ, OLLIE_CFG_PATH=str(root / "cfg"), OLLIE_DATA_PATH=str(root / "data"),
-                        OLLIE_TMP_PATH=str(root / "tmp"), NAMESPACE=str(root / "ns"), OLLIE=str(self.mnt))
+        self.env = dict(
+            os.environ,
+            OLLIE_CFG_PATH=str(root / "cfg"),
+            OLLIE_DATA_PATH=str(root / "data"),
+            OLLIE_TMP_PATH=str(root / "tmp"),
+            NAMESPACE=str(root / "ns"),
+            OLLIE=str(self.mnt),
+        )
 
     def srv(self, action: str) -> None:
         subprocess.run([*OLLIE, "srv", action], env=self.env, check=True, capture_output=True)
@@ -90,10 +96,14 @@ def main() -> None:
             cat_disk = median_ms(lambda: subprocess.run(["cat", str(plain)], stdout=subprocess.DEVNULL), args.n)
             py_fuse = median_ms(lambda: read_file(state), args.n)
             py_disk = median_ms(lambda: read_file(plain), args.n)
-            print(f"cat s/<id>/state on the mount: median {cat_fuse:.3f} ms (cat of a disk file: {cat_disk:.3f} ms, "
-                  f"ratio {cat_fuse / cat_disk:.2f}); the mount's own cost {cat_fuse - cat_disk:.3f} ms")
-            print(f"open/read/close in Python: mount {py_fuse:.3f} ms, disk {py_disk:.3f} ms "
-                  f"(ratio {py_fuse / py_disk:.1f})")
+            print(
+                f"cat s/<id>/state on the mount: median {cat_fuse:.3f} ms (cat of a disk file: {cat_disk:.3f} ms, "
+                f"ratio {cat_fuse / cat_disk:.2f}); the mount's own cost {cat_fuse - cat_disk:.3f} ms"
+            )
+            print(
+                f"open/read/close in Python: mount {py_fuse:.3f} ms, disk {py_disk:.3f} ms "
+                f"(ratio {py_fuse / py_disk:.1f})"
+            )
             ninep(s, sid, args.n)
 
             base = rss_kib(s.pid())
@@ -102,16 +112,20 @@ def main() -> None:
                 s.new()
             made = time.perf_counter() - t
             live = rss_kib(s.pid())
-            print(f"{args.sessions} idle sessions created in {made:.1f} s; server RSS {base} -> {live} KiB: "
-                  f"{(live - base) / args.sessions:.1f} KiB per live session")
+            print(
+                f"{args.sessions} idle sessions created in {made:.1f} s; server RSS {base} -> {live} KiB: "
+                f"{(live - base) / args.sessions:.1f} KiB per live session"
+            )
             s.srv("stop")
             s.srv("start")
             t = time.perf_counter()
             listed = len(os.listdir(s.mnt / "s"))
             listing = (time.perf_counter() - t) * 1000
             restored = rss_kib(s.pid())
-            print(f"after a restart: {listed} sessions listed in {listing:.1f} ms; server RSS {restored} KiB "
-                  f"({(restored - base) / args.sessions:.1f} KiB per restored session vs the live server's base)")
+            print(
+                f"after a restart: {listed} sessions listed in {listing:.1f} ms; server RSS {restored} KiB "
+                f"({(restored - base) / args.sessions:.1f} KiB per restored session vs the live server's base)"
+            )
         finally:
             subprocess.run([*OLLIE, "srv", "stop"], env=s.env, capture_output=True)
 

@@ -58,8 +58,12 @@ async def bench_9p(addr: str, path: str, n: int = 1000, token: str = "") -> dict
     finally:
         await c.close()
     med, base = statistics.median(cat), statistics.median(rtt)
-    return {"median_ms": med, "p90_ms": statistics.quantiles(cat, n=10)[-1], "rtt_median_ms": base,
-            "ratio_vs_rtt": med / base}
+    return {
+        "median_ms": med,
+        "p90_ms": statistics.quantiles(cat, n=10)[-1],
+        "rtt_median_ms": base,
+        "ratio_vs_rtt": med / base,
+    }
 
 
 async def _new_session(addr: str, script: Path) -> str:
@@ -80,13 +84,25 @@ async def main() -> None:
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
-        env = {**os.environ, "OLLIE_CFG_PATH": str(root / "cfg"), "OLLIE_DATA_PATH": str(root / "data"),
-               "OLLIE_TMP_PATH": str(root / "tmp")}
+        env = {
+            **os.environ,
+            "OLLIE_CFG_PATH": str(root / "cfg"),
+            "OLLIE_DATA_PATH": str(root / "data"),
+            "OLLIE_TMP_PATH": str(root / "tmp"),
+        }
         script = root / "script.json"
         script.write_text(json.dumps({"rules": [{"match": ".*", "text": "ok"}]}))
         sock = root / "ns" / "ollie"
-        server = await asyncio.create_subprocess_exec(sys.executable, "-c", SERVER, str(sock), env=env, cwd=tmp,
-                                                      stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE)
+        server = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-c",
+            SERVER,
+            str(sock),
+            env=env,
+            cwd=tmp,
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+        )
         try:
             assert (await server.stdout.readline()).strip() == b"ready"
             addr = f"unix!{sock}"
@@ -96,8 +112,10 @@ async def main() -> None:
             server.stdin.close()
             await server.wait()
     print(f"9P cat s/<id>/state: median {r['median_ms']:.3f} ms, p90 {r['p90_ms']:.3f} ms (n={args.n}; target <= 2 ms)")
-    print(f"baseline, one bare 9P round trip: median {r['rtt_median_ms']:.3f} ms; "
-          f"cat/round trip = {r['ratio_vs_rtt']:.1f}x (a cat is 5 round trips)")
+    print(
+        f"baseline, one bare 9P round trip: median {r['rtt_median_ms']:.3f} ms; "
+        f"cat/round trip = {r['ratio_vs_rtt']:.1f}x (a cat is 5 round trips)"
+    )
 
 
 if __name__ == "__main__":

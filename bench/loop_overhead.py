@@ -31,11 +31,15 @@ def _answer(body: dict, steps: int) -> bytes:
     base = {"id": "c", "object": "chat.completion.chunk", "created": 0, "model": body["model"]}
     if done < steps:
         call = {"index": 0, "id": f"call_{done}", "type": "function", "function": {"name": "noop", "arguments": "{}"}}
-        chunks = [{"choices": [{"index": 0, "delta": {"role": "assistant", "tool_calls": [call]}, "finish_reason": None}]},
-                  {"choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]}]
+        chunks = [
+            {"choices": [{"index": 0, "delta": {"role": "assistant", "tool_calls": [call]}, "finish_reason": None}]},
+            {"choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]},
+        ]
     else:
-        chunks = [{"choices": [{"index": 0, "delta": {"role": "assistant", "content": "done"}, "finish_reason": None}]},
-                  {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}]
+        chunks = [
+            {"choices": [{"index": 0, "delta": {"role": "assistant", "content": "done"}, "finish_reason": None}]},
+            {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]},
+        ]
     chunks.append({"choices": [], "usage": {"prompt_tokens": 10, "completion_tokens": 2, "total_tokens": 12}})
     return b"".join(_sse({**base, **c}) for c in chunks) + b"data: [DONE]\n\n"
 
@@ -51,8 +55,10 @@ def serve(port_q, steps: int) -> None:
                         length = int(line.split(b":")[1])
                 body = json.loads(await reader.readexactly(length))
                 payload = _answer(body, steps)
-                writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncontent-length: %d\r\n\r\n%s"
-                             % (len(payload), payload))
+                writer.write(
+                    b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncontent-length: %d\r\n\r\n%s"
+                    % (len(payload), payload)
+                )
                 await writer.drain()
         except (asyncio.IncompleteReadError, ConnectionResetError):
             writer.close()
@@ -68,14 +74,25 @@ def serve(port_q, steps: int) -> None:
 def _history(steps_done: int) -> list[dict]:
     msgs = [{"role": "system", "content": "You are a benchmark."}, {"role": "user", "content": "go"}]
     for i in range(steps_done):
-        msgs.append({"role": "assistant", "content": None, "tool_calls": [
-            {"id": f"call_{i}", "type": "function", "function": {"name": "noop", "arguments": "{}"}}]})
+        msgs.append(
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {"id": f"call_{i}", "type": "function", "function": {"name": "noop", "arguments": "{}"}}
+                ],
+            }
+        )
         msgs.append({"role": "tool", "tool_call_id": f"call_{i}", "content": "ok"})
     return msgs
 
 
-TOOLS = [{"type": "function", "function": {"name": "noop", "description": "does nothing",
-                                           "parameters": {"type": "object", "properties": {}}}}]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {"name": "noop", "description": "does nothing", "parameters": {"type": "object", "properties": {}}},
+    }
+]
 
 
 async def run_ollie(url: str, steps: int) -> float:
@@ -109,8 +126,9 @@ async def run_ollie(url: str, steps: int) -> float:
 async def run_sdk(client, steps: int) -> float:
     t = time.perf_counter()
     for i in range(steps + 1):
-        stream = await client.chat.completions.create(model="bench", messages=_history(i), tools=TOOLS, stream=True,
-                                                      stream_options={"include_usage": True})
+        stream = await client.chat.completions.create(
+            model="bench", messages=_history(i), tools=TOOLS, stream=True, stream_options={"include_usage": True}
+        )
         async for _ in stream:
             pass
     return time.perf_counter() - t
@@ -120,12 +138,21 @@ async def run_plain(port: int, steps: int) -> float:
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     t = time.perf_counter()
     for i in range(steps + 1):
-        body = json.dumps({"model": "bench", "messages": _history(i), "tools": TOOLS, "stream": True,
-                           "stream_options": {"include_usage": True}}).encode()
-        writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
-                     b"content-length: %d\r\n\r\n%s" % (len(body), body))
+        body = json.dumps(
+            {
+                "model": "bench",
+                "messages": _history(i),
+                "tools": TOOLS,
+                "stream": True,
+                "stream_options": {"include_usage": True},
+            }
+        ).encode()
+        writer.write(
+            b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+            b"content-length: %d\r\n\r\n%s" % (len(body), body)
+        )
         head = await reader.readuntil(b"\r\n\r\n")
-        length = int(next(l for l in head.split(b"\r\n") if l.lower().startswith(b"content-length")).split(b":")[1])
+        length = int(next(h for h in head.split(b"\r\n") if h.lower().startswith(b"content-length")).split(b":")[1])
         payload = await reader.readexactly(length)
         for line in payload.split(b"\n\n"):
             if line.startswith(b"data: {"):
@@ -155,10 +182,14 @@ async def bench(port: int, steps: int, runs: int) -> None:
         print(f"  {k:<6} {med[k] * 1000:8.2f} ms per run, {med[k] / per * 1000:6.3f} ms per request")
     over_sdk = (med["ollie"] - med["sdk"]) / per * 1000
     over_plain = (med["ollie"] - med["plain"]) / per * 1000
-    print(f"ollie per-step overhead over the raw SDK call: {over_sdk:+.3f} ms (target <= +0.3 ms); "
-          f"ratio ollie/sdk = {med['ollie'] / med['sdk']:.2f}")
-    print(f"ollie per-step overhead over plain HTTP:       {over_plain:+.3f} ms; ratio ollie/plain = "
-          f"{med['ollie'] / med['plain']:.2f}")
+    print(
+        f"ollie per-step overhead over the raw SDK call: {over_sdk:+.3f} ms (target <= +0.3 ms); "
+        f"ratio ollie/sdk = {med['ollie'] / med['sdk']:.2f}"
+    )
+    print(
+        f"ollie per-step overhead over plain HTTP:       {over_plain:+.3f} ms; ratio ollie/plain = "
+        f"{med['ollie'] / med['plain']:.2f}"
+    )
 
 
 def main() -> None:

@@ -7,17 +7,33 @@ import pytest
 pytest_plugins = ["fs_helpers", "sandbox_helpers"]  # the fs_server, home and run fixtures
 
 _CLEARED = (
-    "OLLIE_BACKEND", "OLLIE_MODEL", "OLLIE_OPENAI_URL", "OLLIE_OPENAI_KEY", "OPENAI_API_KEY", "OPENAI_BASE_URL",
-    "OLLIE_ANTHROPIC_KEY", "ANTHROPIC_API_KEY", "OLLIE_ANTHROPIC_URL", "ANTHROPIC_BASE_URL", "OLLIE_MAX_SESSION_COST",
-    "OLLIE_AGENTS_PATH", "OLLIE_SKILLS_PATH", "OLLAMA_HOST", "OLLIE_OLLAMA_URL",
+    "OLLIE_BACKEND",
+    "OLLIE_MODEL",
+    "OLLIE_OPENAI_URL",
+    "OLLIE_OPENAI_KEY",
+    "OPENAI_API_KEY",
+    "OPENAI_BASE_URL",
+    "OLLIE_ANTHROPIC_KEY",
+    "ANTHROPIC_API_KEY",
+    "OLLIE_ANTHROPIC_URL",
+    "ANTHROPIC_BASE_URL",
+    "OLLIE_MAX_SESSION_COST",
+    "OLLIE_AGENTS_PATH",
+    "OLLIE_SKILLS_PATH",
+    "OLLAMA_HOST",
+    "OLLIE_OLLAMA_URL",
 )
 
 
 @pytest.fixture(autouse=True)
 def ollie_dirs(tmp_path_factory, monkeypatch):
     root = tmp_path_factory.mktemp("ollie")
-    for var, sub in (("OLLIE_CFG_PATH", "cfg"), ("OLLIE_DATA_PATH", "data"), ("OLLIE_TMP_PATH", "tmp"),
-                     ("OLLIE_TOOLS_PATH", "cfg/tools")):
+    for var, sub in (
+        ("OLLIE_CFG_PATH", "cfg"),
+        ("OLLIE_DATA_PATH", "data"),
+        ("OLLIE_TMP_PATH", "tmp"),
+        ("OLLIE_TOOLS_PATH", "cfg/tools"),
+    ):
         (root / sub).mkdir(parents=True, exist_ok=True)
         monkeypatch.setenv(var, str(root / sub))
     for var in _CLEARED:

@@ -9,8 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from ollie.tools import CallContext
-from ollie.tools import execute
+from ollie.tools import CallContext, execute
 
 SECRET = "-----BEGIN OPENSSH PRIVATE KEY----- s3cr3t"
 API_KEY = "sk-test-0123456789-do-not-leak"
@@ -60,5 +59,3 @@ def write_policy(name: str | None, text: str) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text)
     return path
-
-

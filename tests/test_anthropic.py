@@ -63,14 +63,24 @@ def calls_of(chunks):
 
 
 async def test_streams_text_usage_and_sends_a_cached_system_prompt(server):
-    server.reply(wire.PATH, wire.stream(
-        [{"type": "text", "text": "Hello there"}],
-        start_usage=wire.usage(input_tokens=12, cache_read=100, cache_write=30), output_tokens=7))
+    server.reply(
+        wire.PATH,
+        wire.stream(
+            [{"type": "text", "text": "Hello there"}],
+            start_usage=wire.usage(input_tokens=12, cache_read=100, cache_write=30),
+            output_tokens=7,
+        ),
+    )
     chunks = await run([Message("system", "Be brief."), Message("user", "hi")])
 
     assert text_of(chunks) == "Hello there"
     usage = next(c.usage for c in chunks if isinstance(c, UsageChunk))
-    assert (usage.input_tokens, usage.output_tokens, usage.cache_read_tokens, usage.cache_write_tokens) == (12, 7, 100, 30)
+    assert (usage.input_tokens, usage.output_tokens, usage.cache_read_tokens, usage.cache_write_tokens) == (
+        12,
+        7,
+        100,
+        30,
+    )
     assert chunks[-1] == Done("stop")
 
     [req] = server.requests
@@ -83,11 +93,17 @@ async def test_streams_text_usage_and_sends_a_cached_system_prompt(server):
 
 
 async def test_tool_use_streams_as_call_deltas_and_the_last_tool_is_cached(server):
-    server.reply(wire.PATH, wire.stream([
-        {"type": "text", "text": "Running."},
-        {"type": "tool_use", "id": "toolu_1", "name": "execute_code", "input": {"code": "echo hi"}},
-        {"type": "tool_use", "id": "toolu_2", "name": "read_file", "input": {}},
-    ], stop_reason="tool_use"))
+    server.reply(
+        wire.PATH,
+        wire.stream(
+            [
+                {"type": "text", "text": "Running."},
+                {"type": "tool_use", "id": "toolu_1", "name": "execute_code", "input": {"code": "echo hi"}},
+                {"type": "tool_use", "id": "toolu_2", "name": "read_file", "input": {}},
+            ],
+            stop_reason="tool_use",
+        ),
+    )
     chunks = await run([Message("user", "run it")], tools=[TOOL, OTHER])
 
     assert calls_of(chunks) == [
@@ -106,8 +122,11 @@ async def test_consecutive_tool_results_become_one_user_message_and_a_large_last
     big = "x" * 5000
     history = [
         Message("user", "do two things"),
-        Message("assistant", "Sure.", tool_calls=[ToolCall("t1", "execute_code", '{"code": "a"}'),
-                                                   ToolCall("t2", "read_file", '{"path": "b"}')]),
+        Message(
+            "assistant",
+            "Sure.",
+            tool_calls=[ToolCall("t1", "execute_code", '{"code": "a"}'), ToolCall("t2", "read_file", '{"path": "b"}')],
+        ),
         Message("tool", "out a", tool_call_id="t1", name="execute_code"),
         Message("tool", big, tool_call_id="t2", name="read_file", is_error=True),
     ]
@@ -122,25 +141,40 @@ async def test_consecutive_tool_results_become_one_user_message_and_a_large_last
     ]
     assert msgs[2]["content"] == [
         {"type": "tool_result", "tool_use_id": "t1", "content": "out a"},
-        {"type": "tool_result", "tool_use_id": "t2", "content": big, "is_error": True,
-         "cache_control": {"type": "ephemeral"}},
+        {
+            "type": "tool_result",
+            "tool_use_id": "t2",
+            "content": big,
+            "is_error": True,
+            "cache_control": {"type": "ephemeral"},
+        },
     ]
 
 
 async def test_small_last_tool_result_is_not_cached(server):
     server.reply(wire.PATH, wire.stream([{"type": "text", "text": "ok"}]))
-    await run([Message("user", "go"), Message("assistant", "", tool_calls=[ToolCall("t1", "execute_code", "{}")]),
-               Message("tool", "tiny", tool_call_id="t1")], tools=[TOOL])
+    await run(
+        [
+            Message("user", "go"),
+            Message("assistant", "", tool_calls=[ToolCall("t1", "execute_code", "{}")]),
+            Message("tool", "tiny", tool_call_id="t1"),
+        ],
+        tools=[TOOL],
+    )
     assert "cache_control" not in server.requests[0].json["messages"][-1]["content"][0]
 
 
 async def test_thinking_streams_reasoning_and_its_signed_blocks_go_back_next_time(server):
     thought = {"type": "thinking", "thinking": "Let me think about it.", "signature": "sig-abc=="}
     redacted = {"type": "redacted_thinking", "data": "opaque"}
-    server.reply(wire.PATH, wire.stream([thought, redacted,
-                                         {"type": "tool_use", "id": "t1", "name": "execute_code", "input": {"code": "ls"}}],
-                                        stop_reason="tool_use"),
-                 wire.stream([{"type": "text", "text": "done"}]))
+    server.reply(
+        wire.PATH,
+        wire.stream(
+            [thought, redacted, {"type": "tool_use", "id": "t1", "name": "execute_code", "input": {"code": "ls"}}],
+            stop_reason="tool_use",
+        ),
+        wire.stream([{"type": "text", "text": "done"}]),
+    )
     params = GenerationParams(reasoning_budget=2048, temperature=0.2, top_k=40, top_p=0.5)
     history = [Message("user", "list files")]
     chunks = await run(history, tools=[TOOL], params=params)
@@ -154,8 +188,10 @@ async def test_thinking_streams_reasoning_and_its_signed_blocks_go_back_next_tim
     assert "interleaved-thinking" in first.headers["anthropic-beta"]
 
     [call] = calls_of(chunks)
-    history += [Message("assistant", "", tool_calls=[ToolCall(**call)], provider_data=done.provider_data),
-                Message("tool", "a.txt", tool_call_id="t1")]
+    history += [
+        Message("assistant", "", tool_calls=[ToolCall(**call)], provider_data=done.provider_data),
+        Message("tool", "a.txt", tool_call_id="t1"),
+    ]
     await run(history, tools=[TOOL], params=params)
     sent = server.requests[1].json["messages"][1]["content"]
     assert sent[:2] == [thought, redacted] and sent[2]["type"] == "tool_use"
@@ -168,26 +204,45 @@ async def test_without_tools_past_calls_and_results_go_as_text(server):
     thought = {"type": "thinking", "thinking": "hm", "signature": "sig"}
     history = [
         Message("user", "go"),
-        Message("assistant", "Looking.", tool_calls=[ToolCall("t1", "execute_code", '{"code": "ls"}')],
-                provider_data={"anthropic_thinking": [thought]}),
+        Message(
+            "assistant",
+            "Looking.",
+            tool_calls=[ToolCall("t1", "execute_code", '{"code": "ls"}')],
+            provider_data={"anthropic_thinking": [thought]},
+        ),
         Message("tool", "a.txt", tool_call_id="t1", is_error=True),
         Message("user", "[The step budget is exhausted. Summarize.]"),
     ]
     await run(history, params=GenerationParams(reasoning_budget=2048))
     msgs = server.requests[0].json["messages"]
-    assert msgs[1] == {"role": "assistant", "content": [
-        {"type": "text", "text": "Looking."}, {"type": "text", "text": '[Tool call: execute_code({"code": "ls"})]'}]}
-    assert msgs[2] == {"role": "user", "content": [
-        {"type": "text", "text": "[Tool result (error)]: a.txt"},
-        {"type": "text", "text": "[The step budget is exhausted. Summarize.]"}]}
+    assert msgs[1] == {
+        "role": "assistant",
+        "content": [
+            {"type": "text", "text": "Looking."},
+            {"type": "text", "text": '[Tool call: execute_code({"code": "ls"})]'},
+        ],
+    }
+    assert msgs[2] == {
+        "role": "user",
+        "content": [
+            {"type": "text", "text": "[Tool result (error)]: a.txt"},
+            {"type": "text", "text": "[The step budget is exhausted. Summarize.]"},
+        ],
+    }
 
 
 async def test_arguments_that_are_no_json_object_are_sent_as_an_object(server):
     server.reply(wire.PATH, wire.stream([{"type": "text", "text": "ok"}]))
-    history = [Message("user", "go"),
-               Message("assistant", "", tool_calls=[ToolCall("t1", "execute_code", "[1, 2]"),
-                                                    ToolCall("t2", "execute_code", "{oops")]),
-               Message("tool", "bad", tool_call_id="t1"), Message("tool", "bad", tool_call_id="t2")]
+    history = [
+        Message("user", "go"),
+        Message(
+            "assistant",
+            "",
+            tool_calls=[ToolCall("t1", "execute_code", "[1, 2]"), ToolCall("t2", "execute_code", "{oops")],
+        ),
+        Message("tool", "bad", tool_call_id="t1"),
+        Message("tool", "bad", tool_call_id="t2"),
+    ]
     await run(history, tools=[TOOL])
     inputs = [b["input"] for b in server.requests[0].json["messages"][1]["content"]]
     assert inputs == [{"_raw": "[1, 2]"}, {"_raw": "{oops"}]
@@ -207,16 +262,19 @@ async def test_thinking_budget_larger_than_max_tokens_leaves_room_for_the_answer
 
 async def test_sampling_params_and_stop_sequences_without_thinking(server):
     server.reply(wire.PATH, wire.stream([{"type": "text", "text": "ok"}], stop_reason="max_tokens"))
-    chunks = await run([Message("user", "hi")],
-                       params=GenerationParams(temperature=0.3, top_k=5, max_tokens=100, stop=["END"]))
+    chunks = await run(
+        [Message("user", "hi")], params=GenerationParams(temperature=0.3, top_k=5, max_tokens=100, stop=["END"])
+    )
     body = server.requests[0].json
     assert (body["temperature"], body["top_k"], body["max_tokens"], body["stop_sequences"]) == (0.3, 5, 100, ["END"])
     assert chunks[-1].stop_reason == "length"
 
 
 async def test_rate_limit_carries_retry_after_and_the_sdk_does_not_retry(server):
-    server.reply(wire.PATH, wire.error(429, "rate_limit_error", "Number of request tokens has exceeded your limit",
-                                       {"retry-after": "7"}))
+    server.reply(
+        wire.PATH,
+        wire.error(429, "rate_limit_error", "Number of request tokens has exceeded your limit", {"retry-after": "7"}),
+    )
     with pytest.raises(RateLimitError) as e:
         await run([Message("user", "hi")])
     assert e.value.retry_after == 7
@@ -252,7 +310,9 @@ async def test_a_stream_cut_mid_way_is_transient(server, cut):
 
 
 async def test_context_overflow(server):
-    server.reply(wire.PATH, wire.error(400, "invalid_request_error", "prompt is too long: 210000 tokens > 200000 maximum"))
+    server.reply(
+        wire.PATH, wire.error(400, "invalid_request_error", "prompt is too long: 210000 tokens > 200000 maximum")
+    )
     with pytest.raises(ContextOverflowError, match="prompt is too long"):
         await run([Message("user", "hi")])
 
@@ -286,13 +346,42 @@ def test_missing_key_names_both_variables(monkeypatch):
 
 
 async def test_models_and_context_length(server):
-    server.reply("/v1/models", wire.json_reply({"data": [
-        {"type": "model", "id": "claude-sonnet-4-6", "display_name": "Sonnet", "created_at": "2025-09-29T00:00:00Z"},
-        {"type": "model", "id": "claude-haiku-4-5", "display_name": "Haiku", "created_at": "2025-10-01T00:00:00Z"},
-    ], "has_more": False, "first_id": "claude-sonnet-4-6", "last_id": "claude-haiku-4-5"}))
-    server.reply("/v1/models/claude-sonnet-4-6", wire.json_reply(
-        {"type": "model", "id": "claude-sonnet-4-6", "display_name": "Sonnet", "created_at": "2025-09-29T00:00:00Z",
-         "max_input_tokens": 1000000}))
+    server.reply(
+        "/v1/models",
+        wire.json_reply(
+            {
+                "data": [
+                    {
+                        "type": "model",
+                        "id": "claude-sonnet-4-6",
+                        "display_name": "Sonnet",
+                        "created_at": "2025-09-29T00:00:00Z",
+                    },
+                    {
+                        "type": "model",
+                        "id": "claude-haiku-4-5",
+                        "display_name": "Haiku",
+                        "created_at": "2025-10-01T00:00:00Z",
+                    },
+                ],
+                "has_more": False,
+                "first_id": "claude-sonnet-4-6",
+                "last_id": "claude-haiku-4-5",
+            }
+        ),
+    )
+    server.reply(
+        "/v1/models/claude-sonnet-4-6",
+        wire.json_reply(
+            {
+                "type": "model",
+                "id": "claude-sonnet-4-6",
+                "display_name": "Sonnet",
+                "created_at": "2025-09-29T00:00:00Z",
+                "max_input_tokens": 1000000,
+            }
+        ),
+    )
     backend = backends.create("anthropic")
     assert await backend.models() == ["claude-haiku-4-5", "claude-sonnet-4-6"]
     assert await backend.context_length() == 1000000

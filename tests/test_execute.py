@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from ollie.tools import CallContext, Server as ServerProtocol
-from ollie.tools import execute
+from ollie.tools import CallContext, execute
+from ollie.tools import Server as ServerProtocol
 
 
 @pytest.fixture
@@ -85,8 +85,9 @@ async def test_decl_builds_a_server_offering_execute_code(tmp_path, monkeypatch)
 async def test_decl_cwd_is_used_when_the_context_has_none(work):
     cwd, _, _ = work
     server = execute.Decl(str(cwd))()
-    result = await server.call_tool("execute_code", {"steps": [{"code": "pwd; echo $TMPDIR; echo kept > $TMPDIR/x"}]},
-                                    CallContext())
+    result = await server.call_tool(
+        "execute_code", {"steps": [{"code": "pwd; echo $TMPDIR; echo kept > $TMPDIR/x"}]}, CallContext()
+    )
     pwd, tmp = result.text().split()
     assert not result.is_error and pwd == str(cwd)
     # $TMPDIR is the jail's private /tmp: it lasts across calls and is not the host's.
@@ -121,14 +122,18 @@ async def test_a_stage_may_ignore_its_input(run):
 
 
 async def test_parallel_outputs_come_in_submission_order(run):
-    result = await run({"parallel": [{"code": "sleep 0.3; echo first"}, {"code": "sleep 0.1; echo second"},
-                                     {"code": "echo third"}]})
+    result = await run(
+        {"parallel": [{"code": "sleep 0.3; echo first"}, {"code": "sleep 0.1; echo second"}, {"code": "echo third"}]}
+    )
     assert result.text() == "first\nsecond\nthird\n"
 
 
 async def test_parallel_stages_really_run_at_once(run):
     # Each branch waits for every other branch's mark: this only finishes if all run together.
-    branch = "touch mark{i}; for _ in $(seq 100); do [ -e mark0 ] && [ -e mark1 ] && [ -e mark2 ] && exit 0; sleep 0.05; done; exit 1"
+    branch = (
+        "touch mark{i}; for _ in $(seq 100); do [ -e mark0 ] && [ -e mark1 ] && [ -e mark2 ] && exit 0; sleep 0.05; "
+        "done; exit 1"
+    )
     result = await run({"parallel": [{"code": branch.format(i=i)} for i in range(3)]})
     assert not result.is_error, result.text()
 
@@ -213,18 +218,26 @@ async def test_missing_interpreter_is_named(work):
 async def test_tool_scripts_get_args_and_run_by_shebang(run, work):
     _, _, tools = work
     script(tools, "greet", "#!/usr/bin/env python3\nimport sys\nprint('py', *sys.argv[1:])\n")
-    script(tools, "shout", "#!/bin/sh\necho sh \"$@\" | tr a-z A-Z\n", executable=False)
+    script(tools, "shout", '#!/bin/sh\necho sh "$@" | tr a-z A-Z\n', executable=False)
     script(tools, "plain", "echo bash $BASH_VERSION | cut -c1-4\n")
     script(tools, "warn", "#!/usr/bin/env -S perl -w\nprint qq(perl @ARGV\\n);\n")
-    result = await run({"parallel": [{"tool": "greet", "args": ["a b", "c", 3]}, {"tool": "shout", "args": ["x"]},
-                                     {"tool": "plain"}, {"tool": "warn", "args": ["z"]}]})
+    result = await run(
+        {
+            "parallel": [
+                {"tool": "greet", "args": ["a b", "c", 3]},
+                {"tool": "shout", "args": ["x"]},
+                {"tool": "plain"},
+                {"tool": "warn", "args": ["z"]},
+            ]
+        }
+    )
     assert not result.is_error, result.text()
     assert result.text() == "py a b c 3\nSH X\nbash\nperl z\n"
 
 
 async def test_tool_script_reads_piped_input_and_session_env(run, work):
     _, _, tools = work
-    script(tools, "upper", "#!/bin/bash\necho \"$GREETING $OLLIE_SESSION_ID\"; tr a-z A-Z\n")
+    script(tools, "upper", '#!/bin/bash\necho "$GREETING $OLLIE_SESSION_ID"; tr a-z A-Z\n')
     result = await run({"code": "echo piped"}, {"tool": "upper"})
     assert result.text() == "hello sess-1\nPIPED\n"
 
@@ -259,8 +272,8 @@ async def test_an_unreadable_tool_script_is_an_error_naming_it(work):
 
 def test_read_safe_marks(work):
     _, _, tools = work
-    script(tools, "peek", "#!/bin/sh\n# ollie:parallel read\ncat \"$1\"\n")
-    script(tools, "poke", "#!/bin/sh\necho x > \"$1\"\n")
+    script(tools, "peek", '#!/bin/sh\n# ollie:parallel read\ncat "$1"\n')
+    script(tools, "poke", '#!/bin/sh\necho x > "$1"\n')
     assert execute.read_safe({"steps": [{"tool": "peek"}, {"parallel": [{"tool": "peek"}]}]})
     assert not execute.read_safe({"steps": [{"tool": "peek"}, {"tool": "poke"}]})
     assert not execute.read_safe({"steps": [{"code": "cat x"}]})
@@ -279,9 +292,11 @@ async def test_timeout_kills_the_whole_tree(run):
 
 
 async def test_nothing_outlives_its_stage(run):
-    code = ("sleep 2718.1 & nohup sleep 2718.2 >/dev/null 2>&1 & setsid sleep 2718.3 & "
-            "python3 -c 'import os,time\nif os.fork() == 0:\n os.setsid()\n if os.fork() == 0: time.sleep(2718.4)' ; "
-            "echo left")
+    code = (
+        "sleep 2718.1 & nohup sleep 2718.2 >/dev/null 2>&1 & setsid sleep 2718.3 & "
+        "python3 -c 'import os,time\nif os.fork() == 0:\n os.setsid()\n if os.fork() == 0: time.sleep(2718.4)' ; "
+        "echo left"
+    )
     result = await run({"code": code})
     assert result.text() == "left\n"
     assert alive("2718.") == []
@@ -333,11 +348,20 @@ BAD = [
     ({"steps": []}, "steps: must be a non-empty list of stages"),
     ({"steps": "ls"}, "steps: must be a non-empty list of stages"),
     ({"steps": [{}]}, "steps[0]: needs code or tool"),
-    ({"steps": [{"code": "touch ran"}, {"parallel": [{"language": "bash"}]}]}, "steps[1].parallel[0]: needs code or tool"),
+    (
+        {"steps": [{"code": "touch ran"}, {"parallel": [{"language": "bash"}]}]},
+        "steps[1].parallel[0]: needs code or tool",
+    ),
     ({"steps": [{"code": "touch ran"}, {"parallel": []}]}, "steps[1].parallel: must be a non-empty list"),
-    ({"steps": [{"code": "touch ran"}, {"code": "x", "language": "cobol"}]}, "steps[1].language: unknown language 'cobol'"),
+    (
+        {"steps": [{"code": "touch ran"}, {"code": "x", "language": "cobol"}]},
+        "steps[1].language: unknown language 'cobol'",
+    ),
     ({"steps": [{"code": "x", "tool": "y"}]}, "steps[0]: has both code and tool"),
-    ({"steps": [{"parallel": [{"parallel": [{"code": "x"}]}]}]}, "steps[0].parallel[0]: parallel stages cannot be nested"),
+    (
+        {"steps": [{"parallel": [{"parallel": [{"code": "x"}]}]}]},
+        "steps[0].parallel[0]: parallel stages cannot be nested",
+    ),
     ({"steps": [{"cmd": "ls"}]}, "steps[0]: unknown key 'cmd'"),
     ({"steps": [{"code": 5}]}, "steps[0].code: must be a string"),
     ({"steps": [{"tool": "t", "args": "a b"}]}, "steps[0].args: must be a list of strings"),
@@ -347,8 +371,10 @@ BAD = [
     ({"steps": [{"code": "touch ran"}], "sandbox": "../etc"}, "sandbox: policy '../etc' is not allowed"),
     ({"steps": [{"code": "touch ran"}], "sandbox": "nope"}, "sandbox: policy 'nope' is not allowed for this agent"),
     ({"code": "ls"}, "unknown argument 'code'; execute_code takes steps, timeout and sandbox"),
-    ({"steps": [{"code": "touch ran"}, {"code": "x", "language": ["bash"]}]},
-     "steps[1].language: unknown language ['bash']"),
+    (
+        {"steps": [{"code": "touch ran"}, {"code": "x", "language": ["bash"]}]},
+        "steps[1].language: unknown language ['bash']",
+    ),
     ({"steps": [{"code": "touch ran"}, {"code": "echo a\0b"}]}, "steps[1].code: must not contain NUL characters"),
     ({"steps": [{"code": "touch ran"}, {"tool": "t", "args": ["a\0b"]}]}, "steps[1].args: must not contain NUL"),
 ]
@@ -366,8 +392,12 @@ async def test_malformed_calls_fail_before_anything_runs(work, arguments, messag
 
 async def test_null_arguments_count_as_not_given(run):
     # Models filling every schema field send null for the ones they do not use.
-    result = await run({"code": "echo hi", "language": None, "tool": None, "args": None},
-                       {"parallel": [{"code": "cat", "tool": None}], "code": None}, timeout=None, sandbox=None)
+    result = await run(
+        {"code": "echo hi", "language": None, "tool": None, "args": None},
+        {"parallel": [{"code": "cat", "tool": None}], "code": None},
+        timeout=None,
+        sandbox=None,
+    )
     assert not result.is_error and result.text() == "hi\n", result.text()
 
 
@@ -381,4 +411,3 @@ async def test_missing_cwd_is_reported(work, tmp_path):
     result = await server.call_tool("execute_code", {"steps": [{"code": "ls"}]}, CallContext())
     assert result.is_error and result.text() == f"working directory {tmp_path / 'gone'} does not exist"
     await server.close()
-

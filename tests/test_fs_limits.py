@@ -25,7 +25,7 @@ def write_error(path, data: bytes, flags: int = 0) -> int | None:
     try:
         view = memoryview(data)
         while view:
-            view = view[os.write(fd, view):]
+            view = view[os.write(fd, view) :]
     except OSError as e:
         return e.errno
     finally:
@@ -50,13 +50,18 @@ def test_control_lines_are_capped_at_64_kib(fs_server):
     s = fs_server.mnt / "s" / sid
     before = os.listdir(fs_server.mnt / "s")
     long = b"x" * (64 * KIB)
-    for path, line in ((fs_server.mnt / "ctl", b"new name=" + long), (fs_server.mnt / "s" / "new", b"name=" + long),
-                       (s / "ctl", b"queue " + long), (s / "cfg", b"top_p=" + long), (s / "env", b"BIG=" + long)):
+    for path, line in (
+        (fs_server.mnt / "ctl", b"new name=" + long),
+        (fs_server.mnt / "s" / "new", b"name=" + long),
+        (s / "ctl", b"queue " + long),
+        (s / "cfg", b"top_p=" + long),
+        (s / "env", b"BIG=" + long),
+    ):
         assert write_error(path, line + b"\n") == errno.EFBIG, path
     assert os.listdir(fs_server.mnt / "s") == before
     assert (s / "fifo.out").read_text() == ""  # nothing was queued
     assert "BIG" not in (s / "env").read_text()
-    assert write_error(s / "env", b"BIG=" + long[len(b"BIG="):] + b"\n") is None  # at the cap: taken
+    assert write_error(s / "env", b"BIG=" + long[len(b"BIG=") :] + b"\n") is None  # at the cap: taken
     assert "BIG=xxx" in (s / "env").read_text()
 
 
@@ -77,8 +82,12 @@ def test_prompts_plans_and_configs_are_capped_at_1_mib(fs_server):
 def test_a_relative_cwd_is_refused(fs_server):
     sid = fs_server.new_session()
     before = os.listdir(fs_server.mnt / "s")
-    for script in ("echo 'new cwd=.' > ctl", "printf 'cwd=.\\n' > s/new", f"echo 'cwd=.' > s/{sid}/cfg",
-                   f"echo 'cwd work' > s/{sid}/ctl"):
+    for script in (
+        "echo 'new cwd=.' > ctl",
+        "printf 'cwd=.\\n' > s/new",
+        f"echo 'cwd=.' > s/{sid}/cfg",
+        f"echo 'cwd work' > s/{sid}/ctl",
+    ):
         refused(fs_server, script)
     assert os.listdir(fs_server.mnt / "s") == before
     s = fs_server.mnt / "s" / sid

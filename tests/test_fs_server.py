@@ -48,8 +48,7 @@ def test_sessions_survive_kill_9(server):
     b = server.new_session()
     (server.mnt / "s" / a / "prompt").write_text("hello")
     server.wait_idle(a)
-    server.sh(f"printf '# plan\\n- [ ] one\\n' > s/{a}/plan; echo temperature=0.25 > s/{a}/cfg; "
-              f"mv s/{b} s/named")
+    server.sh(f"printf '# plan\\n- [ ] one\\n' > s/{a}/plan; echo temperature=0.25 > s/{a}/cfg; mv s/{b} s/named")
     chat = (server.mnt / "s" / a / "chat").read_text()
     server.kill9()
     assert not os.path.ismount(server.mnt)

@@ -42,8 +42,13 @@ def test_rm_r_s_keeps_every_session_in_tr(server):
         assert {"chat", "history.jsonl", "meta.json"} <= set(os.listdir(kept))
         assert json.loads((kept / "meta.json").read_text())["id"] == sid
     sid = ids[0]
-    for script in (f"echo x > tr/{sid}/chat", f"rm tr/{sid}/chat", f"rm -r tr/{sid}", f"mv tr/{sid} tr/other",
-                   f"touch tr/{sid}/new"):
+    for script in (
+        f"echo x > tr/{sid}/chat",
+        f"rm tr/{sid}/chat",
+        f"rm -r tr/{sid}",
+        f"mv tr/{sid} tr/other",
+        f"touch tr/{sid}/new",
+    ):
         assert server.sh(script, check=False).returncode != 0, script
     assert (server.mnt / "tr" / sid / "chat").read_text() == chats[sid]
 

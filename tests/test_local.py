@@ -6,8 +6,8 @@ import json
 import pytest
 
 from ollie import backends
-from ollie.tools import execute
 from ollie.backends.local import _partial_json_string, default_model_path
+from ollie.tools import execute
 from ollie.types import (
     ConfigError,
     ContextOverflowError,
@@ -58,8 +58,10 @@ async def test_a_real_execute_code_call_through_the_grammar_then_an_answer_after
     assert json.loads(call.arguments)["steps"][0]["code"] == "echo hi"
     assert chunks[-1] == Done("tool_calls")
 
-    history += [Message("assistant", "", tool_calls=[ToolCall(call.id, call.name, call.arguments)]),
-                Message("tool", "hi\n", tool_call_id=call.id, name="execute_code")]
+    history += [
+        Message("assistant", "", tool_calls=[ToolCall(call.id, call.name, call.arguments)]),
+        Message("tool", "hi\n", tool_call_id=call.id, name="execute_code"),
+    ]
     chunks = await collect(backend, history, [EXECUTE_CODE])
     # Whatever the tiny model decides next, it is either text or a valid call of an offered tool.
     for c in chunks:
@@ -71,8 +73,11 @@ async def test_a_real_execute_code_call_through_the_grammar_then_an_answer_after
 async def test_closing_the_stream_stops_generation():
     backend = backends.create("local")
     loaded = await backend.load()
-    stream = backend.stream([Message("user", "Write a very long story about a dragon.")], [],
-                            GenerationParams(temperature=0, max_tokens=4000))
+    stream = backend.stream(
+        [Message("user", "Write a very long story about a dragon.")],
+        [],
+        GenerationParams(temperature=0, max_tokens=4000),
+    )
     async for chunk in stream:
         if isinstance(chunk, TextDelta):
             break
@@ -119,15 +124,18 @@ def test_a_file_that_is_not_gguf_names_the_path(tmp_path):
         backends.create("local", model=str(fake))
 
 
-@pytest.mark.parametrize("raw, decoded", [
-    ('Hello, wor', "Hello, wor"),
-    ('line\\nnext', "line\nnext"),
-    ('a \\"quote\\" b', 'a "quote" b'),
-    ('waiting on \\', "waiting on "),  # an escape still being written
-    ('caf\\u00e9', "café"),
-    ('caf\\u00', "caf"),
-    ('done"} trailing', "done"),
-])
+@pytest.mark.parametrize(
+    "raw, decoded",
+    [
+        ("Hello, wor", "Hello, wor"),
+        ("line\\nnext", "line\nnext"),
+        ('a \\"quote\\" b', 'a "quote" b'),
+        ("waiting on \\", "waiting on "),  # an escape still being written
+        ("caf\\u00e9", "café"),
+        ("caf\\u00", "caf"),
+        ('done"} trailing', "done"),
+    ],
+)
 def test_the_answer_string_is_decoded_as_it_is_written(raw, decoded):
     assert _partial_json_string(raw) == decoded
 

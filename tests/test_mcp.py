@@ -314,9 +314,13 @@ async def test_an_agent_turn_calls_an_mcp_tool_and_execute_code_then_switches_ag
     write_agent("calc", {"calc": calc()})
     write_agent("other", {"other": calc("stdio", "other")})
     script = [
-        {"tool_calls": [{"name": "add", "arguments": {"a": 2, "b": 3}},
-                        {"name": "execute_code", "arguments": {"steps": [{"code": "echo sandboxed; pwd"}]}},
-                        {"name": "pid", "arguments": {}}]},
+        {
+            "tool_calls": [
+                {"name": "add", "arguments": {"a": 2, "b": 3}},
+                {"name": "execute_code", "arguments": {"steps": [{"code": "echo sandboxed; pwd"}]}},
+                {"name": "pid", "arguments": {}},
+            ]
+        },
         {"text": "All done."},
         {"tool_calls": [{"name": "pid", "arguments": {}}]},
         {"text": "Switched."},

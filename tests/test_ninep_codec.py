@@ -9,8 +9,19 @@ from hypothesis import strategies as st
 
 from ollie.fs import ninep as n
 
-STAT = n.Stat(type=1, dev=2, qid=n.Qid(n.QTDIR, 7, 1 << 40), mode=n.DMDIR | 0o755, atime=10, mtime=20,
-              length=0, name="s", uid="ollie", gid="ollie", muid="")
+STAT = n.Stat(
+    type=1,
+    dev=2,
+    qid=n.Qid(n.QTDIR, 7, 1 << 40),
+    mode=n.DMDIR | 0o755,
+    atime=10,
+    mtime=20,
+    length=0,
+    name="s",
+    uid="ollie",
+    gid="ollie",
+    muid="",
+)
 QID = n.Qid(n.QTFILE, 3, 42)
 
 EVERY_MESSAGE = [

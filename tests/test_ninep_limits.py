@@ -8,12 +8,21 @@ import os
 import py9p
 import pytest
 
+import test_ninep_server
 from ollie.fs import ninep as P
 from ollie.fs.ninep_client import Client, RemoteError
-from ollie.fs.ninep_server import (ATTACH_FAILURES, MAX_FIDS, MAX_REQUESTS, MAX_TCP_CONNECTIONS,
-                                   MAX_UNIX_CONNECTIONS, serve_tcp)
+from ollie.fs.ninep_server import (
+    ATTACH_FAILURES,
+    MAX_FIDS,
+    MAX_REQUESTS,
+    MAX_TCP_CONNECTIONS,
+    MAX_UNIX_CONNECTIONS,
+    serve_tcp,
+)
 from ollie.fs.stores import LINE_MAX
-from test_ninep_server import in_thread, raw_attach_wait, raw_connect, world  # noqa: F401 (world: a fixture)
+from test_ninep_server import in_thread, raw_attach_wait, raw_connect
+
+world = test_ninep_server.world  # the fixture: these tests serve the same namespace
 
 
 async def until(predicate, timeout=5):
@@ -64,8 +73,9 @@ async def test_too_many_requests_in_flight_are_refused_but_tflush_is_taken(world
         await in_thread(lambda: raw_attach_wait(s, tag=60000))  # one read blocked in `wait`
 
         def flood():
-            blocked = b"".join(py9p.encode_message(py9p.Tread(fid=1, offset=0, count=10, tag=t))
-                               for t in range(MAX_REQUESTS - 1))
+            blocked = b"".join(
+                py9p.encode_message(py9p.Tread(fid=1, offset=0, count=10, tag=t)) for t in range(MAX_REQUESTS - 1)
+            )
             s.sendall(blocked + py9p.encode_message(py9p.Tread(fid=1, offset=0, count=10, tag=60001)))
             refused = py9p.read_message(s)
             s.sendall(py9p.encode_message(py9p.Tflush(oldtag=0, tag=60002)))

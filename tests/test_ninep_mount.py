@@ -16,8 +16,9 @@ from ollie.fs import tree
 from ollie.fs.ninep_server import serve_tcp, serve_unix
 from ollie.fs.sessions import Sessions
 
-pytestmark = pytest.mark.skipif(not shutil.which("fusermount3") or not os.path.exists("/dev/fuse"),
-                                reason="needs FUSE (fusermount3, /dev/fuse)")
+pytestmark = pytest.mark.skipif(
+    not shutil.which("fusermount3") or not os.path.exists("/dev/fuse"), reason="needs FUSE (fusermount3, /dev/fuse)"
+)
 
 OLLIE = [sys.executable, "-c", "import sys; from ollie.cli import main; sys.exit(main())"]
 
@@ -48,7 +49,7 @@ class MountProcess:
             self.proc.send_signal(signal.SIGTERM)
             try:
                 await asyncio.wait_for(self.proc.wait(), 10)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 self.proc.kill()
                 await self.proc.wait()
         if os.path.ismount(self.mnt):
@@ -60,8 +61,9 @@ async def mounts():
     started = []
 
     async def start(addr, mnt, env=None, expect_ready=True, args=()):
-        proc = await asyncio.create_subprocess_exec(*OLLIE, "mount", addr, str(mnt), *args, stderr=subprocess.PIPE,
-                                                    env={**os.environ, **(env or {})})
+        proc = await asyncio.create_subprocess_exec(
+            *OLLIE, "mount", addr, str(mnt), *args, stderr=subprocess.PIPE, env={**os.environ, **(env or {})}
+        )
         m = MountProcess(proc, mnt)
         started.append(m)
         lines = []
@@ -80,8 +82,9 @@ async def mounts():
 
 
 async def sh(cmd, cwd, timeout=20):
-    proc = await asyncio.create_subprocess_exec("bash", "-c", cmd, cwd=cwd, stdout=subprocess.PIPE,
-                                                stderr=subprocess.PIPE)
+    proc = await asyncio.create_subprocess_exec(
+        "bash", "-c", cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
     out, err = await asyncio.wait_for(proc.communicate(), timeout)
     return proc.returncode, out.decode(), err.decode()
 
@@ -97,8 +100,21 @@ async def test_shell_tools_and_a_session_through_a_remote_mount(served, mounts, 
     mnt = tmp_path / "mnt"
     await mounts(f"unix!{unix.address}", mnt)
 
-    assert (await ok("ls", mnt)).split() == ["a", "backends", "ctl", "help", "m", "p", "s", "sk", "t", "tmp",
-                                             "tr", "u", "x"]
+    assert (await ok("ls", mnt)).split() == [
+        "a",
+        "backends",
+        "ctl",
+        "help",
+        "m",
+        "p",
+        "s",
+        "sk",
+        "t",
+        "tmp",
+        "tr",
+        "u",
+        "x",
+    ]
     assert await ok("cat help", mnt) == tree.HELP
     await ok("echo hello > tmp/note && echo more >> tmp/note", mnt)
     assert await ok("cat tmp/note", mnt) == "hello\nmore\n"
@@ -112,16 +128,22 @@ async def test_shell_tools_and_a_session_through_a_remote_mount(served, mounts, 
     await ok("""sed -i 's/}/, "maxSteps": 7}/' a/reviewer.json""", mnt)
     assert json.loads(agent.read_text())["maxSteps"] == 7
     shorter = json.dumps({"backend": "scripted", "model": str(tmp_path / "script.json")})
-    await ok(f"{sys.executable} -c 'import os, sys; fd = os.open(\"a/reviewer.json\", os.O_WRONLY); "
-             f"os.ftruncate(fd, 0); os.write(fd, sys.argv[1].encode()); os.close(fd)' '{shorter}'", mnt)
+    await ok(
+        f'{sys.executable} -c \'import os, sys; fd = os.open("a/reviewer.json", os.O_WRONLY); '
+        f"os.ftruncate(fd, 0); os.write(fd, sys.argv[1].encode()); os.close(fd)' '{shorter}'",
+        mnt,
+    )
     assert agent.read_text() == shorter
 
     # a session, driven the way IDEAS.md does: root ctl, ls s/, prompt, reply
     await ok("echo 'new agent=reviewer' > ctl", mnt)
     sid = (await ok("ls s", mnt)).split()[-1]
     await ok(f"echo 'please review' > s/{sid}/prompt", mnt)
-    reply = await ok(f"for i in 1 2 3 4 5; do grep -q LGTM s/{sid}/reply && break; "
-                     f"timeout 5 cat s/{sid}/statewait >/dev/null; done; cat s/{sid}/reply", mnt)
+    reply = await ok(
+        f"for i in 1 2 3 4 5; do grep -q LGTM s/{sid}/reply && break; "
+        f"timeout 5 cat s/{sid}/statewait >/dev/null; done; cat s/{sid}/reply",
+        mnt,
+    )
     assert reply.strip() == "LGTM"
     assert "user: please review\nassistant: LGTM\n" in await ok(f"cat s/{sid}/chat", mnt)
 
@@ -134,8 +156,7 @@ async def test_shell_tools_and_a_session_through_a_remote_mount(served, mounts, 
     assert rc != 0 and "File too large" in err  # the server's cap (its Rerror) as an errno
 
     # a reader blocked in statewait can be killed (Tflush), and the mount lives on
-    reader = await asyncio.create_subprocess_exec("cat", str(mnt / "s" / sid / "statewait"),
-                                                  stdout=subprocess.PIPE)
+    reader = await asyncio.create_subprocess_exec("cat", str(mnt / "s" / sid / "statewait"), stdout=subprocess.PIPE)
     with pytest.raises(asyncio.TimeoutError):
         await asyncio.wait_for(asyncio.shield(reader.wait()), 0.5)  # it is blocked
     reader.kill()
@@ -150,8 +171,7 @@ async def test_shell_tools_and_a_session_through_a_remote_mount(served, mounts, 
 async def test_tcp_mount_needs_the_token(served, mounts, tmp_path):
     _, tcp = served
     host, port = tcp.address
-    refused = await mounts(f"tcp!{host}!{port}", tmp_path / "no", env={"OLLIE_9P_TOKEN": "wrong"},
-                           expect_ready=False)
+    refused = await mounts(f"tcp!{host}!{port}", tmp_path / "no", env={"OLLIE_9P_TOKEN": "wrong"}, expect_ready=False)
     assert refused.proc.returncode == 1 and "permission denied" in refused.stderr
     assert not os.path.ismount(tmp_path / "no")
     await mounts(f"{host}:{port}", tmp_path / "yes", env={"OLLIE_9P_TOKEN": "let-me-in"})
@@ -167,8 +187,9 @@ async def test_the_token_comes_from_a_file_never_the_command_line(served, mounts
     assert "--token-file PATH" in on_cmdline.stderr and "$OLLIE_9P_TOKEN" in on_cmdline.stderr
     token = tmp_path / "token"
     token.write_text("let-me-in\n")
-    await mounts(f"{host}:{port}", tmp_path / "yes", env={"OLLIE_9P_TOKEN": "wrong"},
-                 args=("--token-file", str(token)))  # the file wins
+    await mounts(
+        f"{host}:{port}", tmp_path / "yes", env={"OLLIE_9P_TOKEN": "wrong"}, args=("--token-file", str(token))
+    )  # the file wins
     assert await ok("cat backends", tmp_path / "yes") == tree.backends_text()
 
 

@@ -54,13 +54,17 @@ class World:
         (self.disk / "notes").write_text("first line\n")
         self.submitted: list[str] = []
         self.wait = WaitFile()
-        self.ns = Namespace(StaticDir({
-            "hello": TextFile(lambda: "hello, world\n"),
-            "d": DiskDir(self.disk),
-            "prompt": OnCloseFile(lambda: "", self.submit, limit=1 << 20),
-            "ctl": CtlFile(self.command),
-            "wait": self.wait,
-        }))
+        self.ns = Namespace(
+            StaticDir(
+                {
+                    "hello": TextFile(lambda: "hello, world\n"),
+                    "d": DiskDir(self.disk),
+                    "prompt": OnCloseFile(lambda: "", self.submit, limit=1 << 20),
+                    "ctl": CtlFile(self.command),
+                    "wait": self.wait,
+                }
+            )
+        )
 
     async def submit(self, text):
         self.submitted.append(text)
@@ -183,8 +187,22 @@ async def test_create_write_rename_remove_with_python_9p(world):
             assert (world.disk / "new.txt").read_text() == "written over 9P\n"
             c.walk(0, 2, "d/new.txt")
             st = c.stat(2)  # rename: the same entry with a new name (python-9p cannot send "don't touch")
-            c.wstat(2, py9p.Dir(st.type, st.dev, st.qid, st.mode, st.atime, st.mtime, st.length, "moved.txt",
-                                st.uid, st.gid, st.muid))
+            c.wstat(
+                2,
+                py9p.Dir(
+                    st.type,
+                    st.dev,
+                    st.qid,
+                    st.mode,
+                    st.atime,
+                    st.mtime,
+                    st.length,
+                    "moved.txt",
+                    st.uid,
+                    st.gid,
+                    st.muid,
+                ),
+            )
             assert c.stat(2).name == "moved.txt"  # the fid follows the rename
             assert sorted(os.listdir(world.disk)) == ["moved.txt", "notes"]
             c.remove(2)
@@ -296,12 +314,17 @@ async def test_a_client_that_reads_no_replies_is_not_buffered_without_bound(worl
     (world.disk / "big").write_bytes(b"x" * 8000)
     s = await in_thread(lambda: raw_connect(world.sock))
     with s:
+
         def flood():
-            for msg in (py9p.Tattach(fid=0, uname="me", tag=1), py9p.Twalk(fid=0, newfid=1, wname=("d", "big"), tag=2),
-                        py9p.Topen(fid=1, mode=0, tag=3)):
+            for msg in (
+                py9p.Tattach(fid=0, uname="me", tag=1),
+                py9p.Twalk(fid=0, newfid=1, wname=("d", "big"), tag=2),
+                py9p.Topen(fid=1, mode=0, tag=3),
+            ):
                 s.sendall(py9p.encode_message(msg))
-            reads = b"".join(py9p.encode_message(py9p.Tread(fid=1, offset=0, count=8000, tag=10 + i))
-                             for i in range(2000))
+            reads = b"".join(
+                py9p.encode_message(py9p.Tread(fid=1, offset=0, count=8000, tag=10 + i)) for i in range(2000)
+            )
             s.settimeout(2)
             try:
                 s.sendall(reads)
@@ -350,6 +373,7 @@ async def test_tcp_requires_the_token(world):
     host, port = srv.address
     assert host == "127.0.0.1"
     try:
+
         def session():
             with py9p.Client.connect_tcp(host, port) as c:
                 c.negotiate()
@@ -441,8 +465,13 @@ async def test_version_resets_the_connection(world):
 
 @pytest.mark.parametrize(
     "addr, want",
-    [("unix!/tmp/x", ("unix", "/tmp/x", 0)), ("tcp!127.0.0.1!564", ("tcp", "127.0.0.1", 564)),
-     ("localhost:5640", ("tcp", "localhost", 5640)), ("[::1]:9", ("tcp", "::1", 9)), ("/tmp/s", ("unix", "/tmp/s", 0))],
+    [
+        ("unix!/tmp/x", ("unix", "/tmp/x", 0)),
+        ("tcp!127.0.0.1!564", ("tcp", "127.0.0.1", 564)),
+        ("localhost:5640", ("tcp", "localhost", 5640)),
+        ("[::1]:9", ("tcp", "::1", 9)),
+        ("/tmp/s", ("unix", "/tmp/s", 0)),
+    ],
 )
 def test_parse_address(addr, want):
     assert parse_address(addr) == want

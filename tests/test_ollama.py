@@ -46,9 +46,18 @@ async def run(messages, tools=(), params=None, model="llama3.2", **options):
 
 
 async def test_streams_text_thinking_and_usage(server):
-    server.reply(wire.CHAT, wire.chat([
-        wire.chat_line(thinking="Hmm, "), wire.chat_line(thinking="easy."),
-        wire.chat_line(content="Hel"), wire.chat_line(content="lo"), wire.done_line(prompt=26, output=12)]))
+    server.reply(
+        wire.CHAT,
+        wire.chat(
+            [
+                wire.chat_line(thinking="Hmm, "),
+                wire.chat_line(thinking="easy."),
+                wire.chat_line(content="Hel"),
+                wire.chat_line(content="lo"),
+                wire.done_line(prompt=26, output=12),
+            ]
+        ),
+    )
     chunks = await run([Message("system", "Be brief."), Message("user", "hi")])
 
     assert "".join(c.text for c in chunks if isinstance(c, ReasoningDelta)) == "Hmm, easy."
@@ -76,20 +85,39 @@ async def test_num_ctx_comes_from_api_show_once(server):
 
 async def test_generation_params_map_onto_ollama_options(server):
     server.reply(wire.CHAT, wire.chat([wire.done_line(reason="length")]))
-    params = GenerationParams(temperature=0.2, top_p=0.9, top_k=30, min_p=0.05, repetition_penalty=1.1,
-                              max_tokens=64, stop=["\n\n"], reasoning_effort="high",
-                              response_format={"type": "json_object"})
+    params = GenerationParams(
+        temperature=0.2,
+        top_p=0.9,
+        top_k=30,
+        min_p=0.05,
+        repetition_penalty=1.1,
+        max_tokens=64,
+        stop=["\n\n"],
+        reasoning_effort="high",
+        response_format={"type": "json_object"},
+    )
     chunks = await run([Message("user", "hi")], params=params)
     body = server.requests_to(wire.CHAT)[0].json
-    assert body["options"] == {"temperature": 0.2, "top_p": 0.9, "top_k": 30, "min_p": 0.05, "repeat_penalty": 1.1,
-                               "num_predict": 64, "stop": ["\n\n"], "num_ctx": 32768}
+    assert body["options"] == {
+        "temperature": 0.2,
+        "top_p": 0.9,
+        "top_k": 30,
+        "min_p": 0.05,
+        "repeat_penalty": 1.1,
+        "num_predict": 64,
+        "stop": ["\n\n"],
+        "num_ctx": 32768,
+    }
     assert body["think"] == "high" and body["format"] == "json"
     assert chunks[-1].stop_reason == "length"
 
 
 async def test_tool_calls_get_stable_ids_and_results_go_back_by_name(server):
-    lines = [wire.chat_line(tool_calls=[wire.tool_call("execute_code", {"code": "echo hi"})]),
-             wire.chat_line(tool_calls=[wire.tool_call("execute_code", {"code": "ls"})]), wire.done_line()]
+    lines = [
+        wire.chat_line(tool_calls=[wire.tool_call("execute_code", {"code": "echo hi"})]),
+        wire.chat_line(tool_calls=[wire.tool_call("execute_code", {"code": "ls"})]),
+        wire.done_line(),
+    ]
     server.reply(wire.CHAT, wire.chat(lines), wire.chat(lines))
     history = [Message("user", "run")]
     first = await run(history, tools=[TOOL])
@@ -97,21 +125,31 @@ async def test_tool_calls_get_stable_ids_and_results_go_back_by_name(server):
 
     calls = [c for c in first if isinstance(c, ToolCallDelta)]
     assert [(c.index, c.name, json.loads(c.arguments)) for c in calls] == [
-        (0, "execute_code", {"code": "echo hi"}), (1, "execute_code", {"code": "ls"})]
+        (0, "execute_code", {"code": "echo hi"}),
+        (1, "execute_code", {"code": "ls"}),
+    ]
     assert calls[0].id and calls[0].id != calls[1].id
     assert [c.id for c in calls] == [c.id for c in again if isinstance(c, ToolCallDelta)]  # stable
     assert first[-1].stop_reason == "tool_calls"
     assert server.requests_to(wire.CHAT)[0].json["tools"] == [
-        {"type": "function", "function": {"name": "execute_code", "description": "Run code",
-                                          "parameters": TOOL.input_schema}}]
+        {
+            "type": "function",
+            "function": {"name": "execute_code", "description": "Run code", "parameters": TOOL.input_schema},
+        }
+    ]
 
     server.reply(wire.CHAT, wire.chat([wire.chat_line(content="hi"), wire.done_line()]))
-    history += [Message("assistant", "", tool_calls=[ToolCall(calls[0].id, "execute_code", calls[0].arguments)]),
-                Message("tool", "hi\n", tool_call_id=calls[0].id, name="execute_code")]
+    history += [
+        Message("assistant", "", tool_calls=[ToolCall(calls[0].id, "execute_code", calls[0].arguments)]),
+        Message("tool", "hi\n", tool_call_id=calls[0].id, name="execute_code"),
+    ]
     await run(history, tools=[TOOL])
     sent = server.requests_to(wire.CHAT)[-1].json["messages"]
-    assert sent[1] == {"role": "assistant", "content": "",
-                       "tool_calls": [{"function": {"name": "execute_code", "arguments": {"code": "echo hi"}}}]}
+    assert sent[1] == {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [{"function": {"name": "execute_code", "arguments": {"code": "echo hi"}}}],
+    }
     assert sent[2] == {"role": "tool", "content": "hi\n", "tool_name": "execute_code"}
 
 
@@ -135,7 +173,9 @@ async def test_tool_unsupported(server):
 
 
 async def test_rate_limit_and_server_errors(server):
-    server.reply(wire.CHAT, wire.error(429, "too many requests"), wire.error(500, "llama runner process has terminated"))
+    server.reply(
+        wire.CHAT, wire.error(429, "too many requests"), wire.error(500, "llama runner process has terminated")
+    )
     with pytest.raises(RateLimitError):
         await run([Message("user", "hi")])
     with pytest.raises(TransientError, match=r"ollama \(HTTP 500\): llama runner process has terminated"):
@@ -143,7 +183,10 @@ async def test_rate_limit_and_server_errors(server):
 
 
 async def test_error_line_mid_stream_is_transient(server):
-    server.reply(wire.CHAT, wire.chat([wire.chat_line(content="par"), {"error": "an error was encountered while running the model"}]))
+    server.reply(
+        wire.CHAT,
+        wire.chat([wire.chat_line(content="par"), {"error": "an error was encountered while running the model"}]),
+    )
     with pytest.raises(TransientError, match="while running the model"):
         await run([Message("user", "hi")])
 
@@ -155,15 +198,21 @@ async def test_overflow_reported_mid_stream_is_a_context_overflow(server):
 
 
 async def test_a_malformed_line_is_an_error_naming_the_provider(server):
-    server.reply(wire.CHAT, stream_reply([b'{"message": {"content": "hi"}, "done": false}\n', b"<html>oops\n"],
-                                         content_type="application/x-ndjson"))
+    server.reply(
+        wire.CHAT,
+        stream_reply(
+            [b'{"message": {"content": "hi"}, "done": false}\n', b"<html>oops\n"], content_type="application/x-ndjson"
+        ),
+    )
     with pytest.raises(BackendError, match="ollama: malformed stream line: '<html>oops'"):
         await run([Message("user", "hi")])
 
 
 async def test_arguments_given_as_json_text_stay_that_text(server):
-    server.reply(wire.CHAT, wire.chat([wire.chat_line(tool_calls=[wire.tool_call("execute_code", '{"code": "ls"}')]),
-                                       wire.done_line()]))
+    server.reply(
+        wire.CHAT,
+        wire.chat([wire.chat_line(tool_calls=[wire.tool_call("execute_code", '{"code": "ls"}')]), wire.done_line()]),
+    )
     [call] = [c for c in await run([Message("user", "go")], tools=[TOOL]) if isinstance(c, ToolCallDelta)]
     assert json.loads(call.arguments) == {"code": "ls"}
 
@@ -188,13 +237,16 @@ async def test_explicit_num_ctx_skips_api_show(server):
     assert not server.requests_to(wire.SHOW)
 
 
-@pytest.mark.parametrize("env, url", [
-    ({}, "http://localhost:11434"),
-    ({"OLLAMA_HOST": "0.0.0.0"}, "http://0.0.0.0:11434"),
-    ({"OLLAMA_HOST": "gpu-box:11500"}, "http://gpu-box:11500"),
-    ({"OLLAMA_HOST": "https://ollama.example/"}, "https://ollama.example"),
-    ({"OLLIE_OLLAMA_URL": "http://127.0.0.1:8000", "OLLAMA_HOST": "ignored:1"}, "http://127.0.0.1:8000"),
-])
+@pytest.mark.parametrize(
+    "env, url",
+    [
+        ({}, "http://localhost:11434"),
+        ({"OLLAMA_HOST": "0.0.0.0"}, "http://0.0.0.0:11434"),
+        ({"OLLAMA_HOST": "gpu-box:11500"}, "http://gpu-box:11500"),
+        ({"OLLAMA_HOST": "https://ollama.example/"}, "https://ollama.example"),
+        ({"OLLIE_OLLAMA_URL": "http://127.0.0.1:8000", "OLLAMA_HOST": "ignored:1"}, "http://127.0.0.1:8000"),
+    ],
+)
 def test_base_url_from_env(monkeypatch, env, url):
     for var in ("OLLIE_OLLAMA_URL", "OLLAMA_HOST"):
         monkeypatch.delenv(var, raising=False)

@@ -6,6 +6,7 @@ import os
 
 import pytest
 
+from agent_helpers import ToyServer
 from ollie import backends
 from ollie.agent.core import Core, CoreConfig
 from ollie.agent.env import build_agent_env
@@ -25,8 +26,6 @@ from ollie.types import (
     TransientError,
     UsageChunk,
 )
-
-from agent_helpers import ToyServer
 from wire import WireServer, json_reply, sse, stream_reply
 from wire.openai import PATH, chunk, text_stream, tool_call_stream
 
@@ -74,21 +73,32 @@ async def test_tool_calls_assembled_by_index_and_sent_back(server):
     chunks = await collect(be, history, tools)
     assert chunks[-1] == Done("tool_calls")
     body = server.requests[0].json
-    assert body["tools"] == [{"type": "function", "function": {"name": "echo", "description": "echo text",
-                                                               "parameters": {"type": "object"}}}]
-    assert body["messages"][1] == {"role": "assistant", "content": None, "tool_calls": [
-        {"id": "c0", "type": "function", "function": {"name": "echo", "arguments": '{"text":"z"}'}}]}
+    assert body["tools"] == [
+        {"type": "function", "function": {"name": "echo", "description": "echo text", "parameters": {"type": "object"}}}
+    ]
+    assert body["messages"][1] == {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [{"id": "c0", "type": "function", "function": {"name": "echo", "arguments": '{"text":"z"}'}}],
+    }
     assert body["messages"][2] == {"role": "tool", "tool_call_id": "c0", "content": "z"}
     await be.aclose()
 
 
 async def test_reasoning_deltas_in_both_spellings(server):
-    server.reply(PATH, stream_reply(sse([
-        (None, chunk({"reasoning_content": "think A "})),
-        (None, chunk({"reasoning": "think B"})),
-        (None, chunk({"content": "answer"}, "stop")),
-        (None, "[DONE]"),
-    ])))
+    server.reply(
+        PATH,
+        stream_reply(
+            sse(
+                [
+                    (None, chunk({"reasoning_content": "think A "})),
+                    (None, chunk({"reasoning": "think B"})),
+                    (None, chunk({"content": "answer"}, "stop")),
+                    (None, "[DONE]"),
+                ]
+            )
+        ),
+    )
     be = backend(server)
     chunks = await collect(be)
     assert "".join(c.text for c in chunks if type(c).__name__ == "ReasoningDelta") == "think A think B"
@@ -96,12 +106,21 @@ async def test_reasoning_deltas_in_both_spellings(server):
 
 
 async def test_http_errors_map_onto_the_taxonomy(server):
-    server.reply(PATH,
-                 json_reply({"error": {"message": "Rate limit reached", "type": "requests"}}, 429, {"retry-after": "7"}),
-                 json_reply({"error": {"message": "upstream broke"}}, 500),
-                 json_reply({"error": {"message": "This model's maximum context length is 8192 tokens",
-                                       "code": "context_length_exceeded"}}, 400),
-                 json_reply({"error": {"message": "bad request: unknown field"}}, 400))
+    server.reply(
+        PATH,
+        json_reply({"error": {"message": "Rate limit reached", "type": "requests"}}, 429, {"retry-after": "7"}),
+        json_reply({"error": {"message": "upstream broke"}}, 500),
+        json_reply(
+            {
+                "error": {
+                    "message": "This model's maximum context length is 8192 tokens",
+                    "code": "context_length_exceeded",
+                }
+            },
+            400,
+        ),
+        json_reply({"error": {"message": "bad request: unknown field"}}, 400),
+    )
     be = backend(server)
     with pytest.raises(RateLimitError) as e:
         await collect(be)
@@ -135,8 +154,7 @@ async def test_malformed_chunk_is_an_error(server):
 
 
 async def test_chunks_not_shaped_as_the_apis_are_errors(server):
-    server.reply(PATH, stream_reply(sse([(None, {"choices": "not a list"})])),
-                 stream_reply(sse([(None, [1, 2])])))
+    server.reply(PATH, stream_reply(sse([(None, {"choices": "not a list"})])), stream_reply(sse([(None, [1, 2])])))
     be = backend(server)
     for _ in range(2):
         with pytest.raises(BackendError, match="openai: malformed stream chunk"):
@@ -146,12 +164,16 @@ async def test_chunks_not_shaped_as_the_apis_are_errors(server):
 
 async def test_an_error_sent_inside_the_stream_maps_onto_the_taxonomy(server):
     """OpenRouter and vLLM report a failure after the 200 as an `error` object in the stream."""
+
     def failing(error):
         return stream_reply(sse([(None, chunk({"content": "par"})), (None, {"error": error})]))
 
-    server.reply(PATH, failing({"code": 502, "message": "upstream overloaded"}),
-                 failing({"message": "This model's maximum context length is 8192 tokens"}),
-                 failing({"code": 400, "message": "invalid tool schema"}))
+    server.reply(
+        PATH,
+        failing({"code": 502, "message": "upstream overloaded"}),
+        failing({"message": "This model's maximum context length is 8192 tokens"}),
+        failing({"code": 400, "message": "invalid tool schema"}),
+    )
     be = backend(server)
     with pytest.raises(TransientError, match=r"openai \(HTTP 502\): upstream overloaded"):
         await collect(be)
@@ -181,8 +203,18 @@ def test_url_from_the_environment(monkeypatch):
 
 
 async def test_models_and_context_length(server):
-    server.route("/v1/models", lambda r: json_reply({"object": "list", "data": [
-        {"id": "b-model", "object": "model"}, {"id": "gpt-4o-mini", "object": "model", "context_length": 32768}]}))
+    server.route(
+        "/v1/models",
+        lambda r: json_reply(
+            {
+                "object": "list",
+                "data": [
+                    {"id": "b-model", "object": "model"},
+                    {"id": "gpt-4o-mini", "object": "model", "context_length": 32768},
+                ],
+            }
+        ),
+    )
     be = backend(server)
     assert await be.models() == ["b-model", "gpt-4o-mini"]
     assert await be.context_length() == 32768
@@ -191,11 +223,13 @@ async def test_models_and_context_length(server):
 
 async def test_full_loop_over_the_wire_with_retries(server):
     """A turn against the server: a 429, a cut stream, then tool calls and an answer."""
-    server.reply(PATH,
-                 json_reply({"error": {"message": "slow down"}}, 429, {"retry-after": "0"}),
-                 stream_reply(sse([(None, chunk({"content": "half"}))])),  # ends without finish_reason
-                 tool_call_stream([("c1", "echo", '{"text": "from tool"}')]),
-                 text_stream("The tool said: from tool"))
+    server.reply(
+        PATH,
+        json_reply({"error": {"message": "slow down"}}, 429, {"retry-after": "0"}),
+        stream_reply(sse([(None, chunk({"content": "half"}))])),  # ends without finish_reason
+        tool_call_stream([("c1", "echo", '{"text": "from tool"}')]),
+        text_stream("The tool said: from tool"),
+    )
     be = backend(server)
     toy = ToyServer()
     nd = new_dispatcher_func({"toy": lambda: toy})

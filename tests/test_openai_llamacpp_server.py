@@ -42,9 +42,25 @@ def _watch_log(proc: subprocess.Popen, marker: bytes) -> tuple[threading.Event, 
 def server_url():
     port = _free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "llama_cpp.server", "--model", str(default_model_path()), "--model_alias", ALIAS,
-         "--host", "127.0.0.1", "--port", str(port), "--n_ctx", str(N_CTX), "--n_threads", str(os.cpu_count())],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        [
+            sys.executable,
+            "-m",
+            "llama_cpp.server",
+            "--model",
+            str(default_model_path()),
+            "--model_alias",
+            ALIAS,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--n_ctx",
+            str(N_CTX),
+            "--n_threads",
+            str(os.cpu_count()),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
     )
     try:
         seen, log = _watch_log(proc, b"Uvicorn running on")
@@ -58,8 +74,14 @@ def server_url():
 
 async def test_streams_a_chat_from_llama_cpp_server(server_url):
     backend = backends.create("llamacpp", model=ALIAS, base_url=server_url)
-    chunks = [c async for c in backend.stream([Message("system", "You are brief."), Message("user", "Say hi.")], [],
-                                             GenerationParams(temperature=0, max_tokens=24))]
+    chunks = [
+        c
+        async for c in backend.stream(
+            [Message("system", "You are brief."), Message("user", "Say hi.")],
+            [],
+            GenerationParams(temperature=0, max_tokens=24),
+        )
+    ]
     await backend.aclose()
     assert "".join(c.text for c in chunks if isinstance(c, TextDelta)).strip()
     assert isinstance(chunks[-1], Done) and chunks[-1].stop_reason in ("stop", "length")
@@ -78,6 +100,8 @@ async def test_a_prompt_beyond_the_window_ends_the_stream_without_done(server_ur
     # llama_cpp.server answers 200 and then closes an empty stream; the backend must not make up a
     # Done, so the Core sees a dropped stream rather than an empty answer.
     backend = backends.create("llamacpp", model=ALIAS, base_url=server_url)
-    chunks = [c async for c in backend.stream([Message("user", "apple " * (N_CTX * 2))], [], GenerationParams(max_tokens=8))]
+    chunks = [
+        c async for c in backend.stream([Message("user", "apple " * (N_CTX * 2))], [], GenerationParams(max_tokens=8))
+    ]
     await backend.aclose()
     assert not any(isinstance(c, Done) for c in chunks)

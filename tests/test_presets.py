@@ -9,8 +9,16 @@ from wire import WireServer, sse, stream_reply
 from wire.openai import PATH, chunk, text_stream, usage
 
 TOOLS = [ToolSpec("a", "A", {"type": "object"}), ToolSpec("b", "B", {"type": "object"})]
-KEY_VARS = ("OLLIE_OPENROUTER_KEY", "OPENROUTER_API_KEY", "OLLIE_COPILOT_TOKEN", "OLLIE_MODEL",
-            "OLLIE_LLAMACPP_URL", "OLLIE_VLLM_URL", "OLLIE_LMSTUDIO_URL", "OLLIE_VLLM_KEY")
+KEY_VARS = (
+    "OLLIE_OPENROUTER_KEY",
+    "OPENROUTER_API_KEY",
+    "OLLIE_COPILOT_TOKEN",
+    "OLLIE_MODEL",
+    "OLLIE_LLAMACPP_URL",
+    "OLLIE_VLLM_URL",
+    "OLLIE_LMSTUDIO_URL",
+    "OLLIE_VLLM_KEY",
+)
 
 
 @pytest.fixture(autouse=True)
@@ -34,9 +42,19 @@ async def run(backend, messages, tools=()):
 
 async def test_openrouter_asks_for_cost_and_reports_it(server, monkeypatch):
     monkeypatch.setenv("OPENROUTER_API_KEY", "or-key")
-    server.reply(PATH, stream_reply(sse([
-        (None, chunk({"content": "hi"})), (None, chunk({}, "stop")),
-        (None, chunk(usage=usage(100, 20, cost=0.00042))), (None, "[DONE]")])))
+    server.reply(
+        PATH,
+        stream_reply(
+            sse(
+                [
+                    (None, chunk({"content": "hi"})),
+                    (None, chunk({}, "stop")),
+                    (None, chunk(usage=usage(100, 20, cost=0.00042))),
+                    (None, "[DONE]"),
+                ]
+            )
+        ),
+    )
     backend = backends.create("openrouter", model="openai/gpt-4o", base_url=server.url + "/v1")
     chunks = await run(backend, [Message("system", "sys"), Message("user", "hi")], TOOLS)
 
@@ -56,8 +74,10 @@ async def test_openrouter_marks_system_and_last_tool_for_claude(server, monkeypa
     backend = backends.create("openrouter", model="anthropic/claude-sonnet-4.5", base_url=server.url + "/v1")
     await run(backend, [Message("system", "be brief"), Message("user", "hi")], TOOLS)
     body = server.requests[0].json
-    assert body["messages"][0] == {"role": "system", "content": [
-        {"type": "text", "text": "be brief", "cache_control": {"type": "ephemeral"}}]}
+    assert body["messages"][0] == {
+        "role": "system",
+        "content": [{"type": "text", "text": "be brief", "cache_control": {"type": "ephemeral"}}],
+    }
     assert body["messages"][1] == {"role": "user", "content": "hi"}
     assert "cache_control" not in body["tools"][0]
     assert body["tools"][1]["cache_control"] == {"type": "ephemeral"}
@@ -103,4 +123,6 @@ async def test_local_server_url_and_key_from_env(server, monkeypatch):
 
 
 def test_every_preset_is_registered():
-    assert {"anthropic", "ollama", "local", "openrouter", "copilot", "llamacpp", "vllm", "lmstudio"} <= set(backends.names())
+    assert {"anthropic", "ollama", "local", "openrouter", "copilot", "llamacpp", "vllm", "lmstudio"} <= set(
+        backends.names()
+    )

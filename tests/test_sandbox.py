@@ -11,8 +11,7 @@ from pathlib import Path
 import pytest
 
 from ollie import _sandbox
-from ollie.tools import CallContext
-from ollie.tools import execute
+from ollie.tools import CallContext, execute
 from sandbox_helpers import API_KEY, SECRET, write_policy
 from test_execute import alive
 
@@ -23,8 +22,9 @@ pytestmark = pytest.mark.skipif(_sandbox.landlock_abi() < 6, reason="needs Landl
 
 async def test_cannot_write_outside_the_cwd(run, tmp_path, home):
     (tmp_path / "existing").write_text("original")
-    result = await run(f"echo x > {home}/.bashrc; mkdir {tmp_path}/d; echo x > {tmp_path}/new; echo x > /usr/x; "
-                       f"rm {tmp_path}/existing")
+    result = await run(
+        f"echo x > {home}/.bashrc; mkdir {tmp_path}/d; echo x > {tmp_path}/new; echo x > /usr/x; rm {tmp_path}/existing"
+    )
     assert result.is_error and "Permission denied" in result.text()
     assert not (home / ".bashrc").exists() and not (tmp_path / "d").exists() and not (tmp_path / "new").exists()
     assert (tmp_path / "existing").read_text() == "original"
@@ -66,15 +66,21 @@ async def test_a_call_stays_confined_when_its_policy_leaves_the_cache(home, tmp_
     server = execute.Decl(str(cwd))()
     ctx = CallContext(cwd=str(cwd), tmpdir=str(tmp_path))
     outside = home / "escaped"
-    call = asyncio.create_task(server.call_tool("execute_code", {"steps": [
-        {"code": "touch started; sleep 0.5"}, {"code": f"echo escaped > {outside}"}]}, ctx))
+    call = asyncio.create_task(
+        server.call_tool(
+            "execute_code",
+            {"steps": [{"code": "touch started; sleep 0.5"}, {"code": f"echo escaped > {outside}"}]},
+            ctx,
+        )
+    )
     while not (cwd / "started").exists():
         await asyncio.sleep(0.01)
     for i in range(40):  # other sessions: each its own tmpdir, so its own sandbox
         other = tmp_path / f"session-{i}"
         other.mkdir()
-        result = await server.call_tool("execute_code", {"steps": [{"code": "true"}]},
-                                        CallContext(cwd=str(cwd), tmpdir=str(other)))
+        result = await server.call_tool(
+            "execute_code", {"steps": [{"code": "true"}]}, CallContext(cwd=str(cwd), tmpdir=str(other))
+        )
         assert not result.is_error, result.text()
     result = await call
     assert result.is_error and not outside.exists(), result.text()
@@ -118,8 +124,9 @@ async def test_cannot_reach_unix_sockets(run, tmp_path):
     with listener:
         result = await run(code, "python3")
         assert result.is_error and "PermissionError" in result.text() and "connected" not in result.text()
-        result = await run("import socket; a, b = socket.socketpair(); a.send(b'pair'); print(b.recv(4).decode())",
-                           "python3")
+        result = await run(
+            "import socket; a, b = socket.socketpair(); a.send(b'pair'); print(b.recv(4).decode())", "python3"
+        )
         assert result.text() == "pair\n"  # in-process socket pairs still work
         # With network.unix, a socket the policy's paths show (the jail hides the rest of /tmp).
         write_policy("unix", f"network:\n  unix: true\nfilesystem:\n  ro: [{tmp_path}]\n")
@@ -136,8 +143,9 @@ async def test_the_hosts_tmp_is_out_of_sight(run, tmp_path):
     other_session.mkdir(parents=True)
     (other_session / "history.jsonl").write_text(SECRET)
     try:
-        result = await run(f"cat {secret}; cat {other_session}/history.jsonl; ls /tmp; echo mine > /tmp/written; "
-                           "cat /tmp/written")
+        result = await run(
+            f"cat {secret}; cat {other_session}/history.jsonl; ls /tmp; echo mine > /tmp/written; cat /tmp/written"
+        )
         assert "s3cr3t" not in result.text() and result.text().count("No such file") == 2
         assert "mine" in result.text() and not Path("/tmp/written").exists()
         listing = result.text().split("No such file or directory\n")[-1]
@@ -171,8 +179,10 @@ async def test_cannot_leave_a_process_running(run):
 
 
 async def test_reads_the_system_and_writes_cwd_and_tmpdir(run, tmp_path):
-    result = await run("ls /usr/bin | grep -c . ; head -1 /etc/passwd; echo made > file; mkdir -p d/e; "
-                       "echo tmp > $TMPDIR/t; cat file $TMPDIR/t; rm -r d")
+    result = await run(
+        "ls /usr/bin | grep -c . ; head -1 /etc/passwd; echo made > file; mkdir -p d/e; "
+        "echo tmp > $TMPDIR/t; cat file $TMPDIR/t; rm -r d"
+    )
     assert not result.is_error, result.text()
     lines = result.text().splitlines()
     assert int(lines[0]) > 10 and lines[1].startswith("root:") and lines[2:] == ["made", "tmp"]
@@ -180,8 +190,11 @@ async def test_reads_the_system_and_writes_cwd_and_tmpdir(run, tmp_path):
 
 
 async def test_interpreters_run(run):
-    for language, code in (("python3", "import json, ssl; print('py')"), ("perl", "use POSIX; print qq(pl\\n)"),
-                           ("bash", "python3 -c 'print(1)' && jq -n 1 && date -u +%Y >/dev/null && echo sh")):
+    for language, code in (
+        ("python3", "import json, ssl; print('py')"),
+        ("perl", "use POSIX; print qq(pl\\n)"),
+        ("bash", "python3 -c 'print(1)' && jq -n 1 && date -u +%Y >/dev/null && echo sh"),
+    ):
         result = await run(code, language)
         assert not result.is_error, result.text()
 
@@ -211,32 +224,36 @@ async def test_network_rules_open_exactly_the_listed_ports(run):
     with listener, other:
         write_policy("net", f"network:\n  connect_tcp: [{port}]\n  bind_tcp: [18765]\n")
         connect = "import socket, sys; socket.create_connection(('127.0.0.1', int(sys.argv[1])))"
-        result = await run(f"python3 -c \"{connect}\" {port} && echo ok", sandbox="net")
+        result = await run(f'python3 -c "{connect}" {port} && echo ok', sandbox="net")
         assert result.text() == "ok\n"
-        result = await run(f"python3 -c \"{connect}\" {other_port}", sandbox="net")
+        result = await run(f'python3 -c "{connect}" {other_port}', sandbox="net")
         assert result.is_error and "PermissionError" in result.text()
-        result = await run("import socket; socket.socket().bind(('127.0.0.1', 18765)); print('bound')", "python3",
-                           sandbox="net")
+        result = await run(
+            "import socket; socket.socket().bind(('127.0.0.1', 18765)); print('bound')", "python3", sandbox="net"
+        )
         assert result.text() == "bound\n"
         write_policy("open", "network:\n  unrestricted: true\n")
-        result = await run(f"python3 -c \"{connect}\" {other_port} && echo ok", sandbox="open")
+        result = await run(f'python3 -c "{connect}" {other_port} && echo ok', sandbox="open")
         assert result.text() == "ok\n"
 
 
-@pytest.mark.parametrize("text,message", [
-    ("filesystem: [a]\n", "filesystem must be a mapping"),
-    ("filesystem:\n  rw: /tmp\n", "filesystem.rw must be a list of paths"),
-    ("filesystem:\n  write: [/tmp]\n", "unknown key filesystem.write"),
-    ("shell: bash\n", "unknown key 'shell'"),
-    ("filesystem:\n  rw: [relative/dir]\n", "'relative/dir' is not an absolute path"),
-    ("network:\n  connect_tcp: [http]\n", "network.connect_tcp must be a list of port numbers"),
-    ("env: PATH\n", "env must be a list of variable names"),
-    ("filesystem: {rw: [\n", "invalid YAML"),
-    ("limits:\n  processes: 10\n", "limits.processes must be at least 300"),
-    ("limits:\n  memory: lots\n", "limits.memory must be a size such as 512M or 2G"),
-    ("limits:\n  cpu: -1\n", "limits.cpu must be a positive number"),
-    ("limits:\n  disk: 1G\n", "unknown key limits.disk"),
-])
+@pytest.mark.parametrize(
+    "text,message",
+    [
+        ("filesystem: [a]\n", "filesystem must be a mapping"),
+        ("filesystem:\n  rw: /tmp\n", "filesystem.rw must be a list of paths"),
+        ("filesystem:\n  write: [/tmp]\n", "unknown key filesystem.write"),
+        ("shell: bash\n", "unknown key 'shell'"),
+        ("filesystem:\n  rw: [relative/dir]\n", "'relative/dir' is not an absolute path"),
+        ("network:\n  connect_tcp: [http]\n", "network.connect_tcp must be a list of port numbers"),
+        ("env: PATH\n", "env must be a list of variable names"),
+        ("filesystem: {rw: [\n", "invalid YAML"),
+        ("limits:\n  processes: 10\n", "limits.processes must be at least 300"),
+        ("limits:\n  memory: lots\n", "limits.memory must be a size such as 512M or 2G"),
+        ("limits:\n  cpu: -1\n", "limits.cpu must be a positive number"),
+        ("limits:\n  disk: 1G\n", "unknown key limits.disk"),
+    ],
+)
 async def test_bad_policy_files_are_reported(run, text, message):
     path = write_policy("bad", text)
     result = await run("echo never", sandbox="bad")

@@ -13,14 +13,13 @@ from pathlib import Path
 
 import pytest
 
+from agent_helpers import make_core
 from ollie import _sandbox
 from ollie.agent import hooks
 from ollie.config import AgentConfig, ConfigError, parse_agent
-from ollie.tools import CallContext
-from ollie.tools import execute
-from agent_helpers import make_core
-from test_execute import alive
+from ollie.tools import CallContext, execute
 from sandbox_helpers import API_KEY, SECRET, write_policy
+from test_execute import alive
 
 pytestmark = pytest.mark.skipif(_sandbox.landlock_abi() < 6, reason="needs Landlock ABI 6 (Linux 6.12)")
 
@@ -28,8 +27,10 @@ pytestmark = pytest.mark.skipif(_sandbox.landlock_abi() < 6, reason="needs Landl
 def errno_of(code: str) -> str:
     """Python that runs `code` and prints the errno name it fails with, or 'ok'."""
     body = "\n".join(" " + line for line in code.splitlines())
-    return (f"import ctypes, errno, os, socket\ntry:\n{body}\n print('ok')\n"
-            "except OSError as e:\n print(errno.errorcode[e.errno])")
+    return (
+        f"import ctypes, errno, os, socket\ntry:\n{body}\n print('ok')\n"
+        "except OSError as e:\n print(errno.errorcode[e.errno])"
+    )
 
 
 SYSCALL = "libc = ctypes.CDLL(None, use_errno=True)\n"
@@ -37,8 +38,7 @@ SYSCALL = "libc = ctypes.CDLL(None, use_errno=True)\n"
 
 def syscall(nr: int, *args: str) -> str:
     """Python for a raw system call that raises OSError on failure."""
-    return (f"{SYSCALL}r = libc.syscall({nr}, {', '.join(args)})\n"
-            "if r < 0: raise OSError(ctypes.get_errno(), 'failed')")
+    return f"{SYSCALL}r = libc.syscall({nr}, {', '.join(args)})\nif r < 0: raise OSError(ctypes.get_errno(), 'failed')"
 
 
 # ---- 1, 2, 6: sockets --------------------------------------------------------------------------
@@ -50,17 +50,20 @@ async def test_io_uring_is_refused(run):
     assert result.text() == "ENOSYS\n"
 
 
-@pytest.mark.parametrize("family,kind,proto,expected", [
-    ("AF_INET", "SOCK_STREAM", 262, "EACCES"),  # MPTCP: Landlock's TCP rules do not cover it
-    ("AF_INET", "SOCK_DGRAM", 0, "EACCES"),
-    ("AF_INET6", "SOCK_DGRAM", 17, "EACCES"),
-    ("AF_INET", "SOCK_RAW", 1, "EACCES"),
-    ("AF_VSOCK", "SOCK_STREAM", 0, "EAFNOSUPPORT"),
-    ("AF_NETLINK", "SOCK_RAW", 4, "EAFNOSUPPORT"),  # sock_diag lists every socket's path
-    ("AF_NETLINK", "SOCK_RAW", 0, "EAFNOSUPPORT"),
-    ("AF_PACKET", "SOCK_RAW", 0, "EAFNOSUPPORT"),
-    ("AF_INET", "SOCK_STREAM", 0, "ok"),  # plain TCP sockets: Landlock decides their ports
-])
+@pytest.mark.parametrize(
+    "family,kind,proto,expected",
+    [
+        ("AF_INET", "SOCK_STREAM", 262, "EACCES"),  # MPTCP: Landlock's TCP rules do not cover it
+        ("AF_INET", "SOCK_DGRAM", 0, "EACCES"),
+        ("AF_INET6", "SOCK_DGRAM", 17, "EACCES"),
+        ("AF_INET", "SOCK_RAW", 1, "EACCES"),
+        ("AF_VSOCK", "SOCK_STREAM", 0, "EAFNOSUPPORT"),
+        ("AF_NETLINK", "SOCK_RAW", 4, "EAFNOSUPPORT"),  # sock_diag lists every socket's path
+        ("AF_NETLINK", "SOCK_RAW", 0, "EAFNOSUPPORT"),
+        ("AF_PACKET", "SOCK_RAW", 0, "EAFNOSUPPORT"),
+        ("AF_INET", "SOCK_STREAM", 0, "ok"),  # plain TCP sockets: Landlock decides their ports
+    ],
+)
 async def test_sockets_by_list(run, family, kind, proto, expected):
     result = await run(errno_of(f"socket.socket(socket.{family}, socket.{kind}, {proto})"), "python3")
     assert result.text() == f"{expected}\n"
@@ -181,8 +184,9 @@ async def hook_run(cfg: AgentConfig, cwd: Path, prompt: str = "go") -> tuple[str
 async def test_hooks_run_confined(project, home):
     listener = socket.create_server(("127.0.0.1", 0))
     port = listener.getsockname()[1]
-    cfg = AgentConfig(hooks={"preTurn": [
-        f"env; touch written; cat {home}/.ssh/id_rsa; echo hi > /dev/tcp/127.0.0.1/{port}; exit 0"]})
+    cfg = AgentConfig(
+        hooks={"preTurn": [f"env; touch written; cat {home}/.ssh/id_rsa; echo hi > /dev/tcp/127.0.0.1/{port}; exit 0"]}
+    )
     with listener:
         sent, infos = await hook_run(cfg, project)
     assert API_KEY not in sent and "s3cr3t" not in sent and infos == []
@@ -196,10 +200,12 @@ async def test_a_hook_file_the_agent_can_write_is_refused_unless_trusted(project
     hook.chmod(0o755)
     sent, infos = await hook_run(AgentConfig(hooks={"preTurn": ["./check-tool.sh"]}), project)
     assert "checked" not in sent
-    assert any("check-tool.sh is a file that sandboxed code can write" in i and "trustWritableHooks" in i
-               for i in infos)
-    sent, infos = await hook_run(AgentConfig(hooks={"preTurn": ["./check-tool.sh"]}, trust_writable_hooks=True),
-                                 project)
+    assert any(
+        "check-tool.sh is a file that sandboxed code can write" in i and "trustWritableHooks" in i for i in infos
+    )
+    sent, infos = await hook_run(
+        AgentConfig(hooks={"preTurn": ["./check-tool.sh"]}, trust_writable_hooks=True), project
+    )
     assert "checked" in sent
 
 
@@ -208,8 +214,9 @@ async def test_a_planted_git_fsmonitor_runs_confined(project, home):
     # A hook as plain as `git status` runs whatever core.fsmonitor the agent wrote into .git/config.
     subprocess.run(["git", "init", "-q"], cwd=project, check=True)
     loot = home / "loot"
-    subprocess.run(["git", "config", "core.fsmonitor", f"env > {loot}; env > {project}/loot; false"],
-                   cwd=project, check=True)
+    subprocess.run(
+        ["git", "config", "core.fsmonitor", f"env > {loot}; env > {project}/loot; false"], cwd=project, check=True
+    )
     await hook_run(AgentConfig(hooks={"preTurn": ["git status >/dev/null 2>&1; exit 0"]}), project)
     assert not loot.exists() and not (project / "loot").exists()
 
@@ -236,8 +243,10 @@ async def test_ollies_files_are_hidden_even_inside_a_granted_cwd(home, tmp_path,
     monkeypatch.setenv("OLLIE_DATA_PATH", str(data))
     server = execute.Decl(str(home))()
     ctx = CallContext(cwd=str(home), tmpdir=str(tmp_path))
-    code = (f"cat {cfg}/env; ls {cfg}; echo '{{\"hooks\": {{}}}}' > {cfg}/agents/default.json; "
-            f"cat {data}/sessions/s1/history.jsonl; echo ok > {home}/notes.txt")
+    code = (
+        f"cat {cfg}/env; ls {cfg}; echo '{{\"hooks\": {{}}}}' > {cfg}/agents/default.json; "
+        f"cat {data}/sessions/s1/history.jsonl; echo ok > {home}/notes.txt"
+    )
     result = await server.call_tool("execute_code", {"steps": [{"code": code}]}, ctx)
     await server.close()
     assert API_KEY not in result.text() and "s3cr3t" not in result.text()
@@ -266,8 +275,7 @@ async def test_the_file_servers_mount_is_hidden_wherever_it_is(fs_server):
     assert (fs_server.mnt / "ctl").exists()
     server = execute.Decl(str(fs_server.root))()
     ctx = CallContext(cwd=str(fs_server.root))
-    result = await server.call_tool("execute_code", {"steps": [{"code": f"ls -A {fs_server.mnt}; echo listed"}]},
-                                    ctx)
+    result = await server.call_tool("execute_code", {"steps": [{"code": f"ls -A {fs_server.mnt}; echo listed"}]}, ctx)
     await server.close()
     assert result.text() == "listed\n"
 
@@ -307,8 +315,9 @@ async def test_tool_scripts_stay_visible_inside_the_hidden_configuration(run, ho
 
 async def test_processes_outside_the_jail_are_out_of_reach(run):
     me = os.getpid()
-    result = await run(f"prlimit --pid {me} --cpu=1; prlimit --pid 1 --cpu=1:1; cat /proc/{me}/cmdline; "
-                       "ls /proc | grep -c '^[0-9]'")
+    result = await run(
+        f"prlimit --pid {me} --cpu=1; prlimit --pid 1 --cpu=1:1; cat /proc/{me}/cmdline; ls /proc | grep -c '^[0-9]'"
+    )
     text = result.text()
     assert text.count("Operation not permitted") == 2 and f"/proc/{me}/cmdline: No such file" in text
     assert int(text.split()[-1]) < 10  # the jail's own processes only
@@ -365,17 +374,20 @@ async def test_a_hook_whose_jail_stops_answering_cannot_hang_the_session(project
 
 
 async def test_a_spawner_cannot_be_traced_or_read(run):
-    result = await run("readlink /proc/$PPID/fd/3; cat /proc/$PPID/fd/4; cat /proc/$PPID/environ; "
-                       "cat /proc/$PPID/maps | head -1")
+    result = await run(
+        "readlink /proc/$PPID/fd/3; cat /proc/$PPID/fd/4; cat /proc/$PPID/environ; cat /proc/$PPID/maps | head -1"
+    )
     assert result.text().count("Permission denied") >= 3 and "socket:" not in result.text()
 
 
 async def test_a_process_cannot_join_another_stages_group(run):
     # Were it to, it would live until that stage ends, not its own.
     waiting = "echo $$ > group; while [ ! -e joined ]; do sleep 0.05; done"
-    join = ("while [ ! -s group ]; do sleep 0.05; done; python3 -c \"import os\n"
-            "try:\n os.setpgid(0, int(open('group').read()))\n print('joined')\n"
-            "except OSError as e:\n print(e.strerror)\"; touch joined")
+    join = (
+        'while [ ! -s group ]; do sleep 0.05; done; python3 -c "import os\n'
+        "try:\n os.setpgid(0, int(open('group').read()))\n print('joined')\n"
+        'except OSError as e:\n print(e.strerror)"; touch joined'
+    )
     call = {"steps": [{"parallel": [{"code": waiting}, {"code": join}]}], "timeout": 10}
     result = await run.server.call_tool("execute_code", call, run.ctx)
     assert result.text() == "Operation not permitted\n", result.text()
@@ -409,8 +421,9 @@ async def test_sysv_ipc_and_keyrings_are_out_of_reach(run):
         assert result.text() == "0\n"
     finally:
         subprocess.run(["ipcrm", "-m", shm_id], check=True)
-    add_key = syscall(248 if os.uname().machine == "x86_64" else 217, "b'user'", "b'k'", "b'v'", "1",
-                      "ctypes.c_int(-3)")
+    add_key = syscall(
+        248 if os.uname().machine == "x86_64" else 217, "b'user'", "b'k'", "b'v'", "1", "ctypes.c_int(-3)"
+    )
     result = await run(errno_of(add_key), "python3")
     assert result.text() == "EPERM\n"
 
@@ -418,14 +431,18 @@ async def test_sysv_ipc_and_keyrings_are_out_of_reach(run):
 # ---- 10, 11: limits and the choice of policy --------------------------------------------------
 
 
-SMALL = ("limits:\n  processes: 300\n  memory: 256M\n  file_size: 1M\n  timeout: 5\n  parallel: 4\n"
-         "  tmpdir: 1M\n  output: 64K\n")
+SMALL = (
+    "limits:\n  processes: 300\n  memory: 256M\n  file_size: 1M\n  timeout: 5\n  parallel: 4\n"
+    "  tmpdir: 1M\n  output: 64K\n"
+)
 
 
 async def test_a_fork_bomb_is_bounded(run):
     write_policy("small", SMALL)
-    code = ("import os, time\nn = 0\ntry:\n while n < 5000:\n  if os.fork() == 0:\n   time.sleep(60.5)\n"
-            "   os._exit(0)\n  n += 1\nexcept OSError as e:\n print('stopped', n < 300, e.strerror)")
+    code = (
+        "import os, time\nn = 0\ntry:\n while n < 5000:\n  if os.fork() == 0:\n   time.sleep(60.5)\n"
+        "   os._exit(0)\n  n += 1\nexcept OSError as e:\n print('stopped', n < 300, e.strerror)"
+    )
     result = await run(code, "python3", sandbox="small")
     assert result.text() == "stopped True Resource temporarily unavailable\n"
     assert alive("sleep(60.5)") == []  # and none of them outlived the stage
@@ -499,7 +516,7 @@ async def test_the_sessions_saved_results_are_readable_not_writable(run, tmp_pat
 
 # ---- without user namespaces ------------------------------------------------------------------
 
-NO_NAMESPACES = r'''
+NO_NAMESPACES = r"""
 import asyncio, ctypes, os, platform, struct, sys
 # A seccomp filter that refuses unshare(2) with EPERM, as a kernel without user namespaces would.
 nr = {"x86_64": 272, "aarch64": 97}[platform.machine()]
@@ -521,7 +538,7 @@ async def main():
         print(repr(result.text()), result.is_error)
     await server.close()
 asyncio.run(main())
-'''
+"""
 
 
 def test_without_namespaces_the_sandbox_refuses_unless_best_effort_and_says_so(home, tmp_path):

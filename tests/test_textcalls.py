@@ -34,8 +34,8 @@ def test_openai_function_shape_with_string_arguments():
 
 def test_tool_call_tags_several_calls_in_order():
     text = (
-        "Sure.\n<tool_call>\n{\"name\": \"execute_code\", \"arguments\": {\"code\": \"a\"}}\n</tool_call>\n"
-        "<tool_call>{\"name\": \"read_file\", \"arguments\": {\"path\": \"b\"}}</tool_call>"
+        'Sure.\n<tool_call>\n{"name": "execute_code", "arguments": {"code": "a"}}\n</tool_call>\n'
+        '<tool_call>{"name": "read_file", "arguments": {"path": "b"}}</tool_call>'
     )
     rest, calls = recover_tool_calls(text, KNOWN)
     assert rest == "Sure."
@@ -50,7 +50,7 @@ def test_unclosed_tag_at_the_end_still_counts():
 
 def test_deepseek_dsml_with_typed_parameters():
     text = (
-        "I'll check.\n<｜DSML｜function_calls>\n<｜DSML｜invoke name=\"execute_code\">\n"
+        'I\'ll check.\n<｜DSML｜function_calls>\n<｜DSML｜invoke name="execute_code">\n'
         '<｜DSML｜parameter name="code" string="true">echo 42</｜DSML｜parameter>\n'
         '<｜DSML｜parameter name="timeout" string="false">5</｜DSML｜parameter>\n'
         "</｜DSML｜invoke>\n</｜DSML｜function_calls>"
@@ -61,7 +61,10 @@ def test_deepseek_dsml_with_typed_parameters():
 
 
 def test_dsml_tool_calls_variant_with_ascii_bars():
-    text = '<|DSML|tool_calls><|DSML|invoke name="read_file"><|DSML|parameter name="path">x.txt</|DSML|parameter></|DSML|invoke></|DSML|tool_calls>'
+    text = (
+        '<|DSML|tool_calls><|DSML|invoke name="read_file"><|DSML|parameter name="path">x.txt</|DSML|parameter>'
+        "</|DSML|invoke></|DSML|tool_calls>"
+    )
     _, calls = recover_tool_calls(text, KNOWN)
     assert [(c.name, args_of(c)) for c in calls] == [("read_file", {"path": "x.txt"})]
 
@@ -72,7 +75,7 @@ def test_ids_are_stable_across_calls():
 
 
 def test_prose_mentioning_a_tool_is_left_alone():
-    text = "You could use execute_code with {\"code\": \"ls\"} to list files, or read_file."
+    text = 'You could use execute_code with {"code": "ls"} to list files, or read_file.'
     assert recover_tool_calls(text, KNOWN) == (text, [])
 
 

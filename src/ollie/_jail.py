@@ -112,8 +112,9 @@ class _Channel:
                 writable = self._loop.create_future()
                 self._loop.add_writer(self.sock.fileno(), writable.set_result, None)
                 try:
-                    done, _ = await asyncio.wait({writable, self.gone}, timeout=_SEND_TIMEOUT,
-                                                 return_when=asyncio.FIRST_COMPLETED)
+                    done, _ = await asyncio.wait(
+                        {writable, self.gone}, timeout=_SEND_TIMEOUT, return_when=asyncio.FIRST_COMPLETED
+                    )
                 finally:
                     self._loop.remove_writer(self.sock.fileno())
                 if not done:
@@ -182,8 +183,12 @@ class Jail:
         config = {**asdict(setup), "fd": theirs.fileno()}
         try:
             # A clean environment: the helper needs nothing from ollie's, least of all its API keys.
-            helper = subprocess.Popen([sys.executable, "-I", "-S", "-c", _JAILD, json.dumps(config)], env={},
-                                      stdin=subprocess.DEVNULL, pass_fds=(theirs.fileno(),))
+            helper = subprocess.Popen(
+                [sys.executable, "-I", "-S", "-c", _JAILD, json.dumps(config)],
+                env={},
+                stdin=subprocess.DEVNULL,
+                pass_fds=(theirs.fileno(),),
+            )
         except OSError as e:
             ours.close()
             raise JailError(f"cannot start the sandbox helper: {e.strerror}") from None
@@ -205,8 +210,17 @@ class Jail:
         jail.namespaces_refused = message.get("namespaces", "")
         return jail
 
-    async def spawn(self, confinement: Confinement, argv: list[str], cwd: str, env: dict[str, str], *,
-                    stdin: int, stdout: int, stderr: int) -> Stage:
+    async def spawn(
+        self,
+        confinement: Confinement,
+        argv: list[str],
+        cwd: str,
+        env: dict[str, str],
+        *,
+        stdin: int,
+        stdout: int,
+        stderr: int,
+    ) -> Stage:
         """Start `argv` under `confinement`; the fds are sent to the jail, and the caller keeps
         (and closes) its own. A failure to start comes as the stage's exit: JailError."""
         spawner = await self._spawner(confinement)
@@ -256,7 +270,7 @@ class Jail:
             raise JailError(f"the sandbox could not confine a program: {message.get('error')}")
         spawner = self._spawners[confinement] = _Channel(socket.socket(fileno=received[0]))
         idle = [c for c, s in self._spawners.items() if c is not confinement and (s.gone.done() or not s.stages)]
-        for old in idle[:max(0, len(self._spawners) - _SPAWNERS)]:
+        for old in idle[: max(0, len(self._spawners) - _SPAWNERS)]:
             self._spawners.pop(old).close()  # the oldest idle ones: their rulesets are out of use
         return spawner
 

@@ -31,9 +31,22 @@ import stat
 import sys
 
 CLONE_NEWNS, CLONE_NEWIPC, CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET = (
-    0x20000, 0x8000000, 0x10000000, 0x20000000, 0x40000000)
+    0x20000,
+    0x8000000,
+    0x10000000,
+    0x20000000,
+    0x40000000,
+)
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = (
-    1, 2, 4, 8, 32, 4096, 16384, 1 << 18)
+    1,
+    2,
+    4,
+    8,
+    32,
+    4096,
+    16384,
+    1 << 18,
+)
 ST_FLAGS = {MS_NOSUID: os.ST_NOSUID, MS_NODEV: os.ST_NODEV, MS_NOEXEC: os.ST_NOEXEC}
 PR_SET_NO_NEW_PRIVS, PR_SET_SECCOMP, SECCOMP_MODE_FILTER, PR_SET_CHILD_SUBREAPER, PR_SET_DUMPABLE = 38, 22, 2, 36, 4
 SYS_LANDLOCK_ADD_RULE, SYS_LANDLOCK_RESTRICT_SELF, SYS_CLOSE_RANGE = 445, 446, 436  # the same on every arch
@@ -49,8 +62,16 @@ def check(result, what):
 
 
 def mount(source, target, fstype, flags, data=None):
-    check(libc.mount(source and source.encode(), target.encode(), fstype and fstype.encode(),
-                     ctypes.c_ulong(flags), data and data.encode()), f"mount {target}")
+    check(
+        libc.mount(
+            source and source.encode(),
+            target.encode(),
+            fstype and fstype.encode(),
+            ctypes.c_ulong(flags),
+            data and data.encode(),
+        ),
+        f"mount {target}",
+    )
 
 
 class SockFilter(ctypes.Structure):
@@ -234,8 +255,16 @@ def add_rules(ruleset, rules):
             if not stat.S_ISDIR(os.fstat(fd).st_mode):
                 rights &= 1 | 2 | 4 | (1 << 14) | (1 << 15)  # the rights a file can have
             rule = PathBeneath(rights, fd)
-            check(libc.syscall(ctypes.c_long(SYS_LANDLOCK_ADD_RULE), ctypes.c_long(ruleset), ctypes.c_long(1),
-                               ctypes.byref(rule), ctypes.c_long(0)), f"landlock rule for {path}")
+            check(
+                libc.syscall(
+                    ctypes.c_long(SYS_LANDLOCK_ADD_RULE),
+                    ctypes.c_long(ruleset),
+                    ctypes.c_long(1),
+                    ctypes.byref(rule),
+                    ctypes.c_long(0),
+                ),
+                f"landlock rule for {path}",
+            )
         finally:
             os.close(fd)
 
@@ -250,8 +279,10 @@ def confine(ruleset, seccomp, rlimits):
     check(libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0), "dumpable")
     check(libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
     if ruleset >= 0:
-        check(libc.syscall(ctypes.c_long(SYS_LANDLOCK_RESTRICT_SELF), ctypes.c_long(ruleset), ctypes.c_long(0)),
-              "landlock_restrict_self")
+        check(
+            libc.syscall(ctypes.c_long(SYS_LANDLOCK_RESTRICT_SELF), ctypes.c_long(ruleset), ctypes.c_long(0)),
+            "landlock_restrict_self",
+        )
     if seccomp is not None:
         check(libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(seccomp)), "seccomp")
     check(libc.capset(ctypes.byref(CAP_HEADER), NO_CAPS), "capset")
@@ -262,8 +293,10 @@ def close_all_but(fd):
     ruleset, which a program could widen for the programs after it."""
     if fd != 3:  # not inheritable (os.dup2's default is): a program holding it could speak for us
         os.dup2(fd, 3, inheritable=False)
-    check(libc.syscall(ctypes.c_long(SYS_CLOSE_RANGE), ctypes.c_long(4), ctypes.c_long(0xFFFFFFFF),
-                       ctypes.c_long(0)), "close_range")
+    check(
+        libc.syscall(ctypes.c_long(SYS_CLOSE_RANGE), ctypes.c_long(4), ctypes.c_long(0xFFFFFFFF), ctypes.c_long(0)),
+        "close_range",
+    )
     return 3
 
 
@@ -339,10 +372,16 @@ class Spawner(Endpoint):
             os.chdir(spec["cwd"])
             argv = spec["argv"]
             # A session of its own: a process group no other stage's process can join.
-            pid = os.posix_spawn(argv[0], argv, spec["env"], setsid=True,
-                                 setsigdef=(signal.SIGPIPE, signal.SIGXFSZ),  # Python ignores them
-                                 file_actions=[(os.POSIX_SPAWN_DUP2, fds[name], n)
-                                               for n, name in enumerate(("stdin", "stdout", "stderr"))])
+            pid = os.posix_spawn(
+                argv[0],
+                argv,
+                spec["env"],
+                setsid=True,
+                setsigdef=(signal.SIGPIPE, signal.SIGXFSZ),  # Python ignores them
+                file_actions=[
+                    (os.POSIX_SPAWN_DUP2, fds[name], n) for n, name in enumerate(("stdin", "stdout", "stderr"))
+                ],
+            )
         except (OSError, ValueError) as e:
             self.send({"id": rid, "error": describe(e)})
             return
@@ -379,6 +418,7 @@ class Spawner(Endpoint):
                     os.kill(pid, signal.SIGKILL)
             except (OSError, ValueError, IndexError):
                 continue
+
 
 def serve(sock, on_request, on_child):
     """Wait for requests on `sock` and for children's exits, until `on_request` says stop."""

@@ -51,8 +51,20 @@ DEFAULT_POLICY: dict[str, Any] = {
     "filesystem": {
         # The system's programs and libraries, the Python running ollie (pyenv or venv outside
         # /usr), and $OLLIE/x (on PATH). Tool script directories are added per call.
-        "rox": ["/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/opt", "/etc/alternatives",
-                sys.base_prefix, sys.prefix, "{OLLIE}/x"],
+        "rox": [
+            "/usr",
+            "/bin",
+            "/sbin",
+            "/lib",
+            "/lib32",
+            "/lib64",
+            "/libx32",
+            "/opt",
+            "/etc/alternatives",
+            sys.base_prefix,
+            sys.prefix,
+            "{OLLIE}/x",
+        ],
         # /proc: ps, /dev/fd and Python need it; Landlock's ptrace rule already hides the environ,
         # memory and fds of every process outside the sandbox.
         "ro": [f"/etc/{p}" for p in _ETC] + ["/proc", "/sys/devices/system/cpu", "/dev/random", "/dev/urandom"],
@@ -78,11 +90,14 @@ DEFAULT_POLICY: dict[str, Any] = {
 }
 
 # Hooks run commands from the agent's config: they read (and may run) the project, never change it.
-HOOK_POLICY: dict[str, Any] = {**DEFAULT_POLICY, "filesystem": {
-    **DEFAULT_POLICY["filesystem"],
-    "rox": [*DEFAULT_POLICY["filesystem"]["rox"], "{CWD}"],
-    "rw": [p for p in DEFAULT_POLICY["filesystem"]["rw"] if p != "{CWD}"],
-}}
+HOOK_POLICY: dict[str, Any] = {
+    **DEFAULT_POLICY,
+    "filesystem": {
+        **DEFAULT_POLICY["filesystem"],
+        "rox": [*DEFAULT_POLICY["filesystem"]["rox"], "{CWD}"],
+        "rw": [p for p in DEFAULT_POLICY["filesystem"]["rw"] if p != "{CWD}"],
+    },
+}
 BUILTIN = {"default": DEFAULT_POLICY, "hooks": HOOK_POLICY}
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
@@ -90,8 +105,13 @@ _TEMPLATE = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
 _FS_KEYS = ("ro", "rox", "rw", "rwx", "tmpfile")
 _LIMIT_KEYS = tuple(DEFAULT_POLICY["limits"])
 _SIZE_LIMITS = ("memory", "file_size", "output", "tmpdir")
-_SCHEMA = {"filesystem": _FS_KEYS, "network": ("enabled", "unrestricted", "bind_tcp", "connect_tcp", "unix"),
-           "env": None, "limits": _LIMIT_KEYS, "general": ("best_effort",)}
+_SCHEMA = {
+    "filesystem": _FS_KEYS,
+    "network": ("enabled", "unrestricted", "bind_tcp", "connect_tcp", "unix"),
+    "env": None,
+    "limits": _LIMIT_KEYS,
+    "general": ("best_effort",),
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,8 +142,11 @@ class Policy:
 
     def writes(self, path: str) -> bool:
         """Whether sandboxed code may write `path` (a real path) under this policy."""
-        return any(path == p or path.startswith(p.rstrip("/") + "/")
-                   for key in ("rw", "rwx", "tmpfile") for p in map(os.path.realpath, self.paths[key]))
+        return any(
+            path == p or path.startswith(p.rstrip("/") + "/")
+            for key in ("rw", "rwx", "tmpfile")
+            for p in map(os.path.realpath, self.paths[key])
+        )
 
     @property
     def network(self) -> bool:
@@ -137,8 +160,9 @@ def policy_files(name: str) -> tuple[Path, Path]:
     return config.cfg_path() / "sandbox.yaml", config.cfg_path() / "sandbox" / f"{name}.yaml"
 
 
-def load_policy(name: str, cwd: str, tmpdir: str, extra_rox: tuple[str, ...] = (),
-                extra_ro: tuple[str, ...] = ()) -> Policy:
+def load_policy(
+    name: str, cwd: str, tmpdir: str, extra_rox: tuple[str, ...] = (), extra_ro: tuple[str, ...] = ()
+) -> Policy:
     """Read, validate and expand the policy `name` for a call running in `cwd` ("" for `tmpdir`
     drops the policy's `{TMPDIR}` entries: a jail grants its private /tmp itself)."""
     global_file, named_file = policy_files(name)
@@ -339,12 +363,17 @@ def _build_ruleset(policy: Policy, abi: int) -> int:
     restrict_net = not policy.unrestricted_net
     if restrict_net and abi < 4:
         if not policy.best_effort:
-            raise SandboxError(f"this kernel's Landlock (ABI {abi}) cannot restrict TCP (needs ABI 4, Linux 6.7); "
-                               "set network.unrestricted or general.best_effort in the sandbox policy")
+            raise SandboxError(
+                f"this kernel's Landlock (ABI {abi}) cannot restrict TCP (needs ABI 4, Linux 6.7); "
+                "set network.unrestricted or general.best_effort in the sandbox policy"
+            )
         restrict_net = False
     handled = _fs_handled(abi)
-    attr = _RulesetAttr(handled, _NET_BIND | _NET_CONNECT if restrict_net else 0,
-                        _SCOPE_ABSTRACT_UNIX | _SCOPE_SIGNAL if abi >= 6 else 0)
+    attr = _RulesetAttr(
+        handled,
+        _NET_BIND | _NET_CONNECT if restrict_net else 0,
+        _SCOPE_ABSTRACT_UNIX | _SCOPE_SIGNAL if abi >= 6 else 0,
+    )
     size = 24 if abi >= 6 else 16 if abi >= 4 else 8
     fd = _syscall(_SYS_CREATE_RULESET, ctypes.byref(attr), size, 0)
     try:
@@ -381,10 +410,36 @@ def _add_path_rule(ruleset: int, path: str, rights: int) -> None:
 # machine → (audit arch, syscall numbers). Calls of any other ABI (i386 or x32 on x86_64, arm32 on
 # aarch64) are refused whole: the filter reads arguments by the native ABI's numbers only.
 _ARCH = {
-    "x86_64": (0xC000003E, {"socket": 41, "socketpair": 53, "listen": 50, "sendto": 44, "sendmsg": 46,
-                            "sendmmsg": 307, "prlimit64": 302, "add_key": 248, "request_key": 249, "keyctl": 250}),
-    "aarch64": (0xC00000B7, {"socket": 198, "socketpair": 199, "listen": 201, "sendto": 206, "sendmsg": 211,
-                             "sendmmsg": 269, "prlimit64": 261, "add_key": 217, "request_key": 218, "keyctl": 219}),
+    "x86_64": (
+        0xC000003E,
+        {
+            "socket": 41,
+            "socketpair": 53,
+            "listen": 50,
+            "sendto": 44,
+            "sendmsg": 46,
+            "sendmmsg": 307,
+            "prlimit64": 302,
+            "add_key": 248,
+            "request_key": 249,
+            "keyctl": 250,
+        },
+    ),
+    "aarch64": (
+        0xC00000B7,
+        {
+            "socket": 198,
+            "socketpair": 199,
+            "listen": 201,
+            "sendto": 206,
+            "sendmsg": 211,
+            "sendmmsg": 269,
+            "prlimit64": 261,
+            "add_key": 217,
+            "request_key": 218,
+            "keyctl": 219,
+        },
+    ),
 }
 _IO_URING = (425, 426, 427)  # setup, enter, register: the same on every arch
 _AF_UNIX, _AF_INET, _AF_INET6, _AF_NETLINK = 1, 2, 10, 16
@@ -421,8 +476,10 @@ def seccomp_program(policy: Policy) -> bytes:
     arch, nr = machine
     unix = "allow" if policy.unix_sockets else "eacces"
     prog: list[tuple[int, int | str, int | str, int] | str] = [
-        (_LD, 0, 0, 4), (_JEQ, 0, "enosys", arch),  # seccomp_data.arch
-        (_LD, 0, 0, 0), (_JGE, "enosys", 0, 0x40000000),  # seccomp_data.nr; x32 calls have bit 30 set
+        (_LD, 0, 0, 4),
+        (_JEQ, 0, "enosys", arch),  # seccomp_data.arch
+        (_LD, 0, 0, 0),
+        (_JGE, "enosys", 0, 0x40000000),  # seccomp_data.nr; x32 calls have bit 30 set
         *[(_JEQ, "enosys", 0, n) for n in _IO_URING],
         *[(_JEQ, "eperm", 0, nr[k]) for k in ("add_key", "request_key", "keyctl")],
         (_JEQ, "prlimit", 0, nr["prlimit64"]),
@@ -433,28 +490,68 @@ def seccomp_program(policy: Policy) -> bytes:
     if not (policy.unrestricted_net or policy.bind_tcp or policy.unix_sockets):
         prog.append((_JEQ, "eacces", 0, nr["listen"]))
     if not policy.unrestricted_net:
-        prog += [(_JEQ, "flags3", 0, nr["sendto"]), (_JEQ, "flags3", 0, nr["sendmmsg"]),
-                 (_JEQ, "flags2", 0, nr["sendmsg"])]
+        prog += [
+            (_JEQ, "flags3", 0, nr["sendto"]),
+            (_JEQ, "flags3", 0, nr["sendmmsg"]),
+            (_JEQ, "flags2", 0, nr["sendmsg"]),
+        ]
     prog += [
         (_RET, 0, 0, _RET_ALLOW),
-        "socketpair", (_LD, 0, 0, _arg(1)), (_AND, 0, 0, _SOCK_TYPE_MASK), (_JEQ, "allow", 0, _SOCK_STREAM),
+        "socketpair",
+        (_LD, 0, 0, _arg(1)),
+        (_AND, 0, 0, _SOCK_TYPE_MASK),
+        (_JEQ, "allow", 0, _SOCK_STREAM),
         (_JEQ, "allow", "eacces", _SOCK_SEQPACKET),
-        "flags3", (_LD, 0, 0, _arg(3)), (_AND, 0, 0, _MSG_FASTOPEN), (_JEQ, "allow", "eacces", 0),
-        "flags2", (_LD, 0, 0, _arg(2)), (_AND, 0, 0, _MSG_FASTOPEN), (_JEQ, "allow", "eacces", 0),
-        "prlimit", (_LD, 0, 0, _arg(0)), (_JEQ, 0, "eperm", 0), (_LD, 0, 0, _arg(0) + 4), (_JEQ, "allow", "eperm", 0),
-        "socket", (_LD, 0, 0, _arg(0)),
-        (_JEQ, unix, 0, _AF_UNIX), (_JEQ, "inet", 0, _AF_INET), (_JEQ, "inet", 0, _AF_INET6),
+        "flags3",
+        (_LD, 0, 0, _arg(3)),
+        (_AND, 0, 0, _MSG_FASTOPEN),
+        (_JEQ, "allow", "eacces", 0),
+        "flags2",
+        (_LD, 0, 0, _arg(2)),
+        (_AND, 0, 0, _MSG_FASTOPEN),
+        (_JEQ, "allow", "eacces", 0),
+        "prlimit",
+        (_LD, 0, 0, _arg(0)),
+        (_JEQ, 0, "eperm", 0),
+        (_LD, 0, 0, _arg(0) + 4),
+        (_JEQ, "allow", "eperm", 0),
+        "socket",
+        (_LD, 0, 0, _arg(0)),
+        (_JEQ, unix, 0, _AF_UNIX),
+        (_JEQ, "inet", 0, _AF_INET),
+        (_JEQ, "inet", 0, _AF_INET6),
     ]
     if policy.unrestricted_net:
-        prog += [(_JEQ, 0, "eafnosupport", _AF_NETLINK), (_LD, 0, 0, _arg(2)),
-                 (_JEQ, "allow", "eacces", _NETLINK_ROUTE), "inet", (_RET, 0, 0, _RET_ALLOW)]
+        prog += [
+            (_JEQ, 0, "eafnosupport", _AF_NETLINK),
+            (_LD, 0, 0, _arg(2)),
+            (_JEQ, "allow", "eacces", _NETLINK_ROUTE),
+            "inet",
+            (_RET, 0, 0, _RET_ALLOW),
+        ]
     else:
-        prog += [(_RET, 0, 0, _RET_ERRNO | _EAFNOSUPPORT),
-                 "inet", (_LD, 0, 0, _arg(1)), (_AND, 0, 0, _SOCK_TYPE_MASK), (_JEQ, 0, "eacces", _SOCK_STREAM),
-                 (_LD, 0, 0, _arg(2)), (_JEQ, "allow", 0, 0), (_JEQ, "allow", "eacces", _IPPROTO_TCP)]
-    prog += ["eafnosupport", (_RET, 0, 0, _RET_ERRNO | _EAFNOSUPPORT), "allow", (_RET, 0, 0, _RET_ALLOW),
-             "eperm", (_RET, 0, 0, _RET_ERRNO | _EPERM),
-             "eacces", (_RET, 0, 0, _RET_ERRNO | _EACCES), "enosys", (_RET, 0, 0, _RET_ERRNO | _ENOSYS)]
+        prog += [
+            (_RET, 0, 0, _RET_ERRNO | _EAFNOSUPPORT),
+            "inet",
+            (_LD, 0, 0, _arg(1)),
+            (_AND, 0, 0, _SOCK_TYPE_MASK),
+            (_JEQ, 0, "eacces", _SOCK_STREAM),
+            (_LD, 0, 0, _arg(2)),
+            (_JEQ, "allow", 0, 0),
+            (_JEQ, "allow", "eacces", _IPPROTO_TCP),
+        ]
+    prog += [
+        "eafnosupport",
+        (_RET, 0, 0, _RET_ERRNO | _EAFNOSUPPORT),
+        "allow",
+        (_RET, 0, 0, _RET_ALLOW),
+        "eperm",
+        (_RET, 0, 0, _RET_ERRNO | _EPERM),
+        "eacces",
+        (_RET, 0, 0, _RET_ERRNO | _EACCES),
+        "enosys",
+        (_RET, 0, 0, _RET_ERRNO | _ENOSYS),
+    ]
     return _assemble(prog)
 
 
@@ -485,9 +582,11 @@ class Sandbox:
         self.policy = policy
         abi = landlock_abi()
         if abi == 0 and not policy.best_effort:
-            raise SandboxError("this kernel has no Landlock (needs Linux 5.13+ with landlock in the lsm= list), "
-                               "so execute_code cannot be sandboxed; set general.best_effort: true in "
-                               f"{config.cfg_path() / 'sandbox.yaml'} to run without it")
+            raise SandboxError(
+                "this kernel has no Landlock (needs Linux 5.13+ with landlock in the lsm= list), "
+                "so execute_code cannot be sandboxed; set general.best_effort: true in "
+                f"{config.cfg_path() / 'sandbox.yaml'} to run without it"
+            )
         ruleset = _build_ruleset(policy, abi) if abi else -1
         if ruleset >= 0:
             # Closed when the last call using this sandbox lets go of it, never before: a process
@@ -495,23 +594,35 @@ class Sandbox:
             weakref.finalize(self, os.close, ruleset)
         handled = _fs_handled(abi)
         limits = policy.limits
-        self.confinement = _jail.Confinement(ruleset, {
-            # The jail's own /proc, /tmp and pseudo-terminals, which the parent's rules cannot name.
-            "jail_rules": [["/proc", _RO & handled], ["/tmp", _RW & handled], ["/dev/pts", _RW & handled],
-                           ["/dev/ptmx", _RW & handled]],
-            "seccomp": seccomp_program(policy).hex(),
-            "rlimits": [[_RLIMIT_DATA, limits.memory, limits.memory], [_RLIMIT_CPU, limits.cpu, limits.cpu + 1],
-                        [_RLIMIT_FSIZE, limits.file_size, limits.file_size], [_RLIMIT_CORE, 0, 0]],
-            # Every path granted, and whether writable: a jail shows those it hides (under /tmp, say).
-            "expose": [(path, key in ("rw", "rwx", "tmpfile"))
-                       for key, paths in policy.paths.items() for path in paths],
-        })
-        self._exec_roots = tuple(os.path.realpath(p).rstrip("/") + "/"
-                                 for p in policy.paths["rox"] + policy.paths["rwx"])
+        self.confinement = _jail.Confinement(
+            ruleset,
+            {
+                # The jail's own /proc, /tmp and pseudo-terminals, which the parent's rules cannot name.
+                "jail_rules": [
+                    ["/proc", _RO & handled],
+                    ["/tmp", _RW & handled],
+                    ["/dev/pts", _RW & handled],
+                    ["/dev/ptmx", _RW & handled],
+                ],
+                "seccomp": seccomp_program(policy).hex(),
+                "rlimits": [
+                    [_RLIMIT_DATA, limits.memory, limits.memory],
+                    [_RLIMIT_CPU, limits.cpu, limits.cpu + 1],
+                    [_RLIMIT_FSIZE, limits.file_size, limits.file_size],
+                    [_RLIMIT_CORE, 0, 0],
+                ],
+                # Every path granted, and whether writable: a jail shows those it hides (under /tmp, say).
+                "expose": [
+                    (path, key in ("rw", "rwx", "tmpfile")) for key, paths in policy.paths.items() for path in paths
+                ],
+            },
+        )
+        self._exec_roots = tuple(
+            os.path.realpath(p).rstrip("/") + "/" for p in policy.paths["rox"] + policy.paths["rwx"]
+        )
         self._search_paths: dict[str, str] = {}
         self._env_names = re.compile("|".join(fnmatch.translate(p) for p in policy.env) or "(?!)")
         self._environ: dict[str, str] | None = None
-
 
     def search_path(self, path: str) -> str:
         """`path` without the directories the sandbox cannot execute from, so a program resolves
@@ -543,17 +654,20 @@ class Jails:
         """The jail for `policy`; one without namespaces (the kernel refused them) only when the
         policy says general.best_effort, else SandboxError."""
         limits = policy.limits
-        setup = _jail.JailSetup(policy.network, limits.processes, limits.tmpdir, self._hide,
-                                _PROTECTED + self._link_sources(policy))
+        setup = _jail.JailSetup(
+            policy.network, limits.processes, limits.tmpdir, self._hide, _PROTECTED + self._link_sources(policy)
+        )
         jail = self._jails.get(setup)
         if jail is None or not jail.alive:
             _refuse_replaceable_links(policy)
             jail = self._jails[setup] = await _jail.Jail.start(setup)
         if jail.namespaces_refused and not policy.best_effort:
-            raise SandboxError(f"the sandbox cannot isolate this: {jail.namespaces_refused}; allow user namespaces "
-                               f"(sysctl user.max_user_namespaces) or set general.best_effort: true in "
-                               f"{config.cfg_path() / 'sandbox.yaml'} to run with Landlock and seccomp alone "
-                               "(no process, network, /tmp or terminal isolation)")
+            raise SandboxError(
+                f"the sandbox cannot isolate this: {jail.namespaces_refused}; allow user namespaces "
+                f"(sysctl user.max_user_namespaces) or set general.best_effort: true in "
+                f"{config.cfg_path() / 'sandbox.yaml'} to run with Landlock and seccomp alone "
+                "(no process, network, /tmp or terminal isolation)"
+            )
         return jail
 
     def _link_sources(self, policy: Policy) -> tuple[str, ...]:
@@ -561,8 +675,9 @@ class Jails:
         Writable there, a file is writable in the virtualenv too, whatever its mount says; so
         read-only in the jail, unless the policy grants the cache itself (not a directory around it)."""
         cache = self._uv_cache
-        if not cache or any(p == cache or p.startswith(cache + "/")
-                            for key in ("rw", "rwx") for p in policy.paths[key]):
+        if not cache or any(
+            p == cache or p.startswith(cache + "/") for key in ("rw", "rwx") for p in policy.paths[key]
+        ):
             return ()
         return (cache,)
 
@@ -581,20 +696,24 @@ def _refuse_replaceable_links(policy: Policy) -> None:
         for n in range(2, len(parts) + 1):
             link = os.path.join(*parts[:n])
             if os.path.islink(link) and policy.writes(os.path.realpath(os.path.dirname(link))):
-                raise SandboxError(f"{path} is reached through the symlink {link}, which sandboxed code could "
-                                   f"replace; set the variable that names it to the real directory "
-                                   f"({os.path.realpath(path)})")
+                raise SandboxError(
+                    f"{path} is reached through the symlink {link}, which sandboxed code could "
+                    f"replace; set the variable that names it to the real directory "
+                    f"({os.path.realpath(path)})"
+                )
 
 
 # The Python that starts every jail, outside the sandbox: kept read-only in each jail even when a
 # session's cwd contains it (a virtualenv in the project, pyenv under $HOME with the cwd at $HOME).
-_PROTECTED = tuple(dict.fromkeys(os.path.realpath(p) for p in (sys.prefix, sys.base_prefix,
-                                                              os.path.dirname(sys.executable))))
+_PROTECTED = tuple(
+    dict.fromkeys(os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, os.path.dirname(sys.executable)))
+)
 
 
 def _uv_cache() -> str:
     cache = os.environ.get("UV_CACHE_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "uv")
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "uv"
+    )
     return os.path.realpath(cache) if os.path.isdir(cache) else ""
 
 
@@ -621,8 +740,9 @@ class Sandboxes:
         self._cache: OrderedDict[tuple, Sandbox] = OrderedDict()
         self._files: dict[str, tuple[Path, Path]] = {}  # policy name -> its files (found once)
 
-    def get(self, name: str, cwd: str, tmpdir: str, extra_rox: tuple[str, ...] = (),
-            extra_ro: tuple[str, ...] = ()) -> Sandbox:
+    def get(
+        self, name: str, cwd: str, tmpdir: str, extra_rox: tuple[str, ...] = (), extra_ro: tuple[str, ...] = ()
+    ) -> Sandbox:
         files = self._files.get(name) or self._files.setdefault(name, policy_files(name))
         stamp = tuple(_mtime(p) for p in files)
         key = (name, cwd, tmpdir, extra_rox, extra_ro, stamp)

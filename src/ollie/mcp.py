@@ -63,7 +63,7 @@ def parse_spec(name: str, raw: Any, cwd: str = "") -> ServerSpec:
     """Validate an `mcpServers` entry; a relative server cwd is taken from `cwd`."""
     where = f"mcpServers.{name}"
     if not isinstance(raw, dict):
-        raise ConfigError(f"{where} must be an object with \"command\" (stdio) or \"url\" (HTTP)")
+        raise ConfigError(f'{where} must be an object with "command" (stdio) or "url" (HTTP)')
 
     def expand(value: Any, key: str) -> str:
         if not isinstance(value, str):
@@ -96,18 +96,22 @@ def parse_spec(name: str, raw: Any, cwd: str = "") -> ServerSpec:
     kind = {"streamable-http": "http", "streamableHttp": "http"}.get(kind, kind)
     if kind not in ("stdio", "http", "sse"):
         raise ConfigError(f"{where}.type must be stdio, http or sse, got {kind!r}")
-    spec = ServerSpec(name, kind, timeout=seconds("timeout", DEFAULT_CALL_TIMEOUT),
-                      startup_timeout=seconds("startupTimeout", DEFAULT_STARTUP_TIMEOUT))
+    spec = ServerSpec(
+        name,
+        kind,
+        timeout=seconds("timeout", DEFAULT_CALL_TIMEOUT),
+        startup_timeout=seconds("startupTimeout", DEFAULT_STARTUP_TIMEOUT),
+    )
     if kind == "stdio":
         if not raw.get("command"):
-            raise ConfigError(f"{where} needs \"command\" (the program that runs the server)")
+            raise ConfigError(f'{where} needs "command" (the program that runs the server)')
         spec.command = expand(raw["command"], "command")
         spec.args, spec.env = strings("args", list), strings("env", dict)
         if cwd or raw.get("cwd"):  # relative to the session's cwd, like a command typed there
             spec.cwd = os.path.join(cwd, os.path.expanduser(expand(raw.get("cwd", ""), "cwd")))
     else:
         if not raw.get("url"):
-            raise ConfigError(f"{where} needs \"url\" (the server's HTTP endpoint)")
+            raise ConfigError(f'{where} needs "url" (the server\'s HTTP endpoint)')
         spec.url, spec.headers = expand(raw["url"], "url"), strings("headers", dict)
     return spec
 
@@ -286,9 +290,10 @@ class Client:
             from mcp.client.streamable_http import streamable_http_client
 
             timeout = httpx2.Timeout(30, read=300)  # the SDK's own defaults for an HTTP server
-            async with httpx2.AsyncClient(headers=spec.headers, timeout=timeout) as http, streamable_http_client(
-                spec.url, http_client=http
-            ) as streams:
+            async with (
+                httpx2.AsyncClient(headers=spec.headers, timeout=timeout) as http,
+                streamable_http_client(spec.url, http_client=http) as streams,
+            ):
                 yield streams
 
     def _fail(self, reason: str) -> None:

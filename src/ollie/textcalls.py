@@ -26,9 +26,7 @@ _TAGGED = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|\Z)", re.S)
 
 # DSML uses the fullwidth bar "｜"; some hosts turn it into "|".
 _BAR = r"\s*[｜|]\s*"
-_DSML_BLOCK = re.compile(
-    rf"<{_BAR}DSML{_BAR}(function_calls|tool_calls)>(.*?)(?:</{_BAR}DSML{_BAR}\1>|\Z)", re.S
-)
+_DSML_BLOCK = re.compile(rf"<{_BAR}DSML{_BAR}(function_calls|tool_calls)>(.*?)(?:</{_BAR}DSML{_BAR}\1>|\Z)", re.S)
 _DSML_INVOKE = re.compile(rf'<{_BAR}DSML{_BAR}invoke\s+name="([^"]+)"\s*>(.*?)</{_BAR}DSML{_BAR}invoke>', re.S)
 _DSML_PARAM = re.compile(
     rf'<{_BAR}DSML{_BAR}parameter\s+name="([^"]+)"(?:\s+string="(true|false)")?\s*>(.*?)</{_BAR}DSML{_BAR}parameter>',
@@ -43,8 +41,14 @@ _CALL_KEYS = {"name", "arguments", "parameters", "id", "type"}
 # recursion of the JSON encoders they pass through (ours, the SDKs', the servers') on every request.
 MAX_DEPTH = 64
 _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
-_JSON_TYPES = {list: "an array", str: "a string", int: "a number", float: "a number", bool: "true or false",
-               type(None): "null"}
+_JSON_TYPES = {
+    list: "an array",
+    str: "a string",
+    int: "a number",
+    float: "a number",
+    bool: "true or false",
+    type(None): "null",
+}
 
 
 class BadArguments(ValueError):
@@ -109,8 +113,9 @@ def recover_tool_calls(text: str, known_tool_names: Collection[str], position: i
     for recover in (_recover_tagged, _recover_dsml, _recover_json):
         remaining, found = recover(text, known)
         if found:
-            calls = [ToolCall(stable_call_id(position, i, name, args), name, args)
-                     for i, (name, args) in enumerate(found)]
+            calls = [
+                ToolCall(stable_call_id(position, i, name, args), name, args) for i, (name, args) in enumerate(found)
+            ]
             return remaining.strip(), calls
     return text, []
 

@@ -54,16 +54,35 @@ def message_events(
     output_tokens: int = 5,
 ) -> list[tuple[str, dict[str, Any]]]:
     events: list[tuple[str, dict[str, Any]]] = [
-        ("message_start", {"type": "message_start", "message": {
-            "id": "msg_01", "type": "message", "role": "assistant", "model": model, "content": [],
-            "stop_reason": None, "stop_sequence": None, "usage": start_usage or usage()}}),
+        (
+            "message_start",
+            {
+                "type": "message_start",
+                "message": {
+                    "id": "msg_01",
+                    "type": "message",
+                    "role": "assistant",
+                    "model": model,
+                    "content": [],
+                    "stop_reason": None,
+                    "stop_sequence": None,
+                    "usage": start_usage or usage(),
+                },
+            },
+        ),
         ("ping", {"type": "ping"}),
     ]
     for i, block in enumerate(blocks):
         events += block_events(i, block)
     events += [
-        ("message_delta", {"type": "message_delta", "delta": {"stop_reason": stop_reason, "stop_sequence": None},
-                           "usage": {"output_tokens": output_tokens}}),
+        (
+            "message_delta",
+            {
+                "type": "message_delta",
+                "delta": {"stop_reason": stop_reason, "stop_sequence": None},
+                "usage": {"output_tokens": output_tokens},
+            },
+        ),
         ("message_stop", {"type": "message_stop"}),
     ]
     return events

@@ -105,8 +105,11 @@ _OVERFLOW = re.compile(
     r"|context window|exceeds the context",
     re.I,
 )
-_NO_TOOLS = re.compile(r"does not support tools|tools? (are|is) not supported|tool use is not supported"
-                       r"|does not support function|function calling is not", re.I)
+_NO_TOOLS = re.compile(
+    r"does not support tools|tools? (are|is) not supported|tool use is not supported"
+    r"|does not support function|function calling is not",
+    re.I,
+)
 
 
 def http_error(provider: str, status: int | None, message: str, retry_after: str | None = None) -> BackendError:
@@ -133,8 +136,8 @@ def parse_retry_after(value: str | None) -> float | None:
         return max(0.0, float(value))
     except ValueError:
         pass
-    from email.utils import parsedate_to_datetime
     import time
+    from email.utils import parsedate_to_datetime
 
     try:
         return max(0.0, parsedate_to_datetime(value).timestamp() - time.time())

@@ -86,7 +86,9 @@ class AnthropicBackend:
     def from_options(cls, model: str | None = None, **options: Any) -> AnthropicBackend:
         return cls(model, **options)
 
-    async def stream(self, messages: list[Message], tools: list[ToolSpec], params: GenerationParams) -> AsyncIterator[Chunk]:
+    async def stream(
+        self, messages: list[Message], tools: list[ToolSpec], params: GenerationParams
+    ) -> AsyncIterator[Chunk]:
         import anthropic
         import httpx2  # the SDK's HTTP client: its transport errors surface mid-stream unwrapped
 

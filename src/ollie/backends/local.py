@@ -148,8 +148,10 @@ class LocalBackend:
         if model and model.endswith(".gguf"):
             path = check_gguf(Path(model).expanduser().absolute())
         elif model and model != path.name.removesuffix(".gguf"):
-            raise ConfigError(f"local: no model {model!r}; models: {path.name.removesuffix('.gguf')} "
-                              "(or pass a .gguf path, or set OLLIE_LOCAL_MODEL=/path/model.gguf)")
+            raise ConfigError(
+                f"local: no model {model!r}; models: {path.name.removesuffix('.gguf')} "
+                "(or pass a .gguf path, or set OLLIE_LOCAL_MODEL=/path/model.gguf)"
+            )
         self.path = path
         self.model = self.path.name.removesuffix(".gguf")
         self._n_ctx = n_ctx or _env_int("OLLIE_LOCAL_CTX") or DEFAULT_CTX
@@ -165,7 +167,9 @@ class LocalBackend:
         self._n_ctx = min(self._n_ctx, _trained_context(self.path) or self._n_ctx)
         return loaded
 
-    async def stream(self, messages: list[Message], tools: list[ToolSpec], params: GenerationParams) -> AsyncIterator[Chunk]:
+    async def stream(
+        self, messages: list[Message], tools: list[ToolSpec], params: GenerationParams
+    ) -> AsyncIterator[Chunk]:
         loaded = await self.load()
         prompt = _render(loaded, messages, tools)
         tokens = loaded.llm.tokenize(prompt.encode(), add_bos=True, special=True)
@@ -177,7 +181,11 @@ class LocalBackend:
         max_tokens = min(room, params.max_tokens or params.max_completion_tokens or DEFAULT_MAX_TOKENS)
         # A 135M model asked a question tends to answer from thin air; so by default the first step
         # of a turn must act (like tool_choice="required"), and later steps choose freely.
-        act = bool(tools) and messages[-1].role == "user" and os.environ.get("OLLIE_LOCAL_TOOL_CHOICE", "first") == "first"
+        act = (
+            bool(tools)
+            and messages[-1].role == "user"
+            and os.environ.get("OLLIE_LOCAL_TOOL_CHOICE", "first") == "first"
+        )
         grammar = _grammar(tools, answer=not act) if tools else None
         output = _Output(tools=bool(tools), turn=len(messages))
         usage = Usage(input_tokens=len(tokens), requests=1)
@@ -222,8 +230,11 @@ def _render(loaded: _Loaded, messages: list[Message], tools: list[ToolSpec]) -> 
     from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
     llm = loaded.llm
-    special = {k: llm.detokenize([t], special=True).decode(errors="replace") for k, t in
-               (("eos", llm.token_eos()), ("bos", llm.token_bos())) if t >= 0}
+    special = {
+        k: llm.detokenize([t], special=True).decode(errors="replace")
+        for k, t in (("eos", llm.token_eos()), ("bos", llm.token_bos()))
+        if t >= 0
+    }
     formatter = Jinja2ChatFormatter(loaded.template, eos_token=special.get("eos", ""), bos_token=special.get("bos", ""))
     return formatter(messages=_chat(messages, tools)).prompt
 
@@ -252,8 +263,12 @@ def _chat(messages: list[Message], tools: list[ToolSpec]) -> list[dict[str, str]
 # reliably than it follows a described one.
 _EXAMPLE = [
     {"role": "user", "content": "How many files are in this directory?"},
-    {"role": "assistant", "content": json.dumps(
-        {"tool_call": {"name": "execute_code", "arguments": {"steps": [{"code": "ls | wc -l"}]}}})},
+    {
+        "role": "assistant",
+        "content": json.dumps(
+            {"tool_call": {"name": "execute_code", "arguments": {"steps": [{"code": "ls | wc -l"}]}}}
+        ),
+    },
     {"role": "user", "content": "Tool execute_code returned:\n7"},
     {"role": "assistant", "content": json.dumps({"answer": "There are 7 files in this directory."})},
 ]
@@ -289,17 +304,32 @@ def _grammar(tools: list[ToolSpec], answer: bool = True) -> Any:
     (the answer only when `answer`)."""
     from llama_cpp import LlamaGrammar
 
-    calls = [{
-        "type": "object",
-        "properties": {"name": {"const": t.name}, "arguments": _closed(t.input_schema)},
-        "required": ["name", "arguments"],
-        "additionalProperties": False,
-    } for t in tools]
-    options = [{"type": "object", "properties": {"tool_call": {"oneOf": calls}}, "required": ["tool_call"],
-                "additionalProperties": False}]
+    calls = [
+        {
+            "type": "object",
+            "properties": {"name": {"const": t.name}, "arguments": _closed(t.input_schema)},
+            "required": ["name", "arguments"],
+            "additionalProperties": False,
+        }
+        for t in tools
+    ]
+    options = [
+        {
+            "type": "object",
+            "properties": {"tool_call": {"oneOf": calls}},
+            "required": ["tool_call"],
+            "additionalProperties": False,
+        }
+    ]
     if answer:
-        options.append({"type": "object", "properties": {"answer": {"type": "string"}}, "required": ["answer"],
-                        "additionalProperties": False})
+        options.append(
+            {
+                "type": "object",
+                "properties": {"answer": {"type": "string"}},
+                "required": ["answer"],
+                "additionalProperties": False,
+            }
+        )
     schema = {"oneOf": options}
     return LlamaGrammar.from_json_schema(json.dumps(schema), verbose=False)
 
@@ -409,9 +439,9 @@ class _Output:
             return
         self.raw += piece
         if m := _ANSWER.match(self.raw):
-            answer = _partial_json_string(self.raw[m.end():])
+            answer = _partial_json_string(self.raw[m.end() :])
             if len(answer) > self.sent:
-                yield TextDelta(answer[self.sent:])
+                yield TextDelta(answer[self.sent :])
                 self.sent = len(answer)
 
     def finish(self) -> Iterator[Chunk]:
@@ -427,8 +457,9 @@ class _Output:
             return
         args = arguments_text(call["arguments"])
         self.called = True
-        yield ToolCallDelta(index=0, id=stable_call_id(self.turn, 0, call["name"], args), name=call["name"],
-                            arguments=args)
+        yield ToolCallDelta(
+            index=0, id=stable_call_id(self.turn, 0, call["name"], args), name=call["name"], arguments=args
+        )
 
 
 def _partial_json_string(s: str) -> str:
@@ -443,9 +474,9 @@ def _partial_json_string(s: str) -> str:
             if i + n > len(s):  # an escape still being written
                 break
             try:
-                out.append(json.loads(f'"{s[i:i + n]}"'))
+                out.append(json.loads(f'"{s[i : i + n]}"'))
             except ValueError:
-                out.append(s[i:i + n])
+                out.append(s[i : i + n])
             i += n
             continue
         out.append(c)

@@ -67,7 +67,11 @@ class OllamaBackend:
     name = PROVIDER
 
     def __init__(
-        self, model: str | None = None, *, base_url: str | None = None, num_ctx: int | None = None,
+        self,
+        model: str | None = None,
+        *,
+        base_url: str | None = None,
+        num_ctx: int | None = None,
         timeout: float = 600.0,
     ) -> None:
         self.model = model or DEFAULT_MODEL
@@ -80,7 +84,9 @@ class OllamaBackend:
     def from_options(cls, model: str | None = None, **options: Any) -> OllamaBackend:
         return cls(model, **options)
 
-    async def stream(self, messages: list[Message], tools: list[ToolSpec], params: GenerationParams) -> AsyncIterator[Chunk]:
+    async def stream(
+        self, messages: list[Message], tools: list[ToolSpec], params: GenerationParams
+    ) -> AsyncIterator[Chunk]:
         body = build_request(self.model, messages, tools, params, await self.context_length())
         turn = len(messages)  # the turn's position in the history: part of each generated call id
         try:
@@ -127,7 +133,10 @@ def build_request(
     body: dict[str, Any] = {"model": model, "messages": [_message(m) for m in messages], "stream": True}
     if tools:
         body["tools"] = [
-            {"type": "function", "function": {"name": t.name, "description": t.description, "parameters": t.input_schema}}
+            {
+                "type": "function",
+                "function": {"name": t.name, "description": t.description, "parameters": t.input_schema},
+            }
             for t in tools
         ]
     options = {opt: v for key, opt in _OPTIONS.items() if (v := getattr(params, key)) is not None}
@@ -177,8 +186,9 @@ async def _chunks(lines: AsyncIterator[str], turn: int) -> AsyncIterator[Chunk]:
         try:
             chunks = list(_line_chunks(json.loads(line), turn, calls))
         except RecursionError:  # the JSON decoder gave up on it
-            raise BackendError(f"malformed stream line, nested too deeply to read: {line[:100]!r}…",
-                               provider=PROVIDER) from None
+            raise BackendError(
+                f"malformed stream line, nested too deeply to read: {line[:100]!r}…", provider=PROVIDER
+            ) from None
         except (ValueError, AttributeError, TypeError):  # not JSON, or not shaped as Ollama's lines
             raise BackendError(f"malformed stream line: {line[:200]!r}", provider=PROVIDER) from None
         for chunk in chunks:
@@ -207,8 +217,9 @@ def _line_chunks(obj: dict[str, Any], turn: int, calls: int) -> Iterator[Chunk]:
         yield ToolCallDelta(index=calls, id=call_id, name=fn.get("name", ""), arguments=args)
         calls += 1
     if obj.get("done"):
-        usage = Usage(input_tokens=obj.get("prompt_eval_count") or 0, output_tokens=obj.get("eval_count") or 0,
-                      requests=1)
+        usage = Usage(
+            input_tokens=obj.get("prompt_eval_count") or 0, output_tokens=obj.get("eval_count") or 0, requests=1
+        )
         yield UsageChunk(usage)
         yield Done(stop_reason=_stop_reason(obj.get("done_reason"), calls))
 

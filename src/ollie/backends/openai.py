@@ -39,10 +39,17 @@ _FINISH = {"stop": "stop", "tool_calls": "tool_calls", "function_call": "tool_ca
 # Parameters the Chat Completions API takes by these names; the rest go in the body as local servers
 # (llama.cpp, vLLM) spell them.
 _BODY_PARAMS = {
-    "temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "min_p": "min_p",
-    "frequency_penalty": "frequency_penalty", "presence_penalty": "presence_penalty",
-    "repetition_penalty": "repetition_penalty", "max_tokens": "max_tokens",
-    "max_completion_tokens": "max_completion_tokens", "stop": "stop", "response_format": "response_format",
+    "temperature": "temperature",
+    "top_p": "top_p",
+    "top_k": "top_k",
+    "min_p": "min_p",
+    "frequency_penalty": "frequency_penalty",
+    "presence_penalty": "presence_penalty",
+    "repetition_penalty": "repetition_penalty",
+    "max_tokens": "max_tokens",
+    "max_completion_tokens": "max_completion_tokens",
+    "stop": "stop",
+    "response_format": "response_format",
     "reasoning_effort": "reasoning_effort",
 }
 
@@ -80,7 +87,9 @@ class OpenAIBackend:
         if api_key is None:
             api_key = next((os.environ[v] for v in key_vars if os.environ.get(v)), None)
         if api_key is None and self.base_url == OPENAI_URL:
-            raise ConfigError(f"{name}: no API key: set {' or '.join(key_vars)} (or OLLIE_OPENAI_URL for a local server)")
+            raise ConfigError(
+                f"{name}: no API key: set {' or '.join(key_vars)} (or OLLIE_OPENAI_URL for a local server)"
+            )
         self._api_key = api_key or "none"  # local servers take any key
         self._headers = headers or {}
         self._extra_body = extra_body or {}
@@ -105,8 +114,11 @@ class OpenAIBackend:
                 import openai
 
                 self._client = clients[key] = openai.AsyncOpenAI(
-                    base_url=self.base_url, api_key=self._api_key, max_retries=0,
-                    default_headers=self._headers, timeout=openai.DEFAULT_TIMEOUT,
+                    base_url=self.base_url,
+                    api_key=self._api_key,
+                    max_retries=0,
+                    default_headers=self._headers,
+                    timeout=openai.DEFAULT_TIMEOUT,
                 )
         return self._client
 
@@ -120,7 +132,10 @@ class OpenAIBackend:
         }
         if tools:
             body["tools"] = [
-                {"type": "function", "function": {"name": t.name, "description": t.description, "parameters": t.input_schema}}
+                {
+                    "type": "function",
+                    "function": {"name": t.name, "description": t.description, "parameters": t.input_schema},
+                }
                 for t in tools
             ]
         for key, value in params.nonempty().items():
@@ -131,7 +146,9 @@ class OpenAIBackend:
             self._prepare(body)
         return body
 
-    async def stream(self, messages: list[Message], tools: list[ToolSpec], params: GenerationParams) -> AsyncIterator[Chunk]:
+    async def stream(
+        self, messages: list[Message], tools: list[ToolSpec], params: GenerationParams
+    ) -> AsyncIterator[Chunk]:
         import openai
         from openai import AsyncStream
 
@@ -139,8 +156,9 @@ class OpenAIBackend:
         body = self.request_body(messages, tools, params)
         finish: str | None = None
         try:
-            stream = await client.post("/chat/completions", body=body, cast_to=object, stream=True,
-                                       stream_cls=AsyncStream[object])
+            stream = await client.post(
+                "/chat/completions", body=body, cast_to=object, stream=True, stream_cls=AsyncStream[object]
+            )
             async with stream:  # closes the response however the iteration ends
                 async for data in stream:
                     for chunk in self._parse(data):
@@ -149,7 +167,9 @@ class OpenAIBackend:
                         else:
                             yield chunk
         except openai.APIStatusError as e:
-            raise http_error(self.name, e.status_code, _error_message(e), e.response.headers.get("retry-after")) from None
+            raise http_error(
+                self.name, e.status_code, _error_message(e), e.response.headers.get("retry-after")
+            ) from None
         except (openai.APIConnectionError, openai.APITimeoutError) as e:
             raise http_error(self.name, None, f"cannot reach {self.base_url}: {e.__cause__ or e}") from None
         except json.JSONDecodeError as e:
@@ -174,14 +194,18 @@ class OpenAIBackend:
         if usage := data.get("usage"):
             details = usage.get("prompt_tokens_details") or {}
             cached = details.get("cached_tokens") or 0
-            out.append(UsageChunk(Usage(
-                input_tokens=(usage.get("prompt_tokens") or 0) - cached,
-                output_tokens=usage.get("completion_tokens") or 0,
-                cache_read_tokens=cached,
-                cache_write_tokens=details.get("cache_write_tokens") or 0,
-                requests=1,
-                cost=usage.get("cost"),
-            )))
+            out.append(
+                UsageChunk(
+                    Usage(
+                        input_tokens=(usage.get("prompt_tokens") or 0) - cached,
+                        output_tokens=usage.get("completion_tokens") or 0,
+                        cache_read_tokens=cached,
+                        cache_write_tokens=details.get("cache_write_tokens") or 0,
+                        requests=1,
+                        cost=usage.get("cost"),
+                    )
+                )
+            )
         for choice in data.get("choices") or ():
             delta = choice.get("delta") or {}
             if reasoning := delta.get("reasoning_content") or delta.get("reasoning"):
@@ -190,8 +214,11 @@ class OpenAIBackend:
                 out.append(TextDelta(content))
             for call in delta.get("tool_calls") or ():
                 fn = call.get("function") or {}
-                out.append(ToolCallDelta(call.get("index", 0), call.get("id") or "", fn.get("name") or "",
-                                         fn.get("arguments") or ""))
+                out.append(
+                    ToolCallDelta(
+                        call.get("index", 0), call.get("id") or "", fn.get("name") or "", fn.get("arguments") or ""
+                    )
+                )
             if reason := choice.get("finish_reason"):
                 out.append(Done(_FINISH.get(reason, "other")))  # type: ignore[arg-type]
         return out
@@ -218,7 +245,12 @@ class OpenAIBackend:
         for m in await self._models():
             if m.get("id") == self.model:
                 meta = m.get("meta") or {}
-                for value in (m.get("context_length"), m.get("max_model_len"), meta.get("n_ctx"), meta.get("n_ctx_train")):
+                for value in (
+                    m.get("context_length"),
+                    m.get("max_model_len"),
+                    meta.get("n_ctx"),
+                    meta.get("n_ctx_train"),
+                ):
                     if isinstance(value, int) and value > 0:
                         return value
         return None

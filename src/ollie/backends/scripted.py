@@ -40,12 +40,12 @@ from ..textcalls import arguments_text
 from ..types import (
     BackendError,
     Chunk,
-    OllieError,
     ConfigError,
     ContextOverflowError,
     Done,
     GenerationParams,
     Message,
+    OllieError,
     RateLimitError,
     ReasoningDelta,
     TextDelta,
@@ -69,8 +69,16 @@ _ERRORS: dict[str, type[BackendError]] = {
 # A turn's keys and their types. The contents of a tool call are not checked: a script may play a
 # model that sends a malformed one.
 _TURN_KEYS: dict[str, tuple[type, ...]] = {
-    "text": (str,), "reasoning": (str,), "tool_calls": (list,), "usage": (dict,), "delay": (int, float),
-    "chunk": (int,), "stop_reason": (str,), "drop": (bool,), "error": (dict,), "expect": (str,),
+    "text": (str,),
+    "reasoning": (str,),
+    "tool_calls": (list,),
+    "usage": (dict,),
+    "delay": (int, float),
+    "chunk": (int,),
+    "stop_reason": (str,),
+    "drop": (bool,),
+    "error": (dict,),
+    "expect": (str,),
 }
 _RULE_KEYS = {**_TURN_KEYS, "match": (str,)}
 _TYPE_NAMES = {str: "a string", list: "a list", dict: "an object", int: "a number", bool: "true or false"}
@@ -99,18 +107,20 @@ def load_script(source: str | Path | list | dict) -> list[dict] | dict:
     except Exception as e:
         raise ConfigError(f"scripted backend: {path} is not valid {path.suffix.lstrip('.') or 'JSON'}: {e}") from None
     if not isinstance(data, (list, dict)):
-        raise ConfigError(f"scripted backend: {path} must hold a list of turns or {{\"rules\": [...]}}")
+        raise ConfigError(f'scripted backend: {path} must hold a list of turns or {{"rules": [...]}}')
     return data
 
 
 class ScriptedBackend:
     name = "scripted"
 
-    def __init__(self, script: list[dict] | dict | str | Path, *, model: str = "scripted", context_length: int = 128_000):
+    def __init__(
+        self, script: list[dict] | dict | str | Path, *, model: str = "scripted", context_length: int = 128_000
+    ):
         data = load_script(script)
         self._rules: list[dict] | None = data.get("rules") if isinstance(data, dict) else None
         if isinstance(data, dict) and not isinstance(self._rules, list):
-            raise ConfigError("scripted backend: a script object needs a \"rules\" list")
+            raise ConfigError('scripted backend: a script object needs a "rules" list')
         self._turns: list[dict] = list(data) if isinstance(data, list) else []
         for i, turn in enumerate(self._turns):
             _check_turn(turn, f"turn {i + 1} (index {i})", _TURN_KEYS)
@@ -208,21 +218,29 @@ class ScriptedBackend:
 def _check_turn(turn: Any, where: str, keys: dict[str, tuple[type, ...]]) -> None:
     """A ConfigError naming the turn (or rule) and what is wrong with its shape."""
     if not isinstance(turn, dict):
-        raise ConfigError(f"scripted backend: {where} must be an object with keys such as text and tool_calls, "
-                          f"not {type(turn).__name__} {reprlib.repr(turn)}")
+        raise ConfigError(
+            f"scripted backend: {where} must be an object with keys such as text and tool_calls, "
+            f"not {type(turn).__name__} {reprlib.repr(turn)}"
+        )
     for key, value in turn.items():
         if key not in keys:
             raise ConfigError(f"scripted backend: {where} has an unknown key {key!r}; known keys: {', '.join(keys)}")
         if value is not None and not isinstance(value, keys[key]):
-            raise ConfigError(f"scripted backend: {where}: {key} must be {_TYPE_NAMES[keys[key][0]]}, "
-                              f"not {type(value).__name__} {reprlib.repr(value)}")
+            raise ConfigError(
+                f"scripted backend: {where}: {key} must be {_TYPE_NAMES[keys[key][0]]}, "
+                f"not {type(value).__name__} {reprlib.repr(value)}"
+            )
     for n, call in enumerate(turn.get("tool_calls") or ()):
         if not isinstance(call, dict):
-            raise ConfigError(f"scripted backend: {where}: tool_calls[{n}] must be an object (name, arguments, id), "
-                              f"not {type(call).__name__} {reprlib.repr(call)}")
+            raise ConfigError(
+                f"scripted backend: {where}: tool_calls[{n}] must be an object (name, arguments, id), "
+                f"not {type(call).__name__} {reprlib.repr(call)}"
+            )
     if unknown := set(turn.get("usage") or ()) - set(Usage.__dataclass_fields__):
-        raise ConfigError(f"scripted backend: {where}: usage has unknown keys {sorted(unknown)}; known: "
-                          f"{', '.join(Usage.__dataclass_fields__)}")
+        raise ConfigError(
+            f"scripted backend: {where}: usage has unknown keys {sorted(unknown)}; known: "
+            f"{', '.join(Usage.__dataclass_fields__)}"
+        )
     if turn.get("match") is not None:
         try:
             re.compile(turn["match"])

@@ -11,9 +11,12 @@ from ..types import ConfigError
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("mount", help="mount a remote ollie server's files (9P) here, with FUSE",
-                       description="Mount the namespace of the ollie server at ADDR on MNT, in the foreground, "
-                                   "until interrupted or the server goes away.")
+    p = sub.add_parser(
+        "mount",
+        help="mount a remote ollie server's files (9P) here, with FUSE",
+        description="Mount the namespace of the ollie server at ADDR on MNT, in the foreground, "
+        "until interrupted or the server goes away.",
+    )
     p.add_argument("addr", help="unix!/path, tcp!host!port or host:port")
     p.add_argument("mnt", nargs="?", help="mount point (default: $OLLIE or ~/mnt/ollie)")
     add_token_options(p, "the server's token, for TCP (default: $OLLIE_9P_TOKEN)")
@@ -29,8 +32,10 @@ def token(args: argparse.Namespace) -> str:
     """The token from --token-file, else $OLLIE_9P_TOKEN, else "". --token is refused: a token on
     a command line is shown to every user by ps."""
     if args.token is not None:
-        raise ConfigError("--token would show the token to every user (ps): put it in a file and give "
-                          "--token-file PATH, or set $OLLIE_9P_TOKEN")
+        raise ConfigError(
+            "--token would show the token to every user (ps): put it in a file and give "
+            "--token-file PATH, or set $OLLIE_9P_TOKEN"
+        )
     if args.token_file:
         text = Path(args.token_file).expanduser().read_text().strip()
         if not text:

@@ -16,19 +16,23 @@ STOP_TIMEOUT = 30.0
 def register(sub) -> None:
     p = sub.add_parser("srv", help="serve the sessions as files (9P socket and FUSE mount)")
     actions = p.add_subparsers(metavar="ACTION", required=True)
-    for name, func, text in (("start", _start, "start the server in the background; return once it serves"),
-                             ("fg", _fg, "run the server in the foreground"),
-                             ("stop", _stop, "stop the server: sessions closed, unmounted, socket removed"),
-                             ("status", _status, "is a server running, where")):
+    for name, func, text in (
+        ("start", _start, "start the server in the background; return once it serves"),
+        ("fg", _fg, "run the server in the foreground"),
+        ("stop", _stop, "stop the server: sessions closed, unmounted, socket removed"),
+        ("status", _status, "is a server running, where"),
+    ):
         a = actions.add_parser(name, help=text)
         a.add_argument("--socket", help="the 9P socket (default $NAMESPACE/ollie)")
         if name in ("start", "fg"):
             a.add_argument("--mount", help="where to mount with FUSE (default $OLLIE or ~/mnt/ollie)")
             a.add_argument("--no-mount", action="store_true", help="serve 9P only")
-            a.add_argument("--tcp", metavar="[HOST:]PORT", help="also serve 9P on TCP (loopback unless a host is "
-                                                                "given); needs a token")
-            add_token_options(a, "the TCP token (default: $OLLIE_9P_TOKEN, else generated; written to "
-                                 "<socket>.token)")
+            a.add_argument(
+                "--tcp",
+                metavar="[HOST:]PORT",
+                help="also serve 9P on TCP (loopback unless a host is given); needs a token",
+            )
+            add_token_options(a, "the TCP token (default: $OLLIE_9P_TOKEN, else generated; written to <socket>.token)")
         a.set_defaults(func=func)
 
 
@@ -93,8 +97,15 @@ def _start(args: argparse.Namespace) -> int:
         print(f"ollie srv: already running (pid {pid})", file=sys.stderr)
         return 1
     config.private_dir(opts.socket.parent)  # the log goes there before the server checks it (ConfigError)
-    argv = [sys.executable, "-c", "import sys; from ollie.cli import main; sys.exit(main())", "srv", "fg",
-            "--socket", str(opts.socket)]
+    argv = [
+        sys.executable,
+        "-c",
+        "import sys; from ollie.cli import main; sys.exit(main())",
+        "srv",
+        "fg",
+        "--socket",
+        str(opts.socket),
+    ]
     argv += ["--no-mount"] if opts.mount is None else ["--mount", str(opts.mount)]
     if opts.tcp:
         argv += ["--tcp", f"{opts.tcp[0]}:{opts.tcp[1]}"]
@@ -104,8 +115,9 @@ def _start(args: argparse.Namespace) -> int:
     r, w = os.pipe()
     env["OLLIE_SRV_READY_FD"] = str(w)
     with open(opts.log_file, "ab") as logf:
-        proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=logf, stderr=logf,
-                                pass_fds=(w,), start_new_session=True)
+        proc = subprocess.Popen(
+            argv, env=env, stdin=subprocess.DEVNULL, stdout=logf, stderr=logf, pass_fds=(w,), start_new_session=True
+        )
     os.close(w)
     answer = b""
     with os.fdopen(r, "rb") as pipe:

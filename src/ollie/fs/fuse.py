@@ -127,9 +127,18 @@ class Operations:
         else:
             st = self._run(self.ns.stat(path))
         mtime = int(st.mtime * 1e9)
-        return {"st_mode": st.st_mode, "st_nlink": 2 if st.is_dir else 1, "st_size": st.size,
-                "st_uid": self._uid, "st_gid": self._gid, "st_mtime": mtime, "st_ctime": mtime, "st_atime": mtime,
-                "st_blocks": (st.size + 511) // 512, "st_blksize": 4096}
+        return {
+            "st_mode": st.st_mode,
+            "st_nlink": 2 if st.is_dir else 1,
+            "st_size": st.size,
+            "st_uid": self._uid,
+            "st_gid": self._gid,
+            "st_mtime": mtime,
+            "st_ctime": mtime,
+            "st_atime": mtime,
+            "st_blocks": (st.size + 511) // 512,
+            "st_blksize": 4096,
+        }
 
     def readdir(self, path: str, fh: int):
         entries = self._run(self.ns.list(path))
@@ -226,9 +235,20 @@ class Mount:
 
         def run() -> None:
             try:
-                _fuse_class()(ops, self.path, raw_fi=True, foreground=True, fsname="ollie", subtype="ollie",
-                                intr=True, attr_timeout=0, entry_timeout=ENTRY_TIMEOUT, negative_timeout=0,
-                                max_threads=MAX_THREADS, max_idle_threads=MAX_IDLE_THREADS)
+                _fuse_class()(
+                    ops,
+                    self.path,
+                    raw_fi=True,
+                    foreground=True,
+                    fsname="ollie",
+                    subtype="ollie",
+                    intr=True,
+                    attr_timeout=0,
+                    entry_timeout=ENTRY_TIMEOUT,
+                    negative_timeout=0,
+                    max_threads=MAX_THREADS,
+                    max_idle_threads=MAX_IDLE_THREADS,
+                )
             except BaseException as e:  # noqa: BLE001 - reported to start() / the log
                 self._error = e
             finally:

@@ -55,8 +55,15 @@ class Stat:
     @classmethod
     def unchanged(cls, **changes: object) -> Stat:
         """The Twstat "don't touch" entry with only `changes` set (e.g. `name=` for a rename)."""
-        blank = cls(0xFFFF, 0xFFFFFFFF, Qid(0xFF, 0xFFFFFFFF, 0xFFFFFFFFFFFFFFFF), 0xFFFFFFFF, 0xFFFFFFFF,
-                    0xFFFFFFFF, 0xFFFFFFFFFFFFFFFF)
+        blank = cls(
+            0xFFFF,
+            0xFFFFFFFF,
+            Qid(0xFF, 0xFFFFFFFF, 0xFFFFFFFFFFFFFFFF),
+            0xFFFFFFFF,
+            0xFFFFFFFF,
+            0xFFFFFFFF,
+            0xFFFFFFFFFFFFFFFF,
+        )
         for name, value in changes.items():
             setattr(blank, name, value)
         return blank
@@ -319,7 +326,7 @@ def encode(msg: Message) -> bytes:
     """The frame for `msg`, size prefix included."""
     out = bytearray(4)
     out += _u(msg.TYPE, 1) + _u(msg.tag, 2)
-    for code, name in zip(msg.FORMAT, msg.FIELDS):
+    for code, name in zip(msg.FORMAT, msg.FIELDS, strict=True):
         _put_field(out, code, getattr(msg, name))
     out[0:4] = _u(len(out), 4)
     return bytes(out)
@@ -338,7 +345,7 @@ class _Reader:
         end = self.pos + n
         if end > len(self.buf):
             raise ProtocolError(f"truncated: need {n} bytes at offset {self.pos}, have {len(self.buf) - self.pos}")
-        chunk = self.buf[self.pos:end]
+        chunk = self.buf[self.pos : end]
         self.pos = end
         return chunk
 
@@ -358,8 +365,19 @@ class _Reader:
     def stat(self) -> Stat:
         size = self.u(2)
         body = _Reader(self.take(size))
-        st = Stat(body.u(2), body.u(4), body.qid(), body.u(4), body.u(4), body.u(4), body.u(8),
-                  body.str(), body.str(), body.str(), body.str())
+        st = Stat(
+            body.u(2),
+            body.u(4),
+            body.qid(),
+            body.u(4),
+            body.u(4),
+            body.u(4),
+            body.u(8),
+            body.str(),
+            body.str(),
+            body.str(),
+            body.str(),
+        )
         body.end()
         return st
 

@@ -183,7 +183,7 @@ class Client:
         start, newfid = self.root if fid is None else fid, self._new_fid()
         try:
             for i in range(0, max(len(names), 1), P.MAXWELEM):
-                chunk = names[i:i + P.MAXWELEM]
+                chunk = names[i : i + P.MAXWELEM]
                 reply = await self.rpc(P.Twalk(start if i == 0 else newfid, newfid, chunk))
                 if len(reply.wqid) != len(chunk):
                     missing = "/".join(names[: i + len(reply.wqid) + 1])
@@ -210,7 +210,7 @@ class Client:
     async def write(self, fid: int, offset: int, data: bytes) -> int:
         done = 0
         while done < len(data) or not data:
-            n = (await self.rpc(P.Twrite(fid, offset + done, data[done:done + self.iounit]))).count
+            n = (await self.rpc(P.Twrite(fid, offset + done, data[done : done + self.iounit]))).count
             done += n
             if n == 0:
                 break

@@ -98,16 +98,26 @@ def _check_name(name: str) -> None:
 
 
 def _open_mode(mode: int) -> OpenMode:
-    access = {P.OREAD: OpenMode.READ, P.OWRITE: OpenMode.WRITE, P.ORDWR: OpenMode.READ | OpenMode.WRITE,
-              P.OEXEC: OpenMode.READ}[mode & 3]
+    access = {
+        P.OREAD: OpenMode.READ,
+        P.OWRITE: OpenMode.WRITE,
+        P.ORDWR: OpenMode.READ | OpenMode.WRITE,
+        P.OEXEC: OpenMode.READ,
+    }[mode & 3]
     return access | OpenMode.TRUNC if mode & P.OTRUNC else access
 
 
 class _Connection:
     """One client: its fids, its running requests, and the negotiated msize."""
 
-    def __init__(self, server: NinePServer, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                 client: str, refusal: str | None):
+    def __init__(
+        self,
+        server: NinePServer,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        client: str,
+        refusal: str | None,
+    ):
         self.ns, self.token, self.user = server.namespace, server.token, server.user
         self.throttle = server.throttle
         self.client, self.refusal = client, refusal
@@ -161,8 +171,9 @@ class _Connection:
         elif msg.tag in self.tasks:
             await self._send(P.Rerror(f"tag {msg.tag} is already in use", tag=msg.tag))
         elif len(self.tasks) >= MAX_REQUESTS and not isinstance(msg, P.Tflush):
-            await self._send(P.Rerror(f"too many requests in flight: at most {MAX_REQUESTS} per connection",
-                                      tag=msg.tag))
+            await self._send(
+                P.Rerror(f"too many requests in flight: at most {MAX_REQUESTS} per connection", tag=msg.tag)
+            )
         else:
             self.tasks[msg.tag] = asyncio.create_task(self._serve(msg))
 
@@ -415,13 +426,22 @@ class _Connection:
     def _moved(self, old: str, new: str) -> None:
         for fid in self.fids.values():
             if fid.path == old or fid.path.startswith(old + "/"):
-                fid.path = new + fid.path[len(old):]
+                fid.path = new + fid.path[len(old) :]
 
     def _entry(self, st: NsStat) -> P.Stat:
         mode = (P.DMDIR if st.is_dir else 0) | S.S_IMODE(st.mode)
         mtime = int(st.mtime) & 0xFFFFFFFF
-        return P.Stat(qid=_qid(st), mode=mode, atime=mtime, mtime=mtime, length=0 if st.is_dir else st.size,
-                      name=st.name, uid=self.user, gid=self.user, muid=self.user)
+        return P.Stat(
+            qid=_qid(st),
+            mode=mode,
+            atime=mtime,
+            mtime=mtime,
+            length=0 if st.is_dir else st.size,
+            name=st.name,
+            uid=self.user,
+            gid=self.user,
+            muid=self.user,
+        )
 
 
 _HANDLERS = {
@@ -451,8 +471,10 @@ class _AttachThrottle:
     def check(self, client: str) -> None:
         _, until, _ = self._by_client.get(client, (0, 0.0, 0.0))
         if (wait := until - time.monotonic()) > 0:
-            raise FsError(E.EAGAIN, f"too many failed attaches from {client}: tokens are not checked for "
-                                    f"another {math.ceil(wait)} s")
+            raise FsError(
+                E.EAGAIN,
+                f"too many failed attaches from {client}: tokens are not checked for another {math.ceil(wait)} s",
+            )
 
     def failed(self, client: str) -> None:
         now = time.monotonic()
@@ -551,7 +573,7 @@ async def _clear_stale_socket(path: Path) -> None:
     try:  # a version exchange, so the live server has taken the connection before we hang up
         writer.write(P.encode(P.Tversion(P.MAX_MSIZE, P.VERSION, tag=P.NOTAG)))
         await asyncio.wait_for(P.read_frame(reader, P.MAX_MSIZE), 2)
-    except (OSError, EOFError, P.ProtocolError, asyncio.TimeoutError):
+    except (TimeoutError, OSError, EOFError, P.ProtocolError):
         pass
     finally:
         writer.close()

@@ -21,13 +21,30 @@ from .ninep_client import Client, RemoteError
 
 # Rerror carries only text; these phrases (the ones our server and Plan 9 use) recover an errno for FUSE.
 _ERRNOS = (
-    ("too large", E.EFBIG), ("too long", E.EFBIG), ("too many fids", E.EMFILE), ("too many", E.EAGAIN),
-    ("is relative", E.EINVAL), ("unknown fid", E.EBADF), ("no such file", E.ENOENT), ("does not exist", E.ENOENT),
-    ("not found", E.ENOENT), ("no session", E.ENOENT), ("is a directory", E.EISDIR), ("not a directory", E.ENOTDIR),
-    ("already exists", E.EEXIST), ("not empty", E.ENOTEMPTY), ("permission denied", E.EACCES),
-    ("read-only", E.EACCES), ("only within one directory", E.EXDEV), ("is running", E.EBUSY),
-    ("cannot change", E.EPERM), ("cannot", E.EACCES), ("connection", E.ENOTCONN), ("unknown", E.EINVAL),
-    ("invalid", E.EINVAL), ("expected", E.EINVAL),
+    ("too large", E.EFBIG),
+    ("too long", E.EFBIG),
+    ("too many fids", E.EMFILE),
+    ("too many", E.EAGAIN),
+    ("is relative", E.EINVAL),
+    ("unknown fid", E.EBADF),
+    ("no such file", E.ENOENT),
+    ("does not exist", E.ENOENT),
+    ("not found", E.ENOENT),
+    ("no session", E.ENOENT),
+    ("is a directory", E.EISDIR),
+    ("not a directory", E.ENOTDIR),
+    ("already exists", E.EEXIST),
+    ("not empty", E.ENOTEMPTY),
+    ("permission denied", E.EACCES),
+    ("read-only", E.EACCES),
+    ("only within one directory", E.EXDEV),
+    ("is running", E.EBUSY),
+    ("cannot change", E.EPERM),
+    ("cannot", E.EACCES),
+    ("connection", E.ENOTCONN),
+    ("unknown", E.EINVAL),
+    ("invalid", E.EINVAL),
+    ("expected", E.EINVAL),
 )
 
 
@@ -52,8 +69,15 @@ def _fs_errors(fn):
 
 
 def _stat(st: P.Stat) -> Stat:
-    return Stat(st.name, is_dir=bool(st.mode & P.DMDIR), mode=st.mode & 0o777, size=st.length, mtime=st.mtime,
-                qid=st.qid.path, version=st.qid.vers)
+    return Stat(
+        st.name,
+        is_dir=bool(st.mode & P.DMDIR),
+        mode=st.mode & 0o777,
+        size=st.length,
+        mtime=st.mtime,
+        qid=st.qid.path,
+        version=st.qid.vers,
+    )
 
 
 def _p9_mode(mode: OpenMode) -> int:
@@ -195,8 +219,7 @@ class RemoteNamespace:
             await self.client.clunk(fid)
 
 
-async def mount(addr: str, mountpoint: str, token: str = "", stop: asyncio.Event | None = None,
-                ready=None) -> str:
+async def mount(addr: str, mountpoint: str, token: str = "", stop: asyncio.Event | None = None, ready=None) -> str:
     """Mount the server at `addr` on `mountpoint` until `stop` is set or the connection is lost.
     Calls `ready()` once mounted. Returns why it ended."""
     from .fuse import Mount

@@ -85,8 +85,13 @@ class Server:
         except BaseException:
             await self.stop()
             raise
-        log.info("serving %s (%d stored sessions) on %s%s", config.data_path(), restored, self.opts.socket,
-                 f", mounted at {self.opts.mount}" if self.mount else "")
+        log.info(
+            "serving %s (%d stored sessions) on %s%s",
+            config.data_path(),
+            restored,
+            self.opts.socket,
+            f", mounted at {self.opts.mount}" if self.mount else "",
+        )
 
     async def stop(self) -> None:
         """Stop listening, unmount, close every session (their state is on disk), remove our files."""

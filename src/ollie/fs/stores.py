@@ -70,8 +70,10 @@ class LineBuffer:
         self._partial += data[start:end]
 
     def _too_long(self) -> FsError:
-        return FsError(E.EFBIG, f"line too long: control lines are at most {size_text(LINE_MAX)}; "
-                                "this open file takes no more writes")
+        return FsError(
+            E.EFBIG,
+            f"line too long: control lines are at most {size_text(LINE_MAX)}; this open file takes no more writes",
+        )
 
 
 async def _value(get: Getter) -> str:
@@ -180,8 +182,11 @@ class OnCloseHandle(SnapshotHandle):
         if self._refused or offset + len(data) > self._limit:
             self._refused, self._dirty = True, False
             self._buf.clear()
-            raise FsError(E.EFBIG, f"too large: this file takes at most {size_text(self._limit)}; "
-                                   "nothing written to this open file is used")
+            raise FsError(
+                E.EFBIG,
+                f"too large: this file takes at most {size_text(self._limit)}; "
+                "nothing written to this open file is used",
+            )
         self._buf[offset : offset + len(data)] = data
         self._dirty = True
         return len(data)
@@ -200,8 +205,14 @@ class OnCloseFile(File):
     """Write the whole content (at most `limit` bytes), act when closed (`prompt` submits, `plan`
     is saved)."""
 
-    def __init__(self, get: Getter, on_close: Callable[[str], Awaitable[None]], limit: int,
-                 size: Callable[[], int] | None = None, mode: int = 0o644):
+    def __init__(
+        self,
+        get: Getter,
+        on_close: Callable[[str], Awaitable[None]],
+        limit: int,
+        size: Callable[[], int] | None = None,
+        mode: int = 0o644,
+    ):
         self._get = get
         self._on_close = on_close
         self._limit = limit
@@ -250,8 +261,13 @@ class DiskHandle(Handle):
 class ValidatedHandle(OnCloseHandle):
     """A file replaced atomically at close if `validate` accepts it: a bad write loses nothing."""
 
-    def __init__(self, path: Path, validate: Callable[[str, str], None], trunc: bool,
-                 on_release: Callable[[], None] | None = None):
+    def __init__(
+        self,
+        path: Path,
+        validate: Callable[[str, str], None],
+        trunc: bool,
+        on_release: Callable[[], None] | None = None,
+    ):
         super().__init__(lambda: _read_text(path), self._commit, CONFIG_MAX)
         self._path = path
         self._validate = validate
@@ -285,8 +301,7 @@ def _read_text(path: Path) -> str:
 
 
 class DiskFile(File):
-    def __init__(self, path: Path, writable: bool, validate: Callable[[str, str], None] | None,
-                 creating: bool = False):
+    def __init__(self, path: Path, writable: bool, validate: Callable[[str, str], None] | None, creating: bool = False):
         self.path = path
         self._writable = writable
         self._validate = validate
@@ -327,8 +342,13 @@ class DiskDir(Dir):
     """A flat directory on disk (created on first use). `synthetic` files are shown in it (t/idx);
     `validate(name, text)` checks every write (agent configs) and may raise."""
 
-    def __init__(self, path: Path, writable: bool = True, validate: Callable[[str, str], None] | None = None,
-                 synthetic: dict[str, File] | None = None):
+    def __init__(
+        self,
+        path: Path,
+        writable: bool = True,
+        validate: Callable[[str, str], None] | None = None,
+        synthetic: dict[str, File] | None = None,
+    ):
         self.path = path
         self.writable = writable
         self.validate = validate
@@ -372,8 +392,7 @@ class DiskDir(Dir):
         self.path.mkdir(parents=True, exist_ok=True)
         if self.validate:
             self._creating.add(name)
-            return ValidatedHandle(f.path, self.validate, trunc=True,
-                                   on_release=lambda: self._creating.discard(name))
+            return ValidatedHandle(f.path, self.validate, trunc=True, on_release=lambda: self._creating.discard(name))
         try:
             return DiskHandle(os.open(f.path, os.O_RDWR | os.O_CREAT, mode & 0o777))
         except OSError as e:

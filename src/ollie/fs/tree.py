@@ -1,17 +1,17 @@
 """The namespace ollie serves: which store backs which directory.
 
-    ctl backends help        root files
-    a/    agent configs      $OLLIE_CFG_PATH/agents (first of OLLIE_AGENTS_PATH), validated on write
-    p/    prompt templates   $OLLIE_CFG_PATH/prompts (read-only)
-    sk/   skills             $OLLIE_CFG_PATH/skills
-    t/    tool scripts       $OLLIE_CFG_PATH/tools (first of OLLIE_TOOLS_PATH), `idx` synthesised
-    u/    utility scripts    $OLLIE_CFG_PATH/utils
-    x/    plugins            $OLLIE_CFG_PATH/plugins
-    m/    memory             $OLLIE_DATA_PATH/memory
-    tr/   transcripts        $OLLIE_DATA_PATH/transcripts (ctl `save` writes here; killed sessions
-                             are kept here a while, see transcripts.py)
-    tmp/  scratch            $OLLIE_TMP_PATH/scratch, 0700
-    s/    sessions           see sessions.py
+ctl backends help        root files
+a/    agent configs      $OLLIE_CFG_PATH/agents (first of OLLIE_AGENTS_PATH), validated on write
+p/    prompt templates   $OLLIE_CFG_PATH/prompts (read-only)
+sk/   skills             $OLLIE_CFG_PATH/skills
+t/    tool scripts       $OLLIE_CFG_PATH/tools (first of OLLIE_TOOLS_PATH), `idx` synthesised
+u/    utility scripts    $OLLIE_CFG_PATH/utils
+x/    plugins            $OLLIE_CFG_PATH/plugins
+m/    memory             $OLLIE_DATA_PATH/memory
+tr/   transcripts        $OLLIE_DATA_PATH/transcripts (ctl `save` writes here; killed sessions
+                         are kept here a while, see transcripts.py)
+tmp/  scratch            $OLLIE_TMP_PATH/scratch, 0700
+s/    sessions           see sessions.py
 """
 
 from __future__ import annotations
@@ -99,19 +99,21 @@ def _private(path: Path) -> Path:
 def build(sessions: Sessions) -> Namespace:
     cfg, data = config.cfg_path(), config.data_path()
     tools = config.tools_path()[0]
-    root = StaticDir({
-        "ctl": root_ctl(sessions),
-        "backends": TextFile(backends_text),
-        "help": TextFile(lambda: HELP, text_size(lambda: HELP)),
-        "a": DiskDir(config.agents_path()[0], validate=validate_agent),
-        "p": DiskDir(cfg / "prompts", writable=False),
-        "sk": DiskDir(cfg / "skills"),
-        "t": DiskDir(tools, synthetic={"idx": TextFile(lambda: tools_index(tools))}),
-        "u": DiskDir(cfg / "utils"),
-        "x": DiskDir(cfg / "plugins"),
-        "m": DiskDir(data / "memory"),
-        "tr": TranscriptsDir(data / "transcripts"),
-        "tmp": DiskDir(_private(config.tmp_path() / "scratch")),
-        "s": SessionsDir(sessions, {"sh": SH, "ls": LS, "kill": KILL}),
-    })
+    root = StaticDir(
+        {
+            "ctl": root_ctl(sessions),
+            "backends": TextFile(backends_text),
+            "help": TextFile(lambda: HELP, text_size(lambda: HELP)),
+            "a": DiskDir(config.agents_path()[0], validate=validate_agent),
+            "p": DiskDir(cfg / "prompts", writable=False),
+            "sk": DiskDir(cfg / "skills"),
+            "t": DiskDir(tools, synthetic={"idx": TextFile(lambda: tools_index(tools))}),
+            "u": DiskDir(cfg / "utils"),
+            "x": DiskDir(cfg / "plugins"),
+            "m": DiskDir(data / "memory"),
+            "tr": TranscriptsDir(data / "transcripts"),
+            "tmp": DiskDir(_private(config.tmp_path() / "scratch")),
+            "s": SessionsDir(sessions, {"sh": SH, "ls": LS, "kill": KILL}),
+        }
+    )
     return Namespace(root)

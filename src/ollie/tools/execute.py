@@ -21,7 +21,8 @@ from typing import Any
 
 from .. import _jail, _sandbox, config
 from ..types import ConfigError
-from . import CallContext, Decl as DeclType, Tool, ToolResult
+from . import CallContext, Tool, ToolResult
+from . import Decl as DeclType
 
 DEFAULT_TIMEOUT = 30.0
 
@@ -82,10 +83,17 @@ SCHEMA: dict[str, Any] = {
                 },
             },
         },
-        "timeout": {"type": "number", "exclusiveMinimum": 0, "default": DEFAULT_TIMEOUT,
-                    "description": "Seconds each stage may run."},
-        "sandbox": {"type": "string", "default": "default",
-                    "description": "Sandbox policy name (one the agent's config allows)."},
+        "timeout": {
+            "type": "number",
+            "exclusiveMinimum": 0,
+            "default": DEFAULT_TIMEOUT,
+            "description": "Seconds each stage may run.",
+        },
+        "sandbox": {
+            "type": "string",
+            "default": "default",
+            "description": "Sandbox policy name (one the agent's config allows).",
+        },
     },
     "required": ["steps"],
 }
@@ -146,8 +154,9 @@ class Server:
         limits = box.policy.limits
         timeout = float(timeout or min(DEFAULT_TIMEOUT, limits.timeout))
         if timeout > limits.timeout:
-            raise StepError(f"timeout: at most {limits.timeout:g} seconds "
-                            f"(limits.timeout of sandbox policy {policy!r})")
+            raise StepError(
+                f"timeout: at most {limits.timeout:g} seconds (limits.timeout of sandbox policy {policy!r})"
+            )
         jail, notice = await self._jail(box.policy)
         if not self._namespaces:  # $TMPDIR is a directory of the host, granted by the policy
             session_tmp = session_tmp or self._scratch_dir()
@@ -156,14 +165,26 @@ class Server:
         env.update(ctx.env)
         # In a jail $TMPDIR is its private /tmp; the session's own scratch directory (where long
         # results are saved) is readable there.
-        env.update(TMPDIR="/tmp" if self._namespaces else session_tmp, OLLIE_SESSION_ID=ctx.session_id,
-                   OLLIE_TOOLS_PATH=":".join(tool_dirs))
+        env.update(
+            TMPDIR="/tmp" if self._namespaces else session_tmp,
+            OLLIE_SESSION_ID=ctx.session_id,
+            OLLIE_TOOLS_PATH=":".join(tool_dirs),
+        )
         system_path = box.search_path(env.get("PATH") or os.defpath)
         env["PATH"] = f"{self._x_dir}:{system_path}"
         # Interpreters are looked up on the system path only: $OLLIE/x may be this very process's
         # FUSE mount, and a lookup there from the event loop would wait on itself forever.
-        return _Job(box, jail, cwd, env, timeout, _Programs(system_path, tool_dirs), self._wrapper,
-                    _Budget(limits.output), notice)
+        return _Job(
+            box,
+            jail,
+            cwd,
+            env,
+            timeout,
+            _Programs(system_path, tool_dirs),
+            self._wrapper,
+            _Budget(limits.output),
+            notice,
+        )
 
     def _sandbox(self, policy: str, cwd: str, session_tmp: str, tool_dirs: tuple[str, ...]) -> _sandbox.Sandbox:
         if self._namespaces:
@@ -177,8 +198,10 @@ class Server:
         if not jail.namespaces_refused or not self._namespaces:
             return jail, ""
         self._namespaces = False
-        return jail, (f"[sandbox: {jail.namespaces_refused}; running with Landlock and seccomp alone, as "
-                      "general.best_effort allows: no process, network, /tmp or terminal isolation]")
+        return jail, (
+            f"[sandbox: {jail.namespaces_refused}; running with Landlock and seccomp alone, as "
+            "general.best_effort allows: no process, network, /tmp or terminal isolation]"
+        )
 
     def _scratch_dir(self) -> str:
         if not self._scratch:
@@ -242,24 +265,27 @@ def _given(value: Any) -> Any:
 
 def _parse_arguments(arguments: Any, allowed: tuple[str, ...]) -> tuple[list[Any], float | None, str]:
     if not isinstance(arguments, dict):
-        raise StepError("execute_code takes an object: {\"steps\": [...], \"timeout\": 30, \"sandbox\": \"default\"}")
+        raise StepError('execute_code takes an object: {"steps": [...], "timeout": 30, "sandbox": "default"}')
     arguments = _given(arguments)
     unknown = set(arguments) - {"steps", "timeout", "sandbox"}
     if unknown:
         raise StepError(f"unknown argument {sorted(unknown)[0]!r}; execute_code takes steps, timeout and sandbox")
     steps = arguments.get("steps")
     if not isinstance(steps, list) or not steps:
-        raise StepError("steps: must be a non-empty list of stages, e.g. [{\"code\": \"ls\"}]")
+        raise StepError('steps: must be a non-empty list of stages, e.g. [{"code": "ls"}]')
     timeout = arguments.get("timeout")  # None: the default, within the policy's limit
-    if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, int | float)
-                                or not 0 < timeout < math.inf):
+    if timeout is not None and (
+        isinstance(timeout, bool) or not isinstance(timeout, int | float) or not 0 < timeout < math.inf
+    ):
         raise StepError(f"timeout: must be a positive number of seconds, got {timeout!r}")
     policy = arguments.get("sandbox", "default")
     if not isinstance(policy, str):
         raise StepError(f"sandbox: must be a policy name, got {policy!r}")
     if policy not in allowed:
-        raise StepError(f"sandbox: policy {policy!r} is not allowed for this agent; it may use "
-                        f"{', '.join(allowed)} (the agent config's \"sandboxes\" list)")
+        raise StepError(
+            f"sandbox: policy {policy!r} is not allowed for this agent; it may use "
+            f'{", ".join(allowed)} (the agent config\'s "sandboxes" list)'
+        )
     return steps, timeout, policy
 
 
@@ -269,13 +295,15 @@ def _parse_steps(steps: list[Any], programs: _Programs, max_parallel: int) -> li
         where, step = f"steps[{i}]", _given(step)
         if isinstance(step, dict) and "parallel" in step:
             if set(step) != {"parallel"}:
-                raise StepError(f"{where}: a parallel stage has only the key \"parallel\"")
+                raise StepError(f'{where}: a parallel stage has only the key "parallel"')
             branches = step["parallel"]
             if not isinstance(branches, list) or not branches:
                 raise StepError(f"{where}.parallel: must be a non-empty list of code or tool stages")
             if len(branches) > max_parallel:
-                raise StepError(f"{where}.parallel: {len(branches)} branches; the sandbox policy allows at most "
-                                f"{max_parallel} (limits.parallel)")
+                raise StepError(
+                    f"{where}.parallel: {len(branches)} branches; the sandbox policy allows at most "
+                    f"{max_parallel} (limits.parallel)"
+                )
             stages.append([_parse_command(b, f"{where}.parallel[{j}]", programs) for j, b in enumerate(branches)])
         else:
             stages.append([_parse_command(step, where, programs)])
@@ -285,13 +313,14 @@ def _parse_steps(steps: list[Any], programs: _Programs, max_parallel: int) -> li
 def _parse_command(step: Any, where: str, programs: _Programs) -> _Command:
     step = _given(step)
     if not isinstance(step, dict):
-        raise StepError(f"{where}: must be an object like {{\"code\": \"ls\"}}, got {step!r}")
+        raise StepError(f'{where}: must be an object like {{"code": "ls"}}, got {step!r}')
     if "parallel" in step:
         raise StepError(f"{where}: parallel stages cannot be nested")
     unknown = set(step) - {"code", "language", "tool", "args"}
     if unknown:
-        raise StepError(f"{where}: unknown key {sorted(unknown)[0]!r}; a stage has code and language, "
-                        "tool and args, or parallel")
+        raise StepError(
+            f"{where}: unknown key {sorted(unknown)[0]!r}; a stage has code and language, tool and args, or parallel"
+        )
     if ("code" in step) == ("tool" in step):
         raise StepError(f"{where}: needs code or tool" if "code" not in step else f"{where}: has both code and tool")
     if "code" in step:
@@ -321,11 +350,12 @@ def _code_command(step: dict[str, Any], where: str, programs: _Programs) -> _Com
 def _tool_command(step: dict[str, Any], where: str, programs: _Programs) -> _Command:
     name, args = step["tool"], step.get("args", [])
     if "language" in step:
-        raise StepError(f"{where}: a tool's language comes from its shebang; drop \"language\"")
+        raise StepError(f'{where}: a tool\'s language comes from its shebang; drop "language"')
     if not isinstance(name, str) or not name or "/" in name or ".." in name:
         raise StepError(f"{where}.tool: invalid tool name {name!r}: give a script's file name, without '/' or '..'")
-    if not isinstance(args, list) or not all(isinstance(a, str | int | float) and not isinstance(a, bool)
-                                             for a in args):
+    if not isinstance(args, list) or not all(
+        isinstance(a, str | int | float) and not isinstance(a, bool) for a in args
+    ):
         raise StepError(f"{where}.args: must be a list of strings")
     if any("\0" in str(a) for a in args):
         raise StepError(f"{where}.args: must not contain NUL characters")
@@ -421,8 +451,9 @@ async def _run_pipeline(stages: list[_Stage], job: _Job) -> ToolResult:
         else:
             outcomes = await asyncio.gather(*(_run_command(cmd, data, job) for cmd in stage))
         data = b"".join(o.output for o in outcomes)
-        failures = [f"{cmd.where}: {o.error}" if named else o.error
-                    for cmd, o in zip(stage, outcomes, strict=True) if o.error]
+        failures = [
+            f"{cmd.where}: {o.error}" if named else o.error for cmd, o in zip(stage, outcomes, strict=True) if o.error
+        ]
         if failures:
             return ToolResult.of("\n".join(failures) + "\n" + _text(data), is_error=True)
     return ToolResult.of(_text(data or b""))
@@ -436,8 +467,15 @@ async def _run_command(cmd: _Command, stdin: bytes | None, job: _Job) -> _Outcom
     else:
         in_read, in_write = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC), -1
     try:
-        stage = await job.jail.spawn(job.sandbox.confinement, [*job.wrapper, *cmd.argv], job.cwd, job.env,
-                                     stdin=in_read, stdout=out_write, stderr=out_write)
+        stage = await job.jail.spawn(
+            job.sandbox.confinement,
+            [*job.wrapper, *cmd.argv],
+            job.cwd,
+            job.env,
+            stdin=in_read,
+            stdout=out_write,
+            stderr=out_write,
+        )
     except BaseException as e:
         for fd in (out_read, in_write):
             if fd >= 0:
@@ -463,8 +501,10 @@ async def _run_command(cmd: _Command, stdin: bytes | None, job: _Job) -> _Outcom
         return _Outcome(output, f"{timeout}; {failure}" if failure else timeout)
     if process.truncated:
         cap = job.sandbox.policy.limits.output
-        return _Outcome(output + b"\n[output truncated]",
-                        f"the call's output exceeded {_size_text(cap)} (limits.output); the stage was stopped")
+        return _Outcome(
+            output + b"\n[output truncated]",
+            f"the call's output exceeded {_size_text(cap)} (limits.output); the stage was stopped",
+        )
     if failure:
         return _Outcome(output, failure)
     status = process.status
@@ -541,7 +581,7 @@ class _Process:
 
     def _write(self) -> None:
         try:
-            self._pending = self._pending[os.write(self._stdin, self._pending):]
+            self._pending = self._pending[os.write(self._stdin, self._pending) :]
         except BlockingIOError:
             pass
         except OSError:  # the process stopped reading (EPIPE): it just loses its input
