@@ -214,6 +214,7 @@ def _size(value: Any, where: str) -> int:
 
 
 def _read_policy_file(path: Path) -> dict[str, Any]:
+    """The policy in `path` ({} if there is none), its shape checked against _SCHEMA."""
     import yaml  # only when a policy file exists
 
     try:
@@ -229,21 +230,26 @@ def _read_policy_file(path: Path) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise SandboxError(f"{path}: a sandbox policy must be a mapping of {', '.join(_SCHEMA)}")
     for key, value in data.items():
-        if key not in _SCHEMA:
-            raise SandboxError(f"{path}: unknown key {key!r}; known keys: {', '.join(_SCHEMA)}")
-        subkeys = _SCHEMA[key]
-        if subkeys is None:
-            if not _is_str_list(value):
-                raise SandboxError(f"{path}: {key} must be a list of variable names")
-            continue
-        if not isinstance(value, dict):
-            raise SandboxError(f"{path}: {key} must be a mapping with keys {', '.join(subkeys)}")
-        for sub, v in value.items():
-            if sub not in subkeys:
-                raise SandboxError(f"{path}: unknown key {key}.{sub}; known: {', '.join(subkeys)}")
-            if key == "filesystem" and not _is_str_list(v):
-                raise SandboxError(f"{path}: {key}.{sub} must be a list of paths")
+        _check_section(path, key, value)
     return data
+
+
+def _check_section(path: Path, key: Any, value: Any) -> None:
+    """One top-level key of a policy file: known, and holding what it must."""
+    if key not in _SCHEMA:
+        raise SandboxError(f"{path}: unknown key {key!r}; known keys: {', '.join(_SCHEMA)}")
+    subkeys = _SCHEMA[key]
+    if subkeys is None:
+        if not _is_str_list(value):
+            raise SandboxError(f"{path}: {key} must be a list of variable names")
+        return
+    if not isinstance(value, dict):
+        raise SandboxError(f"{path}: {key} must be a mapping with keys {', '.join(subkeys)}")
+    for sub, v in value.items():
+        if sub not in subkeys:
+            raise SandboxError(f"{path}: unknown key {key}.{sub}; known: {', '.join(subkeys)}")
+        if key == "filesystem" and not _is_str_list(v):
+            raise SandboxError(f"{path}: {key}.{sub} must be a list of paths")
 
 
 def _is_str_list(value: Any) -> bool:

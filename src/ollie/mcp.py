@@ -61,59 +61,73 @@ class ServerSpec:
 
 def parse_spec(name: str, raw: Any, cwd: str = "") -> ServerSpec:
     """Validate an `mcpServers` entry; a relative server cwd is taken from `cwd`."""
-    where = f"mcpServers.{name}"
-    if not isinstance(raw, dict):
-        raise ConfigError(f'{where} must be an object with "command" (stdio) or "url" (HTTP)')
+    entry = _Entry(f"mcpServers.{name}", raw)
+    kind = raw.get("type") or raw.get("transport") or ("stdio" if "command" in raw else "http")
+    kind = {"streamable-http": "http", "streamableHttp": "http"}.get(kind, kind)
+    if kind not in ("stdio", "http", "sse"):
+        raise ConfigError(f"{entry.where}.type must be stdio, http or sse, got {kind!r}")
+    spec = ServerSpec(
+        name,
+        kind,
+        timeout=entry.seconds("timeout", DEFAULT_CALL_TIMEOUT),
+        startup_timeout=entry.seconds("startupTimeout", DEFAULT_STARTUP_TIMEOUT),
+    )
+    if kind == "stdio":
+        spec.command = entry.required("command", "the program that runs the server")
+        spec.args, spec.env = entry.string_list("args"), entry.string_map("env")
+        if cwd or raw.get("cwd"):  # relative to the session's cwd, like a command typed there
+            spec.cwd = os.path.join(cwd, os.path.expanduser(entry.expand(raw.get("cwd", ""), "cwd")))
+    else:
+        spec.url = entry.required("url", "the server's HTTP endpoint")
+        spec.headers = entry.string_map("headers")
+    return spec
 
-    def expand(value: Any, key: str) -> str:
+
+class _Entry:
+    """The fields of one raw `mcpServers` entry, read with `${VAR}` expanded; every error names
+    the field (`where` is the entry's path in the config)."""
+
+    def __init__(self, where: str, raw: Any) -> None:
+        if not isinstance(raw, dict):
+            raise ConfigError(f'{where} must be an object with "command" (stdio) or "url" (HTTP)')
+        self.where = where
+        self.raw: dict[str, Any] = raw
+
+    def expand(self, value: Any, key: str) -> str:
         if not isinstance(value, str):
-            raise ConfigError(f"{where}.{key} must be a string, got {value!r}")
+            raise ConfigError(f"{self.where}.{key} must be a string, got {value!r}")
 
         def var(m: re.Match[str]) -> str:
             if m[1] in os.environ:
                 return os.environ[m[1]]
             if m[2] is not None:
                 return m[2]
-            raise ConfigError(f"{where}.{key}: ${{{m[1]}}} is not set (write ${{{m[1]}:-default}} for a default)")
+            raise ConfigError(f"{self.where}.{key}: ${{{m[1]}}} is not set (write ${{{m[1]}:-default}} for a default)")
 
         return _VAR.sub(var, value)
 
-    def strings(key: str, kind: type) -> Any:
-        value = raw.get(key, kind())
-        if not isinstance(value, kind):
-            raise ConfigError(f"{where}.{key} must be a{'n object' if kind is dict else ' list'} of strings")
-        if kind is dict:
-            return {k: expand(v, f"{key}.{k}") for k, v in value.items()}
-        return [expand(v, f"{key}[{i}]") for i, v in enumerate(value)]
+    def required(self, key: str, what: str) -> str:
+        if not self.raw.get(key):
+            raise ConfigError(f'{self.where} needs "{key}" ({what})')
+        return self.expand(self.raw[key], key)
 
-    def seconds(key: str, default: float) -> float:
-        value = raw.get(key, default)
+    def string_list(self, key: str) -> list[str]:
+        value = self.raw.get(key, [])
+        if not isinstance(value, list):
+            raise ConfigError(f"{self.where}.{key} must be a list of strings")
+        return [self.expand(v, f"{key}[{i}]") for i, v in enumerate(value)]
+
+    def string_map(self, key: str) -> dict[str, str]:
+        value = self.raw.get(key, {})
+        if not isinstance(value, dict):
+            raise ConfigError(f"{self.where}.{key} must be an object of strings")
+        return {k: self.expand(v, f"{key}.{k}") for k, v in value.items()}
+
+    def seconds(self, key: str, default: float) -> float:
+        value = self.raw.get(key, default)
         if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-            raise ConfigError(f"{where}.{key} must be a positive number of seconds, got {value!r}")
+            raise ConfigError(f"{self.where}.{key} must be a positive number of seconds, got {value!r}")
         return float(value)
-
-    kind = raw.get("type") or raw.get("transport") or ("stdio" if "command" in raw else "http")
-    kind = {"streamable-http": "http", "streamableHttp": "http"}.get(kind, kind)
-    if kind not in ("stdio", "http", "sse"):
-        raise ConfigError(f"{where}.type must be stdio, http or sse, got {kind!r}")
-    spec = ServerSpec(
-        name,
-        kind,
-        timeout=seconds("timeout", DEFAULT_CALL_TIMEOUT),
-        startup_timeout=seconds("startupTimeout", DEFAULT_STARTUP_TIMEOUT),
-    )
-    if kind == "stdio":
-        if not raw.get("command"):
-            raise ConfigError(f'{where} needs "command" (the program that runs the server)')
-        spec.command = expand(raw["command"], "command")
-        spec.args, spec.env = strings("args", list), strings("env", dict)
-        if cwd or raw.get("cwd"):  # relative to the session's cwd, like a command typed there
-            spec.cwd = os.path.join(cwd, os.path.expanduser(expand(raw.get("cwd", ""), "cwd")))
-    else:
-        if not raw.get("url"):
-            raise ConfigError(f'{where} needs "url" (the server\'s HTTP endpoint)')
-        spec.url, spec.headers = expand(raw["url"], "url"), strings("headers", dict)
-    return spec
 
 
 def log_path(name: str) -> Path:

@@ -8,7 +8,7 @@ tool calls on later requests that have thinking on, as the API requires.
 from __future__ import annotations
 
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 from ..textcalls import BadArguments, parse_arguments
@@ -244,48 +244,68 @@ def _cache_large_last_tool_result(out: list[dict[str, Any]]) -> None:
 
 async def _chunks(events: AsyncIterator[Any]) -> AsyncIterator[Chunk]:
     """Raw stream events → chunks. Tool calls are numbered in the order their blocks start."""
-    usage = Usage(requests=1)
-    tool_index: dict[int, int] = {}  # content block index → tool call index
-    tool_has_input: set[int] = set()
-    thinking: dict[int, dict[str, Any]] = {}  # content block index → block to send back
-    stop: StopReason = "other"
+    answer = _Answer()
     async for ev in events:
+        if ev.type == "message_stop":
+            yield UsageChunk(answer.usage)
+            yield answer.done()
+            return
+        for chunk in answer.read(ev):
+            yield chunk
+    raise TransientError("the stream ended before message_stop", provider=PROVIDER)
+
+
+class _Answer:
+    """What the events of one answer built up so far."""
+
+    def __init__(self) -> None:
+        self.usage = Usage(requests=1)
+        self.tool_index: dict[int, int] = {}  # content block index → tool call index
+        self.tool_has_input: set[int] = set()
+        self.thinking: dict[int, dict[str, Any]] = {}  # content block index → block to send back
+        self.stop: StopReason = "other"
+
+    def read(self, ev: Any) -> Iterator[Chunk]:
+        """The chunks of one event before message_stop (events of other types carry none)."""
         kind = ev.type
         if kind == "message_start":
-            _read_usage(usage, ev.message.usage)
+            _read_usage(self.usage, ev.message.usage)
         elif kind == "content_block_start":
-            block = ev.content_block
-            if block.type == "tool_use":
-                tool_index[ev.index] = len(tool_index)
-                yield ToolCallDelta(index=tool_index[ev.index], id=block.id, name=block.name)
-            elif block.type == "thinking":
-                thinking[ev.index] = {"type": "thinking", "thinking": block.thinking, "signature": block.signature}
-            elif block.type == "redacted_thinking":
-                thinking[ev.index] = {"type": "redacted_thinking", "data": block.data}
+            yield from self._block_start(ev.index, ev.content_block)
         elif kind == "content_block_delta":
-            d = ev.delta
-            if d.type == "text_delta":
-                yield TextDelta(d.text)
-            elif d.type == "thinking_delta":
-                thinking[ev.index]["thinking"] += d.thinking
-                yield ReasoningDelta(d.thinking)
-            elif d.type == "signature_delta":
-                thinking[ev.index]["signature"] += d.signature
-            elif d.type == "input_json_delta" and d.partial_json:
-                tool_has_input.add(ev.index)
-                yield ToolCallDelta(index=tool_index[ev.index], arguments=d.partial_json)
+            yield from self._block_delta(ev.index, ev.delta)
         elif kind == "content_block_stop":
-            if ev.index in tool_index and ev.index not in tool_has_input:
-                yield ToolCallDelta(index=tool_index[ev.index], arguments="{}")
+            if ev.index in self.tool_index and ev.index not in self.tool_has_input:
+                yield ToolCallDelta(index=self.tool_index[ev.index], arguments="{}")
         elif kind == "message_delta":
-            stop = _STOP_REASONS.get(ev.delta.stop_reason or "", "other")
-            _read_usage(usage, ev.usage)
-        elif kind == "message_stop":
-            yield UsageChunk(usage)
-            data = {THINKING_KEY: [thinking[i] for i in sorted(thinking)]} if thinking else {}
-            yield Done(stop_reason=stop, provider_data=data)
-            return
-    raise TransientError("the stream ended before message_stop", provider=PROVIDER)
+            self.stop = _STOP_REASONS.get(ev.delta.stop_reason or "", "other")
+            _read_usage(self.usage, ev.usage)
+
+    def _block_start(self, index: int, block: Any) -> Iterator[Chunk]:
+        if block.type == "tool_use":
+            self.tool_index[index] = len(self.tool_index)
+            yield ToolCallDelta(index=self.tool_index[index], id=block.id, name=block.name)
+        elif block.type == "thinking":
+            self.thinking[index] = {"type": "thinking", "thinking": block.thinking, "signature": block.signature}
+        elif block.type == "redacted_thinking":
+            self.thinking[index] = {"type": "redacted_thinking", "data": block.data}
+
+    def _block_delta(self, index: int, d: Any) -> Iterator[Chunk]:
+        if d.type == "text_delta":
+            yield TextDelta(d.text)
+        elif d.type == "thinking_delta":
+            self.thinking[index]["thinking"] += d.thinking
+            yield ReasoningDelta(d.thinking)
+        elif d.type == "signature_delta":
+            self.thinking[index]["signature"] += d.signature
+        elif d.type == "input_json_delta" and d.partial_json:
+            self.tool_has_input.add(index)
+            yield ToolCallDelta(index=self.tool_index[index], arguments=d.partial_json)
+
+    def done(self) -> Done:
+        thinking = self.thinking
+        data = {THINKING_KEY: [thinking[i] for i in sorted(thinking)]} if thinking else {}
+        return Done(stop_reason=self.stop, provider_data=data)
 
 
 def _read_usage(usage: Usage, u: Any) -> None:
