@@ -109,11 +109,11 @@ def enter_namespaces(network):
         check(libc.unshare(CLONE_NEWUSER | rest), "unshare")
     except OSError as e:
         if uid != 0:  # without a user namespace only root may make the others
-            return f"user namespaces are refused ({os.strerror(e.errno)})"
+            return f"user namespaces are refused ({os.strerror(e.errno or 0)})"
         try:
             check(libc.unshare(rest), "unshare")
         except OSError as e2:
-            return f"namespaces are refused ({os.strerror(e2.errno)})"
+            return f"namespaces are refused ({os.strerror(e2.errno or 0)})"
         return ""
     with open("/proc/self/setgroups", "w") as f:
         f.write("deny")
@@ -130,7 +130,7 @@ class Mounts:
 
     def __init__(self, hide, protect, tmp_size):
         mount(None, "/", None, MS_REC | MS_PRIVATE)  # nothing done here shows outside
-        self.hidden = {}  # hidden directory -> O_PATH fd of what it hid, to bind from
+        self.hidden: dict[str, int] = {}  # hidden directory -> O_PATH fd of what it hid, to bind from
         self.exposed = {}  # path -> writable
         self.pinned = set()  # directories bound onto themselves, so that they cannot be renamed
         for path in ["/tmp", *hide]:

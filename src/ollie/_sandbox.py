@@ -563,7 +563,8 @@ def seccomp_program(policy: Policy) -> bytes:
 
 def _assemble(prog: list) -> bytes:
     """Resolve string jump targets (labels placed in the list) into relative BPF offsets."""
-    labels, code = {}, []
+    labels: dict[str, int] = {}
+    code: list[tuple[int, int | str, int | str, int]] = []  # (op, jump if true, jump if false, k)
     for item in prog:
         if isinstance(item, str):
             labels[item] = len(code)

@@ -18,7 +18,7 @@ import logging
 import os
 import re
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -247,7 +247,12 @@ class Client:
         from mcp_types import CONNECTION_CLOSED
 
         with anyio.CancelScope() as scope:
-            done.add_done_callback(lambda f: f.cancelled() and scope.cancel())
+
+            def cancel_job(f: asyncio.Future[Any]) -> None:
+                if f.cancelled():
+                    scope.cancel()
+
+            done.add_done_callback(cancel_job)
             try:
                 result = await job(client)
                 if not done.done():
@@ -280,7 +285,7 @@ class Client:
                 return tools
 
     @asynccontextmanager
-    async def _transport(self):  # type: ignore[no-untyped-def]
+    async def _transport(self) -> AsyncIterator[Any]:
         spec = self.spec
         if spec.transport == "stdio":
             from mcp.client.stdio import StdioServerParameters, stdio_client

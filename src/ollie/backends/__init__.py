@@ -116,7 +116,7 @@ def http_error(provider: str, status: int | None, message: str, retry_after: str
     """The BackendError for an HTTP failure: 429 → rate limit; a known phrase below 500 → context
     overflow / tool unsupported; ≥500 or no status (the network, an error sent mid-stream) →
     transient; else a plain error."""
-    kw = {"provider": provider, "status": status}
+    kw: dict[str, Any] = {"provider": provider, "status": status}
     if status == 429:
         return RateLimitError(message, retry_after=parse_retry_after(retry_after), **kw)
     if (status is None or status < 500) and _OVERFLOW.search(message):

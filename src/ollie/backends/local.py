@@ -22,11 +22,11 @@ import os
 import re
 import threading
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncGenerator, AsyncIterator, Iterator
 from contextlib import aclosing
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from ..textcalls import BadArguments, arguments_text, parse_arguments, stable_call_id
 from ..types import (
@@ -236,7 +236,8 @@ def _render(loaded: _Loaded, messages: list[Message], tools: list[ToolSpec]) -> 
         if t >= 0
     }
     formatter = Jinja2ChatFormatter(loaded.template, eos_token=special.get("eos", ""), bos_token=special.get("bos", ""))
-    return formatter(messages=_chat(messages, tools)).prompt
+    # _chat's plain role/content dicts are what llama_cpp's message TypedDicts describe
+    return formatter(messages=cast(Any, _chat(messages, tools))).prompt
 
 
 def _chat(messages: list[Message], tools: list[ToolSpec]) -> list[dict[str, str]]:
@@ -346,7 +347,7 @@ def _closed(schema: dict[str, Any]) -> dict[str, Any]:
 
 async def _generate(
     loaded: _Loaded, tokens: list[int], params: GenerationParams, grammar: Any, max_tokens: int
-) -> AsyncIterator[str | tuple[int, StopReason]]:
+) -> AsyncGenerator[str | tuple[int, StopReason], None]:
     """Text pieces as they are generated, then (output tokens, stop reason). Closing the
     iterator (the stream was cancelled) stops the worker after the token in progress."""
     loop = asyncio.get_running_loop()
@@ -383,7 +384,8 @@ def _tokens_to_text(
 
     decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
     stop_words = params.stop or []
-    text, count, reason = "", 0, "length"
+    text, count = "", 0
+    reason: StopReason = "length"
     sampling = {
         "temp": params.temperature if params.temperature is not None else 0.0,
         "top_p": params.top_p if params.top_p is not None else 0.95,

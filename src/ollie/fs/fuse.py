@@ -200,14 +200,21 @@ class Operations:
         return {"f_bsize": 4096, "f_frsize": 4096, "f_namemax": 255}
 
 
-def _fuse_class():
-    class FUSE(_mfusepy().FUSE):
+def _fuse_class() -> Any:
+    base: Any = _mfusepy().FUSE
+
+    class FUSE(base):
         def truncate_fuse_3(self, path, length, fip):
             """mfusepy drops the open file of an ftruncate(2); pass it on (vim truncates the
             descriptor it opened, and a/ configs and prompts are buffered per open file)."""
             return self.ftruncate(path, length, fip)
 
     return FUSE
+
+
+def _resolve(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
 
 
 class Mount:
@@ -253,7 +260,7 @@ class Mount:
                 self._error = e
             finally:
                 ready.set()
-                loop.call_soon_threadsafe(lambda: done.done() or done.set_result(None))
+                loop.call_soon_threadsafe(_resolve, done)
 
         self._thread = threading.Thread(target=run, name="ollie-fuse", daemon=True)
         self._thread.start()

@@ -8,8 +8,9 @@ otherwise malformed frame raises ProtocolError and nothing else.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
-from typing import ClassVar
+from typing import ClassVar, TypeVar, dataclass_transform
 
 VERSION = "9P2000"
 MAX_MSIZE = 65536
@@ -103,8 +104,14 @@ class Message:
     tag: int = field(default=0, kw_only=True)
 
 
-def _message(type_: int, fmt: str):
-    def wrap(cls):
+_M = TypeVar("_M", bound=Message)
+
+
+@dataclass_transform(field_specifiers=(field,))
+def _message(type_: int, fmt: str) -> Callable[[type[_M]], type[_M]]:
+    """Make the class a dataclass message of 9P type `type_` whose fields `fmt` describes."""
+
+    def wrap(cls: type[_M]) -> type[_M]:
         cls = dataclass(slots=True)(cls)
         cls.TYPE, cls.FORMAT, cls.FIELDS = type_, fmt, tuple(f.name for f in fields(cls) if f.name != "tag")
         if len(fmt) != len(cls.FIELDS):
@@ -352,7 +359,7 @@ class _Reader:
     def u(self, width: int) -> int:
         return int.from_bytes(self.take(width), "little")
 
-    def str(self) -> str:
+    def string(self) -> str:
         raw = self.take(self.u(2))
         try:
             return raw.decode()
@@ -373,10 +380,10 @@ class _Reader:
             body.u(4),
             body.u(4),
             body.u(8),
-            body.str(),
-            body.str(),
-            body.str(),
-            body.str(),
+            body.string(),
+            body.string(),
+            body.string(),
+            body.string(),
         )
         body.end()
         return st
@@ -391,7 +398,7 @@ class _Reader:
         if code in "1248":
             return self.u(int(code))
         if code == "s":
-            return self.str()
+            return self.string()
         if code == "q":
             return self.qid()
         if code == "D":
@@ -401,7 +408,7 @@ class _Reader:
             st = inner.stat()
             inner.end()
             return st
-        return self.many(self.str if code == "W" else self.qid)
+        return self.many(self.string if code == "W" else self.qid)
 
     def end(self) -> None:
         if self.pos != len(self.buf):

@@ -18,8 +18,11 @@ import asyncio
 import errno as E
 import getpass
 import itertools
+from typing import TypeVar
 
 from . import ninep as P
+
+_R = TypeVar("_R", bound=P.Message)
 
 
 class RemoteError(Exception):
@@ -92,7 +95,7 @@ class Client:
             raise RemoteError(f"server does not speak {P.VERSION}: {reply}", E.EPROTO)
         self.msize = reply.msize
         self._receiver = asyncio.create_task(self._receive())
-        await self.rpc(P.Tattach(self.root, P.NOFID, getpass.getuser(), token))
+        await self.rpc(P.Tattach(self.root, P.NOFID, getpass.getuser(), token), P.Rattach)
 
     @property
     def iounit(self) -> int:
@@ -134,8 +137,9 @@ class Client:
                 return tag
         raise RemoteError("all 9P tags are in use", E.EAGAIN)
 
-    async def rpc(self, msg: P.Message) -> P.Message:
-        """Send `msg`, wait for its reply; Rerror raises RemoteError. Cancelling sends a Tflush."""
+    async def rpc(self, msg: P.Message, answer: type[_R]) -> _R:
+        """Send `msg`, wait for its reply, which must be an `answer` (msg's R-message); Rerror
+        raises RemoteError. Cancelling sends a Tflush."""
         if self._failed:
             raise self._failed
         msg.tag = self._tag()
@@ -153,7 +157,7 @@ class Client:
         del self._pending[msg.tag]
         if isinstance(reply, P.Rerror):
             raise RemoteError(reply.ename)
-        if reply.TYPE != msg.TYPE + 1:
+        if not isinstance(reply, answer):
             raise RemoteError(f"{type(msg).__name__} answered by {type(reply).__name__}", E.EPROTO)
         return reply
 
@@ -162,7 +166,7 @@ class Client:
 
         async def flush() -> None:
             try:
-                await self.rpc(P.Tflush(oldtag))
+                await self.rpc(P.Tflush(oldtag), P.Rflush)
             except RemoteError:
                 pass
             finally:
@@ -184,7 +188,7 @@ class Client:
         try:
             for i in range(0, max(len(names), 1), P.MAXWELEM):
                 chunk = names[i : i + P.MAXWELEM]
-                reply = await self.rpc(P.Twalk(start if i == 0 else newfid, newfid, chunk))
+                reply = await self.rpc(P.Twalk(start if i == 0 else newfid, newfid, chunk), P.Rwalk)
                 if len(reply.wqid) != len(chunk):
                     missing = "/".join(names[: i + len(reply.wqid) + 1])
                     raise RemoteError(f"{missing}: no such file or directory", E.ENOENT)
@@ -198,19 +202,19 @@ class Client:
 
     async def open(self, fid: int, mode: int = P.OREAD) -> int:
         """Open `fid`; returns the iounit."""
-        return (await self.rpc(P.Topen(fid, mode))).iounit or self.iounit
+        return (await self.rpc(P.Topen(fid, mode), P.Ropen)).iounit or self.iounit
 
     async def create(self, fid: int, name: str, perm: int = 0o644, mode: int = P.OWRITE) -> int:
         """Create `name` in directory `fid`, which becomes the new file, open; returns the iounit."""
-        return (await self.rpc(P.Tcreate(fid, name, perm, mode))).iounit or self.iounit
+        return (await self.rpc(P.Tcreate(fid, name, perm, mode), P.Rcreate)).iounit or self.iounit
 
     async def read(self, fid: int, offset: int, count: int) -> bytes:
-        return (await self.rpc(P.Tread(fid, offset, min(count, self.iounit)))).data
+        return (await self.rpc(P.Tread(fid, offset, min(count, self.iounit)), P.Rread)).data
 
     async def write(self, fid: int, offset: int, data: bytes) -> int:
         done = 0
         while done < len(data) or not data:
-            n = (await self.rpc(P.Twrite(fid, offset + done, data[done : done + self.iounit]))).count
+            n = (await self.rpc(P.Twrite(fid, offset + done, data[done : done + self.iounit]), P.Rwrite)).count
             done += n
             if n == 0:
                 break
@@ -218,21 +222,21 @@ class Client:
 
     async def clunk(self, fid: int) -> None:
         try:
-            await self.rpc(P.Tclunk(fid))
+            await self.rpc(P.Tclunk(fid), P.Rclunk)
         finally:
             self._free_fids.append(fid)  # a clunk frees the fid even when it fails
 
     async def remove(self, fid: int) -> None:
         try:
-            await self.rpc(P.Tremove(fid))
+            await self.rpc(P.Tremove(fid), P.Rremove)
         finally:
             self._free_fids.append(fid)
 
     async def stat(self, fid: int) -> P.Stat:
-        return (await self.rpc(P.Tstat(fid))).stat
+        return (await self.rpc(P.Tstat(fid), P.Rstat)).stat
 
     async def wstat(self, fid: int, stat: P.Stat) -> None:
-        await self.rpc(P.Twstat(fid, stat))
+        await self.rpc(P.Twstat(fid, stat), P.Rwstat)
 
     # Whole-path conveniences: each walks a fid, acts, and clunks it
 

@@ -35,8 +35,10 @@ import stat as S
 import struct
 import time
 from collections import Counter
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from .. import config
 from . import ninep as P
@@ -132,7 +134,7 @@ class _Connection:
 
     async def run(self) -> None:
         if self.refusal:
-            await self._refuse()
+            await self._refuse(self.refusal)
             return
         try:
             while True:
@@ -147,12 +149,12 @@ class _Connection:
             await self._reset()
             self.writer.close()
 
-    async def _refuse(self) -> None:
+    async def _refuse(self, reason: str) -> None:
         """Answer the first request (Tversion, whose Rerror every client reports) with the reason."""
         try:
             async with asyncio.timeout(_REFUSE_TIMEOUT):
                 frame = await P.read_frame(self.reader, P.MAX_MSIZE)
-            await self._send(P.Rerror(self.refusal, tag=int.from_bytes(frame[5:7], "little")))
+            await self._send(P.Rerror(reason, tag=int.from_bytes(frame[5:7], "little")))
         except (EOFError, ConnectionError, P.ProtocolError, TimeoutError):
             pass
         finally:
@@ -444,7 +446,8 @@ class _Connection:
         )
 
 
-_HANDLERS = {
+# A handler takes the T-message of its key and returns its R-message.
+_HANDLERS: dict[type[P.Message], Callable[[_Connection, Any], Awaitable[P.Message]]] = {
     P.Tauth: _Connection._auth,
     P.Tattach: _Connection._attach,
     P.Tflush: _Connection._flush,

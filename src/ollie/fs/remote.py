@@ -231,7 +231,7 @@ async def mount(addr: str, mountpoint: str, token: str = "", stop: asyncio.Event
         try:
             if ready:
                 ready()
-            waits = [asyncio.ensure_future(ns.wait_lost())]
+            waits: list[asyncio.Future[object]] = [asyncio.ensure_future(ns.wait_lost())]
             if stop is not None:
                 waits.append(asyncio.ensure_future(stop.wait()))
             done, pending = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)

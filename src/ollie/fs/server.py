@@ -17,8 +17,13 @@ import secrets
 import signal
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .. import config
+
+if TYPE_CHECKING:
+    from .fuse import Mount
+    from .sessions import Sessions
 
 log = logging.getLogger("ollie.fs.server")
 
@@ -55,8 +60,8 @@ class Server:
     def __init__(self, opts: Options):
         self.opts = opts
         self.listeners: list = []
-        self.mount = None
-        self.sessions = None
+        self.mount: Mount | None = None
+        self.sessions: Sessions | None = None
         self._pruner: asyncio.Task | None = None
 
     async def start(self) -> None:

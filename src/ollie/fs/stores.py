@@ -328,7 +328,7 @@ class DiskFile(File):
         try:
             return DiskHandle(os.open(self.path, flags))
         except OSError as e:
-            raise FsError(e.errno, f"{self.path.name}: {e.strerror}") from None
+            raise FsError(e.errno or E.EIO, f"{self.path.name}: {e.strerror}") from None
 
     async def truncate(self, size: int) -> None:
         if not self._writable:
@@ -396,14 +396,14 @@ class DiskDir(Dir):
         try:
             return DiskHandle(os.open(f.path, os.O_RDWR | os.O_CREAT, mode & 0o777))
         except OSError as e:
-            raise FsError(e.errno, f"{name}: {e.strerror}") from None
+            raise FsError(e.errno or E.EIO, f"{name}: {e.strerror}") from None
 
     async def remove(self, name: str) -> None:
         self._check_writable(name)
         try:
             os.unlink(self._file(name).path)
         except OSError as e:
-            raise FsError(e.errno, f"{name}: {e.strerror}") from None
+            raise FsError(e.errno or E.EIO, f"{name}: {e.strerror}") from None
 
     async def rename(self, old: str, new: str) -> None:
         self._check_writable(old)
@@ -414,7 +414,7 @@ class DiskDir(Dir):
         try:
             os.rename(src, dst)
         except OSError as e:
-            raise FsError(e.errno, f"{old}: {e.strerror}") from None
+            raise FsError(e.errno or E.EIO, f"{old}: {e.strerror}") from None
 
 
 def validate_agent(name: str, text: str) -> None:

@@ -150,17 +150,17 @@ class Server:
             raise StepError(f"working directory {cwd} does not exist")
         session_tmp = ctx.tmpdir
         tool_dirs = _tool_dirs(ctx)
-        box = self._sandbox(policy, cwd, session_tmp, tool_dirs)
+        box = self._sandbox_for(policy, cwd, session_tmp, tool_dirs)
         limits = box.policy.limits
         timeout = float(timeout or min(DEFAULT_TIMEOUT, limits.timeout))
         if timeout > limits.timeout:
             raise StepError(
                 f"timeout: at most {limits.timeout:g} seconds (limits.timeout of sandbox policy {policy!r})"
             )
-        jail, notice = await self._jail(box.policy)
+        jail, notice = await self._jail_for(box.policy)
         if not self._namespaces:  # $TMPDIR is a directory of the host, granted by the policy
             session_tmp = session_tmp or self._scratch_dir()
-            box = self._sandbox(policy, cwd, session_tmp, tool_dirs)
+            box = self._sandbox_for(policy, cwd, session_tmp, tool_dirs)
         env = box.environ()  # only what the policy lets in: never the server's API keys
         env.update(ctx.env)
         # In a jail $TMPDIR is its private /tmp; the session's own scratch directory (where long
@@ -186,12 +186,12 @@ class Server:
             notice,
         )
 
-    def _sandbox(self, policy: str, cwd: str, session_tmp: str, tool_dirs: tuple[str, ...]) -> _sandbox.Sandbox:
+    def _sandbox_for(self, policy: str, cwd: str, session_tmp: str, tool_dirs: tuple[str, ...]) -> _sandbox.Sandbox:
         if self._namespaces:
             return self._sandboxes.get(policy, cwd, "", tool_dirs, (session_tmp,) if session_tmp else ())
         return self._sandboxes.get(policy, cwd, session_tmp, tool_dirs)
 
-    async def _jail(self, policy: _sandbox.Policy) -> tuple[_jail.Jail, str]:
+    async def _jail_for(self, policy: _sandbox.Policy) -> tuple[_jail.Jail, str]:
         """The running jail for `policy`, and a notice for the first result when it runs without
         namespaces."""
         jail = await self._jails.get(policy)
