@@ -26,7 +26,7 @@ from typing import Any
 
 from .config import data_path
 from .tools import CallContext, Server, Tool, ToolResult
-from .types import ConfigError
+from .types import ConfigError, OllieError
 
 DEFAULT_CALL_TIMEOUT = 120.0
 DEFAULT_STARTUP_TIMEOUT = 20.0
@@ -39,7 +39,7 @@ logging.getLogger("mcp").addHandler(logging.NullHandler())
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 
 
-class Unavailable(Exception):
+class Unavailable(OllieError):
     """The server cannot serve calls; the message says why."""
 
 

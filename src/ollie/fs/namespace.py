@@ -55,8 +55,10 @@ import stat as S
 import time
 from dataclasses import dataclass
 
+from ..types import OllieError
 
-class FsError(Exception):
+
+class FsError(OllieError):
     """A failed file operation: `errno` for FUSE, `message` for 9P and the log."""
 
     def __init__(self, errno: int, message: str = ""):

@@ -21,16 +21,18 @@ import itertools
 from typing import TypeVar
 
 from . import ninep as P
+from .namespace import FsError
 
 _R = TypeVar("_R", bound=P.Message)
 
 
-class RemoteError(Exception):
-    """The server answered Rerror (or the connection failed): `ename` says why."""
+class RemoteError(FsError):
+    """The server answered Rerror (or the connection failed): `ename` says why. `errno` is EIO
+    unless the failure is known to mean another (remote.py reads one from an Rerror's text)."""
 
     def __init__(self, ename: str, errno: int = E.EIO):
-        super().__init__(ename)
-        self.ename, self.errno = ename, errno
+        super().__init__(errno, ename)
+        self.ename = ename
 
 
 def parse_address(addr: str) -> tuple[str, str, int]:

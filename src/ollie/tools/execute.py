@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .. import _jail, _sandbox, config
-from ..types import ConfigError
+from ..types import ConfigError, InvalidValue
 from . import CallContext, Tool, ToolResult
 from . import Decl as DeclType
 
@@ -99,8 +99,9 @@ SCHEMA: dict[str, Any] = {
 }
 
 
-class StepError(ValueError):
-    """The call's arguments are malformed; the message names the argument or stage."""
+class StepError(InvalidValue):
+    """The call's arguments are malformed; the message names the argument or stage (an
+    InvalidValue, so still a ValueError)."""
 
 
 def Decl(cwd: str = "") -> DeclType:  # noqa: N802 (the seed's name)
