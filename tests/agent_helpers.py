@@ -11,7 +11,8 @@ from ollie.agent.env import build_agent_env
 from ollie.backends.scripted import ScriptedBackend
 from ollie.config import AgentConfig
 from ollie.tools import Tool, ToolResult, new_dispatcher_func
-from ollie.types import Event
+from ollie.agent.session import SessionMeta, SessionStore, new_session_id
+from ollie.types import Event, Message
 
 
 class ToyServer:
@@ -47,9 +48,31 @@ class ToyServer:
         pass
 
 
+def seed_history(messages: list[Message], session_id: str = "") -> str:
+    """Store `messages` as a session's history (appended, when the session exists), the way a
+    restored session finds it; returns the session's id."""
+    sid = session_id or new_session_id()
+    store = SessionStore(sid)
+    if not store.exists():
+        store.create()
+        store.save_meta(SessionMeta(id=sid))
+    store.append_messages(messages)
+    store.close()
+    return sid
+
+
+def exchanges(n: int) -> list[Message]:
+    """n user/assistant exchanges of history."""
+    return [m for i in range(n) for m in (Message("user", f"question {i}"), Message("assistant", f"answer {i}"))]
+
+
 async def make_core(script: Any, cfg: AgentConfig | None = None, server: ToyServer | None = None,
                     session_id: str = "", extra_servers: dict[str, Any] | None = None,
+                    history: list[Message] | None = None,
                     ) -> tuple[Core, ScriptedBackend, ToyServer, list[Event]]:
+    """A Core on the scripted backend with the toy tools; `history` seeds its stored history."""
+    if history:
+        session_id = seed_history(history, session_id)
     server = server or ToyServer()
     backend = ScriptedBackend(script)
     new_dispatcher = new_dispatcher_func({"toy": lambda: server, **(extra_servers or {})})

@@ -9,14 +9,15 @@ import sys
 
 import pytest
 
-from ollie.agent import hooks
-from ollie.tools import execute
-from ollie.agent.context import SUMMARY_PREFIX
+from ollie.agent import commands, hooks
+from ollie.agent.compaction import SUMMARY_PREFIX
 from ollie.agent.session import SessionStore
+from ollie.chatfmt import cost_text, usage_text
 from ollie.config import AgentConfig
-from ollie.types import Message
+from ollie.tools import execute
+from ollie.types import Message, ToolCall
 
-from agent_helpers import make_core
+from agent_helpers import exchanges, make_core, seed_history
 from test_execute import alive
 
 
@@ -24,20 +25,22 @@ def call(name, **args):
     return {"name": name, "arguments": args}
 
 
-async def fill(core, n):
-    """Give the core n user/assistant exchanges of history without the backend."""
-    core._commit([m for i in range(n) for m in (Message("user", f"question {i}"), Message("assistant", f"answer {i}"))])
+async def run(core, events, line):
+    """What a line typed by a user shows: the command's info and error events."""
+    n = len(events)
+    await commands.submit(core, line)
+    return "\n".join(e.text for e in events[n:] if e.kind in ("info", "error"))
 
 
 # ---- compaction ---------------------------------------------------------------------------------
 
 async def test_manual_compact_sends_the_flattened_history_and_replaces_it():
+    history = [Message("user", "q0"), Message("assistant", "", tool_calls=[]), Message("user", "q1"),
+               Message("assistant", "a1"), Message("user", "q2"), Message("assistant", "a2")]
     core, backend, _, events = await make_core([
-        {"text": "SUMMARY: asked 3 questions", "usage": {"input_tokens": 50, "output_tokens": 6}}])
-    core._commit([Message("user", "q0"), Message("assistant", "", tool_calls=[]), Message("user", "q1")])
-    core._commit([Message("assistant", "a1"), Message("user", "q2"), Message("assistant", "a2")])
+        {"text": "SUMMARY: asked 3 questions", "usage": {"input_tokens": 50, "output_tokens": 6}}], history=history)
     before = list(core.messages)
-    await core.submit("/compact")
+    await core.compact()
     request = backend.requests[0]
     assert request[0].role == "system" and "Summarise" in request[0].content
     assert "user: q0" in request[1].content and "assistant: a2" in request[1].content
@@ -46,15 +49,14 @@ async def test_manual_compact_sends_the_flattened_history_and_replaces_it():
     archived = (SessionStore(core.session_id).dir / "compaction.jsonl").read_text().splitlines()
     assert [m["content"] for m in json.loads(archived[0])["messages"]] == [m.content for m in before]
     assert [m.content for m in SessionStore(core.session_id).load_history()] == [core.messages[0].content]
-    assert core.usage() == "50 in, 6 out, 1 requests"  # the summary request is paid for too
+    assert usage_text(core.usage()) == "50 in, 6 out, 1 requests"  # the summary request is paid for too
     await core.close()
 
 
 async def test_failed_manual_compaction_leaves_history_exactly_as_it_was():
-    core, backend, _, events = await make_core([{"error": {"type": "other", "message": "no"}}])
-    await fill(core, 4)
+    core, backend, _, events = await make_core([{"error": {"type": "other", "message": "no"}}], history=exchanges(4))
     before = [m.to_dict() for m in core.messages]
-    await core.submit("/compact")
+    await core.compact()
     assert [m.to_dict() for m in core.messages] == before
     assert [m.to_dict() for m in SessionStore(core.session_id).load_history()] == before
     assert any("compaction failed, history unchanged" in e.text for e in events if e.kind == "error")
@@ -66,8 +68,7 @@ async def test_auto_compaction_keeps_the_prompt_out_of_the_summary_and_sends_it_
     core, backend, _, events = await make_core([
         {"text": "the summary"},
         {"text": "answer to the new prompt", "expect": "THE NEW PROMPT"},
-    ], cfg=cfg)
-    await fill(core, 6)  # ~100 tokens of 120, with the system prompt: over 75 %
+    ], cfg=cfg, history=exchanges(6))  # ~100 tokens of 120, with the system prompt: over 75 %
     await core.submit("THE NEW PROMPT")
     assert "THE NEW PROMPT" not in backend.requests[0][1].content
     final = backend.requests[1]
@@ -83,8 +84,7 @@ async def test_context_overflow_compacts_and_retries_the_turn_once():
         {"error": {"type": "context_overflow", "message": "prompt is too long", "status": 400}},
         {"text": "short summary"},
         {"text": "now it fits", "expect": "big question"},
-    ])
-    await fill(core, 3)
+    ], history=exchanges(3))
     await core.submit("big question")
     assert core.reply == "now it fits"
     assert [m.content for m in core.messages][-2:] == ["big question", "now it fits"]
@@ -99,8 +99,7 @@ async def test_overflow_after_tool_calls_keeps_the_turns_work_and_its_prompt_ver
         {"error": {"type": "context_overflow", "message": "prompt is too long", "status": 400}},
         {"text": "summary of the earlier talk"},
         {"text": "finished", "expect": "written"},
-    ])
-    await fill(core, 3)
+    ], history=exchanges(3))
     await core.submit("do the work")
     assert "do the work" not in backend.requests[2][1].content  # only the earlier talk is summarised
     assert [(m.role, m.content) for m in core.messages] == [
@@ -115,12 +114,12 @@ async def test_overflow_after_tool_calls_keeps_the_turns_work_and_its_prompt_ver
 
 async def test_rolling_window_never_splits_a_call_from_its_result():
     cfg = AgentConfig(context_window=300)
-    core, backend, _, events = await make_core([{"text": "ok", "expect": "next"}], cfg=cfg)
-    for i in range(8):
-        core._commit([Message("user", f"q{i} " + "x" * 60),
-                      Message("assistant", "", tool_calls=[__import__("ollie").ToolCall(f"c{i}", "echo", "{}")]),
-                      Message("tool", "r" * 60, tool_call_id=f"c{i}", name="echo"),
-                      Message("assistant", f"a{i}")])
+    history = [m for i in range(8) for m in (
+        Message("user", f"q{i} " + "x" * 60),
+        Message("assistant", "", tool_calls=[ToolCall(f"c{i}", "echo", "{}")]),
+        Message("tool", "r" * 60, tool_call_id=f"c{i}", name="echo"),
+        Message("assistant", f"a{i}"))]
+    core, backend, _, events = await make_core([{"text": "ok", "expect": "next"}], cfg=cfg, history=history)
     await core.submit("next")
     msgs = core.messages
     assert msgs[0].role == "user" and "evicted" in msgs[0].content
@@ -134,16 +133,15 @@ async def test_rolling_window_never_splits_a_call_from_its_result():
 
 
 async def test_compacted_session_resumes_and_compacts_again():
-    core, backend, _, _ = await make_core([{"text": "first summary"}])
+    core, backend, _, _ = await make_core([{"text": "first summary"}], history=exchanges(3))
     sid = core.session_id
-    await fill(core, 3)
-    await core.submit("/compact")
+    await core.compact()
     await core.close()
+    seed_history(exchanges(2), sid)
     again, backend2, _, _ = await make_core([{"text": "reply"}, {"text": "second summary"}], session_id=sid)
     assert again.messages[0].content.startswith(SUMMARY_PREFIX)
-    await fill(again, 2)
     await again.submit("more")
-    await again.submit("/compact")
+    await again.compact()
     assert again.messages[0].content == SUMMARY_PREFIX + "second summary"
     assert "first summary" in backend2.requests[1][1].content
     archived = (SessionStore(sid).dir / "compaction.jsonl").read_text().splitlines()
@@ -182,8 +180,7 @@ async def test_every_hook_event_gets_its_payload(tmp_path, hooks_write):
     ], cfg=cfg)
     await core.submit("go")
     await core.submit("fails")
-    await fill(core, 3)
-    await core.submit("/compact")
+    await core.compact()
     payloads = [json.loads(line) for line in log.read_text().splitlines() if line]
     seen = [p["event"] for p in payloads]
     assert seen == ["preTurn", "preTool", "postTool", "postTurn", "preTurn", "turnError", "preCompact", "postCompact"]
@@ -288,12 +285,6 @@ def kinds_of(events):
 
 # ---- slash commands -----------------------------------------------------------------------------
 
-async def run(core, events, line):
-    n = len(events)
-    await core.submit(line)
-    return "\n".join(e.text for e in events[n:] if e.kind in ("info", "error"))
-
-
 async def test_slash_commands(tmp_path, ollie_dirs):
     agents = ollie_dirs / "cfg" / "agents"
     agents.mkdir()
@@ -312,7 +303,7 @@ async def test_slash_commands(tmp_path, ollie_dirs):
     assert await run(core, events, f"/cwd {tmp_path}") == f"cwd: {tmp_path}" and core.cwd == str(tmp_path)
     assert "not a directory" in await run(core, events, "/cwd /nonexistent")
     assert "other" in await run(core, events, "/agents")
-    assert await run(core, events, "/agent other") == "agent: other"
+    assert await run(core, events, "/agent other") == "agent: other, backend: scripted, model: scripted"
     assert core.system_prompt() == "You are other.\n" and core.cwd == str(tmp_path)
     assert "no agent 'nosuch'" in await run(core, events, "/agent nosuch")
     assert await run(core, events, "/models") == "scripted"
@@ -328,8 +319,8 @@ async def test_commands_refused_during_a_turn_and_unknown_slash_is_a_prompt():
     core, backend, _, events = await make_core([{"text": "slow", "delay": 0.3}, {"text": "was a prompt", "expect": "/notacommand"}])
     task = asyncio.create_task(core.submit("go"))
     await asyncio.sleep(0.05)
-    assert "cannot run while a turn is running" in await run(core, events, "/compact")
-    assert "cannot run while a turn is running" in await run(core, events, "/model x")
+    assert await run(core, events, "/compact") == "/compact: cannot compact while a turn is running; interrupt it first"
+    assert "/model: cannot switch the model while a turn is running" in await run(core, events, "/model x")
     assert await run(core, events, "/usage")  # read-only commands still answer
     await task
     await core.submit("/notacommand please")
@@ -362,8 +353,8 @@ async def test_usage_and_cost_survive_a_restart():
     cost_before = core.cost()
     await core.close()
     again, *_ = await make_core([], session_id=sid)
-    assert again.usage() == "1000 in, 100 out, 1 requests"
-    assert again.cost() == cost_before and "costSession=$0.250000" in cost_before
+    assert usage_text(again.usage()) == "1000 in, 100 out, 1 requests"
+    assert again.cost() == cost_before and "costSession=$0.250000" in cost_text(cost_before, again.model)
     await again.close()
 
 
@@ -379,7 +370,7 @@ async def test_inject_replace_inject_and_queue_commands():
     assert await run(core, events, "/i first thought") == "injected"
     assert await run(core, events, "/irw second thought") == "injected (replacing)"
     assert await run(core, events, "/q later please") == "queued (1 waiting)"
-    assert await run(core, events, "/i") == "/i: usage: /i <message>"
+    assert await run(core, events, "/i") == "/i: usage: inject <message>"
     await task
     assert core.reply == "later done"
     assert "first thought" not in json.dumps([m.to_dict() for m in core.messages])

@@ -10,10 +10,10 @@ import stat
 
 import pytest
 
-from ollie.agent.core import RESULT_LIMIT
+from ollie.agent.loop import RESULT_LIMIT
 from ollie.agent.session import SessionStore, list_stored
 from ollie.config import AgentConfig
-from ollie.types import ConfigError
+from ollie.types import ConfigError, Usage
 
 from agent_helpers import kinds, make_core
 
@@ -235,7 +235,7 @@ async def test_session_is_persisted_and_restored_with_usage_and_cost():
     assert not os.path.exists(core.tmpdir)
     again, backend2, _, _ = await make_core([{"text": "it was 42", "expect": "what was it"}], session_id=sid)
     assert [m.content for m in again.messages] == ["remember 42", "remembered"]
-    assert again.usage() == "100 in, 7 out, 1 requests"
+    assert again.usage() == Usage(input_tokens=100, output_tokens=7, requests=1)
     assert again.env == {"FOO": "bar"}
     await again.submit("what was it")
     assert len(backend2.requests[0]) == 4  # system + the restored two + the new prompt
@@ -407,7 +407,7 @@ async def test_a_core_built_by_hand_asks_the_backend_for_its_window_before_the_f
     core, backend, _, _ = await make_core([{"text": "ok"}])
     backend._context_length = 32_000
     await core.submit("hi")
-    assert core.ctxsz().endswith("/ 32000 (0%)")
+    assert core.ctxsz().window == 32_000 and core.ctxsz().percent == 0
     await core.close()
 
 

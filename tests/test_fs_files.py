@@ -219,9 +219,22 @@ def test_stat_never_reads(fs_server):
     s = fs_server.mnt / "s" / sid
     for name in ("models", "fifo.out", "mcp", "context", "systemprompt"):
         assert os.stat(s / name).st_size == 0
-    listing = subprocess.run(["ls", "-l", str(s)], capture_output=True, text=True, check=True).stdout
-    assert "fifo.out" in listing
     assert (s / "models").read_text() != ""  # reading does ask the backend
+
+
+def test_a_walk_over_sessions_neither_blocks_nor_pops_nor_asks_the_backend(fs_server):
+    # statewait blocks, fifo.out pops, models asks the backend: found by name, never listed, so
+    # `grep -r`, `find` and `ls` walk past them.
+    sid = fs_server.new_session()
+    s = fs_server.mnt / "s" / sid
+    fs_server.sh(f"echo slow > s/{sid}/prompt; echo queued-prompt > s/{sid}/fifo.in")
+    walked = fs_server.sh(f"find s/{sid} -type f").stdout.split()
+    assert not {"statewait", "fifo.out", "models"} & {os.path.basename(p) for p in walked}
+    assert {"chat", "prompt", "ctl", "state", "mcp"} <= {os.path.basename(p) for p in walked}
+    grep = fs_server.sh(f"grep -r queued-prompt s/{sid}", check=False)
+    assert grep.returncode in (0, 1) and "fifo.out" not in grep.stdout
+    assert (s / "fifo.out").read_text() == "queued-prompt\n"  # still queued: the walk popped nothing
+    assert (s / "statewait").read_text() in ("thinking\n", "idle\n")  # by name it still answers
 
 
 def test_plan_env_and_mcp(fs_server):

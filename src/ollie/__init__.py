@@ -1,8 +1,10 @@
 """ollie: a small core for agentic systems.
 
-    from ollie import Core, CoreConfig, build_agent_env
-    from ollie.tools import new_dispatcher_func
-    from ollie.tools import execute
+    import ollie
+
+    async with ollie.open_session(backend="anthropic") as core:
+        await core.submit("count the lines of README.md")
+        print(core.reply)
 
 Names are imported on first use, so `import ollie` stays cheap.
 """
@@ -14,6 +16,8 @@ from typing import Any
 __version__ = "0.1.0"
 
 _LAZY = {
+    "open_session": "ollie.agent",
+    "AgentConfig": "ollie.config",
     "Core": "ollie.agent.core",
     "CoreConfig": "ollie.agent.core",
     "build_agent_env": "ollie.agent.env",
@@ -22,6 +26,7 @@ _LAZY = {
     "Event": "ollie.types",
     "ToolCall": "ollie.types",
     "Usage": "ollie.types",
+    "OllieError": "ollie.types",
 }
 
 

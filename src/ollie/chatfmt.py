@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import re
 
-from .types import Event
+from .types import ContextSize, Cost, Event, Usage
 
 # What a terminal acts on instead of showing: C0 controls but tab and newline (ESC starts CSI and
 # OSC sequences; CR and BS write over what is shown), DEL, and C1 controls (U+009B is a CSI on its
@@ -37,11 +37,24 @@ def _escape(m: re.Match[str]) -> str:
     return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
 
 
+PROMPT_PREFIX = "user: "
+
+
+def last_prompt_offset(chat: bytes) -> int:
+    """Where the last prompt's line starts in a chat log (its end when there is none)."""
+    pos = chat.rfind(b"\n" + PROMPT_PREFIX.encode())
+    if pos >= 0:
+        return pos + 1
+    return 0 if chat.startswith(PROMPT_PREFIX.encode()) else len(chat)
+
+
 class ChatRenderer:
     """Turns events into chat text; feed it every event in order and append what it returns."""
 
     def __init__(self) -> None:
         self._in_text = False
+        self.line_start = 0  # where, in the text `render` last returned, its line starts
+
 
     def render(self, ev: Event) -> str:
         if ev.kind == "assistant":
@@ -55,13 +68,14 @@ class ChatRenderer:
             return ""
         out = "\n" if self._in_text else ""
         self._in_text = False
+        self.line_start = len(out)
         return visible(out + line)
 
     @staticmethod
     def _line(ev: Event) -> str | None:
         match ev.kind:
             case "user":
-                return f"user: {ev.text}\n"
+                return f"{PROMPT_PREFIX}{ev.text}\n"
             case "call":
                 return f"-> {ev.name}({ev.text})\n"
             case "tool":
@@ -76,3 +90,22 @@ class ChatRenderer:
             case "done":
                 return "\n"
         return None
+
+
+def usage_text(u: Usage) -> str:
+    """`N in, N out, N requests[, N cached][ [estimated]]`: the `usage` file and `/usage`."""
+    s = f"{u.input_tokens} in, {u.output_tokens} out, {u.requests} requests"
+    if u.cache_read_tokens:
+        s += f", {u.cache_read_tokens} cached"
+    return s + (" [estimated]" if u.estimated else "")
+
+
+def context_text(c: ContextSize) -> str:
+    """`EST / WINDOW (P%)`: the `ctxsz` file and `/context`."""
+    return f"{c.estimate} / {c.window} ({c.percent}%)"
+
+
+def cost_text(c: Cost, model: str) -> str:
+    """The `cost` file and `/cost`."""
+    text = f"costLast=${c.last:.6f}\ncostSession=${c.session:.6f}"
+    return text if c.price_known else text + f"\n(no price known for model {model!r}: counted as $0)"

@@ -101,6 +101,28 @@ class Usage:
         self.estimated = self.estimated or other.estimated
 
 
+@dataclass(frozen=True, slots=True)
+class Cost:
+    """What the session spent, in US dollars."""
+
+    last: float  # the last request
+    session: float  # every request of the session
+    price_known: bool  # False: the model's price is unknown and it was counted as $0
+
+
+@dataclass(frozen=True, slots=True)
+class ContextSize:
+    """How full the context window is: the next request's estimated tokens against the window."""
+
+    estimate: int
+    window: int
+
+    @property
+    def percent(self) -> int:
+        return 100 * self.estimate // max(self.window, 1)
+
+
+
 # ---- what a backend streams -------------------------------------------------------------------
 
 

@@ -1,33 +1,79 @@
-"""The agent core: `Core` (the loop) and `open_session`, which builds one from names."""
+"""The agent: `open_session` builds a ready `Core` in one call.
+
+    async with ollie.open_session(backend="anthropic", cwd="src") as core:
+        await core.submit("what does this code do?")
+        print(core.reply)
+
+Where things are: `core.Core` (the API frontends drive), `loop` (one turn), `state` (the session's
+state and its rules), `commands` (the command table), `compaction`, `hooks`, `env` (an agent's
+tool servers and prompt).
+"""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Awaitable, Callable, Generator, Mapping
 from pathlib import Path
-from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..types import Event
 from .core import Core, CoreConfig
 
+if TYPE_CHECKING:
+    from ..config import AgentConfig
+    from ..tools import Server
 
-async def open_session(
+
+def open_session(
     *,
-    agent: str | None = None,
+    agent: str | AgentConfig | None = None,
     cwd: str | None = None,
     backend: str | None = None,
     model: str | None = None,
     session_id: str | None = None,
+    servers: Mapping[str, Callable[[], Server]] | None = None,
     script: Any = None,
     store_root: Path | None = None,
     on_event: Callable[[Event], None] | None = None,
-) -> Core:
-    """A ready Core: a new session, or the stored one `session_id` names (its agent, backend,
-    model and cwd are restored unless given here). `on_event` is subscribed before the start-up
-    notices (e.g. an MCP server that failed) are emitted. Raises ConfigError for bad names."""
+) -> Opening:
+    """A ready Core, awaited (`core = await open_session(...)`) or entered (`async with
+    open_session(...) as core`, which closes it on the way out).
+
+    A new session, or the stored one `session_id` names (its agent, backend, model and cwd are
+    restored unless given here). `agent` is the name of an agent config (`agents/<name>.json`) or
+    an `AgentConfig` built in code. Every session has the sandboxed `execute_code` tool; `servers`
+    adds tool servers of your own, each given as a function that builds a fresh one (an agent
+    switch closes them and builds new ones). `script` (a list of turns, or a file) is for the
+    scripted backend. `on_event` is subscribed before the start-up notices (e.g. an MCP server
+    that failed) are emitted. Raises ConfigError for a bad name or config."""
+    return Opening(_open(agent=agent, cwd=cwd, backend=backend, model=model, session_id=session_id,
+                         servers=servers or {}, script=script, store_root=store_root, on_event=on_event))
+
+
+class Opening:
+    """A Core being opened: await it, or use it as an async context manager."""
+
+    def __init__(self, opening: Awaitable[Core]):
+        self._opening = opening
+        self._core: Core | None = None
+
+    def __await__(self) -> Generator[Any, None, Core]:
+        return self._opening.__await__()
+
+    async def __aenter__(self) -> Core:
+        self._core = await self._opening
+        return self._core
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._core is not None:
+            await self._core.close()
+
+
+async def _open(*, agent: str | AgentConfig | None, cwd: str | None, backend: str | None, model: str | None,
+                session_id: str | None, servers: Mapping[str, Callable[[], Server]], script: Any,
+                store_root: Path | None, on_event: Callable[[Event], None] | None) -> Core:
     from .. import backends, config
-    from ..tools import new_dispatcher_func
-    from ..tools import execute
+    from ..tools import execute, new_dispatcher_func
     from ..types import ConfigError
     from .env import build_agent_env
     from .session import SessionStore
@@ -37,8 +83,10 @@ async def open_session(
         store = SessionStore(session_id, store_root)
         if store.exists():
             meta = store.load_meta()
-    agent = agent or (meta.agent if meta else None) or "default"
-    cfg = config.load_agent(agent)
+    if isinstance(agent, config.AgentConfig):
+        cfg = agent
+    else:
+        cfg = config.load_agent(agent or (meta.agent if meta else None) or "default")
     cwd = os.path.abspath(os.path.expanduser(cwd or (meta.cwd if meta else "") or os.getcwd()))
     if not os.path.isdir(cwd):
         raise ConfigError(f"cwd {cwd!r} is not a directory")
@@ -46,7 +94,7 @@ async def open_session(
     model = model or (meta.model if meta and name == meta.backend else None) or cfg.model or os.environ.get("OLLIE_MODEL")
     options = {"script": script} if script is not None else {}
     be = backends.create(name, model or None, **options)
-    new_dispatcher = new_dispatcher_func({"execute": execute.Decl(cwd)})
+    new_dispatcher = new_dispatcher_func({"execute": execute.Decl(cwd), **servers})
     env = await build_agent_env(cfg, new_dispatcher(), cwd)
     core = Core(CoreConfig(backend=be, env=env, new_dispatcher=new_dispatcher, session_id=session_id or "",
                            store_root=store_root))
@@ -56,10 +104,8 @@ async def open_session(
     for info in env.infos:
         core.emit(Event("info", info))
     if meta is None:
-        from . import hooks
-
-        await hooks.run(core, "agentSpawn", {"agent": agent})
+        await core.spawned()
     return core
 
 
-__all__ = ["Core", "CoreConfig", "open_session"]
+__all__ = ["Core", "CoreConfig", "Opening", "open_session"]

@@ -1,56 +1,83 @@
-"""Slash commands and `!shell` lines, handled by `Core.submit` at once, even during a turn.
+"""The session commands, defined once: slash commands, the session's `ctl` file and its `cfg` file
+all run these.
 
-Output goes to the frontend as `info` events (`error` when a command fails or is refused);
-an unknown `/word` is not a command: it is sent to the model as a prompt.
+A command's rules live in the `Core` method it calls (switching the backend is refused with
+`Busy` while a turn runs, whoever asks), so it is refused the same way from every frontend.
+`submit` is what a frontend calls with a line a user typed: `/name args` runs a command (an
+unknown `/word` is a prompt after all), `!cmd` runs a shell command the way the model's code runs,
+anything else is a prompt. Output goes to the chat as an `info` event, a failure as `error`.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
 
-from ..types import Event
-
-if TYPE_CHECKING:
-    from .core import Core
+from ..chatfmt import context_text, cost_text, usage_text
+from ..types import Event, InvalidValue
+from .core import Core
 
 SHELL_TIMEOUT = 300.0
 
-Handler = Callable[["Core", str], Awaitable[str | None]]
-_COMMANDS: dict[str, tuple[Handler, str, bool]] = {}  # name -> (handler, help, refused during a turn)
+Handler = Callable[[Core, str], Awaitable[str | None]]
 
 
-def command(name: str, help: str, idle_only: bool = False) -> Callable[[Handler], Handler]:
+@dataclass(frozen=True, slots=True)
+class Command:
+    name: str
+    help: str
+    run: Handler
+    aliases: tuple[str, ...] = ()
+
+
+COMMANDS: dict[str, Command] = {}  # by name and by alias
+
+
+def command(name: str, help: str, aliases: tuple[str, ...] = ()) -> Callable[[Handler], Handler]:
     def register(fn: Handler) -> Handler:
-        _COMMANDS[name] = (fn, help, idle_only)
+        cmd = Command(name, help, fn, aliases)
+        for key in (name, *aliases):
+            COMMANDS[key] = cmd
         return fn
 
     return register
 
 
-async def run_command(core: Core, line: str) -> bool:
-    """Handle `line` if it is a command; return False when it is a prompt after all."""
+def names() -> list[str]:
+    return sorted({c.name for c in COMMANDS.values()})
+
+
+async def run(core: Core, name: str, arg: str = "") -> str | None:
+    """Run command `name`; returns its output. Raises what it raises (Busy, InvalidValue, …),
+    and InvalidValue for an unknown name."""
+    cmd = COMMANDS.get(name)
+    if cmd is None:
+        raise InvalidValue(f"unknown command {name!r}; commands: {', '.join(names())}")
+    return await cmd.run(core, arg.strip())
+
+
+async def submit(core: Core, line: str) -> None:
+    """A line a user typed: a command or a shell line runs at once (even during a turn), anything
+    else goes to `core.submit` as a prompt."""
+    await asyncio.shield(start(core, line))
+
+
+def start(core: Core, line: str) -> asyncio.Future[None]:
+    """`submit` in the background; a prompt's turn counts as running from this call on."""
+    line = line.strip()
     if line.startswith("!"):
-        await _report(core, "!", _shell(core, line[1:].strip()))
-        return True
-    name, _, arg = line[1:].partition(" ")
-    entry = _COMMANDS.get(name)
-    if entry is None:
-        return False
-    handler, _, idle_only = entry
-    arg = arg.strip()
-    # "/backend", "/model" and "/cwd" with no argument only show the current value.
-    if idle_only and core.running and (arg or name in ("compact", "clear")):
-        core.emit(Event("error", f"/{name} cannot run while a turn is running; interrupt it first"))
-        return True
-    await _report(core, f"/{name}", handler(core, arg))
-    return True
+        return asyncio.ensure_future(_report(core, "!", _shell(core, line[1:].strip())))
+    if line.startswith("/"):
+        name, _, arg = line[1:].partition(" ")
+        if name in COMMANDS:
+            return asyncio.ensure_future(_report(core, f"/{name}", run(core, name, arg)))
+    return core.start(line)
 
 
 async def _report(core: Core, name: str, work: Awaitable[str | None]) -> None:
-    """Run a command: its output becomes an info event, its failure an error event (a bad
-    argument, a ConfigError, a backend down): reported, never raised."""
+    """A command's output becomes an info event, its failure an error event: never raised."""
     try:
         out = await work
     except Exception as e:
@@ -64,44 +91,49 @@ async def _shell(core: Core, cmd: str) -> str:
     """`!cmd` runs as the model's own code does (execute_code, the session's default sandbox
     policy): a prompt may come from anyone who can write the session's `prompt` file."""
     if not cmd:
-        raise ValueError("give a command to run")
+        raise InvalidValue("give a command to run")
     arguments = {"steps": [{"code": cmd}], "timeout": SHELL_TIMEOUT}
     result = await core.dispatcher.dispatch("execute_code", arguments, core.call_context())
     text = result.text().rstrip()
     return f"!{cmd}" + (" (failed)" if result.is_error else "") + (f"\n{text}" if text else "")
 
 
-@command("help", "list the commands")
-async def _help(core: Core, arg: str) -> str:
-    lines = [f"/{name:<8} {text}" for name, (_, text, _) in sorted(_COMMANDS.items())]
-    return "\n".join([*lines, "!cmd     run a shell command in the session's cwd"])
-
-
-@command("i", "inject a message into the running turn (queued when idle)")
-async def _inject(core: Core, arg: str) -> str:
+def _required(arg: str, usage: str) -> str:
     if not arg:
-        raise ValueError("usage: /i <message>")
-    core.inject(arg)
+        raise InvalidValue(f"usage: {usage}")
+    return arg
+
+
+# ---- the turn -----------------------------------------------------------------------------------------
+
+
+@command("stop", "interrupt the running turn (completed work is kept)", aliases=("interrupt",))
+async def _stop(core: Core, arg: str) -> str:
+    return "interrupted" if core.interrupt() else "no turn is running"
+
+
+@command("inject", "inject a message into the running turn (queued when idle)", aliases=("i",))
+async def _inject(core: Core, arg: str) -> str:
+    core.inject(_required(arg, "inject <message>"))
     return "injected" if core.running else "queued"
 
 
 @command("irw", "replace the pending injected message")
 async def _inject_overwrite(core: Core, arg: str) -> str:
-    if not arg:
-        raise ValueError("usage: /irw <message>")
-    core.inject(arg, replace=True)
+    core.inject(_required(arg, "irw <message>"), replace=True)
     return "injected (replacing)" if core.running else "queued"
 
 
-@command("q", "queue a prompt for after the current turn")
+@command("queue", "queue a prompt for after the current turn", aliases=("q",))
 async def _queue(core: Core, arg: str) -> str:
-    if not arg:
-        raise ValueError("usage: /q <prompt>")
-    core.queue(arg)
+    core.queue(_required(arg, "queue <prompt>"))
     return f"queued ({len(core.queued())} waiting)"
 
 
-@command("backend", "show or switch the backend: /backend [name] [model]", idle_only=True)
+# ---- settings: show with no argument, change with one ---------------------------------------------------
+
+
+@command("backend", "show or switch the backend: backend [name] [model]")
 async def _backend(core: Core, arg: str) -> str:
     from .. import backends
 
@@ -112,61 +144,48 @@ async def _backend(core: Core, arg: str) -> str:
     return f"backend: {core.backend_name}, model: {core.model}"
 
 
-@command("models", "list the backend's models")
-async def _models(core: Core, arg: str) -> str:
-    return "\n".join(await core.models()) or "(the backend lists no models)"
-
-
-@command("model", "show or switch the model: /model [name]", idle_only=True)
+@command("model", "show or switch the model: model [name]")
 async def _model(core: Core, arg: str) -> str:
-    if not arg:
-        return f"model: {core.model}"
-    models = await core.models()
-    if models and arg not in models:
-        raise LookupError(f"no model {arg!r} on {core.backend_name}; models: {', '.join(models)}")
-    await core.set_model(arg)
+    if arg:
+        await core.set_model(arg)
     return f"model: {core.model}"
 
 
-@command("agents", "list the agent configs")
-async def _agents(core: Core, arg: str) -> str:
-    from .. import config
-
-    return "\n".join(("* " if a == core.agent_name else "  ") + a for a in config.list_agents())
-
-
-@command("agent", "show or switch the agent (fresh tool servers; cwd kept): /agent [name]", idle_only=True)
+@command("agent", "show or switch the agent (its servers, prompt, hooks, parameters; history and cwd kept)")
 async def _agent(core: Core, arg: str) -> str:
-    if not arg:
-        return f"agent: {core.agent_name}"
-    await core.set_agent(arg)
-    return f"agent: {core.agent_name}"
+    if arg:
+        await core.set_agent(arg)
+    return f"agent: {core.agent_name}, backend: {core.backend_name}, model: {core.model}"
 
 
-@command("compact", "summarise the history to free the context", idle_only=True)
+@command("cwd", "show or change the working directory: cwd [path]")
+async def _cwd(core: Core, arg: str) -> str:
+    if arg:
+        core.set_cwd(arg)
+    return f"cwd: {core.cwd}"
+
+
+@command("set", "show or set generation parameters: set [name value]")
+async def _set(core: Core, arg: str) -> str:
+    key, _, value = arg.partition(" ")
+    if not key:
+        return json.dumps(core.params.nonempty())
+    core.set_param(key, value.strip())
+    return f"{key} = {getattr(core.params, key)!r}"
+
+
+# ---- the history --------------------------------------------------------------------------------------
+
+
+@command("compact", "summarise the history to free the context")
 async def _compact(core: Core, arg: str) -> None:
     await core.compact()
 
 
-@command("clear", "forget the history (it stays on disk in compaction.jsonl)", idle_only=True)
+@command("clear", "forget the history (it stays on disk in compaction.jsonl)")
 async def _clear(core: Core, arg: str) -> str:
     core.clear()
     return "history cleared"
-
-
-@command("context", "show how full the context window is")
-async def _context(core: Core, arg: str) -> str:
-    return f"context: {core.ctxsz()}, {len(core.messages)} messages"
-
-
-@command("cost", "show the cost of the last request and of the session")
-async def _cost(core: Core, arg: str) -> str:
-    return core.cost()
-
-
-@command("usage", "show token usage")
-async def _usage(core: Core, arg: str) -> str:
-    return core.usage()
 
 
 @command("history", "show the history, one line per message")
@@ -179,18 +198,47 @@ async def _history(core: Core, arg: str) -> str:
     return "\n".join(lines) or "(empty)"
 
 
+# ---- what there is --------------------------------------------------------------------------------------
+
+
+@command("help", "list the commands")
+async def _help(core: Core, arg: str) -> str:
+    lines = [f"/{c.name:<8} {c.help}" for c in sorted(set(COMMANDS.values()), key=lambda c: c.name)]
+    return "\n".join([*lines, "!cmd      run a shell command in the session's cwd"])
+
+
+@command("context", "show how full the context window is")
+async def _context(core: Core, arg: str) -> str:
+    return f"context: {context_text(core.ctxsz())}, {len(core.messages)} messages"
+
+
+@command("cost", "show the cost of the last request and of the session")
+async def _cost(core: Core, arg: str) -> str:
+    return cost_text(core.cost(), core.model)
+
+
+@command("usage", "show token usage")
+async def _usage(core: Core, arg: str) -> str:
+    return usage_text(core.usage())
+
+
+@command("models", "list the backend's models")
+async def _models(core: Core, arg: str) -> str:
+    return "\n".join(await core.models()) or "(the backend lists no models)"
+
+
+@command("agents", "list the agent configs")
+async def _agents(core: Core, arg: str) -> str:
+    from .. import config
+
+    return "\n".join(("* " if a == core.agent_name else "  ") + a for a in config.list_agents())
+
+
 @command("sessions", "list stored sessions")
 async def _sessions(core: Core, arg: str) -> str:
     from .session import list_stored
 
     return "\n".join(f"{m.id}  {m.agent:<10} {m.cwd}  {m.first_prompt[:50]!r}" for m in list_stored())
-
-
-@command("cwd", "show or change the working directory: /cwd [path]", idle_only=True)
-async def _cwd(core: Core, arg: str) -> str:
-    if arg:
-        core.set_cwd(arg)
-    return f"cwd: {core.cwd}"
 
 
 @command("skills", "list the skills (SKILL.md files under OLLIE_SKILLS_PATH)")
@@ -216,12 +264,3 @@ async def _mcp(core: Core, arg: str) -> str:
 @command("sp", "show the system prompt")
 async def _system_prompt(core: Core, arg: str) -> str:
     return core.system_prompt()
-
-
-@command("set", "set a generation parameter: /set temperature 0.2", idle_only=True)
-async def _set(core: Core, arg: str) -> str:
-    key, _, value = arg.partition(" ")
-    if not key:
-        return json.dumps(core.params.nonempty()) or "{}"
-    core.set_param(key, value.strip())
-    return f"{key} = {getattr(core.params, key)!r}"

@@ -1,7 +1,12 @@
 """Hooks: shell commands an agent config runs at points of the loop.
 
 Each command runs `sh -c` in the session cwd, in its own process group, with the payload as JSON on
-stdin and each payload key exported as `OLLIE_<KEY>`. Exit 0: its stdout is added to the context.
+stdin and each payload key exported as `OLLIE_<KEY>`.
+
+Exit 0: its stdout is added to the context, for every event. agentSpawn's becomes part of the
+system prompt (so compaction and /clear keep it); preTurn's is appended to the prompt; preTool's
+and postTool's to the tool's result; postTurn's and turnError's ride with the next prompt;
+preCompact's and postCompact's are appended to the summary that replaces the history.
 Exit 2: the action is blocked and stderr says why (after postTurn or turnError, stderr becomes the
 next prompt). Any other exit, a timeout or a crash: a warning, and the loop goes on.
 
@@ -19,13 +24,14 @@ import os
 import shlex
 import shutil
 import signal
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from .. import _jail, _sandbox
-
-if TYPE_CHECKING:
-    from .core import Core
+from ..config import AgentConfig
+from ..types import Event
+from .state import SessionState
 
 TIMEOUT = 60.0  # seconds a hook may run
 OUTPUT_LIMIT = 64 * 1024  # bytes of a hook's stdout or stderr that are kept
@@ -49,31 +55,52 @@ class Outcome:
 NOTHING = Outcome()
 
 
-async def run(core: Core, event: str, payload: dict[str, Any]) -> Outcome:
-    commands = core.agent_config.hooks.get(event)
-    if not commands:
-        return NOTHING
-    from ..types import Event
+class Hooks:
+    """The hooks of one agent config, run for one session (whose cwd and env they get)."""
 
-    payload = {"event": event, "session_id": core.session_id, "cwd": core.cwd, **payload}
-    agent = core.agent_config
-    outputs = []
-    for cmd in commands:
-        try:
-            if agent.hook_sandbox and not agent.trust_writable_hooks:
-                _refuse_writable(cmd, core.cwd, agent.sandboxes)
-            code, out, err = await run_command(cmd, payload, core.cwd, core.env, runner=core.hook_runner)
-        except (OSError, _sandbox.SandboxError) as e:  # it could not start (the cwd is gone, a refusal): say
-            core.emit(Event("info", f"{event} hook {cmd!r} could not start: {e}"))
-            continue
-        if code == 0:
-            if out.strip():
-                outputs.append(out.strip())
-        elif code == 2:
-            return Outcome(True, err.strip() or f"{event} hook {cmd!r} exited 2", "\n".join(outputs))
-        else:
-            core.emit(Event("info", f"{event} hook {cmd!r} {_describe(code)}: {err.strip()[:500]}"))
-    return Outcome(False, "", "\n".join(outputs))
+    def __init__(self, agent: AgentConfig, state: SessionState, emit: Callable[[Event], None]):
+        self.agent = agent
+        self._state = state
+        self._emit = emit
+        self._runner: Runner | None = None
+
+    def runner(self) -> Runner | None:
+        """What runs the hooks confined (None: the agent runs them unsandboxed); started on first use."""
+        if not self.agent.hook_sandbox:
+            return None
+        if self._runner is None:
+            self._runner = Runner(str(self.agent.hook_sandbox))
+        return self._runner
+
+    async def run(self, event: str, payload: dict[str, Any]) -> Outcome:
+        """Run the event's commands in order; the first that exits 2 blocks (and ends the run)."""
+        commands = self.agent.hooks.get(event)
+        if not commands:
+            return NOTHING
+        cwd = self._state.cwd
+        payload = {"event": event, "session_id": self._state.id, "cwd": cwd, **payload}
+        outputs = []
+        for cmd in commands:
+            try:
+                if self.agent.hook_sandbox and not self.agent.trust_writable_hooks:
+                    _refuse_writable(cmd, cwd, self.agent.sandboxes)
+                code, out, err = await run_command(cmd, payload, cwd, self._state.env, runner=self.runner())
+            except (OSError, _sandbox.SandboxError) as e:  # it could not start (the cwd is gone, a refusal): say
+                self._emit(Event("info", f"{event} hook {cmd!r} could not start: {e}"))
+                continue
+            if code == 0:
+                if out.strip():
+                    outputs.append(out.strip())
+            elif code == 2:
+                return Outcome(True, err.strip() or f"{event} hook {cmd!r} exited 2", "\n".join(outputs))
+            else:
+                self._emit(Event("info", f"{event} hook {cmd!r} {_describe(code)}: {err.strip()[:500]}"))
+        return Outcome(False, "", "\n".join(outputs))
+
+    async def close(self) -> None:
+        if self._runner is not None:
+            await self._runner.close()
+            self._runner = None
 
 
 def _describe(code: int | None) -> str:

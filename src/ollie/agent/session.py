@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from .. import config
-from ..types import Message, OllieError
+from ..types import InvalidValue, Message, OllieError
 
 _ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
@@ -33,7 +33,7 @@ def new_session_id() -> str:
 
 def check_session_id(sid: str) -> str:
     if not _ID.fullmatch(sid) or sid in (".", ".."):
-        raise ValueError(f"invalid session id {sid!r}: use letters, digits, '.', '_' and '-' (no '/')")
+        raise InvalidValue(f"invalid session id {sid!r}: use letters, digits, '.', '_' and '-' (no '/')")
     return sid
 
 
@@ -57,6 +57,8 @@ class SessionMeta:
     cost_last: float = 0.0
     env: dict[str, str] = field(default_factory=dict)
     params: dict[str, Any] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)  # hook output waiting for the next prompt
+    primer: str = ""  # the agentSpawn hooks' output, part of the system prompt
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> SessionMeta:
@@ -160,11 +162,14 @@ class SessionStore:
         _replace_atomically(self.dir / "history.jsonl", text)
 
     # ---- chat log ----
-    def append_chat(self, text: str) -> None:
+    def append_chat(self, text: str) -> int:
+        """Append to the chat log; returns the offset the text starts at."""
         if self._chat is None:
             self._chat = open(self.chat_path, "a")
+        offset = os.fstat(self._chat.fileno()).st_size  # every append is flushed: the size is exact
         self._chat.write(text)
         self._chat.flush()
+        return offset
 
     def end_cut_turn(self, note: str) -> None:
         """If the chat log stops inside a turn (finished turns end with a blank line), end it with
@@ -213,7 +218,7 @@ class SessionStore:
         check_session_id(new_id)
         target = self.root / new_id
         if target.exists():
-            raise ValueError(f"session {new_id!r} already exists")
+            raise InvalidValue(f"session {new_id!r} already exists")
         self.close()
         os.rename(self.dir, target)
         self.id = new_id

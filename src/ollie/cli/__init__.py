@@ -65,12 +65,8 @@ def build_parser() -> argparse.ArgumentParser:
     _backend_args(models)
     models.set_defaults(func=_models)
 
-    for name in _MODULES:
-        try:
-            module = importlib.import_module(f".{name}", __name__)
-        except ImportError:
-            continue
-        module.register(sub)
+    for name in _MODULES:  # a module that fails to import fails `ollie` loudly, never hides its command
+        importlib.import_module(f".{name}", __name__).register(sub)
     return parser
 
 
@@ -119,7 +115,7 @@ async def _run_async(args: argparse.Namespace, prompt: str) -> int:
     import json
     import signal
 
-    from ..agent import open_session
+    from ..agent import commands, open_session
     from ..chatfmt import ChatRenderer, visible
     from ..types import Event
 
@@ -150,7 +146,7 @@ async def _run_async(args: argparse.Namespace, prompt: str) -> int:
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(signal.SIGINT, interrupt)
     try:
-        await core.submit(prompt)
+        await commands.submit(core, prompt)
         if not (errors or interrupted):
             _check_script_consumed(core.backend, errors)
     finally:

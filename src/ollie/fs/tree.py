@@ -20,7 +20,8 @@ from pathlib import Path
 
 from .. import config
 from .namespace import Namespace, StaticDir
-from .sessions import Sessions, SessionsDir, root_ctl
+from .session_files import SessionsDir, root_ctl
+from .sessions import Sessions
 from .stores import DiskDir, TextFile, text_size, tools_index, validate_agent
 from .transcripts import TranscriptsDir
 

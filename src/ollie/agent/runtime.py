@@ -1,0 +1,69 @@
+"""What a turn works with: the session's state, its event bus, the backend, the agent (its config,
+tool servers and system prompt), its hooks and the context window. `Core` owns one and swaps its
+backend and agent; the loop (`loop.py`) and compaction (`compaction.py`) only use it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from ..cost import cost_of
+from ..tools import CallContext
+from ..types import BackendError, Event, Message, Usage
+from .context import Window
+from .events import Bus
+from .hooks import Hooks
+from .state import SessionState
+
+if TYPE_CHECKING:
+    from ..backends import Backend
+    from .env import AgentEnv
+
+
+@dataclass
+class Runtime:
+    state: SessionState
+    bus: Bus
+    backend: Backend
+    env: AgentEnv
+    hooks: Hooks
+    window: Window
+    tmpdir: Path  # the session's scratch directory (whole tool results are kept there)
+    inject: str | None = None  # a message for the running turn, delivered with the next tool result
+
+    def emit(self, ev: Event) -> None:
+        self.bus.emit(ev)
+
+    def system_prompt(self) -> str:
+        """The agent's system prompt and what its agentSpawn hooks said."""
+        primer = self.state.primer
+        return f"{self.env.system_prompt}\n\n{primer}" if primer else self.env.system_prompt
+
+    def commit(self, messages: list[Message]) -> None:
+        """Completed messages: into the history, onto disk, into the window's count."""
+        self.state.commit(messages)
+        self.window.added(messages)
+
+    def replace_history(self, messages: list[Message]) -> None:
+        self.state.replace_history(messages)
+        self.window.reset()
+
+    def count_usage(self, usage: Usage) -> None:
+        """Count a request's tokens and cost into the session's (summary requests too)."""
+        counts = asdict(usage)
+        if bad := [k for k, v in counts.items() if not isinstance(v, (int, float)) and (k, v) != ("cost", None)]:
+            raise BackendError(f"malformed answer: its usage ({', '.join(bad)}) is not in numbers",
+                               provider=self.backend.name)
+        self.state.usage.add(usage)
+        last = usage.cost if usage.cost is not None else cost_of(self.backend.model, usage)[0]
+        meta = self.state.meta
+        meta.cost_last = last
+        meta.cost_session += last
+        self.emit(Event("usage", data=asdict(self.state.usage)))
+
+    def call_context(self) -> CallContext:
+        """What a tool call of this session runs with: its cwd, env, scratch dir, allowed policies."""
+        return CallContext(cwd=self.state.cwd, session_id=self.state.id, env=self.state.env, tmpdir=str(self.tmpdir),
+                           policies=tuple(self.env.config.sandboxes))

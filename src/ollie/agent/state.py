@@ -1,0 +1,190 @@
+"""A session's state: its history, settings, usage, plan and notes, kept on disk as they change.
+
+The setters carry the rules. What may not change while a turn runs (the cwd, the generation
+parameters, the session's name, the history) raises `Busy`; a bad value raises `InvalidValue`.
+Every frontend (slash commands, the `ctl` and `cfg` files, a library user) meets the same rules
+because there is no other way in.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from ..types import Busy, GenerationParams, InvalidValue, Message, Usage, valid_text, valid_value
+from .session import SessionMeta, SessionStore
+
+
+class SessionState:
+    """One session's state, restored from its store or new. `busy` says whether a turn runs."""
+
+    def __init__(self, store: SessionStore, agent: str, cwd: str, params: GenerationParams, busy: Callable[[], bool]):
+        self.store = store
+        self._busy = busy
+        self.meta = SessionMeta(id=store.id, agent=agent)
+        self._messages: list[Message] = []
+        self.usage = Usage()
+        self._params = params
+        self._env: dict[str, str] = {}
+        self._cwd = cwd
+        self._plan = ""
+        self.reply = ""  # the assistant text of the last completed turn
+        if store.exists():
+            self._restore()
+        else:
+            store.create()
+
+    def _restore(self) -> None:
+        meta = self.meta = self.store.load_meta()
+        self._messages = self.store.load_history()
+        self.usage = Usage(**meta.usage) if meta.usage else Usage()
+        self._env = dict(meta.env)
+        for k, v in meta.params.items():
+            self._params.set(k, v)
+        if meta.cwd and os.path.isdir(meta.cwd):
+            self._cwd = meta.cwd
+        self._plan = self.store.load_plan()
+        self.reply = last_reply(self._messages)
+        self.store.end_cut_turn("the turn was cut short when ollie stopped; completed work is kept")
+
+    def require_idle(self, what: str) -> None:
+        if self._busy():
+            raise Busy(f"cannot {what} while a turn is running; interrupt it first")
+
+    def save(self) -> None:
+        """Write the metadata (settings, usage, cost) atomically."""
+        m = self.meta
+        m.cwd, m.env, m.params = self._cwd, self._env, self._params.nonempty()
+        m.usage = asdict(self.usage)
+        self.store.save_meta(m)
+
+    # ---- identity ---------------------------------------------------------------------------------
+    @property
+    def id(self) -> str:
+        return self.store.id
+
+    def rename(self, new_id: str) -> None:
+        """Move the session's files to `new_id` (the caller moves its tmpdir)."""
+        self.require_idle("rename the session")
+        self.store.rename(new_id)  # checks the name
+        self.meta.id = new_id
+        self.save()
+
+    # ---- settings ---------------------------------------------------------------------------------
+    @property
+    def cwd(self) -> str:
+        return self._cwd
+
+    def set_cwd(self, path: str) -> None:
+        """Change the working directory (relative to the current one, `~` expanded)."""
+        self.require_idle("change the working directory")
+        path = os.path.abspath(os.path.join(self._cwd, os.path.expanduser(path)))
+        if not os.path.isdir(path):
+            raise InvalidValue(f"not a directory: {path}")
+        self._cwd = path
+        self.save()
+
+    @property
+    def env(self) -> dict[str, str]:
+        """The session's variables, passed to tools and hooks (a copy)."""
+        return dict(self._env)
+
+    def set_env(self, key: str, value: str | None) -> None:
+        """Set a variable (None removes it); takes effect from the next tool call, even mid-turn."""
+        if not key or "=" in key or "\0" in key:
+            raise InvalidValue(f"invalid variable name {key!r}")
+        if value is not None and "\0" in value:
+            raise InvalidValue(f"the value of {key} contains a NUL byte")
+        if value is None:
+            self._env.pop(key, None)
+        else:
+            self._env[key] = value
+        self.save()
+
+    @property
+    def params(self) -> GenerationParams:
+        return self._params
+
+    def set_param(self, key: str, value: Any) -> None:
+        self.require_idle("change generation parameters")
+        self._params.set(key, value)
+        self.save()
+
+    def reset_params(self, params: GenerationParams) -> None:
+        """Replace every generation parameter (an agent switch brings the new agent's)."""
+        self.require_idle("change generation parameters")
+        self._params = params
+        self.save()
+
+    @property
+    def plan(self) -> str:
+        return self._plan
+
+    def set_plan(self, text: str) -> None:
+        """The plan may change during a turn: the agent keeps it as it works."""
+        self._plan = text
+        self.store.save_plan(text)
+
+    # ---- notes that hooks leave for the model -----------------------------------------------------
+    def add_note(self, text: str) -> None:
+        """Context for the model that rides with the next prompt (a postTurn hook's output)."""
+        self.meta.notes.append(text)
+        self.save()
+
+    def take_notes(self) -> list[str]:
+        notes, self.meta.notes = self.meta.notes, []
+        if notes:
+            self.save()
+        return notes
+
+    @property
+    def primer(self) -> str:
+        """The agentSpawn hooks' output: part of every request's system prompt, so compaction and
+        /clear never lose it."""
+        return self.meta.primer
+
+    def set_primer(self, text: str) -> None:
+        self.meta.primer = text
+        self.save()
+
+    # ---- history ----------------------------------------------------------------------------------
+    @property
+    def messages(self) -> list[Message]:
+        """The history (read it; change it through `commit`, `replace_history` or `clear`)."""
+        return self._messages
+
+    def commit(self, messages: list[Message]) -> None:
+        """Append completed messages to the history and to disk; nothing in them may be unwritable
+        as UTF-8 or unsendable."""
+        for m in messages:
+            m.content = valid_text(m.content)
+            if m.provider_data:
+                m.provider_data = valid_value(m.provider_data)
+        self._messages.extend(messages)
+        self.store.append_messages(messages)
+
+    def replace_history(self, messages: list[Message]) -> None:
+        """Compaction's new history; the old one is appended to compaction.jsonl."""
+        self.store.replace_history(messages, archive=self._messages)
+        self._messages = messages
+
+    def clear(self) -> None:
+        self.require_idle("clear the history")
+        self.replace_history([])
+
+    @property
+    def chat_path(self) -> Path:
+        return self.store.chat_path
+
+
+def last_reply(messages: list[Message]) -> str:
+    """The assistant text after the last user message: a restored session's reply."""
+    start = 0
+    for i in range(len(messages) - 1, -1, -1):
+        if messages[i].role == "user":
+            start = i
+            break
+    return "\n".join(m.content for m in messages[start:] if m.role == "assistant" and m.content)

@@ -1,0 +1,444 @@
+"""The sessions as files: `s/`, one directory per session, and the root `ctl`.
+
+`ls s/` shows only session directories, so scripts can count and diff them. The fixed files
+`new`, `idx`, `sh`, `ls`, `kill` resolve by name but are not listed. Likewise in a session's
+directory, the files whose reading does something (`statewait` blocks, `fifo.out` pops a prompt,
+`models` asks the backend) resolve by name but are not listed, so `grep -r`, `find` and `ls -l`
+over the tree do none of it. The listing (readdir order, `ls -U`) is creation order.
+
+Commands written to `ctl` and settings written to `cfg` run the session commands
+(`ollie.agent.commands`), the same ones slash commands run, with the same refusals.
+"""
+
+from __future__ import annotations
+
+import errno as E
+import json
+import os
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
+
+from .. import config
+from ..chatfmt import context_text, cost_text, usage_text
+from ..types import GENERATION_PARAM_TYPES, OllieError
+from .namespace import Dir, File, FsError, Handle, OpenMode, Stat
+from .sessions import FIXED, Session, Sessions, check_cwd, errno_of, parse_kv
+from .stores import CtlFile, Getter, LineBuffer, MiB, OnCloseFile, SnapshotHandle, TextFile, check_file_name, text_size
+
+if TYPE_CHECKING:
+    from ..agent import Core
+    from ..tools import Tool
+
+PROMPT_MAX = 1 * MiB  # a prompt written to `prompt` or `fifo.in`
+PLAN_MAX = 1 * MiB
+STATEWAIT_TIMEOUT = 5.0  # as the Go server: a reader that missed a change is not stuck forever
+
+
+# ---- root ctl and s/ ---------------------------------------------------------------------------------
+
+
+def root_ctl(sessions: Sessions) -> CtlFile:
+    async def act(line: str) -> str | None:
+        verb, _, rest = line.partition(" ")
+        if verb == "new":
+            return (await sessions.new(parse_kv(rest))).id
+        if verb == "kill":
+            ids = rest.split()
+            if not ids:
+                raise FsError(E.EINVAL, "usage: kill <id>...")
+            for sid in ids:
+                await sessions.kill(sid)
+            return None
+        raise FsError(E.EINVAL, f"unknown command {verb!r}; commands: new [agent=] [cwd=] [backend=] [model=] "
+                                "[name=], kill <id>")
+
+    return CtlFile(act)
+
+
+NEW_TEMPLATE = "".join(f"{k}=\n" for k in ("name", "cwd", "backend", "model", "agent"))
+
+
+class NewHandle(SnapshotHandle):
+    """s/new: `k=v` lines (the template, filled in) create a session when closed; each line is
+    checked as it is written, so an unknown key, a bad name, cwd, backend or agent fails the write.
+    A line longer than LINE_MAX fails too, and then nothing is created at close.
+    Reading gives the template, or the new session's id once one was created."""
+
+    def __init__(self, sessions: Sessions):
+        super().__init__(lambda: self._answer or NEW_TEMPLATE)
+        self._sessions = sessions
+        self._answer = ""
+        self._spec: dict[str, str] = {}
+        self._lines = LineBuffer()
+        self._dirty = False
+
+    async def write(self, offset: int, data: bytes) -> int:
+        try:
+            lines = self._lines.feed(data)
+        except FsError:
+            self._dirty = False
+            raise
+        for line in lines:
+            self._take(line)
+        self._dirty = True
+        return len(data)
+
+    async def read(self, offset: int, count: int) -> bytes:
+        await self.flush()  # written and not yet closed: create now, so the id can be read back
+        return await super().read(offset, count)
+
+    def _take(self, raw: bytes) -> None:
+        spec = parse_kv(raw.decode(errors="replace"))
+        self._sessions.check_spec(spec)
+        self._spec.update(spec)
+
+    async def flush(self) -> None:
+        if not self._dirty:
+            return
+        self._take(self._lines.rest())
+        spec, self._spec, self._dirty = self._spec, {}, False
+        self._answer = (await self._sessions.new(spec)).id + "\n"
+
+
+class NewFile(File):
+    mode = 0o644
+
+    def __init__(self, sessions: Sessions):
+        self._sessions = sessions
+
+    def size(self) -> int:
+        return len(NEW_TEMPLATE)
+
+    async def open(self, mode: OpenMode) -> Handle:
+        return NewHandle(self._sessions)
+
+
+class SessionsDir(Dir):
+    """s/: a directory per session (listed, creation order) and the fixed files (not listed)."""
+
+    mode = 0o755
+
+    def __init__(self, sessions: Sessions, scripts: dict[str, str]):
+        self.sessions = sessions
+        self.fixed: dict[str, File] = {
+            "new": NewFile(sessions),
+            "idx": TextFile(sessions.index, text_size(sessions.index)),
+            **{name: TextFile(lambda t=text: t, lambda t=text: len(t.encode()), mode=0o555)
+               for name, text in scripts.items()},
+        }
+        assert set(self.fixed) <= set(FIXED)
+
+    def lookup(self, name: str) -> File | Dir:
+        if name in self.fixed:
+            return self.fixed[name]
+        return SessionDir(self.sessions.get(name), self.sessions)
+
+    async def list(self) -> list[tuple[str, File | Dir]]:
+        return [(s.id, SessionDir(s, self.sessions)) for s in self.sessions.all()]
+
+    async def mkdir(self, name: str, mode: int) -> None:
+        await self.sessions.new({"name": name})
+
+    async def remove(self, name: str) -> None:
+        if name in self.fixed:
+            raise FsError(E.EACCES, f"{name}: a fixed file of s/")
+        await self.sessions.kill(name)
+
+    async def rename(self, old: str, new: str) -> None:
+        if old in self.fixed:
+            raise FsError(E.EACCES, f"{old}: a fixed file of s/")
+        await self.sessions.rename(old, new)
+
+
+# ---- one session's directory ------------------------------------------------------------------------
+
+
+class SessionDir(Dir):
+    """s/<id>/: its files are made on lookup (nothing per session is kept for them)."""
+
+    mode = 0o755
+
+    def __init__(self, session: Session, sessions: Sessions):
+        self.session = session
+        self.sessions = sessions
+
+    def mtime(self) -> float:
+        return self.session.meta.updated or self.session.created
+
+    def lookup(self, name: str) -> File | Dir:
+        make = SESSION_FILES.get(name) or ACTIVE_FILES.get(name)
+        if make is None:
+            raise FsError(E.ENOENT, f"{name}: no such file in a session directory")
+        return make(self.session, self.sessions)
+
+    async def list(self) -> list[tuple[str, File | Dir]]:
+        return [(name, make(self.session, self.sessions)) for name, make in SESSION_FILES.items()]
+
+    async def remove(self, name: str) -> None:
+        """Removing a session's file does nothing, so that `rm -r s/<id>` reaches the rmdir."""
+
+
+class ChatFile(File):
+    """The chat log, read from disk: its size is the file's, so `tail -f` follows it."""
+
+    def __init__(self, session: Session):
+        self.session = session
+
+    def stat(self, name: str) -> Stat:
+        try:
+            st = os.stat(self.session.chat_path)
+        except FileNotFoundError:
+            return Stat(name, mode=0o444)
+        return Stat(name, mode=0o444, size=st.st_size, mtime=st.st_mtime, version=st.st_size & 0xFFFFFFFF)
+
+    async def open(self, mode: OpenMode) -> Handle:
+        if mode & OpenMode.WRITE:
+            raise FsError(E.EACCES, "chat is read-only; write to prompt")
+        try:
+            return ChatHandle(os.open(self.session.chat_path, os.O_RDONLY))
+        except FileNotFoundError:
+            return SnapshotHandle(lambda: "")
+
+
+class ChatHandle(Handle):
+    def __init__(self, fd: int):
+        self._fd = fd
+
+    async def read(self, offset: int, count: int) -> bytes:
+        return os.pread(self._fd, count, offset)
+
+    async def release(self) -> None:
+        os.close(self._fd)
+
+
+class StateWaitHandle(Handle):
+    """Each read from the start blocks until the state differs from the one last seen (the state
+    at open for the first read), or for STATEWAIT_TIMEOUT seconds, then gives the state."""
+
+    def __init__(self, core: Core):
+        self._core = core
+        self._seen = core.state
+        self._data = b""
+
+    async def read(self, offset: int, count: int) -> bytes:
+        if offset == 0:
+            self._seen = await self._core.wait_change("state", self._seen, STATEWAIT_TIMEOUT)
+            self._data = (self._seen + "\n").encode()
+        return self._data[offset : offset + count]
+
+
+class StateWaitFile(File):
+    def __init__(self, session: Session):
+        self.session = session
+
+    async def open(self, mode: OpenMode) -> Handle:
+        return StateWaitHandle(await self.session.wake())
+
+
+# ---- control files: ctl, cfg, env ---------------------------------------------------------------------
+
+
+def _checked(session: Session, act: Callable[[str], Awaitable[str | None]], get: Getter) -> CtlFile:
+    """A control file: a line that fails, fails its write with the error's errno, and the reason
+    lands in the chat as `error: …`."""
+
+    async def checked(line: str) -> str | None:
+        try:
+            return await act(line)
+        except (FsError, OllieError, OSError) as e:
+            session.error(str(e))
+            if isinstance(e, (FsError, OllieError)):
+                raise FsError(errno_of(e), str(e)) from None
+            raise FsError(E.EINVAL, str(e)) from None
+
+    return CtlFile(checked, get)
+
+
+CTL_OWN = "kill, rn <name>, save [name]"  # what only the file interface has
+
+
+async def _ctl(session: Session, sessions: Sessions, line: str) -> str | None:
+    """A line written to `ctl`: a session command (`commands`), or kill, rn, save."""
+    from ..agent import commands
+
+    core = await session.wake()  # awake, so that a refusal lands in its chat too
+    verb, _, arg = line.partition(" ")
+    arg = arg.strip()
+    match verb:
+        case "kill":
+            await sessions.kill(session.id)
+            return None
+        case "rn" | "rename":
+            await sessions.rename(session.id, arg)
+            return None
+        case "save":
+            return _save_transcript(session, arg)
+        case "cwd" if arg:
+            check_cwd(arg)
+    if verb not in commands.COMMANDS:
+        raise FsError(E.EINVAL, f"unknown command {verb!r}; commands: {_ctl_help()}")
+    return await commands.run(core, verb, arg)
+
+
+def _ctl_help() -> str:
+    from ..agent import commands
+
+    return f"{', '.join(commands.names())}, {CTL_OWN}"
+
+
+def _save_transcript(session: Session, name: str) -> str:
+    """ctl `save [name]`: copy the chat to tr/<name or id>."""
+    target = config.data_path() / "transcripts" / check_file_name(name or session.id)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_bytes(session.chat_path.read_bytes())
+    return f"saved tr/{target.name}"
+
+
+CFG_COMMANDS = {"backend": "backend", "model": "model", "agent": "agent", "cwd": "cwd"}  # key → command
+
+
+def _cfg_values(core: Core) -> dict[str, str]:
+    """What `cfg` shows, in the form a write takes back (lists comma-separated, objects as JSON)."""
+    values = {"state": core.state, "backend": core.backend_name, "model": core.model, "agent": core.agent_name,
+              "cwd": core.cwd}
+    for key in GENERATION_PARAM_TYPES:
+        values[key] = _param_text(getattr(core.params, key))
+    return values
+
+
+def _param_text(v: object) -> str:
+    if v is None:
+        return ""
+    if isinstance(v, list):
+        return ",".join(v)
+    return json.dumps(v) if isinstance(v, dict) else str(v)
+
+
+async def _cfg_text(session: Session) -> str:
+    return "".join(f"{k}={v}\n" for k, v in _cfg_values(await session.wake()).items())
+
+
+async def _cfg_set(session: Session, line: str) -> None:
+    """One `key=value` line, the value being the rest of the line (so an object in JSON fits),
+    run as the session command of that setting. A value equal to what cfg shows changes nothing:
+    an editor writes the whole file back."""
+    from ..agent import commands
+
+    core = await session.wake()
+    key, sep, value = line.partition("=")
+    key, value = key.strip(), value.strip()
+    if not sep or not key:
+        raise FsError(E.EINVAL, f"expected key=value, got {line!r}")
+    current = _cfg_values(core)
+    if key not in current:
+        raise FsError(E.EINVAL, f"unknown key {key!r}; keys: {', '.join(k for k in current if k != 'state')}")
+    if current[key] == value:
+        return
+    if key == "state":
+        raise FsError(E.EINVAL, "state is read-only")
+    if key == "cwd":
+        check_cwd(value)
+    if key in CFG_COMMANDS:
+        await commands.run(core, CFG_COMMANDS[key], value)
+    else:
+        await commands.run(core, "set", f"{key} {value}")
+
+
+async def _env_set(session: Session, line: str) -> None:
+    key, sep, value = line.partition("=")
+    (await session.wake()).set_env(key.strip(), value if sep else None)
+
+
+async def _env_text(session: Session) -> str:
+    return "".join(f"{k}={v}\n" for k, v in (await session.wake()).env.items())
+
+
+# ---- the other files --------------------------------------------------------------------------------
+
+
+def _line(s: str) -> str:
+    return s if not s or s.endswith("\n") else s + "\n"
+
+
+def _mcp_text(servers: dict[str, list[Tool]]) -> str:
+    out = []
+    for name, tools in servers.items():
+        out.append(f"{name}\n")
+        out.extend(f"\t{t.name}\t{(t.description or '').splitlines()[0] if t.description else ''}\n"
+                   for t in tools)
+    return "".join(out)
+
+
+def _context_jsonl(core: Core) -> str:
+    return "".join(json.dumps(m.to_dict(), ensure_ascii=False) + "\n" for m in core.messages)
+
+
+async def _set_plan(session: Session, text: str) -> None:
+    (await session.wake()).set_plan(text)
+
+
+SessionFileMaker = Callable[[Session, Sessions], File]
+
+
+def _text(get: Callable[[Session], str], sized: bool = True) -> SessionFileMaker:
+    """A file of text the session has at hand, awake or not."""
+
+    def make(s: Session, _: Sessions) -> File:
+        return TextFile(lambda: get(s), text_size(lambda: get(s)) if sized else None)
+
+    return make
+
+
+def _core_text(get: Callable[[Core], str | Awaitable[str]]) -> SessionFileMaker:
+    """A file of text only the Core has: reading it wakes the session."""
+
+    def make(s: Session, _: Sessions) -> File:
+        async def read() -> str:
+            v = get(await s.wake())
+            return v if isinstance(v, str) else await v
+
+        return TextFile(read)
+
+    return make
+
+
+async def _pop(core: Core) -> str:
+    return _line(core.pop_queue() or "")
+
+
+async def _models(core: Core) -> str:
+    return "".join(m + "\n" for m in await core.models())
+
+
+async def _mcp(core: Core) -> str:
+    return _mcp_text(await core.list_servers())
+
+
+SESSION_FILES: dict[str, SessionFileMaker] = {
+    "prompt": lambda s, _: OnCloseFile(lambda: "", s.submit, PROMPT_MAX, mode=0o622),
+    "chat": lambda s, _: ChatFile(s),
+    "state": _text(lambda s: s.state + "\n"),
+    "reply": _text(lambda s: s.reply),
+    "ctl": lambda s, ss: _checked(s, lambda line: _ctl(s, ss, line), get=lambda: _ctl_help() + "\n"),
+    "cfg": lambda s, _: _checked(s, lambda line: _cfg_set(s, line), get=lambda: _cfg_text(s)),
+    "fifo.in": lambda s, _: OnCloseFile(lambda: "", s.enqueue, PROMPT_MAX, mode=0o622),
+    "usage": _core_text(lambda c: usage_text(c.usage()) + "\n"),
+    "cost": _core_text(lambda c: cost_text(c.cost(), c.model) + "\n"),
+    "ctxsz": _core_text(lambda c: context_text(c.ctxsz()) + "\n"),
+    "systemprompt": _core_text(lambda c: _line(c.system_prompt())),
+    "env": lambda s, _: _checked(s, lambda line: _env_set(s, line), get=lambda: _env_text(s)),
+    "context": _core_text(_context_jsonl),
+    "offset": _text(lambda s: f"{s.prompt_offset()}\n", sized=False),
+    "plan": lambda s, _: OnCloseFile(lambda: s.plan, lambda text: _set_plan(s, text), PLAN_MAX,
+                                     text_size(lambda: s.plan)),
+    "prompt.prev": _text(lambda s: s.last_prompt),
+    "mcp": _core_text(_mcp),
+}
+
+# Files whose reading does something: found by name, never listed (see the module's doc).
+ACTIVE_FILES: dict[str, SessionFileMaker] = {
+    "statewait": lambda s, _: StateWaitFile(s),
+    "fifo.out": _core_text(_pop),
+    "models": _core_text(_models),
+}
+
