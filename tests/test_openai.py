@@ -85,6 +85,26 @@ async def test_tool_calls_assembled_by_index_and_sent_back(server):
     await be.aclose()
 
 
+@pytest.mark.parametrize(
+    ("finish", "stop_reason", "reason"),
+    [
+        ("stop", "stop", ""),
+        ("function_call", "tool_calls", ""),  # the deprecated spelling
+        ("length", "length", "length"),
+        ("content_filter", "content_filter", "content_filter"),
+        ("sensitive", "other", "sensitive"),  # a reason ollie does not know (some providers' own)
+    ],
+)
+async def test_finish_reason_becomes_the_stop_reason_and_the_providers_word(server, finish, stop_reason, reason):
+    server.reply(PATH, text_stream("What it said so far", finish=finish))
+    be = backend(server)
+    chunks = await collect(be)
+    assert "".join(c.text for c in chunks if isinstance(c, TextDelta)) == "What it said so far"
+    assert isinstance(chunks[-2], UsageChunk)  # the usage chunk after the finish_reason is not lost
+    assert chunks[-1] == Done(stop_reason, reason=reason)
+    await be.aclose()
+
+
 async def test_reasoning_deltas_in_both_spellings(server):
     server.reply(
         PATH,

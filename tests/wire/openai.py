@@ -37,7 +37,7 @@ def usage(prompt: int = 12, completion: int = 5, cached: int = 0, **extra: Any) 
     }
 
 
-def text_stream(text: str, prompt_tokens: int = 12) -> Reply:
+def text_stream(text: str, prompt_tokens: int = 12, finish: str = "stop") -> Reply:
     """A whole text answer: role chunk, the text in two pieces, finish, usage, [DONE]."""
     half = len(text) // 2
     return stream_reply(
@@ -46,7 +46,7 @@ def text_stream(text: str, prompt_tokens: int = 12) -> Reply:
                 (None, chunk({"role": "assistant", "content": ""})),
                 (None, chunk({"content": text[:half]})),
                 (None, chunk({"content": text[half:]})),
-                (None, chunk({}, "stop")),
+                (None, chunk({}, finish)),
                 (None, chunk(usage=usage(prompt_tokens))),
                 (None, "[DONE]"),
             ]

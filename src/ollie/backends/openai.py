@@ -24,6 +24,7 @@ from ..types import (
     GenerationParams,
     Message,
     ReasoningDelta,
+    StopReason,
     TextDelta,
     ToolCallDelta,
     ToolSpec,
@@ -35,7 +36,14 @@ from . import http_error
 OPENAI_URL = "https://api.openai.com/v1"
 # event loop -> (url, key, headers) -> SDK client; clients die with their loop
 _CLIENTS: weakref.WeakKeyDictionary[Any, dict[tuple, Any]] = weakref.WeakKeyDictionary()
-_FINISH = {"stop": "stop", "tool_calls": "tool_calls", "function_call": "tool_calls", "length": "length"}
+# finish_reason → stop reason; any other value is "other" (the raw value goes in Done.reason)
+_FINISH: dict[str, StopReason] = {
+    "stop": "stop",
+    "tool_calls": "tool_calls",
+    "function_call": "tool_calls",
+    "length": "length",
+    "content_filter": "content_filter",
+}
 # Parameters the Chat Completions API takes by these names; the rest go in the body as local servers
 # (llama.cpp, vLLM) spell them.
 _BODY_PARAMS = {
@@ -154,7 +162,7 @@ class OpenAIBackend:
 
         client = self._sdk()
         body = self.request_body(messages, tools, params)
-        finish: str | None = None
+        done: Done | None = None  # held back: the usage chunk comes after the finish_reason
         try:
             stream = await client.post(
                 "/chat/completions", body=body, cast_to=object, stream=True, stream_cls=AsyncStream[object]
@@ -163,7 +171,7 @@ class OpenAIBackend:
                 async for data in stream:
                     for chunk in self._parse(data):
                         if isinstance(chunk, Done):
-                            finish = chunk.stop_reason
+                            done = chunk
                         else:
                             yield chunk
         except openai.APIStatusError as e:
@@ -180,8 +188,8 @@ class OpenAIBackend:
             body = e.body if isinstance(e.body, dict) else {}
             code = body.get("code")  # OpenRouter gives the HTTP status the upstream answered
             raise http_error(self.name, code if isinstance(code, int) else None, str(e.message)) from None
-        if finish is not None:
-            yield Done(finish)  # type: ignore[arg-type]
+        if done is not None:
+            yield done
 
     def _parse(self, data: Any) -> list[Chunk]:
         try:
@@ -220,7 +228,7 @@ class OpenAIBackend:
                     )
                 )
             if reason := choice.get("finish_reason"):
-                out.append(Done(_FINISH.get(reason, "other")))  # type: ignore[arg-type]
+                out.append(_done(reason))
         return out
 
     # ---- models ---------------------------------------------------------------------------------
@@ -257,6 +265,13 @@ class OpenAIBackend:
 
     async def aclose(self) -> None:
         self._client = None  # the shared client lives as long as its event loop
+
+
+def _done(finish_reason: Any) -> Done:
+    if not isinstance(finish_reason, str):
+        raise TypeError(f"finish_reason {finish_reason!r}")  # a malformed chunk
+    stop = _FINISH.get(finish_reason, "other")
+    return Done(stop, reason="" if stop in ("stop", "tool_calls") else finish_reason)
 
 
 def _wire_message(m: Message) -> dict[str, Any]:
