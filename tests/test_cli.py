@@ -85,6 +85,17 @@ def test_bad_agent_config_names_file_field_and_fix(ollie_dirs):
     assert f"{agents / 'bad.json'}: field 'maxSteps' must be int" in out.stderr
 
 
+def test_trusted_tools_is_refused_not_ignored(ollie_dirs):
+    # Go's agent configs have it; accepted and ignored, it would look like a grant that is not there.
+    agents = ollie_dirs / "cfg" / "agents"
+    agents.mkdir()
+    (agents / "go.json").write_text(json.dumps({"trustedTools": ["execute_code"]}))
+    out = ollie("run", "--agent", "go", "--backend", "scripted", "--script", "/dev/null", "hi")
+    assert out.returncode == 1
+    assert f"{agents / 'go.json'}: field 'trustedTools' is not supported" in out.stderr
+    assert '"sandboxes"' in out.stderr and "Remove the field" in out.stderr
+
+
 def test_help_and_version_import_no_sdk():
     code = ("import sys; from ollie.cli import build_parser; build_parser().format_help(); "
             "heavy = [m for m in ('openai', 'anthropic', 'mcp', 'llama_cpp', 'mfusepy', 'httpx') if m in sys.modules]; "

@@ -104,7 +104,6 @@ class AgentConfig:
     backend: str = ""
     model: str = ""
     tools: bool = True
-    trusted_tools: list[str] = field(default_factory=list)
     max_steps: int = 0  # 0: no budget
     context_window: int = 0  # 0: ask the backend
     compact_warn: float = 0.60
@@ -123,7 +122,6 @@ _FIELDS: dict[str, tuple[str, type | tuple[type, ...]]] = {
     "backend": ("backend", str),
     "model": ("model", str),
     "tools": ("tools", bool),
-    "trustedTools": ("trusted_tools", list),
     "maxSteps": ("max_steps", int),
     "contextWindow": ("context_window", int),
     "compactWarn": ("compact_warn", (int, float)),
@@ -171,6 +169,11 @@ def parse_agent(name: str, data: Any, path: str = "") -> AgentConfig:
                 raise ConfigError(f"{where}: field {key!r}: {e}") from None
         elif key in ("name", "description", "$schema"):
             continue
+        elif key == "trustedTools":  # Go's: accepting it and doing nothing would look like a grant
+            raise ConfigError(f"{where}: field 'trustedTools' is not supported: ollie asks for no approval before a "
+                              "tool call, and every execute_code stage runs sandboxed whatever the tool; to let the "
+                              "model pick a wider sandbox policy, list it under \"sandboxes\" (docs/sandbox.md). "
+                              "Remove the field")
         else:
             known = sorted([*_FIELDS, *_PARAM_KEYS])
             raise ConfigError(f"{where}: unknown field {key!r}; known fields: {', '.join(known)}")
