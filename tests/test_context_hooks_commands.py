@@ -15,7 +15,7 @@ from ollie.agent.session import SessionStore
 from ollie.chatfmt import cost_text, usage_text
 from ollie.config import AgentConfig
 from ollie.tools import execute
-from ollie.types import Message, ToolCall
+from ollie.types import GenerationParams, Message, ToolCall
 
 from agent_helpers import exchanges, make_core, seed_history
 from test_execute import alive
@@ -376,4 +376,92 @@ async def test_inject_replace_inject_and_queue_commands():
     assert "first thought" not in json.dumps([m.to_dict() for m in core.messages])
     backend.assert_consumed()
     assert await run(core, events, "/i when idle") == "queued" and core.queued() == ["when idle"]
+    await core.close()
+
+
+# ---- what hooks say joins the context, for every event ---------------------------------------------------
+
+async def test_agent_spawn_output_primes_the_session_and_survives_compaction_clear_and_restart():
+    cfg = AgentConfig(prompt="You are terse.\n", hooks={"agentSpawn": ["echo 'the repo uses tabs'"]})
+    core, backend, _, _ = await make_core([{"text": "a"}, {"text": "summary"}, {"text": "b"}, {"text": "c"}],
+                                          cfg=cfg, history=exchanges(3))
+    await core.spawned()
+    assert core.system_prompt() == "You are terse.\n\n\nthe repo uses tabs"
+    await core.submit("one")
+    await core.compact()
+    await core.submit("two")
+    core.clear()
+    await core.submit("three")
+    systems = [r[0].content for r in backend.requests if r[0].content.startswith("You are terse")]
+    assert len(systems) == 3 and all(s.endswith("the repo uses tabs") for s in systems)
+    sid = core.session_id
+    await core.close()
+    again, *_ = await make_core([], cfg=cfg, session_id=sid)  # a restored session is not spawned again
+    assert again.system_prompt().endswith("the repo uses tabs")
+    await again.close()
+
+
+async def test_post_turn_and_turn_error_output_rides_with_the_next_prompt():
+    cfg = AgentConfig(hooks={"postTurn": ["echo 'note: lint is clean'"], "turnError": ["echo 'note: it failed'"]})
+    core, backend, _, _ = await make_core([
+        {"text": "first"},
+        {"error": {"type": "other", "message": "boom"}},
+        {"text": "third"},
+    ], cfg=cfg)
+    await core.submit("one")
+    await core.submit("two")
+    assert backend.requests[1][-1].content == "two\n\nnote: lint is clean"
+    await core.submit("three")
+    # the failed turn's postTurn never ran; its turnError output came along, once
+    assert backend.requests[2][-1].content == "three\n\nnote: it failed"
+    assert [m.content for m in core.messages if m.role == "user"][-1] == "three\n\nnote: it failed"
+    await core.close()
+
+
+async def test_pre_tool_output_joins_the_result_and_compaction_hooks_join_the_summary():
+    cfg = AgentConfig(hooks={"preTool": ["echo 'pre: careful'"], "preCompact": ["echo 'keep: the API key is in env'"],
+                             "postCompact": ["echo 'compacted at step 3'"]})
+    core, backend, server, _ = await make_core([
+        {"tool_calls": [call("echo", text="hi")]}, {"text": "done", "expect": "pre: careful\nhi"}, {"text": "summary"},
+    ], cfg=cfg, history=exchanges(3))
+    await core.submit("go")
+    assert [m.content for m in core.messages if m.role == "tool"] == ["pre: careful\nhi"]
+    await core.compact()
+    assert core.messages[0].content == SUMMARY_PREFIX + "summary\n\nkeep: the API key is in env\n\ncompacted at step 3"
+    backend.assert_consumed()
+    await core.close()
+
+
+# ---- /agent: the new agent's settings, nothing of the old one's --------------------------------------------
+
+async def test_agent_switch_brings_the_new_agents_parameters_hooks_and_backend(ollie_dirs, tmp_path):
+    agents = ollie_dirs / "cfg" / "agents"
+    agents.mkdir()
+    script = tmp_path / "reviewer.json"
+    script.write_text(json.dumps([{"text": "reviewed", "expect": "look"}]))
+    (agents / "reviewer.json").write_text(json.dumps({
+        "prompt": "You review.\n", "temperature": 0.1, "backend": "scripted", "model": str(script),
+        "hooks": {"agentSpawn": "echo 'reviewer primer'"}}))
+    cfg = AgentConfig(hooks={"agentSpawn": ["echo 'old primer'"]}, params=GenerationParams(top_p=0.5))
+    core, backend, _, events = await make_core([], cfg=cfg)
+    await core.spawned()
+    core.set_param("temperature", "0.9")
+    await run(core, events, "/agent reviewer")
+    assert core.params.nonempty() == {"temperature": 0.1}  # not top_p=0.5, not the 0.9 set by hand
+    assert core.system_prompt() == "You review.\n\n\nreviewer primer"
+    assert core.model == str(script) and core.backend is not backend
+    await core.submit("look at this")
+    assert core.reply == "reviewed"
+    await core.close()
+
+
+async def test_a_failed_agent_switch_leaves_the_session_as_it_was(ollie_dirs):
+    agents = ollie_dirs / "cfg" / "agents"
+    agents.mkdir()
+    (agents / "broken.json").write_text(json.dumps({"backend": "nosuch"}))
+    core, backend, server, events = await make_core([{"text": "still here"}])
+    assert "/agent: " in await run(core, events, "/agent broken")
+    assert core.agent_name == "default" and core.backend is backend
+    await core.submit("hi")
+    assert core.reply == "still here"
     await core.close()

@@ -446,3 +446,40 @@ async def test_the_tmp_root_is_made_private_and_refused_when_another_user_owns_i
     with pytest.raises(ConfigError, match=f"^{root} belongs to uid 65534, not to you"):
         await make_core([])
     assert set((ollie_dirs / "data" / "sessions").iterdir()) == sessions  # nothing was started
+
+
+@pytest.mark.parametrize("stop_reason, words", [
+    ("content_filter", "withheld by the provider's content filter"),
+    ("refusal", "the model refused"),
+    ("other", "a reason ollie does not know"),
+])
+async def test_an_answer_that_is_no_answer_is_reported_and_kept_without_its_calls(stop_reason, words):
+    core, backend, server, events = await make_core([
+        {"text": "I was saying", "tool_calls": [call("write")], "stop_reason": stop_reason},
+        {"text": "next turn", "expect": "again"},
+    ])
+    await core.submit("go")
+    errors = [e for e in events if e.kind == "error"]
+    assert len(errors) == 1 and words in errors[0].text and errors[0].data["error_type"] == stop_reason
+    assert server.calls == []  # its calls were not run
+    assert [(m.role, m.content, m.tool_calls) for m in core.messages] == [("user", "go", []),
+                                                                          ("assistant", "I was saying", [])]
+    await core.submit("again")  # the session goes on
+    assert core.reply == "next turn"
+    await core.close()
+
+
+async def test_open_session_builds_a_core_in_one_call_from_a_config_in_code(tmp_path):
+    import ollie
+    from agent_helpers import ToyServer
+
+    toy = ToyServer()
+    script = [{"tool_calls": [call("echo", text="from my server")]}, {"text": "done", "expect": "from my server"}]
+    cfg = ollie.AgentConfig(prompt="You are a test.\n", max_steps=5)
+    async with ollie.open_session(agent=cfg, backend="scripted", script=script, cwd=str(tmp_path),
+                                  servers={"mine": lambda: toy}) as core:
+        await core.submit("use my tool")
+        assert core.reply == "done" and core.system_prompt() == "You are a test.\n"
+        assert {"execute_code", "echo"} <= set(await core.dispatcher.list_tools())
+        assert toy.calls == [("echo", {"text": "from my server"})]
+    assert not core.tmpdir.exists()  # closed on the way out

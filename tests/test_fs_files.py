@@ -343,3 +343,21 @@ def test_disk_directories(fs_server):
     assert (fs_server.mnt / "t" / "idx").read_text() == "## greet\ndescription: say hello\nargs: name\n\n"
     assert fs_server.sh("t/greet you").stdout == "hello you\n"
     assert fs_server.sh("echo x > p/new.md", check=False).returncode != 0
+
+
+def test_a_setting_is_refused_alike_from_prompt_ctl_and_cfg_during_a_turn(fs_server):
+    # One command, one guard: `ctl` used to change the cwd under a running turn.
+    sid = fs_server.new_session()
+    s = fs_server.mnt / "s" / sid
+    refusal = "cannot change the working directory while a turn is running; interrupt it first"
+    out = fs_server.sh(f"echo slow > s/{sid}/prompt; echo '/cwd /tmp' > s/{sid}/prompt; "
+                       f"/bin/echo 'cwd /tmp' > s/{sid}/ctl; echo ctl=$?; /bin/echo 'cwd=/tmp' > s/{sid}/cfg; echo cfg=$?",
+                       check=False)
+    assert "ctl=1" in out.stdout and "cfg=1" in out.stdout
+    assert out.stderr.count("Device or resource busy") == 2  # EBUSY from both (coreutils echo names it)
+    fs_server.wait_idle(sid)
+    chat = (s / "chat").read_text()
+    assert chat.count(refusal) == 3 and f"error: /cwd: {refusal}" in chat
+    assert f"cwd={fs_server.work}\n" in (s / "cfg").read_text()
+    fs_server.sh(f"echo 'cwd /tmp' > s/{sid}/ctl")  # idle: allowed
+    assert "cwd=/tmp\n" in (s / "cfg").read_text()
