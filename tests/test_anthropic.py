@@ -270,6 +270,24 @@ async def test_sampling_params_and_stop_sequences_without_thinking(server):
     assert chunks[-1].stop_reason == "length"
 
 
+@pytest.mark.parametrize(
+    ("api_reason", "stop_reason", "reason"),
+    [
+        ("end_turn", "stop", ""),
+        ("stop_sequence", "stop", ""),
+        ("max_tokens", "length", "max_tokens"),
+        ("refusal", "refusal", "refusal"),
+        ("pause_turn", "other", "pause_turn"),  # a server tool's long turn: ollie cannot resume it
+        ("some_future_reason", "other", "some_future_reason"),
+    ],
+)
+async def test_stop_reason_and_the_apis_own_word_for_it(server, api_reason, stop_reason, reason):
+    server.reply(wire.PATH, wire.stream([{"type": "text", "text": "I can"}], stop_reason=api_reason))
+    chunks = await run([Message("user", "hi")])
+    assert text_of(chunks) == "I can"
+    assert chunks[-1] == Done(stop_reason, reason=reason)
+
+
 async def test_rate_limit_carries_retry_after_and_the_sdk_does_not_retry(server):
     server.reply(
         wire.PATH,

@@ -40,12 +40,14 @@ _EPHEMERAL = {"type": "ephemeral"}
 # The SDK no longer has arguments for these; they are sent as extra body fields when set.
 _SAMPLING = ("temperature", "top_p", "top_k")
 
+# stop_reason → ours; any other (pause_turn, a newer one) is "other", its raw value in Done.reason
 _STOP_REASONS: dict[str, StopReason] = {
     "end_turn": "stop",
     "stop_sequence": "stop",
     "tool_use": "tool_calls",
     "max_tokens": "length",
     "model_context_window_exceeded": "length",
+    "refusal": "refusal",
 }
 # An `error` event mid-stream carries no HTTP status; its type says which one it stands for.
 _ERROR_TYPE_STATUS = {
@@ -263,7 +265,8 @@ class _Answer:
         self.tool_index: dict[int, int] = {}  # content block index → tool call index
         self.tool_has_input: set[int] = set()
         self.thinking: dict[int, dict[str, Any]] = {}  # content block index → block to send back
-        self.stop: StopReason = "other"
+        self.stop: StopReason = "other"  # until message_delta says
+        self.reason = ""  # the API's stop_reason, unless it is a plain stop or tool use
 
     def read(self, ev: Any) -> Iterator[Chunk]:
         """The chunks of one event before message_stop (events of other types carry none)."""
@@ -278,7 +281,9 @@ class _Answer:
             if ev.index in self.tool_index and ev.index not in self.tool_has_input:
                 yield ToolCallDelta(index=self.tool_index[ev.index], arguments="{}")
         elif kind == "message_delta":
-            self.stop = _STOP_REASONS.get(ev.delta.stop_reason or "", "other")
+            raw = ev.delta.stop_reason or ""
+            self.stop = _STOP_REASONS.get(raw, "other")
+            self.reason = "" if self.stop in ("stop", "tool_calls") else raw
             _read_usage(self.usage, ev.usage)
 
     def _block_start(self, index: int, block: Any) -> Iterator[Chunk]:
@@ -305,7 +310,7 @@ class _Answer:
     def done(self) -> Done:
         thinking = self.thinking
         data = {THINKING_KEY: [thinking[i] for i in sorted(thinking)]} if thinking else {}
-        return Done(stop_reason=self.stop, provider_data=data)
+        return Done(stop_reason=self.stop, provider_data=data, reason=self.reason)
 
 
 def _read_usage(usage: Usage, u: Any) -> None:
