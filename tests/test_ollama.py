@@ -83,6 +83,22 @@ async def test_num_ctx_comes_from_api_show_once(server):
     assert server.requests_to(wire.SHOW)[0].json == {"model": "llama3.2"}
 
 
+@pytest.mark.parametrize(
+    ("done_reason", "stop_reason", "reason"),
+    [
+        ("stop", "stop", ""),
+        ("length", "length", "length"),
+        ("unload", "other", "unload"),  # the model was unloaded mid-answer
+        ("some_future_reason", "other", "some_future_reason"),
+    ],
+)
+async def test_done_reason_becomes_the_stop_reason_and_ollamas_word(server, done_reason, stop_reason, reason):
+    server.reply(wire.CHAT, wire.chat([wire.chat_line(content="So far"), wire.done_line(reason=done_reason)]))
+    chunks = await run([Message("user", "hi")])
+    assert "".join(c.text for c in chunks if isinstance(c, TextDelta)) == "So far"
+    assert chunks[-1] == Done(stop_reason, reason=reason)
+
+
 async def test_generation_params_map_onto_ollama_options(server):
     server.reply(wire.CHAT, wire.chat([wire.done_line(reason="length")]))
     params = GenerationParams(

@@ -24,7 +24,6 @@ from ..types import (
     GenerationParams,
     Message,
     ReasoningDelta,
-    StopReason,
     TextDelta,
     ToolCallDelta,
     ToolSpec,
@@ -221,15 +220,20 @@ def _line_chunks(obj: dict[str, Any], turn: int, calls: int) -> Iterator[Chunk]:
             input_tokens=obj.get("prompt_eval_count") or 0, output_tokens=obj.get("eval_count") or 0, requests=1
         )
         yield UsageChunk(usage)
-        yield Done(stop_reason=_stop_reason(obj.get("done_reason"), calls))
+        yield _done(obj.get("done_reason"), calls)
 
 
-def _stop_reason(done_reason: str | None, calls: int) -> StopReason:
-    if done_reason == "length":
-        return "length"
+def _done(done_reason: Any, calls: int) -> Done:
+    """Ollama says stop (also when the model called tools) or length; any other done_reason is
+    "other", with Ollama's word for it."""
+    raw = done_reason or ""
+    if not isinstance(raw, str):
+        raise TypeError(f"done_reason {done_reason!r}")  # a malformed line
+    if raw == "length":
+        return Done("length", reason=raw)
     if calls:
-        return "tool_calls"
-    return "stop" if done_reason in (None, "", "stop") else "other"
+        return Done("tool_calls")
+    return Done("stop") if raw == "stop" or not raw else Done("other", reason=raw)
 
 
 def _status_error(status: int, text: str, resp: httpx.Response) -> Exception:
