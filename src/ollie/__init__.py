@@ -27,6 +27,10 @@ _LAZY = {
     "ToolCall": "ollie.types",
     "Usage": "ollie.types",
     "OllieError": "ollie.types",
+    "ConfigError": "ollie.types",
+    "Busy": "ollie.types",
+    "InvalidValue": "ollie.types",
+    "NotFound": "ollie.types",
 }
 
 
