@@ -11,10 +11,12 @@ Ship it in your own tests the way ollie's tests use it:
 
 A turn answers one request. Keys: `text`, `reasoning`, `tool_calls` (name + arguments as an object
 or JSON text; `id` optional), `usage` ({input_tokens, output_tokens, ...}), `delay` (seconds before
-answering), `chunk` (stream text in pieces of this many characters), `stop_reason`, `drop` (end the
-stream without its final chunk, as a dropped connection does), `error` ({type: rate_limit | transient |
-context_overflow | tool_unsupported | other, message, retry_after}), and `expect` (a substring the
-last user or tool message must contain: the double fails loudly when the agent sent something else).
+answering), `chunk` (stream text in pieces of this many characters), `stop_reason` (one of ollie's
+stop reasons, or any other word: that ends the answer as "other", with the word as the provider's),
+`drop` (end the stream without its final chunk, as a dropped connection does), `error` ({type:
+rate_limit | transient | context_overflow | tool_unsupported | other, message, retry_after}), and
+`expect` (a substring the last user or tool message must contain: the double fails loudly when the
+agent sent something else).
 A turn of the wrong shape (not an object, an unknown key, a value of the wrong type) is refused when
 the backend is built, naming the turn; what a tool call holds is left as written, so that a script
 can play a model that sends malformed calls.
@@ -34,7 +36,7 @@ import re
 import reprlib
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 from ..textcalls import arguments_text
 from ..types import (
@@ -48,6 +50,7 @@ from ..types import (
     OllieError,
     RateLimitError,
     ReasoningDelta,
+    StopReason,
     TextDelta,
     ToolCallDelta,
     ToolSpec,
@@ -81,6 +84,7 @@ _TURN_KEYS: dict[str, tuple[type, ...]] = {
     "expect": (str,),
 }
 _RULE_KEYS = {**_TURN_KEYS, "match": (str,)}
+_STOP_REASONS: dict[str, StopReason] = {r: r for r in get_args(StopReason)}
 _TYPE_NAMES = {str: "a string", list: "a list", dict: "an object", int: "a number", bool: "true or false"}
 
 
@@ -196,7 +200,7 @@ class ScriptedBackend:
             return
         usage = turn.get("usage") or {}
         yield UsageChunk(Usage(requests=1, **usage))
-        yield Done(turn.get("stop_reason") or ("tool_calls" if calls else "stop"))
+        yield _done(turn.get("stop_reason") or ("tool_calls" if calls else "stop"))
 
     def assert_consumed(self) -> None:
         """Fail if the agent did something the script did not expect, or left turns unrequested."""
@@ -213,6 +217,15 @@ class ScriptedBackend:
 
     async def aclose(self) -> None:
         return None
+
+
+def _done(stop_reason: str) -> Done:
+    """A stop reason ollie knows is passed on (as the provider's word too, unless a plain stop or
+    tool use); any other string is "other", with the script's word as the provider's."""
+    known = _STOP_REASONS.get(stop_reason)
+    if known is None:
+        return Done("other", reason=stop_reason)
+    return Done(known, reason="" if known in ("stop", "tool_calls") else known)
 
 
 def _check_turn(turn: Any, where: str, keys: dict[str, tuple[type, ...]]) -> None:
