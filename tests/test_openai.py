@@ -261,5 +261,6 @@ async def test_full_loop_over_the_wire_with_retries(server):
     assert [e.kind for e in events if e.kind in ("retry", "limitretry") and e.data["first"]] == ["limitretry", "retry"]
     last = server.requests[-1].json["messages"]
     assert last[-1] == {"role": "tool", "tool_call_id": "c1", "content": "from tool"}
-    assert core.usage() == "24 in, 10 out, 2 requests"
+    usage = core.usage()
+    assert (usage.input_tokens, usage.output_tokens, usage.requests) == (24, 10, 2)
     await core.close()
