@@ -8,10 +8,10 @@ from typing import Any
 
 from ollie.agent.core import Core, CoreConfig
 from ollie.agent.env import build_agent_env
+from ollie.agent.session import SessionMeta, SessionStore, new_session_id
 from ollie.backends.scripted import ScriptedBackend
 from ollie.config import AgentConfig
 from ollie.tools import Tool, ToolResult, new_dispatcher_func
-from ollie.agent.session import SessionMeta, SessionStore, new_session_id
 from ollie.types import Event, Message
 
 
@@ -25,8 +25,12 @@ class ToyServer:
 
     async def list_tools(self) -> list[Tool]:
         obj = {"type": "object", "properties": {}}
-        return [Tool("echo", "echo text", obj, read_only=True), Tool("sleep", "sleep", obj, read_only=True),
-                Tool("fail", "always fails", obj), Tool("write", "not read-only", obj)]
+        return [
+            Tool("echo", "echo text", obj, read_only=True),
+            Tool("sleep", "sleep", obj, read_only=True),
+            Tool("fail", "always fails", obj),
+            Tool("write", "not read-only", obj),
+        ]
 
     async def call_tool(self, name: str, args: dict[str, Any], ctx: Any) -> ToolResult:
         self.calls.append((name, args))
@@ -66,10 +70,14 @@ def exchanges(n: int) -> list[Message]:
     return [m for i in range(n) for m in (Message("user", f"question {i}"), Message("assistant", f"answer {i}"))]
 
 
-async def make_core(script: Any, cfg: AgentConfig | None = None, server: ToyServer | None = None,
-                    session_id: str = "", extra_servers: dict[str, Any] | None = None,
-                    history: list[Message] | None = None,
-                    ) -> tuple[Core, ScriptedBackend, ToyServer, list[Event]]:
+async def make_core(
+    script: Any,
+    cfg: AgentConfig | None = None,
+    server: ToyServer | None = None,
+    session_id: str = "",
+    extra_servers: dict[str, Any] | None = None,
+    history: list[Message] | None = None,
+) -> tuple[Core, ScriptedBackend, ToyServer, list[Event]]:
     """A Core on the scripted backend with the toy tools; `history` seeds its stored history."""
     if history:
         session_id = seed_history(history, session_id)

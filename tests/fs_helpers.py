@@ -29,10 +29,16 @@ class FsServer:
         for d in (self.home, self.cfg / "agents", self.cfg / "tools", self.data, self.work, root / "ns"):
             d.mkdir(parents=True, exist_ok=True)
         self.env = {k: v for k, v in os.environ.items() if not k.startswith(("OLLIE", "OPENAI", "ANTHROPIC"))}
-        self.env.update(HOME=str(self.home), OLLIE=str(self.mnt), OLLIE_CFG_PATH=str(self.cfg),
-                        OLLIE_DATA_PATH=str(self.data), OLLIE_TMP_PATH=str(root / "tmp"),
-                        OLLIE_TOOLS_PATH=str(self.cfg / "tools"), NAMESPACE=str(root / "ns"),
-                        PYTHONPATH=str(ROOT / "src"))
+        self.env.update(
+            HOME=str(self.home),
+            OLLIE=str(self.mnt),
+            OLLIE_CFG_PATH=str(self.cfg),
+            OLLIE_DATA_PATH=str(self.data),
+            OLLIE_TMP_PATH=str(root / "tmp"),
+            OLLIE_TOOLS_PATH=str(self.cfg / "tools"),
+            NAMESPACE=str(root / "ns"),
+            PYTHONPATH=str(ROOT / "src"),
+        )
         self.agent("default", [{"match": ".", "text": "ok"}])
 
     def agent(self, name: str, rules: list[dict] | None = None, turns: list[dict] | None = None, **extra) -> None:
@@ -44,8 +50,9 @@ class FsServer:
         (self.cfg / "agents" / f"{name}.json").write_text(json.dumps(cfg))
 
     def ollie(self, *args: str, check: bool = True, timeout: float = 60) -> subprocess.CompletedProcess:
-        return subprocess.run([*OLLIE, *args], env=self.env, capture_output=True, text=True, timeout=timeout,
-                              check=check)
+        return subprocess.run(
+            [*OLLIE, *args], env=self.env, capture_output=True, text=True, timeout=timeout, check=check
+        )
 
     def start(self) -> None:
         out = self.ollie("srv", "start", check=False)
@@ -85,8 +92,9 @@ class FsServer:
 
     def sh(self, script: str, check: bool = True, timeout: float = 30, **kw) -> subprocess.CompletedProcess:
         """Run a shell script in the mount's root."""
-        out = subprocess.run(["sh", "-c", script], cwd=self.mnt, env=self.env, capture_output=True, text=True,
-                             timeout=timeout, **kw)
+        out = subprocess.run(
+            ["sh", "-c", script], cwd=self.mnt, env=self.env, capture_output=True, text=True, timeout=timeout, **kw
+        )
         if check and out.returncode != 0:
             raise AssertionError(f"sh exit {out.returncode}: {out.stderr}\n{script}")
         return out

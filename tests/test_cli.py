@@ -23,19 +23,26 @@ def script(tmp_path):
         path = tmp_path / "script.json"
         path.write_text(json.dumps(turns))
         return str(path)
+
     return write
 
 
 def test_run_streams_the_chat_format_and_exits_zero(script, tmp_path):
     (tmp_path / "a.txt").write_text("alpha\n")
-    path = script([
-        {"text": "Looking.", "tool_calls": [{"name": "execute_code", "arguments": {"steps": [{"code": "cat a.txt"}]}}]},
-        {"text": "It says alpha.", "expect": "alpha"},
-    ])
+    path = script(
+        [
+            {
+                "text": "Looking.",
+                "tool_calls": [{"name": "execute_code", "arguments": {"steps": [{"code": "cat a.txt"}]}}],
+            },
+            {"text": "It says alpha.", "expect": "alpha"},
+        ]
+    )
     out = ollie("run", "--backend", "scripted", "--script", path, "--cwd", str(tmp_path), "what is in a.txt?")
     assert out.returncode == 0, out.stderr
-    assert out.stdout == ('assistant: Looking.\n-> execute_code({"steps": [{"code": "cat a.txt"}]})\nalpha\n'
-                          "assistant: It says alpha.\n\n")
+    assert out.stdout == (
+        'assistant: Looking.\n-> execute_code({"steps": [{"code": "cat a.txt"}]})\nalpha\nassistant: It says alpha.\n\n'
+    )
     assert out.stderr.startswith("session: ")
 
 
@@ -61,8 +68,16 @@ def test_sessions_list_show_and_continue(script):
     listing = ollie("sessions").stdout
     assert sid in listing and "first question" in listing
     assert "assistant: first answer" in ollie("sessions", "show", sid).stdout
-    again = ollie("run", "--session", sid, "--backend", "scripted",
-                  "--script", script([{"text": "second answer", "expect": "follow-up"}]), "follow-up")
+    again = ollie(
+        "run",
+        "--session",
+        sid,
+        "--backend",
+        "scripted",
+        "--script",
+        script([{"text": "second answer", "expect": "follow-up"}]),
+        "follow-up",
+    )
     assert again.returncode == 0, again.stderr
     shown = ollie("sessions", "show", sid).stdout
     assert shown.index("first answer") < shown.index("user: follow-up") < shown.index("second answer")
@@ -97,9 +112,11 @@ def test_trusted_tools_is_refused_not_ignored(ollie_dirs):
 
 
 def test_help_and_version_import_no_sdk():
-    code = ("import sys; from ollie.cli import build_parser; build_parser().format_help(); "
-            "heavy = [m for m in ('openai', 'anthropic', 'mcp', 'llama_cpp', 'mfusepy', 'httpx') if m in sys.modules]; "
-            "print(heavy)")
+    code = (
+        "import sys; from ollie.cli import build_parser; build_parser().format_help(); "
+        "heavy = [m for m in ('openai', 'anthropic', 'mcp', 'llama_cpp', 'mfusepy', 'httpx') if m in sys.modules]; "
+        "print(heavy)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.stdout.strip() == "[]", out.stderr
     version = ollie("--version")
@@ -124,12 +141,18 @@ def test_run_on_the_embedded_model_by_default_makes_a_real_tool_call(tmp_path):
 
 
 def test_ctrl_c_stops_the_turn_at_once_keeps_what_it_completed_and_exits_130(script, tmp_path):
-    path = script([
-        {"tool_calls": [{"name": "execute_code", "arguments": {"steps": [{"code": "echo first"}]}}]},
-        {"delay": 60, "text": "too late"},
-    ])
-    proc = subprocess.Popen([*OLLIE, "run", "--script", path, "--cwd", str(tmp_path), "go"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    path = script(
+        [
+            {"tool_calls": [{"name": "execute_code", "arguments": {"steps": [{"code": "echo first"}]}}]},
+            {"delay": 60, "text": "too late"},
+        ]
+    )
+    proc = subprocess.Popen(
+        [*OLLIE, "run", "--script", path, "--cwd", str(tmp_path), "go"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert proc.stdout.readline().startswith("-> execute_code(")
         assert proc.stdout.readline() == "first\n"  # the slow second step has begun
@@ -161,7 +184,10 @@ def test_script_implies_the_scripted_backend_and_refuses_another(script):
     assert wrong.stderr == "ollie: --script is for --backend scripted, not --backend local\n"
     missing = ollie("run", "--script", "/nonexistent/turns.yaml", "hi")
     assert missing.returncode == 1
-    assert missing.stderr == "ollie: scripted backend: cannot read script /nonexistent/turns.yaml: No such file or directory\n"
+    assert (
+        missing.stderr
+        == "ollie: scripted backend: cannot read script /nonexistent/turns.yaml: No such file or directory\n"
+    )
 
 
 def test_bad_prompts_and_session_ids_are_refused_before_anything_starts(script, ollie_dirs):
@@ -200,12 +226,20 @@ def test_run_shows_control_characters_from_the_model_and_tools_escaped(ollie_dir
     calc = Path(__file__).parent / "mcp_servers" / "calc.py"
     (ollie_dirs / "cfg" / "agents").mkdir()
     (ollie_dirs / "cfg" / "agents" / "calc.json").write_text(
-        json.dumps({"mcpServers": {"calc": {"command": sys.executable, "args": [str(calc)]}}}))
+        json.dumps({"mcpServers": {"calc": {"command": sys.executable, "args": [str(calc)]}}})
+    )
     path = tmp_path / "turns.json"
-    path.write_text(json.dumps([
-        {"text": "model " + ESCAPES, "tool_calls": [{"name": "echo", "arguments": {"text": "tool " + ESCAPES}}]},
-        {"text": "end", "expect": "tool " + ESCAPES},
-    ]))
+    path.write_text(
+        json.dumps(
+            [
+                {
+                    "text": "model " + ESCAPES,
+                    "tool_calls": [{"name": "echo", "arguments": {"text": "tool " + ESCAPES}}],
+                },
+                {"text": "end", "expect": "tool " + ESCAPES},
+            ]
+        )
+    )
     run = [*OLLIE, "run", "--agent", "calc", "--script", str(path)]
     out = subprocess.run([*run, "go"], capture_output=True, timeout=120)  # bytes: text mode would eat CRs
     assert out.returncode == 0, out.stderr
@@ -229,5 +263,7 @@ def test_run_shows_control_characters_from_the_model_and_tools_escaped(ollie_dir
 def test_a_script_turn_that_is_no_object_is_refused_naming_it(script):
     out = ollie("run", "--script", script([{"text": "one"}, "two"]), "hi")
     assert out.returncode == 1
-    assert out.stderr.strip() == ("ollie: scripted backend: turn 2 (index 1) must be an object with keys such as "
-                                  "text and tool_calls, not str 'two'")
+    assert out.stderr.strip() == (
+        "ollie: scripted backend: turn 2 (index 1) must be an object with keys such as "
+        "text and tool_calls, not str 'two'"
+    )

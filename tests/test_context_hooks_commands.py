@@ -9,6 +9,7 @@ import sys
 
 import pytest
 
+from agent_helpers import exchanges, make_core, seed_history
 from ollie.agent import commands, hooks
 from ollie.agent.compaction import SUMMARY_PREFIX
 from ollie.agent.session import SessionStore
@@ -16,8 +17,6 @@ from ollie.chatfmt import cost_text, usage_text
 from ollie.config import AgentConfig
 from ollie.tools import execute
 from ollie.types import GenerationParams, Message, ToolCall
-
-from agent_helpers import exchanges, make_core, seed_history
 from test_execute import alive
 
 
@@ -34,11 +33,19 @@ async def run(core, events, line):
 
 # ---- compaction ---------------------------------------------------------------------------------
 
+
 async def test_manual_compact_sends_the_flattened_history_and_replaces_it():
-    history = [Message("user", "q0"), Message("assistant", "", tool_calls=[]), Message("user", "q1"),
-               Message("assistant", "a1"), Message("user", "q2"), Message("assistant", "a2")]
-    core, backend, _, events = await make_core([
-        {"text": "SUMMARY: asked 3 questions", "usage": {"input_tokens": 50, "output_tokens": 6}}], history=history)
+    history = [
+        Message("user", "q0"),
+        Message("assistant", "", tool_calls=[]),
+        Message("user", "q1"),
+        Message("assistant", "a1"),
+        Message("user", "q2"),
+        Message("assistant", "a2"),
+    ]
+    core, backend, _, events = await make_core(
+        [{"text": "SUMMARY: asked 3 questions", "usage": {"input_tokens": 50, "output_tokens": 6}}], history=history
+    )
     before = list(core.messages)
     await core.compact()
     request = backend.requests[0]
@@ -65,10 +72,14 @@ async def test_failed_manual_compaction_leaves_history_exactly_as_it_was():
 
 async def test_auto_compaction_keeps_the_prompt_out_of_the_summary_and_sends_it_after():
     cfg = AgentConfig(context_window=120)
-    core, backend, _, events = await make_core([
-        {"text": "the summary"},
-        {"text": "answer to the new prompt", "expect": "THE NEW PROMPT"},
-    ], cfg=cfg, history=exchanges(6))  # ~100 tokens of 120, with the system prompt: over 75 %
+    core, backend, _, events = await make_core(
+        [
+            {"text": "the summary"},
+            {"text": "answer to the new prompt", "expect": "THE NEW PROMPT"},
+        ],
+        cfg=cfg,
+        history=exchanges(6),
+    )  # ~100 tokens of 120, with the system prompt: over 75 %
     await core.submit("THE NEW PROMPT")
     assert "THE NEW PROMPT" not in backend.requests[0][1].content
     final = backend.requests[1]
@@ -80,11 +91,14 @@ async def test_auto_compaction_keeps_the_prompt_out_of_the_summary_and_sends_it_
 
 
 async def test_context_overflow_compacts_and_retries_the_turn_once():
-    core, backend, _, events = await make_core([
-        {"error": {"type": "context_overflow", "message": "prompt is too long", "status": 400}},
-        {"text": "short summary"},
-        {"text": "now it fits", "expect": "big question"},
-    ], history=exchanges(3))
+    core, backend, _, events = await make_core(
+        [
+            {"error": {"type": "context_overflow", "message": "prompt is too long", "status": 400}},
+            {"text": "short summary"},
+            {"text": "now it fits", "expect": "big question"},
+        ],
+        history=exchanges(3),
+    )
     await core.submit("big question")
     assert core.reply == "now it fits"
     assert [m.content for m in core.messages][-2:] == ["big question", "now it fits"]
@@ -94,17 +108,24 @@ async def test_context_overflow_compacts_and_retries_the_turn_once():
 
 
 async def test_overflow_after_tool_calls_keeps_the_turns_work_and_its_prompt_verbatim():
-    core, backend, server, events = await make_core([
-        {"tool_calls": [call("write")]},
-        {"error": {"type": "context_overflow", "message": "prompt is too long", "status": 400}},
-        {"text": "summary of the earlier talk"},
-        {"text": "finished", "expect": "written"},
-    ], history=exchanges(3))
+    core, backend, server, events = await make_core(
+        [
+            {"tool_calls": [call("write")]},
+            {"error": {"type": "context_overflow", "message": "prompt is too long", "status": 400}},
+            {"text": "summary of the earlier talk"},
+            {"text": "finished", "expect": "written"},
+        ],
+        history=exchanges(3),
+    )
     await core.submit("do the work")
     assert "do the work" not in backend.requests[2][1].content  # only the earlier talk is summarised
     assert [(m.role, m.content) for m in core.messages] == [
-        ("user", SUMMARY_PREFIX + "summary of the earlier talk"), ("user", "do the work"),
-        ("assistant", ""), ("tool", "written"), ("assistant", "finished")]
+        ("user", SUMMARY_PREFIX + "summary of the earlier talk"),
+        ("user", "do the work"),
+        ("assistant", ""),
+        ("tool", "written"),
+        ("assistant", "finished"),
+    ]
     assert core.messages[3].tool_call_id == core.messages[2].tool_calls[0].id
     assert [c[0] for c in server.calls] == ["write"]  # continued, not run again
     assert core.reply == "finished"
@@ -114,11 +135,16 @@ async def test_overflow_after_tool_calls_keeps_the_turns_work_and_its_prompt_ver
 
 async def test_rolling_window_never_splits_a_call_from_its_result():
     cfg = AgentConfig(context_window=300)
-    history = [m for i in range(8) for m in (
-        Message("user", f"q{i} " + "x" * 60),
-        Message("assistant", "", tool_calls=[ToolCall(f"c{i}", "echo", "{}")]),
-        Message("tool", "r" * 60, tool_call_id=f"c{i}", name="echo"),
-        Message("assistant", f"a{i}"))]
+    history = [
+        m
+        for i in range(8)
+        for m in (
+            Message("user", f"q{i} " + "x" * 60),
+            Message("assistant", "", tool_calls=[ToolCall(f"c{i}", "echo", "{}")]),
+            Message("tool", "r" * 60, tool_call_id=f"c{i}", name="echo"),
+            Message("assistant", f"a{i}"),
+        )
+    ]
     core, backend, _, events = await make_core([{"text": "ok", "expect": "next"}], cfg=cfg, history=history)
     await core.submit("next")
     msgs = core.messages
@@ -151,6 +177,7 @@ async def test_compacted_session_resumes_and_compacts_again():
 
 # ---- hooks --------------------------------------------------------------------------------------
 
+
 def hook_cfg(tmp_path, **hooks_by_event):
     return AgentConfig(hooks={k: [v] for k, v in hooks_by_event.items()})
 
@@ -169,15 +196,18 @@ async def test_every_hook_event_gets_its_payload(tmp_path, hooks_write):
     record = f"{{ cat; echo; }} >> {log}"
     events = ["agentSpawn", "preTurn", "postTurn", "preTool", "postTool", "preCompact", "postCompact", "turnError"]
     cfg = AgentConfig(hooks={e: [record] for e in events})
-    core, backend, _, _ = await make_core([
-        {"tool_calls": [call("echo", text="hi")]},
-        {"text": "done"},
-        {"error": {"type": "rate_limit", "message": "quota", "retry_after": 0}},
-        {"error": {"type": "rate_limit", "message": "quota", "retry_after": 0}},
-        {"error": {"type": "rate_limit", "message": "quota", "retry_after": 0}},
-        {"error": {"type": "rate_limit", "message": "quota", "retry_after": 0}},
-        {"text": "summary"},
-    ], cfg=cfg)
+    core, backend, _, _ = await make_core(
+        [
+            {"tool_calls": [call("echo", text="hi")]},
+            {"text": "done"},
+            {"error": {"type": "rate_limit", "message": "quota", "retry_after": 0}},
+            {"error": {"type": "rate_limit", "message": "quota", "retry_after": 0}},
+            {"error": {"type": "rate_limit", "message": "quota", "retry_after": 0}},
+            {"error": {"type": "rate_limit", "message": "quota", "retry_after": 0}},
+            {"text": "summary"},
+        ],
+        cfg=cfg,
+    )
     await core.submit("go")
     await core.submit("fails")
     await core.compact()
@@ -194,15 +224,20 @@ async def test_every_hook_event_gets_its_payload(tmp_path, hooks_write):
 
 
 async def test_hook_exit_codes(tmp_path):
-    cfg = AgentConfig(hooks={
-        "preTurn": ['echo "context from hook: $OLLIE_PROMPT"'],
-        "preTool": ["[ \"$OLLIE_TOOL\" = write ] && { echo 'writes are off' >&2; exit 2; } || exit 0"],
-        "postTool": ["exit 3"],
-    })
-    core, backend, server, events = await make_core([
-        {"tool_calls": [call("write"), call("echo", text="e")]},
-        {"text": "ok", "expect": "blocked by a preTool hook: writes are off"},
-    ], cfg=cfg)
+    cfg = AgentConfig(
+        hooks={
+            "preTurn": ['echo "context from hook: $OLLIE_PROMPT"'],
+            "preTool": ["[ \"$OLLIE_TOOL\" = write ] && { echo 'writes are off' >&2; exit 2; } || exit 0"],
+            "postTool": ["exit 3"],
+        }
+    )
+    core, backend, server, events = await make_core(
+        [
+            {"tool_calls": [call("write"), call("echo", text="e")]},
+            {"text": "ok", "expect": "blocked by a preTool hook: writes are off"},
+        ],
+        cfg=cfg,
+    )
     await core.submit("do it")
     assert "context from hook: do it" in backend.requests[0][-1].content
     assert [c[0] for c in server.calls] == ["echo"]
@@ -211,8 +246,12 @@ async def test_hook_exit_codes(tmp_path):
 
 
 async def test_post_turn_exit_2_becomes_the_next_prompt():
-    cfg = AgentConfig(hooks={"postTurn": ["[ \"$OLLIE_PROMPT\" = first ] && { echo 'now check the tests' >&2; exit 2; }; exit 0"]})
-    core, backend, _, _ = await make_core([{"text": "did it"}, {"text": "checked", "expect": "now check the tests"}], cfg=cfg)
+    cfg = AgentConfig(
+        hooks={"postTurn": ["[ \"$OLLIE_PROMPT\" = first ] && { echo 'now check the tests' >&2; exit 2; }; exit 0"]}
+    )
+    core, backend, _, _ = await make_core(
+        [{"text": "did it"}, {"text": "checked", "expect": "now check the tests"}], cfg=cfg
+    )
     await core.submit("first")
     assert core.reply == "checked"
     backend.assert_consumed()
@@ -236,8 +275,9 @@ async def test_a_hook_that_always_blocks_cannot_run_turns_forever(monkeypatch):
 
 async def test_a_hanging_hook_is_killed_and_a_loud_one_truncated(monkeypatch, tmp_path):
     monkeypatch.setattr(hooks, "TIMEOUT", 0.5)
-    cfg = AgentConfig(hooks={"preTurn": ["sh -c 'sleep 61.25' & wait",
-                                         f"{sys.executable} -c \"print('y' * 5_000_000)\""]})
+    cfg = AgentConfig(
+        hooks={"preTurn": ["sh -c 'sleep 61.25' & wait", f"{sys.executable} -c \"print('y' * 5_000_000)\""]}
+    )
     core, backend, _, events = await make_core([{"text": "ok"}], cfg=cfg)
     await core.submit("go")
     assert any("timed out" in e.text for e in events if e.kind == "info")
@@ -249,10 +289,15 @@ async def test_a_hanging_hook_is_killed_and_a_loud_one_truncated(monkeypatch, tm
 
 async def test_hook_variables_are_capped_and_a_hook_that_cannot_start_is_a_warning(tmp_path, hooks_write):
     out = tmp_path / "lengths"
-    cfg = AgentConfig(hooks={"preTurn": [f'printf %s "$OLLIE_PROMPT" | wc -c >> {out}'],
-                             "postTool": [f'printf %s "$OLLIE_RESULT" | wc -c >> {out}']})
-    core, backend, _, events = await make_core([
-        {"tool_calls": [call("echo", text="a\u0000b")]}, {"text": "ok"}, {"text": "still ok"}], cfg=cfg)
+    cfg = AgentConfig(
+        hooks={
+            "preTurn": [f'printf %s "$OLLIE_PROMPT" | wc -c >> {out}'],
+            "postTool": [f'printf %s "$OLLIE_RESULT" | wc -c >> {out}'],
+        }
+    )
+    core, backend, _, events = await make_core(
+        [{"tool_calls": [call("echo", text="a\u0000b")]}, {"text": "ok"}, {"text": "still ok"}], cfg=cfg
+    )
     await core.submit("p" * 300_000)  # over the kernel's limit for one variable
     assert core.reply == "ok"
     assert out.read_text().split() == [str(hooks.VARIABLE_LIMIT), "2"]  # the NUL dropped
@@ -285,11 +330,14 @@ def kinds_of(events):
 
 # ---- slash commands -----------------------------------------------------------------------------
 
+
 async def test_slash_commands(tmp_path, ollie_dirs):
     agents = ollie_dirs / "cfg" / "agents"
     agents.mkdir()
     (agents / "other.json").write_text(json.dumps({"prompt": "You are other.\n", "maxSteps": 3}))
-    core, backend, _, events = await make_core([{"text": "hello", "usage": {"input_tokens": 1000, "output_tokens": 10}}])
+    core, backend, _, events = await make_core(
+        [{"text": "hello", "usage": {"input_tokens": 1000, "output_tokens": 10}}]
+    )
     await core.submit("hi")
     assert "/compact" in await run(core, events, "/help")
     assert await run(core, events, "/usage") == "1000 in, 10 out, 1 requests"
@@ -316,7 +364,9 @@ async def test_slash_commands(tmp_path, ollie_dirs):
 
 
 async def test_commands_refused_during_a_turn_and_unknown_slash_is_a_prompt():
-    core, backend, _, events = await make_core([{"text": "slow", "delay": 0.3}, {"text": "was a prompt", "expect": "/notacommand"}])
+    core, backend, _, events = await make_core(
+        [{"text": "slow", "delay": 0.3}, {"text": "was a prompt", "expect": "/notacommand"}]
+    )
     task = asyncio.create_task(core.submit("go"))
     await asyncio.sleep(0.05)
     assert await run(core, events, "/compact") == "/compact: cannot compact while a turn is running; interrupt it first"
@@ -345,9 +395,11 @@ async def test_bang_runs_sandboxed_in_the_session_cwd_with_the_session_env(tmp_p
 
 
 async def test_usage_and_cost_survive_a_restart():
-    core, backend, _, _ = await make_core([
-        {"text": "a", "usage": {"input_tokens": 1000, "output_tokens": 100, "cost": 0.25}},
-    ])
+    core, backend, _, _ = await make_core(
+        [
+            {"text": "a", "usage": {"input_tokens": 1000, "output_tokens": 100, "cost": 0.25}},
+        ]
+    )
     sid = core.session_id
     await core.submit("x")
     cost_before = core.cost()
@@ -359,11 +411,13 @@ async def test_usage_and_cost_survive_a_restart():
 
 
 async def test_inject_replace_inject_and_queue_commands():
-    core, backend, server, events = await make_core([
-        {"tool_calls": [call("sleep", seconds=0.3)]},
-        {"text": "saw it", "expect": "<system-user-interruption>second thought</system-user-interruption>"},
-        {"text": "later done", "expect": "later please"},
-    ])
+    core, backend, server, events = await make_core(
+        [
+            {"tool_calls": [call("sleep", seconds=0.3)]},
+            {"text": "saw it", "expect": "<system-user-interruption>second thought</system-user-interruption>"},
+            {"text": "later done", "expect": "later please"},
+        ]
+    )
     task = asyncio.create_task(core.submit("start"))
     while server.running == 0:
         await asyncio.sleep(0.01)
@@ -381,10 +435,12 @@ async def test_inject_replace_inject_and_queue_commands():
 
 # ---- what hooks say joins the context, for every event ---------------------------------------------------
 
+
 async def test_agent_spawn_output_primes_the_session_and_survives_compaction_clear_and_restart():
     cfg = AgentConfig(prompt="You are terse.\n", hooks={"agentSpawn": ["echo 'the repo uses tabs'"]})
-    core, backend, _, _ = await make_core([{"text": "a"}, {"text": "summary"}, {"text": "b"}, {"text": "c"}],
-                                          cfg=cfg, history=exchanges(3))
+    core, backend, _, _ = await make_core(
+        [{"text": "a"}, {"text": "summary"}, {"text": "b"}, {"text": "c"}], cfg=cfg, history=exchanges(3)
+    )
     await core.spawned()
     assert core.system_prompt() == "You are terse.\n\n\nthe repo uses tabs"
     await core.submit("one")
@@ -403,11 +459,14 @@ async def test_agent_spawn_output_primes_the_session_and_survives_compaction_cle
 
 async def test_post_turn_and_turn_error_output_rides_with_the_next_prompt():
     cfg = AgentConfig(hooks={"postTurn": ["echo 'note: lint is clean'"], "turnError": ["echo 'note: it failed'"]})
-    core, backend, _, _ = await make_core([
-        {"text": "first"},
-        {"error": {"type": "other", "message": "boom"}},
-        {"text": "third"},
-    ], cfg=cfg)
+    core, backend, _, _ = await make_core(
+        [
+            {"text": "first"},
+            {"error": {"type": "other", "message": "boom"}},
+            {"text": "third"},
+        ],
+        cfg=cfg,
+    )
     await core.submit("one")
     await core.submit("two")
     assert backend.requests[1][-1].content == "two\n\nnote: lint is clean"
@@ -419,11 +478,22 @@ async def test_post_turn_and_turn_error_output_rides_with_the_next_prompt():
 
 
 async def test_pre_tool_output_joins_the_result_and_compaction_hooks_join_the_summary():
-    cfg = AgentConfig(hooks={"preTool": ["echo 'pre: careful'"], "preCompact": ["echo 'keep: the API key is in env'"],
-                             "postCompact": ["echo 'compacted at step 3'"]})
-    core, backend, server, _ = await make_core([
-        {"tool_calls": [call("echo", text="hi")]}, {"text": "done", "expect": "pre: careful\nhi"}, {"text": "summary"},
-    ], cfg=cfg, history=exchanges(3))
+    cfg = AgentConfig(
+        hooks={
+            "preTool": ["echo 'pre: careful'"],
+            "preCompact": ["echo 'keep: the API key is in env'"],
+            "postCompact": ["echo 'compacted at step 3'"],
+        }
+    )
+    core, backend, server, _ = await make_core(
+        [
+            {"tool_calls": [call("echo", text="hi")]},
+            {"text": "done", "expect": "pre: careful\nhi"},
+            {"text": "summary"},
+        ],
+        cfg=cfg,
+        history=exchanges(3),
+    )
     await core.submit("go")
     assert [m.content for m in core.messages if m.role == "tool"] == ["pre: careful\nhi"]
     await core.compact()
@@ -434,14 +504,23 @@ async def test_pre_tool_output_joins_the_result_and_compaction_hooks_join_the_su
 
 # ---- /agent: the new agent's settings, nothing of the old one's --------------------------------------------
 
+
 async def test_agent_switch_brings_the_new_agents_parameters_hooks_and_backend(ollie_dirs, tmp_path):
     agents = ollie_dirs / "cfg" / "agents"
     agents.mkdir()
     script = tmp_path / "reviewer.json"
     script.write_text(json.dumps([{"text": "reviewed", "expect": "look"}]))
-    (agents / "reviewer.json").write_text(json.dumps({
-        "prompt": "You review.\n", "temperature": 0.1, "backend": "scripted", "model": str(script),
-        "hooks": {"agentSpawn": "echo 'reviewer primer'"}}))
+    (agents / "reviewer.json").write_text(
+        json.dumps(
+            {
+                "prompt": "You review.\n",
+                "temperature": 0.1,
+                "backend": "scripted",
+                "model": str(script),
+                "hooks": {"agentSpawn": "echo 'reviewer primer'"},
+            }
+        )
+    )
     cfg = AgentConfig(hooks={"agentSpawn": ["echo 'old primer'"]}, params=GenerationParams(top_p=0.5))
     core, backend, _, events = await make_core([], cfg=cfg)
     await core.spawned()

@@ -10,12 +10,11 @@ import stat
 
 import pytest
 
+from agent_helpers import kinds, make_core
 from ollie.agent.loop import RESULT_LIMIT
 from ollie.agent.session import SessionStore, list_stored
 from ollie.config import AgentConfig
 from ollie.types import ConfigError, Usage
-
-from agent_helpers import kinds, make_core
 
 
 def call(name, **args):
@@ -23,10 +22,12 @@ def call(name, **args):
 
 
 async def test_turn_events_reply_and_chat_log():
-    core, backend, server, events = await make_core([
-        {"text": "Let me look.", "tool_calls": [call("echo", text="hello")]},
-        {"text": "It said hello.", "expect": "hello"},
-    ])
+    core, backend, server, events = await make_core(
+        [
+            {"text": "Let me look.", "tool_calls": [call("echo", text="hello")]},
+            {"text": "It said hello.", "expect": "hello"},
+        ]
+    )
     await core.submit("what does echo say?")
     assert kinds(events) == ["user", "assistant", "call", "tool", "assistant", "done"]
     assert core.reply == "Let me look.\nIt said hello."
@@ -34,7 +35,7 @@ async def test_turn_events_reply_and_chat_log():
     states = [e.text for e in events if e.kind == "state"]
     assert states == ["thinking", "calling: echo", "thinking", "idle"]
     assert core.chat_path.read_text() == (
-        "user: what does echo say?\nassistant: Let me look.\n-> echo({\"text\": \"hello\"})\nhello\n"
+        'user: what does echo say?\nassistant: Let me look.\n-> echo({"text": "hello"})\nhello\n'
         "assistant: It said hello.\n\n"
     )
     backend.assert_consumed()
@@ -42,10 +43,19 @@ async def test_turn_events_reply_and_chat_log():
 
 
 async def test_calls_keep_model_order_and_read_only_calls_overlap():
-    core, backend, server, events = await make_core([
-        {"tool_calls": [call("sleep", seconds=0.2), call("sleep", seconds=0.1), call("write"), call("echo", text="x")]},
-        {"text": "ok"},
-    ])
+    core, backend, server, events = await make_core(
+        [
+            {
+                "tool_calls": [
+                    call("sleep", seconds=0.2),
+                    call("sleep", seconds=0.1),
+                    call("write"),
+                    call("echo", text="x"),
+                ]
+            },
+            {"text": "ok"},
+        ]
+    )
     await core.submit("go")
     tool_msgs = [m for m in core.messages if m.role == "tool"]
     assert [m.content for m in tool_msgs] == ["slept 0.2", "slept 0.1", "written", "x"]
@@ -57,10 +67,12 @@ async def test_calls_keep_model_order_and_read_only_calls_overlap():
 
 
 async def test_identical_read_only_calls_in_a_batch_run_once():
-    core, backend, server, _ = await make_core([
-        {"tool_calls": [call("echo", text="a"), call("echo", text="a")]},
-        {"text": "ok"},
-    ])
+    core, backend, server, _ = await make_core(
+        [
+            {"tool_calls": [call("echo", text="a"), call("echo", text="a")]},
+            {"text": "ok"},
+        ]
+    )
     await core.submit("go")
     assert len(server.calls) == 1
     assert [m.content for m in core.messages if m.role == "tool"] == ["a", "a"]
@@ -68,10 +80,12 @@ async def test_identical_read_only_calls_in_a_batch_run_once():
 
 
 async def test_second_submit_during_a_turn_is_queued_then_run():
-    core, backend, _, events = await make_core([
-        {"text": "first", "delay": 0.2},
-        {"text": "second", "expect": "two"},
-    ])
+    core, backend, _, events = await make_core(
+        [
+            {"text": "first", "delay": 0.2},
+            {"text": "second", "expect": "two"},
+        ]
+    )
     first = asyncio.create_task(core.submit("one"))
     await asyncio.sleep(0.05)
     await core.submit("two")  # returns at once: queued
@@ -84,9 +98,11 @@ async def test_second_submit_during_a_turn_is_queued_then_run():
 
 
 async def test_interrupt_keeps_completed_calls_and_strips_cancelled_ones():
-    core, backend, server, events = await make_core([
-        {"text": "working", "tool_calls": [call("write"), call("sleep", seconds=30)]},
-    ])
+    core, backend, server, events = await make_core(
+        [
+            {"text": "working", "tool_calls": [call("write"), call("sleep", seconds=30)]},
+        ]
+    )
     task = asyncio.create_task(core.submit("go"))
     await core.wait_change("state", "idle", timeout=2)
     while server.running == 0:
@@ -104,10 +120,12 @@ async def test_interrupt_keeps_completed_calls_and_strips_cancelled_ones():
 
 
 async def test_inject_is_delivered_with_the_next_tool_result():
-    core, backend, server, _ = await make_core([
-        {"tool_calls": [call("sleep", seconds=0.2)]},
-        {"text": "noted", "expect": "<system-user-interruption>also check B</system-user-interruption>"},
-    ])
+    core, backend, server, _ = await make_core(
+        [
+            {"tool_calls": [call("sleep", seconds=0.2)]},
+            {"text": "noted", "expect": "<system-user-interruption>also check B</system-user-interruption>"},
+        ]
+    )
     task = asyncio.create_task(core.submit("check A"))
     while server.running == 0:
         await asyncio.sleep(0.01)
@@ -119,11 +137,13 @@ async def test_inject_is_delivered_with_the_next_tool_result():
 
 
 async def test_rate_limit_and_dropped_stream_are_retried_without_duplicating_reply():
-    core, backend, _, events = await make_core([
-        {"error": {"type": "rate_limit", "message": "slow down", "retry_after": 0.1}},
-        {"text": "partial answer", "drop": True},
-        {"text": "full answer"},
-    ])
+    core, backend, _, events = await make_core(
+        [
+            {"error": {"type": "rate_limit", "message": "slow down", "retry_after": 0.1}},
+            {"text": "partial answer", "drop": True},
+            {"text": "full answer"},
+        ]
+    )
     await core.submit("hi")
     assert core.reply == "full answer"
     assert [e.kind for e in events if e.kind in ("retry", "limitretry") and e.data["first"]] == ["limitretry", "retry"]
@@ -132,9 +152,11 @@ async def test_rate_limit_and_dropped_stream_are_retried_without_duplicating_rep
 
 
 async def test_retry_waits_are_capped_and_cancellable():
-    core, backend, _, events = await make_core([
-        {"error": {"type": "rate_limit", "message": "quota", "retry_after": 86400}},
-    ])
+    core, backend, _, events = await make_core(
+        [
+            {"error": {"type": "rate_limit", "message": "quota", "retry_after": 86400}},
+        ]
+    )
     task = asyncio.create_task(core.submit("hi"))
     while not any(e.kind == "limitretry" for e in events):
         await asyncio.sleep(0.01)
@@ -148,11 +170,13 @@ async def test_retry_waits_are_capped_and_cancellable():
 
 
 async def test_backend_error_ends_the_turn_keeps_work_and_session_stays_usable():
-    core, backend, _, events = await make_core([
-        {"tool_calls": [call("echo", text="done once")]},
-        {"error": {"type": "other", "message": "model exploded", "status": 400}},
-        {"text": "fine now"},
-    ])
+    core, backend, _, events = await make_core(
+        [
+            {"tool_calls": [call("echo", text="done once")]},
+            {"error": {"type": "other", "message": "model exploded", "status": 400}},
+            {"text": "fine now"},
+        ]
+    )
     await core.submit("first")
     errors = [e.text for e in events if e.kind == "error"]
     assert errors == ["scripted (HTTP 400): model exploded"]
@@ -164,15 +188,19 @@ async def test_backend_error_ends_the_turn_keeps_work_and_session_stays_usable()
 
 
 async def test_invalid_arguments_unknown_and_empty_tools_become_error_results():
-    core, backend, _, _ = await make_core([
-        {"tool_calls": [
-            {"name": "echo", "arguments": "{not json"},
-            {"name": "nope", "arguments": "{}"},
-            {"name": "", "arguments": "{}"},
-            {"name": "echo", "arguments": "[1, 2]"},
-        ]},
-        {"text": "sorry"},
-    ])
+    core, backend, _, _ = await make_core(
+        [
+            {
+                "tool_calls": [
+                    {"name": "echo", "arguments": "{not json"},
+                    {"name": "nope", "arguments": "{}"},
+                    {"name": "", "arguments": "{}"},
+                    {"name": "echo", "arguments": "[1, 2]"},
+                ]
+            },
+            {"text": "sorry"},
+        ]
+    )
     await core.submit("go")
     results = [m for m in core.messages if m.role == "tool"]
     assert all(r.is_error for r in results)
@@ -210,11 +238,14 @@ async def test_failing_rounds_nudge_at_five_and_stop_at_ten():
 
 async def test_max_steps_ends_with_a_final_answer_without_tools():
     cfg = AgentConfig(max_steps=2)
-    core, backend, server, events = await make_core([
-        {"tool_calls": [call("echo", text="1")]},
-        {"tool_calls": [call("echo", text="2")]},
-        {"text": "summary of work", "expect": "step budget", "tool_calls": [call("echo", text="3")]},
-    ], cfg=cfg)
+    core, backend, server, events = await make_core(
+        [
+            {"tool_calls": [call("echo", text="1")]},
+            {"tool_calls": [call("echo", text="2")]},
+            {"text": "summary of work", "expect": "step budget", "tool_calls": [call("echo", text="3")]},
+        ],
+        cfg=cfg,
+    )
     await core.submit("go")
     assert core.reply == "summary of work"
     assert backend.tools_seen[-1] == [] and backend.tools_seen[0] != []
@@ -225,9 +256,11 @@ async def test_max_steps_ends_with_a_final_answer_without_tools():
 
 
 async def test_session_is_persisted_and_restored_with_usage_and_cost():
-    core, backend, _, _ = await make_core([
-        {"text": "remembered", "usage": {"input_tokens": 100, "output_tokens": 7}},
-    ])
+    core, backend, _, _ = await make_core(
+        [
+            {"text": "remembered", "usage": {"input_tokens": 100, "output_tokens": 7}},
+        ]
+    )
     sid = core.session_id
     await core.submit("remember 42")
     core.set_env("FOO", "bar")
@@ -289,12 +322,15 @@ async def test_close_removes_only_its_own_tmpdir():
 
 async def test_spending_cap_is_checked_before_every_request_and_keeps_what_was_paid_for(monkeypatch):
     monkeypatch.setenv("OLLIE_MAX_SESSION_COST", "0.01")
-    core, backend, server, events = await make_core([
-        {"tool_calls": [call("echo", text="paid")], "usage": {"input_tokens": 10, "cost": 0.5}},
-    ])
+    core, backend, server, events = await make_core(
+        [
+            {"tool_calls": [call("echo", text="paid")], "usage": {"input_tokens": 10, "cost": 0.5}},
+        ]
+    )
     await core.submit("go")
     assert [e.text for e in events if e.kind == "error"] == [
-        "session cost $0.5000 exceeds OLLIE_MAX_SESSION_COST=$0.01; raise the cap to go on"]
+        "session cost $0.5000 exceeds OLLIE_MAX_SESSION_COST=$0.01; raise the cap to go on"
+    ]
     assert [m.role for m in core.messages] == ["user", "assistant", "tool"]  # the paid answer and its call
     await core.submit("more")  # refused before the turn: no request, the prompt not taken into history
     assert len(backend.requests) == 1 and core.messages[-1].content == "paid"
@@ -302,7 +338,10 @@ async def test_spending_cap_is_checked_before_every_request_and_keeps_what_was_p
     assert core.state == "idle" and len(errors) == 2 and "OLLIE_MAX_SESSION_COST" in errors[-1]
     monkeypatch.setenv("OLLIE_MAX_SESSION_COST", "ten dollars")
     await core.submit("more")
-    assert "OLLIE_MAX_SESSION_COST='ten dollars' is not an amount of US dollars" in [e for e in events if e.kind == "error"][-1].text
+    assert (
+        "OLLIE_MAX_SESSION_COST='ten dollars' is not an amount of US dollars"
+        in [e for e in events if e.kind == "error"][-1].text
+    )
     await core.close()
 
 
@@ -328,11 +367,15 @@ async def test_execute_calls_of_read_safe_tool_scripts_run_together(ollie_dirs, 
     from ollie.tools import execute, new_dispatcher_func
 
     script = ollie_dirs / "cfg" / "tools" / "meet"
-    script.write_text("#!/bin/sh\n# ollie:parallel read\ntouch \"$1\"\n"
-                      "for i in $(seq 100); do [ -e \"$2\" ] && echo met && exit 0; sleep 0.05; done; exit 1\n")
+    script.write_text(
+        '#!/bin/sh\n# ollie:parallel read\ntouch "$1"\n'
+        'for i in $(seq 100); do [ -e "$2" ] && echo met && exit 0; sleep 0.05; done; exit 1\n'
+    )
     script.chmod(0o755)
-    calls = [{"name": "execute_code", "arguments": {"steps": [{"tool": "meet", "args": [a, b]}]}}
-             for a, b in (("a", "b"), ("b", "a"))]
+    calls = [
+        {"name": "execute_code", "arguments": {"steps": [{"tool": "meet", "args": [a, b]}]}}
+        for a, b in (("a", "b"), ("b", "a"))
+    ]
     backend = ScriptedBackend([{"tool_calls": calls}, {"text": "done"}])
     nd = new_dispatcher_func({"execute": execute.Decl(str(tmp_path))})
     core = Core(CoreConfig(backend, await build_agent_env(AgentConfig(), nd(), str(tmp_path)), nd))
@@ -379,11 +422,13 @@ async def test_calls_written_as_text_get_ids_unique_in_the_history():
 
 async def test_cut_results_are_saved_apart_inside_the_tmpdir_whatever_the_call_id():
     big = "x" * RESULT_LIMIT
-    core, *_ = await make_core([
-        {"tool_calls": [{"id": "../../../escape", "name": "echo", "arguments": {"text": big + "1"}}]},
-        {"tool_calls": [{"id": "../../../escape", "name": "echo", "arguments": {"text": big + "2"}}]},
-        {"text": "ok"},
-    ])
+    core, *_ = await make_core(
+        [
+            {"tool_calls": [{"id": "../../../escape", "name": "echo", "arguments": {"text": big + "1"}}]},
+            {"tool_calls": [{"id": "../../../escape", "name": "echo", "arguments": {"text": big + "2"}}]},
+            {"text": "ok"},
+        ]
+    )
     await core.submit("go")
     paths = [m.content.split("the whole result is in ")[1].split(";")[0] for m in core.messages if m.role == "tool"]
     assert [open(p).read()[-1] for p in paths] == ["1", "2"]
@@ -448,22 +493,29 @@ async def test_the_tmp_root_is_made_private_and_refused_when_another_user_owns_i
     assert set((ollie_dirs / "data" / "sessions").iterdir()) == sessions  # nothing was started
 
 
-@pytest.mark.parametrize("stop_reason, words", [
-    ("content_filter", "withheld by the provider's content filter"),
-    ("refusal", "the model refused"),
-    ("other", "a reason ollie does not know"),
-])
+@pytest.mark.parametrize(
+    "stop_reason, words",
+    [
+        ("content_filter", "withheld by the provider's content filter"),
+        ("refusal", "the model refused"),
+        ("other", "a reason ollie does not know"),
+    ],
+)
 async def test_an_answer_that_is_no_answer_is_reported_and_kept_without_its_calls(stop_reason, words):
-    core, backend, server, events = await make_core([
-        {"text": "I was saying", "tool_calls": [call("write")], "stop_reason": stop_reason},
-        {"text": "next turn", "expect": "again"},
-    ])
+    core, backend, server, events = await make_core(
+        [
+            {"text": "I was saying", "tool_calls": [call("write")], "stop_reason": stop_reason},
+            {"text": "next turn", "expect": "again"},
+        ]
+    )
     await core.submit("go")
     errors = [e for e in events if e.kind == "error"]
     assert len(errors) == 1 and words in errors[0].text and errors[0].data["error_type"] == stop_reason
     assert server.calls == []  # its calls were not run
-    assert [(m.role, m.content, m.tool_calls) for m in core.messages] == [("user", "go", []),
-                                                                          ("assistant", "I was saying", [])]
+    assert [(m.role, m.content, m.tool_calls) for m in core.messages] == [
+        ("user", "go", []),
+        ("assistant", "I was saying", []),
+    ]
     await core.submit("again")  # the session goes on
     assert core.reply == "next turn"
     await core.close()
@@ -476,8 +528,9 @@ async def test_open_session_builds_a_core_in_one_call_from_a_config_in_code(tmp_
     toy = ToyServer()
     script = [{"tool_calls": [call("echo", text="from my server")]}, {"text": "done", "expect": "from my server"}]
     cfg = ollie.AgentConfig(prompt="You are a test.\n", max_steps=5)
-    async with ollie.open_session(agent=cfg, backend="scripted", script=script, cwd=str(tmp_path),
-                                  servers={"mine": lambda: toy}) as core:
+    async with ollie.open_session(
+        agent=cfg, backend="scripted", script=script, cwd=str(tmp_path), servers={"mine": lambda: toy}
+    ) as core:
         await core.submit("use my tool")
         assert core.reply == "done" and core.system_prompt() == "You are a test.\n"
         assert {"execute_code", "echo"} <= set(await core.dispatcher.list_tools())

@@ -16,7 +16,7 @@ from fs_helpers import FsServer
 
 pytestmark = pytest.mark.timeout(120)
 
-DEVELOP_REVIEW_TEST_SH = r'''#!/bin/sh
+DEVELOP_REVIEW_TEST_SH = r"""#!/bin/sh
 cwd=${1:?usage: $0 <cwd>}
 cd ~/mnt/ollie
 
@@ -68,7 +68,7 @@ while true; do
       echo "--- test report ---"; cat s/$tst/reply
     } > s/$dev/prompt
 done
-'''
+"""
 
 SPAWN_SUBAGENTS_PY = r'''#!/usr/bin/env python3
 """spawn_subagents.py — fan out tasks to ephemeral olliesrv sub-agents.
@@ -145,8 +145,13 @@ def server(tmp_path):
     code_v1 = "def parse_config(path):\n    return json.load(open(path))"
     code_v2 = "# v2\ndef parse_config(path):\n    with open(path) as f:\n        return json.load(f)"
     srv.agent("developer", [{"match": "^(revise|fix)", "text": code_v2}, {"match": ".", "text": code_v1}])
-    srv.agent("reviewer", [{"match": "# v2", "text": "Closes the file now. LGTM"},
-                           {"match": ".", "text": "The file is never closed. PTAL"}])
+    srv.agent(
+        "reviewer",
+        [
+            {"match": "# v2", "text": "Closes the file now. LGTM"},
+            {"match": ".", "text": "The file is never closed. PTAL"},
+        ],
+    )
     srv.agent("tester", [{"match": ".", "text": "All 3 tests pass. Approved"}])
     srv.start()
     try:
@@ -159,10 +164,13 @@ def test_develop_review_test_script(server):
     script = server.root / "loop.sh"
     script.write_text(DEVELOP_REVIEW_TEST_SH)
     server.new_session()  # an existing session: the script must count it and skip it
-    out = subprocess.run(["sh", str(script), str(server.work)], env=server.env, capture_output=True, text=True,
-                         timeout=60)
+    out = subprocess.run(
+        ["sh", str(script), str(server.work)], env=server.env, capture_output=True, text=True, timeout=60
+    )
     assert out.returncode == 0, out.stderr
-    assert out.stdout == "done.\n# v2\ndef parse_config(path):\n    with open(path) as f:\n        return json.load(f)\n"
+    assert (
+        out.stdout == "done.\n# v2\ndef parse_config(path):\n    with open(path) as f:\n        return json.load(f)\n"
+    )
     sessions = sorted(p.name for p in (server.mnt / "s").iterdir())
     dev, rev, tst = sessions[1:]
     assert (server.mnt / "s" / dev / "cfg").read_text().count("agent=developer\n") == 1
@@ -177,12 +185,20 @@ def test_develop_review_test_script(server):
 def test_spawn_subagents(server):
     script = server.root / "spawn_subagents.py"
     script.write_text(SPAWN_SUBAGENTS_PY)
-    specs = [{"task": "review this code for correctness", "agent": "reviewer", "context": "def f(): pass"},
-             {"task": "test this code", "agent": "tester", "context": "def f(): pass"},
-             {"task": "write a parser", "agent": "developer"}]
+    specs = [
+        {"task": "review this code for correctness", "agent": "reviewer", "context": "def f(): pass"},
+        {"task": "test this code", "agent": "tester", "context": "def f(): pass"},
+        {"task": "write a parser", "agent": "developer"},
+    ]
     before = set((server.mnt / "s").iterdir())
-    out = subprocess.run([sys.executable, str(script)], input=json.dumps(specs), env=server.env,
-                         capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [sys.executable, str(script)],
+        input=json.dumps(specs),
+        env=server.env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout) == [
         {"agent": "reviewer", "reply": "The file is never closed. PTAL"},

@@ -10,20 +10,25 @@ import time
 
 import pytest
 
-
 pytestmark = pytest.mark.timeout(120)
 
 
 @pytest.fixture(scope="module", autouse=True)
 def agents(fs_server):
-    fs_server.agent("tooler", turns=[
-        {"tool_calls": [{"name": "execute_code", "arguments": {"steps": [{"code": "echo hi"}]}}]},
-        {"text": "done with the tool", "expect": "hi"},
-    ])
-    fs_server.agent("default", [
-        {"match": "slow", "text": "slow answer", "delay": 0.6},
-        {"match": ".", "text": "Hello there"},
-    ])
+    fs_server.agent(
+        "tooler",
+        turns=[
+            {"tool_calls": [{"name": "execute_code", "arguments": {"steps": [{"code": "echo hi"}]}}]},
+            {"text": "done with the tool", "expect": "hi"},
+        ],
+    )
+    fs_server.agent(
+        "default",
+        [
+            {"match": "slow", "text": "slow answer", "delay": 0.6},
+            {"match": ".", "text": "Hello there"},
+        ],
+    )
 
 
 def test_root_lists_the_namespace(fs_server):
@@ -144,10 +149,17 @@ def test_bad_ctl_write_fails_the_writer_and_lands_in_chat(fs_server):
     out = fs_server.sh(f"echo bogus > s/{sid}/ctl", check=False)
     assert out.returncode != 0 and "error" in out.stderr  # dash says "I/O error", bash "Invalid argument"
     assert "error: unknown command 'bogus'" in (fs_server.mnt / "s" / sid / "chat").read_text()
-    for bad in (f"echo 'temperature=hot' > s/{sid}/cfg", f"echo 'colour=red' > s/{sid}/cfg",
-                "echo 'new agent=nosuch' > ctl", "echo 'new colour=red' > ctl", "echo 'frobnicate' > ctl",
-                "echo 'colour=red' > s/new", "echo 'new name=a/b' > ctl", "echo 'new name=..' > ctl",
-                "echo 'new name=idx' > ctl"):
+    for bad in (
+        f"echo 'temperature=hot' > s/{sid}/cfg",
+        f"echo 'colour=red' > s/{sid}/cfg",
+        "echo 'new agent=nosuch' > ctl",
+        "echo 'new colour=red' > ctl",
+        "echo 'frobnicate' > ctl",
+        "echo 'colour=red' > s/new",
+        "echo 'new name=a/b' > ctl",
+        "echo 'new name=..' > ctl",
+        "echo 'new name=idx' > ctl",
+    ):
         out = fs_server.sh(bad, check=False)
         assert out.returncode != 0, bad
     assert "idx" not in os.listdir(fs_server.mnt / "s")
@@ -274,8 +286,7 @@ def test_s_new_refuses_at_the_write(fs_server):
     """The session is made at close, whose error a shell ignores: what can be checked is checked as
     each line is written, so `printf … > s/new` exits non-zero."""
     before = os.listdir(fs_server.mnt / "s")
-    for bad in ("name=new", "name=a/b", "name=..", "cwd=/no/such/dir", "agent=nosuch", "backend=nosuch",
-                "colour=red"):
+    for bad in ("name=new", "name=a/b", "name=..", "cwd=/no/such/dir", "agent=nosuch", "backend=nosuch", "colour=red"):
         out = fs_server.sh(f"printf '{bad}\\ncwd={fs_server.work}\\n' > s/new", check=False)
         assert out.returncode != 0, bad
     assert os.listdir(fs_server.mnt / "s") == before
@@ -350,9 +361,11 @@ def test_a_setting_is_refused_alike_from_prompt_ctl_and_cfg_during_a_turn(fs_ser
     sid = fs_server.new_session()
     s = fs_server.mnt / "s" / sid
     refusal = "cannot change the working directory while a turn is running; interrupt it first"
-    out = fs_server.sh(f"echo slow > s/{sid}/prompt; echo '/cwd /tmp' > s/{sid}/prompt; "
-                       f"/bin/echo 'cwd /tmp' > s/{sid}/ctl; echo ctl=$?; /bin/echo 'cwd=/tmp' > s/{sid}/cfg; echo cfg=$?",
-                       check=False)
+    out = fs_server.sh(
+        f"echo slow > s/{sid}/prompt; echo '/cwd /tmp' > s/{sid}/prompt; "
+        f"/bin/echo 'cwd /tmp' > s/{sid}/ctl; echo ctl=$?; /bin/echo 'cwd=/tmp' > s/{sid}/cfg; echo cfg=$?",
+        check=False,
+    )
     assert "ctl=1" in out.stdout and "cfg=1" in out.stdout
     assert out.stderr.count("Device or resource busy") == 2  # EBUSY from both (coreutils echo names it)
     fs_server.wait_idle(sid)

@@ -9,6 +9,7 @@ import os
 
 import pytest
 
+from agent_helpers import ToyServer, kinds, make_core
 from ollie import backends
 from ollie.agent.core import Core, CoreConfig
 from ollie.agent.env import build_agent_env
@@ -19,12 +20,10 @@ from ollie.config import AgentConfig
 from ollie.textcalls import MAX_DEPTH
 from ollie.tools import new_dispatcher_func
 from ollie.types import ConfigError, GenerationParams, ToolSpec
-
-from agent_helpers import ToyServer, kinds, make_core
 from wire import WireServer, sse, stream_reply
 from wire import anthropic as anthropic_wire
 from wire import ollama as ollama_wire
-from wire.openai import PATH, chunk, text_stream, tool_call_stream
+from wire.openai import PATH, chunk, text_stream
 
 DEEP = 100_000
 TOOLS = [ToolSpec("echo", "echo text", {"type": "object", "properties": {}})]
@@ -64,9 +63,11 @@ def assert_history_valid(core):
     assert sorted(m.tool_call_id for m in core.messages if m.role == "tool") == sorted(c.id for c in calls)
     params = GenerationParams()
     openai_be = backends.create("openai", "m", base_url="http://127.0.0.1:9/v1", api_key="k")
-    bodies = [openai_be.request_body(core.messages, TOOLS, params),
-              anthropic.build_request("m", core.messages, TOOLS, params)[0],
-              ollama.build_request("m", core.messages, TOOLS, params, None)]
+    bodies = [
+        openai_be.request_body(core.messages, TOOLS, params),
+        anthropic.build_request("m", core.messages, TOOLS, params)[0],
+        ollama.build_request("m", core.messages, TOOLS, params, None),
+    ]
     assert not surrogates(bodies)
     for m in bodies[1]["messages"]:
         assert all(isinstance(b["input"], dict) for b in m["content"] if b["type"] == "tool_use")
@@ -76,10 +77,12 @@ def assert_history_valid(core):
 
 
 async def test_a_tool_name_that_is_no_string_gets_an_error_result_and_the_turn_goes_on():
-    core, backend, server, _ = await make_core([
-        {"tool_calls": [{"name": 5, "arguments": {}}, {"name": None, "arguments": {}}, {"name": ["echo"]}]},
-        {"text": "ok", "expect": "available tools: echo"},
-    ])
+    core, backend, server, _ = await make_core(
+        [
+            {"tool_calls": [{"name": 5, "arguments": {}}, {"name": None, "arguments": {}}, {"name": ["echo"]}]},
+            {"text": "ok", "expect": "available tools: echo"},
+        ]
+    )
     await core.submit("go")
     results = [m for m in core.messages if m.role == "tool"]
     assert [r.is_error for r in results] == [True, True, True]
@@ -92,13 +95,19 @@ async def test_a_tool_name_that_is_no_string_gets_an_error_result_and_the_turn_g
 
 
 async def test_call_ids_missing_not_strings_or_repeated_are_replaced_by_unique_ones():
-    core, backend, _, _ = await make_core([
-        {"tool_calls": [{"id": 7, "name": "echo", "arguments": {"text": "a"}},
-                        {"id": "same", "name": "echo", "arguments": {"text": "b"}},
-                        {"id": "same", "name": "echo", "arguments": {"text": "c"}}]},
-        {"tool_calls": [{"id": "same", "name": "echo", "arguments": {"text": "d"}}]},  # used in the last answer
-        {"text": "ok"},
-    ])
+    core, backend, _, _ = await make_core(
+        [
+            {
+                "tool_calls": [
+                    {"id": 7, "name": "echo", "arguments": {"text": "a"}},
+                    {"id": "same", "name": "echo", "arguments": {"text": "b"}},
+                    {"id": "same", "name": "echo", "arguments": {"text": "c"}},
+                ]
+            },
+            {"tool_calls": [{"id": "same", "name": "echo", "arguments": {"text": "d"}}]},  # used in the last answer
+            {"text": "ok"},
+        ]
+    )
     await core.submit("go")
     assert [m.content for m in core.messages if m.role == "tool"] == ["a", "b", "c", "d"]
     assert core.messages[1].tool_calls[1].id == "same"
@@ -107,16 +116,22 @@ async def test_call_ids_missing_not_strings_or_repeated_are_replaced_by_unique_o
     await core.close()
 
 
-@pytest.mark.parametrize("arguments", [
-    "[" * DEEP + "]" * DEEP,  # JSON text the decoder gives up on
-    deep_dict(DEEP),  # a value a backend parsed already
-    json.dumps(deep_dict(MAX_DEPTH + 1)),  # parsable, yet deeper than any tool takes
-], ids=["text", "parsed", "just-too-deep"])
+@pytest.mark.parametrize(
+    "arguments",
+    [
+        "[" * DEEP + "]" * DEEP,  # JSON text the decoder gives up on
+        deep_dict(DEEP),  # a value a backend parsed already
+        json.dumps(deep_dict(MAX_DEPTH + 1)),  # parsable, yet deeper than any tool takes
+    ],
+    ids=["text", "parsed", "just-too-deep"],
+)
 async def test_arguments_nested_too_deep_get_an_error_result(arguments):
-    core, backend, server, _ = await make_core([
-        {"tool_calls": [{"name": "echo", "arguments": arguments}]},
-        {"text": "flatter next time", "expect": f"arguments for echo are nested more than {MAX_DEPTH} levels deep"},
-    ])
+    core, backend, server, _ = await make_core(
+        [
+            {"tool_calls": [{"name": "echo", "arguments": arguments}]},
+            {"text": "flatter next time", "expect": f"arguments for echo are nested more than {MAX_DEPTH} levels deep"},
+        ]
+    )
     await core.submit("go")
     assert core.reply == "flatter next time" and server.calls == []
     backend.assert_consumed()
@@ -125,10 +140,12 @@ async def test_arguments_nested_too_deep_get_an_error_result(arguments):
 
 
 async def test_arguments_that_are_a_json_list_or_a_number_get_an_error_result():
-    core, backend, server, _ = await make_core([
-        {"tool_calls": [{"name": "echo", "arguments": [1, 2]}, {"name": "echo", "arguments": 3}]},
-        {"text": "ok", "expect": "arguments for echo must be a JSON object, not a number"},
-    ])
+    core, backend, server, _ = await make_core(
+        [
+            {"tool_calls": [{"name": "echo", "arguments": [1, 2]}, {"name": "echo", "arguments": 3}]},
+            {"text": "ok", "expect": "arguments for echo must be a JSON object, not a number"},
+        ]
+    )
     await core.submit("go")
     first = next(m for m in core.messages if m.role == "tool")
     assert first.is_error and "must be a JSON object, not an array" in first.content
@@ -139,13 +156,20 @@ async def test_arguments_that_are_a_json_list_or_a_number_get_an_error_result():
 
 
 async def test_lone_surrogates_in_text_and_arguments_become_replacement_characters():
-    core, backend, server, events = await make_core([
-        {"reasoning": "hm\ud800", "text": "look\ud800",
-         "tool_calls": [{"name": "echo", "arguments": {"text": "raw\udfff"}},
-                        {"name": "echo", "arguments": '{"text": "escaped\\ud800"}'}]},
-        {"text": "done\udc80", "expect": "escaped\ufffd"},
-        {"text": "again"},
-    ])
+    core, backend, server, events = await make_core(
+        [
+            {
+                "reasoning": "hm\ud800",
+                "text": "look\ud800",
+                "tool_calls": [
+                    {"name": "echo", "arguments": {"text": "raw\udfff"}},
+                    {"name": "echo", "arguments": '{"text": "escaped\\ud800"}'},
+                ],
+            },
+            {"text": "done\udc80", "expect": "escaped\ufffd"},
+            {"text": "again"},
+        ]
+    )
     await core.submit("go\udcff")  # an argv with bytes that are no UTF-8
     assert server.calls == [("echo", {"text": "raw\ufffd"}), ("echo", {"text": "escaped\ufffd"})]
     assert core.reply == "look\ufffd\ndone\ufffd"
@@ -157,16 +181,25 @@ async def test_lone_surrogates_in_text_and_arguments_become_replacement_characte
     await core.close()
 
 
-@pytest.mark.parametrize("script, message", [
-    ([{"text": "a"}, "oops"], "turn 2 (index 1) must be an object with keys such as text and tool_calls, not str"),
-    ([["text", "a"]], "turn 1 (index 0) must be an object with keys such as text and tool_calls, not list ['text'"),
-    ([{"tool_call": []}], "turn 1 (index 0) has an unknown key 'tool_call'; known keys: text, reasoning, tool_calls"),
-    ([{"text": 42}], "turn 1 (index 0): text must be a string, not int 42"),
-    ([{"tool_calls": ["echo"]}], "turn 1 (index 0): tool_calls[0] must be an object (name, arguments, id), not str"),
-    ([{"usage": {"tokens": 1}}], "turn 1 (index 0): usage has unknown keys ['tokens']"),
-    ({"rules": [{"match": "(", "text": "a"}]}, "rule 1 (index 0): match is no regular expression"),
-    ({"rules": "x"}, 'a script object needs a "rules" list'),
-])
+@pytest.mark.parametrize(
+    "script, message",
+    [
+        ([{"text": "a"}, "oops"], "turn 2 (index 1) must be an object with keys such as text and tool_calls, not str"),
+        ([["text", "a"]], "turn 1 (index 0) must be an object with keys such as text and tool_calls, not list ['text'"),
+        (
+            [{"tool_call": []}],
+            "turn 1 (index 0) has an unknown key 'tool_call'; known keys: text, reasoning, tool_calls",
+        ),
+        ([{"text": 42}], "turn 1 (index 0): text must be a string, not int 42"),
+        (
+            [{"tool_calls": ["echo"]}],
+            "turn 1 (index 0): tool_calls[0] must be an object (name, arguments, id), not str",
+        ),
+        ([{"usage": {"tokens": 1}}], "turn 1 (index 0): usage has unknown keys ['tokens']"),
+        ({"rules": [{"match": "(", "text": "a"}]}, "rule 1 (index 0): match is no regular expression"),
+        ({"rules": "x"}, 'a script object needs a "rules" list'),
+    ],
+)
 def test_a_script_of_the_wrong_shape_is_refused_naming_the_turn(script, message):
     with pytest.raises(ConfigError) as e:
         ScriptedBackend(script)
@@ -196,10 +229,33 @@ def openai_backend(server):
 
 
 async def test_openai_call_with_a_numeric_name_and_id_is_answered_and_sent_back_well_formed(server):
-    server.reply(PATH, stream_reply(sse([
-        (None, chunk({"tool_calls": [{"index": 0, "id": 7, "type": "function",
-                                      "function": {"name": 5, "arguments": "{}"}}]})),
-        (None, chunk({}, "tool_calls")), (None, "[DONE]")])), text_stream("sorry"))
+    server.reply(
+        PATH,
+        stream_reply(
+            sse(
+                [
+                    (
+                        None,
+                        chunk(
+                            {
+                                "tool_calls": [
+                                    {
+                                        "index": 0,
+                                        "id": 7,
+                                        "type": "function",
+                                        "function": {"name": 5, "arguments": "{}"},
+                                    }
+                                ]
+                            }
+                        ),
+                    ),
+                    (None, chunk({}, "tool_calls")),
+                    (None, "[DONE]"),
+                ]
+            )
+        ),
+        text_stream("sorry"),
+    )
     core, toy, _ = await wire_core(openai_backend(server))
     await core.submit("go")
     assert core.reply == "sorry" and toy.calls == []
@@ -212,11 +268,34 @@ async def test_openai_call_with_a_numeric_name_and_id_is_answered_and_sent_back_
 
 
 async def test_openai_lone_surrogates_never_reach_the_next_request(server):
-    server.reply(PATH, stream_reply(sse([
-        (None, '{"choices": [{"index": 0, "delta": {"content": "a\\ud800b"}, "finish_reason": null}]}'),
-        (None, chunk({"tool_calls": [{"index": 0, "id": "c1", "type": "function",
-                                      "function": {"name": "echo", "arguments": '{"text": "x\\ud800"}'}}]})),
-        (None, chunk({}, "tool_calls")), (None, "[DONE]")])), text_stream("ok"))
+    server.reply(
+        PATH,
+        stream_reply(
+            sse(
+                [
+                    (None, '{"choices": [{"index": 0, "delta": {"content": "a\\ud800b"}, "finish_reason": null}]}'),
+                    (
+                        None,
+                        chunk(
+                            {
+                                "tool_calls": [
+                                    {
+                                        "index": 0,
+                                        "id": "c1",
+                                        "type": "function",
+                                        "function": {"name": "echo", "arguments": '{"text": "x\\ud800"}'},
+                                    }
+                                ]
+                            }
+                        ),
+                    ),
+                    (None, chunk({}, "tool_calls")),
+                    (None, "[DONE]"),
+                ]
+            )
+        ),
+        text_stream("ok"),
+    )
     core, toy, events = await wire_core(openai_backend(server))
     await core.submit("go")
     assert toy.calls == [("echo", {"text": "x\ufffd"})]
@@ -227,17 +306,30 @@ async def test_openai_lone_surrogates_never_reach_the_next_request(server):
     await core.close()
 
 
-@pytest.mark.parametrize("data, error", [
-    ('{"choices": [{"index": 0, "delta": {"content": 5}, "finish_reason": null}]}',
-     "openai: malformed answer: a piece of its text is int, not a string"),
-    ('{"choices": [{"index": 0, "delta": {"reasoning": ["x"]}, "finish_reason": null}]}',
-     "openai: malformed answer: a piece of its reasoning is list, not a string"),
-    ('{"choices": [{"index": 0, "delta": {"tool_calls": [{"index": "0", "function": {"name": "echo"}}]}, '
-     '"finish_reason": null}]}', "openai: malformed answer: a tool call piece has the index '0', not a number"),
-    ('{"choices": [], "usage": {"prompt_tokens": "12"}}', "openai: malformed stream chunk: "),
-    ('{"choices": [], "x": ' + "[" * DEEP + "]" * DEEP + "}",
-     "openai: malformed stream chunk: nested too deeply to read"),
-], ids=["text", "reasoning", "index", "usage", "deep"])
+@pytest.mark.parametrize(
+    "data, error",
+    [
+        (
+            '{"choices": [{"index": 0, "delta": {"content": 5}, "finish_reason": null}]}',
+            "openai: malformed answer: a piece of its text is int, not a string",
+        ),
+        (
+            '{"choices": [{"index": 0, "delta": {"reasoning": ["x"]}, "finish_reason": null}]}',
+            "openai: malformed answer: a piece of its reasoning is list, not a string",
+        ),
+        (
+            '{"choices": [{"index": 0, "delta": {"tool_calls": [{"index": "0", "function": {"name": "echo"}}]}, '
+            '"finish_reason": null}]}',
+            "openai: malformed answer: a tool call piece has the index '0', not a number",
+        ),
+        ('{"choices": [], "usage": {"prompt_tokens": "12"}}', "openai: malformed stream chunk: "),
+        (
+            '{"choices": [], "x": ' + "[" * DEEP + "]" * DEEP + "}",
+            "openai: malformed stream chunk: nested too deeply to read",
+        ),
+    ],
+    ids=["text", "reasoning", "index", "usage", "deep"],
+)
 async def test_openai_answers_that_are_no_answer_end_the_turn_with_an_error_event(server, data, error):
     server.reply(PATH, stream_reply(sse([(None, data), (None, chunk({}, "stop")), (None, "[DONE]")])))
     core, _, events = await wire_core(openai_backend(server))
@@ -256,17 +348,28 @@ async def test_ollama_usage_that_is_no_number_ends_the_turn_with_an_error_event(
     core, _, events = await wire_core(backends.create("ollama", "llama3.2"))
     await core.submit("go")
     assert [e.text for e in events if e.kind == "error"] == [
-        "ollama: malformed answer: its usage (output_tokens) is not in numbers"]
+        "ollama: malformed answer: its usage (output_tokens) is not in numbers"
+    ]
     assert_history_valid(core)
     await core.close()
 
 
-@pytest.mark.parametrize("line, error", [
-    (b'{"message": {"tool_calls": [{"function": {"name": "echo", "arguments": ' + b'{"a": ' * DEEP + b"1"
-     + b"}" * DEEP + b'}}]}, "done": false}\n', "ollama: malformed stream line, nested too deeply to read"),
-    (b'{"message": "hi", "done": false}\n', "ollama: malformed stream line: "),
-    (b'{"message": {"tool_calls": [{"function": "echo"}]}, "done": false}\n', "ollama: malformed stream line: "),
-], ids=["deep-arguments", "message-no-object", "function-no-object"])
+@pytest.mark.parametrize(
+    "line, error",
+    [
+        (
+            b'{"message": {"tool_calls": [{"function": {"name": "echo", "arguments": '
+            + b'{"a": ' * DEEP
+            + b"1"
+            + b"}" * DEEP
+            + b'}}]}, "done": false}\n',
+            "ollama: malformed stream line, nested too deeply to read",
+        ),
+        (b'{"message": "hi", "done": false}\n', "ollama: malformed stream line: "),
+        (b'{"message": {"tool_calls": [{"function": "echo"}]}, "done": false}\n', "ollama: malformed stream line: "),
+    ],
+    ids=["deep-arguments", "message-no-object", "function-no-object"],
+)
 async def test_ollama_lines_that_cannot_be_read_end_the_turn_with_an_error_event(server, monkeypatch, line, error):
     monkeypatch.setenv("OLLIE_OLLAMA_URL", server.url)
     server.route(ollama_wire.SHOW, lambda req: ollama_wire.show(32768))
@@ -282,10 +385,13 @@ async def test_ollama_lines_that_cannot_be_read_end_the_turn_with_an_error_event
 async def test_ollama_arguments_that_are_a_list_are_refused_and_sent_back_as_an_object(server, monkeypatch):
     monkeypatch.setenv("OLLIE_OLLAMA_URL", server.url)
     server.route(ollama_wire.SHOW, lambda req: ollama_wire.show(32768))
-    server.reply(ollama_wire.CHAT,
-                 ollama_wire.chat([ollama_wire.chat_line(tool_calls=[ollama_wire.tool_call("echo", [1, 2])]),
-                                   ollama_wire.done_line()]),
-                 ollama_wire.chat([ollama_wire.chat_line(content="ok"), ollama_wire.done_line()]))
+    server.reply(
+        ollama_wire.CHAT,
+        ollama_wire.chat(
+            [ollama_wire.chat_line(tool_calls=[ollama_wire.tool_call("echo", [1, 2])]), ollama_wire.done_line()]
+        ),
+        ollama_wire.chat([ollama_wire.chat_line(content="ok"), ollama_wire.done_line()]),
+    )
     core, toy, _ = await wire_core(backends.create("ollama", "llama3.2"))
     await core.submit("go")
     assert core.reply == "ok" and toy.calls == []
@@ -304,6 +410,7 @@ async def test_anthropic_event_nested_too_deeply_ends_the_turn_with_an_error_eve
     core, _, events = await wire_core(backends.create("anthropic"))
     await core.submit("go")
     assert [e.text for e in events if e.kind == "error"] == [
-        "anthropic: malformed stream event: nested too deeply to read"]
+        "anthropic: malformed stream event: nested too deeply to read"
+    ]
     assert_history_valid(core)
     await core.close()

@@ -55,7 +55,6 @@ class ChatRenderer:
         self._in_text = False
         self.line_start = 0  # where, in the text `render` last returned, its line starts
 
-
     def render(self, ev: Event) -> str:
         if ev.kind == "assistant":
             if not ev.text:

@@ -52,8 +52,9 @@ def private_dir(path: Path) -> Path:
     if not stat.S_ISDIR(st.st_mode):
         raise ConfigError(f"{path} must be a directory, not a link or a file; remove it or choose another path")
     if st.st_uid != os.geteuid():
-        raise ConfigError(f"{path} belongs to uid {st.st_uid}, not to you (uid {os.geteuid()}); remove it or "
-                          "choose another path")
+        raise ConfigError(
+            f"{path} belongs to uid {st.st_uid}, not to you (uid {os.geteuid()}); remove it or choose another path"
+        )
     if st.st_mode & 0o077:
         os.chmod(path, stat.S_IMODE(st.st_mode) & 0o700)
     return path
@@ -156,46 +157,59 @@ def parse_agent(name: str, data: Any, path: str = "") -> AgentConfig:
         raise ConfigError(f"{where}: the config must be a JSON object, got {type(data).__name__}")
     cfg = AgentConfig(name=name, path=path)
     for key, value in data.items():
-        if key in _FIELDS:
-            attr, kind = _FIELDS[key]
-            if kind is int and isinstance(value, bool) or not isinstance(value, kind):
-                want = kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
-                raise ConfigError(f"{where}: field {key!r} must be {want}, got {json.dumps(value)}")
-            setattr(cfg, attr, value)
-        elif key in _PARAM_KEYS or key in GENERATION_PARAM_TYPES:
-            try:
-                cfg.params.set(_PARAM_KEYS.get(key, key), value)
-            except ValueError as e:
-                raise ConfigError(f"{where}: field {key!r}: {e}") from None
-        elif key in ("name", "description", "$schema"):
-            continue
-        elif key == "trustedTools":  # Go's: accepting it and doing nothing would look like a grant
-            raise ConfigError(f"{where}: field 'trustedTools' is not supported: ollie asks for no approval before a "
-                              "tool call, and every execute_code stage runs sandboxed whatever the tool; to let the "
-                              "model pick a wider sandbox policy, list it under \"sandboxes\" (docs/sandbox.md). "
-                              "Remove the field")
-        else:
-            known = sorted([*_FIELDS, *_PARAM_KEYS])
-            raise ConfigError(f"{where}: unknown field {key!r}; known fields: {', '.join(known)}")
+        _take_field(cfg, where, key, value)
+    cfg.hooks = _parse_hooks(where, cfg.hooks)
+    _check(cfg, where)
+    return cfg
+
+
+def _take_field(cfg: AgentConfig, where: str, key: str, value: Any) -> None:
+    if key in _FIELDS:
+        attr, kind = _FIELDS[key]
+        if kind is int and isinstance(value, bool) or not isinstance(value, kind):
+            want = kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
+            raise ConfigError(f"{where}: field {key!r} must be {want}, got {json.dumps(value)}")
+        setattr(cfg, attr, value)
+    elif key in _PARAM_KEYS or key in GENERATION_PARAM_TYPES:
+        try:
+            cfg.params.set(_PARAM_KEYS.get(key, key), value)
+        except ValueError as e:
+            raise ConfigError(f"{where}: field {key!r}: {e}") from None
+    elif key == "trustedTools":  # Go's: accepting it and doing nothing would look like a grant
+        raise ConfigError(
+            f"{where}: field 'trustedTools' is not supported: ollie asks for no approval before a "
+            "tool call, and every execute_code stage runs sandboxed whatever the tool; to let the "
+            'model pick a wider sandbox policy, list it under "sandboxes" (docs/sandbox.md). '
+            "Remove the field"
+        )
+    elif key not in ("name", "description", "$schema"):
+        known = sorted([*_FIELDS, *_PARAM_KEYS])
+        raise ConfigError(f"{where}: unknown field {key!r}; known fields: {', '.join(known)}")
+
+
+def _parse_hooks(where: str, raw: dict[str, Any]) -> dict[str, list[str]]:
     hooks: dict[str, list[str]] = {}
-    for event, cmds in cfg.hooks.items():
+    for event, cmds in raw.items():
         if event not in HOOK_EVENTS:
             raise ConfigError(f"{where}: unknown hook event {event!r}; events: {', '.join(HOOK_EVENTS)}")
         cmds = [cmds] if isinstance(cmds, str) else cmds
         if not isinstance(cmds, list) or not all(isinstance(c, str) for c in cmds):
             raise ConfigError(f"{where}: hooks.{event} must be a command string or a list of them")
         hooks[event] = cmds
-    cfg.hooks = hooks
+    return hooks
+
+
+def _check(cfg: AgentConfig, where: str) -> None:
+    """What holds between fields."""
     if cfg.hook_sandbox is True or cfg.hook_sandbox == "":
         raise ConfigError(f"{where}: hookSandbox is a sandbox policy name, or false to run hooks unsandboxed")
     if not cfg.sandboxes or not all(isinstance(p, str) and _NAME.fullmatch(p) for p in cfg.sandboxes):
-        raise ConfigError(f"{where}: sandboxes must be a non-empty list of sandbox policy names, e.g. [\"default\"]")
+        raise ConfigError(f'{where}: sandboxes must be a non-empty list of sandbox policy names, e.g. ["default"]')
     for server, spec in cfg.mcp_servers.items():
         if not isinstance(spec, dict) or not ("command" in spec or "url" in spec):
-            raise ConfigError(f"{where}: mcpServers.{server} needs \"command\" (stdio) or \"url\" (HTTP)")
+            raise ConfigError(f'{where}: mcpServers.{server} needs "command" (stdio) or "url" (HTTP)')
     if not 0 < cfg.compact_warn <= cfg.compact_at <= 1:
         raise ConfigError(f"{where}: need 0 < compactWarn <= compactAt <= 1")
-    return cfg
 
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
@@ -225,7 +239,9 @@ def load_agent(name: str = "default") -> AgentConfig:
             return parse_agent(name, data, str(path))
     if name == "default":
         return AgentConfig()
-    raise ConfigError(f"no agent {name!r}: create {agents_path()[0] / (name + '.json')}; known: {', '.join(list_agents())}")
+    raise ConfigError(
+        f"no agent {name!r}: create {agents_path()[0] / (name + '.json')}; known: {', '.join(list_agents())}"
+    )
 
 
 DEFAULT_SYSTEM_PROMPT = """You are ollie, a capable agent working in a Linux shell environment.

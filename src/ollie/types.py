@@ -122,7 +122,6 @@ class ContextSize:
         return 100 * self.estimate // max(self.window, 1)
 
 
-
 # ---- what a backend streams -------------------------------------------------------------------
 
 
@@ -313,8 +312,10 @@ class StoppedError(TurnError):
 
     def __init__(self, stop_reason: str, reason: str, provider: str):
         self.kind = stop_reason
-        words = {"content_filter": "was withheld by the provider's content filter",
-                 "refusal": "was stopped: the model refused"}
+        words = {
+            "content_filter": "was withheld by the provider's content filter",
+            "refusal": "was stopped: the model refused",
+        }
         what = words.get(stop_reason, f"stopped for a reason ollie does not know ({reason or stop_reason!r})")
         super().__init__(f"{provider}: the answer {what}; what it said so far is kept, its tool calls were not run")
 

@@ -46,8 +46,19 @@ def open_session(
     switch closes them and builds new ones). `script` (a list of turns, or a file) is for the
     scripted backend. `on_event` is subscribed before the start-up notices (e.g. an MCP server
     that failed) are emitted. Raises ConfigError for a bad name or config."""
-    return Opening(_open(agent=agent, cwd=cwd, backend=backend, model=model, session_id=session_id,
-                         servers=servers or {}, script=script, store_root=store_root, on_event=on_event))
+    return Opening(
+        _open(
+            agent=agent,
+            cwd=cwd,
+            backend=backend,
+            model=model,
+            session_id=session_id,
+            servers=servers or {},
+            script=script,
+            store_root=store_root,
+            on_event=on_event,
+        )
+    )
 
 
 class Opening:
@@ -69,9 +80,18 @@ class Opening:
             await self._core.close()
 
 
-async def _open(*, agent: str | AgentConfig | None, cwd: str | None, backend: str | None, model: str | None,
-                session_id: str | None, servers: Mapping[str, Callable[[], Server]], script: Any,
-                store_root: Path | None, on_event: Callable[[Event], None] | None) -> Core:
+async def _open(
+    *,
+    agent: str | AgentConfig | None,
+    cwd: str | None,
+    backend: str | None,
+    model: str | None,
+    session_id: str | None,
+    servers: Mapping[str, Callable[[], Server]],
+    script: Any,
+    store_root: Path | None,
+    on_event: Callable[[Event], None] | None,
+) -> Core:
     from .. import backends, config
     from ..tools import execute, new_dispatcher_func
     from ..types import ConfigError
@@ -91,13 +111,18 @@ async def _open(*, agent: str | AgentConfig | None, cwd: str | None, backend: st
     if not os.path.isdir(cwd):
         raise ConfigError(f"cwd {cwd!r} is not a directory")
     name = backend or (meta.backend if meta and not script else None) or cfg.backend or backends.default_name()
-    model = model or (meta.model if meta and name == meta.backend else None) or cfg.model or os.environ.get("OLLIE_MODEL")
+    model = (
+        model or (meta.model if meta and name == meta.backend else None) or cfg.model or os.environ.get("OLLIE_MODEL")
+    )
     options = {"script": script} if script is not None else {}
     be = backends.create(name, model or None, **options)
     new_dispatcher = new_dispatcher_func({"execute": execute.Decl(cwd), **servers})
     env = await build_agent_env(cfg, new_dispatcher(), cwd)
-    core = Core(CoreConfig(backend=be, env=env, new_dispatcher=new_dispatcher, session_id=session_id or "",
-                           store_root=store_root))
+    core = Core(
+        CoreConfig(
+            backend=be, env=env, new_dispatcher=new_dispatcher, session_id=session_id or "", store_root=store_root
+        )
+    )
     if on_event is not None:
         core.subscribe(on_event)
     await core.refresh_context_length()

@@ -15,8 +15,10 @@ from .context import CHARS_PER_TOKEN, chars
 from .runtime import Runtime
 
 RESULT_EXCERPT = 4000  # bytes of each tool result shown to the summariser
-SUMMARY_PREFIX = ("[Another model started this task; its context was compacted. Its summary of the work so far "
-                  "follows. Continue from there.]\n\n")
+SUMMARY_PREFIX = (
+    "[Another model started this task; its context was compacted. Its summary of the work so far "
+    "follows. Continue from there.]\n\n"
+)
 SUMMARY_INSTRUCTIONS = (
     "Summarise the conversation below for another model that will continue the work. Keep: the user's goals "
     "and constraints, decisions made, files and commands involved, results found, errors met and how they "
@@ -110,8 +112,11 @@ def evict(rt: Runtime, keep_last: int = 0) -> None:
         cut += 1
     if cut == 0:
         return
-    notice = Message("user", f"[{cut} earlier messages were evicted from the context to make room; "
-                             "they are kept in the session's compaction.jsonl.]")
+    notice = Message(
+        "user",
+        f"[{cut} earlier messages were evicted from the context to make room; "
+        "they are kept in the session's compaction.jsonl.]",
+    )
     rt.replace_history([notice, *msgs[cut:]])
     rt.emit(Event("info", f"evicted {cut} old messages from the context"))
 

@@ -63,11 +63,23 @@ class Core:
         # Checked before the store is touched, so that a refused start leaves nothing behind.
         tmpdir = _private_tmp() / sid
         agent = cfg.env.config
-        state = SessionState(SessionStore(sid, cfg.store_root), agent.name, os.path.abspath(cfg.env.cwd or os.getcwd()),
-                             GenerationParams(**agent.params.nonempty()), busy=lambda: self.running)
+        state = SessionState(
+            SessionStore(sid, cfg.store_root),
+            agent.name,
+            os.path.abspath(cfg.env.cwd or os.getcwd()),
+            GenerationParams(**agent.params.nonempty()),
+            busy=lambda: self.running,
+        )
         bus = Bus(state.store)
-        self._rt = Runtime(state, bus, cfg.backend, cfg.env, Hooks(agent, state, bus.emit),
-                           Window(lambda: state.messages, lambda: self._rt.system_prompt()), tmpdir)
+        self._rt = Runtime(
+            state,
+            bus,
+            cfg.backend,
+            cfg.env,
+            Hooks(agent, state, bus.emit),
+            Window(lambda: state.messages, lambda: self._rt.system_prompt()),
+            tmpdir,
+        )
         if agent.context_window:
             self._rt.window.length = agent.context_window
         self._new_dispatcher = cfg.new_dispatcher
@@ -233,8 +245,12 @@ class Core:
     def field(self, name: str) -> Any:
         """One of FIELDS: the state word, Usage, ContextSize, the cwd, the reply."""
         getters: dict[str, Callable[[], Any]] = {
-            "state": lambda: self.state, "usage": lambda: replace(self.usage()),  # a copy: the total changes in place
-            "ctxsz": self.ctxsz, "cwd": lambda: self.cwd, "reply": lambda: self.reply}
+            "state": lambda: self.state,
+            "usage": lambda: replace(self.usage()),  # a copy: the total changes in place
+            "ctxsz": self.ctxsz,
+            "cwd": lambda: self.cwd,
+            "reply": lambda: self.reply,
+        }
         if name not in getters:
             raise InvalidValue(f"unknown field {name!r}; fields: {', '.join(FIELDS)}")
         return getters[name]()
@@ -302,8 +318,13 @@ class Core:
             follow_up = await self._guarded_turn(prompt)
             follow_ups = follow_ups + 1 if follow_up is not None else 0
             if follow_ups > HOOK_FOLLOW_UPS:  # a hook that always exits 2 would run turns (and bills) forever
-                self.emit(Event("info", f"hooks asked for {HOOK_FOLLOW_UPS} more turns in a row; not another "
-                                        "(does a postTurn or turnError hook always exit 2?)"))
+                self.emit(
+                    Event(
+                        "info",
+                        f"hooks asked for {HOOK_FOLLOW_UPS} more turns in a row; not another "
+                        "(does a postTurn or turnError hook always exit 2?)",
+                    )
+                )
                 follow_up, follow_ups = None, 0
             if follow_up is None and self._rt.inject is not None:
                 follow_up, self._rt.inject = self._rt.inject, None
@@ -442,4 +463,3 @@ def _private_tmp() -> Path:
     """The parent of session tmpdirs, refused unless it is ours alone: in a shared /tmp another
     user could create it first and then read or swap what tools keep there."""
     return config.private_dir(config.tmp_path())
-

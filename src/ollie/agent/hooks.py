@@ -26,6 +26,7 @@ import shutil
 import signal
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Protocol
 
 from .. import _jail, _sandbox
@@ -107,8 +108,14 @@ def _describe(code: int | None) -> str:
     return f"timed out after {TIMEOUT:g} s and was killed" if code is None else f"exited {code}"
 
 
-async def run_command(cmd: str, payload: dict[str, Any], cwd: str, session_env: dict[str, str],
-                      timeout: float | None = None, runner: Runner | None = None) -> tuple[int | None, str, str]:
+async def run_command(
+    cmd: str,
+    payload: dict[str, Any],
+    cwd: str,
+    session_env: dict[str, str],
+    timeout: float | None = None,
+    runner: Runner | None = None,
+) -> tuple[int | None, str, str]:
     """Run one hook (confined by `runner`, else as the user); returns (exit code or None on
     timeout, stdout, stderr), outputs capped."""
     variables = {}
@@ -119,9 +126,16 @@ async def run_command(cmd: str, payload: dict[str, Any], cwd: str, session_env: 
         raise FileNotFoundError(f"the session's working directory {cwd} is gone")
     if runner is None:
         proc = await asyncio.create_subprocess_exec(
-            "sh", "-c", cmd, cwd=cwd or None, env={**os.environ, **session_env, **variables},
-            start_new_session=True, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE)
+            "sh",
+            "-c",
+            cmd,
+            cwd=cwd or None,
+            env={**os.environ, **session_env, **variables},
+            start_new_session=True,
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
         process: _Started = _Subprocess(proc)
     else:
         process = await runner.start(cmd, cwd or os.getcwd(), {**session_env, **variables})
@@ -161,8 +175,9 @@ class Runner:
         sh = shutil.which("sh", path=full_env["PATH"]) or "/bin/sh"
         fds = [os.pipe2(os.O_CLOEXEC) for _ in range(3)]  # stdin, stdout, stderr
         try:
-            stage = await jail.spawn(box.confinement, [sh, "-c", cmd], cwd, full_env, stdin=fds[0][0],
-                                     stdout=fds[1][1], stderr=fds[2][1])
+            stage = await jail.spawn(
+                box.confinement, [sh, "-c", cmd], cwd, full_env, stdin=fds[0][0], stdout=fds[1][1], stderr=fds[2][1]
+            )
         except BaseException:
             for fd in (fds[0][1], fds[1][0], fds[2][0]):
                 os.close(fd)
@@ -190,8 +205,9 @@ class _Started(Protocol):
 
 class _Subprocess:
     def __init__(self, proc: asyncio.subprocess.Process):
+        assert proc.stdin and proc.stdout and proc.stderr  # started with three pipes
         self._proc = proc
-        self.stdin, self.stdout, self.stderr = proc.stdin, proc.stdout, proc.stderr  # type: ignore[assignment]
+        self.stdin, self.stdout, self.stderr = proc.stdin, proc.stdout, proc.stderr
 
     def kill(self) -> None:
         try:
@@ -204,17 +220,24 @@ class _Subprocess:
 
 
 class _JailedProcess:
+    def __init__(
+        self,
+        stage: _jail.Stage,
+        stdin: asyncio.StreamWriter,
+        stdout: asyncio.StreamReader,
+        stderr: asyncio.StreamReader,
+    ):
+        self._stage = stage
+        self.stdin, self.stdout, self.stderr = stdin, stdout, stderr
+
     @classmethod
     async def connect(cls, stage: _jail.Stage, stdin: int, stdout: int, stderr: int) -> _JailedProcess:
-        self = cls()
-        self._stage = stage
         loop = asyncio.get_running_loop()
-        self.stdout, self.stderr = asyncio.StreamReader(), asyncio.StreamReader()
-        for reader, fd in ((self.stdout, stdout), (self.stderr, stderr)):
-            await loop.connect_read_pipe(lambda r=reader: asyncio.StreamReaderProtocol(r), os.fdopen(fd, "rb", 0))
+        readers = asyncio.StreamReader(), asyncio.StreamReader()
+        for reader, fd in zip(readers, (stdout, stderr), strict=True):
+            await loop.connect_read_pipe(partial(asyncio.StreamReaderProtocol, reader), os.fdopen(fd, "rb", 0))
         transport, protocol = await loop.connect_write_pipe(asyncio.streams.FlowControlMixin, os.fdopen(stdin, "wb", 0))
-        self.stdin = asyncio.StreamWriter(transport, protocol, None, loop)
-        return self
+        return cls(stage, asyncio.StreamWriter(transport, protocol, None, loop), *readers)
 
     def kill(self) -> None:
         self._stage.kill()
@@ -240,7 +263,8 @@ def _refuse_writable(cmd: str, cwd: str, policies: list[str]) -> None:
         if _sandbox.load_policy(name, cwd, "").writes(path):
             raise _sandbox.SandboxError(
                 f"{program} is a file that sandboxed code can write (sandbox policy {name!r}); move it out of "
-                "the agent's reach, or set \"trustWritableHooks\": true in the agent config")
+                'the agent\'s reach, or set "trustWritableHooks": true in the agent config'
+            )
 
 
 async def _communicate(proc: _Started, data: bytes) -> tuple[str, str]:

@@ -99,8 +99,10 @@ def check_spending_cap(rt: Runtime) -> None:
     try:
         limit = float(cap)
     except ValueError:
-        raise ConfigError(f"OLLIE_MAX_SESSION_COST={cap!r} is not an amount of US dollars; "
-                          "set it like OLLIE_MAX_SESSION_COST=5, or unset it") from None
+        raise ConfigError(
+            f"OLLIE_MAX_SESSION_COST={cap!r} is not an amount of US dollars; "
+            "set it like OLLIE_MAX_SESSION_COST=5, or unset it"
+        ) from None
     spent = rt.state.meta.cost_session
     if spent > limit:
         raise TurnError(f"session cost ${spent:.4f} exceeds OLLIE_MAX_SESSION_COST=${cap}; raise the cap to go on")
@@ -134,8 +136,10 @@ async def _steps(rt: Runtime) -> None:
 async def _last_answer(rt: Runtime, max_steps: int) -> None:
     """The step budget is spent: one more answer, without tools, that sums the work up."""
     rt.emit(Event("maxsteps", f"step budget of {max_steps} exhausted"))
-    note = (f"[The step budget of {max_steps} steps is exhausted. Do not call tools. Summarize "
-            "what you did, what you found and what remains to be done.]")
+    note = (
+        f"[The step budget of {max_steps} steps is exhausted. Do not call tools. Summarize "
+        "what you did, what you found and what remains to be done.]"
+    )
     rt.commit([Message("user", note)])
     final = await _answer(rt, [])
     final.tool_calls = []  # no tools were offered: a call now could never get its result
@@ -159,8 +163,10 @@ def _add_notes(rt: Runtime, result: Message, failing: int, steps: int) -> None:
     now and then, a message the user injected."""
     notes = []
     if failing == NUDGE_AFTER:
-        notes.append(f"[{NUDGE_AFTER} tool rounds in a row failed. Step back: read the errors, "
-                     "check your assumptions, and try a different approach.]")
+        notes.append(
+            f"[{NUDGE_AFTER} tool rounds in a row failed. Step back: read the errors, "
+            "check your assumptions, and try a different approach.]"
+        )
     if rt.state.plan and steps % PLAN_EVERY == 0:
         notes.append(f"[Your plan, as it stands:]\n{rt.state.plan}")
     if rt.inject is not None:
@@ -224,8 +230,10 @@ async def _stream_once(rt: Runtime, tools: list[ToolSpec]) -> tuple[Message, Don
             rt.emit(Event("assistant", text[-1]))
         elif isinstance(chunk, ToolCallDelta):
             if not isinstance(chunk.index, int):  # no telling which call the piece belongs to
-                raise BackendError(f"malformed answer: a tool call piece has the index {chunk.index!r}, "
-                                   "not a number", provider=rt.backend.name)
+                raise BackendError(
+                    f"malformed answer: a tool call piece has the index {chunk.index!r}, not a number",
+                    provider=rt.backend.name,
+                )
             parts.setdefault(chunk.index, []).append(chunk)
         elif isinstance(chunk, UsageChunk):
             counted = counted or bool(chunk.usage.input_tokens or chunk.usage.output_tokens)
@@ -241,8 +249,9 @@ async def _stream_once(rt: Runtime, tools: list[ToolSpec]) -> tuple[Message, Don
     content = valid_text("".join(text))  # before recovering calls from it: their arguments come from it
     if not counted:  # the backend gave no token counts: estimate them, and say so
         out = len(content) + sum(len(c.arguments) for c in calls)
-        rt.count_usage(Usage(input_tokens=rt.window.estimate(), output_tokens=out // CHARS_PER_TOKEN, requests=0,
-                             estimated=True))
+        rt.count_usage(
+            Usage(input_tokens=rt.window.estimate(), output_tokens=out // CHARS_PER_TOKEN, requests=0, estimated=True)
+        )
     if not calls and tools and content:
         content, calls = recover_tool_calls(content, {t.name for t in tools}, len(rt.state.messages))
     if done.stop_reason == "length" and not calls:
@@ -253,8 +262,10 @@ async def _stream_once(rt: Runtime, tools: list[ToolSpec]) -> tuple[Message, Don
 def _text_of(rt: Runtime, chunk: TextDelta | ReasoningDelta) -> str:
     if not isinstance(chunk.text, str):
         what = "text" if isinstance(chunk, TextDelta) else "reasoning"
-        raise BackendError(f"malformed answer: a piece of its {what} is {type(chunk.text).__name__}, not a string",
-                           provider=rt.backend.name)
+        raise BackendError(
+            f"malformed answer: a piece of its {what} is {type(chunk.text).__name__}, not a string",
+            provider=rt.backend.name,
+        )
     return chunk.text
 
 
@@ -349,14 +360,22 @@ async def _dispatch(rt: Runtime, call: ToolCall) -> ToolResult:
     try:
         args = parse_arguments(call.arguments)
     except BadArguments as e:
-        return ToolResult.of(f"arguments for {call.name} {e}; send one JSON object that matches the tool's "
-                             "schema", is_error=True)
+        return ToolResult.of(
+            f"arguments for {call.name} {e}; send one JSON object that matches the tool's schema", is_error=True
+        )
     pre = await rt.hooks.run("preTool", {"tool": call.name, "arguments": call.arguments})
     if pre.blocked:
         return ToolResult.of(f"blocked by a preTool hook: {pre.reason}", is_error=True)
     result = await rt.env.dispatcher.dispatch(call.name, args, rt.call_context())
-    post = await rt.hooks.run("postTool", {"tool": call.name, "arguments": call.arguments,
-                                          "result": result.text()[:RESULT_LIMIT], "is_error": result.is_error})
+    post = await rt.hooks.run(
+        "postTool",
+        {
+            "tool": call.name,
+            "arguments": call.arguments,
+            "result": result.text()[:RESULT_LIMIT],
+            "is_error": result.is_error,
+        },
+    )
     if post.blocked:
         return ToolResult.of(f"result withheld by a postTool hook: {post.reason}", is_error=True)
     if pre.output:
@@ -378,5 +397,7 @@ def _fit(tmpdir: Path, text: str) -> str:
     with os.fdopen(fd, "wb") as f:
         f.write(data)
     head = data[:RESULT_LIMIT].decode(errors="ignore")
-    return (f"{head}\n[result truncated: first {RESULT_LIMIT} of {len(data)} bytes shown; the whole result "
-            f"is in {name}; read on from offset={RESULT_LIMIT}, e.g. tail -c +{RESULT_LIMIT + 1} {name}]")
+    return (
+        f"{head}\n[result truncated: first {RESULT_LIMIT} of {len(data)} bytes shown; the whole result "
+        f"is in {name}; read on from offset={RESULT_LIMIT}, e.g. tail -c +{RESULT_LIMIT + 1} {name}]"
+    )

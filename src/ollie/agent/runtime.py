@@ -54,8 +54,9 @@ class Runtime:
         """Count a request's tokens and cost into the session's (summary requests too)."""
         counts = asdict(usage)
         if bad := [k for k, v in counts.items() if not isinstance(v, (int, float)) and (k, v) != ("cost", None)]:
-            raise BackendError(f"malformed answer: its usage ({', '.join(bad)}) is not in numbers",
-                               provider=self.backend.name)
+            raise BackendError(
+                f"malformed answer: its usage ({', '.join(bad)}) is not in numbers", provider=self.backend.name
+            )
         self.state.usage.add(usage)
         last = usage.cost if usage.cost is not None else cost_of(self.backend.model, usage)[0]
         meta = self.state.meta
@@ -65,5 +66,10 @@ class Runtime:
 
     def call_context(self) -> CallContext:
         """What a tool call of this session runs with: its cwd, env, scratch dir, allowed policies."""
-        return CallContext(cwd=self.state.cwd, session_id=self.state.id, env=self.state.env, tmpdir=str(self.tmpdir),
-                           policies=tuple(self.env.config.sandboxes))
+        return CallContext(
+            cwd=self.state.cwd,
+            session_id=self.state.id,
+            env=self.state.env,
+            tmpdir=str(self.tmpdir),
+            policies=tuple(self.env.config.sandboxes),
+        )

@@ -1,11 +1,11 @@
 """Sessions on disk: one directory per session under `$OLLIE_DATA_PATH/sessions/<id>/`.
 
-    history.jsonl     one message per line, appended and flushed per message (never rewritten,
-                      except when compaction or /clear replaces the history: then atomically)
-    meta.json         agent, backend, model, cwd, name, usage, cost, … (replaced atomically)
-    chat              the chat log in the text format of `ollie.chatfmt`, append-only
-    plan              the session's plan (markdown), replaced atomically
-    compaction.jsonl  every history that compaction replaced, appended, so nothing is lost
+history.jsonl     one message per line, appended and flushed per message (never rewritten,
+                  except when compaction or /clear replaces the history: then atomically)
+meta.json         agent, backend, model, cwd, name, usage, cost, … (replaced atomically)
+chat              the chat log in the text format of `ollie.chatfmt`, append-only
+plan              the session's plan (markdown), replaced atomically
+compaction.jsonl  every history that compaction replaced, appended, so nothing is lost
 """
 
 from __future__ import annotations
@@ -231,7 +231,7 @@ class SessionStore:
 def list_stored(root: Path | None = None) -> list[SessionMeta]:
     """Every stored session's metadata, in creation order."""
     root = root or sessions_dir()
-    metas = []
+    metas: list[SessionMeta] = []
     try:
         entries = sorted(os.scandir(root), key=lambda e: e.name)
     except FileNotFoundError:

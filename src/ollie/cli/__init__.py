@@ -42,7 +42,9 @@ def main(argv: list[str] | None = None) -> int:
 def build_parser() -> argparse.ArgumentParser:
     from .. import __version__
 
-    parser = argparse.ArgumentParser(prog="ollie", description="Agents with a sandboxed execute_code tool, served as files.")
+    parser = argparse.ArgumentParser(
+        prog="ollie", description="Agents with a sandboxed execute_code tool, served as files."
+    )
     parser.add_argument("--version", action="version", version=f"ollie {__version__}")
     sub = parser.add_subparsers(metavar="COMMAND")
 
@@ -134,8 +136,15 @@ async def _run_async(args: argparse.Namespace, prompt: str) -> int:
             out.write(renderer.render(ev))
         out.flush()
 
-    core = await open_session(agent=args.agent, cwd=args.cwd, backend=_backend(args), model=args.model,
-                              session_id=args.session, script=args.script, on_event=show)
+    core = await open_session(
+        agent=args.agent,
+        cwd=args.cwd,
+        backend=_backend(args),
+        model=args.model,
+        session_id=args.session,
+        script=args.script,
+        on_event=show,
+    )
     interrupted = False
 
     def interrupt() -> None:  # Ctrl-C stops the turn; what it completed is kept and saved

@@ -49,8 +49,9 @@ def root_ctl(sessions: Sessions) -> CtlFile:
             for sid in ids:
                 await sessions.kill(sid)
             return None
-        raise FsError(E.EINVAL, f"unknown command {verb!r}; commands: new [agent=] [cwd=] [backend=] [model=] "
-                                "[name=], kill <id>")
+        raise FsError(
+            E.EINVAL, f"unknown command {verb!r}; commands: new [agent=] [cwd=] [backend=] [model=] [name=], kill <id>"
+        )
 
     return CtlFile(act)
 
@@ -113,6 +114,10 @@ class NewFile(File):
         return NewHandle(self._sessions)
 
 
+def _script(text: str) -> TextFile:
+    return TextFile(lambda: text, lambda: len(text.encode()), mode=0o555)
+
+
 class SessionsDir(Dir):
     """s/: a directory per session (listed, creation order) and the fixed files (not listed)."""
 
@@ -123,8 +128,7 @@ class SessionsDir(Dir):
         self.fixed: dict[str, File] = {
             "new": NewFile(sessions),
             "idx": TextFile(sessions.index, text_size(sessions.index)),
-            **{name: TextFile(lambda t=text: t, lambda t=text: len(t.encode()), mode=0o555)
-               for name, text in scripts.items()},
+            **{name: _script(text) for name, text in scripts.items()},
         }
         assert set(self.fixed) <= set(FIXED)
 
@@ -299,8 +303,13 @@ CFG_COMMANDS = {"backend": "backend", "model": "model", "agent": "agent", "cwd":
 
 def _cfg_values(core: Core) -> dict[str, str]:
     """What `cfg` shows, in the form a write takes back (lists comma-separated, objects as JSON)."""
-    values = {"state": core.state, "backend": core.backend_name, "model": core.model, "agent": core.agent_name,
-              "cwd": core.cwd}
+    values = {
+        "state": core.state,
+        "backend": core.backend_name,
+        "model": core.model,
+        "agent": core.agent_name,
+        "cwd": core.cwd,
+    }
     for key in GENERATION_PARAM_TYPES:
         values[key] = _param_text(getattr(core.params, key))
     return values
@@ -364,8 +373,7 @@ def _mcp_text(servers: dict[str, list[Tool]]) -> str:
     out = []
     for name, tools in servers.items():
         out.append(f"{name}\n")
-        out.extend(f"\t{t.name}\t{(t.description or '').splitlines()[0] if t.description else ''}\n"
-                   for t in tools)
+        out.extend(f"\t{t.name}\t{(t.description or '').splitlines()[0] if t.description else ''}\n" for t in tools)
     return "".join(out)
 
 
@@ -429,8 +437,9 @@ SESSION_FILES: dict[str, SessionFileMaker] = {
     "env": lambda s, _: _checked(s, lambda line: _env_set(s, line), get=lambda: _env_text(s)),
     "context": _core_text(_context_jsonl),
     "offset": _text(lambda s: f"{s.prompt_offset()}\n", sized=False),
-    "plan": lambda s, _: OnCloseFile(lambda: s.plan, lambda text: _set_plan(s, text), PLAN_MAX,
-                                     text_size(lambda: s.plan)),
+    "plan": lambda s, _: OnCloseFile(
+        lambda: s.plan, lambda text: _set_plan(s, text), PLAN_MAX, text_size(lambda: s.plan)
+    ),
     "prompt.prev": _text(lambda s: s.last_prompt),
     "mcp": _core_text(_mcp),
 }
@@ -441,4 +450,3 @@ ACTIVE_FILES: dict[str, SessionFileMaker] = {
     "fifo.out": _core_text(_pop),
     "models": _core_text(_models),
 }
-

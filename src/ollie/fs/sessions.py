@@ -255,8 +255,12 @@ class Sessions:
             name = spec.get("name") or ""
             cwd = self._cwd(spec)
             try:
-                core = await open_session(agent=spec.get("agent") or None, cwd=cwd,
-                                          backend=spec.get("backend") or None, model=spec.get("model") or None)
+                core = await open_session(
+                    agent=spec.get("agent") or None,
+                    cwd=cwd,
+                    backend=spec.get("backend") or None,
+                    model=spec.get("model") or None,
+                )
             except OllieError as e:
                 raise FsError(errno_of(e), str(e)) from None
             if name:
