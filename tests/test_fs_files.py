@@ -235,14 +235,14 @@ def test_stat_never_reads(fs_server):
 
 
 def test_a_walk_over_sessions_neither_blocks_nor_pops_nor_asks_the_backend(fs_server):
-    # statewait blocks, fifo.out pops, models asks the backend: found by name, never listed, so
-    # `grep -r`, `find` and `ls` walk past them.
+    # statewait blocks, fifo.out pops, models and mcp ask the backend and the tool servers: found by
+    # name, never listed, so `grep -r`, `find` and `ls` walk past them.
     sid = fs_server.new_session()
     s = fs_server.mnt / "s" / sid
     fs_server.sh(f"echo slow > s/{sid}/prompt; echo queued-prompt > s/{sid}/fifo.in")
     walked = fs_server.sh(f"find s/{sid} -type f").stdout.split()
-    assert not {"statewait", "fifo.out", "models"} & {os.path.basename(p) for p in walked}
-    assert {"chat", "prompt", "ctl", "state", "mcp"} <= {os.path.basename(p) for p in walked}
+    assert not {"statewait", "fifo.out", "models", "mcp"} & {os.path.basename(p) for p in walked}
+    assert {"chat", "prompt", "ctl", "state", "cfg", "usage", "ctxsz"} <= {os.path.basename(p) for p in walked}
     grep = fs_server.sh(f"grep -r queued-prompt s/{sid}", check=False)
     assert grep.returncode in (0, 1) and "fifo.out" not in grep.stdout
     assert (s / "fifo.out").read_text() == "queued-prompt\n"  # still queued: the walk popped nothing
@@ -374,3 +374,26 @@ def test_a_setting_is_refused_alike_from_prompt_ctl_and_cfg_during_a_turn(fs_ser
     assert f"cwd={fs_server.work}\n" in (s / "cfg").read_text()
     fs_server.sh(f"echo 'cwd /tmp' > s/{sid}/ctl")  # idle: allowed
     assert "cwd=/tmp\n" in (s / "cfg").read_text()
+
+
+def test_reading_a_restored_session_wakes_it_only_when_asked(fs_server):
+    # Waking builds the backend and starts the agent's tool servers; a walk over the tree must not
+    # do that for every stored session. The agent's prompt command marks each wake.
+    marker = fs_server.root / "woke"
+    fs_server.agent("waker", [{"match": ".", "text": "ok"}], prompt=f"!touch {marker}; echo You wake.")
+    sid = fs_server.new_session(agent="waker")
+    s = fs_server.mnt / "s" / sid
+    fs_server.sh(f"echo 'FOO=bar' > s/{sid}/env; echo 'temperature=0.5' > s/{sid}/cfg; echo hi > s/{sid}/prompt")
+    fs_server.wait_idle(sid)
+    awake = {name: (s / name).read_text() for name in os.listdir(s) if name not in ("prompt", "fifo.in")}
+    fs_server.stop()
+    fs_server.start()
+    marker.unlink()
+    asleep = {name: (s / name).read_text() for name in os.listdir(s) if name not in ("prompt", "fifo.in")}
+    fs_server.sh(f"grep -rq nothing-here s/{sid}", check=False)
+    assert not marker.exists()
+    assert asleep == awake  # the same answers, from what is stored
+    assert "temperature=0.5\n" in asleep["cfg"] and asleep["env"] == "FOO=bar\n"
+    assert asleep["systemprompt"] == "You wake.\n" and asleep["usage"].endswith("1 requests [estimated]\n")
+    assert "execute" in (s / "mcp").read_text()  # asks the servers: wakes
+    assert marker.exists()

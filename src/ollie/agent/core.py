@@ -36,7 +36,7 @@ from .events import Bus
 from .hooks import Hooks
 from .runtime import Runtime
 from .session import SessionMeta, SessionStore, new_session_id
-from .state import SessionState
+from .state import SessionState, session_cost
 
 if TYPE_CHECKING:
     from ..backends import Backend
@@ -182,11 +182,7 @@ class Core:
         return self._rt.window.size()
 
     def cost(self) -> Cost:
-        from ..cost import cost_of
-
-        meta, usage = self._rt.state.meta, self._rt.state.usage
-        known = usage.cost is not None or cost_of(self.model, Usage(input_tokens=1))[1]
-        return Cost(meta.cost_last, meta.cost_session, known)
+        return session_cost(self._rt.state.meta, self._rt.state.usage, self.model)
 
     def system_prompt(self) -> str:
         return self._rt.system_prompt()
@@ -231,6 +227,8 @@ class Core:
     def _save_meta(self) -> None:
         meta, rt = self._rt.state.meta, self._rt
         meta.agent, meta.backend, meta.model = rt.env.config.name, rt.backend.name, rt.backend.model
+        meta.system_prompt, size = rt.system_prompt(), rt.window.size()
+        meta.context_size = [size.estimate, size.window]
         rt.state.save()
 
     # ---- observing -----------------------------------------------------------------------------------

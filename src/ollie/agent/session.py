@@ -59,6 +59,10 @@ class SessionMeta:
     params: dict[str, Any] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)  # hook output waiting for the next prompt
     primer: str = ""  # the agentSpawn hooks' output, part of the system prompt
+    # As of the last save, for readers that must not wake the session: its system prompt and
+    # [estimated tokens, window] of its context.
+    system_prompt: str = ""
+    context_size: list[int] = field(default_factory=list)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> SessionMeta:

@@ -14,7 +14,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from ..types import Busy, GenerationParams, InvalidValue, Message, Usage, valid_text, valid_value
+from ..types import Busy, Cost, GenerationParams, InvalidValue, Message, Usage, valid_text, valid_value
 from .session import SessionMeta, SessionStore
 
 
@@ -178,6 +178,14 @@ class SessionState:
     @property
     def chat_path(self) -> Path:
         return self.store.chat_path
+
+
+def session_cost(meta: SessionMeta, usage: Usage, model: str) -> Cost:
+    """What a session spent, from its metadata; `model` prices requests the backend did not."""
+    from ..cost import cost_of
+
+    known = usage.cost is not None or cost_of(model, Usage(input_tokens=1))[1]
+    return Cost(meta.cost_last, meta.cost_session, known)
 
 
 def last_reply(messages: list[Message]) -> str:

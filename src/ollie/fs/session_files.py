@@ -3,8 +3,9 @@
 `ls s/` shows only session directories, so scripts can count and diff them. The fixed files
 `new`, `idx`, `sh`, `ls`, `kill` resolve by name but are not listed. Likewise in a session's
 directory, the files whose reading does something (`statewait` blocks, `fifo.out` pops a prompt,
-`models` asks the backend) resolve by name but are not listed, so `grep -r`, `find` and `ls -l`
-over the tree do none of it. The listing (readdir order, `ls -U`) is creation order.
+`models` and `mcp` make requests) resolve by name but are not listed, and every listed file of a
+sleeping session reads from what is stored, so `grep -r`, `find` and `ls -l` over the tree block on
+nothing, pop nothing and wake no session. The listing (readdir order, `ls -U`) is creation order.
 
 Commands written to `ctl` and settings written to `cfg` run the session commands
 (`ollie.agent.commands`), the same ones slash commands run, with the same refusals.
@@ -301,17 +302,12 @@ def _save_transcript(session: Session, name: str) -> str:
 CFG_COMMANDS = {"backend": "backend", "model": "model", "agent": "agent", "cwd": "cwd"}  # key → command
 
 
-def _cfg_values(core: Core) -> dict[str, str]:
+def _cfg_values(session: Session) -> dict[str, str]:
     """What `cfg` shows, in the form a write takes back (lists comma-separated, objects as JSON)."""
-    values = {
-        "state": core.state,
-        "backend": core.backend_name,
-        "model": core.model,
-        "agent": core.agent_name,
-        "cwd": core.cwd,
-    }
+    settings = session.settings()
+    values = {"state": session.state, **{k: settings[k] for k in ("backend", "model", "agent", "cwd")}}
     for key in GENERATION_PARAM_TYPES:
-        values[key] = _param_text(getattr(core.params, key))
+        values[key] = _param_text(getattr(settings["params"], key))
     return values
 
 
@@ -323,8 +319,8 @@ def _param_text(v: object) -> str:
     return json.dumps(v) if isinstance(v, dict) else str(v)
 
 
-async def _cfg_text(session: Session) -> str:
-    return "".join(f"{k}={v}\n" for k, v in _cfg_values(await session.wake()).items())
+def _cfg_text(session: Session) -> str:
+    return "".join(f"{k}={v}\n" for k, v in _cfg_values(session).items())
 
 
 async def _cfg_set(session: Session, line: str) -> None:
@@ -338,7 +334,7 @@ async def _cfg_set(session: Session, line: str) -> None:
     key, value = key.strip(), value.strip()
     if not sep or not key:
         raise FsError(E.EINVAL, f"expected key=value, got {line!r}")
-    current = _cfg_values(core)
+    current = _cfg_values(session)
     if key not in current:
         raise FsError(E.EINVAL, f"unknown key {key!r}; keys: {', '.join(k for k in current if k != 'state')}")
     if current[key] == value:
@@ -358,8 +354,8 @@ async def _env_set(session: Session, line: str) -> None:
     (await session.wake()).set_env(key.strip(), value if sep else None)
 
 
-async def _env_text(session: Session) -> str:
-    return "".join(f"{k}={v}\n" for k, v in (await session.wake()).env.items())
+def _env_text(session: Session) -> str:
+    return "".join(f"{k}={v}\n" for k, v in session.env().items())
 
 
 # ---- the other files --------------------------------------------------------------------------------
@@ -377,8 +373,8 @@ def _mcp_text(servers: dict[str, list[Tool]]) -> str:
     return "".join(out)
 
 
-def _context_jsonl(core: Core) -> str:
-    return "".join(json.dumps(m.to_dict(), ensure_ascii=False) + "\n" for m in core.messages)
+def _context_jsonl(session: Session) -> str:
+    return "".join(json.dumps(m.to_dict(), ensure_ascii=False) + "\n" for m in session.messages())
 
 
 async def _set_plan(session: Session, text: str) -> None:
@@ -430,18 +426,17 @@ SESSION_FILES: dict[str, SessionFileMaker] = {
     "ctl": lambda s, ss: _checked(s, lambda line: _ctl(s, ss, line), get=lambda: _ctl_help() + "\n"),
     "cfg": lambda s, _: _checked(s, lambda line: _cfg_set(s, line), get=lambda: _cfg_text(s)),
     "fifo.in": lambda s, _: OnCloseFile(lambda: "", s.enqueue, PROMPT_MAX, mode=0o622),
-    "usage": _core_text(lambda c: usage_text(c.usage()) + "\n"),
-    "cost": _core_text(lambda c: cost_text(c.cost(), c.model) + "\n"),
-    "ctxsz": _core_text(lambda c: context_text(c.ctxsz()) + "\n"),
-    "systemprompt": _core_text(lambda c: _line(c.system_prompt())),
+    "usage": _text(lambda s: usage_text(s.usage()) + "\n", sized=False),
+    "cost": _text(lambda s: cost_text(s.cost(), s.meta.model) + "\n", sized=False),
+    "ctxsz": _text(lambda s: context_text(s.context_size()) + "\n", sized=False),
+    "systemprompt": _text(lambda s: _line(s.system_prompt()), sized=False),
     "env": lambda s, _: _checked(s, lambda line: _env_set(s, line), get=lambda: _env_text(s)),
-    "context": _core_text(_context_jsonl),
+    "context": _text(_context_jsonl, sized=False),
     "offset": _text(lambda s: f"{s.prompt_offset()}\n", sized=False),
     "plan": lambda s, _: OnCloseFile(
         lambda: s.plan, lambda text: _set_plan(s, text), PLAN_MAX, text_size(lambda: s.plan)
     ),
     "prompt.prev": _text(lambda s: s.last_prompt),
-    "mcp": _core_text(_mcp),
 }
 
 # Files whose reading does something: found by name, never listed (see the module's doc).
@@ -449,4 +444,5 @@ ACTIVE_FILES: dict[str, SessionFileMaker] = {
     "statewait": lambda s, _: StateWaitFile(s),
     "fifo.out": _core_text(_pop),
     "models": _core_text(_models),
+    "mcp": _core_text(_mcp),
 }

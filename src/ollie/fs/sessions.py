@@ -17,19 +17,32 @@ import logging
 import os
 import shlex
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from .. import config
+from ..agent.context import DEFAULT_WINDOW
 from ..agent.session import SessionStore, check_session_id, list_stored, sessions_dir
-from ..agent.state import last_reply
+from ..agent.state import last_reply, session_cost
 from ..chatfmt import last_prompt_offset
-from ..types import Busy, ConfigError, InvalidValue, NotFound, OllieError
+from ..types import (
+    Busy,
+    ConfigError,
+    ContextSize,
+    Cost,
+    GenerationParams,
+    InvalidValue,
+    Message,
+    NotFound,
+    OllieError,
+    Usage,
+)
 from . import transcripts
 from .namespace import FsError
 
 if TYPE_CHECKING:
     from ..agent import Core
-    from ..agent.session import SessionMeta
+    from ..agent.context import DEFAULT_WINDOW
+from ..agent.session import SessionMeta
 
 log = logging.getLogger("ollie.fs")
 
@@ -139,6 +152,51 @@ class Session:
     def plan(self) -> str:
         return self.core.plan if self.core else SessionStore(self.id).load_plan()
 
+    # What a session shows, awake or asleep: asleep, from what is stored (reading wakes nothing).
+    def usage(self) -> Usage:
+        return self.core.usage() if self.core else Usage(**self.meta.usage)
+
+    def cost(self) -> Cost:
+        if self.core is not None:
+            return self.core.cost()
+        return session_cost(self.meta, self.usage(), self.meta.model)
+
+    def context_size(self) -> ContextSize:
+        if self.core is not None:
+            return self.core.ctxsz()
+        estimate, window = self.meta.context_size or (0, DEFAULT_WINDOW)
+        return ContextSize(estimate, window)
+
+    def system_prompt(self) -> str:
+        return self.core.system_prompt() if self.core else self.meta.system_prompt
+
+    def env(self) -> dict[str, str]:
+        return self.core.env if self.core else dict(self.meta.env)
+
+    def messages(self) -> list[Message]:
+        if self.core is not None:
+            return self.core.messages
+        try:
+            return SessionStore(self.id).load_history()
+        except OllieError:
+            return []  # a corrupt history is reported when the session wakes
+
+    def settings(self) -> dict[str, Any]:
+        """backend, model, agent, cwd and the generation parameters (a GenerationParams)."""
+        if self.core is not None:
+            c = self.core
+            return {
+                "backend": c.backend_name,
+                "model": c.model,
+                "agent": c.agent_name,
+                "cwd": c.cwd,
+                "params": c.params,
+            }
+        m, params = self.meta, GenerationParams()
+        for key, value in m.params.items():
+            params.set(key, value)
+        return {"backend": m.backend, "model": m.model, "agent": m.agent, "cwd": m.cwd, "params": params}
+
     def prompt_offset(self) -> int:
         """Where the last prompt starts in the chat log."""
         if self.core is not None and self.core.prompt_offset is not None:
@@ -156,7 +214,7 @@ class Session:
         core = await self.wake()
         if not text.strip():
             return
-        self.prompt_prev = text
+        self.prompt_prev = text.strip()  # as the prompt is stored
         commands.start(core, text).add_done_callback(self._submitted)
 
     def _submitted(self, task: asyncio.Future[None]) -> None:
