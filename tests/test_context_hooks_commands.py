@@ -46,25 +46,25 @@ async def test_manual_compact_sends_the_flattened_history_and_replaces_it():
     core, backend, _, events = await make_core(
         [{"text": "SUMMARY: asked 3 questions", "usage": {"input_tokens": 50, "output_tokens": 6}}], history=history
     )
-    before = list(core.messages)
+    before = list(core.session.messages)
     await core.compact()
     request = backend.requests[0]
     assert request[0].role == "system" and "Summarise" in request[0].content
     assert "user: q0" in request[1].content and "assistant: a2" in request[1].content
     assert backend.tools_seen[0] == []
-    assert [m.content for m in core.messages] == [SUMMARY_PREFIX + "SUMMARY: asked 3 questions"]
+    assert [m.content for m in core.session.messages] == [SUMMARY_PREFIX + "SUMMARY: asked 3 questions"]
     archived = (SessionStore(core.session_id).dir / "compaction.jsonl").read_text().splitlines()
     assert [m["content"] for m in json.loads(archived[0])["messages"]] == [m.content for m in before]
-    assert [m.content for m in SessionStore(core.session_id).load_history()] == [core.messages[0].content]
+    assert [m.content for m in SessionStore(core.session_id).load_history()] == [core.session.messages[0].content]
     assert usage_text(core.usage()) == "50 in, 6 out, 1 requests"  # the summary request is paid for too
     await core.close()
 
 
 async def test_failed_manual_compaction_leaves_history_exactly_as_it_was():
     core, backend, _, events = await make_core([{"error": {"type": "other", "message": "no"}}], history=exchanges(4))
-    before = [m.to_dict() for m in core.messages]
+    before = [m.to_dict() for m in core.session.messages]
     await core.compact()
-    assert [m.to_dict() for m in core.messages] == before
+    assert [m.to_dict() for m in core.session.messages] == before
     assert [m.to_dict() for m in SessionStore(core.session_id).load_history()] == before
     assert any("compaction failed, history unchanged" in e.text for e in events if e.kind == "error")
     await core.close()
@@ -101,8 +101,8 @@ async def test_context_overflow_compacts_and_retries_the_turn_once():
     )
     await core.submit("big question")
     assert core.reply == "now it fits"
-    assert [m.content for m in core.messages][-2:] == ["big question", "now it fits"]
-    assert core.messages[0].content.startswith(SUMMARY_PREFIX)
+    assert [m.content for m in core.session.messages][-2:] == ["big question", "now it fits"]
+    assert core.session.messages[0].content.startswith(SUMMARY_PREFIX)
     backend.assert_consumed()
     await core.close()
 
@@ -119,14 +119,14 @@ async def test_overflow_after_tool_calls_keeps_the_turns_work_and_its_prompt_ver
     )
     await core.submit("do the work")
     assert "do the work" not in backend.requests[2][1].content  # only the earlier talk is summarised
-    assert [(m.role, m.content) for m in core.messages] == [
+    assert [(m.role, m.content) for m in core.session.messages] == [
         ("user", SUMMARY_PREFIX + "summary of the earlier talk"),
         ("user", "do the work"),
         ("assistant", ""),
         ("tool", "written"),
         ("assistant", "finished"),
     ]
-    assert core.messages[3].tool_call_id == core.messages[2].tool_calls[0].id
+    assert core.session.messages[3].tool_call_id == core.session.messages[2].tool_calls[0].id
     assert [c[0] for c in server.calls] == ["write"]  # continued, not run again
     assert core.reply == "finished"
     backend.assert_consumed()
@@ -147,7 +147,7 @@ async def test_rolling_window_never_splits_a_call_from_its_result():
     ]
     core, backend, _, events = await make_core([{"text": "ok", "expect": "next"}], cfg=cfg, history=history)
     await core.submit("next")
-    msgs = core.messages
+    msgs = core.session.messages
     assert msgs[0].role == "user" and "evicted" in msgs[0].content
     ids = {c.id for m in msgs if m.role == "assistant" for c in m.tool_calls}
     assert all(m.tool_call_id in ids for m in msgs if m.role == "tool")
@@ -165,10 +165,10 @@ async def test_compacted_session_resumes_and_compacts_again():
     await core.close()
     seed_history(exchanges(2), sid)
     again, backend2, _, _ = await make_core([{"text": "reply"}, {"text": "second summary"}], session_id=sid)
-    assert again.messages[0].content.startswith(SUMMARY_PREFIX)
+    assert again.session.messages[0].content.startswith(SUMMARY_PREFIX)
     await again.submit("more")
     await again.compact()
-    assert again.messages[0].content == SUMMARY_PREFIX + "second summary"
+    assert again.session.messages[0].content == SUMMARY_PREFIX + "second summary"
     assert "first summary" in backend2.requests[1][1].content
     archived = (SessionStore(sid).dir / "compaction.jsonl").read_text().splitlines()
     assert len(archived) == 2
@@ -303,7 +303,7 @@ async def test_hook_variables_are_capped_and_a_hook_that_cannot_start_is_a_warni
     assert out.read_text().split() == [str(hooks.VARIABLE_LIMIT), "2"]  # the NUL dropped
     gone = tmp_path / "gone"
     gone.mkdir()
-    core.set_cwd(str(gone))
+    core.session.set_cwd(str(gone))
     gone.rmdir()
     await core.submit("again")
     assert core.reply == "still ok" and core.state == "idle"
@@ -348,18 +348,18 @@ async def test_slash_commands(tmp_path, ollie_dirs):
     assert "execute" not in await run(core, events, "/tools") and "echo" in await run(core, events, "/tools")
     assert "toy: ok\n  echo: echo text" in await run(core, events, "/mcp")
     assert await run(core, events, "/sp") == core.system_prompt()
-    assert await run(core, events, f"/cwd {tmp_path}") == f"cwd: {tmp_path}" and core.cwd == str(tmp_path)
+    assert await run(core, events, f"/cwd {tmp_path}") == f"cwd: {tmp_path}" and core.session.cwd == str(tmp_path)
     assert "not a directory" in await run(core, events, "/cwd /nonexistent")
     assert "other" in await run(core, events, "/agents")
     assert await run(core, events, "/agent other") == "agent: other, backend: scripted, model: scripted"
-    assert core.system_prompt() == "You are other.\n" and core.cwd == str(tmp_path)
+    assert core.system_prompt() == "You are other.\n" and core.session.cwd == str(tmp_path)
     assert "no agent 'nosuch'" in await run(core, events, "/agent nosuch")
     assert await run(core, events, "/models") == "scripted"
     assert "no model 'nonexistent'" in await run(core, events, "/model nonexistent")
     assert "temperature = 0.3" == await run(core, events, "/set temperature 0.3")
     assert "unknown backend 'nope'" in await run(core, events, "/backend nope")
     assert "no skills" in await run(core, events, "/skills")
-    assert await run(core, events, "/clear") == "history cleared" and core.messages == []
+    assert await run(core, events, "/clear") == "history cleared" and core.session.messages == []
     await core.close()
 
 
@@ -382,15 +382,15 @@ async def test_bang_runs_sandboxed_in_the_session_cwd_with_the_session_env(tmp_p
     # `!cmd` may arrive through the file server's `prompt` file: it runs as the model's code does.
     monkeypatch.setenv("OPENAI_API_KEY", "sk-must-not-leak")
     core, backend, _, events = await make_core([], extra_servers={"execute": execute.Decl(str(tmp_path))})
-    core.set_cwd(str(tmp_path))
-    core.set_env("GREETING", "hello")
+    core.session.set_cwd(str(tmp_path))
+    core.session.set_env("GREETING", "hello")
     out = await run(core, events, "!pwd; echo $GREETING; exit 4")
     assert out == f"!pwd; echo $GREETING; exit 4 (failed)\nexecution failed: exit status 4\n{tmp_path}\nhello"
     outside = f"/var/tmp/ollie-escaped-{os.getpid()}"
     out = await run(core, events, f"!env; echo x > {outside}")
     assert "sk-must-not-leak" not in out and "Permission denied" in out
     assert not os.path.exists(outside)
-    assert core.messages == []  # not part of the conversation
+    assert core.session.messages == []  # not part of the conversation
     await core.close()
 
 
@@ -406,7 +406,7 @@ async def test_usage_and_cost_survive_a_restart():
     await core.close()
     again, *_ = await make_core([], session_id=sid)
     assert usage_text(again.usage()) == "1000 in, 100 out, 1 requests"
-    assert again.cost() == cost_before and "costSession=$0.250000" in cost_text(cost_before, again.model)
+    assert again.cost() == cost_before and "costSession=$0.250000" in cost_text(cost_before, again.backend.model)
     await again.close()
 
 
@@ -427,7 +427,7 @@ async def test_inject_replace_inject_and_queue_commands():
     assert await run(core, events, "/i") == "/i: usage: inject <message>"
     await task
     assert core.reply == "later done"
-    assert "first thought" not in json.dumps([m.to_dict() for m in core.messages])
+    assert "first thought" not in json.dumps([m.to_dict() for m in core.session.messages])
     backend.assert_consumed()
     assert await run(core, events, "/i when idle") == "queued" and core.queued() == ["when idle"]
     await core.close()
@@ -473,7 +473,7 @@ async def test_post_turn_and_turn_error_output_rides_with_the_next_prompt():
     await core.submit("three")
     # the failed turn's postTurn never ran; its turnError output came along, once
     assert backend.requests[2][-1].content == "three\n\nnote: it failed"
-    assert [m.content for m in core.messages if m.role == "user"][-1] == "three\n\nnote: it failed"
+    assert [m.content for m in core.session.messages if m.role == "user"][-1] == "three\n\nnote: it failed"
     await core.close()
 
 
@@ -495,9 +495,12 @@ async def test_pre_tool_output_joins_the_result_and_compaction_hooks_join_the_su
         history=exchanges(3),
     )
     await core.submit("go")
-    assert [m.content for m in core.messages if m.role == "tool"] == ["pre: careful\nhi"]
+    assert [m.content for m in core.session.messages if m.role == "tool"] == ["pre: careful\nhi"]
     await core.compact()
-    assert core.messages[0].content == SUMMARY_PREFIX + "summary\n\nkeep: the API key is in env\n\ncompacted at step 3"
+    assert (
+        core.session.messages[0].content
+        == SUMMARY_PREFIX + "summary\n\nkeep: the API key is in env\n\ncompacted at step 3"
+    )
     backend.assert_consumed()
     await core.close()
 
@@ -524,11 +527,11 @@ async def test_agent_switch_brings_the_new_agents_parameters_hooks_and_backend(o
     cfg = AgentConfig(hooks={"agentSpawn": ["echo 'old primer'"]}, params=GenerationParams(top_p=0.5))
     core, backend, _, events = await make_core([], cfg=cfg)
     await core.spawned()
-    core.set_param("temperature", "0.9")
+    core.session.set_param("temperature", "0.9")
     await run(core, events, "/agent reviewer")
-    assert core.params.nonempty() == {"temperature": 0.1}  # not top_p=0.5, not the 0.9 set by hand
+    assert core.session.params.nonempty() == {"temperature": 0.1}  # not top_p=0.5, not the 0.9 set by hand
     assert core.system_prompt() == "You review.\n\n\nreviewer primer"
-    assert core.model == str(script) and core.backend is not backend
+    assert core.backend.model == str(script) and core.backend is not backend
     await core.submit("look at this")
     assert core.reply == "reviewed"
     await core.close()
@@ -540,7 +543,7 @@ async def test_a_failed_agent_switch_leaves_the_session_as_it_was(ollie_dirs):
     (agents / "broken.json").write_text(json.dumps({"backend": "nosuch"}))
     core, backend, server, events = await make_core([{"text": "still here"}])
     assert "/agent: " in await run(core, events, "/agent broken")
-    assert core.agent_name == "default" and core.backend is backend
+    assert core.agent.name == "default" and core.backend is backend
     await core.submit("hi")
     assert core.reply == "still here"
     await core.close()

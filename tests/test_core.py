@@ -34,7 +34,7 @@ async def test_turn_events_reply_and_chat_log():
     assert core.state == "idle"
     states = [e.text for e in events if e.kind == "state"]
     assert states == ["thinking", "calling: echo", "thinking", "idle"]
-    assert core.chat_path.read_text() == (
+    assert core.session.chat_path.read_text() == (
         'user: what does echo say?\nassistant: Let me look.\n-> echo({"text": "hello"})\nhello\n'
         "assistant: It said hello.\n\n"
     )
@@ -57,9 +57,9 @@ async def test_calls_keep_model_order_and_read_only_calls_overlap():
         ]
     )
     await core.submit("go")
-    tool_msgs = [m for m in core.messages if m.role == "tool"]
+    tool_msgs = [m for m in core.session.messages if m.role == "tool"]
     assert [m.content for m in tool_msgs] == ["slept 0.2", "slept 0.1", "written", "x"]
-    assistant = core.messages[1]
+    assistant = core.session.messages[1]
     assert [m.tool_call_id for m in tool_msgs] == [c.id for c in assistant.tool_calls]
     assert server.max_running == 2  # the two sleeps ran together
     assert [c[0] for c in server.calls] == ["sleep", "sleep", "write", "echo"]
@@ -75,7 +75,7 @@ async def test_identical_read_only_calls_in_a_batch_run_once():
     )
     await core.submit("go")
     assert len(server.calls) == 1
-    assert [m.content for m in core.messages if m.role == "tool"] == ["a", "a"]
+    assert [m.content for m in core.session.messages if m.role == "tool"] == ["a", "a"]
     await core.close()
 
 
@@ -92,7 +92,7 @@ async def test_second_submit_during_a_turn_is_queued_then_run():
     assert core.queued() == ["two"]
     await first
     assert core.reply == "second"
-    assert [m.content for m in core.messages if m.role == "user"] == ["one", "two"]
+    assert [m.content for m in core.session.messages if m.role == "user"] == ["one", "two"]
     backend.assert_consumed()
     await core.close()
 
@@ -110,9 +110,9 @@ async def test_interrupt_keeps_completed_calls_and_strips_cancelled_ones():
     assert core.interrupt() is True
     await asyncio.wait_for(task, 5)
     assert core.state == "idle" and not core.running
-    assistant = core.messages[1]
+    assistant = core.session.messages[1]
     assert [c.name for c in assistant.tool_calls] == ["write"]
-    assert [m.role for m in core.messages] == ["user", "assistant", "tool"]
+    assert [m.role for m in core.session.messages] == ["user", "assistant", "tool"]
     stored = SessionStore(core.session_id).load_history()
     assert [m.role for m in stored] == ["user", "assistant", "tool"]
     assert "info" in kinds(events) and core.interrupt() is False
@@ -147,7 +147,7 @@ async def test_rate_limit_and_dropped_stream_are_retried_without_duplicating_rep
     await core.submit("hi")
     assert core.reply == "full answer"
     assert [e.kind for e in events if e.kind in ("retry", "limitretry") and e.data["first"]] == ["limitretry", "retry"]
-    assert [m.content for m in core.messages] == ["hi", "full answer"]
+    assert [m.content for m in core.session.messages] == ["hi", "full answer"]
     await core.close()
 
 
@@ -180,7 +180,7 @@ async def test_backend_error_ends_the_turn_keeps_work_and_session_stays_usable()
     await core.submit("first")
     errors = [e.text for e in events if e.kind == "error"]
     assert errors == ["scripted (HTTP 400): model exploded"]
-    assert [m.role for m in core.messages] == ["user", "assistant", "tool"]
+    assert [m.role for m in core.session.messages] == ["user", "assistant", "tool"]
     assert core.state == "idle"
     await core.submit("again")
     assert core.reply == "fine now"
@@ -202,7 +202,7 @@ async def test_invalid_arguments_unknown_and_empty_tools_become_error_results():
         ]
     )
     await core.submit("go")
-    results = [m for m in core.messages if m.role == "tool"]
+    results = [m for m in core.session.messages if m.role == "tool"]
     assert all(r.is_error for r in results)
     assert "arguments for echo are not valid JSON: Expecting property name" in results[0].content
     assert "unknown tool 'nope'" in results[1].content and "echo" in results[1].content
@@ -215,7 +215,7 @@ async def test_long_results_are_cut_with_the_rest_saved_where_the_model_can_read
     big = "x" * (RESULT_LIMIT * 3)
     core, backend, _, _ = await make_core([{"tool_calls": [call("echo", text=big)]}, {"text": "ok"}])
     await core.submit("go")
-    result = next(m for m in core.messages if m.role == "tool")
+    result = next(m for m in core.session.messages if m.role == "tool")
     assert len(result.content) < RESULT_LIMIT + 400
     assert f"first {RESULT_LIMIT} of {len(big)} bytes" in result.content
     path = result.content.split("the whole result is in ")[1].split(";")[0]
@@ -227,7 +227,7 @@ async def test_failing_rounds_nudge_at_five_and_stop_at_ten():
     script = [{"tool_calls": [call("fail", why=f"bad {i}")]} for i in range(10)]
     core, backend, _, events = await make_core(script)
     await core.submit("try")
-    tool_results = [m.content for m in core.messages if m.role == "tool"]
+    tool_results = [m.content for m in core.session.messages if m.role == "tool"]
     assert "tool rounds in a row failed" in tool_results[4]
     assert "tool rounds in a row failed" not in tool_results[3]
     assert [e.text for e in events if e.kind == "error"] == ["10 consecutive tool rounds failed; stopping the turn"]
@@ -251,7 +251,7 @@ async def test_max_steps_ends_with_a_final_answer_without_tools():
     assert backend.tools_seen[-1] == [] and backend.tools_seen[0] != []
     assert "maxsteps" in kinds(events)
     # A call in the last answer is dropped: it could never get a result, which providers refuse.
-    assert core.messages[-1].tool_calls == [] and len(server.calls) == 2
+    assert core.session.messages[-1].tool_calls == [] and len(server.calls) == 2
     await core.close()
 
 
@@ -263,13 +263,13 @@ async def test_session_is_persisted_and_restored_with_usage_and_cost():
     )
     sid = core.session_id
     await core.submit("remember 42")
-    core.set_env("FOO", "bar")
+    core.session.set_env("FOO", "bar")
     await core.close()
     assert not os.path.exists(core.tmpdir)
     again, backend2, _, _ = await make_core([{"text": "it was 42", "expect": "what was it"}], session_id=sid)
-    assert [m.content for m in again.messages] == ["remember 42", "remembered"]
+    assert [m.content for m in again.session.messages] == ["remember 42", "remembered"]
     assert again.usage() == Usage(input_tokens=100, output_tokens=7, requests=1)
-    assert again.env == {"FOO": "bar"}
+    assert again.session.env == {"FOO": "bar"}
     await again.submit("what was it")
     assert len(backend2.requests[0]) == 4  # system + the restored two + the new prompt
     assert [m.id for m in list_stored()] == [sid]
@@ -331,9 +331,9 @@ async def test_spending_cap_is_checked_before_every_request_and_keeps_what_was_p
     assert [e.text for e in events if e.kind == "error"] == [
         "session cost $0.5000 exceeds OLLIE_MAX_SESSION_COST=$0.01; raise the cap to go on"
     ]
-    assert [m.role for m in core.messages] == ["user", "assistant", "tool"]  # the paid answer and its call
+    assert [m.role for m in core.session.messages] == ["user", "assistant", "tool"]  # the paid answer and its call
     await core.submit("more")  # refused before the turn: no request, the prompt not taken into history
-    assert len(backend.requests) == 1 and core.messages[-1].content == "paid"
+    assert len(backend.requests) == 1 and core.session.messages[-1].content == "paid"
     errors = [e.text for e in events if e.kind == "error"]
     assert core.state == "idle" and len(errors) == 2 and "OLLIE_MAX_SESSION_COST" in errors[-1]
     monkeypatch.setenv("OLLIE_MAX_SESSION_COST", "ten dollars")
@@ -380,7 +380,7 @@ async def test_execute_calls_of_read_safe_tool_scripts_run_together(ollie_dirs, 
     nd = new_dispatcher_func({"execute": execute.Decl(str(tmp_path))})
     core = Core(CoreConfig(backend, await build_agent_env(AgentConfig(), nd(), str(tmp_path)), nd))
     await core.submit("go")
-    assert [m.content.strip() for m in core.messages if m.role == "tool"] == ["met", "met"]
+    assert [m.content.strip() for m in core.session.messages if m.role == "tool"] == ["met", "met"]
     await core.close()
 
 
@@ -392,11 +392,11 @@ async def test_a_torn_last_history_line_is_dropped_and_the_session_goes_on():
     with open(SessionStore(sid).dir / "history.jsonl", "a") as f:
         f.write('{"role": "assistant", "content": "cut off by a cra')  # a crash mid-write
     again, *_ = await make_core([{"text": "b"}], session_id=sid)
-    assert [m.content for m in again.messages] == ["one", "a"]
+    assert [m.content for m in again.session.messages] == ["one", "a"]
     await again.submit("two")
     await again.close()
     third, *_ = await make_core([], session_id=sid)
-    assert [m.content for m in third.messages] == ["one", "a", "two", "b"]
+    assert [m.content for m in third.session.messages] == ["one", "a", "two", "b"]
     await third.close()
 
 
@@ -414,9 +414,9 @@ async def test_calls_written_as_text_get_ids_unique_in_the_history():
     same = '{"name": "echo", "arguments": {"text": "hi"}}'
     core, *_ = await make_core([{"text": same}, {"text": same}, {"text": "done"}])
     await core.submit("go")
-    ids = [c.id for m in core.messages for c in m.tool_calls]
+    ids = [c.id for m in core.session.messages for c in m.tool_calls]
     assert len(ids) == 2 and ids[0] != ids[1]
-    assert [m.tool_call_id for m in core.messages if m.role == "tool"] == ids
+    assert [m.tool_call_id for m in core.session.messages if m.role == "tool"] == ids
     await core.close()
 
 
@@ -430,7 +430,9 @@ async def test_cut_results_are_saved_apart_inside_the_tmpdir_whatever_the_call_i
         ]
     )
     await core.submit("go")
-    paths = [m.content.split("the whole result is in ")[1].split(";")[0] for m in core.messages if m.role == "tool"]
+    paths = [
+        m.content.split("the whole result is in ")[1].split(";")[0] for m in core.session.messages if m.role == "tool"
+    ]
     assert [open(p).read()[-1] for p in paths] == ["1", "2"]
     assert all(os.path.dirname(p) == str(core.tmpdir / "results") for p in paths)
     await core.close()
@@ -473,10 +475,10 @@ async def test_a_turn_cut_short_by_a_crash_is_marked_in_the_chat_on_restore():
     sid = core.session_id
     SessionStore(sid).append_chat("user: two\nassistant: half an ans")  # the process died here
     again, *_ = await make_core([], session_id=sid)
-    chat = again.chat_path.read_text()
+    chat = again.session.chat_path.read_text()
     assert chat.endswith("half an ans\n:: the turn was cut short when ollie stopped; completed work is kept\n\n")
     third, *_ = await make_core([], session_id=sid)  # a clean log is left alone
-    assert third.chat_path.read_text() == chat
+    assert third.session.chat_path.read_text() == chat
     for c in (core, again, third):
         await c.close()
 
@@ -512,7 +514,7 @@ async def test_an_answer_that_is_no_answer_is_reported_and_kept_without_its_call
     errors = [e for e in events if e.kind == "error"]
     assert len(errors) == 1 and words in errors[0].text and errors[0].data["error_type"] == stop_reason
     assert server.calls == []  # its calls were not run
-    assert [(m.role, m.content, m.tool_calls) for m in core.messages] == [
+    assert [(m.role, m.content, m.tool_calls) for m in core.session.messages] == [
         ("user", "go", []),
         ("assistant", "I was saying", []),
     ]

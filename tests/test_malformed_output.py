@@ -56,24 +56,24 @@ def surrogates(value):
 def assert_history_valid(core):
     """Restorable as it is, every call answered once, and encodable as each wire backend sends it."""
     restored = SessionStore(core.session_id).load_history()
-    assert [m.to_dict() for m in restored] == [m.to_dict() for m in core.messages]
-    calls = [c for m in core.messages for c in m.tool_calls]
+    assert [m.to_dict() for m in restored] == [m.to_dict() for m in core.session.messages]
+    calls = [c for m in core.session.messages for c in m.tool_calls]
     assert all(isinstance(v, str) for c in calls for v in (c.id, c.name, c.arguments))
     assert len({c.id for c in calls}) == len(calls)
-    assert sorted(m.tool_call_id for m in core.messages if m.role == "tool") == sorted(c.id for c in calls)
+    assert sorted(m.tool_call_id for m in core.session.messages if m.role == "tool") == sorted(c.id for c in calls)
     params = GenerationParams()
     openai_be = backends.create("openai", "m", base_url="http://127.0.0.1:9/v1", api_key="k")
     bodies = [
-        openai_be.request_body(core.messages, TOOLS, params),
-        anthropic.build_request("m", core.messages, TOOLS, params)[0],
-        ollama.build_request("m", core.messages, TOOLS, params, None),
+        openai_be.request_body(core.session.messages, TOOLS, params),
+        anthropic.build_request("m", core.session.messages, TOOLS, params)[0],
+        ollama.build_request("m", core.session.messages, TOOLS, params, None),
     ]
     assert not surrogates(bodies)
     for m in bodies[1]["messages"]:
         assert all(isinstance(b["input"], dict) for b in m["content"] if b["type"] == "tool_use")
     for m in bodies[2]["messages"]:
         assert all(isinstance(c["function"]["arguments"], dict) for c in m.get("tool_calls", ()))
-    assert core.chat_path.read_text()  # valid UTF-8
+    assert core.session.chat_path.read_text()  # valid UTF-8
 
 
 async def test_a_tool_name_that_is_no_string_gets_an_error_result_and_the_turn_goes_on():
@@ -84,7 +84,7 @@ async def test_a_tool_name_that_is_no_string_gets_an_error_result_and_the_turn_g
         ]
     )
     await core.submit("go")
-    results = [m for m in core.messages if m.role == "tool"]
+    results = [m for m in core.session.messages if m.role == "tool"]
     assert [r.is_error for r in results] == [True, True, True]
     assert "unknown tool '5'" in results[0].content and "empty tool name" in results[1].content
     assert "unknown tool '[\"echo\"]'" in results[2].content
@@ -109,8 +109,8 @@ async def test_call_ids_missing_not_strings_or_repeated_are_replaced_by_unique_o
         ]
     )
     await core.submit("go")
-    assert [m.content for m in core.messages if m.role == "tool"] == ["a", "b", "c", "d"]
-    assert core.messages[1].tool_calls[1].id == "same"
+    assert [m.content for m in core.session.messages if m.role == "tool"] == ["a", "b", "c", "d"]
+    assert core.session.messages[1].tool_calls[1].id == "same"
     backend.assert_consumed()
     assert_history_valid(core)
     await core.close()
@@ -147,7 +147,7 @@ async def test_arguments_that_are_a_json_list_or_a_number_get_an_error_result():
         ]
     )
     await core.submit("go")
-    first = next(m for m in core.messages if m.role == "tool")
+    first = next(m for m in core.session.messages if m.role == "tool")
     assert first.is_error and "must be a JSON object, not an array" in first.content
     assert server.calls == []
     backend.assert_consumed()
@@ -336,7 +336,7 @@ async def test_openai_answers_that_are_no_answer_end_the_turn_with_an_error_even
     await core.submit("go")
     assert [e.text for e in events if e.kind == "error"][0].startswith(error)
     assert kinds(events)[-2:] == ["error", "done"] and core.state == "idle"
-    assert [m.role for m in core.messages] == ["user"]
+    assert [m.role for m in core.session.messages] == ["user"]
     assert_history_valid(core)
     await core.close()
 
@@ -377,7 +377,7 @@ async def test_ollama_lines_that_cannot_be_read_end_the_turn_with_an_error_event
     core, _, events = await wire_core(backends.create("ollama", "llama3.2"))
     await core.submit("go")
     assert [e.text for e in events if e.kind == "error"][0].startswith(error)
-    assert [m.role for m in core.messages] == ["user"] and core.state == "idle"
+    assert [m.role for m in core.session.messages] == ["user"] and core.state == "idle"
     assert_history_valid(core)
     await core.close()
 

@@ -138,40 +138,40 @@ async def _backend(core: Core, arg: str) -> str:
     from .. import backends
 
     if not arg:
-        return f"backend: {core.backend_name} (known: {', '.join(backends.names())})"
+        return f"backend: {core.backend.name} (known: {', '.join(backends.names())})"
     name, _, model = arg.partition(" ")
     await core.set_backend(name, model.strip() or None)
-    return f"backend: {core.backend_name}, model: {core.model}"
+    return f"backend: {core.backend.name}, model: {core.backend.model}"
 
 
 @command("model", "show or switch the model: model [name]")
 async def _model(core: Core, arg: str) -> str:
     if arg:
         await core.set_model(arg)
-    return f"model: {core.model}"
+    return f"model: {core.backend.model}"
 
 
 @command("agent", "show or switch the agent (its servers, prompt, hooks, parameters; history and cwd kept)")
 async def _agent(core: Core, arg: str) -> str:
     if arg:
         await core.set_agent(arg)
-    return f"agent: {core.agent_name}, backend: {core.backend_name}, model: {core.model}"
+    return f"agent: {core.agent.name}, backend: {core.backend.name}, model: {core.backend.model}"
 
 
 @command("cwd", "show or change the working directory: cwd [path]")
 async def _cwd(core: Core, arg: str) -> str:
     if arg:
-        core.set_cwd(arg)
-    return f"cwd: {core.cwd}"
+        core.session.set_cwd(arg)
+    return f"cwd: {core.session.cwd}"
 
 
 @command("set", "show or set generation parameters: set [name value]")
 async def _set(core: Core, arg: str) -> str:
     key, _, value = arg.partition(" ")
     if not key:
-        return json.dumps(core.params.nonempty())
-    core.set_param(key, value.strip())
-    return f"{key} = {getattr(core.params, key)!r}"
+        return json.dumps(core.session.params.nonempty())
+    core.session.set_param(key, value.strip())
+    return f"{key} = {getattr(core.session.params, key)!r}"
 
 
 # ---- the history --------------------------------------------------------------------------------------
@@ -191,7 +191,7 @@ async def _clear(core: Core, arg: str) -> str:
 @command("history", "show the history, one line per message")
 async def _history(core: Core, arg: str) -> str:
     lines = []
-    for i, m in enumerate(core.messages):
+    for i, m in enumerate(core.session.messages):
         calls = " ".join(f"-> {c.name}" for c in m.tool_calls)
         text = m.content.replace("\n", " ")[:100]
         lines.append(f"{i:4} {m.role:<9} {text} {calls}".rstrip())
@@ -209,12 +209,12 @@ async def _help(core: Core, arg: str) -> str:
 
 @command("context", "show how full the context window is")
 async def _context(core: Core, arg: str) -> str:
-    return f"context: {context_text(core.ctxsz())}, {len(core.messages)} messages"
+    return f"context: {context_text(core.ctxsz())}, {len(core.session.messages)} messages"
 
 
 @command("cost", "show the cost of the last request and of the session")
 async def _cost(core: Core, arg: str) -> str:
-    return cost_text(core.cost(), core.model)
+    return cost_text(core.cost(), core.backend.model)
 
 
 @command("usage", "show token usage")
@@ -231,7 +231,7 @@ async def _models(core: Core, arg: str) -> str:
 async def _agents(core: Core, arg: str) -> str:
     from .. import config
 
-    return "\n".join(("* " if a == core.agent_name else "  ") + a for a in config.list_agents())
+    return "\n".join(("* " if a == core.agent.name else "  ") + a for a in config.list_agents())
 
 
 @command("sessions", "list stored sessions")

@@ -25,7 +25,6 @@ from ..types import (
     Event,
     GenerationParams,
     InvalidValue,
-    Message,
     NotFound,
     OllieError,
     Usage,
@@ -35,7 +34,7 @@ from .context import DEFAULT_WINDOW, Window
 from .events import Bus
 from .hooks import Hooks
 from .runtime import Runtime
-from .session import SessionMeta, SessionStore, new_session_id
+from .session import SessionStore, new_session_id
 from .state import SessionState, session_cost
 
 if TYPE_CHECKING:
@@ -69,6 +68,7 @@ class Core:
             os.path.abspath(cfg.env.cwd or os.getcwd()),
             GenerationParams(**agent.params.nonempty()),
             busy=lambda: self.running,
+            changed=lambda: self._rt.bus.notify(),
         )
         bus = Bus(state.store)
         self._rt = Runtime(
@@ -97,32 +97,23 @@ class Core:
 
     # ---- what the session is ------------------------------------------------------------------------
     @property
+    def session(self) -> SessionState:
+        """The session's state: its history (`messages`), `cwd`, `env`, generation `params`, `plan`,
+        `usage` and `meta`, with the setters that keep its rules (`set_cwd`, `set_env`, …)."""
+        return self._rt.state
+
+    @property
     def session_id(self) -> str:
         return self._rt.state.id
 
     @property
-    def meta(self) -> SessionMeta:
-        return self._rt.state.meta
+    def agent(self) -> config.AgentConfig:
+        """The agent's config (its name, prompt, hooks, limits, …)."""
+        return self._rt.env.config
 
     @property
     def backend(self) -> Backend:
         return self._rt.backend
-
-    @property
-    def backend_name(self) -> str:
-        return self._rt.backend.name
-
-    @property
-    def model(self) -> str:
-        return self._rt.backend.model
-
-    @property
-    def agent_name(self) -> str:
-        return self._rt.env.config.name
-
-    @property
-    def agent_config(self) -> config.AgentConfig:
-        return self._rt.env.config
 
     @property
     def dispatcher(self) -> Dispatcher:
@@ -132,31 +123,6 @@ class Core:
     def tmpdir(self) -> Path:
         """The session's scratch directory (removed by `close`)."""
         return self._rt.tmpdir
-
-    @property
-    def chat_path(self) -> Path:
-        return self._rt.state.chat_path
-
-    @property
-    def messages(self) -> list[Message]:
-        """The history (read only: it changes through turns, `compact` and `clear`)."""
-        return self._rt.state.messages
-
-    @property
-    def cwd(self) -> str:
-        return self._rt.state.cwd
-
-    @property
-    def env(self) -> dict[str, str]:
-        return self._rt.state.env
-
-    @property
-    def params(self) -> GenerationParams:
-        return self._rt.state.params
-
-    @property
-    def plan(self) -> str:
-        return self._rt.state.plan
 
     @property
     def state(self) -> str:
@@ -182,7 +148,7 @@ class Core:
         return self._rt.window.size()
 
     def cost(self) -> Cost:
-        return session_cost(self._rt.state.meta, self._rt.state.usage, self.model)
+        return session_cost(self._rt.state.meta, self._rt.state.usage, self.backend.model)
 
     def system_prompt(self) -> str:
         return self._rt.system_prompt()
@@ -209,21 +175,6 @@ class Core:
             os.rename(self._rt.tmpdir, new_tmp)
         self._rt.tmpdir = new_tmp
 
-    def set_cwd(self, path: str) -> None:
-        self._rt.state.set_cwd(path)
-        self._rt.bus.notify()
-
-    def set_env(self, key: str, value: str | None) -> None:
-        """Set a session variable (None removes it); allowed during a turn (its next call sees it)."""
-        self._rt.state.set_env(key, value)
-
-    def set_param(self, key: str, value: Any) -> None:
-        self._rt.state.set_param(key, value)
-
-    def set_plan(self, text: str) -> None:
-        """Allowed during a turn: the agent keeps its plan as it works."""
-        self._rt.state.set_plan(text)
-
     def _save_meta(self) -> None:
         meta, rt = self._rt.state.meta, self._rt
         meta.agent, meta.backend, meta.model = rt.env.config.name, rt.backend.name, rt.backend.model
@@ -240,28 +191,31 @@ class Core:
         """Send an event to every subscriber and to the chat log (frontends may add notes too)."""
         self._rt.bus.emit(ev)
 
-    def field(self, name: str) -> Any:
-        """One of FIELDS: the state word, Usage, ContextSize, the cwd, the reply."""
-        getters: dict[str, Callable[[], Any]] = {
-            "state": lambda: self.state,
-            "usage": lambda: replace(self.usage()),  # a copy: the total changes in place
-            "ctxsz": self.ctxsz,
-            "cwd": lambda: self.cwd,
-            "reply": lambda: self.reply,
-        }
-        if name not in getters:
-            raise InvalidValue(f"unknown field {name!r}; fields: {', '.join(FIELDS)}")
-        return getters[name]()
-
     async def wait_change(self, name: str, current: Any, timeout: float | None = None) -> Any:
-        """Block until field `name` differs from `current` (or the timeout passes); return its value."""
+        """Block until `name` (one of FIELDS: the state word, the Usage, the ContextSize, the cwd,
+        the reply) differs from `current`, or the timeout passes; return its value."""
+        if name not in FIELDS:
+            raise InvalidValue(f"unknown field {name!r}; fields: {', '.join(FIELDS)}")
         try:
             async with asyncio.timeout(timeout):
-                while self.field(name) == current:
+                while self._field(name) == current:
                     await self._rt.bus.changed()
         except TimeoutError:
             pass
-        return self.field(name)
+        return self._field(name)
+
+    def _field(self, name: str) -> Any:
+        state = self._rt.state
+        match name:
+            case "state":
+                return self.state
+            case "usage":
+                return replace(state.usage)  # a copy: the total changes in place
+            case "ctxsz":
+                return self.ctxsz()
+            case "cwd":
+                return state.cwd
+        return state.reply
 
     # ---- prompts -------------------------------------------------------------------------------------
     async def submit(self, prompt: str) -> None:
@@ -381,8 +335,8 @@ class Core:
             raise InvalidValue("give a model name")
         models = await self.models()
         if models and model not in models:
-            raise NotFound(f"no model {model!r} on {self.backend_name}; models: {', '.join(models)}")
-        await self.set_backend(self.backend_name, model)
+            raise NotFound(f"no model {model!r} on {self.backend.name}; models: {', '.join(models)}")
+        await self.set_backend(self.backend.name, model)
 
     async def set_agent(self, name: str) -> None:
         """Switch agent, keeping the history and the cwd. Everything else comes from the new
@@ -425,7 +379,7 @@ class Core:
     async def spawned(self) -> None:
         """Run the agentSpawn hooks (a new session, or an agent switch); their output primes the
         session: it becomes part of the system prompt."""
-        outcome = await self._rt.hooks.run("agentSpawn", {"agent": self.agent_name})
+        outcome = await self._rt.hooks.run("agentSpawn", {"agent": self.agent.name})
         self._rt.state.set_primer(outcome.output)
 
     async def refresh_context_length(self) -> None:
@@ -439,7 +393,7 @@ class Core:
         try:
             window.length = await self._rt.backend.context_length() or DEFAULT_WINDOW
         except Exception as e:
-            log.warning("context length unknown for %s: %s", self.backend_name, e)
+            log.warning("context length unknown for %s: %s", self.backend.name, e)
 
     async def close(self) -> None:
         """Stop the turn (queued prompts are dropped), close the tool servers, hooks and the

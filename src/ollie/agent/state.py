@@ -19,11 +19,21 @@ from .session import SessionMeta, SessionStore
 
 
 class SessionState:
-    """One session's state, restored from its store or new. `busy` says whether a turn runs."""
+    """One session's state, restored from its store or new. `busy` says whether a turn runs;
+    `changed` is called when the cwd changes (whoever waits for it wakes)."""
 
-    def __init__(self, store: SessionStore, agent: str, cwd: str, params: GenerationParams, busy: Callable[[], bool]):
+    def __init__(
+        self,
+        store: SessionStore,
+        agent: str,
+        cwd: str,
+        params: GenerationParams,
+        busy: Callable[[], bool],
+        changed: Callable[[], None] = lambda: None,
+    ):
         self.store = store
         self._busy = busy
+        self._changed = changed
         self.meta = SessionMeta(id=store.id, agent=agent)
         self._messages: list[Message] = []
         self.usage = Usage()
@@ -86,6 +96,7 @@ class SessionState:
             raise InvalidValue(f"not a directory: {path}")
         self._cwd = path
         self.save()
+        self._changed()
 
     @property
     def env(self) -> dict[str, str]:

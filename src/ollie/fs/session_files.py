@@ -351,7 +351,7 @@ async def _cfg_set(session: Session, line: str) -> None:
 
 async def _env_set(session: Session, line: str) -> None:
     key, sep, value = line.partition("=")
-    (await session.wake()).set_env(key.strip(), value if sep else None)
+    (await session.wake()).session.set_env(key.strip(), value if sep else None)
 
 
 def _env_text(session: Session) -> str:
@@ -378,7 +378,7 @@ def _context_jsonl(session: Session) -> str:
 
 
 async def _set_plan(session: Session, text: str) -> None:
-    (await session.wake()).set_plan(text)
+    (await session.wake()).session.set_plan(text)
 
 
 SessionFileMaker = Callable[[Session, Sessions], File]

@@ -85,7 +85,7 @@ class Session:
 
     @property
     def chat_path(self) -> Path:
-        return self.core.chat_path if self.core else sessions_dir() / self.id / "chat"
+        return self.core.session.chat_path if self.core else sessions_dir() / self.id / "chat"
 
     async def wake(self) -> Core:
         """The Core, restored from disk on first need (one restore, however many ask)."""
@@ -112,7 +112,7 @@ class Session:
 
     def _attach(self, core: Core) -> None:
         self.core = core
-        self.meta = core.meta
+        self.meta = core.session.meta
 
     # ---- what the files show ----------------------------------------------------------------------
     @property
@@ -133,7 +133,7 @@ class Session:
             return self.prompt_prev
         if self.core is None:
             return self._stored_history()[1]
-        users = [m.content for m in self.core.messages if m.role == "user"]
+        users = [m.content for m in self.core.session.messages if m.role == "user"]
         return users[-1] if users else ""
 
     def _stored_history(self) -> tuple[str, str]:
@@ -150,7 +150,7 @@ class Session:
 
     @property
     def plan(self) -> str:
-        return self.core.plan if self.core else SessionStore(self.id).load_plan()
+        return self.core.session.plan if self.core else SessionStore(self.id).load_plan()
 
     # What a session shows, awake or asleep: asleep, from what is stored (reading wakes nothing).
     def usage(self) -> Usage:
@@ -171,11 +171,11 @@ class Session:
         return self.core.system_prompt() if self.core else self.meta.system_prompt
 
     def env(self) -> dict[str, str]:
-        return self.core.env if self.core else dict(self.meta.env)
+        return self.core.session.env if self.core else dict(self.meta.env)
 
     def messages(self) -> list[Message]:
         if self.core is not None:
-            return self.core.messages
+            return self.core.session.messages
         try:
             return SessionStore(self.id).load_history()
         except OllieError:
@@ -186,11 +186,11 @@ class Session:
         if self.core is not None:
             c = self.core
             return {
-                "backend": c.backend_name,
-                "model": c.model,
-                "agent": c.agent_name,
-                "cwd": c.cwd,
-                "params": c.params,
+                "backend": c.backend.name,
+                "model": c.backend.model,
+                "agent": c.agent.name,
+                "cwd": c.session.cwd,
+                "params": c.session.params,
             }
         m, params = self.meta, GenerationParams()
         for key, value in m.params.items():
@@ -323,7 +323,7 @@ class Sessions:
                 raise FsError(errno_of(e), str(e)) from None
             if name:
                 core.set_session_id(name)
-            session = Session(core.meta, core)
+            session = Session(core.session.meta, core)
             self._by_id[session.id] = session
             return session
 
