@@ -328,7 +328,7 @@ async def test_an_agent_turn_calls_an_mcp_tool_and_execute_code_then_switches_ag
     core = await open_session(agent="calc", cwd=str(tmp_path), backend="scripted", script=script)
     try:
         await core.submit("add and run")
-        results = [(m.name, m.content, m.is_error) for m in core.messages if m.role == "tool"]
+        results = [(m.name, m.content, m.is_error) for m in core.session.messages if m.role == "tool"]
         assert results[:2] == [("add", "5", False), ("execute_code", f"sandboxed\n{tmp_path}\n", False)]
         pid_calc = int(results[2][1])
         assert core.reply == "All done." and pid_calc in children()
@@ -338,9 +338,9 @@ async def test_an_agent_turn_calls_an_mcp_tool_and_execute_code_then_switches_ag
         assert pid_calc not in children()
         servers = await core.list_servers()
         assert set(servers) == {"execute", "other"} and "add" in [t.name for t in servers["other"]]
-        assert core.cwd == str(tmp_path)
+        assert core.session.cwd == str(tmp_path)
         await core.submit("which process now?")
-        pid_other = int([m.content for m in core.messages if m.role == "tool"][-1])
+        pid_other = int([m.content for m in core.session.messages if m.role == "tool"][-1])
         assert pid_other in children() and core.reply == "Switched."
     finally:
         await core.close()

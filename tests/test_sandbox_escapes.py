@@ -175,7 +175,7 @@ def project(home, tmp_path, monkeypatch):
 async def hook_run(cfg: AgentConfig, cwd: Path, prompt: str = "go") -> tuple[str, list[str]]:
     """Run one turn with hooks; returns what the model was sent and the info events."""
     core, backend, _, events = await make_core([{"text": "ok"}], cfg=cfg)
-    core.set_cwd(str(cwd))
+    core.session.set_cwd(str(cwd))
     await core.submit(prompt)
     await core.close()
     return backend.requests[0][-1].content, [e.text for e in events if e.kind == "info"]
