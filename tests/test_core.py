@@ -538,3 +538,28 @@ async def test_open_session_builds_a_core_in_one_call_from_a_config_in_code(tmp_
         assert {"execute_code", "echo"} <= set(await core.dispatcher.list_tools())
         assert toy.calls == [("echo", {"text": "from my server"})]
     assert not core.tmpdir.exists()  # closed on the way out
+
+
+async def test_the_state_is_idle_only_when_no_queued_turn_is_left():
+    cfg = AgentConfig(hooks={"preTurn": ["sleep 0.2"]})  # a gap between turns where idle used to show
+    core, backend, _, events = await make_core([{"text": "one", "delay": 0.1}, {"text": "two"}], cfg=cfg)
+    first = asyncio.create_task(core.submit("first"))
+    await asyncio.sleep(0.05)
+    await core.submit("second")  # queued
+    await first
+    states = [e.text for e in events if e.kind == "state"]
+    assert states[-1] == "idle" and "idle" not in states[:-1]
+    assert [e.kind for e in events if e.kind == "done"] == ["done", "done"]
+    assert core.reply == "two"
+    await core.close()
+
+
+async def test_a_backend_switch_forgets_the_old_window(tmp_path):
+    core, backend, _, _ = await make_core([{"text": "ok"}])
+    backend._context_length = 1_000_000
+    await core.submit("hi")
+    assert core.ctxsz().window == 1_000_000
+    (tmp_path / "other.json").write_text(json.dumps([{"text": "x"}]))
+    await core.set_backend("scripted", str(tmp_path / "other.json"))
+    assert core.ctxsz().window == 128_000  # until the new backend says otherwise
+    await core.close()

@@ -397,3 +397,18 @@ def test_reading_a_restored_session_wakes_it_only_when_asked(fs_server):
     assert asleep["systemprompt"] == "You wake.\n" and asleep["usage"].endswith("1 requests [estimated]\n")
     assert "execute" in (s / "mcp").read_text()  # asks the servers: wakes
     assert marker.exists()
+
+
+def test_cfg_written_back_whole_changes_only_what_was_edited_even_the_agent(fs_server):
+    # An editor writes every line back; after `agent=` switched, the old agent's values that
+    # follow in the file are what the file showed, not edits.
+    fs_server.agent("cool", [{"match": ".", "text": "ok"}], temperature=0.1)
+    sid = fs_server.new_session()
+    s = fs_server.mnt / "s" / sid
+    fs_server.sh(f"echo 'temperature=0.9' > s/{sid}/cfg")
+    text = (s / "cfg").read_text()
+    with open(s / "cfg", "r+") as f:  # as vim does: open, truncate, write it all
+        f.truncate()
+        f.write(text.replace("agent=default", "agent=cool"))
+    after = (s / "cfg").read_text()
+    assert "agent=cool\n" in after and "temperature=0.1\n" in after

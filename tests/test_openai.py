@@ -93,6 +93,8 @@ async def test_tool_calls_assembled_by_index_and_sent_back(server):
         ("length", "length", "length"),
         ("content_filter", "content_filter", "content_filter"),
         ("sensitive", "other", "sensitive"),  # a reason ollie does not know (some providers' own)
+        ("eos", "stop", "eos"),  # Together's word for an answer that ended
+        ("eos_token", "stop", "eos_token"),  # TGI's and watsonx's
     ],
 )
 async def test_finish_reason_becomes_the_stop_reason_and_the_providers_word(server, finish, stop_reason, reason):

@@ -276,7 +276,7 @@ class Event:
 
 # ---- errors ------------------------------------------------------------------------------------
 # One root: a frontend catches OllieError and shows the message; the file server maps the classes
-# below to errno values (Busy: EBUSY, InvalidValue and ConfigError: EINVAL, NotFound: ENOENT).
+# below to errno values (Busy: EBUSY; InvalidValue, NotFound and ConfigError: EINVAL).
 
 
 class OllieError(Exception):
@@ -293,7 +293,7 @@ class InvalidValue(OllieError, ValueError):
 
 
 class NotFound(OllieError, LookupError):
-    """What was asked for does not exist (a model the backend lacks, an agent without a config)."""
+    """What was asked for does not exist (a model the backend does not list)."""
 
 
 class Busy(OllieError):

@@ -98,6 +98,8 @@ async def _open(
     from .env import build_agent_env
     from .session import SessionStore
 
+    if "execute" in servers:
+        raise ConfigError("the tool server name 'execute' is ollie's own (the sandboxed execute_code); choose another")
     meta = None
     if session_id:
         store = SessionStore(session_id, store_root)
@@ -128,7 +130,7 @@ async def _open(
     await core.refresh_context_length()
     for info in env.infos:
         core.emit(Event("info", info))
-    if meta is None:
+    if meta is None or meta.agent != cfg.name:  # a new session, or a stored one under another agent
         await core.spawned()
     return core
 

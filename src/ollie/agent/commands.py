@@ -88,12 +88,15 @@ async def _report(core: Core, name: str, work: Awaitable[str | None]) -> None:
 
 
 async def _shell(core: Core, cmd: str) -> str:
-    """`!cmd` runs as the model's own code does (execute_code, the session's default sandbox
-    policy): a prompt may come from anyone who can write the session's `prompt` file."""
+    """`!cmd` runs as the model's own code does (ollie's execute server, the session's default
+    sandbox policy): a prompt may come from anyone who can write the session's `prompt` file."""
     if not cmd:
         raise InvalidValue("give a command to run")
+    server = core.dispatcher.get_server("execute")
+    if server is None:
+        raise InvalidValue("this session has no execute server to run commands with")
     arguments = {"steps": [{"code": cmd}], "timeout": SHELL_TIMEOUT}
-    result = await core.dispatcher.dispatch("execute_code", arguments, core.call_context())
+    result = await server.call_tool("execute_code", arguments, core.call_context())
     text = result.text().rstrip()
     return f"!{cmd}" + (" (failed)" if result.is_error else "") + (f"\n{text}" if text else "")
 

@@ -31,11 +31,11 @@ async def before_turn(rt: Runtime, prompt: str) -> None:
     cfg, window = rt.env.config, rt.window
     used = (window.estimate() + len(prompt) // CHARS_PER_TOKEN) / window.length
     if used >= cfg.compact_at:
-        rt.emit(Event("info", f"context {used:.0%} full: compacting"))
+        rt.bus.emit(Event("info", f"context {used:.0%} full: compacting"))
         await compact(rt, reason="auto")
     elif used >= cfg.compact_warn and not window.warned:
         window.warned = True
-        rt.emit(Event("info", f"context {used:.0%} full; /compact to summarise it"))
+        rt.bus.emit(Event("info", f"context {used:.0%} full; /compact to summarise it"))
 
 
 async def compact(rt: Runtime, reason: str, keep_last: int = 0) -> None:
@@ -47,11 +47,11 @@ async def compact(rt: Runtime, reason: str, keep_last: int = 0) -> None:
     history, kept = messages[:cut], messages[cut:]
     if not history or (len(history) <= 4 and reason != "overflow"):
         if reason == "manual":
-            rt.emit(Event("info", "nothing to compact"))
+            rt.bus.emit(Event("info", "nothing to compact"))
         return
     pre = await rt.hooks.run("preCompact", {"reason": reason, "messages": len(history)})
     if pre.blocked:
-        rt.emit(Event("info", f"compaction cancelled by a preCompact hook: {pre.reason}"))
+        rt.bus.emit(Event("info", f"compaction cancelled by a preCompact hook: {pre.reason}"))
         return
     previous_state = rt.bus.state
     rt.bus.set_state("compacting")
@@ -59,17 +59,17 @@ async def compact(rt: Runtime, reason: str, keep_last: int = 0) -> None:
         summary = await _summarise(rt, history)
     except Exception as e:
         if reason == "manual":
-            rt.emit(Event("error", f"compaction failed, history unchanged: {e}"))
+            rt.bus.emit(Event("error", f"compaction failed, history unchanged: {e}"))
             return
-        rt.emit(Event("info", f"summarising failed ({e}); evicting old messages instead"))
-        evict(rt, keep_last)
+        rt.bus.emit(Event("info", f"summarising failed ({e}); evicting old messages instead"))
+        evict(rt, keep_last, pre.output)
         return
     finally:
         rt.bus.set_state(previous_state)
     post = await rt.hooks.run("postCompact", {"reason": reason, "summary": summary})
     notes = "".join(f"\n\n{out}" for out in (pre.output, post.output) if out)
     rt.replace_history([Message("user", SUMMARY_PREFIX + summary + notes), *kept])
-    rt.emit(Event("info", f"compacted {len(history)} messages into a summary"))
+    rt.bus.emit(Event("info", f"compacted {len(history)} messages into a summary"))
 
 
 async def _summarise(rt: Runtime, history: list[Message]) -> str:
@@ -90,10 +90,10 @@ async def _summarise(rt: Runtime, history: list[Message]) -> str:
     return summary
 
 
-def evict(rt: Runtime, keep_last: int = 0) -> None:
+def evict(rt: Runtime, keep_last: int = 0, note: str = "") -> None:
     """Drop the oldest units (a user message, or an assistant message with its tool results),
     never one of the last `keep_last` messages, until the history takes at most half the
-    window; say what was dropped."""
+    window; say what was dropped (and add `note`, a preCompact hook's output, to that notice)."""
     msgs = rt.state.messages
     protected = len(msgs) - keep_last
     budget = rt.window.length * CHARS_PER_TOKEN // 2
@@ -115,10 +115,10 @@ def evict(rt: Runtime, keep_last: int = 0) -> None:
     notice = Message(
         "user",
         f"[{cut} earlier messages were evicted from the context to make room; "
-        "they are kept in the session's compaction.jsonl.]",
+        "they are kept in the session's compaction.jsonl.]" + (f"\n\n{note}" if note else ""),
     )
     rt.replace_history([notice, *msgs[cut:]])
-    rt.emit(Event("info", f"evicted {cut} old messages from the context"))
+    rt.bus.emit(Event("info", f"evicted {cut} old messages from the context"))
 
 
 def flatten(history: list[Message]) -> str:

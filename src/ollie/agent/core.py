@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import logging
 import os
 import shutil
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -67,7 +68,7 @@ class Core:
             agent.name,
             os.path.abspath(cfg.env.cwd or os.getcwd()),
             GenerationParams(**agent.params.nonempty()),
-            busy=lambda: self.running,
+            busy=lambda: self.running or bool(self._holder),
             changed=lambda: self._rt.bus.notify(),
         )
         bus = Bus(state.store)
@@ -86,6 +87,7 @@ class Core:
         self._length_known = False  # the backend was asked for its context window
         self._queue: collections.deque[str] = collections.deque()
         self._turn: asyncio.Task[None] | None = None
+        self._holder = ""  # what holds the session between awaits (a switch, a compaction), if anything
         self._save_meta()
         tmpdir.mkdir(exist_ok=True, mode=0o700)
 
@@ -227,7 +229,7 @@ class Core:
         """`submit` in the background. The turn counts as running from this call on: `state`,
         `reply` and the refusals of settings see it at once."""
         prompt = prompt.strip()
-        if prompt and self.running:
+        if prompt and (self.running or self._holder):
             self._queue.append(prompt)
             self.emit(Event("info", f"queued: {prompt[:80]}"))
         elif prompt:
@@ -241,7 +243,7 @@ class Core:
 
     def interrupt(self) -> bool:
         """Stop the running turn (completed work is kept); False when none runs."""
-        if self._turn is None or self._turn.done():
+        if self._turn is None or not self.running:
             return False
         self._turn.cancel()
         return True
@@ -265,6 +267,12 @@ class Core:
         return list(self._queue)
 
     async def _run_until_idle(self, prompt: str | None) -> None:
+        try:
+            await self._run_turns(prompt)
+        finally:
+            self._rt.bus.set_state("idle")  # only now: no queued or follow-up turn is left to run
+
+    async def _run_turns(self, prompt: str | None) -> None:
         follow_ups = 0  # turns in a row that a postTurn or turnError hook asked for
         while prompt is not None:
             follow_up = await self._guarded_turn(prompt)
@@ -283,7 +291,8 @@ class Core:
             prompt = follow_up if follow_up is not None else self.pop_queue()
 
     async def _guarded_turn(self, prompt: str) -> str | None:
-        """One turn, whatever happens in it: errors become events, the state returns to idle."""
+        """One turn, whatever happens in it: errors become events, completed work is saved."""
+        self._rt.bus.set_state("thinking")
         try:
             try:
                 if not self._length_known:
@@ -300,7 +309,6 @@ class Core:
             self.emit(Event("info", "interrupted"))
             return None
         finally:
-            self._rt.bus.set_state("idle")
             self._save_meta()
             self.emit(Event("done"))
 
@@ -313,30 +321,52 @@ class Core:
 
     async def compact(self) -> None:
         """Summarise the history to free the context window."""
-        self._rt.state.require_idle("compact")
-        await compaction.compact(self._rt, reason="manual")
+        async with self._holding("compact"):
+            await compaction.compact(self._rt, reason="manual")
+
+    @contextlib.asynccontextmanager
+    async def _holding(self, what: str) -> AsyncIterator[None]:
+        """Hold the session for work that awaits (a switch, a compaction): settings are refused and
+        prompts queue until it ends, then the queue runs."""
+        self._rt.state.require_idle(what)
+        self._holder = what
+        try:
+            yield
+        finally:
+            self._holder = ""
+            if (prompt := self.pop_queue()) is not None:
+                self.start(prompt)
 
     # ---- switching -----------------------------------------------------------------------------------
     async def set_backend(self, name: str, model: str | None = None) -> None:
         """Switch to backend `name` (its default model unless `model`); the history is kept."""
         from .. import backends
 
-        self._rt.state.require_idle("switch the backend")
-        new = backends.create(name, model or None)
-        old, self._rt.backend = self._rt.backend, new
-        self._length_known = False
-        await old.aclose()
-        self._save_meta()
+        async with self._holding("switch the backend"):
+            new = backends.create(name, model or None)
+            old, self._rt.backend = self._rt.backend, new
+            self._new_window()
+            await old.aclose()
+            self._save_meta()
 
     async def set_model(self, model: str) -> None:
-        """Switch model on the same backend; refused for a model the backend does not list."""
-        self._rt.state.require_idle("switch the model")
+        """Switch model on the same backend; refused for a model the backend lists none like
+        (`llama3` stands for `llama3:latest`, `claude-x` for `claude-x-20250101`)."""
         if not model:
             raise InvalidValue("give a model name")
-        models = await self.models()
-        if models and model not in models:
+        self._rt.state.require_idle("switch the model")
+        try:
+            models = await self.models()
+        except Exception:  # the backend cannot list them now: its first request will say
+            models = []
+        if models and not any(m == model or m.startswith((f"{model}:", f"{model}-", f"{model}@")) for m in models):
             raise NotFound(f"no model {model!r} on {self.backend.name}; models: {', '.join(models)}")
         await self.set_backend(self.backend.name, model)
+
+    def _new_window(self) -> None:
+        """Another backend or agent: its window is asked for before the next turn."""
+        self._rt.window.length = self._rt.env.config.context_window or DEFAULT_WINDOW
+        self._length_known = False
 
     async def set_agent(self, name: str) -> None:
         """Switch agent, keeping the history and the cwd. Everything else comes from the new
@@ -347,40 +377,40 @@ class Core:
         from .env import build_agent_env
 
         rt = self._rt
-        rt.state.require_idle("switch the agent")
         if self._new_dispatcher is None:
             raise InvalidValue("this session was built without a dispatcher factory; cannot switch agents")
-        # Everything that may fail comes first: a refused switch leaves the session as it was.
-        cfg = config.load_agent(name)
-        new_backend = None
-        if cfg.backend or cfg.model:
-            from .. import backends
+        async with self._holding("switch the agent"):
+            # Everything that may fail comes first: a refused switch leaves the session as it was.
+            cfg = config.load_agent(name)
+            new_backend = None
+            if cfg.backend or cfg.model:
+                from .. import backends
 
-            new_backend = backends.create(cfg.backend or rt.backend.name, cfg.model or None)
-        try:
-            env = await build_agent_env(cfg, self._new_dispatcher(), rt.state.cwd)
-        except BaseException:
+                new_backend = backends.create(cfg.backend or rt.backend.name, cfg.model or None)
+            try:
+                env = await build_agent_env(cfg, self._new_dispatcher(), rt.state.cwd)
+            except BaseException:
+                if new_backend is not None:
+                    await new_backend.aclose()
+                raise
+            await rt.env.dispatcher.close()
+            await rt.hooks.close()
+            rt.env, rt.hooks = env, Hooks(cfg, rt.state, rt.bus.emit)
+            rt.state.switched(GenerationParams(**cfg.params.nonempty()))
             if new_backend is not None:
-                await new_backend.aclose()
-            raise
-        await rt.env.dispatcher.close()
-        await rt.hooks.close()
-        rt.env, rt.hooks = env, Hooks(cfg, rt.state, rt.bus.emit)
-        rt.state.reset_params(GenerationParams(**cfg.params.nonempty()))
-        if new_backend is not None:
-            old, rt.backend = rt.backend, new_backend
-            await old.aclose()
-        self._length_known = False
-        for info in rt.env.infos:
-            self.emit(Event("info", info))
-        self._save_meta()
-        await self.spawned()
+                old, rt.backend = rt.backend, new_backend
+                await old.aclose()
+            self._new_window()
+            for info in rt.env.infos:
+                self.emit(Event("info", info))
+            await self.spawned()
 
     async def spawned(self) -> None:
         """Run the agentSpawn hooks (a new session, or an agent switch); their output primes the
         session: it becomes part of the system prompt."""
         outcome = await self._rt.hooks.run("agentSpawn", {"agent": self.agent.name})
         self._rt.state.set_primer(outcome.output)
+        self._save_meta()
 
     async def refresh_context_length(self) -> None:
         """Ask the backend for its window (unless the agent config sets one); done before the
@@ -393,6 +423,7 @@ class Core:
         try:
             window.length = await self._rt.backend.context_length() or DEFAULT_WINDOW
         except Exception as e:
+            window.length = DEFAULT_WINDOW
             log.warning("context length unknown for %s: %s", self.backend.name, e)
 
     async def close(self) -> None:
@@ -400,7 +431,7 @@ class Core:
         backend, remove the tmpdir."""
         self._queue.clear()
         self._rt.inject = None
-        if self._turn is not None and not self._turn.done():
+        if self._turn is not None and self.running:
             self._turn.cancel()
             await asyncio.gather(self._turn, return_exceptions=True)
         await self.dispatcher.close()

@@ -6,7 +6,8 @@ stdin and each payload key exported as `OLLIE_<KEY>`.
 Exit 0: its stdout is added to the context, for every event. agentSpawn's becomes part of the
 system prompt (so compaction and /clear keep it); preTurn's is appended to the prompt; preTool's
 and postTool's to the tool's result; postTurn's and turnError's ride with the next prompt;
-preCompact's and postCompact's are appended to the summary that replaces the history.
+preCompact's and postCompact's are appended to the summary that replaces the history. (A result
+a postTool hook withholds is replaced by its reason whole, preTool's output with it.)
 Exit 2: the action is blocked and stderr says why (after postTurn or turnError, stderr becomes the
 next prompt). Any other exit, a timeout or a crash: a warning, and the loop goes on.
 

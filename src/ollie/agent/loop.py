@@ -59,16 +59,17 @@ async def run_turn(rt: Runtime, prompt: str) -> str | None:
     if pre.blocked:
         raise TurnError(f"preTurn hook blocked the turn: {pre.reason}")
     await compaction.before_turn(rt, prompt)
-    content = "\n\n".join([prompt, *state.take_notes(), *([pre.output] if pre.output else [])])
+    content = "\n\n".join([prompt, *state.notes, *([pre.output] if pre.output else [])])
     if not state.meta.first_prompt:
         state.meta.first_prompt = prompt[:200]
-    rt.emit(Event("user", prompt))
+    rt.bus.emit(Event("user", prompt))
     start = len(state.messages)
     rt.commit([Message("user", content)])
+    state.notes_delivered()
     try:
         await _steps(rt)
     except ContextOverflowError:
-        rt.emit(Event("info", "context overflow: compacting and retrying the turn"))
+        rt.bus.emit(Event("info", "context overflow: compacting and retrying the turn"))
         turn = len(state.messages) - start  # the prompt and the turn's work so far stay as they are
         await compaction.compact(rt, reason="overflow", keep_last=turn)
         start = len(state.messages) - turn
@@ -83,7 +84,7 @@ async def run_turn(rt: Runtime, prompt: str) -> str | None:
 async def turn_failed(rt: Runtime, e: Exception) -> str | None:
     """Report why the turn failed; a turnError hook may answer with the next prompt."""
     kind = getattr(e, "kind", "unknown")
-    rt.emit(Event("error", str(e) or type(e).__name__, data={"error_type": kind}))
+    rt.bus.emit(Event("error", str(e) or type(e).__name__, data={"error_type": kind}))
     outcome = await rt.hooks.run("turnError", {"error": str(e), "error_type": kind})
     if outcome.output:
         rt.state.add_note(outcome.output)
@@ -135,7 +136,7 @@ async def _steps(rt: Runtime) -> None:
 
 async def _last_answer(rt: Runtime, max_steps: int) -> None:
     """The step budget is spent: one more answer, without tools, that sums the work up."""
-    rt.emit(Event("maxsteps", f"step budget of {max_steps} exhausted"))
+    rt.bus.emit(Event("maxsteps", f"step budget of {max_steps} exhausted"))
     note = (
         f"[The step budget of {max_steps} steps is exhausted. Do not call tools. Summarize "
         "what you did, what you found and what remains to be done.]"
@@ -208,7 +209,7 @@ async def _countdown(rt: Runtime, seconds: float, kind: str, why: str) -> None:
     rt.bus.set_state("limitretry" if kind == "limitretry" else "thinking")
     left, first = seconds, True
     while True:  # an event a second, the first and the last (0 s left) included
-        rt.emit(Event(kind, why, data={"seconds": round(left, 1), "first": first}))  # type: ignore[arg-type]
+        rt.bus.emit(Event(kind, why, data={"seconds": round(left, 1), "first": first}))  # type: ignore[arg-type]
         if left <= 0:
             return
         first = False
@@ -227,7 +228,7 @@ async def _stream_once(rt: Runtime, tools: list[ToolSpec]) -> tuple[Message, Don
     async for chunk in rt.backend.stream(messages, tools, rt.state.params):
         if isinstance(chunk, TextDelta):
             text.append(_text_of(rt, chunk))
-            rt.emit(Event("assistant", text[-1]))
+            rt.bus.emit(Event("assistant", text[-1]))
         elif isinstance(chunk, ToolCallDelta):
             if not isinstance(chunk.index, int):  # no telling which call the piece belongs to
                 raise BackendError(
@@ -240,7 +241,7 @@ async def _stream_once(rt: Runtime, tools: list[ToolSpec]) -> tuple[Message, Don
             rt.count_usage(chunk.usage)
             rt.window.measured(chunk.usage)
         elif isinstance(chunk, ReasoningDelta):
-            rt.emit(Event("reasoning", _text_of(rt, chunk)))
+            rt.bus.emit(Event("reasoning", _text_of(rt, chunk)))
         elif isinstance(chunk, Done):
             done = chunk
     if done is None:
@@ -255,7 +256,7 @@ async def _stream_once(rt: Runtime, tools: list[ToolSpec]) -> tuple[Message, Don
     if not calls and tools and content:
         content, calls = recover_tool_calls(content, {t.name for t in tools}, len(rt.state.messages))
     if done.stop_reason == "length" and not calls:
-        rt.emit(Event("info", "the answer was cut off at the token limit"))
+        rt.bus.emit(Event("info", "the answer was cut off at the token limit"))
     return Message("assistant", content, tool_calls=calls, provider_data=done.provider_data), done
 
 
@@ -348,10 +349,10 @@ def _read_only(call: ToolCall, tools: dict[str, Tool]) -> bool:
 
 async def _call(rt: Runtime, call: ToolCall) -> Message:
     rt.bus.set_state(f"calling: {call.name}")
-    rt.emit(Event("call", call.arguments, name=call.name))
+    rt.bus.emit(Event("call", call.arguments, name=call.name))
     result = await _dispatch(rt, call)
     text = _fit(rt.tmpdir, valid_text(result.text()))  # a tool's output may be anything
-    rt.emit(Event("tool", text, name=call.name, data={"is_error": result.is_error}))
+    rt.bus.emit(Event("tool", text, name=call.name, data={"is_error": result.is_error}))
     return Message("tool", text, is_error=result.is_error)
 
 

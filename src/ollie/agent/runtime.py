@@ -33,13 +33,12 @@ class Runtime:
     tmpdir: Path  # the session's scratch directory (whole tool results are kept there)
     inject: str | None = None  # a message for the running turn, delivered with the next tool result
 
-    def emit(self, ev: Event) -> None:
-        self.bus.emit(ev)
-
     def system_prompt(self) -> str:
-        """The agent's system prompt and what its agentSpawn hooks said."""
+        """The agent's system prompt and what its agentSpawn hooks said, marked as theirs."""
         primer = self.state.primer
-        return f"{self.env.system_prompt}\n\n{primer}" if primer else self.env.system_prompt
+        if not primer:
+            return self.env.system_prompt
+        return f"{self.env.system_prompt.rstrip()}\n\n[From the agent's agentSpawn hooks:]\n{primer}"
 
     def commit(self, messages: list[Message]) -> None:
         """Completed messages: into the history, onto disk, into the window's count."""
@@ -62,7 +61,7 @@ class Runtime:
         meta = self.state.meta
         meta.cost_last = last
         meta.cost_session += last
-        self.emit(Event("usage", data=asdict(self.state.usage)))
+        self.bus.emit(Event("usage", data=asdict(self.state.usage)))
 
     def call_context(self) -> CallContext:
         """What a tool call of this session runs with: its cwd, env, scratch dir, allowed policies."""

@@ -2,8 +2,9 @@
 
 The setters carry the rules. What may not change while a turn runs (the cwd, the generation
 parameters, the session's name, the history) raises `Busy`; a bad value raises `InvalidValue`.
-Every frontend (slash commands, the `ctl` and `cfg` files, a library user) meets the same rules
-because there is no other way in.
+Every frontend (slash commands, the `ctl` and `cfg` files, a library user) changes the session
+through these setters, so it meets the same rules. (`commit`, `replace_history`, `switched` and
+the notes are the loop's and `Core`'s own: they run while the session is held.)
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from typing import Any
 
 from ..types import Busy, Cost, GenerationParams, InvalidValue, Message, Usage, valid_text, valid_value
 from .session import SessionMeta, SessionStore
+
+MAX_NOTES = 10  # hook notes waiting for the next prompt
 
 
 class SessionState:
@@ -124,10 +127,11 @@ class SessionState:
         self._params.set(key, value)
         self.save()
 
-    def reset_params(self, params: GenerationParams) -> None:
-        """Replace every generation parameter (an agent switch brings the new agent's)."""
-        self.require_idle("change generation parameters")
+    def switched(self, params: GenerationParams) -> None:
+        """Another agent took the session (Core holds it meanwhile): its parameters replace every
+        one, and the notes the old agent's hooks left are dropped."""
         self._params = params
+        self.meta.notes = []
         self.save()
 
     @property
@@ -141,15 +145,23 @@ class SessionState:
 
     # ---- notes that hooks leave for the model -----------------------------------------------------
     def add_note(self, text: str) -> None:
-        """Context for the model that rides with the next prompt (a postTurn hook's output)."""
-        self.meta.notes.append(text)
+        """Context for the model that rides with the next prompt (a postTurn hook's output). A
+        note already waiting is not added again; the oldest go beyond MAX_NOTES."""
+        if text in self.meta.notes:
+            return
+        self.meta.notes = [*self.meta.notes, text][-MAX_NOTES:]
         self.save()
 
-    def take_notes(self) -> list[str]:
-        notes, self.meta.notes = self.meta.notes, []
-        if notes:
+    @property
+    def notes(self) -> list[str]:
+        """The notes waiting for the next prompt."""
+        return list(self.meta.notes)
+
+    def notes_delivered(self) -> None:
+        """The next prompt, with the notes, is in the history."""
+        if self.meta.notes:
+            self.meta.notes = []
             self.save()
-        return notes
 
     @property
     def primer(self) -> str:
@@ -183,8 +195,10 @@ class SessionState:
         self._messages = messages
 
     def clear(self) -> None:
+        """Forget the history (kept in compaction.jsonl) and the notes waiting for it."""
         self.require_idle("clear the history")
         self.replace_history([])
+        self.notes_delivered()
 
     @property
     def chat_path(self) -> Path:

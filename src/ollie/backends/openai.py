@@ -43,6 +43,9 @@ _FINISH: dict[str, StopReason] = {
     "function_call": "tool_calls",
     "length": "length",
     "content_filter": "content_filter",
+    # Servers that speak the wire in their own words: Together says "eos", TGI and watsonx "eos_token".
+    "eos": "stop",
+    "eos_token": "stop",
 }
 # Parameters the Chat Completions API takes by these names; the rest go in the body as local servers
 # (llama.cpp, vLLM) spell them.
@@ -271,7 +274,7 @@ def _done(finish_reason: Any) -> Done:
     if not isinstance(finish_reason, str):
         raise TypeError(f"finish_reason {finish_reason!r}")  # a malformed chunk
     stop = _FINISH.get(finish_reason, "other")
-    return Done(stop, reason="" if stop in ("stop", "tool_calls") else finish_reason)
+    return Done(stop, reason="" if finish_reason in ("stop", "tool_calls", "function_call") else finish_reason)
 
 
 def _wire_message(m: Message) -> dict[str, Any]:

@@ -24,7 +24,18 @@ from ..chatfmt import context_text, cost_text, usage_text
 from ..types import GENERATION_PARAM_TYPES, OllieError
 from .namespace import Dir, File, FsError, Handle, OpenMode, Stat
 from .sessions import FIXED, Session, Sessions, check_cwd, errno_of, parse_kv
-from .stores import CtlFile, Getter, LineBuffer, MiB, OnCloseFile, SnapshotHandle, TextFile, check_file_name, text_size
+from .stores import (
+    CtlFile,
+    CtlHandle,
+    Getter,
+    LineBuffer,
+    MiB,
+    OnCloseFile,
+    SnapshotHandle,
+    TextFile,
+    check_file_name,
+    text_size,
+)
 
 if TYPE_CHECKING:
     from ..agent import Core
@@ -243,20 +254,42 @@ class StateWaitFile(File):
 # ---- control files: ctl, cfg, env ---------------------------------------------------------------------
 
 
-def _checked(session: Session, act: Callable[[str], Awaitable[str | None]], get: Getter) -> CtlFile:
-    """A control file: a line that fails, fails its write with the error's errno, and the reason
-    lands in the chat as `error: …`."""
+Act = Callable[[str], Awaitable[str | None]]
 
-    async def checked(line: str) -> str | None:
+
+def _reporting(session: Session, act: Act) -> Act:
+    """`act`, whose failure fails the write with the error's errno and lands in the chat as
+    `error: …`."""
+
+    async def reported(line: str) -> str | None:
         try:
             return await act(line)
-        except (FsError, OllieError, OSError) as e:
+        except (OllieError, OSError) as e:
             session.error(str(e))
-            if isinstance(e, (FsError, OllieError)):
-                raise FsError(errno_of(e), str(e)) from None
-            raise FsError(E.EINVAL, str(e)) from None
+            raise FsError(errno_of(e) if isinstance(e, OllieError) else E.EINVAL, str(e)) from None
 
-    return CtlFile(checked, get)
+    return reported
+
+
+def _checked(session: Session, act: Act, get: Getter) -> CtlFile:
+    """A control file: one line, one act, reported (see `_reporting`)."""
+    return CtlFile(_reporting(session, act), get)
+
+
+class CfgFile(File):
+    """`cfg`: a line that gives a key the value the file showed when it was opened changes
+    nothing, so an editor that writes the whole file back changes only what was edited, even
+    when an edit above (agent=) changed what the file shows now."""
+
+    mode = 0o644
+
+    def __init__(self, session: Session):
+        self.session = session
+
+    async def open(self, mode: OpenMode) -> Handle:
+        shown = _cfg_values(self.session)
+        act = _reporting(self.session, lambda line: _cfg_set(self.session, line, shown))
+        return CtlHandle(act, lambda: _cfg_text(self.session))
 
 
 CTL_OWN = "kill, rn <name>, save [name]"  # what only the file interface has
@@ -299,7 +332,7 @@ def _save_transcript(session: Session, name: str) -> str:
     return f"saved tr/{target.name}"
 
 
-CFG_COMMANDS = {"backend": "backend", "model": "model", "agent": "agent", "cwd": "cwd"}  # key → command
+CFG_COMMANDS = ("backend", "model", "agent", "cwd")  # keys that are commands of their own; the rest: `set`
 
 
 def _cfg_values(session: Session) -> dict[str, str]:
@@ -323,10 +356,10 @@ def _cfg_text(session: Session) -> str:
     return "".join(f"{k}={v}\n" for k, v in _cfg_values(session).items())
 
 
-async def _cfg_set(session: Session, line: str) -> None:
+async def _cfg_set(session: Session, line: str, shown: dict[str, str]) -> None:
     """One `key=value` line, the value being the rest of the line (so an object in JSON fits),
-    run as the session command of that setting. A value equal to what cfg shows changes nothing:
-    an editor writes the whole file back."""
+    run as the session command of that setting. A value equal to what cfg shows, or showed when it
+    was opened, changes nothing: an editor writes the whole file back."""
     from ..agent import commands
 
     core = await session.wake()
@@ -337,14 +370,14 @@ async def _cfg_set(session: Session, line: str) -> None:
     current = _cfg_values(session)
     if key not in current:
         raise FsError(E.EINVAL, f"unknown key {key!r}; keys: {', '.join(k for k in current if k != 'state')}")
-    if current[key] == value:
+    if value in (current[key], shown.get(key)):
         return
     if key == "state":
         raise FsError(E.EINVAL, "state is read-only")
     if key == "cwd":
         check_cwd(value)
     if key in CFG_COMMANDS:
-        await commands.run(core, CFG_COMMANDS[key], value)
+        await commands.run(core, key, value)
     else:
         await commands.run(core, "set", f"{key} {value}")
 
@@ -424,7 +457,7 @@ SESSION_FILES: dict[str, SessionFileMaker] = {
     "state": _text(lambda s: s.state + "\n"),
     "reply": _text(lambda s: s.reply),
     "ctl": lambda s, ss: _checked(s, lambda line: _ctl(s, ss, line), get=lambda: _ctl_help() + "\n"),
-    "cfg": lambda s, _: _checked(s, lambda line: _cfg_set(s, line), get=lambda: _cfg_text(s)),
+    "cfg": lambda s, _: CfgFile(s),
     "fifo.in": lambda s, _: OnCloseFile(lambda: "", s.enqueue, PROMPT_MAX, mode=0o622),
     "usage": _text(lambda s: usage_text(s.usage()) + "\n", sized=False),
     "cost": _text(lambda s: cost_text(s.cost(), s.meta.model) + "\n", sized=False),

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from .. import config
 from ..agent.context import DEFAULT_WINDOW
-from ..agent.session import SessionStore, check_session_id, list_stored, sessions_dir
+from ..agent.session import SessionMeta, SessionStore, check_session_id, list_stored, sessions_dir
 from ..agent.state import last_reply, session_cost
 from ..chatfmt import last_prompt_offset
 from ..types import (
@@ -29,6 +29,7 @@ from ..types import (
     ConfigError,
     ContextSize,
     Cost,
+    Event,
     GenerationParams,
     InvalidValue,
     Message,
@@ -41,8 +42,6 @@ from .namespace import FsError
 
 if TYPE_CHECKING:
     from ..agent import Core
-    from ..agent.context import DEFAULT_WINDOW
-from ..agent.session import SessionMeta
 
 log = logging.getLogger("ollie.fs")
 
@@ -51,14 +50,13 @@ FIXED = ("new", "idx", "sh", "ls", "kill")  # the fixed files of s/: no session 
 
 
 def errno_of(e: Exception) -> int:
-    """The errno a file operation fails with for one of ollie's errors."""
+    """The errno a file operation fails with for one of ollie's errors (the chat has the message:
+    a shell shows only the errno's words, and "No such file" would mislead about a model name)."""
     if isinstance(e, FsError):
         return e.errno
     if isinstance(e, Busy):
         return E.EBUSY
-    if isinstance(e, NotFound):
-        return E.ENOENT
-    if isinstance(e, (InvalidValue, ConfigError)):
+    if isinstance(e, (InvalidValue, NotFound, ConfigError)):
         return E.EINVAL
     return E.EIO
 
@@ -118,10 +116,6 @@ class Session:
     @property
     def state(self) -> str:
         return self.core.state if self.core else "idle"
-
-    @property
-    def running(self) -> bool:
-        return self.core is not None and self.core.running
 
     @property
     def reply(self) -> str:
@@ -233,8 +227,6 @@ class Session:
 
     def error(self, message: str) -> None:
         """Put `error: message` into the chat (a control write that failed)."""
-        from ..types import Event
-
         if self.core is not None:
             self.core.emit(Event("error", message))
 
