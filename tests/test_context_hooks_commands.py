@@ -508,21 +508,25 @@ async def test_pre_tool_output_joins_the_result_and_compaction_hooks_join_the_su
 # ---- /agent: the new agent's settings, nothing of the old one's --------------------------------------------
 
 
-async def test_agent_switch_brings_the_new_agents_parameters_hooks_and_backend(ollie_dirs, tmp_path):
+def scripted_agent(ollie_dirs, tmp_path, name, turns, **fields):
+    """An agent config `name` on the scripted backend, playing `turns`; returns its script's path."""
     agents = ollie_dirs / "cfg" / "agents"
-    agents.mkdir()
-    script = tmp_path / "reviewer.json"
-    script.write_text(json.dumps([{"text": "reviewed", "expect": "look"}]))
-    (agents / "reviewer.json").write_text(
-        json.dumps(
-            {
-                "prompt": "You review.\n",
-                "temperature": 0.1,
-                "backend": "scripted",
-                "model": str(script),
-                "hooks": {"agentSpawn": "echo 'reviewer primer'"},
-            }
-        )
+    agents.mkdir(exist_ok=True)
+    script = tmp_path / f"{name}.json"
+    script.write_text(json.dumps(turns))
+    (agents / f"{name}.json").write_text(json.dumps({"backend": "scripted", "model": str(script), **fields}))
+    return script
+
+
+async def test_agent_switch_brings_the_new_agents_parameters_hooks_and_backend(ollie_dirs, tmp_path):
+    script = scripted_agent(
+        ollie_dirs,
+        tmp_path,
+        "reviewer",
+        [{"text": "reviewed", "expect": "look"}],
+        prompt="You review.\n",
+        temperature=0.1,
+        hooks={"agentSpawn": "echo 'reviewer primer'"},
     )
     cfg = AgentConfig(hooks={"agentSpawn": ["echo 'old primer'"]}, params=GenerationParams(top_p=0.5))
     core, backend, _, events = await make_core([], cfg=cfg)
@@ -550,20 +554,14 @@ async def test_a_failed_agent_switch_leaves_the_session_as_it_was(ollie_dirs):
 
 
 async def test_a_prompt_during_an_agent_switch_waits_for_it_and_runs_on_the_new_agent(ollie_dirs, tmp_path):
-    agents = ollie_dirs / "cfg" / "agents"
-    agents.mkdir()
-    script = tmp_path / "slow.json"
-    script.write_text(json.dumps([{"text": "from the new agent", "expect": "go"}]))
-    (agents / "slowstart.json").write_text(
-        json.dumps(
-            {
-                "prompt": "New.\n",
-                "temperature": 0.1,
-                "backend": "scripted",
-                "model": str(script),
-                "hooks": {"agentSpawn": "sleep 0.3; echo primed"},
-            }
-        )
+    scripted_agent(
+        ollie_dirs,
+        tmp_path,
+        "slowstart",
+        [{"text": "from the new agent", "expect": "go"}],
+        prompt="New.\n",
+        temperature=0.1,
+        hooks={"agentSpawn": "sleep 0.3; echo primed"},
     )
     core, backend, _, events = await make_core([])
     switch = asyncio.create_task(commands.submit(core, "/agent slowstart"))
