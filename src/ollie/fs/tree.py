@@ -11,11 +11,12 @@ m/    memory             $OLLIE_DATA_PATH/memory
 tr/   transcripts        $OLLIE_DATA_PATH/transcripts (ctl `save` writes here; killed sessions
                          are kept here a while, see transcripts.py)
 tmp/  scratch            $OLLIE_TMP_PATH/scratch, 0700
-s/    sessions           see sessions.py
+s/    sessions           see sessions.py; its scripts from $OLLIE_CFG_PATH/scripts/s, else the package's
 """
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 from .. import config
@@ -24,6 +25,8 @@ from .session_files import SessionsDir, root_ctl
 from .sessions import Sessions
 from .stores import DiskDir, TextFile, text_size, tools_index, validate_agent
 from .transcripts import TranscriptsDir
+
+log = logging.getLogger(__name__)
 
 HELP = """ollie file server
 
@@ -50,38 +53,26 @@ a/ p/ sk/ t/ u/ x/ m/ tr/ tmp/   agent configs, prompts, skills, tools (t/idx), 
                   plugins, memory, transcripts (saved chats, killed sessions), scratch
 """
 
-SH = r"""#!/bin/sh
-# s/sh [id]: talk to a session from a terminal (without an id: a new session in this directory).
-# One line is one prompt; the reply is printed when the session is idle again.
-s=$(dirname "$0")
-id=$1
-if [ -z "$id" ]; then
-    echo "new cwd=$PWD" > "$s/../ctl" || exit 1
-    id=$(ls -U "$s" | tail -n 1)  # the listing is in creation order
-fi
-[ -d "$s/$id" ] || { echo "no session $id" >&2; exit 1; }
-echo "session $id" >&2
-while printf '> ' >&2 && IFS= read -r line; do
-    [ -n "$line" ] || continue
-    printf '%s\n' "$line" > "$s/$id/prompt"
-    until [ "$(cat "$s/$id/state")" = idle ]; do cat "$s/$id/statewait" > /dev/null; done
-    cat "$s/$id/reply"; echo
-done
-"""
+# The s/ scripts ship as files in the package; `ollie init` installs them into $OLLIE_CFG_PATH/scripts/s/,
+# and a copy there (yours to change) is what s/ serves, read when the server starts.
+PACKAGE_S_SCRIPTS = Path(__file__).resolve().parent.parent / "defaults" / "s"
 
-LS = r"""#!/bin/sh
-# s/ls: the sessions with their state, cwd, backend and model.
-s=$(dirname "$0")
-printf 'ID\tSTATE\tCWD\tBACKEND\tMODEL\n'
-cat "$s/idx"
-"""
 
-KILL = r"""#!/bin/sh
-# s/kill ID...: end sessions (kept read-only in tr/ for $OLLIE_TRANSCRIPT_DAYS days).
-s=$(dirname "$0")
-[ $# -gt 0 ] || { echo "usage: $0 ID..." >&2; exit 2; }
-for id; do echo "kill $id" > "$s/../ctl" || exit 1; done
-"""
+def s_scripts() -> dict[str, str]:
+    """The scripts of s/ by name: the installed copy when there is one, else the package's."""
+    installed = config.cfg_path() / "scripts" / "s"
+    scripts = {}
+    for shipped in sorted(PACKAGE_S_SCRIPTS.iterdir()):
+        if not shipped.is_file() or shipped.name.startswith("."):
+            continue
+        scripts[shipped.name] = shipped.read_text()
+        try:
+            scripts[shipped.name] = (installed / shipped.name).read_text()
+        except FileNotFoundError:
+            pass
+        except (OSError, UnicodeDecodeError) as e:
+            log.warning("s/%s: serving the package's script: cannot read %s: %s", shipped.name, installed, e)
+    return scripts
 
 
 def backends_text() -> str:
@@ -114,7 +105,7 @@ def build(sessions: Sessions) -> Namespace:
             "m": DiskDir(data / "memory"),
             "tr": TranscriptsDir(data / "transcripts"),
             "tmp": DiskDir(_private(config.tmp_path() / "scratch")),
-            "s": SessionsDir(sessions, {"sh": SH, "ls": LS, "kill": KILL}),
+            "s": SessionsDir(sessions, s_scripts()),
         }
     )
     return Namespace(root)
