@@ -17,6 +17,7 @@ import secrets
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
+from ..tools.scripts import index_text
 from .namespace import Dir, File, FsError, Handle, OpenMode, Stat
 
 Getter = Callable[[], str | Awaitable[str]]
@@ -435,28 +436,4 @@ def validate_agent(name: str, text: str) -> None:
 
 def tools_index(path: Path) -> str:
     """t/idx: `## name`, `description: …`, `args: …` per script with a leading `# description:`."""
-    out = []
-    try:
-        entries = sorted((e for e in os.scandir(path) if e.is_file()), key=lambda e: e.name)
-    except FileNotFoundError:
-        return ""
-    for e in entries:
-        fields: dict[str, str] = {}
-        try:
-            with open(e.path, errors="replace") as f:
-                for line in f:
-                    if line.startswith("#!") or not line.strip():
-                        continue
-                    m = re.match(r"#\s*(description|args):\s*(.*)", line)
-                    if not line.startswith("#"):
-                        break
-                    if m:
-                        fields[m.group(1)] = m.group(2).strip()
-        except OSError:
-            continue
-        if "description" in fields:
-            out.append(f"## {e.name}\ndescription: {fields['description']}\n")
-            if "args" in fields:
-                out.append(f"args: {fields['args']}\n")
-            out.append("\n")
-    return "".join(out)
+    return index_text([path])
