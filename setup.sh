@@ -10,7 +10,7 @@ want_test=0
 [[ "${1:-}" == "--test" ]] && want_test=1
 
 # Debian packages: FUSE for the mount, the interpreters execute_code offers.
-APT_PACKAGES=(fuse3 jq gawk lua5.4 expect bc ed perl)
+APT_PACKAGES=(fuse3 jq gawk lua5.4 expect bc ed perl ripgrep)
 # npm packages the tests run as real MCP servers.
 NPM_TEST_PACKAGES=("@modelcontextprotocol/server-everything")
 
