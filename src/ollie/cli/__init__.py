@@ -11,7 +11,7 @@ if TYPE_CHECKING:
     from ..agent.session import SessionStore
 
 # Subcommands that live in their own module; each module has `register(subparsers)`.
-_MODULES = ("tools", "srv", "mount")
+_MODULES = ("init", "tools", "srv", "mount")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -109,6 +109,9 @@ def _run(args: argparse.Namespace) -> int:
         return 2
     if args.session:
         _stored_session(args.session)  # a typo must not start a new, empty conversation
+    from .init import first_use
+
+    first_use()  # a fresh machine gets the default agents and tool scripts before its first run
     return asyncio.run(_run_async(args, prompt))
 
 

@@ -7,6 +7,7 @@ import os
 import sys
 from pathlib import Path
 
+from .init import first_use
 from .mount import add_token_options, token
 
 START_TIMEOUT = 60.0
@@ -75,6 +76,7 @@ def _fg(args: argparse.Namespace) -> int:
     if pid := _running_pid(opts):
         print(f"ollie srv: already running (pid {pid})", file=sys.stderr)
         return 1
+    first_use()  # the default agents, tool scripts and s/ scripts, before the namespace is built
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     ready = os.environ.pop("OLLIE_SRV_READY_FD", None)
     try:
@@ -96,6 +98,7 @@ def _start(args: argparse.Namespace) -> int:
     if pid := _running_pid(opts):
         print(f"ollie srv: already running (pid {pid})", file=sys.stderr)
         return 1
+    first_use()  # here, where its line reaches the terminal; `fg` then finds it done
     config.private_dir(opts.socket.parent)  # the log goes there before the server checks it (ConfigError)
     argv = [
         sys.executable,
