@@ -21,7 +21,7 @@ from typing import Any
 
 from .. import _jail, _sandbox, config
 from ..types import ConfigError, InvalidValue
-from . import CallContext, Tool, ToolResult
+from . import CallContext, Tool, ToolResult, scripts
 from . import Decl as DeclType
 
 DEFAULT_TIMEOUT = 30.0
@@ -56,6 +56,15 @@ Examples: [{{"code": "ls"}}] · [{{"code": "grep -rn TODO ."}}, {{"code": "wc -l
 The sandbox reads the system, writes only the working directory and $TMPDIR (a private /tmp), and \
 has no network. Each stage gets `timeout` seconds (default {DEFAULT_TIMEOUT:g}); a failing stage \
 stops the pipeline and its exit status and output are returned."""
+SCRIPTS_HEADING = 'Tool scripts, e.g. {"tool": "file_read", "args": ["README.md"]} (name args — what it does):'
+
+
+def describe(tool_dirs: tuple[str, ...]) -> str:
+    """execute_code's description: DESCRIPTION, then one line per tool script in `tool_dirs`
+    (from the headers t/idx lists too), within scripts.SUMMARY_MAX characters."""
+    listing = scripts.summary(tool_dirs)
+    return f"{DESCRIPTION}\n{SCRIPTS_HEADING}\n{listing}" if listing else DESCRIPTION
+
 
 _CODE_OR_TOOL = {
     "code": {"type": "string", "description": "Source code to run."},
@@ -122,7 +131,10 @@ class Server:
         self._x_dir = str(config.mount_path() / "x")
 
     async def list_tools(self) -> list[Tool]:
-        return [Tool("execute_code", DESCRIPTION, SCHEMA, read_only_call=read_safe)]
+        # The scripts of the server's environment: a session's own OLLIE_TOOLS_PATH (its env)
+        # reaches the calls, not this listing, which the dispatcher builds once and caches.
+        description = describe(_tool_dirs(CallContext()))
+        return [Tool("execute_code", description, SCHEMA, read_only_call=read_safe)]
 
     async def call_tool(self, name: str, arguments: dict[str, Any], ctx: CallContext) -> ToolResult:
         if name != "execute_code":
