@@ -556,3 +556,30 @@ def test_without_namespaces_the_sandbox_refuses_unless_best_effort_and_says_so(h
     assert "[sandbox: namespaces are refused" in first and "Landlock and seccomp alone" in first
     assert "confined" in first and first.endswith("False")
     assert "confined" in second and "Permission denied" in second and "s3cr3t" not in second  # Landlock holds
+
+
+async def test_a_cwd_that_another_session_swapped_for_a_symlink_is_refused(home, tmp_path):
+    # Session X works in /p, session Y in /p/sub. X's code can replace sub with a link to anywhere;
+    # Y's next sandbox (after a restart, a policy change) must not grant where the link points.
+    p, precious = tmp_path / "p", tmp_path / "precious"
+    (p / "sub").mkdir(parents=True)
+    precious.mkdir()
+    (precious / "file").write_text("original\n")
+    (tmp_path / "tmp-x").mkdir()
+    (tmp_path / "tmp-y").mkdir()
+
+    async def stage(cwd, tmpdir, code):
+        server = execute.Decl(str(cwd))()  # a fresh server: a fresh sandbox, as after a restart
+        ctx = CallContext(cwd=str(cwd), session_id=tmpdir.name, tmpdir=str(tmpdir))
+        try:
+            return await server.call_tool("execute_code", {"steps": [{"code": code}]}, ctx)
+        finally:
+            await server.close()
+
+    assert (
+        "swapped"
+        in (await stage(p, tmp_path / "tmp-x", "mv sub sub.old && ln -s ../precious sub && echo swapped")).text()
+    )
+    result = await stage(p / "sub", tmp_path / "tmp-y", "echo pwned > file; echo rc=$?")
+    assert result.is_error and "reached through a symlink (sub)" in result.text()
+    assert (precious / "file").read_text() == "original\n"

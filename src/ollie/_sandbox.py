@@ -131,6 +131,7 @@ class Policy:
     """A policy with templates expanded and missing paths dropped."""
 
     name: str
+    cwd: str  # the working directory it was expanded for (a real path; "" for none)
     paths: dict[str, tuple[str, ...]]  # a _FS_KEYS name → absolute existing paths
     unrestricted_net: bool
     unix_sockets: bool  # may create AF_UNIX sockets (and so connect to any socket by path)
@@ -178,6 +179,7 @@ def load_policy(
     net = raw["network"]
     return Policy(
         name=name,
+        cwd=cwd,
         paths=paths,
         unrestricted_net=bool(net.get("unrestricted") or net.get("enabled")),  # `enabled`: the Go name
         unix_sockets=bool(net.get("unix")),
@@ -385,7 +387,7 @@ def _build_ruleset(policy: Policy, abi: int) -> int:
     try:
         for key, paths in policy.paths.items():
             for path in paths:
-                _add_path_rule(fd, path, _RIGHTS[key] & handled)
+                _add_path_rule(fd, path, _RIGHTS[key] & handled, policy)
         if restrict_net:
             for right, ports in ((_NET_BIND, policy.bind_tcp), (_NET_CONNECT, policy.connect_tcp)):
                 for port in ports:
@@ -397,9 +399,9 @@ def _build_ruleset(policy: Policy, abi: int) -> int:
     return fd
 
 
-def _add_path_rule(ruleset: int, path: str, rights: int) -> None:
+def _add_path_rule(ruleset: int, path: str, rights: int, policy: Policy) -> None:
     try:
-        fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+        fd = _open_granted(path, policy.cwd)
     except FileNotFoundError:
         return  # removed since the policy was loaded
     try:
@@ -411,6 +413,31 @@ def _add_path_rule(ruleset: int, path: str, rights: int) -> None:
         raise SandboxError(f"sandbox rule for {path}: {e.strerror}") from None
     finally:
         os.close(fd)
+
+
+def _open_granted(path: str, cwd: str) -> int:
+    """An O_PATH fd of `path`. The cwd and what is under it are opened a component at a time,
+    refusing any symlink: a session's cwd is kept as a real path, so a symlink on it now was put
+    there since, by code that can write its parent (another session's sandbox, say), and following
+    it would grant the link's target. Each step is an fd, so no swap can race the check."""
+    if not cwd or not (path == cwd or path.startswith(cwd.rstrip("/") + "/")):
+        return os.open(path, os.O_PATH | os.O_CLOEXEC)
+    flags = os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC
+    fd = os.open("/", flags)
+    try:
+        for name in (p for p in path.split("/") if p):
+            nxt = os.open(name, flags, dir_fd=fd)
+            os.close(fd)
+            fd = nxt
+            if stat.S_ISLNK(os.fstat(fd).st_mode):
+                raise SandboxError(
+                    f"{path} is reached through a symlink ({name}) that was not there when the session's working "
+                    f"directory {cwd} was set: something replaced it; set the working directory again"
+                )
+        return fd
+    except BaseException:
+        os.close(fd)
+        raise
 
 
 # machine → (audit arch, syscall numbers). Calls of any other ABI (i386 or x32 on x86_64, arm32 on

@@ -109,7 +109,9 @@ async def _open(
         cfg = agent
     else:
         cfg = config.load_agent(agent or (meta.agent if meta else None) or "default")
-    cwd = os.path.abspath(os.path.expanduser(cwd or (meta.cwd if meta else "") or os.getcwd()))
+    # A cwd given now is made real; a stored one is taken as stored (it was real then): were it
+    # resolved again, a symlink put in its place since would move the session where the link points.
+    cwd = os.path.realpath(os.path.expanduser(cwd)) if cwd else (meta.cwd if meta and meta.cwd else os.getcwd())
     if not os.path.isdir(cwd):
         raise ConfigError(f"cwd {cwd!r} is not a directory")
     name = backend or (meta.backend if meta and not script else None) or cfg.backend or backends.default_name()

@@ -66,7 +66,7 @@ class Core:
         state = SessionState(
             SessionStore(sid, cfg.store_root),
             agent.name,
-            os.path.abspath(cfg.env.cwd or os.getcwd()),
+            os.path.realpath(cfg.env.cwd or os.getcwd()),
             GenerationParams(**agent.params.nonempty()),
             busy=lambda: self.running or bool(self._holder),
             changed=lambda: self._rt.bus.notify(),

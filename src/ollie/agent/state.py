@@ -92,9 +92,10 @@ class SessionState:
         return self._cwd
 
     def set_cwd(self, path: str) -> None:
-        """Change the working directory (relative to the current one, `~` expanded)."""
+        """Change the working directory (relative to the current one, `~` expanded), kept as a
+        real path: the sandbox refuses a cwd that a symlink has replaced since."""
         self.require_idle("change the working directory")
-        path = os.path.abspath(os.path.join(self._cwd, os.path.expanduser(path)))
+        path = os.path.realpath(os.path.join(self._cwd, os.path.expanduser(path)))
         if not os.path.isdir(path):
             raise InvalidValue(f"not a directory: {path}")
         self._cwd = path
