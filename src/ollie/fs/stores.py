@@ -434,6 +434,7 @@ def validate_agent(name: str, text: str) -> None:
     config.parse_agent(stem, data, name)
 
 
-def tools_index(path: Path) -> str:
-    """t/idx: `## name`, `description: …`, `args: …` per script with a leading `# description:`."""
-    return index_text([path])
+def tools_index(paths: list[Path]) -> str:
+    """t/idx: `## name`, `description: …`, `args: …` per script with a leading `# description:`,
+    from every directory of OLLIE_TOOLS_PATH (an earlier one's script hides a later one's)."""
+    return index_text(paths)

@@ -99,7 +99,7 @@ def build(sessions: Sessions) -> Namespace:
             "a": DiskDir(config.agents_path()[0], validate=validate_agent),
             "p": DiskDir(cfg / "prompts", writable=False),
             "sk": DiskDir(cfg / "skills"),
-            "t": DiskDir(tools, synthetic={"idx": TextFile(lambda: tools_index(tools))}),
+            "t": DiskDir(tools, synthetic={"idx": TextFile(lambda: tools_index(config.tools_path()))}),
             "u": DiskDir(cfg / "utils"),
             "x": DiskDir(cfg / "plugins"),
             "m": DiskDir(data / "memory"),
