@@ -33,7 +33,7 @@ def agents(fs_server):
 
 def test_root_lists_the_namespace(fs_server):
     names = set(os.listdir(fs_server.mnt))
-    assert {"ctl", "backends", "help", "a", "p", "sk", "t", "m", "tmp", "tr", "u", "x", "s"} <= names
+    assert {"ctl", "backends", "help", "a", "p", "sk", "t", "m", "pl", "tmp", "tr", "u", "x", "s"} <= names
     assert "scripted" in (fs_server.mnt / "backends").read_text().split()
     assert "s/<id>/prompt" in (fs_server.mnt / "help").read_text()
 
@@ -412,3 +412,19 @@ def test_cfg_written_back_whole_changes_only_what_was_edited_even_the_agent(fs_s
         f.write(text.replace("agent=default", "agent=cool"))
     after = (s / "cfg").read_text()
     assert "agent=cool\n" in after and "temperature=0.1\n" in after
+
+
+def test_memory_and_plans_never_follow_a_symlink_sandboxed_code_planted(fs_server):
+    # Sandboxed code writes the memory and the plans; a link there could name any of the user's
+    # files, which the server (unconfined) would then serve to whoever reads the mount.
+    secret = fs_server.root / "secret"
+    secret.write_text("s3cr3t\n")
+    for d in ("memory", "plans"):
+        (fs_server.data / d).mkdir(parents=True, exist_ok=True)
+        (fs_server.data / d / "note.md").write_text("kept\n")
+        (fs_server.data / d / "leak.md").symlink_to(secret)
+    for d in ("m", "pl"):
+        assert os.listdir(fs_server.mnt / d) == ["note.md"]
+        assert (fs_server.mnt / d / "note.md").read_text() == "kept\n"
+        out = fs_server.sh(f"cat {d}/leak.md", check=False)
+        assert out.returncode != 0 and "s3cr3t" not in out.stdout

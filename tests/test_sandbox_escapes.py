@@ -583,3 +583,26 @@ async def test_a_cwd_that_another_session_swapped_for_a_symlink_is_refused(home,
     result = await stage(p / "sub", tmp_path / "tmp-y", "echo pwned > file; echo rc=$?")
     assert result.is_error and "reached through a symlink (sub)" in result.text()
     assert (precious / "file").read_text() == "original\n"
+
+
+async def test_the_memory_and_the_plans_are_the_only_data_shown_and_writable(home, tmp_path, monkeypatch):
+    # Every session's code keeps memories and plans ($OLLIE_MEMORY_DIR, $OLLIE_PLANS_DIR, m/ and pl/
+    # on the mount); the rest of ollie's data (stored sessions, transcripts) stays hidden, even from
+    # a session whose cwd holds it.
+    data = home / ".local" / "share" / "ollie"
+    (data / "sessions" / "s1").mkdir(parents=True)
+    (data / "sessions" / "s1" / "history.jsonl").write_text(SECRET)
+    monkeypatch.setenv("OLLIE_DATA_PATH", str(data))
+    server = execute.Decl(str(home))()
+    ctx = CallContext(cwd=str(home), tmpdir=str(tmp_path))
+    code = (
+        'echo remembered > "$OLLIE_MEMORY_DIR/m.md" && echo planned > "$OLLIE_PLANS_DIR/p.md" && echo wrote; '
+        f"cat {data}/sessions/s1/history.jsonl; ls -A {data}; ln -s {data}/sessions \"$OLLIE_MEMORY_DIR/s\"; "
+        'cat "$OLLIE_MEMORY_DIR/s/s1/history.jsonl"'
+    )
+    result = await server.call_tool("execute_code", {"steps": [{"code": code}]}, ctx)
+    await server.close()
+    assert "wrote" in result.text() and "s3cr3t" not in result.text()
+    assert (data / "memory" / "m.md").read_text() == "remembered\n"
+    assert (data / "plans" / "p.md").read_text() == "planned\n"
+    assert oct((data / "memory").stat().st_mode & 0o777) == "0o700"

@@ -162,10 +162,16 @@ def policy_files(name: str) -> tuple[Path, Path]:
 
 
 def load_policy(
-    name: str, cwd: str, tmpdir: str, extra_rox: tuple[str, ...] = (), extra_ro: tuple[str, ...] = ()
+    name: str,
+    cwd: str,
+    tmpdir: str,
+    extra_rox: tuple[str, ...] = (),
+    extra_ro: tuple[str, ...] = (),
+    extra_rw: tuple[str, ...] = (),
 ) -> Policy:
     """Read, validate and expand the policy `name` for a call running in `cwd` ("" for `tmpdir`
-    drops the policy's `{TMPDIR}` entries: a jail grants its private /tmp itself)."""
+    drops the policy's `{TMPDIR}` entries: a jail grants its private /tmp itself). The extra paths
+    are ollie's own grants on top (tool script directories; the memory and the plans)."""
     global_file, named_file = policy_files(name)
     if name not in BUILTIN and not named_file.is_file():
         raise SandboxError(f"no sandbox policy {name!r}: create {named_file}")
@@ -176,6 +182,7 @@ def load_policy(
     paths = {key: _expand_paths(raw["filesystem"][key], values, f"filesystem.{key}") for key in _FS_KEYS}
     paths["rox"] += tuple(p for p in extra_rox if os.path.exists(p))
     paths["ro"] += tuple(p for p in extra_ro if os.path.exists(p))
+    paths["rw"] += tuple(p for p in extra_rw if os.path.exists(p))
     net = raw["network"]
     return Policy(
         name=name,
@@ -775,14 +782,20 @@ class Sandboxes:
         self._files: dict[str, tuple[Path, Path]] = {}  # policy name -> its files (found once)
 
     def get(
-        self, name: str, cwd: str, tmpdir: str, extra_rox: tuple[str, ...] = (), extra_ro: tuple[str, ...] = ()
+        self,
+        name: str,
+        cwd: str,
+        tmpdir: str,
+        extra_rox: tuple[str, ...] = (),
+        extra_ro: tuple[str, ...] = (),
+        extra_rw: tuple[str, ...] = (),
     ) -> Sandbox:
         files = self._files.get(name) or self._files.setdefault(name, policy_files(name))
         stamp = tuple(_mtime(p) for p in files)
-        key = (name, cwd, tmpdir, extra_rox, extra_ro, stamp)
+        key = (name, cwd, tmpdir, extra_rox, extra_ro, extra_rw, stamp)
         box = self._cache.get(key)
         if box is None:
-            box = self._cache[key] = Sandbox(load_policy(name, cwd, tmpdir, extra_rox, extra_ro))
+            box = self._cache[key] = Sandbox(load_policy(name, cwd, tmpdir, extra_rox, extra_ro, extra_rw))
             if len(self._cache) > self._size:
                 self._cache.popitem(last=False)
         self._cache.move_to_end(key)

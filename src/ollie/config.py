@@ -29,6 +29,12 @@ def data_path() -> Path:
     return _dir("OLLIE_DATA_PATH", "~/.local/share/ollie")
 
 
+def shared_dirs() -> tuple[Path, Path]:
+    """The memory and the plans: directories every session's sandboxed code may read and write
+    (shown on the mount as m/ and pl/), created private to the user if missing."""
+    return private_dir(data_path() / "memory"), private_dir(data_path() / "plans")
+
+
 def tmp_path() -> Path:
     return _dir("OLLIE_TMP_PATH", f"/tmp/ollie-{os.geteuid()}")  # one per user: it must be theirs alone
 

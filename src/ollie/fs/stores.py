@@ -14,6 +14,7 @@ import json
 import os
 import re
 import secrets
+import stat
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
@@ -302,15 +303,23 @@ def _read_text(path: Path) -> str:
 
 
 class DiskFile(File):
-    def __init__(self, path: Path, writable: bool, validate: Callable[[str, str], None] | None, creating: bool = False):
+    def __init__(
+        self,
+        path: Path,
+        writable: bool,
+        validate: Callable[[str, str], None] | None,
+        creating: bool = False,
+        follow: bool = True,
+    ):
         self.path = path
         self._writable = writable
         self._validate = validate
         self._creating = creating  # created, being written, not on disk until valid
+        self._nofollow = 0 if follow else os.O_NOFOLLOW
 
     def stat(self, name: str) -> Stat:
         try:
-            st = os.stat(self.path)
+            st = os.stat(self.path, follow_symlinks=not self._nofollow)
         except FileNotFoundError:
             if self._creating:
                 return Stat(name, mode=0o644)
@@ -327,7 +336,7 @@ class DiskFile(File):
         if mode & OpenMode.APPEND:
             flags |= os.O_APPEND
         try:
-            return DiskHandle(os.open(self.path, flags))
+            return DiskHandle(os.open(self.path, flags | self._nofollow))
         except OSError as e:
             raise FsError(e.errno or E.EIO, f"{self.path.name}: {e.strerror}") from None
 
@@ -339,9 +348,18 @@ class DiskFile(File):
         os.truncate(self.path, size)
 
 
+def _is_file(path: Path, follow: bool) -> bool:
+    try:
+        return stat.S_ISREG(os.stat(path, follow_symlinks=follow).st_mode)
+    except OSError:
+        return False
+
+
 class DiskDir(Dir):
     """A flat directory on disk (created on first use). `synthetic` files are shown in it (t/idx);
-    `validate(name, text)` checks every write (agent configs) and may raise."""
+    `validate(name, text)` checks every write (agent configs) and may raise. In a directory that
+    sandboxed code writes (`shared`: the memory, the plans) a symlink is never followed: it could
+    name any file of the user's, which the server, unconfined, would then serve."""
 
     def __init__(
         self,
@@ -349,7 +367,9 @@ class DiskDir(Dir):
         writable: bool = True,
         validate: Callable[[str, str], None] | None = None,
         synthetic: dict[str, File] | None = None,
+        shared: bool = False,
     ):
+        self.follow = not shared
         self.path = path
         self.writable = writable
         self.validate = validate
@@ -364,19 +384,25 @@ class DiskDir(Dir):
             return super().mtime()
 
     def _file(self, name: str) -> DiskFile:
-        return DiskFile(self.path / check_file_name(name), self.writable, self.validate, name in self._creating)
+        return DiskFile(
+            self.path / check_file_name(name), self.writable, self.validate, name in self._creating, self.follow
+        )
 
     def lookup(self, name: str) -> File | Dir:
         if name in self.synthetic:
             return self.synthetic[name]
         f = self._file(name)
-        if not f.path.is_file() and name not in self._creating:
+        if not _is_file(f.path, self.follow) and name not in self._creating:
             raise FsError(E.ENOENT, f"{name}: no such file")
         return f
 
     async def list(self) -> list[tuple[str, File | Dir]]:
         try:
-            names = sorted(e.name for e in os.scandir(self.path) if e.is_file() and not e.name.startswith(".#"))
+            names = sorted(
+                e.name
+                for e in os.scandir(self.path)
+                if e.is_file(follow_symlinks=self.follow) and not e.name.startswith(".#")
+            )
         except FileNotFoundError:
             names = []
         return [*self.synthetic.items(), *((n, self._file(n)) for n in names if n not in self.synthetic)]

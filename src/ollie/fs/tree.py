@@ -4,10 +4,11 @@ ctl backends help        root files
 a/    agent configs      $OLLIE_CFG_PATH/agents (first of OLLIE_AGENTS_PATH), validated on write
 p/    prompt templates   $OLLIE_CFG_PATH/prompts (read-only)
 sk/   skills             $OLLIE_CFG_PATH/skills
-t/    tool scripts       $OLLIE_CFG_PATH/tools (first of OLLIE_TOOLS_PATH), `idx` synthesised
+t/    tool scripts       $OLLIE_CFG_PATH/tools (first of OLLIE_TOOLS_PATH), `idx` of every directory
 u/    utility scripts    $OLLIE_CFG_PATH/utils
 x/    plugins            $OLLIE_CFG_PATH/plugins
-m/    memory             $OLLIE_DATA_PATH/memory
+m/    memory             $OLLIE_DATA_PATH/memory (sandboxed code reads and writes it: $OLLIE_MEMORY_DIR)
+pl/   plans              $OLLIE_DATA_PATH/plans (likewise: $OLLIE_PLANS_DIR)
 tr/   transcripts        $OLLIE_DATA_PATH/transcripts (ctl `save` writes here; killed sessions
                          are kept here a while, see transcripts.py)
 tmp/  scratch            $OLLIE_TMP_PATH/scratch, 0700
@@ -42,15 +43,16 @@ s/<id>/chat       the conversation; `tail -f chat` follows it
 s/<id>/state      idle, thinking, calling: <tool>, compacting, limitretry
 s/<id>/reply      the assistant text of the last completed turn; emptied by a write to prompt
 s/<id>/statewait  blocks until the state changes (5 s at most), then gives the state
-s/<id>/ctl        stop, kill, rn <name>, save [name], compact, clear, backend, model, agent, cwd,
-                  queue <prompt>, inject <prompt>
+s/<id>/ctl        the session commands (stop, inject, queue, backend, model, agent, cwd, set,
+                  compact, clear, …: `cat` it), and kill, rn <name>, save [name]
 s/<id>/cfg        state backend model agent cwd and generation parameters; write k=v lines
 s/<id>/fifo.in    queue a prompt (starts it when idle);  fifo.out: pop the next queued prompt
-s/<id>/usage cost ctxsz models systemprompt env context offset plan prompt.prev mcp
+s/<id>/usage cost ctxsz systemprompt env context offset plan prompt.prev (models, mcp,
+                  statewait, fifo.out open by name: reading them acts, so they are not listed)
 rm -r s/<id>      kill a session (kept read-only in tr/<id>/ for $OLLIE_TRANSCRIPT_DAYS days);
                   mv s/<id> s/<name>  rename it (not while it runs)
-a/ p/ sk/ t/ u/ x/ m/ tr/ tmp/   agent configs, prompts, skills, tools (t/idx), utilities,
-                  plugins, memory, transcripts (saved chats, killed sessions), scratch
+a/ p/ sk/ t/ u/ x/ m/ pl/ tr/ tmp/   agent configs, prompts, skills, tools (t/idx), utilities,
+                  plugins, memory, plans, transcripts (saved chats, killed sessions), scratch
 """
 
 # The s/ scripts ship as files in the package; `ollie init` installs them into $OLLIE_CFG_PATH/scripts/s/,
@@ -102,7 +104,8 @@ def build(sessions: Sessions) -> Namespace:
             "t": DiskDir(tools, synthetic={"idx": TextFile(lambda: tools_index(config.tools_path()))}),
             "u": DiskDir(cfg / "utils"),
             "x": DiskDir(cfg / "plugins"),
-            "m": DiskDir(data / "memory"),
+            "m": DiskDir(data / "memory", shared=True),
+            "pl": DiskDir(data / "plans", shared=True),
             "tr": TranscriptsDir(data / "transcripts"),
             "tmp": DiskDir(_private(config.tmp_path() / "scratch")),
             "s": SessionsDir(sessions, s_scripts()),

@@ -129,6 +129,7 @@ class Server:
         self._scratch = ""  # $TMPDIR for calls whose context has none; removed on close
         self._wrapper = _sandbox.superpowers_prefix()
         self._x_dir = str(config.mount_path() / "x")
+        self._shared: tuple[str, ...] | None = None
 
     async def list_tools(self) -> list[Tool]:
         # The scripts of the server's environment: a session's own OLLIE_TOOLS_PATH (its env)
@@ -178,10 +179,13 @@ class Server:
         env.update(ctx.env)
         # In a jail $TMPDIR is its private /tmp; the session's own scratch directory (where long
         # results are saved) is readable there.
+        memory, plans = self._shared_dirs()
         env.update(
             TMPDIR="/tmp" if self._namespaces else session_tmp,
             OLLIE_SESSION_ID=ctx.session_id,
             OLLIE_TOOLS_PATH=":".join(tool_dirs),
+            OLLIE_MEMORY_DIR=memory,
+            OLLIE_PLANS_DIR=plans,
         )
         system_path = box.search_path(env.get("PATH") or os.defpath)
         env["PATH"] = f"{self._x_dir}:{system_path}"
@@ -200,9 +204,16 @@ class Server:
         )
 
     def _sandbox_for(self, policy: str, cwd: str, session_tmp: str, tool_dirs: tuple[str, ...]) -> _sandbox.Sandbox:
+        shared = self._shared_dirs()
         if self._namespaces:
-            return self._sandboxes.get(policy, cwd, "", tool_dirs, (session_tmp,) if session_tmp else ())
-        return self._sandboxes.get(policy, cwd, session_tmp, tool_dirs)
+            return self._sandboxes.get(policy, cwd, "", tool_dirs, (session_tmp,) if session_tmp else (), shared)
+        return self._sandboxes.get(policy, cwd, session_tmp, tool_dirs, (), shared)
+
+    def _shared_dirs(self) -> tuple[str, ...]:
+        """The memory and the plans, which every session's code may read and write (found once)."""
+        if self._shared is None:
+            self._shared = tuple(str(d) for d in config.shared_dirs())
+        return self._shared
 
     async def _jail_for(self, policy: _sandbox.Policy) -> tuple[_jail.Jail, str]:
         """The running jail for `policy`, and a notice for the first result when it runs without
