@@ -416,13 +416,15 @@ def test_cfg_written_back_whole_changes_only_what_was_edited_even_the_agent(fs_s
 
 def test_memory_and_plans_never_follow_a_symlink_sandboxed_code_planted(fs_server):
     # Sandboxed code writes the memory and the plans; a link there could name any of the user's
-    # files, which the server (unconfined) would then serve to whoever reads the mount.
+    # files, which the server (unconfined) would then serve to whoever reads the mount. Dotfiles
+    # (memory_recall's index) are not listed.
     secret = fs_server.root / "secret"
     secret.write_text("s3cr3t\n")
     for d in ("memory", "plans"):
         (fs_server.data / d).mkdir(parents=True, exist_ok=True)
         (fs_server.data / d / "note.md").write_text("kept\n")
         (fs_server.data / d / "leak.md").symlink_to(secret)
+        (fs_server.data / d / ".index.sqlite").write_text("a cache, not a memory")
     for d in ("m", "pl"):
         assert os.listdir(fs_server.mnt / d) == ["note.md"]
         assert (fs_server.mnt / d / "note.md").read_text() == "kept\n"

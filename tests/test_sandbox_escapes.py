@@ -597,7 +597,7 @@ async def test_the_memory_and_the_plans_are_the_only_data_shown_and_writable(hom
     ctx = CallContext(cwd=str(home), tmpdir=str(tmp_path))
     code = (
         'echo remembered > "$OLLIE_MEMORY_DIR/m.md" && echo planned > "$OLLIE_PLANS_DIR/p.md" && echo wrote; '
-        f"cat {data}/sessions/s1/history.jsonl; ls -A {data}; ln -s {data}/sessions \"$OLLIE_MEMORY_DIR/s\"; "
+        f'cat {data}/sessions/s1/history.jsonl; ls -A {data}; ln -s {data}/sessions "$OLLIE_MEMORY_DIR/s"; '
         'cat "$OLLIE_MEMORY_DIR/s/s1/history.jsonl"'
     )
     result = await server.call_tool("execute_code", {"steps": [{"code": code}]}, ctx)

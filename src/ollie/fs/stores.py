@@ -359,7 +359,8 @@ class DiskDir(Dir):
     """A flat directory on disk (created on first use). `synthetic` files are shown in it (t/idx);
     `validate(name, text)` checks every write (agent configs) and may raise. In a directory that
     sandboxed code writes (`shared`: the memory, the plans) a symlink is never followed: it could
-    name any file of the user's, which the server, unconfined, would then serve."""
+    name any file of the user's, which the server, unconfined, would then serve; and dotfiles (the
+    memory's index, temporary files) are not listed."""
 
     def __init__(
         self,
@@ -369,6 +370,7 @@ class DiskDir(Dir):
         synthetic: dict[str, File] | None = None,
         shared: bool = False,
     ):
+        self.shared = shared
         self.follow = not shared
         self.path = path
         self.writable = writable
@@ -401,7 +403,7 @@ class DiskDir(Dir):
             names = sorted(
                 e.name
                 for e in os.scandir(self.path)
-                if e.is_file(follow_symlinks=self.follow) and not e.name.startswith(".#")
+                if e.is_file(follow_symlinks=self.follow) and not e.name.startswith("." if self.shared else ".#")
             )
         except FileNotFoundError:
             names = []
