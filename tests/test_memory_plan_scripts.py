@@ -443,3 +443,58 @@ async def test_concurrent_completions_lose_no_check(tools, plan):
     result = await tools.steps({"parallel": branches})
     assert not result.is_error, result.text()
     assert (tools.plans / plan).read_text().count("- [x] ") == 4
+
+
+COMPLETE_FIRST_PLAN = 'cd "$OLLIE_PLANS_DIR" && "${OLLIE_TOOLS_PATH%%:*}/task_complete" *__todo.md TESTS'
+
+
+async def test_an_agent_plans_completes_and_remembers_and_another_session_recalls(ollie_dirs, tmp_path, monkeypatch):
+    from agent_helpers import make_core
+
+    monkeypatch.setenv("OLLIE_TOOLS_PATH", str(DEFAULTS))
+    work = tmp_path / "project"
+    work.mkdir()
+    monkeypatch.chdir(work)
+
+    def call(name: str, *args: str) -> dict:
+        return {"name": "execute_code", "arguments": {"steps": [{"tool": name, "args": list(args)}]}}
+
+    steps = json.dumps([{"title": "write tests"}, {"title": "fix the bug", "depends_on": ["write tests"]}])
+    first = [
+        {"tool_calls": [call("task_plan", "fix the parser", steps)]},
+        {  # the model names the plan file task_plan printed
+            "tool_calls": [
+                {
+                    "name": "execute_code",
+                    "arguments": {"steps": [{"code": COMPLETE_FIRST_PLAN}]},
+                }
+            ],
+            "expect": "- [ ] write tests",
+        },
+        {
+            "tool_calls": [call("memory_remember", "parser quirk", "parser,bug", "Trailing commas break it.")],
+            "expect": "fix the bug",
+        },
+        {"text": "Planned, one step done, remembered.", "expect": "parser-quirk"},
+    ]
+    core, backend, _, _ = await make_core(first, extra_servers={"execute": execute.Decl(str(work))})
+    try:
+        await core.submit("plan the fix and remember what you learn")
+        backend.assert_consumed()
+        assert core.reply == "Planned, one step done, remembered."
+    finally:
+        await core.close()
+    [plan] = (ollie_dirs / "data" / "plans").glob("*fix-the-parser__todo.md")
+    assert "- [x] write tests" in plan.read_text() and "- [ ] fix the bug" in plan.read_text()
+
+    second = [  # another session, another execute server: what the first remembered is on disk
+        {"tool_calls": [call("memory_recall", "trailing commas")]},
+        {"text": "Recalled it.", "expect": "Trailing commas break it."},
+    ]
+    core, backend, _, _ = await make_core(second, extra_servers={"execute": execute.Decl(str(work))})
+    try:
+        await core.submit("what do we know about the parser?")
+        backend.assert_consumed()
+        assert core.reply == "Recalled it."
+    finally:
+        await core.close()
