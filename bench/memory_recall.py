@@ -138,29 +138,18 @@ def median_ms(samples: list[float]) -> float:
 
 async def stages(args: argparse.Namespace, data: Path) -> dict[str, float]:
     """Median ms of memory_recall and grep as execute_code stages, the memory in `data`/memory."""
-    from ollie.tools import CallContext, execute
+    from stages import time_calls
+
+    from ollie.tools import CallContext
 
     os.environ["OLLIE_DATA_PATH"] = str(data)  # execute_code's $OLLIE_MEMORY_DIR is $OLLIE_DATA_PATH/memory
     with tempfile.TemporaryDirectory() as cwd:
         ctx = CallContext(cwd=cwd, session_id="bench", tmpdir=cwd, env={"OLLIE_TOOLS_PATH": str(args.tools)})
-        server = execute.Decl(cwd)()
         calls: dict[str, list[dict[str, Any]]] = {
             "grep -rilF stage": [{"code": f'grep -rilF -- {shell_quote(args.query)} "$OLLIE_MEMORY_DIR" | wc -l'}],
             "memory_recall stage": [{"tool": "memory_recall", "args": [args.query]}],
         }
-        samples: dict[str, list[float]] = {name: [] for name in calls}
-        try:
-            for steps in calls.values():  # start the jail, warm the caches
-                result = await server.call_tool("execute_code", {"steps": steps}, ctx)
-                assert not result.is_error, result.text()
-            for _ in range(args.runs):
-                for name, steps in calls.items():
-                    t = time.perf_counter()
-                    result = await server.call_tool("execute_code", {"steps": steps}, ctx)
-                    samples[name].append(time.perf_counter() - t)
-                    assert not result.is_error, result.text()
-        finally:
-            await server.close()
+        samples = await time_calls(cwd, ctx, calls, args.runs)
     return {name: median_ms(s) for name, s in samples.items()}
 
 

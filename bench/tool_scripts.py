@@ -16,11 +16,12 @@ import asyncio
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
+from stages import time_calls
+
 import ollie
-from ollie.tools import CallContext, execute
+from ollie.tools import CallContext
 
 DEFAULT_TOOLS = Path(ollie.__file__).parent / "defaults" / "tools"
 
@@ -53,25 +54,12 @@ async def main(args: argparse.Namespace) -> None:
         kib = path.stat().st_size / 1024
         env = {"OLLIE_TOOLS_PATH": str(args.tools)}
         ctx = CallContext(cwd=cwd, session_id="bench", tmpdir=cwd, env=env)
-        server = execute.Decl(cwd)()
         calls = {
             "cat": [{"code": "cat data.txt"}],
             "python3 -c pass": [{"code": "pass", "language": "python3"}],
             "file_read": [{"tool": "file_read", "args": ["data.txt"]}],
         }
-        samples: dict[str, list[float]] = {name: [] for name in calls}
-        try:
-            for steps in calls.values():  # start the jail, warm the caches
-                result = await server.call_tool("execute_code", {"steps": steps}, ctx)
-                assert not result.is_error, result.text()
-            for _ in range(args.runs):  # interleaved, so all see the same machine load
-                for name, steps in calls.items():
-                    t = time.perf_counter()
-                    result = await server.call_tool("execute_code", {"steps": steps}, ctx)
-                    samples[name].append(time.perf_counter() - t)
-                    assert not result.is_error, result.text()
-        finally:
-            await server.close()
+        samples = await time_calls(cwd, ctx, calls, args.runs)
     ms = {name: statistics.median(s) * 1000 for name, s in samples.items()}
     base = ms["cat"]
     print(f"a {args.lines}-line file ({kib:.0f} KiB); one stage through execute_code, median of {args.runs} calls")

@@ -11,12 +11,10 @@ from pathlib import Path
 
 import pytest
 
-import ollie
-from ollie.tools import CallContext, ToolResult, execute, scripts
+from ollie.tools import CallContext, ToolResult, execute
+from script_helpers import DEFAULTS, shared_block
 
-DEFAULTS = Path(ollie.__file__).parent / "defaults" / "tools"
 NAMES = ("memory_forget", "memory_recall", "memory_remember", "task_complete", "task_plan")
-READ_ONLY = ("memory_recall",)
 STAMP = r"\d{8}T\d{6}Z"
 
 
@@ -87,27 +85,9 @@ def _index_is_sound(memory: Path) -> None:
 # ---- the scripts as shipped -------------------------------------------------------------------
 
 
-def test_each_script_is_executable_with_a_description_args_and_the_right_marker():
-    for name in NAMES:
-        path = DEFAULTS / name
-        assert path.stat().st_mode & 0o777 == 0o755, name
-        assert path.read_text().startswith("#!/usr/bin/env python3\n"), name
-        fields = scripts.read_header(path)
-        assert fields["description"] and fields["args"], name
-        assert len(f"{name} {fields['args']} — {fields['description']}") <= scripts.LINE_MAX, name
-        assert execute._marked_read_safe(str(path)) == (name in READ_ONLY), name
-
-
 def test_the_blocks_the_scripts_share_are_the_same_in_each():
-    def block(name: str, title: str) -> str:
-        text = (DEFAULTS / name).read_text()
-        found = re.search(rf"^# ---- {title}.*?^# ---- end of the {title}", text, re.S | re.M)
-        assert found, (name, title)
-        return re.sub(r"^# ---- .*\n", "", found.group(0), count=1, flags=re.M)
-
-    shared = {block(name, "shared dirs") for name in NAMES}
-    assert len(shared) == 1
-    assert block("memory_recall", "memory file") == block("memory_forget", "memory file")
+    assert len({shared_block(name, "shared dirs") for name in NAMES}) == 1
+    assert shared_block("memory_recall", "memory file") == shared_block("memory_forget", "memory file")
 
 
 async def test_stages_find_the_users_memory_and_plans_without_being_told(tools, ollie_dirs):

@@ -232,15 +232,21 @@ async def test_unsandboxed_hooks_are_an_explicit_opt_out(project):
 # ---- 4: ollie's own files --------------------------------------------------------------------
 
 
-async def test_ollies_files_are_hidden_even_inside_a_granted_cwd(home, tmp_path, monkeypatch):
-    # A session whose cwd is $HOME can write all of it, but not ollie's configuration (API keys,
-    # agent configs whose hooks run outside), its stored sessions, nor the server's socket.
-    cfg, data = Path(os.environ["OLLIE_CFG_PATH"]), home / ".local" / "share" / "ollie"
-    (cfg / "agents").mkdir()
-    (cfg / "agents" / "default.json").write_text("{}")
+def stored_session_in_home(home: Path, monkeypatch) -> Path:
+    """ollie's data directory in $HOME (as by default), holding a stored session with a secret."""
+    data = home / ".local" / "share" / "ollie"
     (data / "sessions" / "s1").mkdir(parents=True)
     (data / "sessions" / "s1" / "history.jsonl").write_text(SECRET)
     monkeypatch.setenv("OLLIE_DATA_PATH", str(data))
+    return data
+
+
+async def test_ollies_files_are_hidden_even_inside_a_granted_cwd(home, tmp_path, monkeypatch):
+    # A session whose cwd is $HOME can write all of it, but not ollie's configuration (API keys,
+    # agent configs whose hooks run outside), its stored sessions, nor the server's socket.
+    cfg, data = Path(os.environ["OLLIE_CFG_PATH"]), stored_session_in_home(home, monkeypatch)
+    (cfg / "agents").mkdir()
+    (cfg / "agents" / "default.json").write_text("{}")
     server = execute.Decl(str(home))()
     ctx = CallContext(cwd=str(home), tmpdir=str(tmp_path))
     code = (
@@ -589,10 +595,7 @@ async def test_the_memory_and_the_plans_are_the_only_data_shown_and_writable(hom
     # Every session's code keeps memories and plans ($OLLIE_MEMORY_DIR, $OLLIE_PLANS_DIR, m/ and pl/
     # on the mount); the rest of ollie's data (stored sessions, transcripts) stays hidden, even from
     # a session whose cwd holds it.
-    data = home / ".local" / "share" / "ollie"
-    (data / "sessions" / "s1").mkdir(parents=True)
-    (data / "sessions" / "s1" / "history.jsonl").write_text(SECRET)
-    monkeypatch.setenv("OLLIE_DATA_PATH", str(data))
+    data = stored_session_in_home(home, monkeypatch)
     server = execute.Decl(str(home))()
     ctx = CallContext(cwd=str(home), tmpdir=str(tmp_path))
     code = (

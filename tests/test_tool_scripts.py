@@ -11,11 +11,10 @@ from pathlib import Path
 
 import pytest
 
-import ollie
 from agent_helpers import make_core
 from ollie.tools import CallContext, ToolResult, execute, scripts
+from script_helpers import DEFAULTS, shared_block
 
-DEFAULTS = Path(ollie.__file__).parent / "defaults" / "tools"
 NAMES = ("file_edit", "file_glob", "file_grep", "file_read", "file_write")  # this file's scripts
 SHIPPED = sorted(p.name for p in DEFAULTS.iterdir() if p.is_file() and not p.name.startswith("."))
 READ_ONLY = ("file_glob", "file_grep", "file_read")
@@ -72,23 +71,20 @@ async def tools(ollie_dirs, tmp_path):
 # ---- the scripts as shipped -------------------------------------------------------------------
 
 
-def test_each_script_is_executable_with_a_description_args_and_the_right_marker():
-    for name in NAMES:
+def test_each_shipped_script_is_executable_with_a_description_args_and_the_right_marker():
+    read_only = {*READ_ONLY, "memory_recall"}  # memory_recall writes only its index, a cache
+    for name in SHIPPED:
         path = DEFAULTS / name
         assert path.stat().st_mode & 0o777 == 0o755, name
         assert path.read_text().startswith("#!/usr/bin/env python3\n"), name
         fields = scripts.read_header(path)
         assert fields["description"] and fields["args"], name
-        assert execute._marked_read_safe(str(path)) == (name in READ_ONLY), name
+        assert len(f"{name} {fields['args']} — {fields['description']}") <= scripts.LINE_MAX, name
+        assert execute._marked_read_safe(str(path)) == (name in read_only), name
 
 
 def test_the_blocks_the_scripts_share_are_the_same_in_each():
-    def block(name: str, title: str) -> str:
-        text = (DEFAULTS / name).read_text()
-        found = re.search(rf"^# ---- {title}.*?^# ---- end of the {title}", text, re.S | re.M)
-        assert found, (name, title)
-        return re.sub(r"^# ---- .*\n", "", found.group(0), count=1, flags=re.M)
-
+    block = shared_block
     assert block("file_read", "read") == block("file_write", "read") == block("file_edit", "read")
     assert block("file_write", "diff") == block("file_edit", "diff")
 
