@@ -587,7 +587,7 @@ async def test_a_cwd_that_another_session_swapped_for_a_symlink_is_refused(home,
         in (await stage(p, tmp_path / "tmp-x", "mv sub sub.old && ln -s ../precious sub && echo swapped")).text()
     )
     result = await stage(p / "sub", tmp_path / "tmp-y", "echo pwned > file; echo rc=$?")
-    assert result.is_error and "reached through a symlink (sub)" in result.text()
+    assert result.is_error and "is reached through a symlink (sub)" in result.text()
     assert (precious / "file").read_text() == "original\n"
 
 
@@ -609,3 +609,30 @@ async def test_the_memory_and_the_plans_are_the_only_data_shown_and_writable(hom
     assert (data / "memory" / "m.md").read_text() == "remembered\n"
     assert (data / "plans" / "p.md").read_text() == "planned\n"
     assert oct((data / "memory").stat().st_mode & 0o777) == "0o700"
+
+
+async def test_a_link_one_session_plants_in_the_shared_dirs_leads_no_other_session_anywhere(home, tmp_path):
+    # Session A cannot reach B's project; were a link A left in the plans followed by B's code (its
+    # own task_complete, say), B would write A's words into B's project, a git hook for instance.
+    proj_a, proj_b = tmp_path / "a", tmp_path / "b"
+    for d in (proj_a, proj_b, tmp_path / "tmp-a", tmp_path / "tmp-b"):
+        d.mkdir()
+
+    async def stage(cwd, tmpdir, code):
+        server = execute.Decl(str(cwd))()
+        ctx = CallContext(cwd=str(cwd), session_id=tmpdir.name, tmpdir=str(tmpdir))
+        try:
+            return await server.call_tool("execute_code", {"steps": [{"code": code}]}, ctx)
+        finally:
+            await server.close()
+
+    planted = f'ln -s {proj_b}/hook "$OLLIE_PLANS_DIR/plan.md" && ln -s {proj_b} "$OLLIE_MEMORY_DIR/b" && echo planted'
+    assert "planted" in (await stage(proj_a, tmp_path / "tmp-a", planted)).text()
+    result = await stage(
+        proj_b,
+        tmp_path / "tmp-b",
+        'echo "#!/bin/sh" > "$OLLIE_PLANS_DIR/plan.md"; echo x > "$OLLIE_MEMORY_DIR/b/hook2"; '
+        'ls "$OLLIE_MEMORY_DIR/b/"',
+    )
+    assert "Too many levels of symbolic links" in result.text()
+    assert sorted(os.listdir(proj_b)) == []

@@ -47,6 +47,7 @@ MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVA
     16384,
     1 << 18,
 )
+MS_NOSYMFOLLOW = 256  # Linux 5.10
 ST_FLAGS = {MS_NOSUID: os.ST_NOSUID, MS_NODEV: os.ST_NODEV, MS_NOEXEC: os.ST_NOEXEC}
 PR_SET_NO_NEW_PRIVS, PR_SET_SECCOMP, SECCOMP_MODE_FILTER, PR_SET_CHILD_SUBREAPER, PR_SET_DUMPABLE = 38, 22, 2, 36, 4
 SYS_LANDLOCK_ADD_RULE, SYS_LANDLOCK_RESTRICT_SELF, SYS_CLOSE_RANGE = 445, 446, 436  # the same on every arch
@@ -155,11 +156,17 @@ class Mounts:
         except OSError:
             pass  # no /dev/pts to replace: pseudo-terminals stay unavailable
 
-    def expose(self, path, writable):
+    def expose(self, path, writable, shared=False):
+        """Show `path` again. A `shared` directory (one every session writes: the memory, the
+        plans) follows no symlink: one session could plant a link there that another session's
+        code, writing what it takes for its own file, would follow into that session's cwd."""
         if self.exposed.get(path) == writable or self._root(path) is None:
             return
         self.exposed[path] = writable
         self._bind(path, writable)
+        if shared:
+            keep = sum(ms for ms, st_flag in ST_FLAGS.items() if os.statvfs(path).f_flag & st_flag)
+            mount(None, path, None, MS_BIND | MS_REMOUNT | MS_NOSYMFOLLOW | keep | (0 if writable else MS_RDONLY))
         self.pinned -= {p for p in self.pinned if p.startswith(path.rstrip("/") + "/")}  # covered over
         for hidden in [*self.hidden, *self.servers]:  # hidden inside what was just exposed: hide it again
             if hidden != path and hidden.startswith(path.rstrip("/") + "/"):
@@ -484,8 +491,8 @@ class Jail(Endpoint):
         spec = json.loads(os.pread(fds["spec"], os.fstat(fds["spec"]).st_size, 0))
         ruleset = fds.get("ruleset", -1)
         if self.mounts is not None:
-            for path, writable in spec["expose"]:
-                self.mounts.expose(path, writable)
+            for path, writable, shared in spec["expose"]:
+                self.mounts.expose(path, writable, shared)
             if ruleset >= 0:
                 add_rules(ruleset, spec["jail_rules"])
         seccomp = seccomp_program(spec["seccomp"])

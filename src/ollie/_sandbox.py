@@ -132,6 +132,7 @@ class Policy:
 
     name: str
     cwd: str  # the working directory it was expanded for (a real path; "" for none)
+    shared: tuple[str, ...]  # granted writable to every session (the memory, the plans): no symlinks there
     paths: dict[str, tuple[str, ...]]  # a _FS_KEYS name → absolute existing paths
     unrestricted_net: bool
     unix_sockets: bool  # may create AF_UNIX sockets (and so connect to any socket by path)
@@ -187,6 +188,7 @@ def load_policy(
     return Policy(
         name=name,
         cwd=cwd,
+        shared=tuple(p for p in extra_rw if os.path.exists(p)),
         paths=paths,
         unrestricted_net=bool(net.get("unrestricted") or net.get("enabled")),  # `enabled`: the Go name
         unix_sockets=bool(net.get("unix")),
@@ -423,11 +425,12 @@ def _add_path_rule(ruleset: int, path: str, rights: int, policy: Policy) -> None
 
 
 def _open_granted(path: str, cwd: str) -> int:
-    """An O_PATH fd of `path`. The cwd and what is under it are opened a component at a time,
-    refusing any symlink: a session's cwd is kept as a real path, so a symlink on it now was put
-    there since, by code that can write its parent (another session's sandbox, say), and following
-    it would grant the link's target. Each step is an fd, so no swap can race the check."""
-    if not cwd or not (path == cwd or path.startswith(cwd.rstrip("/") + "/")):
+    """An O_PATH fd of `path`. The cwd is opened a component at a time, refusing any symlink: a
+    session's cwd is kept as a real path, so a symlink on it now was put there since, by code that
+    can write its parent (another session's sandbox, say), and following it would grant the
+    link's target. Each step is an fd, so no swap can race the check. (Other grants, even under
+    the cwd, follow links as the user set them up: a symlinked .venv, `/etc/localtime`.)"""
+    if not cwd or path != cwd:
         return os.open(path, os.O_PATH | os.O_CLOEXEC)
     flags = os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC
     fd = os.open("/", flags)
@@ -438,8 +441,8 @@ def _open_granted(path: str, cwd: str) -> int:
             fd = nxt
             if stat.S_ISLNK(os.fstat(fd).st_mode):
                 raise SandboxError(
-                    f"{path} is reached through a symlink ({name}) that was not there when the session's working "
-                    f"directory {cwd} was set: something replaced it; set the working directory again"
+                    f"the working directory {path} is reached through a symlink ({name}): a symlink put in place "
+                    "of a directory since the cwd was set (or a cwd stored by an older ollie); set it again"
                 )
         return fd
     except BaseException:
@@ -654,7 +657,9 @@ class Sandbox:
                 ],
                 # Every path granted, and whether writable: a jail shows those it hides (under /tmp, say).
                 "expose": [
-                    (path, key in ("rw", "rwx", "tmpfile")) for key, paths in policy.paths.items() for path in paths
+                    (path, key in ("rw", "rwx", "tmpfile"), path in policy.shared)
+                    for key, paths in policy.paths.items()
+                    for path in paths
                 ],
             },
         )

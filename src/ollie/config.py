@@ -32,7 +32,8 @@ def data_path() -> Path:
 def shared_dirs() -> tuple[Path, Path]:
     """The memory and the plans: directories every session's sandboxed code may read and write
     (shown on the mount as m/ and pl/), created private to the user if missing."""
-    return private_dir(data_path() / "memory"), private_dir(data_path() / "plans")
+    data = Path(os.path.realpath(data_path()))  # the jail hides real paths, and shows them again
+    return private_dir(data / "memory"), private_dir(data / "plans")
 
 
 def tmp_path() -> Path:

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any, Protocol
 
-from .. import _jail, _sandbox
+from .. import _jail, _sandbox, config
 from ..config import AgentConfig
 from ..types import Event
 from .state import SessionState
@@ -260,8 +260,9 @@ def _refuse_writable(cmd: str, cwd: str, policies: list[str]) -> None:
     if "/" not in program:
         return  # a command looked up on PATH: the sandbox cannot write the system's directories
     path = os.path.realpath(os.path.join(cwd, os.path.expanduser(program)))
+    shared = tuple(str(d) for d in config.shared_dirs())  # every session's code writes these too
     for name in policies:
-        if _sandbox.load_policy(name, cwd, "").writes(path):
+        if _sandbox.load_policy(name, cwd, "", extra_rw=shared).writes(path):
             raise _sandbox.SandboxError(
                 f"{program} is a file that sandboxed code can write (sandbox policy {name!r}); move it out of "
                 'the agent\'s reach, or set "trustWritableHooks": true in the agent config'

@@ -59,7 +59,7 @@ async def _with_env(args: argparse.Namespace, action: Callable[[argparse.Namespa
     from ..tools import execute, new_dispatcher_func
     from ..types import ConfigError
 
-    cwd = os.path.abspath(os.path.expanduser(args.cwd or os.getcwd()))
+    cwd = os.path.realpath(os.path.expanduser(args.cwd or os.getcwd()))
     if not os.path.isdir(cwd):
         raise ConfigError(f"--cwd {cwd!r} is not a directory")
     cfg = config.load_agent(args.agent)

@@ -345,7 +345,11 @@ class DiskFile(File):
             raise FsError(E.EACCES, f"{self.path.name}: read-only")
         if self._validate:
             return  # a validated file changes only through a complete, valid write
-        os.truncate(self.path, size)
+        fd = os.open(self.path, os.O_WRONLY | self._nofollow)
+        try:
+            os.ftruncate(fd, size)
+        finally:
+            os.close(fd)
 
 
 def _is_file(path: Path, follow: bool) -> bool:
@@ -422,8 +426,9 @@ class DiskDir(Dir):
         if self.validate:
             self._creating.add(name)
             return ValidatedHandle(f.path, self.validate, trunc=True, on_release=lambda: self._creating.discard(name))
+        flags = os.O_RDWR | os.O_CREAT | (0 if self.follow else os.O_NOFOLLOW | os.O_EXCL)
         try:
-            return DiskHandle(os.open(f.path, os.O_RDWR | os.O_CREAT, mode & 0o777))
+            return DiskHandle(os.open(f.path, flags, mode & 0o777))
         except OSError as e:
             raise FsError(e.errno or E.EIO, f"{name}: {e.strerror}") from None
 

@@ -53,9 +53,10 @@ ed, expect and bc read the code itself from stdin, so they take no piped input).
 - {{"parallel": [stage, ...]}}: code or tool stages run at once; outputs joined in the order given.
 Examples: [{{"code": "ls"}}] · [{{"code": "grep -rn TODO ."}}, {{"code": "wc -l"}}] · \
 [{{"parallel": [{{"code": "wc -l < a"}}, {{"code": "wc -l < b"}}]}}, {{"code": "sort -n"}}]
-The sandbox reads the system, writes only the working directory and $TMPDIR (a private /tmp), and \
-has no network. Each stage gets `timeout` seconds (default {DEFAULT_TIMEOUT:g}); a failing stage \
-stops the pipeline and its exit status and output are returned."""
+The sandbox reads the system, writes only the working directory, $TMPDIR (a private /tmp) and the \
+shared $OLLIE_MEMORY_DIR and $OLLIE_PLANS_DIR, and has no network. Each stage gets `timeout` \
+seconds (default {DEFAULT_TIMEOUT:g}); a failing stage stops the pipeline and its exit status and \
+output are returned."""
 SCRIPTS_HEADING = 'Tool scripts, e.g. {"tool": "file_read", "args": ["README.md"]} (name args — what it does):'
 
 
@@ -179,14 +180,12 @@ class Server:
         env.update(ctx.env)
         # In a jail $TMPDIR is its private /tmp; the session's own scratch directory (where long
         # results are saved) is readable there.
-        memory, plans = self._shared_dirs()
         env.update(
             TMPDIR="/tmp" if self._namespaces else session_tmp,
             OLLIE_SESSION_ID=ctx.session_id,
             OLLIE_TOOLS_PATH=":".join(tool_dirs),
-            OLLIE_MEMORY_DIR=memory,
-            OLLIE_PLANS_DIR=plans,
         )
+        env.update(zip(("OLLIE_MEMORY_DIR", "OLLIE_PLANS_DIR"), self._shared_dirs(), strict=False))
         system_path = box.search_path(env.get("PATH") or os.defpath)
         env["PATH"] = f"{self._x_dir}:{system_path}"
         # Interpreters are looked up on the system path only: $OLLIE/x may be this very process's
@@ -204,13 +203,17 @@ class Server:
         )
 
     def _sandbox_for(self, policy: str, cwd: str, session_tmp: str, tool_dirs: tuple[str, ...]) -> _sandbox.Sandbox:
-        shared = self._shared_dirs()
         if self._namespaces:
-            return self._sandboxes.get(policy, cwd, "", tool_dirs, (session_tmp,) if session_tmp else (), shared)
-        return self._sandboxes.get(policy, cwd, session_tmp, tool_dirs, (), shared)
+            tmp = (session_tmp,) if session_tmp else ()
+            return self._sandboxes.get(policy, cwd, "", tool_dirs, tmp, self._shared_dirs())
+        return self._sandboxes.get(policy, cwd, session_tmp, tool_dirs)
 
     def _shared_dirs(self) -> tuple[str, ...]:
-        """The memory and the plans, which every session's code may read and write (found once)."""
+        """The memory and the plans, which every session's code may read and write (found once).
+        Only in a jail, whose mounts of them follow no symlink: under Landlock alone, a link one
+        session planted there could lead another session's code to write in its own cwd."""
+        if not self._namespaces:
+            return ()
         if self._shared is None:
             self._shared = tuple(str(d) for d in config.shared_dirs())
         return self._shared
