@@ -240,6 +240,25 @@ async def test_a_corrupt_index_is_rebuilt_from_the_files(tools):
     _index_is_sound(tools.memory)
 
 
+async def test_links_another_session_left_for_the_index_are_removed_not_followed(tools, tmp_path):
+    # Any session can write the memory: a link in place of the index's files (here to a database
+    # of someone else's) would otherwise break every session's recall, or have it write elsewhere.
+    memory_id = await tools.remember("Steady", "links", "Survives a planted link.")
+    assert await tools.recalled_ids("steady") == [memory_id]
+    elsewhere = tmp_path / "someone-elses.sqlite"
+    elsewhere.write_bytes(b"theirs")
+    for name in (".index.sqlite", ".index.sqlite-wal", ".index.sqlite-shm", ".index.lock"):
+        (tools.memory / name).unlink(missing_ok=True)
+        (tools.memory / name).symlink_to(elsewhere)
+    assert await tools.recalled_ids("steady") == [memory_id]
+    assert elsewhere.read_bytes() == b"theirs"
+    assert not (tools.memory / ".index.sqlite").is_symlink()
+    assert (
+        "forgot" in (await tools.ok("memory_forget", memory_id)).lower()
+        or not (tools.memory / f"{memory_id}.md").exists()
+    )
+
+
 async def test_concurrent_remembers_and_recalls_keep_the_index_sound(tools):
     await tools.remember("Seed", "concurrency", "The first memory.")
     for round_ in range(3):
