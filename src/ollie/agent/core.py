@@ -409,8 +409,8 @@ class Core:
         """Run the agentSpawn hooks (a new session, or an agent switch); their output primes the
         session: it becomes part of the system prompt."""
         outcome = await self._rt.hooks.run("agentSpawn", {"agent": self.agent.name})
-        self._rt.state.set_primer(outcome.output)
-        self._save_meta()
+        self._rt.state.meta.primer = outcome.output
+        self._save_meta()  # one write: the primer and the system prompt it makes
 
     async def refresh_context_length(self) -> None:
         """Ask the backend for its window (unless the agent config sets one); done before the

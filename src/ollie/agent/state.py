@@ -167,12 +167,8 @@ class SessionState:
     @property
     def primer(self) -> str:
         """The agentSpawn hooks' output: part of every request's system prompt, so compaction and
-        /clear never lose it."""
+        /clear never lose it (Core sets it in `meta` when the agent spawns, and saves)."""
         return self.meta.primer
-
-    def set_primer(self, text: str) -> None:
-        self.meta.primer = text
-        self.save()
 
     # ---- history ----------------------------------------------------------------------------------
     @property
