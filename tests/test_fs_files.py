@@ -187,6 +187,7 @@ def test_cfg_written_back_as_read_changes_only_what_differs(fs_server):
     assert "top_p=0.5\n" in text and 'response_format={"type": "json_object"}\n' in text
     assert "error" not in (fs_server.mnt / "s" / sid / "chat").read_text()
     assert fs_server.sh(f"echo state=thinking > s/{sid}/cfg", check=False).returncode != 0
+    assert fs_server.sh(f"echo model= > s/{sid}/cfg", check=False).returncode != 0  # not silently ignored
 
 
 def test_ctl_commands(fs_server):

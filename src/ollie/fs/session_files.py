@@ -377,6 +377,8 @@ async def _cfg_set(session: Session, line: str, shown: dict[str, str]) -> None:
     if key == "cwd":
         check_cwd(value)
     if key in CFG_COMMANDS:
+        if not value:  # the command would only show the setting: an empty write must not pass silently
+            raise FsError(E.EINVAL, f"{key}= needs a value")
         await commands.run(core, key, value)
     else:
         await commands.run(core, "set", f"{key} {value}")
