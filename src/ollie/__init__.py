@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__version__ = "0.1.0"
+__version__ = "0.1.0"  # the version's one source: the package metadata (pyproject.toml) and `ollie --version` read it
 
 _LAZY = {
     "open_session": "ollie.agent",
