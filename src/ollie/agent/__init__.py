@@ -22,6 +22,7 @@ from .core import Core, CoreConfig
 if TYPE_CHECKING:
     from ..config import AgentConfig
     from ..tools import Server
+    from .plans import PlanBackend
 
 
 def open_session(
@@ -35,6 +36,7 @@ def open_session(
     script: Any = None,
     store_root: Path | None = None,
     on_event: Callable[[Event], None] | None = None,
+    plan_backend: PlanBackend | None = None,
 ) -> Opening:
     """A ready Core, awaited (`core = await open_session(...)`) or entered (`async with
     open_session(...) as core`, which closes it on the way out).
@@ -45,7 +47,9 @@ def open_session(
     adds tool servers of your own, each given as a function that builds a fresh one (an agent
     switch closes them and builds new ones). `script` (a list of turns, or a file) is for the
     scripted backend. `on_event` is subscribed before the start-up notices (e.g. an MCP server
-    that failed) are emitted. Raises ConfigError for a bad name or config."""
+    that failed) are emitted. The steps of the plans the agent makes (`task_plan`) are committed
+    as tasks to a tool server with `task_create` if the agent has one, else to `plan_backend`
+    (an `ollie.agent.plans.PlanBackend`) if given. Raises ConfigError for a bad name or config."""
     return Opening(
         _open(
             agent=agent,
@@ -57,6 +61,7 @@ def open_session(
             script=script,
             store_root=store_root,
             on_event=on_event,
+            plan_backend=plan_backend,
         )
     )
 
@@ -91,6 +96,7 @@ async def _open(
     script: Any,
     store_root: Path | None,
     on_event: Callable[[Event], None] | None,
+    plan_backend: PlanBackend | None,
 ) -> Core:
     from .. import backends, config
     from ..tools import execute, new_dispatcher_func
@@ -124,7 +130,12 @@ async def _open(
     env = await build_agent_env(cfg, new_dispatcher(), cwd)
     core = Core(
         CoreConfig(
-            backend=be, env=env, new_dispatcher=new_dispatcher, session_id=session_id or "", store_root=store_root
+            backend=be,
+            env=env,
+            new_dispatcher=new_dispatcher,
+            session_id=session_id or "",
+            store_root=store_root,
+            plan_backend=plan_backend,
         )
     )
     if on_event is not None:

@@ -34,6 +34,7 @@ from . import compaction, loop
 from .context import DEFAULT_WINDOW, Window
 from .events import Bus
 from .hooks import Hooks
+from .plans import Plans
 from .runtime import Runtime
 from .session import SessionStore, new_session_id
 from .state import SessionState, session_cost
@@ -41,6 +42,7 @@ from .state import SessionState, session_cost
 if TYPE_CHECKING:
     from ..backends import Backend
     from .env import AgentEnv
+    from .plans import PlanBackend
 
 log = logging.getLogger("ollie.core")
 
@@ -55,6 +57,7 @@ class CoreConfig:
     new_dispatcher: Callable[[], Dispatcher] | None = None  # for /agent switches
     session_id: str = ""  # restore this stored session; "" starts a new one
     store_root: Path | None = None  # default $OLLIE_DATA_PATH/sessions
+    plan_backend: PlanBackend | None = None  # where plans are committed when no tool server has task_create
 
 
 class Core:
@@ -81,6 +84,7 @@ class Core:
             Window(lambda: state.messages, lambda: self._rt.system_prompt()),
             tmpdir,
         )
+        self._rt.plans = Plans(state, bus.emit, cfg.plan_backend)
         if agent.context_window:
             self._rt.window.length = agent.context_window
         self._new_dispatcher = cfg.new_dispatcher

@@ -20,6 +20,7 @@ from .state import SessionState
 if TYPE_CHECKING:
     from ..backends import Backend
     from .env import AgentEnv
+    from .plans import Plans
 
 
 @dataclass
@@ -32,6 +33,7 @@ class Runtime:
     window: Window
     tmpdir: Path  # the session's scratch directory (whole tool results are kept there)
     inject: str | None = None  # a message for the running turn, delivered with the next tool result
+    plans: Plans | None = None  # the session's plans in pl/, and where they are committed
 
     def system_prompt(self) -> str:
         """The agent's system prompt and what its agentSpawn hooks said, marked as theirs."""
@@ -63,12 +65,19 @@ class Runtime:
         meta.cost_session += last
         self.bus.emit(Event("usage", data=asdict(self.state.usage)))
 
+    async def sync_plans(self) -> None:
+        """After a tool round: the session's new or changed plans become its plan and are
+        committed to its task backend (never failing the turn; problems are info events)."""
+        if self.plans is not None:
+            await self.plans.sync(self.env.dispatcher)
+
     def call_context(self) -> CallContext:
-        """What a tool call of this session runs with: its cwd, env, scratch dir, allowed policies."""
+        """What a tool call of this session runs with: its cwd, env (with the key its plans are
+        signed with), scratch dir, allowed policies."""
         return CallContext(
             cwd=self.state.cwd,
             session_id=self.state.id,
-            env=self.state.env,
+            env={**self.state.env, **(self.plans.stage_env() if self.plans else {})},
             tmpdir=str(self.tmpdir),
             policies=tuple(self.env.config.sandboxes),
         )
