@@ -338,7 +338,8 @@ async def test_environment_is_the_policy_plus_the_session(run, work, monkeypatch
     assert env["OLLIE_SESSION_ID"] == "sess-1"
     assert env["OLLIE_TOOLS_PATH"] == str(tools)
     assert env["TMPDIR"] == "/tmp"  # the jail's private one; the session's own is readable
-    assert env["PATH"].startswith(os.path.expanduser("~/mnt/ollie/x:"))
+    assert "mnt/ollie" not in env["PATH"]  # x/ holds the user's plugins: not the sandbox's to run
+    assert "OLLIE" not in env  # no view of ollie's files without a file server (test_view.py)
     assert "UNLISTED_VAR" not in env
 
 

@@ -42,13 +42,17 @@ class SpawnError(JailError):
 @dataclass(frozen=True, slots=True)
 class JailSetup:
     """What is fixed for a jail's life: its network, its PID budget, its private /tmp, what it
-    hides, and what it keeps read-only whatever a policy grants (the Python that runs the jail)."""
+    hides, what it keeps read-only whatever a policy grants (the Python that runs the jail), and
+    where it mounts the view of ollie's files its owner serves ("": none) with the Landlock
+    rights its programs get there."""
 
     network: bool
     processes: int
     tmp_size: int
     hide: tuple[str, ...]
     protect: tuple[str, ...] = ()
+    view: str = ""
+    view_rights: int = 0
 
 
 @dataclass(frozen=True, eq=False, slots=True)
@@ -174,6 +178,7 @@ class _Channel:
 class Jail:
     def __init__(self, sock: socket.socket):
         self.namespaces_refused = ""  # why the jail runs without namespaces, when it does
+        self.view_fd = -1  # the /dev/fuse descriptor of the jail's view, for its owner to serve (and close)
         self._control = _Channel(sock)
         self._spawners: dict[Confinement, _Channel] = {}
 
@@ -198,7 +203,7 @@ class Jail:
         hello = jail._control.replies[0] = asyncio.get_running_loop().create_future()
         try:
             async with asyncio.timeout(_START_TIMEOUT):
-                message, _ = await hello
+                message, fds = await hello
         except BaseException:
             await jail.close()
             raise
@@ -208,6 +213,11 @@ class Jail:
             await jail.close()
             raise JailError(f"the sandbox could not set up its namespaces: {message.get('error')}")
         jail.namespaces_refused = message.get("namespaces", "")
+        if fds and message.get("view") and len(fds) == 1:
+            jail.view_fd = fds[0]
+        else:
+            for fd in fds:
+                os.close(fd)
         return jail
 
     async def spawn(

@@ -10,6 +10,9 @@ The first process enters new user, mount, IPC, PID (and, unless the setup grants
 namespaces, then forks the jail's PID 1 and exits. PID 1 mounts a fresh /proc, a private tmpfs on
 /tmp, a new /dev/pts instance, hides the setup's `hide` directories under empty tmpfs mounts, caps
 the number of PIDs, and serves its socket until it closes, when everything in the jail dies.
+Given a `view` path, it also mounts a FUSE file system there whose /dev/fuse descriptor it sends
+the parent with its first message: the parent serves the jail's own view of ollie's files on it
+(a FUSE mount must be made with a descriptor opened in the mounting user namespace).
 
 For each ruleset PID 1 forks a spawner that confines itself once (limits, no new privileges,
 Landlock, seccomp, no capabilities) and then starts that ruleset's programs with posix_spawn:
@@ -133,6 +136,7 @@ class Mounts:
         mount(None, "/", None, MS_REC | MS_PRIVATE)  # nothing done here shows outside
         self.hidden: dict[str, int] = {}  # hidden directory -> O_PATH fd of what it hid, to bind from
         self.exposed = {}  # path -> writable
+        self.view, self.view_root = "", -1  # the view's mount point, and an O_PATH fd of its root
         self.pinned = set()  # directories bound onto themselves, so that they cannot be renamed
         for path in ["/tmp", *hide]:
             if os.path.isdir(path) and path not in self.hidden:
@@ -156,6 +160,25 @@ class Mounts:
         except OSError:
             pass  # no /dev/pts to replace: pseudo-terminals stay unavailable
 
+    def mount_view(self, path):
+        """Mount a FUSE file system at `path` (hidden by now); returns its /dev/fuse descriptor.
+        noexec: the view serves files to read and write, never programs to run outside the sandbox."""
+        fuse = os.open("/dev/fuse", os.O_RDWR | os.O_CLOEXEC)
+        options = f"fd={fuse},rootmode=40000,user_id={os.geteuid()},group_id={os.getegid()}"
+        os.makedirs(path, exist_ok=True)
+        mount("ollie", path, "fuse.ollie", MS_NOSUID | MS_NODEV | MS_NOEXEC, options)
+        self.view = path
+        return fuse
+
+    def _rebind_view(self, above):
+        """The view, hidden again under a tmpfs by the exposure of a directory around it: bind it back."""
+        self._pin(self.view, above)
+        target = os.open(self.view, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            mount(f"/proc/self/fd/{self.view_root}", f"/proc/self/fd/{target}", None, MS_BIND)
+        finally:
+            os.close(target)
+
     def expose(self, path, writable, shared=False):
         """Show `path` again. A `shared` directory (one every session writes: the memory, the
         plans) follows no symlink: one session could plant a link there that another session's
@@ -163,6 +186,9 @@ class Mounts:
         if self.exposed.get(path) == writable or self._root(path) is None:
             return
         self.exposed[path] = writable
+        view_inside = self.view and self.view.startswith(path.rstrip("/") + "/")
+        if view_inside and self.view_root < 0:  # held before it is covered, to bind back after
+            self.view_root = os.open(self.view, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
         self._bind(path, writable)
         if shared:
             keep = sum(ms for ms, st_flag in ST_FLAGS.items() if os.statvfs(path).f_flag & st_flag)
@@ -177,6 +203,8 @@ class Mounts:
         for protected in self.protected:  # and protected inside it: read-only again
             if writable and (protected == path or protected.startswith(path.rstrip("/") + "/")):
                 self._protect(protected, path)
+        if view_inside:
+            self._rebind_view(path)
 
     def _root(self, path):
         roots = [h for h in self.hidden if path == h or path.startswith(h.rstrip("/") + "/")]
@@ -461,8 +489,9 @@ def seccomp_program(hex_code):
 class Jail(Endpoint):
     """PID 1 (or, without namespaces, the jail's only server): makes a spawner per ruleset."""
 
-    def __init__(self, sock, mounts, pid_one):
+    def __init__(self, sock, mounts, pid_one, view_rights=0):
         super().__init__(sock)
+        self.view_rights = view_rights  # the Landlock rights every program gets on the view
         self.spawners = set()  # their pids
         self.mounts = mounts
         self.pid_one = pid_one  # in a PID namespace: kill(-1) ends all
@@ -494,7 +523,8 @@ class Jail(Endpoint):
             for path, writable, shared in spec["expose"]:
                 self.mounts.expose(path, writable, shared)
             if ruleset >= 0:
-                add_rules(ruleset, spec["jail_rules"])
+                view = [[self.mounts.view, self.view_rights]] if self.mounts.view else []
+                add_rules(ruleset, spec["jail_rules"] + view)
         seccomp = seccomp_program(spec["seccomp"])
         theirs, ours = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         pid = os.fork()
@@ -554,15 +584,20 @@ def main():
         sock.send(json.dumps({"id": 0, "ready": True, "namespaces": refused}).encode())
         Jail(sock, None, pid_one=False).serve()
         return
+    fuse = []
     try:
         mounts = Mounts(setup["hide"], setup["protect"], setup["tmp_size"])
+        if setup["view"]:
+            fuse.append(mounts.mount_view(setup["view"]))
         with open("/proc/sys/kernel/pid_max", "w") as f:
             f.write(str(setup["processes"] + 1))  # PIDs run from 1 (this process) to pid_max - 1
     except OSError as e:
         sock.send(json.dumps({"id": 0, "ready": False, "error": describe(e)}).encode())
         return
-    sock.send(json.dumps({"id": 0, "ready": True, "namespaces": ""}).encode())
-    Jail(sock, mounts, pid_one=True).serve()
+    socket.send_fds(sock, [json.dumps({"id": 0, "ready": True, "namespaces": "", "view": bool(fuse)}).encode()], fuse)
+    for fd in fuse:
+        os.close(fd)
+    Jail(sock, mounts, pid_one=True, view_rights=setup["view_rights"]).serve()
 
 
 if __name__ == "__main__":

@@ -27,6 +27,7 @@ import struct
 import sys
 import weakref
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -49,8 +50,9 @@ _ETC = """ld.so.cache ld.so.conf ld.so.conf.d passwd group nsswitch.conf hosts h
 
 DEFAULT_POLICY: dict[str, Any] = {
     "filesystem": {
-        # The system's programs and libraries, the Python running ollie (pyenv or venv outside
-        # /usr), and $OLLIE/x (on PATH). Tool script directories are added per call.
+        # The system's programs and libraries, and the Python running ollie (pyenv or venv
+        # outside /usr). Tool script directories are added per call. Not $OLLIE/x: plugins are
+        # the user's to run, outside the sandbox.
         "rox": [
             "/usr",
             "/bin",
@@ -63,7 +65,6 @@ DEFAULT_POLICY: dict[str, Any] = {
             "/etc/alternatives",
             sys.base_prefix,
             sys.prefix,
-            "{OLLIE}/x",
         ],
         # /proc: ps, /dev/fd and Python need it; Landlock's ptrace rule already hides the environ,
         # memory and fds of every process outside the sandbox.
@@ -691,22 +692,41 @@ class Jails:
     """The jails of one owner (a session's execute server, its hooks): one per network setting and
     limits, started on first use, restarted if one dies."""
 
-    def __init__(self) -> None:
+    def __init__(self, view: Callable[[int], None] | None = None) -> None:
         self._jails: dict[_jail.JailSetup, _jail.Jail] = {}
         self._hide = hidden_paths()
         self._uv_cache = _uv_cache()
+        # Serves a jail's view of ollie's files, mounted at $OLLIE in it, on the /dev/fuse
+        # descriptor it is given (and closes it); None: no view.
+        self._view = view
 
     async def get(self, policy: Policy) -> _jail.Jail:
         """The jail for `policy`; one without namespaces (the kernel refused them) only when the
         policy says general.best_effort, else SandboxError."""
         limits = policy.limits
+        view, view_rights = "", 0
+        if self._view is not None:
+            view, view_rights = os.path.realpath(config.mount_path()), _RW & _fs_handled(landlock_abi())
         setup = _jail.JailSetup(
-            policy.network, limits.processes, limits.tmpdir, self._hide, _PROTECTED + self._link_sources(policy)
+            policy.network,
+            limits.processes,
+            limits.tmpdir,
+            self._hide,
+            _PROTECTED + self._link_sources(policy),
+            view,
+            view_rights,
         )
         jail = self._jails.get(setup)
         if jail is None or not jail.alive:
             _refuse_replaceable_links(policy)
             jail = self._jails[setup] = await _jail.Jail.start(setup)
+            if jail.view_fd >= 0 and self._view is not None:
+                fd, jail.view_fd = jail.view_fd, -1
+                try:
+                    self._view(fd)
+                except BaseException:
+                    os.close(fd)  # the mount then fails every access instead of waiting on nobody
+                    raise
         if jail.namespaces_refused and not policy.best_effort:
             raise SandboxError(
                 f"the sandbox cannot isolate this: {jail.namespaces_refused}; allow user namespaces "

@@ -120,6 +120,7 @@ class AgentConfig:
     hook_sandbox: str | bool = "hooks"  # the sandbox policy hooks run under; False: unsandboxed
     trust_writable_hooks: bool = False  # run a hook whose file sandboxed code can write
     sandboxes: list[str] = field(default_factory=lambda: ["default"])  # policies the model may pick
+    subagents: list[str] = field(default_factory=list)  # agents its code may start sub-sessions with, besides itself
     mcp_servers: dict[str, dict[str, Any]] = field(default_factory=dict)
     params: GenerationParams = field(default_factory=GenerationParams)
 
@@ -138,6 +139,7 @@ _FIELDS: dict[str, tuple[str, type | tuple[type, ...]]] = {
     "hookSandbox": ("hook_sandbox", (str, bool)),
     "trustWritableHooks": ("trust_writable_hooks", bool),
     "sandboxes": ("sandboxes", list),
+    "subagents": ("subagents", list),
     "mcpServers": ("mcp_servers", dict),
 }
 _PARAM_KEYS = {
@@ -212,6 +214,8 @@ def _check(cfg: AgentConfig, where: str) -> None:
         raise ConfigError(f"{where}: hookSandbox is a sandbox policy name, or false to run hooks unsandboxed")
     if not cfg.sandboxes or not all(isinstance(p, str) and _NAME.fullmatch(p) for p in cfg.sandboxes):
         raise ConfigError(f'{where}: sandboxes must be a non-empty list of sandbox policy names, e.g. ["default"]')
+    if not all(isinstance(a, str) and _NAME.fullmatch(a) for a in cfg.subagents):
+        raise ConfigError(f'{where}: subagents must be a list of agent names, e.g. ["reviewer"]')
     for server, spec in cfg.mcp_servers.items():
         if not isinstance(spec, dict) or not ("command" in spec or "url" in spec):
             raise ConfigError(f'{where}: mcpServers.{server} needs "command" (stdio) or "url" (HTTP)')

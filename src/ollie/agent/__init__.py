@@ -36,6 +36,7 @@ def open_session(
     script: Any = None,
     store_root: Path | None = None,
     on_event: Callable[[Event], None] | None = None,
+    view: Callable[[int], None] | None = None,
     plan_backend: PlanBackend | None = None,
 ) -> Opening:
     """A ready Core, awaited (`core = await open_session(...)`) or entered (`async with
@@ -47,9 +48,11 @@ def open_session(
     adds tool servers of your own, each given as a function that builds a fresh one (an agent
     switch closes them and builds new ones). `script` (a list of turns, or a file) is for the
     scripted backend. `on_event` is subscribed before the start-up notices (e.g. an MCP server
-    that failed) are emitted. The steps of the plans the agent makes (`task_plan`) are committed
-    as tasks to a tool server with `task_create` if the agent has one, else to `plan_backend`
-    (an `ollie.agent.plans.PlanBackend`) if given. Raises ConfigError for a bad name or config."""
+    that failed) are emitted. `view` serves the session's own view of ollie's files to its
+    sandboxed code (the file server gives one; see `tools.execute.Decl`). The steps of the plans
+    the agent makes (`task_plan`) are committed as tasks to a tool server with `task_create` if
+    the agent has one, else to `plan_backend` (an `ollie.agent.plans.PlanBackend`) if given.
+    Raises ConfigError for a bad name or config."""
     return Opening(
         _open(
             agent=agent,
@@ -61,6 +64,7 @@ def open_session(
             script=script,
             store_root=store_root,
             on_event=on_event,
+            view=view,
             plan_backend=plan_backend,
         )
     )
@@ -96,6 +100,7 @@ async def _open(
     script: Any,
     store_root: Path | None,
     on_event: Callable[[Event], None] | None,
+    view: Callable[[int], None] | None,
     plan_backend: PlanBackend | None,
 ) -> Core:
     from .. import backends, config
@@ -126,7 +131,7 @@ async def _open(
     )
     options = {"script": script} if script is not None else {}
     be = backends.create(name, model or None, **options)
-    new_dispatcher = new_dispatcher_func({"execute": execute.Decl(cwd), **servers})
+    new_dispatcher = new_dispatcher_func({"execute": execute.Decl(cwd, view), **servers})
     env = await build_agent_env(cfg, new_dispatcher(), cwd)
     core = Core(
         CoreConfig(

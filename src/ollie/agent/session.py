@@ -49,6 +49,7 @@ class SessionMeta:
     model: str = ""
     cwd: str = ""
     name: str = ""
+    parent: str = ""  # the session whose code started this one (through its view of the files)
     created: float = field(default_factory=time.time)
     updated: float = field(default_factory=time.time)
     first_prompt: str = ""

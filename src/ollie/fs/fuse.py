@@ -66,10 +66,18 @@ class Operations:
 
     use_ns = True
 
-    def __init__(self, ns: Namespace | RemoteNamespace, loop: asyncio.AbstractEventLoop, ready: threading.Event):
+    def __init__(
+        self,
+        ns: Namespace | RemoteNamespace,
+        loop: asyncio.AbstractEventLoop,
+        ready: threading.Event,
+        same_pids: bool = True,
+    ):
         self.ns = ns
         self.loop = loop
-        self.loop_tid = threading.get_native_id()  # made on the loop's thread
+        # Made on the loop's thread. A mount made in another PID namespace (a jail's) reports its
+        # callers' ids there, which say nothing of ours; nor can the loop reach such a mount.
+        self.loop_tid = threading.get_native_id() if same_pids else -1
         self.ready = ready
         self.handles: dict[int, Handle] = {}
         self._next_fh = itertools.count(1)
@@ -210,6 +218,38 @@ def _fuse_class() -> Any:
             return self.ftruncate(path, length, fip)
 
     return FUSE
+
+
+# A jail's view serves one session's code: a few waiting readers (statewait) at once is plenty.
+VIEW_THREADS = 16
+
+
+def serve_connection(ns: Namespace, fd: int, name: str) -> threading.Thread:
+    """Serve `ns` on `fd`, the /dev/fuse descriptor of a mount made elsewhere (in a jail's
+    namespaces), from a thread of its own, until the mount goes away (its jail ends): then libfuse
+    stops and closes `fd`. No `intr`: its signal would need a handler, settable only from the main
+    thread; a blocked read ends by itself (statewait within 5 s)."""
+    ops = Operations(ns, asyncio.get_running_loop(), threading.Event(), same_pids=False)
+
+    def run() -> None:
+        try:
+            _fuse_class()(
+                ops,
+                f"/dev/fd/{fd}",
+                raw_fi=True,
+                foreground=True,
+                attr_timeout=0,
+                entry_timeout=ENTRY_TIMEOUT,
+                negative_timeout=0,
+                max_threads=VIEW_THREADS,
+                max_idle_threads=1,
+            )
+        except BaseException as e:  # noqa: BLE001 - a view that fails leaves its jail's $OLLIE failing
+            log.warning("%s: the view stopped: %s", name, e)
+
+    thread = threading.Thread(target=run, name=f"ollie-view-{name}", daemon=True)
+    thread.start()
+    return thread
 
 
 def _resolve(future: asyncio.Future[None]) -> None:

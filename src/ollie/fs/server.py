@@ -65,7 +65,7 @@ class Server:
         self._pruner: asyncio.Task | None = None
 
     async def start(self) -> None:
-        from . import transcripts, tree
+        from . import transcripts, tree, view
         from .fuse import Mount
         from .ninep_server import serve_tcp, serve_unix
         from .sessions import Sessions
@@ -73,8 +73,9 @@ class Server:
         _raise_fd_limit()
         if pruned := transcripts.prune():  # a bad OLLIE_TRANSCRIPT_DAYS fails the start here
             log.info("pruned %d expired transcripts", pruned)
-        self.sessions = Sessions()
-        restored = self.sessions.restore()
+        sessions = self.sessions = Sessions()
+        sessions.view = lambda session, fd: view.serve(sessions, session, fd)  # before restore: sessions keep it
+        restored = sessions.restore()
         ns = tree.build(self.sessions)
         try:
             self.listeners.append(await serve_unix(ns, self.opts.socket))

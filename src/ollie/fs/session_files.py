@@ -17,7 +17,7 @@ import errno as E
 import json
 import os
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from .. import config
 from ..chatfmt import context_text, cost_text, usage_text
@@ -49,7 +49,18 @@ STATEWAIT_TIMEOUT = 5.0  # as the Go server: a reader that missed a change is no
 # ---- root ctl and s/ ---------------------------------------------------------------------------------
 
 
-def root_ctl(sessions: Sessions) -> CtlFile:
+class SessionMaker(Protocol):
+    """What the root ctl and s/new make and end sessions with: the server's Sessions, or a
+    session's view of them (which makes and ends its sub-sessions only)."""
+
+    def check_spec(self, spec: dict[str, str]) -> None: ...
+
+    async def new(self, spec: dict[str, str]) -> Session: ...
+
+    async def kill(self, sid: str) -> None: ...
+
+
+def root_ctl(sessions: SessionMaker) -> CtlFile:
     async def act(line: str) -> str | None:
         verb, _, rest = line.partition(" ")
         if verb == "new":
@@ -77,7 +88,7 @@ class NewHandle(SnapshotHandle):
     A line longer than LINE_MAX fails too, and then nothing is created at close.
     Reading gives the template, or the new session's id once one was created."""
 
-    def __init__(self, sessions: Sessions):
+    def __init__(self, sessions: SessionMaker):
         super().__init__(lambda: self._answer or NEW_TEMPLATE)
         self._sessions = sessions
         self._answer = ""
@@ -116,7 +127,7 @@ class NewHandle(SnapshotHandle):
 class NewFile(File):
     mode = 0o644
 
-    def __init__(self, sessions: Sessions):
+    def __init__(self, sessions: SessionMaker):
         self._sessions = sessions
 
     def size(self) -> int:
@@ -283,12 +294,13 @@ class CfgFile(File):
 
     mode = 0o644
 
-    def __init__(self, session: Session):
+    def __init__(self, session: Session, check: Callable[[str, str], None] | None = None):
         self.session = session
+        self.check = check  # of a key and its new value, before it is set (a sub-session's bounds)
 
     async def open(self, mode: OpenMode) -> Handle:
         shown = _cfg_values(self.session)
-        act = _reporting(self.session, lambda line: _cfg_set(self.session, line, shown))
+        act = _reporting(self.session, lambda line: _cfg_set(self.session, line, shown, self.check))
         return CtlHandle(act, lambda: _cfg_text(self.session))
 
 
@@ -356,7 +368,9 @@ def _cfg_text(session: Session) -> str:
     return "".join(f"{k}={v}\n" for k, v in _cfg_values(session).items())
 
 
-async def _cfg_set(session: Session, line: str, shown: dict[str, str]) -> None:
+async def _cfg_set(
+    session: Session, line: str, shown: dict[str, str], check: Callable[[str, str], None] | None = None
+) -> None:
     """One `key=value` line, the value being the rest of the line (so an object in JSON fits),
     run as the session command of that setting. A value equal to what cfg shows, or showed when it
     was opened, changes nothing: an editor writes the whole file back."""
@@ -376,6 +390,8 @@ async def _cfg_set(session: Session, line: str, shown: dict[str, str]) -> None:
         raise FsError(E.EINVAL, "state is read-only")
     if key == "cwd":
         check_cwd(value)
+    if check is not None:
+        check(key, value)
     if key in CFG_COMMANDS:
         if not value:  # the command would only show the setting: an empty write must not pass silently
             raise FsError(E.EINVAL, f"{key}= needs a value")

@@ -16,6 +16,7 @@ import errno as E
 import logging
 import os
 import shlex
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -61,12 +62,23 @@ def errno_of(e: Exception) -> int:
     return E.EIO
 
 
+# Serves a session's own view of the files on a jail's /dev/fuse descriptor (see view.py).
+ViewServer = Callable[["Session", int], None]
+
+# Sub-sessions, which a session's sandboxed code starts through its view: bounded, so that code
+# cannot start sessions without end.
+CHILDREN_MAX = 16  # live sub-sessions of one session
+DEPTH_MAX = 3  # sub-sessions of sub-sessions, at most this deep
+TREE_MAX = 64  # sessions under one top-level session
+
+
 class Session:
     """One session as the server holds it: its metadata always, its Core once awake."""
 
-    def __init__(self, meta: SessionMeta, core: Core | None = None):
+    def __init__(self, meta: SessionMeta, core: Core | None = None, view: ViewServer | None = None):
         self.meta = meta
         self.core: Core | None = None
+        self.view = view
         self._waking: asyncio.Future[Core] | None = None
         self.prompt_prev = ""  # the last prompt written to this session since the server started
         self._stored: tuple[str, str] | None = None  # (reply, last prompt) while asleep, read once
@@ -101,8 +113,11 @@ class Session:
     async def _restore(self) -> Core:
         from ..agent import open_session
 
+        view = self.view
         try:
-            core = await open_session(session_id=self.meta.id)
+            core = await open_session(
+                session_id=self.meta.id, view=(lambda fd: view(self, fd)) if view is not None else None
+            )
         except OllieError as e:
             raise FsError(E.EIO, f"session {self.meta.id}: cannot restore: {e}") from None
         self._attach(core)
@@ -240,15 +255,16 @@ class Session:
 class Sessions:
     """Every session of this server, in creation order."""
 
-    def __init__(self, default_cwd: str | None = None):
+    def __init__(self, default_cwd: str | None = None, view: ViewServer | None = None):
         self._by_id: dict[str, Session] = {}
         self.default_cwd = default_cwd or os.getcwd()
         self._lock = asyncio.Lock()  # creation, kill and rename, one at a time
+        self.view = view
 
     def restore(self) -> int:
         """Register every stored session, asleep. Returns how many."""
         for meta in list_stored():
-            self._by_id.setdefault(meta.id, Session(meta))
+            self._by_id.setdefault(meta.id, Session(meta, view=self.view))
         return len(self._by_id)
 
     def get(self, sid: str) -> Session:
@@ -296,36 +312,96 @@ class Sessions:
     def _cwd(self, spec: dict[str, str]) -> str:
         return os.path.expanduser(spec["cwd"]) if spec.get("cwd") else self.default_cwd
 
-    async def new(self, spec: dict[str, str]) -> Session:
-        """Create a session: keys agent, cwd, backend, model, name (empty values mean default)."""
+    async def new(self, spec: dict[str, str], parent: Session | None = None) -> Session:
+        """Create a session: keys agent, cwd, backend, model, name (empty values mean default).
+        A sub-session of `parent` (started by its code) gets no more than `parent` has: see
+        `check_child`; its cwd and agent default to the parent's."""
         from ..agent import open_session
 
         async with self._lock:
             self.check_spec(spec)
+            if parent is not None:
+                spec = self.check_child(parent, spec)
             name = spec.get("name") or ""
             cwd = self._cwd(spec)
+            opened: list[Session] = []  # the view serves the Session, made once the Core is
+            view = self.view
             try:
                 core = await open_session(
                     agent=spec.get("agent") or None,
                     cwd=cwd,
                     backend=spec.get("backend") or None,
                     model=spec.get("model") or None,
+                    view=(lambda fd: view(opened[0], fd)) if view is not None else None,
                 )
             except OllieError as e:
                 raise FsError(errno_of(e), str(e)) from None
             if name:
                 core.set_session_id(name)
-            session = Session(core.session.meta, core)
+            if parent is not None:
+                core.session.meta.parent = parent.id
+                core.session.save()
+            session = Session(core.session.meta, core, self.view)
+            opened.append(session)
             self._by_id[session.id] = session
             return session
 
+    # ---- sub-sessions ---------------------------------------------------------------------------
+    def children(self, sid: str) -> list[Session]:
+        return [s for s in self.all() if s.meta.parent == sid]
+
+    def descends(self, session: Session, ancestor: Session) -> bool:
+        """Whether `session` is a sub-session of `ancestor`, or of one of its sub-sessions."""
+        seen = {session.id}
+        while session.meta.parent and session.meta.parent in self._by_id:
+            session = self._by_id[session.meta.parent]
+            if session is ancestor:
+                return True
+            if session.id in seen:  # a loop (hand-edited metadata) leads nowhere
+                return False
+            seen.add(session.id)
+        return False
+
+    def _depth(self, session: Session) -> int:
+        depth, seen = 0, {session.id}
+        while session.meta.parent in self._by_id and session.meta.parent not in seen:
+            session = self._by_id[session.meta.parent]
+            seen.add(session.id)
+            depth += 1
+        return depth
+
+    def _top(self, session: Session) -> Session:
+        seen = {session.id}
+        while session.meta.parent in self._by_id and session.meta.parent not in seen:
+            session = self._by_id[session.meta.parent]
+            seen.add(session.id)
+        return session
+
+    def check_child(self, parent: Session, spec: dict[str, str]) -> dict[str, str]:
+        """The spec of a sub-session `parent`'s code asks for, refused (EACCES) where it would give
+        more than the parent has, with the parent's cwd and agent filled in where not given."""
+        settings = parent.settings()
+        spec = {**spec, "cwd": check_child_cwd(parent, spec.get("cwd") or settings["cwd"])}
+        spec["agent"] = check_child_agent(parent, spec.get("agent") or settings["agent"])
+        if self._depth(parent) + 1 > DEPTH_MAX:
+            raise FsError(E.EACCES, f"sub-sessions nest {DEPTH_MAX} deep at most")
+        if len(self.children(parent.id)) >= CHILDREN_MAX:
+            raise FsError(E.EACCES, f"a session has {CHILDREN_MAX} live sub-sessions at most; kill one first")
+        top = self._top(parent)
+        if sum(1 for s in self.all() if self.descends(s, top)) >= TREE_MAX:
+            raise FsError(E.EACCES, f"{TREE_MAX} sub-sessions under one session at most; kill some first")
+        return spec
+
     async def kill(self, sid: str) -> None:
-        """Stop the session and move its files to the transcripts (tr/)."""
+        """Stop the session and its sub-sessions, and move their files to the transcripts (tr/)."""
         async with self._lock:
             session = self.get(sid)
-            del self._by_id[sid]
-        await session.close()
-        transcripts.keep(sessions_dir() / sid)
+            doomed = [s for s in self.all() if self.descends(s, session)] + [session]
+            for s in doomed:
+                del self._by_id[s.id]
+        for s in doomed:  # the deepest last made first: nothing is left to start more
+            await s.close()
+            transcripts.keep(sessions_dir() / s.id)
 
     async def rename(self, old: str, new: str) -> None:
         async with self._lock:
@@ -338,6 +414,12 @@ class Sessions:
                 code = errno_of(e) if isinstance(e, OllieError) else E.EINVAL
                 raise FsError(code, f"{e}" + ("; echo stop > ctl first" if isinstance(e, Busy) else "")) from None
             self._by_id = {(new if k == old else k): v for k, v in self._by_id.items()}
+            for child in self.children(old):  # they stay its sub-sessions
+                child.meta.parent = new
+                if child.core is not None:
+                    child.core.session.save()
+                else:
+                    SessionStore(child.id).save_meta(child.meta)
 
     async def close(self) -> None:
         await asyncio.gather(*(s.close() for s in self._by_id.values()), return_exceptions=True)
@@ -348,6 +430,33 @@ class Sessions:
             m = s.meta
             lines.append(f"{s.id}\t{s.state}\t{m.cwd}\t{m.backend}\t{m.model}\n")
         return "".join(lines)
+
+
+def check_child_cwd(parent: Session, cwd: str) -> str:
+    """`cwd` made real, if it is the parent's working directory or inside it (EACCES if not: a
+    link inside the parent's cwd that leads out is followed here, and so refused)."""
+    check_cwd(cwd)
+    real, bound = os.path.realpath(os.path.expanduser(cwd)), parent.settings()["cwd"]
+    if real != bound and not real.startswith(bound.rstrip("/") + "/"):
+        raise FsError(E.EACCES, f"cwd {cwd!r} is outside {bound}, the working directory of session {parent.id}")
+    if not os.path.isdir(real):
+        raise FsError(E.ENOENT, f"cwd {cwd!r} is not a directory")
+    return real
+
+
+def check_child_agent(parent: Session, agent: str) -> str:
+    """`agent`, if it is the parent's or one the parent's agent config lists under "subagents"."""
+    settings = parent.settings()
+    allowed = [settings["agent"]]
+    if parent.core is not None:
+        allowed += parent.core.agent.subagents
+    if agent not in allowed:
+        raise FsError(
+            E.EACCES,
+            f"agent {agent!r} is not for sub-sessions of session {parent.id}: its agent "
+            f'({settings["agent"]}) lists {", ".join(allowed[1:]) or "none"} under "subagents"',
+        )
+    return agent
 
 
 def check_cwd(path: str) -> str:

@@ -16,6 +16,7 @@ import os
 import shutil
 import signal
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -114,28 +115,38 @@ class StepError(InvalidValue):
     InvalidValue, so still a ValueError)."""
 
 
-def Decl(cwd: str = "") -> DeclType:  # noqa: N802 (the seed's name)
+def Decl(cwd: str = "", view: Callable[[int], None] | None = None) -> DeclType:  # noqa: N802 (the seed's name)
     """A factory of execute servers running code in `cwd` ("" = the current directory) unless
-    a call's context names another."""
+    a call's context names another. `view`, given a jail's /dev/fuse descriptor, serves the
+    session's own view of ollie's files on it (the file server gives one), mounted at $OLLIE in
+    each jail."""
     cwd = cwd or os.getcwd()
-    return lambda: Server(cwd)
+    return lambda: Server(cwd, view)
+
+
+VIEW_NOTE = """
+$OLLIE holds ollie's files as this session may use them (cat $OLLIE/help): s/$OLLIE_SESSION_ID/ is \
+this session (read; `plan` writable; `think` records a thought), m/ the memory and pl/ the plans, \
+t/idx the tool scripts. A sub-session: `echo "new agent=A cwd=DIR" > $OLLIE/ctl` (the new id is the \
+one `ls $OLLIE/s` adds), write s/<id>/prompt, wait until s/<id>/state is idle, read s/<id>/reply, \
+then `echo "kill <id>" > $OLLIE/ctl`."""
 
 
 class Server:
-    def __init__(self, cwd: str):
+    def __init__(self, cwd: str, view: Callable[[int], None] | None = None):
         self.cwd = cwd
         self._sandboxes = _sandbox.Sandboxes()
-        self._jails = _sandbox.Jails()
+        self._jails = _sandbox.Jails(view)
+        self._view = view is not None
         self._namespaces = True  # False once a jail found them refused (and the policy allowed that)
         self._scratch = ""  # $TMPDIR for calls whose context has none; removed on close
         self._wrapper = _sandbox.superpowers_prefix()
-        self._x_dir = str(config.mount_path() / "x")
         self._shared: tuple[str, ...] | None = None
 
     async def list_tools(self) -> list[Tool]:
         # The scripts of the server's environment: a session's own OLLIE_TOOLS_PATH (its env)
         # reaches the calls, not this listing, which the dispatcher builds once and caches.
-        description = describe(_tool_dirs(CallContext()))
+        description = describe(_tool_dirs(CallContext())) + (VIEW_NOTE if self._view else "")
         return [Tool("execute_code", description, SCHEMA, read_only_call=read_safe)]
 
     async def call_tool(self, name: str, arguments: dict[str, Any], ctx: CallContext) -> ToolResult:
@@ -186,10 +197,11 @@ class Server:
             OLLIE_TOOLS_PATH=":".join(tool_dirs),
         )
         env.update(zip(("OLLIE_MEMORY_DIR", "OLLIE_PLANS_DIR"), self._shared_dirs(), strict=False))
-        system_path = box.search_path(env.get("PATH") or os.defpath)
-        env["PATH"] = f"{self._x_dir}:{system_path}"
-        # Interpreters are looked up on the system path only: $OLLIE/x may be this very process's
-        # FUSE mount, and a lookup there from the event loop would wait on itself forever.
+        if self._view and self._namespaces:
+            env["OLLIE"] = os.path.realpath(config.mount_path())
+        else:
+            env.pop("OLLIE", None)  # the user's mount is hidden from sandboxed code
+        system_path = env["PATH"] = box.search_path(env.get("PATH") or os.defpath)
         return _Job(
             box,
             jail,
