@@ -72,7 +72,8 @@ async def tools(ollie_dirs, tmp_path):
 
 
 def test_each_shipped_script_is_executable_with_a_description_args_and_the_right_marker():
-    read_only = {*READ_ONLY, "memory_recall"}  # memory_recall writes only its index, a cache
+    # memory_recall writes only its index, a cache; reasoning_think only a line of the chat
+    read_only = {*READ_ONLY, "memory_recall", "reasoning_think"}
     for name in SHIPPED:
         path = DEFAULTS / name
         assert path.stat().st_mode & 0o777 == 0o755, name
