@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 import ollie
+from ollie.agent import plans
 from ollie.agent.plans import KEY_FILE, MAP_FILE, Task, signature
 from ollie.config import AgentConfig
 from ollie.types import Event
@@ -307,6 +308,23 @@ async def test_a_server_dying_mid_plan_leaves_the_reason_and_a_restart_commits_t
     assert again.infos() == [
         f"plan {todo} → task server tasks: 2 tasks created (T2, T3); 3 dependencies linked; done: T1"
     ]
+
+
+async def test_a_server_that_hangs_costs_one_wait_not_one_per_round(ollie_dirs, tmp_path, monkeypatch):
+    monkeypatch.setattr(plans, "CALL_TIMEOUT", 0.5)
+    s = await open_session(SHIP_IT, tmp_path / "tasks.json", ("--hang-create", "2"))
+    try:
+        await s.turn()
+        assert s.core.reply == "Shipped."
+    finally:
+        await s.close()
+    todo = the_plan(ollie_dirs, "*__done.md").name.replace("__done", "__todo")
+    assert s.infos() == [
+        f"plan {todo}: task server tasks failed creating step 2 of 3 ('test it'): task_create gave no answer "
+        "within 0.5 s; 1 of 3 tasks exist and are kept (the session's plan-tasks.json); the rest is committed "
+        "at a later tool round"
+    ]
+    assert len(s.calls("task_create")) == 2  # the two rounds after it left the server alone
 
 
 # ---- a program's own backend, and none -------------------------------------------------------------

@@ -6,9 +6,11 @@ same file goes on from there. Options:
   --create-only      offer task_create (and task_list) only: no task_dep, no task_update
   --fail-create N    the Nth task_create call of this process answers an error
   --die-create N     the Nth task_create call of this process ends the process, unanswered
+  --hang-create N    the Nth task_create call of this process never answers
 """
 
 import argparse
+import asyncio
 import json
 import os
 
@@ -20,6 +22,7 @@ parser.add_argument("file")
 parser.add_argument("--create-only", action="store_true")
 parser.add_argument("--fail-create", type=int, default=0)
 parser.add_argument("--die-create", type=int, default=0)
+parser.add_argument("--hang-create", type=int, default=0)
 options = parser.parse_args()
 
 server = MCPServer("tasks")
@@ -48,7 +51,7 @@ def task(data: dict, task_id: str) -> dict:
 
 
 @server.tool()
-def task_create(title: str, description: str = "") -> str:
+async def task_create(title: str, description: str = "") -> str:
     """Create a task; answers its id."""
     global creates
     creates += 1
@@ -57,6 +60,8 @@ def task_create(title: str, description: str = "") -> str:
     save(data)
     if creates == options.die_create:
         os._exit(3)
+    if creates == options.hang_create:
+        await asyncio.sleep(3600)
     if creates == options.fail_create:
         raise ToolError("the task store is locked")
     task_id = f"T{len(data['tasks']) + 1}"

@@ -69,7 +69,8 @@ MAX_GOAL = 200
 MAX_TASK_ID = 200
 
 CALL_TIMEOUT = 20.0  # seconds for one call to the backend
-SYNC_BUDGET = 60.0  # seconds one sync may spend with the backend; the rest waits for the next
+SYNC_BUDGET = 30.0  # seconds one sync may spend with the backend; the rest waits for a later one
+REST = 120.0  # seconds without commits after the backend was that slow (else every tool round would wait)
 MAX_REASON = 300  # characters of a backend's error shown
 
 _NAME = re.compile(r"(?P<stem>\d{8}T\d{6}Z_[0-9a-f]{6}--[^_/]*)__(?P<status>todo|wip|done)\.md")
@@ -96,6 +97,10 @@ class Task:
 
 class PlanBackendError(OllieError):
     """A backend could not do what was asked; the message says why."""
+
+
+class _Slow(PlanBackendError):
+    """A call gave no answer in time."""
 
 
 @runtime_checkable
@@ -174,7 +179,7 @@ class MCPTaskBackend:
             async with asyncio.timeout(CALL_TIMEOUT):
                 result = await self._server.call_tool(name, args, CallContext())
         except TimeoutError:
-            raise PlanBackendError(f"{name} gave no answer within {CALL_TIMEOUT:g} s") from None
+            raise _Slow(f"{name} gave no answer within {CALL_TIMEOUT:g} s") from None
         except OllieError as e:
             raise PlanBackendError(f"{name} failed: {e}") from None
         if result.is_error:
@@ -379,6 +384,7 @@ class Plans:
         self._shown = ("", "")  # the plan file last made the session's plan, and its text
         self._told: set[str] = set()
         self._map: dict[str, Any] | None = None
+        self._rest_until = 0.0  # time.monotonic() before which the backend, found slow, is left alone
 
     # ---- the key ----
     def stage_env(self) -> dict[str, str]:
@@ -410,7 +416,7 @@ class Plans:
             mine = self._scan()
             self._show(mine)
             backend = await self._choose(dispatcher)
-            if backend is None or not mine:
+            if backend is None or not mine or time.monotonic() < self._rest_until:
                 return
             try:
                 async with asyncio.timeout(SYNC_BUDGET):
@@ -418,9 +424,10 @@ class Plans:
                         if not await self._commit(plan, backend):
                             return
             except TimeoutError:
+                self._rest_until = time.monotonic() + REST
                 self._tell(
-                    f"{_name(backend)}: plans not committed within {SYNC_BUDGET:g} s; "
-                    "what was done is kept, the rest follows at the next tool round"
+                    f"{_name(backend)}: plans not committed within {SYNC_BUDGET:g} s; what was done is "
+                    f"kept, the rest follows at a tool round {REST:g} s from now or later"
                 )
         except asyncio.CancelledError:
             raise
@@ -539,6 +546,8 @@ class Plans:
         except asyncio.CancelledError:
             raise
         except Exception as e:  # noqa: BLE001 - any backend's failure is told, and tried again later
+            if isinstance(e, _Slow):
+                self._rest_until = time.monotonic() + REST
             n, have = len(plan.steps), sum(1 for t in tasks if t["id"] is not None)
             self._tell(
                 f"plan {plan.name}: {_name(backend)} failed {done.doing} step {done.step + 1} of {n} "
