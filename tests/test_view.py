@@ -251,3 +251,12 @@ async def test_the_documented_sub_session_example_runs_verbatim(h):
     parent = await h.new(agent="lead")
     assert (await h.ok(parent, example)).strip() == "reviewer says ok"
     assert [s.id for s in h.sessions.all()] == [parent.id]  # the example ends its sub-session
+
+
+async def test_without_fuse_a_jail_runs_code_without_the_view_and_says_so(h, monkeypatch):
+    monkeypatch.setenv("OLLIE", "/proc/no-such-dir/mnt")  # nowhere a jail can mount
+    me = await h.new()
+    first = await h.ok(me, "echo ${OLLIE:-unset}")
+    assert first.startswith("[no view of ollie's files at $OLLIE in this sandbox: ") and first.endswith("unset\n")
+    assert await h.ok(me, "echo ${OLLIE:-unset}") == "unset\n"  # said once
+    assert not _views()

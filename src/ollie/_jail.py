@@ -179,6 +179,8 @@ class Jail:
     def __init__(self, sock: socket.socket):
         self.namespaces_refused = ""  # why the jail runs without namespaces, when it does
         self.view_fd = -1  # the /dev/fuse descriptor of the jail's view, for its owner to serve (and close)
+        self.view_error = ""  # why a view was asked for and not mounted
+        self.has_view = False  # its view is mounted and served (set by its owner)
         self._control = _Channel(sock)
         self._spawners: dict[Confinement, _Channel] = {}
 
@@ -218,6 +220,7 @@ class Jail:
         else:
             for fd in fds:
                 os.close(fd)
+            jail.view_error = str(message.get("view_error") or "")
         return jail
 
     async def spawn(

@@ -584,17 +584,21 @@ def main():
         sock.send(json.dumps({"id": 0, "ready": True, "namespaces": refused}).encode())
         Jail(sock, None, pid_one=False).serve()
         return
-    fuse = []
+    fuse, view_error = [], ""
     try:
         mounts = Mounts(setup["hide"], setup["protect"], setup["tmp_size"])
-        if setup["view"]:
-            fuse.append(mounts.mount_view(setup["view"]))
         with open("/proc/sys/kernel/pid_max", "w") as f:
             f.write(str(setup["processes"] + 1))  # PIDs run from 1 (this process) to pid_max - 1
     except OSError as e:
         sock.send(json.dumps({"id": 0, "ready": False, "error": describe(e)}).encode())
         return
-    socket.send_fds(sock, [json.dumps({"id": 0, "ready": True, "namespaces": "", "view": bool(fuse)}).encode()], fuse)
+    if setup["view"]:
+        try:
+            fuse.append(mounts.mount_view(setup["view"]))
+        except OSError as e:  # no FUSE here (no /dev/fuse, or not ours to open): a jail without the view
+            view_error = describe(e)
+    hello = {"id": 0, "ready": True, "namespaces": "", "view": bool(fuse), "view_error": view_error}
+    socket.send_fds(sock, [json.dumps(hello).encode()], fuse)
     for fd in fuse:
         os.close(fd)
     Jail(sock, mounts, pid_one=True, view_rights=setup["view_rights"]).serve()

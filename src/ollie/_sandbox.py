@@ -727,6 +727,7 @@ class Jails:
                 except BaseException:
                     os.close(fd)  # the mount then fails every access instead of waiting on nobody
                     raise
+                jail.has_view = True
         if jail.namespaces_refused and not policy.best_effort:
             raise SandboxError(
                 f"the sandbox cannot isolate this: {jail.namespaces_refused}; allow user namespaces "

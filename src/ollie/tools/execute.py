@@ -138,6 +138,7 @@ class Server:
         self._sandboxes = _sandbox.Sandboxes()
         self._jails = _sandbox.Jails(view)
         self._view = view is not None
+        self._view_told = False  # that its jails run without the view (no FUSE here), said once
         self._namespaces = True  # False once a jail found them refused (and the policy allowed that)
         self._scratch = ""  # $TMPDIR for calls whose context has none; removed on close
         self._wrapper = _sandbox.superpowers_prefix()
@@ -197,7 +198,7 @@ class Server:
             OLLIE_TOOLS_PATH=":".join(tool_dirs),
         )
         env.update(zip(("OLLIE_MEMORY_DIR", "OLLIE_PLANS_DIR"), self._shared_dirs(), strict=False))
-        if self._view and self._namespaces:
+        if jail.has_view:
             env["OLLIE"] = os.path.realpath(config.mount_path())
         else:
             env.pop("OLLIE", None)  # the user's mount is hidden from sandboxed code
@@ -234,6 +235,9 @@ class Server:
         """The running jail for `policy`, and a notice for the first result when it runs without
         namespaces."""
         jail = await self._jails.get(policy)
+        if jail.view_error and not self._view_told:
+            self._view_told = True
+            return jail, f"[no view of ollie's files at $OLLIE in this sandbox: {jail.view_error}]"
         if not jail.namespaces_refused or not self._namespaces:
             return jail, ""
         self._namespaces = False
