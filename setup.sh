@@ -42,7 +42,7 @@ extras="local"
 stamp=".venv/.setup-stamp-$(cat pyproject.toml setup.sh | sha256sum | cut -c1-16)-$extras"
 if [[ ! -e "$stamp" ]]; then
   if ! .venv/bin/python -c "import llama_cpp" 2>/dev/null; then
-    log "building llama-cpp-python for the embedded model (about 8 minutes on 2 cores, once)"
+    log "building llama-cpp-python for the embedded model (8 to 11 minutes on 2 cores, once)"
     .venv/bin/pip install -v "llama-cpp-python[server]>=0.3.16" 2>&1 \
       | grep --line-buffered -E '^\s*\[[0-9]+/[0-9]+\]|Successfully|ERROR|error:' \
       | sed -u -E 's/^\s*(\[[0-9]+\/[0-9]+\]).*/  compiling \1/' >&2 || true
