@@ -4,14 +4,17 @@
                                             [--python PATH] [--tools DIR] [--stage]
 
 Makes N memory files (default 10,000) in memory_remember's format, written directly rather than
-by N processes, with a few planted words the query finds; then times, as processes, median of the
-runs, interleaved: `python3 -c pass` (the interpreter's start), `memory_recall QUERY` and
-`grep -rilF QUERY DIR`, printing memory_recall as a ratio against grep. Then the time inside the
-script: its main() called in this process (no interpreter start, no imports), the process less
-the interpreter's start (imports and compiling the script included), and the floor no scan can go
-under (listing the directory and one stat a file, which memory_recall does at every call to keep
-the index in step with the files). Also the first call, which builds the index, and a call after
-one file changed. With --stage, the same recall and grep as execute_code stages in the sandbox.
+by N processes, with a few planted words the query finds. Then times, as processes, median of the
+runs, interleaved so that all see the same machine load: `python3 -c pass` (the interpreter's
+start), `grep -rilF QUERY DIR`, and memory_recall QUERY in three states of the memory: warm (nothing
+changed since the last recall), after one memory was edited in place (a line appended), and after
+one memory was added or removed (the directory changed); each as a ratio against grep. Then the
+time inside the script, as the issue's target counts it: its main() called in this process (no
+interpreter start, no imports) in the same three states, the process less the interpreter's start
+(imports included), and the floors: one stat of each file (what a warm recall cannot do without, to
+see edits in place) and listing the directory besides (what a recall after an add or a removal
+does). Also the first call, which builds the index. With --stage, the warm recall, and a recall
+after an edit in place, against grep, as execute_code stages in the sandbox.
 """
 
 from __future__ import annotations
@@ -111,16 +114,52 @@ def in_process(module: ModuleType, query: str) -> float:
         sys.stdout = saved
 
 
+def stat_floor(directory: Path, names: list[bytes]) -> float:
+    """Seconds to stat each file by name, relative to the directory: what a warm recall must do."""
+    t = time.perf_counter()
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for name in names:
+            os.lstat(name, dir_fd=fd)
+    finally:
+        os.close(fd)
+    return time.perf_counter() - t
+
+
 def scan_floor(directory: Path) -> float:
-    """Seconds to list the directory and stat each file: what keeping in step costs at least."""
+    """Seconds to list the directory and stat each file: what a recall after an add or a removal does."""
     t = time.perf_counter()
     fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
     try:
         for name in os.listdir(fd):
-            os.stat(name, dir_fd=fd, follow_symlinks=False)
+            os.lstat(name, dir_fd=fd)
     finally:
         os.close(fd)
     return time.perf_counter() - t
+
+
+class Changes:
+    """The changes a recall is timed after: a line appended to one memory (an edit in place, as
+    `echo >> m/x.md` or the file server make), and one memory added or, the next time, removed."""
+
+    def __init__(self, memory: Path):
+        self.victim = sorted(memory.glob("*.md"))[len(list(memory.glob("*.md"))) // 2]
+        self.extra = memory / "20991231T235959Z--added-by-the-bench__bench.md"
+        self.edits = 0
+
+    def edit(self) -> None:
+        self.edits += 1
+        with self.victim.open("a") as f:
+            f.write(f"edit {self.edits}\n")
+
+    def add_or_remove(self) -> None:
+        if self.extra.exists():
+            self.extra.unlink()
+        else:
+            self.extra.write_text("# Added by the bench\ntags: bench\n\nA sandbox policy, added.\n")
+
+    def undo(self) -> None:
+        self.extra.unlink(missing_ok=True)
 
 
 def run(cmd: list[str], env: dict[str, str]) -> float:
@@ -136,18 +175,23 @@ def median_ms(samples: list[float]) -> float:
     return statistics.median(samples) * 1000
 
 
-async def stages(args: argparse.Namespace, data: Path) -> dict[str, float]:
-    """Median ms of memory_recall and grep as execute_code stages, the memory in `data`/memory."""
+async def stages(args: argparse.Namespace, data: Path, victim: str) -> dict[str, float]:
+    """Median ms of memory_recall and grep as execute_code stages, the memory in `data`/memory: warm,
+    and after a line appended to the memory `victim` within the same stage (the same for grep)."""
     from stages import time_calls
 
     from ollie.tools import CallContext
 
     os.environ["OLLIE_DATA_PATH"] = str(data)  # execute_code's $OLLIE_MEMORY_DIR is $OLLIE_DATA_PATH/memory
+    q = shell_quote(args.query)
+    edit = f'echo edit >> "$OLLIE_MEMORY_DIR"/{shell_quote(victim)}'
     with tempfile.TemporaryDirectory() as cwd:
         ctx = CallContext(cwd=cwd, session_id="bench", tmpdir=cwd, env={"OLLIE_TOOLS_PATH": str(args.tools)})
         calls: dict[str, list[dict[str, Any]]] = {
-            "grep -rilF stage": [{"code": f'grep -rilF -- {shell_quote(args.query)} "$OLLIE_MEMORY_DIR" | wc -l'}],
-            "memory_recall stage": [{"tool": "memory_recall", "args": [args.query]}],
+            "grep -rilF": [{"code": f'grep -rilF -- {q} "$OLLIE_MEMORY_DIR" | wc -l'}],
+            "memory_recall, warm": [{"tool": "memory_recall", "args": [args.query]}],
+            "edit; grep -rilF": [{"code": f'{edit} && grep -rilF -- {q} "$OLLIE_MEMORY_DIR" | wc -l'}],
+            "edit; memory_recall": [{"code": f'{edit} && "$OLLIE_TOOLS_PATH"/memory_recall {q} | wc -l'}],
         }
         samples = await time_calls(cwd, ctx, calls, args.runs)
     return {name: median_ms(s) for name, s in samples.items()}
@@ -169,53 +213,86 @@ def main(args: argparse.Namespace) -> None:
         count = sum(1 for _ in memory.glob("*.md"))
         size = sum(p.stat().st_size for p in memory.glob("*.md")) / 2**20
         env = {**os.environ, "OLLIE_MEMORY_DIR": str(memory)}
-        script = str(args.tools / "memory_recall")
-        recall = [args.python, script, args.query]
+        recall = [args.python, str(args.tools / "memory_recall"), args.query]
         first = run(recall, env) * 1000
-        calls = {
-            "python3 -c pass": [args.python, "-c", "pass"],
-            "memory_recall": recall,
-            "grep -rilF": ["grep", "-rilF", "--", args.query, str(memory)],
-        }
-        samples: dict[str, list[float]] = {name: [] for name in calls}
-        for cmd in calls.values():  # warm the caches
-            run(cmd, env)
-        for _ in range(args.runs):  # interleaved, so all see the same machine load
-            for name, cmd in calls.items():
-                samples[name].append(run(cmd, env))
-        ms = {name: median_ms(s) for name, s in samples.items()}
+        changes = Changes(memory)
+        try:
+            ms = processes(args, memory, env, recall, changes)
+            inside = in_script(args, memory, changes)
+        finally:
+            changes.undo()
+        run(recall, env)
+        victim = changes.victim.name
+        staged = asyncio.run(stages(args, data, victim)) if args.stage and args.dir is None else None
 
-        os.environ["OLLIE_MEMORY_DIR"] = str(memory)
-        module = load_script(args.tools / "memory_recall")
-        in_process(module, args.query)
-        own = median_ms([in_process(module, args.query) for _ in range(args.runs)])
-        floor = median_ms([scan_floor(memory) for _ in range(args.runs)])
-        victim = sorted(memory.glob("*.md"))[count // 2]
-        changed = []
-        for i in range(max(3, args.runs // 4)):
-            victim.write_text(victim.read_text() + f"edit {i}\n")
-            changed.append(in_process(module, args.query))
-        in_process(module, args.query)
-        staged = asyncio.run(stages(args, data)) if args.stage and args.dir is None else None
-
+    grep = ms["grep -rilF"]
     print(f"{count} memories ({size:.1f} MiB), query {args.query!r}; median of {args.runs} calls of each")
     print(f"  first memory_recall (builds the index) {first:8.2f} ms")
     print("as processes:")
     for name, value in ms.items():
-        print(f"  {name:24} {value:8.2f} ms")
-    print(f"  memory_recall / grep -rilF       {ms['memory_recall'] / ms['grep -rilF']:5.2f}x")
-    print("inside memory_recall (no interpreter start-up):")
-    print(f"  main() in-process, after imports {own:8.2f} ms  (target: under 20 ms)")
-    print(f"  the process less python3's start {ms['memory_recall'] - ms['python3 -c pass']:8.2f} ms  (imports too)")
-    print(f"  of which the scan's floor        {floor:8.2f} ms  (list the directory, one stat a file)")
-    print(f"  main() after one file changed    {median_ms(changed):8.2f} ms  (that file indexed again)")
+        ratio = f"{value / grep:5.2f}x grep" if name.startswith("memory_recall") else ""
+        print(f"  {name:38} {value:8.2f} ms  {ratio}")
+    print("inside memory_recall, no interpreter start-up (the target: under 20 ms):")
+    start = ms["python3 -c pass"]
+    for name, value in inside.items():
+        print(f"  {name:38} {value:8.2f} ms")
+    print(f"  {'warm, the process less python3 -c pass':38} {ms['memory_recall, warm'] - start:8.2f} ms  (imports too)")
     if staged:
         print("as execute_code stages (in the sandbox):")
         for name, value in staged.items():
-            print(f"  {name:24} {value:8.2f} ms")
-        print(f"  memory_recall / grep -rilF       {staged['memory_recall stage'] / staged['grep -rilF stage']:5.2f}x")
+            base = staged["edit; grep -rilF" if name.startswith("edit") else "grep -rilF"]
+            ratio = f"{value / base:5.2f}x grep" if "memory_recall" in name else ""
+            print(f"  {name:38} {value:8.2f} ms  {ratio}")
     elif args.stage:
         print("(--stage needs the memories in a temporary directory: leave out --dir)")
+
+
+def processes(
+    args: argparse.Namespace, memory: Path, env: dict[str, str], recall: list[str], changes: Changes
+) -> dict[str, float]:
+    """Median ms of each process, the calls interleaved; each recall after a change is timed alone,
+    the change made before it; the warm recall follows one that brought the index in step."""
+    calls: dict[str, tuple[list[str], Any]] = {
+        "python3 -c pass": ([args.python, "-c", "pass"], None),
+        "grep -rilF": (["grep", "-rilF", "--", args.query, str(memory)], None),
+        "memory_recall, after an edit in place": (recall, changes.edit),
+        "memory_recall, after an add or a removal": (recall, changes.add_or_remove),
+        "memory_recall, warm": (recall, None),
+    }
+    samples: dict[str, list[float]] = {name: [] for name in calls}
+    for cmd, change in calls.values():  # warm the caches
+        if change:
+            change()
+        run(cmd, env)
+    for _ in range(args.runs):
+        for name, (cmd, change) in calls.items():
+            if change:
+                change()
+            samples[name].append(run(cmd, env))
+    return {name: median_ms(s) for name, s in samples.items()}
+
+
+def in_script(args: argparse.Namespace, memory: Path, changes: Changes) -> dict[str, float]:
+    """Median ms of main() in this process (the script loaded once), in the same states, and the floors."""
+    os.environ["OLLIE_MEMORY_DIR"] = str(memory)
+    module = load_script(args.tools / "memory_recall")
+    in_process(module, args.query)
+    states: dict[str, Any] = {
+        "main(), after an edit in place": changes.edit,
+        "main(), after an add or a removal": changes.add_or_remove,
+        "main(), warm": None,
+    }
+    samples: dict[str, list[float]] = {name: [] for name in states}
+    names = [os.fsencode(p.name) for p in memory.glob("*.md")]
+    floors: dict[str, list[float]] = {"floor: stat each file": [], "floor: list, and stat each file": []}
+    for _ in range(args.runs):
+        for name, change in states.items():
+            if change:
+                change()
+            samples[name].append(in_process(module, args.query))
+        floors["floor: stat each file"].append(stat_floor(memory, names))
+        floors["floor: list, and stat each file"].append(scan_floor(memory))
+    return {name: median_ms(s) for name, s in {**samples, **floors}.items()}
 
 
 if __name__ == "__main__":

@@ -4,9 +4,11 @@ execute_code names in every stage's environment ($OLLIE_MEMORY_DIR, $OLLIE_PLANS
 
 from __future__ import annotations
 
+import importlib.machinery
 import json
 import re
 import sqlite3
+import types
 from pathlib import Path
 
 import pytest
@@ -220,6 +222,123 @@ async def test_recall_follows_the_files_edited_added_and_removed(tools):
     (tools.memory / "notes.txt").write_text("kettle")  # not *.md: not a memory
     (tools.memory / "link.md").symlink_to(tools.memory / f"{kept}.md")  # a symlink is never followed
     assert sorted(await tools.recalled_ids("kettle editor")) == ["20240101T000000Z--hand-written__misc", kept]
+    _index_is_sound(tools.memory)
+
+
+async def _in_step(tools: Tools) -> None:
+    """Recalls until the index is in step and stays so (the first calls make the index and its
+    journal, which changes the directory once more)."""
+    for _ in range(3):
+        await tools.ok("memory_recall", "anything")
+
+
+async def test_a_recall_sees_edits_in_place_additions_and_removals_made_since_the_last(tools):
+    # A warm recall skips listing the directory, whose ctime moves only when a name in it does:
+    # an edit in place shows in the file's ctime alone, and must be seen too.
+    editor = await tools.remember("Editor choice", "tools", "The user prefers vim.")
+    lunch = await tools.remember("Lunch", "misc", "Soup on Tuesdays.")
+    await _in_step(tools)
+    dir_ctime = tools.memory.stat().st_ctime_ns
+    out = await tools.steps({"code": f'echo "Kettles too." >> "$OLLIE_MEMORY_DIR/{lunch}.md"'})
+    assert not out.is_error, out.text()
+    assert tools.memory.stat().st_ctime_ns == dir_ctime  # the directory did not change
+    out = await tools.ok("memory_recall", "kettles")
+    assert (
+        out.startswith("[1 memory of 2 matches 'kettles', best first]") and "Soup on Tuesdays.\nKettles too.\n" in out
+    )
+    path = tools.memory / f"{editor}.md"
+    with path.open("r+") as f:  # the same size, in place, as an editor writing in place does
+        f.seek(path.read_text().index("vim."))
+        f.write("ed. ")
+    assert "The user prefers ed." in await tools.ok("memory_recall", "editor")
+    assert await tools.recalled_ids("vim") == []
+    await _in_step(tools)
+    added = "20240101T000000Z--zebra__animals"
+    out = await tools.steps(
+        {"code": f'printf "# Zebra\\ntags: animals\\n\\nStripes.\\n" > "$OLLIE_MEMORY_DIR/{added}.md"'}
+    )
+    assert not out.is_error, out.text()
+    out = await tools.ok("memory_recall", "stripes")
+    assert out.startswith("[1 memory of 3 matches 'stripes', best first]") and f"## {added}\n" in out
+    await _in_step(tools)
+    assert not (await tools.steps({"code": f'rm "$OLLIE_MEMORY_DIR/{lunch}.md"'})).is_error
+    assert (await tools.ok("memory_recall", "kettles")).startswith("no memory of 2 matches 'kettles'")
+    _index_is_sound(tools.memory)
+
+
+async def test_a_recall_that_finds_nothing_changed_changes_nothing(tools):
+    # What lets a warm recall skip the listing: neither the directory nor the index is written,
+    # so the next recall finds the directory as this one left it.
+    await tools.remember("Steady", "state", "Nothing moves.")
+    await _in_step(tools)
+    before = {p.name: (p.stat().st_mtime_ns, p.stat().st_ctime_ns) for p in [tools.memory, *tools.memory.iterdir()]}
+    assert await tools.recalled_ids("steady") != []
+    after = {p.name: (p.stat().st_mtime_ns, p.stat().st_ctime_ns) for p in [tools.memory, *tools.memory.iterdir()]}
+    assert after == before
+
+
+def _recall_script(monkeypatch, memory: Path):
+    """memory_recall loaded as a module, run in this process on `memory`."""
+    loader = importlib.machinery.SourceFileLoader("memory_recall_under_test", str(DEFAULTS / "memory_recall"))
+    module = types.ModuleType(loader.name)
+    module.__file__ = loader.path
+    loader.exec_module(module)
+    monkeypatch.setenv("OLLIE_MEMORY_DIR", str(memory))
+    return module
+
+
+def test_a_time_no_older_than_the_file_systems_clock_is_not_trusted(tmp_path, monkeypatch):
+    # A file changed in the clock's current tick may change again in that tick, after it was read,
+    # and keep its ctime: it is read again by the next call. So is the directory listed again.
+    memory = tmp_path / "memory"
+    memory.mkdir()
+    name = "20240101T000000Z--tick__clock.md"
+    (memory / name).write_text("# Tick\ntags: clock\n\nThe first version.\n")
+    script = _recall_script(monkeypatch, memory)
+    fs_now, index_file, read = script.fs_now, script.index_file, []
+    monkeypatch.setattr(
+        script, "index_file", lambda con, fd, name, now: read.append(name) or index_file(con, fd, name, now)
+    )
+
+    def recall(query: str) -> list[str]:
+        return [row[0] for row in script.recall(str(memory), query, 5)[0]]
+
+    def meta() -> tuple:
+        con = _index(memory)
+        try:
+            return con.execute("SELECT value FROM meta WHERE key='dir'").fetchone()[0], script.stored(con)[2].tolist()
+        finally:
+            con.close()
+
+    monkeypatch.setattr(script, "fs_now", lambda path: (memory / name).stat().st_ctime_ns)  # still that tick
+    assert recall("version") == [name] and read == [name.encode()]
+    assert meta() == ("", [-1])
+    monkeypatch.setattr(script, "fs_now", fs_now)
+    read.clear()
+    assert recall("version") == [name] and read == [name.encode()]  # read again
+    dir_stamp, ctimes = meta()
+    assert dir_stamp and ctimes == [(memory / name).stat().st_ctime_ns]
+    read.clear()
+    assert recall("version") == [name] and read == []  # and then trusted
+
+
+async def test_an_index_of_another_version_is_made_again_from_the_files(tools):
+    memory_id = await tools.remember("Versioned", "upgrade", "Survives an old index.")
+    for suffix in ("", "-wal", "-shm", "-journal"):
+        (tools.memory / f".index.sqlite{suffix}").unlink(missing_ok=True)
+    con = _index(tools.memory)
+    con.execute("PRAGMA journal_mode=WAL")
+    con.execute("CREATE TABLE meta(key TEXT PRIMARY KEY, value)")
+    con.execute("INSERT INTO meta VALUES('scan', 'stale')")
+    con.execute("PRAGMA user_version=1")
+    con.close()
+    assert await tools.recalled_ids("versioned") == [memory_id]
+    con = _index(tools.memory)
+    try:
+        assert con.execute("PRAGMA user_version").fetchone()[0] == 2
+        assert con.execute("PRAGMA journal_mode").fetchone()[0] != "wal"
+    finally:
+        con.close()
     _index_is_sound(tools.memory)
 
 
