@@ -115,6 +115,38 @@ async def test_file_read_caps_lines_and_their_length_and_says_how_to_read_on(too
     assert lines[503].startswith("[1 line longer than 2000 characters cut (2501); see line N whole")
 
 
+async def test_file_read_of_a_slice_of_a_big_file_numbers_its_lines_and_keeps_the_whole_file_hashed(tools):
+    # Past 1 MiB the file is hashed (OpenSSL's sha256) and counted a block of 1 MiB at a time, and
+    # only the blocks that hold the lines shown are split: a line across two blocks, and one longer
+    # than a block, come out whole; file_write still compares the whole file's hash.
+    lines = [f"line {i} " + "." * (i % 97) for i in range(1, 40001)]
+    lines[20000] = "y" * (3 << 20)  # line 20001: longer than a block
+    path = tools.cwd / "big.txt"
+    path.write_text("\n".join(lines))  # no newline at the end
+    data = path.read_bytes()
+    boundary = data[: 1 << 20].count(b"\n") + 1  # the line that crosses the first block's end
+    out = await tools.ok("file_read", "big.txt", str(boundary - 1), "3")
+    assert out == "".join(f"{n:6}\t{lines[n - 1]}\n" for n in range(boundary - 1, boundary + 2)) + (
+        f"[lines {boundary - 1}-{boundary + 1} of 40000; read on with OFFSET {boundary + 2}]\n"
+    )
+    out = await tools.ok("file_read", "big.txt", "20000", "3")
+    assert out.startswith(f" 20000\t{lines[19999]}\n 20001\t{'y' * 2000}… [{(3 << 20) - 2000} more characters]\n")
+    assert f" 20002\t{lines[20001]}\n[lines 20000-20002 of 40000;" in out
+    assert (await tools.ok("file_read", "big.txt", "39999")).startswith(
+        f" 39999\t{lines[39998]}\n 40000\t{lines[39999]}\n"
+    )
+    stat = path.stat()
+    with path.open("r+b") as f:  # a byte changed far from the lines read, the size and mtime kept
+        f.seek(len(data) - 10)
+        f.write(b"!")
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    out = await tools.fails("file_write", "big.txt", "small now\n")
+    assert "big.txt changed since it was last read in this session" in out
+    await tools.ok("file_read", "big.txt", "1", "1")
+    await tools.ok("file_write", "big.txt", "small now\n")
+    assert path.read_text() == "small now\n"
+
+
 async def test_file_read_refuses_binary_files_and_bad_arguments_with_a_reason(tools):
     (tools.cwd / "blob").write_bytes(b"\x7fELF\x00\x01\x02")
     out = await tools.fails("file_read", "blob")
