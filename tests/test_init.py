@@ -43,12 +43,12 @@ def ollie(env: dict[str, str], *args: str, cwd: Path | None = None) -> subproces
 
 
 def shipped() -> dict[str, Path]:
-    """Where each file of the package's defaults goes under $OLLIE_CFG_PATH (s/ goes to scripts/s/)."""
+    """Where each file of the package's defaults goes under $OLLIE_CFG_PATH (s/ and b/ go to scripts/)."""
     out = {}
     for path in DEFAULTS.rglob("*"):
         rel = path.relative_to(DEFAULTS).as_posix()
         if path.is_file() and "__pycache__" not in rel and not any(p.startswith(".") for p in rel.split("/")):
-            out[re.sub(r"^s/", "scripts/s/", rel)] = path
+            out[re.sub(r"^([sb])/", r"scripts/\1/", rel)] = path
     return out
 
 
@@ -190,7 +190,7 @@ def test_ollie_run_on_a_fresh_home_installs_first_with_one_line(user, tmp_path):
     first, session = out.stderr.splitlines()
     n = len(shipped())
     assert first == (
-        f"ollie: first run: installed {n} files into {cfg} (agents/, sandbox.yaml, scripts/, tools/); "
+        f"ollie: first run: installed {n} files into {cfg} (agents/, sandbox.yaml, scripts/, tools/, utils/); "
         "`ollie init` lists them"
     )
     assert session.startswith("session: ") and out.stdout == "assistant: hello\n\n"

@@ -102,6 +102,7 @@ async def test_shell_tools_and_a_session_through_a_remote_mount(served, mounts, 
 
     assert (await ok("ls", mnt)).split() == [
         "a",
+        "b",
         "backends",
         "ctl",
         "help",

@@ -4,76 +4,21 @@ real execute_code stages in the session's jail, which mounts the view the server
 from __future__ import annotations
 
 import asyncio
-import json
-import shlex
-import threading
 from pathlib import Path
 
 import pytest
 
 from ollie.agent import commands
 from ollie.fs import sessions as sessions_module
-from ollie.fs import view
-from ollie.fs.sessions import Session, Sessions
+from ollie.fs.sessions import Sessions
 from script_helpers import DEFAULTS
-
-
-class Harness:
-    def __init__(self, root: Path, work: Path, cfg: Path):
-        self.root, self.work, self.cfg = root, work, cfg
-        self.sessions = Sessions(default_cwd=str(work))
-        self.sessions.view = lambda session, fd: view.serve(self.sessions, session, fd)
-
-    def agent(self, name: str, **extra: object) -> None:
-        script = self.cfg / f"{name}.script.json"
-        script.write_text(json.dumps({"rules": [{"match": ".", "text": f"{name} says ok"}]}))
-        config = {"backend": "scripted", "model": str(script), "prompt": f"You are {name}.", **extra}
-        (self.cfg / "agents" / f"{name}.json").write_text(json.dumps(config))
-
-    async def new(self, **spec: str) -> Session:
-        return await self.sessions.new({"cwd": str(self.work), **spec})
-
-    async def sh(self, session: Session, code: str) -> tuple[bool, str]:
-        """Run `code` as one execute_code stage of `session`: (succeeded, output)."""
-        core = await session.wake()
-        server = core.dispatcher.get_server("execute")
-        result = await server.call_tool("execute_code", {"steps": [{"code": code}]}, core.call_context())
-        return not result.is_error, result.text()
-
-    async def ok(self, session: Session, code: str) -> str:
-        succeeded, out = await self.sh(session, code)
-        assert succeeded, out
-        return out
-
-    async def fails(self, session: Session, code: str) -> str:
-        succeeded, out = await self.sh(session, code)
-        assert not succeeded, out
-        return out
-
-
-@pytest.fixture
-async def h(ollie_dirs, tmp_path, monkeypatch):
-    monkeypatch.setenv("OLLIE", str(tmp_path / "mnt"))
-    work = tmp_path / "work"
-    (work / "sub").mkdir(parents=True)
-    cfg = ollie_dirs / "cfg"
-    (cfg / "agents").mkdir(exist_ok=True)
-    harness = Harness(tmp_path, work, cfg)
-    harness.agent("default")
-    try:
-        yield harness
-    finally:
-        await harness.sessions.close()
-
-
-def _views() -> list[threading.Thread]:
-    return [t for t in threading.enumerate() if t.name.startswith("ollie-view-")]
+from view_helpers import start_child, views
 
 
 async def test_the_view_holds_the_session_and_the_shared_directories(h):
     other = await h.new()
     me = await h.new()
-    assert (await h.ok(me, "ls $OLLIE")).split() == ["ctl", "help", "m", "p", "pl", "s", "sk", "t"]
+    assert (await h.ok(me, "ls $OLLIE")).split() == ["b", "ctl", "help", "m", "p", "pl", "s", "sk", "t"]
     assert (await h.ok(me, "ls $OLLIE/s")).split() == [me.id]  # not the other session
     assert (await h.ok(me, "cat $OLLIE/s/$OLLIE_SESSION_ID/state")).strip() in ("idle", "calling: execute_code")
     assert "sub-session" in await h.ok(me, "cat $OLLIE/help")
@@ -133,16 +78,9 @@ async def test_plan_is_writable_and_a_thought_lands_in_the_chat(h, monkeypatch):
     assert "thought: the tests live under tests/" in me.chat_path.read_text()
 
 
-async def _child(h: Harness, parent: Session, spec: str) -> Session:
-    before = {s.id for s in h.sessions.all()}
-    await h.ok(parent, f"echo {shlex.quote('new ' + spec)} > $OLLIE/ctl")
-    (new,) = [s for s in h.sessions.all() if s.id not in before]
-    return new
-
-
 async def test_a_session_drives_a_sub_session_it_starts(h):
     parent = await h.new()
-    child = await _child(h, parent, f"cwd={h.work}/sub")
+    child = await start_child(h, parent, f"cwd={h.work}/sub")
     assert child.meta.parent == parent.id and child.settings()["cwd"] == str(h.work / "sub")
     assert child.settings()["agent"] == "default"
     assert (await h.ok(parent, "ls $OLLIE/s")).split() == [parent.id, child.id]
@@ -155,7 +93,7 @@ async def test_a_session_drives_a_sub_session_it_starts(h):
     )
     assert reply.strip() == "default says ok"
     # A sub-session of the sub-session is the parent's to see and end too.
-    grandchild = await _child(h, child, "")
+    grandchild = await start_child(h, child, "")
     assert grandchild.settings()["cwd"] == str(h.work / "sub")  # the parent's cwd by default
     assert grandchild.id in (await h.ok(parent, "ls $OLLIE/s")).split()
     await h.ok(parent, f"rm -r $OLLIE/s/{child.id}")
@@ -178,7 +116,7 @@ async def test_a_sub_session_gets_no_more_than_its_parent(h):
         out = await h.fails(parent, f"echo 'new {spec}' > $OLLIE/ctl; cat $OLLIE/s/$OLLIE_SESSION_ID/chat; exit 1")
         assert DENIED in out and why in out, (spec, out)  # the reason is in the parent's chat
     assert [s.id for s in h.sessions.all()] == [parent.id]
-    child = await _child(h, parent, "agent=helper")
+    child = await start_child(h, parent, "agent=helper")
     assert child.settings()["agent"] == "helper"
     # Once started, the sub-session cannot be widened either: not by ctl, cfg or a /command.
     s = f"$OLLIE/s/{child.id}"
@@ -201,8 +139,8 @@ async def test_a_sub_session_gets_no_more_than_its_parent(h):
 async def test_sub_sessions_are_bounded_in_number(h, monkeypatch):
     monkeypatch.setattr(sessions_module, "CHILDREN_MAX", 2)
     parent = await h.new()
-    await _child(h, parent, "")
-    await _child(h, parent, "")
+    await start_child(h, parent, "")
+    await start_child(h, parent, "")
     out = await h.fails(parent, "echo new > $OLLIE/ctl")
     assert "Permission denied" in out
     assert len(h.sessions.children(parent.id)) == 2
@@ -210,7 +148,7 @@ async def test_sub_sessions_are_bounded_in_number(h, monkeypatch):
 
 async def test_sub_sessions_stay_sub_sessions_after_a_restart(h):
     parent = await h.new()
-    child = await _child(h, parent, "")
+    child = await start_child(h, parent, "")
     await h.sessions.close()
     again = Sessions(default_cwd=str(h.work))
     again.restore()
@@ -227,7 +165,7 @@ async def test_sub_sessions_stay_sub_sessions_after_a_restart(h):
 async def test_the_view_ends_with_its_session(h):
     me = await h.new()
     await h.ok(me, "ls $OLLIE > /dev/null")
-    threads = _views()
+    threads = views()
     assert len(threads) == 1
     await h.sessions.kill(me.id)
     for thread in threads:  # the jail's end aborts the connection: libfuse returns
@@ -259,4 +197,4 @@ async def test_without_fuse_a_jail_runs_code_without_the_view_and_says_so(h, mon
     first = await h.ok(me, "echo ${OLLIE:-unset}")
     assert first.startswith("[no view of ollie's files at $OLLIE in this sandbox: ") and first.endswith("unset\n")
     assert await h.ok(me, "echo ${OLLIE:-unset}") == "unset\n"  # said once
-    assert not _views()
+    assert not views()

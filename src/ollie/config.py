@@ -260,6 +260,20 @@ Use the execute_code tool to run code when it helps: inspect files, compute, tes
 When the task is done, answer concisely."""
 
 
+def starts_outside_sandbox(cfg: AgentConfig) -> list[str]:
+    """What a session of this agent runs outside the sandbox when it starts or as it works, in the
+    session's cwd: prompt commands, stdio tool servers, unsandboxed hooks. A session's code that
+    could start one in a directory it filled could run anything (a git hook, a module on the path)."""
+    prompts = cfg.prompt if isinstance(cfg.prompt, list) else [cfg.prompt] if cfg.prompt.startswith("!") else []
+    found = [f"the prompt command {c!r}" for c in prompts]
+    found += [
+        f"the tool server {name!r} (a local program)" for name, spec in cfg.mcp_servers.items() if "url" not in spec
+    ]
+    if cfg.hook_sandbox is False and cfg.hooks:
+        found.append('hooks with "hookSandbox": false')
+    return found
+
+
 def resolve_prompt(prompt: str | list[str], cwd: str) -> str:
     """The system prompt: a literal (has a newline), `!command` output, a file's text, or the
     joined outputs of a list of commands."""

@@ -310,7 +310,7 @@ class Core:
             task = asyncio.current_task()
             if task is not None:
                 task.uncancel()
-            self.emit(Event("info", "interrupted"))
+            self.emit(Event("info", "interrupted", data={"interrupted": True}))
             return None
         finally:
             self._save_meta()

@@ -50,6 +50,9 @@ class SessionMeta:
     cwd: str = ""
     name: str = ""
     parent: str = ""  # the session whose code started this one (through its view of the files)
+    # What its sub-agents (sub-sessions and batch jobs its code started) spent, once they ended:
+    # {"cost": dollars, "input_tokens": n, "output_tokens": n, "requests": n, "agents": n}
+    children: dict[str, float] = field(default_factory=dict)
     created: float = field(default_factory=time.time)
     updated: float = field(default_factory=time.time)
     first_prompt: str = ""

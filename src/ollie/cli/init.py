@@ -2,8 +2,9 @@
 touching what you changed.
 
 The set is whatever the package's `defaults/` directory holds (agent configs, tool scripts, the s/
-scripts, a commented sandbox.yaml): each file goes to the same path under $OLLIE_CFG_PATH, except
-`s/`, which goes to `scripts/s/` (the file server serves s/ from there). `.installed.json` records the
+and b/ scripts, the u/ utilities, a commented sandbox.yaml): each file goes to the same path under
+$OLLIE_CFG_PATH, except `s/` and `b/`, which go to `scripts/s/` and `scripts/b/` (the file server
+serves them from there). `.installed.json` records the
 sha256 of each file as it was installed: a file that still has it is ollie's, and is updated when the
 package's differs; a file that differs from it was changed by you, and is kept (`--force` replaces it).
 `ollie run` and `ollie srv` call `first_use()`, which runs the install once, quietly.
@@ -26,16 +27,18 @@ from typing import Any
 PACKAGE_DEFAULTS = Path(__file__).resolve().parent.parent / "defaults"
 MANIFEST = ".installed.json"
 # A top-level directory of defaults/ that is installed under another name.
-_PLACES = {"s": PurePosixPath("scripts", "s")}
+_PLACES = {"s": PurePosixPath("scripts", "s"), "b": PurePosixPath("scripts", "b")}
 
 
 def register(sub: Any) -> None:
     p = sub.add_parser(
         "init",
-        help="install the default agent configs, tool scripts, s/ scripts and a commented sandbox.yaml",
+        help="install the default agent configs, tool scripts, s/ and b/ scripts, u/ utilities and a "
+        "commented sandbox.yaml",
         description="Install ollie's defaults into $OLLIE_CFG_PATH (default ~/.config/ollie): agents/, "
-        "tools/, scripts/s/ and a sandbox.yaml whose settings are all commented out. Files you changed are "
-        "kept; files ollie installed and you did not change are updated. One line per file says what was done.",
+        "tools/, scripts/s/, scripts/b/, utils/ and a sandbox.yaml whose settings are all commented out. "
+        "Files you changed are kept; files ollie installed and you did not change are updated. One line "
+        "per file says what was done.",
     )
     p.add_argument("--force", action="store_true", help="replace the files you changed with ollie's too")
     p.set_defaults(func=_init)

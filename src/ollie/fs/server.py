@@ -23,6 +23,7 @@ from .. import config
 
 if TYPE_CHECKING:
     from .fuse import Mount
+    from .jobs import Jobs
     from .sessions import Sessions
 
 log = logging.getLogger("ollie.fs.server")
@@ -62,11 +63,13 @@ class Server:
         self.listeners: list = []
         self.mount: Mount | None = None
         self.sessions: Sessions | None = None
+        self.jobs: Jobs | None = None
         self._pruner: asyncio.Task | None = None
 
     async def start(self) -> None:
         from . import transcripts, tree, view
         from .fuse import Mount
+        from .jobs import Jobs
         from .ninep_server import serve_tcp, serve_unix
         from .sessions import Sessions
 
@@ -74,9 +77,11 @@ class Server:
         if pruned := transcripts.prune():  # a bad OLLIE_TRANSCRIPT_DAYS fails the start here
             log.info("pruned %d expired transcripts", pruned)
         sessions = self.sessions = Sessions()
-        sessions.view = lambda session, fd: view.serve(sessions, session, fd)  # before restore: sessions keep it
+        jobs = self.jobs = Jobs(sessions)
+        sessions.view = lambda session, fd: view.serve(sessions, jobs, session, fd)  # before restore: sessions keep it
         restored = sessions.restore()
-        ns = tree.build(self.sessions)
+        jobs.restore()
+        ns = tree.build(sessions, jobs)
         try:
             self.listeners.append(await serve_unix(ns, self.opts.socket))
             if self.opts.tcp:
@@ -109,6 +114,8 @@ class Server:
         if self.mount is not None:
             await self.mount.unmount()
             self.mount = None
+        if self.jobs is not None:
+            await self.jobs.close()
         if self.sessions is not None:
             await self.sessions.close()
         for path in (self.opts.pid_file, self.opts.token_file):

@@ -137,7 +137,7 @@ class NewFile(File):
         return NewHandle(self._sessions)
 
 
-def _script(text: str) -> TextFile:
+def script_file(text: str) -> TextFile:
     return TextFile(lambda: text, lambda: len(text.encode()), mode=0o555)
 
 
@@ -151,7 +151,7 @@ class SessionsDir(Dir):
         self.fixed: dict[str, File] = {
             "new": NewFile(sessions),
             "idx": TextFile(sessions.index, text_size(sessions.index)),
-            **{name: _script(text) for name, text in scripts.items()},
+            **{name: script_file(text) for name, text in scripts.items()},
         }
         assert set(self.fixed) <= set(FIXED)
 
@@ -161,7 +161,7 @@ class SessionsDir(Dir):
         return SessionDir(self.sessions.get(name), self.sessions)
 
     async def list(self) -> list[tuple[str, File | Dir]]:
-        return [(s.id, SessionDir(s, self.sessions)) for s in self.sessions.all()]
+        return [(s.id, SessionDir(s, self.sessions)) for s in self.sessions.listed()]
 
     async def mkdir(self, name: str, mode: int) -> None:
         await self.sessions.new({"name": name})
@@ -432,6 +432,26 @@ async def _set_plan(session: Session, text: str) -> None:
     (await session.wake()).session.set_plan(text)
 
 
+def _children_usage(session: Session) -> str:
+    """The `usage` file's line for what ended sub-agents used, when there were any."""
+    c = session.meta.children
+    if not c:
+        return ""
+    return (
+        f"subagents: {int(c.get('input_tokens', 0))} in, {int(c.get('output_tokens', 0))} out, "
+        f"{int(c.get('requests', 0))} requests ({int(c.get('agents', 0))} sub-agents)\n"
+    )
+
+
+def _children_cost(session: Session) -> str:
+    """The `cost` file's lines for what ended sub-agents spent, and the total with them."""
+    c = session.meta.children
+    if not c:
+        return ""
+    spent = c.get("cost", 0.0)
+    return f"costSubagents=${spent:.6f}\ncostTotal=${session.cost().session + spent:.6f}\n"
+
+
 SessionFileMaker = Callable[[Session, Sessions], File]
 
 
@@ -477,8 +497,8 @@ SESSION_FILES: dict[str, SessionFileMaker] = {
     "ctl": lambda s, ss: _checked(s, lambda line: _ctl(s, ss, line), get=lambda: _ctl_help() + "\n"),
     "cfg": lambda s, _: CfgFile(s),
     "fifo.in": lambda s, _: OnCloseFile(lambda: "", s.enqueue, PROMPT_MAX, mode=0o622),
-    "usage": _text(lambda s: usage_text(s.usage()) + "\n", sized=False),
-    "cost": _text(lambda s: cost_text(s.cost(), s.meta.model) + "\n", sized=False),
+    "usage": _text(lambda s: usage_text(s.usage()) + "\n" + _children_usage(s), sized=False),
+    "cost": _text(lambda s: cost_text(s.cost(), s.meta.model) + "\n" + _children_cost(s), sized=False),
     "ctxsz": _text(lambda s: context_text(s.context_size()) + "\n", sized=False),
     "systemprompt": _text(lambda s: _line(s.system_prompt()), sized=False),
     "env": lambda s, _: _checked(s, lambda line: _env_set(s, line), get=lambda: _env_text(s)),

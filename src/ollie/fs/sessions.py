@@ -68,17 +68,32 @@ ViewServer = Callable[["Session", int], None]
 # Sub-sessions, which a session's sandboxed code starts through its view: bounded, so that code
 # cannot start sessions without end.
 CHILDREN_MAX = 16  # live sub-sessions of one session
-DEPTH_MAX = 3  # sub-sessions of sub-sessions, at most this deep
+DEPTH_DEFAULT = 3  # sub-sessions (and jobs) of sub-sessions, at most this deep: OLLIE_SUBAGENT_DEPTH
 TREE_MAX = 64  # sessions under one top-level session
+
+
+def depth_max() -> int:
+    raw = os.environ.get("OLLIE_SUBAGENT_DEPTH", str(DEPTH_DEFAULT))
+    if not raw.isdigit():
+        raise FsError(E.EINVAL, f"OLLIE_SUBAGENT_DEPTH={raw!r}: give how deep sub-agents may nest, a whole number")
+    return int(raw)
 
 
 class Session:
     """One session as the server holds it: its metadata always, its Core once awake."""
 
-    def __init__(self, meta: SessionMeta, core: Core | None = None, view: ViewServer | None = None):
+    def __init__(
+        self,
+        meta: SessionMeta,
+        core: Core | None = None,
+        view: ViewServer | None = None,
+        job: bool = False,
+    ):
         self.meta = meta
         self.core: Core | None = None
         self.view = view
+        self.job = job  # a batch job's session: shown in b/, not s/
+        self.on_interrupt: Callable[[str], None] | None = None  # told the id when a turn is interrupted
         self._waking: asyncio.Future[Core] | None = None
         self.prompt_prev = ""  # the last prompt written to this session since the server started
         self._stored: tuple[str, str] | None = None  # (reply, last prompt) while asleep, read once
@@ -126,6 +141,11 @@ class Session:
     def _attach(self, core: Core) -> None:
         self.core = core
         self.meta = core.session.meta
+        core.subscribe(self._watch)
+
+    def _watch(self, ev: Event) -> None:
+        if ev.data and ev.data.get("interrupted") and self.on_interrupt is not None:
+            self.on_interrupt(self.id)
 
     # ---- what the files show ----------------------------------------------------------------------
     @property
@@ -260,12 +280,26 @@ class Sessions:
         self.default_cwd = default_cwd or os.getcwd()
         self._lock = asyncio.Lock()  # creation, kill and rename, one at a time
         self.view = view
+        # Told the id of a session that ended, or whose turn was interrupted: its jobs stop.
+        self.on_end: list[Callable[[str], None]] = []
 
     def restore(self) -> int:
         """Register every stored session, asleep. Returns how many."""
         for meta in list_stored():
-            self._by_id.setdefault(meta.id, Session(meta, view=self.view))
+            self._register(Session(meta, view=self.view))
         return len(self._by_id)
+
+    def _register(self, session: Session) -> Session:
+        session.on_interrupt = self._ended
+        return self._by_id.setdefault(session.id, session)
+
+    def _ended(self, sid: str) -> None:
+        """`sid` ended or was interrupted: so are its sub-sessions' turns, and its jobs."""
+        for listener in self.on_end:
+            listener(sid)
+        for child in self.children(sid):
+            if child.core is not None and not child.job:
+                child.core.interrupt()  # which tells us in turn, for its own children
 
     def get(self, sid: str) -> Session:
         try:
@@ -273,8 +307,16 @@ class Sessions:
         except KeyError:
             raise FsError(E.ENOENT, f"no session {sid!r}") from None
 
+    def find(self, sid: str) -> Session | None:
+        return self._by_id.get(sid)
+
     def all(self) -> list[Session]:
+        """Every session, batch jobs' included, in creation order."""
         return sorted(self._by_id.values(), key=lambda s: (s.created, s.id))
+
+    def listed(self) -> list[Session]:
+        """The sessions s/ shows: not batch jobs (b/ shows those)."""
+        return [s for s in self.all() if not s.job]
 
     def check_name(self, name: str) -> str:
         if name in FIXED:
@@ -312,16 +354,23 @@ class Sessions:
     def _cwd(self, spec: dict[str, str]) -> str:
         return os.path.expanduser(spec["cwd"]) if spec.get("cwd") else self.default_cwd
 
-    async def new(self, spec: dict[str, str], parent: Session | None = None) -> Session:
+    async def new(
+        self,
+        spec: dict[str, str],
+        parent: Session | None = None,
+        job_id: str = "",
+        store_root: Path | None = None,
+    ) -> Session:
         """Create a session: keys agent, cwd, backend, model, name (empty values mean default).
         A sub-session of `parent` (started by its code) gets no more than `parent` has: see
-        `check_child`; its cwd and agent default to the parent's."""
+        `check_child`; its cwd and agent default to the parent's. A batch job's session has the
+        job's id and is stored under `store_root`."""
         from ..agent import open_session
 
         async with self._lock:
             self.check_spec(spec)
             if parent is not None:
-                spec = self.check_child(parent, spec)
+                spec = self.check_child(parent, spec, jobs=bool(job_id))
             name = spec.get("name") or ""
             cwd = self._cwd(spec)
             opened: list[Session] = []  # the view serves the Session, made once the Core is
@@ -332,6 +381,8 @@ class Sessions:
                     cwd=cwd,
                     backend=spec.get("backend") or None,
                     model=spec.get("model") or None,
+                    session_id=job_id or None,
+                    store_root=store_root,
                     view=(lambda fd: view(opened[0], fd)) if view is not None else None,
                 )
             except OllieError as e:
@@ -341,10 +392,46 @@ class Sessions:
             if parent is not None:
                 core.session.meta.parent = parent.id
                 core.session.save()
-            session = Session(core.session.meta, core, self.view)
+            session = Session(core.session.meta, core, self.view, job=bool(job_id))
             opened.append(session)
-            self._by_id[session.id] = session
-            return session
+            return self._register(session)
+
+    def add_to_parent(self, parent: Session, usage: Usage, cost: float, agents: int = 1) -> None:
+        """Count what an ended sub-agent of `parent` spent (with its own sub-agents') in the
+        parent's `children`, kept with its metadata."""
+        totals = parent.meta.children
+        for key, value in (
+            ("cost", cost),
+            ("input_tokens", usage.input_tokens),
+            ("output_tokens", usage.output_tokens),
+            ("requests", usage.requests),
+            ("agents", agents),
+        ):
+            totals[key] = totals.get(key, 0) + value
+        if parent.core is not None:
+            parent.core.session.save()
+        elif parent.id in self._by_id:
+            SessionStore(parent.id).save_meta(parent.meta)
+
+    def _roll_up(self, child: Session, among: dict[str, Session]) -> None:
+        parent = among.get(child.meta.parent) or self._by_id.get(child.meta.parent)
+        if parent is None:
+            return
+        mine, theirs = child.usage(), child.meta.children
+        usage = Usage(
+            input_tokens=mine.input_tokens + int(theirs.get("input_tokens", 0)),
+            output_tokens=mine.output_tokens + int(theirs.get("output_tokens", 0)),
+            requests=mine.requests + int(theirs.get("requests", 0)),
+        )
+        cost = child.cost().session + theirs.get("cost", 0.0)
+        self.add_to_parent(parent, usage, cost, 1 + int(theirs.get("agents", 0)))
+
+    async def forget(self, session: Session) -> None:
+        """Close a batch job's session and let it go (its files stay with the job)."""
+        async with self._lock:
+            if self._by_id.get(session.id) is session:
+                del self._by_id[session.id]
+        await session.close()
 
     # ---- sub-sessions ---------------------------------------------------------------------------
     def children(self, sid: str) -> list[Session]:
@@ -377,31 +464,46 @@ class Sessions:
             seen.add(session.id)
         return session
 
-    def check_child(self, parent: Session, spec: dict[str, str]) -> dict[str, str]:
-        """The spec of a sub-session `parent`'s code asks for, refused (EACCES) where it would give
-        more than the parent has, with the parent's cwd and agent filled in where not given."""
+    def check_child(self, parent: Session, spec: dict[str, str], jobs: bool = False) -> dict[str, str]:
+        """The spec of a sub-session (or, `jobs`, a batch job) `parent`'s code asks for, refused
+        (EACCES) where it would give more than the parent has, with the parent's cwd and agent
+        filled in where not given. Jobs are counted by the jobs' own bound, not here."""
+        if self._by_id.get(parent.id) is not parent:
+            raise FsError(E.ENOENT, f"session {parent.id} has ended: it starts no sub-agents")
         settings = parent.settings()
         spec = {**spec, "cwd": check_child_cwd(parent, spec.get("cwd") or settings["cwd"])}
         spec["agent"] = check_child_agent(parent, spec.get("agent") or settings["agent"])
-        if self._depth(parent) + 1 > DEPTH_MAX:
-            raise FsError(E.EACCES, f"sub-sessions nest {DEPTH_MAX} deep at most")
-        if len(self.children(parent.id)) >= CHILDREN_MAX:
+        check_child_backend(parent, spec["agent"], spec.get("backend", ""), spec.get("model", ""))
+        if self._depth(parent) + 1 > (limit := depth_max()):
+            raise FsError(
+                E.EACCES, f"sub-agents nest {limit} deep at most (OLLIE_SUBAGENT_DEPTH); this one would be deeper"
+            )
+        if jobs:
+            return spec
+        if len([s for s in self.children(parent.id) if not s.job]) >= CHILDREN_MAX:
             raise FsError(E.EACCES, f"a session has {CHILDREN_MAX} live sub-sessions at most; kill one first")
         top = self._top(parent)
-        if sum(1 for s in self.all() if self.descends(s, top)) >= TREE_MAX:
+        if sum(1 for s in self.listed() if self.descends(s, top)) >= TREE_MAX:
             raise FsError(E.EACCES, f"{TREE_MAX} sub-sessions under one session at most; kill some first")
         return spec
 
     async def kill(self, sid: str) -> None:
-        """Stop the session and its sub-sessions, and move their files to the transcripts (tr/)."""
+        """Stop the session and its sub-sessions, and move their files to the transcripts (tr/).
+        What each spent is counted in its parent's `children`, up to the session's parent."""
         async with self._lock:
             session = self.get(sid)
-            doomed = [s for s in self.all() if self.descends(s, session)] + [session]
+            doomed = [session] + [s for s in self.all() if self.descends(s, session)]  # creation order
             for s in doomed:
                 del self._by_id[s.id]
-        for s in doomed:  # the deepest last made first: nothing is left to start more
+        among = {s.id: s for s in doomed}
+        for s in reversed(doomed):  # the deepest first: nothing is left to start more
+            self._ended(s.id)
             await s.close()
-            transcripts.keep(sessions_dir() / s.id)
+            if not s.job:  # a job counts itself, and its files stay with it
+                self._roll_up(s, among)
+                if s.core is None:  # asleep: what its children spent is saved here, to go to tr/
+                    SessionStore(s.id).save_meta(s.meta)
+                transcripts.keep(sessions_dir() / s.id)
 
     async def rename(self, old: str, new: str) -> None:
         async with self._lock:
@@ -426,7 +528,7 @@ class Sessions:
 
     def index(self) -> str:
         lines = []
-        for s in self.all():
+        for s in self.listed():
             m = s.meta
             lines.append(f"{s.id}\t{s.state}\t{m.cwd}\t{m.backend}\t{m.model}\n")
         return "".join(lines)
@@ -445,7 +547,8 @@ def check_child_cwd(parent: Session, cwd: str) -> str:
 
 
 def check_child_agent(parent: Session, agent: str) -> str:
-    """`agent`, if it is the parent's or one the parent's agent config lists under "subagents"."""
+    """`agent`, if it is the parent's or one the parent's agent config lists under "subagents",
+    and runs nothing outside the sandbox (the child's cwd is one the parent's code could fill)."""
     settings = parent.settings()
     allowed = [settings["agent"]]
     if parent.core is not None:
@@ -456,7 +559,46 @@ def check_child_agent(parent: Session, agent: str) -> str:
             f"agent {agent!r} is not for sub-sessions of session {parent.id}: its agent "
             f'({settings["agent"]}) lists {", ".join(allowed[1:]) or "none"} under "subagents"',
         )
+    try:
+        cfg = config.load_agent(agent)
+    except ConfigError as e:
+        raise FsError(E.EINVAL, str(e)) from None
+    if outside := config.starts_outside_sandbox(cfg):
+        raise FsError(
+            E.EACCES,
+            f"agent {agent!r} runs {'; '.join(outside)} outside the sandbox, in its session's cwd: "
+            "a session's code may not start one (start it yourself, through the mount)",
+        )
     return agent
+
+
+# Backends whose "model" is a file the server reads (a script, a GGUF): a sub-agent's code may not name one.
+FILE_MODELS = ("scripted", "local")
+MODEL_MAX = 200
+
+
+def check_child_backend(parent: Session, agent: str, backend: str, model: str) -> None:
+    """A sub-agent's backend is its agent's or its parent's (no other backend's server, on some
+    loopback port, is the sandbox's to reach); a model is a name, not a file the server would read,
+    unless it is the parent's or the agent's own."""
+    from .. import backends
+
+    settings = parent.settings()
+    cfg = config.load_agent(agent)
+    ours = {settings["backend"], cfg.backend or backends.default_name()}
+    if backend and backend not in ours:
+        raise FsError(E.EACCES, f"backend {backend!r}: a sub-agent uses {' or '.join(sorted(ours))}")
+    if not model or model in (settings["model"], cfg.model):
+        return
+    resolved = backend or cfg.backend or backends.default_name()
+    if resolved in FILE_MODELS or len(model) > MODEL_MAX or "\n" in model:
+        raise FsError(
+            E.EACCES,
+            f"model {model!r}: a sub-agent on {resolved} uses its agent's model or its parent's "
+            "(that backend reads its model from a file)"
+            if resolved in FILE_MODELS
+            else f"model {model!r} is not a model name",
+        )
 
 
 def check_cwd(path: str) -> str:

@@ -13,6 +13,7 @@ tr/   transcripts        $OLLIE_DATA_PATH/transcripts (ctl `save` writes here; k
                          are kept here a while, see transcripts.py)
 tmp/  scratch            $OLLIE_TMP_PATH/scratch, 0700
 s/    sessions           see sessions.py; its scripts from $OLLIE_CFG_PATH/scripts/s, else the package's
+b/    batch jobs         see jobs.py; its scripts from $OLLIE_CFG_PATH/scripts/b, likewise
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import logging
 from pathlib import Path
 
 from .. import config
+from .jobs import Jobs, JobsDir
 from .namespace import Namespace, StaticDir
 from .session_files import SessionsDir, root_ctl
 from .sessions import Sessions
@@ -35,6 +37,8 @@ ctl           write `new [agent=A] [cwd=DIR] [backend=B] [model=M] [name=N]` to 
               (read the same open file back for its id), `kill <id>` to end one
 backends      the backends this server knows; the default is marked *
 s/            one directory per session, in creation order (ids sort by creation)
+b/            batch jobs: write a spec to b/new (cat it for the template); b/<id>/status, result,
+              log, usage, cost, statewait; rm -r b/<id> cancels; b/q b/sched b/job: scripts
 s/new         read: a template; write `k=v` lines to create a session
 s/idx         id, state, cwd, backend, model of every session
 s/sh s/ls s/kill   scripts: a prompt loop, a listing, kill sessions
@@ -55,16 +59,17 @@ a/ p/ sk/ t/ u/ x/ m/ pl/ tr/ tmp/   agent configs, prompts, skills, tools (t/id
                   plugins, memory, plans, transcripts (saved chats, killed sessions), scratch
 """
 
-# The s/ scripts ship as files in the package; `ollie init` installs them into $OLLIE_CFG_PATH/scripts/s/,
-# and a copy there (yours to change) is what s/ serves, read when the server starts.
-PACKAGE_S_SCRIPTS = Path(__file__).resolve().parent.parent / "defaults" / "s"
+# The s/ and b/ scripts ship as files in the package; `ollie init` installs them into
+# $OLLIE_CFG_PATH/scripts/s/ and scripts/b/, and a copy there (yours to change) is what is served,
+# read when the server starts.
+PACKAGE_DEFAULTS = Path(__file__).resolve().parent.parent / "defaults"
 
 
-def s_scripts() -> dict[str, str]:
-    """The scripts of s/ by name: the installed copy when there is one, else the package's."""
-    installed = config.cfg_path() / "scripts" / "s"
+def scripts_of(directory: str) -> dict[str, str]:
+    """The scripts of s/ or b/ by name: the installed copy when there is one, else the package's."""
+    installed = config.cfg_path() / "scripts" / directory
     scripts = {}
-    for shipped in sorted(PACKAGE_S_SCRIPTS.iterdir()):
+    for shipped in sorted((PACKAGE_DEFAULTS / directory).iterdir()):
         if not shipped.is_file() or shipped.name.startswith("."):
             continue
         scripts[shipped.name] = shipped.read_text()
@@ -73,7 +78,9 @@ def s_scripts() -> dict[str, str]:
         except FileNotFoundError:
             pass
         except (OSError, UnicodeDecodeError) as e:
-            log.warning("s/%s: serving the package's script: cannot read %s: %s", shipped.name, installed, e)
+            log.warning(
+                "%s/%s: serving the package's script: cannot read %s: %s", directory, shipped.name, installed, e
+            )
     return scripts
 
 
@@ -90,7 +97,7 @@ def _private(path: Path) -> Path:
     return config.private_dir(path)
 
 
-def build(sessions: Sessions) -> Namespace:
+def build(sessions: Sessions, jobs: Jobs | None = None) -> Namespace:
     cfg, data = config.cfg_path(), config.data_path()
     tools = config.tools_path()[0]
     root = StaticDir(
@@ -108,7 +115,8 @@ def build(sessions: Sessions) -> Namespace:
             "pl": DiskDir(data / "plans", shared=True),
             "tr": TranscriptsDir(data / "transcripts"),
             "tmp": DiskDir(_private(config.tmp_path() / "scratch")),
-            "s": SessionsDir(sessions, s_scripts()),
+            "s": SessionsDir(sessions, scripts_of("s")),
+            "b": JobsDir(jobs or Jobs(sessions), scripts_of("b")),
         }
     )
     return Namespace(root)

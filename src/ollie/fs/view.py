@@ -15,11 +15,14 @@ x/, u/, tr/ and tmp/ answer ENOENT. Symlinks in the directories are never follow
 from __future__ import annotations
 
 import errno as E
+import os
+from pathlib import Path
 
 from .. import config
 from ..agent import commands
 from ..types import Event
 from .fuse import serve_connection
+from .jobs import Jobs, JobsDir
 from .namespace import Dir, File, FsError, Handle, Namespace, OpenMode, Stat, StaticDir
 from .session_files import (
     ACTIVE_FILES,
@@ -32,8 +35,9 @@ from .session_files import (
     _ctl_help,
     root_ctl,
 )
-from .sessions import Session, Sessions, check_child_agent, check_child_cwd
+from .sessions import Session, Sessions, check_child_agent, check_child_backend, check_child_cwd
 from .stores import DiskDir, OnCloseFile, TextFile, text_size, tools_index
+from .tree import scripts_of
 
 THOUGHT_MAX = 64 << 10
 HELP = """ollie: this session's view of the files ($OLLIE)
@@ -44,6 +48,8 @@ HELP = """ollie: this session's view of the files ($OLLIE)
     s/<own id>/   the session itself, read only (no `prompt` or `fifo.in`), but for `plan` (read
                   and write) and `think` (write: records a thought in its chat)
     s/new         the same: write k=v lines, one per key
+    b/            its batch jobs: b/new (a spec: cat it), b/<id>/status result log …, rm -r cancels;
+                  b/q, b/sched, b/job: scripts to run with sh
     s/<sub id>/   its sub-sessions, and theirs: prompt, chat, reply, state, statewait, ctl, cfg, …
                   bounded: cwd inside the parent's, agent the parent's or one its config lists
                   under "subagents", no rename or save; `rm -r` or `kill` ends one (and its own)
@@ -59,12 +65,12 @@ CHILD_COMMANDS = {
 }  # fmt: skip
 
 
-def serve(sessions: Sessions, session: Session, fd: int) -> None:
+def serve(sessions: Sessions, jobs: Jobs, session: Session, fd: int) -> None:
     """Serve `session`'s view on the /dev/fuse descriptor `fd` of a jail's mount."""
-    serve_connection(build(sessions, session), fd, session.id)
+    serve_connection(build(sessions, jobs, session), fd, session.id)
 
 
-def build(sessions: Sessions, session: Session) -> Namespace:
+def build(sessions: Sessions, jobs: Jobs, session: Session) -> Namespace:
     cfg, data = config.cfg_path(), config.data_path()
     tools = config.tools_path()[0]
     return Namespace(
@@ -73,20 +79,26 @@ def build(sessions: Sessions, session: Session) -> Namespace:
                 "ctl": root_ctl(ChildMaker(sessions, session)),
                 "help": TextFile(lambda: HELP, text_size(lambda: HELP)),
                 "s": ViewSessionsDir(sessions, session),
+                "b": JobsDir(jobs, scripts_of("b"), owner=session),
                 "m": DiskDir(data / "memory", shared=True),
                 "pl": DiskDir(data / "plans", shared=True),
-                # Read only, and no symlink followed: the first tool directory may lie in a cwd.
-                "t": DiskDir(
-                    tools,
-                    writable=False,
-                    shared=True,
-                    synthetic={"idx": TextFile(lambda: tools_index(config.tools_path()))},
-                ),
+                "t": _tools_dir(tools, TextFile(lambda: tools_index(config.tools_path()))),
                 "sk": DiskDir(cfg / "skills", writable=False, shared=True),
                 "p": DiskDir(cfg / "prompts", writable=False, shared=True),
             }
         )
     )
+
+
+def _tools_dir(tools: Path, index: File) -> Dir:
+    """t/: the first tool directory, read-only, if it lies in ollie's configuration (hidden from the
+    sandbox, whose directories cannot be renamed in a jail); one elsewhere (a project's, in a cwd
+    the code writes) could be swapped for a link to anywhere, which the server would serve. The
+    code reads such a directory where it is anyway. t/idx is always there."""
+    real, cfg = os.path.realpath(tools), os.path.realpath(config.cfg_path())
+    if real.startswith(cfg.rstrip("/") + "/"):
+        return DiskDir(Path(real), writable=False, shared=True, synthetic={"idx": index})
+    return StaticDir({"idx": index})
 
 
 class ViewSessionsDir(Dir):
@@ -116,7 +128,7 @@ class ViewSessionsDir(Dir):
         return session
 
     async def list(self) -> list[tuple[str, File | Dir]]:
-        mine = [s for s in self.sessions.all() if s is self.owner or self.sessions.descends(s, self.owner)]
+        mine = [s for s in self.sessions.listed() if s is self.owner or self.sessions.descends(s, self.owner)]
         return [(s.id, self.lookup(s.id)) for s in mine]
 
     async def mkdir(self, name: str, mode: int) -> None:
@@ -236,10 +248,16 @@ class ChildSessionDir(Dir):
         if cmd is None or cmd.name not in CHILD_COMMANDS:
             allowed = ", ".join(sorted(CHILD_COMMANDS))
             raise FsError(E.EACCES, f"{verb!r} is not for sub-sessions; they take: {allowed}, kill")
+        settings = self.session.settings()
         if cmd.name == "cwd" and arg:
             check_child_cwd(self._parent(), arg)
         elif cmd.name == "agent" and arg:
             check_child_agent(self._parent(), arg)
+        elif cmd.name == "backend" and arg:
+            backend, _, model = arg.partition(" ")
+            check_child_backend(self._parent(), settings["agent"], backend, model.strip())
+        elif cmd.name == "model" and arg:
+            check_child_backend(self._parent(), settings["agent"], "", arg)
 
     async def _ctl(self, line: str) -> str | None:
         verb, _, arg = line.strip().partition(" ")
@@ -256,7 +274,7 @@ class ChildSessionDir(Dir):
         await self.session.submit(text)
 
     def _check_setting(self, key: str, value: str) -> None:
-        if key in ("cwd", "agent"):
+        if key in ("cwd", "agent", "backend", "model"):
             self.check(key, value)
 
     def lookup(self, name: str) -> File | Dir:

@@ -20,7 +20,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 HEAD_BYTES = 8192  # the header is read from this much of a script, at most
-SUMMARY_MAX = 1500  # characters of the script listing in execute_code's description
+SUMMARY_MAX = 1800  # characters of the script listing in execute_code's description
 LINE_MAX = 200  # characters of one script's line in that listing
 _FIELD = re.compile(r"#\s*(description|args):\s*(.*)")
 

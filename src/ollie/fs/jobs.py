@@ -1,0 +1,557 @@
+"""Batch jobs: `b/`. A job is one prompt run to its end by a headless session of the server: it is
+queued, runs when one of the server's job slots is free (OLLIE_JOBS, default 4 at once), and
+leaves its result, usage, cost and log behind.
+
+A job's files live in `$OLLIE_DATA_PATH/jobs/<id>/`: `job.json` (its spec, status and result,
+replaced atomically at each change) and, once it has run, the session's own files (`chat` is the
+job's `log`). A job runs as a session of `Sessions` (so its code has a view of its own, and its
+sub-sessions and jobs are bounded by it) and leaves it when it ends. After a restart finished jobs
+keep their results; jobs that were queued or running are `failed: interrupted by restart` (after a
+crash) or `failed: interrupted by a server stop`, never run again behind the user's back.
+
+A job that a session's code submits (through its view) is that session's: its cwd and agent are
+bounded as a sub-session's are, and interrupting or ending the session cancels it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno as E
+import json
+import logging
+import os
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .. import config
+from ..agent.session import check_session_id, new_session_id
+from ..chatfmt import cost_text, usage_text
+from ..types import Cost, InvalidValue, OllieError, Usage
+from .namespace import Dir, File, FsError, Handle, OpenMode, Stat
+from .session_files import script_file
+from .sessions import Session, Sessions, errno_of
+from .stores import OnCloseHandle, SnapshotHandle, TextFile, text_size
+
+log = logging.getLogger("ollie.fs.jobs")
+
+SPEC_KEYS = ("name", "cwd", "agent", "backend", "model", "output", "parallel")
+TEMPLATE = "".join(f"{k}=\n" for k in SPEC_KEYS[:-1]) + "parallel=1\n---\n"
+SPEC_MAX = 1 << 20
+PARALLEL_MAX = 64  # jobs one spec makes
+JOBS_PER_PARENT = 64  # queued and running jobs of one session's code at once
+STATEWAIT_TIMEOUT = 5.0
+JSON_ANSWER = (
+    "\n\nAnswer with one JSON value and nothing else: no prose before or after it, no code fence. "
+    "Your answer is parsed as JSON."
+)
+UNFINISHED = ("queued", "running")
+
+
+def job_slots() -> int:
+    raw = os.environ.get("OLLIE_JOBS", "4")
+    try:
+        slots = int(raw)
+    except ValueError:
+        slots = 0
+    if slots < 1:
+        raise OllieError(f"OLLIE_JOBS={raw!r}: give how many jobs may run at once, a whole number of at least 1")
+    return slots
+
+
+def jobs_dir() -> Path:
+    return config.data_path() / "jobs"
+
+
+# ---- the spec ------------------------------------------------------------------------------------
+
+
+@dataclass
+class Spec:
+    settings: dict[str, str]  # name cwd agent backend model, as given ("" = default)
+    output: str = ""  # "" or "json"
+    parallel: int = 1
+    prompt: str = ""
+
+
+def parse_header_line(number: int, line: str, spec: Spec) -> None:
+    """One `key=value` line of a spec's header into `spec`; FsError(EINVAL) naming the line."""
+    line = line.strip()
+    if not line or line.startswith("#"):
+        return
+    key, sep, value = line.partition("=")
+    key, value = key.strip(), value.strip()
+    if not sep:
+        raise FsError(E.EINVAL, f"line {number}: expected key=value or ---, got {line!r}")
+    if key not in SPEC_KEYS:
+        raise FsError(E.EINVAL, f"line {number}: unknown key {key!r}; keys: {', '.join(SPEC_KEYS)}")
+    if key == "output":
+        if value not in ("", "json", "text"):
+            raise FsError(E.EINVAL, f"line {number}: output is json, or empty for text; got {value!r}")
+        spec.output = "json" if value == "json" else ""
+    elif key == "parallel":
+        if not value.isdigit() or not 1 <= int(value) <= PARALLEL_MAX:
+            raise FsError(E.EINVAL, f"line {number}: parallel is a whole number from 1 to {PARALLEL_MAX}")
+        spec.parallel = int(value)
+    else:
+        if key == "name" and value:
+            try:
+                check_session_id(f"{value}-{PARALLEL_MAX}")
+            except InvalidValue as e:
+                raise FsError(E.EINVAL, f"line {number}: name: {e}") from None
+        spec.settings[key] = value
+
+
+def parse_spec(text: str) -> Spec:
+    """`key=value` lines, a line `---`, then the prompt."""
+    spec = Spec({})
+    lines = text.split("\n")
+    for number, line in enumerate(lines, 1):
+        if line.strip() == "---":
+            spec.prompt = "\n".join(lines[number:]).strip()
+            break
+        parse_header_line(number, line, spec)
+    else:
+        raise FsError(E.EINVAL, f"line {len(lines)}: no line '---': the prompt follows one (cat b/new)")
+    if not spec.prompt:
+        raise FsError(E.EINVAL, "the prompt after '---' is empty")
+    return spec
+
+
+# ---- jobs ------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Record:
+    """What job.json holds."""
+
+    id: str
+    spec: str
+    parent: str = ""
+    status: str = "queued"
+    result: str = ""
+    created: float = field(default_factory=time.time)
+    started: float = 0.0
+    finished: float = 0.0
+    usage: dict[str, Any] = field(default_factory=dict)
+    cost: float = 0.0
+    cost_last: float = 0.0
+    price_known: bool = True
+    model: str = ""
+
+
+class Job:
+    def __init__(self, record: Record, spec: Spec):
+        self.record = record
+        self.spec = spec
+        self.session: Session | None = None  # while it runs
+        self.task: asyncio.Task[None] | None = None
+        self._changed = asyncio.Event()
+
+    @property
+    def id(self) -> str:
+        return self.record.id
+
+    @property
+    def dir(self) -> Path:
+        return jobs_dir() / self.id
+
+    @property
+    def status(self) -> str:
+        return self.record.status
+
+    def set(self, status: str, result: str | None = None) -> None:
+        self.record.status = status
+        if result is not None:
+            self.record.result = result
+        if status == "running":
+            self.record.started = time.time()
+        elif status not in UNFINISHED:
+            self.record.finished = time.time()
+        self.save()
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    def save(self) -> None:
+        self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        tmp = self.dir / ".job.json.tmp"
+        tmp.write_text(json.dumps(asdict(self.record), ensure_ascii=False))
+        os.replace(tmp, self.dir / "job.json")
+
+    async def wait_change(self, seen: str, timeout: float) -> str:
+        if self.status == seen:
+            try:
+                await asyncio.wait_for(self._changed.wait(), timeout)
+            except TimeoutError:
+                pass
+        return self.status
+
+    def usage(self) -> Usage:
+        core = self.session.core if self.session else None
+        return core.usage() if core is not None else Usage(**self.record.usage)
+
+    def cost(self) -> Cost:
+        core = self.session.core if self.session else None
+        return (
+            core.cost() if core is not None else Cost(self.record.cost_last, self.record.cost, self.record.price_known)
+        )
+
+    @property
+    def log_path(self) -> Path:
+        return self.dir / "chat"
+
+
+class Jobs:
+    """Every job of the server, by id, in creation order."""
+
+    def __init__(self, sessions: Sessions, slots: int | None = None):
+        self.sessions = sessions
+        self._by_id: dict[str, Job] = {}
+        self._slots = asyncio.Semaphore(slots or job_slots())
+        self._closing = False  # the server stops: what it cancels now is interrupted, not cancelled
+        sessions.on_end.append(self._parent_ended)
+
+    def restore(self) -> int:
+        """Register the stored jobs; one left unfinished by a stop is marked so, not run again."""
+        root = jobs_dir()
+        for path in sorted(root.glob("*/job.json")) if root.is_dir() else []:
+            try:
+                record = Record(**json.loads(path.read_text()))
+                job = Job(record, parse_spec(record.spec))
+            except (OSError, ValueError, TypeError, FsError) as e:
+                log.warning("%s: not a job: %s", path.parent, e)
+                continue
+            if job.status in UNFINISHED:
+                job.set("failed: interrupted by restart")
+            self._by_id[job.id] = job
+        return len(self._by_id)
+
+    def get(self, jid: str) -> Job:
+        try:
+            return self._by_id[jid]
+        except KeyError:
+            raise FsError(E.ENOENT, f"no job {jid!r}") from None
+
+    def all(self) -> list[Job]:
+        return sorted(self._by_id.values(), key=lambda j: (j.record.created, j.id))
+
+    def of(self, parent: Session) -> list[Job]:
+        return [j for j in self.all() if j.record.parent == parent.id]
+
+    def check_spec(self, spec: Spec, parent: Session | None) -> None:
+        """What can be known wrong before any job is made (FsError)."""
+        settings = {k: v for k, v in spec.settings.items() if k != "name"}
+        self.sessions.check_spec(settings)
+        if parent is not None:
+            self.sessions.check_child(parent, settings, jobs=True)
+            running = sum(1 for j in self.of(parent) if j.status in UNFINISHED)
+            if running + spec.parallel > JOBS_PER_PARENT:
+                raise FsError(E.EACCES, f"{JOBS_PER_PARENT} unfinished jobs a session at most; wait for some")
+        name = spec.settings.get("name")
+        if name:
+            for i in range(spec.parallel):
+                if f"{name}-{i}" in self._by_id:
+                    raise FsError(E.EEXIST, f"a job {name}-{i} exists; choose another name, or rm -r b/{name}-{i}")
+
+    async def submit(self, text: str, parent: Session | None = None) -> list[Job]:
+        """Make the jobs a spec asks for, queued; returns them."""
+        spec = parse_spec(text)
+        self.check_spec(spec, parent)
+        base = spec.settings.get("name") or new_session_id()
+        made = []
+        for i in range(spec.parallel):
+            record = Record(f"{base}-{i}", text, parent.id if parent else "")
+            job = self._by_id[record.id] = Job(record, spec)
+            job.save()
+            job.task = asyncio.create_task(self._run(job, parent))
+            made.append(job)
+        return made
+
+    async def _run(self, job: Job, parent: Session | None) -> None:
+        try:
+            async with self._slots:
+                if job.status != "queued":
+                    return
+                job.set("running")
+                status, result = await self._turn(job, parent)
+                job.set(status, result)
+        except asyncio.CancelledError:
+            if job.status in UNFINISHED:
+                job.set("failed: interrupted by a server stop" if self._closing else "cancelled")
+        except (OllieError, OSError) as e:
+            job.set(f"failed: {e}", str(e))
+        finally:
+            session, job.session = job.session, None
+            if session is not None:
+                core = session.core
+                if core is not None:
+                    cost = core.cost()
+                    job.record.usage = asdict(core.usage())
+                    job.record.cost, job.record.cost_last, job.record.price_known = (
+                        cost.session,
+                        cost.last,
+                        cost.price_known,
+                    )
+                    job.record.model = core.backend.model
+                    job.save()
+                    parent = self.sessions.find(job.record.parent)
+                    if parent is not None:
+                        self.sessions.add_to_parent(parent, core.usage(), cost.session)
+                await self.sessions.forget(session)
+
+    async def _turn(self, job: Job, parent: Session | None) -> tuple[str, str]:
+        settings = {k: v for k, v in job.spec.settings.items() if k != "name"}
+        if parent is not None and self.sessions.find(parent.id) is not parent:
+            return "cancelled", "its session ended"
+        job.session = await self.sessions.new(settings, parent=parent, job_id=job.id, store_root=jobs_dir())
+        core = await job.session.wake()
+        errors: list[str] = []
+        core.subscribe(lambda ev: errors.append(ev.text) if ev.kind == "error" else None)
+        prompt = job.spec.prompt + (JSON_ANSWER if job.spec.output == "json" else "")
+        await core.submit(prompt)
+        answer = core.reply.strip()
+        if not answer:
+            reason = errors[-1] if errors else "the turn ended without an answer"
+            return f"failed: {reason.splitlines()[0]}", reason
+        if job.spec.output == "json":
+            try:
+                json.loads(answer)
+            except ValueError as e:
+                return f"failed: the answer is not JSON ({e})", answer
+        return "done", answer
+
+    async def cancel(self, jid: str) -> None:
+        """Cancel the job (if unfinished) and remove it with its files."""
+        job = self.get(jid)
+        if job.task is not None and not job.task.done():
+            job.task.cancel()
+            await asyncio.gather(job.task, return_exceptions=True)
+        del self._by_id[jid]
+        await asyncio.to_thread(shutil.rmtree, job.dir, True)
+
+    def _parent_ended(self, sid: str) -> None:
+        """A session ended or was interrupted: its unfinished jobs are cancelled (kept, to read)."""
+        for job in self.all():
+            if job.record.parent == sid and job.task is not None and not job.task.done():
+                job.task.cancel()
+
+    async def close(self) -> None:
+        self._closing = True
+        tasks = [j.task for j in self._by_id.values() if j.task is not None and not j.task.done()]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    def index(self, jobs: list[Job] | None = None) -> str:
+        return "".join(
+            f"{j.id}\t{j.status}\t{j.spec.settings.get('agent') or 'default'}\t{_first_line(j.spec.prompt)}\n"
+            for j in (self.all() if jobs is None else jobs)
+        )
+
+
+def _first_line(text: str, width: int = 60) -> str:
+    line = text.strip().split("\n", 1)[0]
+    return line if len(line) <= width else line[: width - 1] + "…"
+
+
+# ---- b/ as files ---------------------------------------------------------------------------------
+
+
+class NewJobHandle(OnCloseHandle):
+    """b/new: the spec's header lines are checked as they are written (a bad one fails its write,
+    and then nothing is made at close); at close the jobs are made. Reading gives the template, or
+    the new jobs' ids, one a line (reading after writing makes them at once), or why it failed."""
+
+    def __init__(self, submit: Callable[[str], Any]):
+        super().__init__(lambda: self._answer or TEMPLATE, self._make, SPEC_MAX)
+        self._submit = submit
+        self._answer = ""
+
+    async def write(self, offset: int, data: bytes) -> int:
+        n = await super().write(offset, data)
+        header = bytes(self._buf).decode(errors="replace").split("\n")[:-1]  # complete lines
+        spec = Spec({})
+        try:
+            for number, line in enumerate(header, 1):
+                if line.strip() == "---":
+                    break
+                parse_header_line(number, line, spec)
+        except FsError as e:
+            self._refused, self._dirty, self._answer = True, False, f"error: {e}\n"
+            self._buf.clear()
+            raise
+        return n
+
+    async def read(self, offset: int, count: int) -> bytes:
+        if offset == 0:
+            await self.flush()
+        return await super().read(offset, count)
+
+    async def _make(self, text: str) -> None:
+        try:
+            jobs = await self._submit(text)
+        except OllieError as e:
+            self._answer = f"error: {e}\n"
+            raise FsError(errno_of(e), str(e)) from None
+        self._answer = "".join(j.id + "\n" for j in jobs)
+
+
+class NewJobFile(File):
+    mode = 0o644
+
+    def __init__(self, submit: Callable[[str], Any]):
+        self._submit = submit
+
+    def size(self) -> int:
+        return len(TEMPLATE)
+
+    async def open(self, mode: OpenMode) -> Handle:
+        return NewJobHandle(self._submit)
+
+
+class LogFile(File):
+    """A job's log: its session's chat, read from disk, growing while it runs."""
+
+    def __init__(self, path: Path):
+        self.path = path
+
+    def stat(self, name: str) -> Stat:
+        try:
+            st = os.stat(self.path)
+        except FileNotFoundError:
+            return Stat(name, mode=0o444)
+        return Stat(name, mode=0o444, size=st.st_size, mtime=st.st_mtime, version=st.st_size & 0xFFFFFFFF)
+
+    async def open(self, mode: OpenMode) -> Handle:
+        if mode & OpenMode.WRITE:
+            raise FsError(E.EACCES, "a job's log is read-only")
+        try:
+            return _FdHandle(os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW))
+        except FileNotFoundError:
+            return SnapshotHandle(lambda: "")
+
+
+class _FdHandle(Handle):
+    def __init__(self, fd: int):
+        self._fd = fd
+
+    async def read(self, offset: int, count: int) -> bytes:
+        return os.pread(self._fd, count, offset)
+
+    async def release(self) -> None:
+        os.close(self._fd)
+
+
+class StatusWaitHandle(Handle):
+    """Each read from the start blocks until the status differs from the one last seen (the one at
+    open for the first read), or for STATEWAIT_TIMEOUT seconds, then gives it."""
+
+    def __init__(self, job: Job):
+        self._job = job
+        self._seen = job.status
+        self._data = b""
+
+    async def read(self, offset: int, count: int) -> bytes:
+        if offset == 0:
+            self._seen = await self._job.wait_change(self._seen, STATEWAIT_TIMEOUT)
+            self._data = (self._seen + "\n").encode()
+        return self._data[offset : offset + count]
+
+
+class StatusWaitFile(File):
+    def __init__(self, job: Job):
+        self.job = job
+
+    async def open(self, mode: OpenMode) -> Handle:
+        return StatusWaitHandle(self.job)
+
+
+def _line(text: str) -> str:
+    return text if not text or text.endswith("\n") else text + "\n"
+
+
+def _text(get: Callable[[], str], sized: bool = True) -> TextFile:
+    return TextFile(get, text_size(get) if sized else None)
+
+
+JOB_FILES: dict[str, Callable[[Job], File]] = {
+    "spec": lambda j: _text(lambda: _line(j.record.spec)),
+    "status": lambda j: _text(lambda: j.status + "\n"),
+    "result": lambda j: _text(lambda: _line(j.record.result)),
+    "usage": lambda j: _text(lambda: usage_text(j.usage()) + "\n", sized=False),
+    "cost": lambda j: _text(lambda: cost_text(j.cost(), j.record.model) + "\n", sized=False),
+    "log": lambda j: LogFile(j.log_path),
+}
+
+
+class JobDir(Dir):
+    mode = 0o555
+
+    def __init__(self, job: Job):
+        self.job = job
+
+    def mtime(self) -> float:
+        return self.job.record.finished or self.job.record.created
+
+    def lookup(self, name: str) -> File | Dir:
+        if name == "statewait":  # blocks: found by name, never listed
+            return StatusWaitFile(self.job)
+        make = JOB_FILES.get(name)
+        if make is None:
+            raise FsError(E.ENOENT, f"{name}: no such file in a job directory")
+        return make(self.job)
+
+    async def list(self) -> list[tuple[str, File | Dir]]:
+        return [(name, make(self.job)) for name, make in JOB_FILES.items()]
+
+    async def remove(self, name: str) -> None:
+        """Removing a job's file does nothing, so that `rm -r b/<id>` reaches the rmdir."""
+
+
+class JobsDir(Dir):
+    """b/: a directory per job (creation order), `new`, `idx` and the scripts (not listed). In a
+    session's view, `owner` is that session: only its own jobs are there, and new ones are its."""
+
+    mode = 0o755
+
+    def __init__(self, jobs: Jobs, scripts: dict[str, str], owner: Session | None = None):
+        self.jobs = jobs
+        self.owner = owner
+        self.fixed: dict[str, File] = {
+            "new": NewJobFile(self._submit),
+            "idx": TextFile(lambda: jobs.index(self._mine())),
+            **{name: script_file(text) for name, text in scripts.items()},
+        }
+
+    async def _submit(self, text: str) -> list[Job]:
+        try:
+            return await self.jobs.submit(text, self.owner)
+        except FsError as e:
+            if self.owner is not None:
+                self.owner.error(f"job refused: {e}")
+            raise
+
+    def _mine(self) -> list[Job]:
+        return self.jobs.all() if self.owner is None else self.jobs.of(self.owner)
+
+    def _job(self, name: str) -> Job:
+        job = self.jobs.get(name)
+        if self.owner is not None and job.record.parent != self.owner.id:
+            raise FsError(E.ENOENT, f"no job {name!r} in this view")
+        return job
+
+    def lookup(self, name: str) -> File | Dir:
+        if name in self.fixed:
+            return self.fixed[name]
+        return JobDir(self._job(name))
+
+    async def list(self) -> list[tuple[str, File | Dir]]:
+        return [(j.id, JobDir(j)) for j in self._mine()]
+
+    async def remove(self, name: str) -> None:
+        if name in self.fixed:
+            raise FsError(E.EACCES, f"{name}: a fixed file of b/")
+        await self.jobs.cancel(self._job(name).id)
