@@ -301,3 +301,11 @@ def test_ideas_spawn_subagents_runs_verbatim_inside_a_sessions_sandbox(lead):
     assert os.listdir(lead.mnt / "s") == [sid]  # it killed its sub-sessions
     out = subprocess.run(["cat", str(lead.mnt / "s" / sid / "usage")], capture_output=True, text=True)
     assert "(2 sub-agents)" in out.stdout
+
+
+def test_a_refused_spec_fails_every_later_write_of_that_open_file_alike(jobs):
+    """Python's buffered writer (and a shell's) may write again after a refusal: still EINVAL, not
+    another error that would hide the reason."""
+    with pytest.raises(OSError) as e:
+        (jobs.b / "new").write_text("parallel=100\n---\nhi\n")  # written at close, and again
+    assert e.value.errno == 22

@@ -369,8 +369,11 @@ class NewJobHandle(OnCloseHandle):
         super().__init__(lambda: self._answer or TEMPLATE, self._make, SPEC_MAX)
         self._submit = submit
         self._answer = ""
+        self._error: FsError | None = None
 
     async def write(self, offset: int, data: bytes) -> int:
+        if self._error is not None:  # every later write of this open file fails alike
+            raise self._error
         n = await super().write(offset, data)
         header = bytes(self._buf).decode(errors="replace").split("\n")[:-1]  # complete lines
         spec = Spec({})
@@ -380,7 +383,7 @@ class NewJobHandle(OnCloseHandle):
                     break
                 parse_header_line(number, line, spec)
         except FsError as e:
-            self._refused, self._dirty, self._answer = True, False, f"error: {e}\n"
+            self._refused, self._dirty, self._answer, self._error = True, False, f"error: {e}\n", e
             self._buf.clear()
             raise
         return n
