@@ -31,10 +31,10 @@ from .. import config
 from ..agent.session import check_session_id, new_session_id
 from ..chatfmt import cost_text, usage_text
 from ..types import Cost, InvalidValue, OllieError, Usage
-from .namespace import Dir, File, FsError, Handle, OpenMode, Stat
-from .session_files import script_file
+from .namespace import Dir, File, FsError, Handle, OpenMode
+from .session_files import ChatFile, WaitHandle, script_file
 from .sessions import Session, Sessions, errno_of
-from .stores import OnCloseHandle, SnapshotHandle, TextFile, text_size
+from .stores import OnCloseHandle, TextFile, text_size
 
 log = logging.getLogger("ollie.fs.jobs")
 
@@ -43,7 +43,6 @@ TEMPLATE = "".join(f"{k}=\n" for k in SPEC_KEYS[:-1]) + "parallel=1\n---\n"
 SPEC_MAX = 1 << 20
 PARALLEL_MAX = 64  # jobs one spec makes
 JOBS_PER_PARENT = 64  # queued and running jobs of one session's code at once
-STATEWAIT_TIMEOUT = 5.0
 JSON_ANSWER = (
     "\n\nAnswer with one JSON value and nothing else: no prose before or after it, no code fence. "
     "Your answer is parsed as JSON."
@@ -415,61 +414,12 @@ class NewJobFile(File):
         return NewJobHandle(self._submit)
 
 
-class LogFile(File):
-    """A job's log: its session's chat, read from disk, growing while it runs."""
-
-    def __init__(self, path: Path):
-        self.path = path
-
-    def stat(self, name: str) -> Stat:
-        try:
-            st = os.stat(self.path)
-        except FileNotFoundError:
-            return Stat(name, mode=0o444)
-        return Stat(name, mode=0o444, size=st.st_size, mtime=st.st_mtime, version=st.st_size & 0xFFFFFFFF)
-
-    async def open(self, mode: OpenMode) -> Handle:
-        if mode & OpenMode.WRITE:
-            raise FsError(E.EACCES, "a job's log is read-only")
-        try:
-            return _FdHandle(os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW))
-        except FileNotFoundError:
-            return SnapshotHandle(lambda: "")
-
-
-class _FdHandle(Handle):
-    def __init__(self, fd: int):
-        self._fd = fd
-
-    async def read(self, offset: int, count: int) -> bytes:
-        return os.pread(self._fd, count, offset)
-
-    async def release(self) -> None:
-        os.close(self._fd)
-
-
-class StatusWaitHandle(Handle):
-    """Each read from the start blocks until the status differs from the one last seen (the one at
-    open for the first read), or for STATEWAIT_TIMEOUT seconds, then gives it."""
-
-    def __init__(self, job: Job):
-        self._job = job
-        self._seen = job.status
-        self._data = b""
-
-    async def read(self, offset: int, count: int) -> bytes:
-        if offset == 0:
-            self._seen = await self._job.wait_change(self._seen, STATEWAIT_TIMEOUT)
-            self._data = (self._seen + "\n").encode()
-        return self._data[offset : offset + count]
-
-
 class StatusWaitFile(File):
     def __init__(self, job: Job):
         self.job = job
 
     async def open(self, mode: OpenMode) -> Handle:
-        return StatusWaitHandle(self.job)
+        return WaitHandle(self.job.status, self.job.wait_change)
 
 
 def _line(text: str) -> str:
@@ -486,7 +436,7 @@ JOB_FILES: dict[str, Callable[[Job], File]] = {
     "result": lambda j: _text(lambda: _line(j.record.result)),
     "usage": lambda j: _text(lambda: usage_text(j.usage()) + "\n", sized=False),
     "cost": lambda j: _text(lambda: cost_text(j.cost(), j.record.model) + "\n", sized=False),
-    "log": lambda j: LogFile(j.log_path),
+    "log": lambda j: ChatFile(lambda: j.log_path, "a job's log is read-only"),
 }
 
 

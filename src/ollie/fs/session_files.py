@@ -17,6 +17,7 @@ import errno as E
 import json
 import os
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 from .. import config
@@ -206,23 +207,25 @@ class SessionDir(Dir):
 
 
 class ChatFile(File):
-    """The chat log, read from disk: its size is the file's, so `tail -f` follows it."""
+    """A chat log (a session's `chat`, a job's `log`), read from disk: its size is the file's, so
+    `tail -f` follows it."""
 
-    def __init__(self, session: Session):
-        self.session = session
+    def __init__(self, path: Callable[[], Path], refusal: str = "chat is read-only; write to prompt"):
+        self.path = path
+        self.refusal = refusal
 
     def stat(self, name: str) -> Stat:
         try:
-            st = os.stat(self.session.chat_path)
+            st = os.stat(self.path())
         except FileNotFoundError:
             return Stat(name, mode=0o444)
         return Stat(name, mode=0o444, size=st.st_size, mtime=st.st_mtime, version=st.st_size & 0xFFFFFFFF)
 
     async def open(self, mode: OpenMode) -> Handle:
         if mode & OpenMode.WRITE:
-            raise FsError(E.EACCES, "chat is read-only; write to prompt")
+            raise FsError(E.EACCES, self.refusal)
         try:
-            return ChatHandle(os.open(self.session.chat_path, os.O_RDONLY))
+            return ChatHandle(os.open(self.path(), os.O_RDONLY | os.O_NOFOLLOW))
         except FileNotFoundError:
             return SnapshotHandle(lambda: "")
 
@@ -238,18 +241,19 @@ class ChatHandle(Handle):
         os.close(self._fd)
 
 
-class StateWaitHandle(Handle):
-    """Each read from the start blocks until the state differs from the one last seen (the state
-    at open for the first read), or for STATEWAIT_TIMEOUT seconds, then gives the state."""
+class WaitHandle(Handle):
+    """`statewait`: each read from the start blocks until the word (a session's state, a job's
+    status) differs from the one last seen (the one at open, for the first read), or for
+    STATEWAIT_TIMEOUT seconds, then gives it. `wait(seen, timeout)` does the waiting."""
 
-    def __init__(self, core: Core):
-        self._core = core
-        self._seen = core.state
+    def __init__(self, current: str, wait: Callable[[str, float], Awaitable[str]]):
+        self._seen = current
+        self._wait = wait
         self._data = b""
 
     async def read(self, offset: int, count: int) -> bytes:
         if offset == 0:
-            self._seen = await self._core.wait_change("state", self._seen, STATEWAIT_TIMEOUT)
+            self._seen = await self._wait(self._seen, STATEWAIT_TIMEOUT)
             self._data = (self._seen + "\n").encode()
         return self._data[offset : offset + count]
 
@@ -259,7 +263,8 @@ class StateWaitFile(File):
         self.session = session
 
     async def open(self, mode: OpenMode) -> Handle:
-        return StateWaitHandle(await self.session.wake())
+        core = await self.session.wake()
+        return WaitHandle(core.state, lambda seen, timeout: core.wait_change("state", seen, timeout))
 
 
 # ---- control files: ctl, cfg, env ---------------------------------------------------------------------
@@ -491,7 +496,7 @@ async def _mcp(core: Core) -> str:
 
 SESSION_FILES: dict[str, SessionFileMaker] = {
     "prompt": lambda s, _: OnCloseFile(lambda: "", s.submit, PROMPT_MAX, mode=0o622),
-    "chat": lambda s, _: ChatFile(s),
+    "chat": lambda s, _: ChatFile(lambda: s.chat_path),
     "state": _text(lambda s: s.state + "\n"),
     "reply": _text(lambda s: s.reply),
     "ctl": lambda s, ss: _checked(s, lambda line: _ctl(s, ss, line), get=lambda: _ctl_help() + "\n"),
