@@ -9,8 +9,9 @@ cd "$(dirname "$0")"
 want_test=0
 [[ "${1:-}" == "--test" ]] && want_test=1
 
-# Debian packages: FUSE for the mount, the interpreters execute_code offers.
-APT_PACKAGES=(fuse3 jq gawk lua5.4 expect bc ed perl ripgrep)
+# Debian packages: FUSE for the mount, the interpreters execute_code offers, tmux (the terminal
+# frontend's tests drive it in a tmux pane).
+APT_PACKAGES=(fuse3 jq gawk lua5.4 expect bc ed perl ripgrep tmux)
 # npm packages the tests run as real MCP servers.
 NPM_TEST_PACKAGES=("@modelcontextprotocol/server-everything")
 

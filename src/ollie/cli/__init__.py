@@ -16,6 +16,9 @@ _MODULES = ("init", "tools", "srv", "mount")
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv or (argv[0].startswith("-") and argv[0] not in ("-h", "--help", "--version")):
+        argv = ["chat", *argv]  # `ollie` alone, or with the terminal's options: the terminal frontend
     args = parser.parse_args(argv)
     if not hasattr(args, "func"):
         parser.print_help()
@@ -66,6 +69,17 @@ def build_parser() -> argparse.ArgumentParser:
     models = sub.add_parser("models", help="list a backend's models")
     _backend_args(models)
     models.set_defaults(func=_models)
+
+    chat = sub.add_parser("chat", help="the terminal frontend (also `ollie` with no command)")
+    from ..tui import add_arguments
+
+    add_arguments(chat)
+    chat.set_defaults(func=_chat)
+
+    keys = sub.add_parser("keys", help="store a provider's API key in $OLLIE_CFG_PATH/env (0600)")
+    keys.add_argument("action", choices=["set", "list", "rm"])
+    keys.add_argument("provider", nargs="?", help="anthropic, openai, openrouter or copilot")
+    keys.set_defaults(func=_keys)
 
     for name in _MODULES:  # a module that fails to import fails `ollie` loudly, never hides its command
         importlib.import_module(f".{name}", __name__).register(sub)
@@ -180,6 +194,40 @@ def _check_script_consumed(backend: Any, errors: list[str]) -> None:
         getattr(backend, "assert_consumed", lambda: None)()
     except AssertionError as e:
         errors.append(str(e))
+
+
+def _chat(args: argparse.Namespace) -> int:
+    from .. import tui
+    from .init import first_use
+
+    first_use()
+    return tui.main(args)
+
+
+def _keys(args: argparse.Namespace) -> int:
+    import getpass
+
+    from ..tui import keys
+
+    if args.action == "list":
+        for key, masked in keys.list_vars():
+            print(f"{key}={masked}")
+        return 0
+    var = keys.PROVIDERS.get(args.provider or "")
+    if var is None:
+        print(f"ollie keys {args.action}: name a provider: {', '.join(keys.PROVIDERS)}", file=sys.stderr)
+        return 2
+    if args.action == "rm":
+        found = keys.remove_var(var)
+        print(f"{var} {'removed from' if found else 'is not in'} {keys.env_file()}")
+        return 0
+    # Read from the terminal without echo, or from stdin when piped; never from the command line.
+    value = getpass.getpass(f"{var}: ") if sys.stdin.isatty() else sys.stdin.readline()
+    if not value.strip():
+        print("ollie keys set: no key given", file=sys.stderr)
+        return 2
+    print(f"{var} saved in {keys.set_var(var, value.strip())}")
+    return 0
 
 
 def _sessions(args: argparse.Namespace) -> int:
