@@ -172,6 +172,9 @@ def slash_commands(server: FsServer, tmux: Tmux, cwd: Path) -> None:
     tmux.type("/sessions")
     tmux.keys("Enter")
     assert f"* {session_of(server, cwd)}" in tmux.wait_for("* ")
+    tmux.type("/cwd /no/such/dir")
+    tmux.keys("Enter")
+    tmux.wait_for("error: /cwd: ")
     tmux.type("/mod")
     tmux.keys("Tab")
     tmux.wait_for("> /model")
@@ -375,3 +378,48 @@ def test_env_file_edits_keep_other_lines(tmp_path):
     keys.set_var("OLLIE_BACKEND", "lmstudio", path)
     assert path.read_text() == "OLLIE_BACKEND=lmstudio\n"
     assert keys.remove_var("OLLIE_BACKEND", path) and path.read_text() == ""
+
+
+def test_retries_errors_and_a_long_tool_call_are_visible(server, tmux):
+    slow = {"tool_calls": [{"name": "execute_code", "arguments": {"steps": [{"code": "sleep 3; echo slept"}]}}]}
+    server.agent(
+        "rough",
+        turns=[{"error": {"type": "transient", "message": "overloaded", "retry_after": 1}}, slow, {"text": "done"}],
+    )
+    cwd = workdir(server, "rough")
+    tmux.ollie("--agent", "rough", cwd=cwd)
+    tmux.wait_for(" idle ")
+    tmux.type("go")
+    tmux.keys("Enter")
+    tmux.wait_for("retrying in ")
+    screen = tmux.wait_for("calling: execute_code 2s")  # the seconds count up
+    assert "-> execute_code: sleep 3; echo slept" in screen
+    screen = tmux.wait_for("\ndone")
+    assert "    slept" in screen
+
+
+def test_a_local_model_server_is_found_by_its_answer(tmp_path):
+    import asyncio
+    import http.server
+    import threading
+
+    from ollie.tui import firstrun
+
+    class Answer(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200 if self.path == "/api/tags" else 404)
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Answer)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        port = httpd.server_address[1]
+        assert asyncio.run(firstrun.probe(port, "/api/tags"))
+        assert not asyncio.run(firstrun.probe(port, "/v1/models"))
+        assert not asyncio.run(firstrun.probe(free_port(), "/api/tags"))
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
