@@ -423,3 +423,26 @@ def test_a_local_model_server_is_found_by_its_answer(tmp_path):
     finally:
         httpd.shutdown()
         httpd.server_close()
+
+
+def test_no_color_keeps_bold_and_reverse_but_drops_colours(server, tmp_path):
+    import re
+
+    server.agent("mono", rules=[{"match": ".", "text": "**bold** answer"}])
+    cwd = workdir(server, "mono")
+    seen = {}
+    for name, extra in (("colour", {}), ("mono", {"NO_COLOR": "1"})):
+        t = Tmux(tmp_path / name, {**server.env, **extra})
+        (tmp_path / name).mkdir()
+        try:
+            t.ollie("--agent", "mono", cwd=cwd)
+            t.wait_for(" idle ")
+            t.type("hi")
+            t.keys("Enter")
+            t.wait_for("bold answer")
+            seen[name] = set(re.findall(r"\x1b\[([0-9;]*)m", t.tmux("capture-pane", "-p", "-e", "-t", "t")))
+        finally:
+            t.close()
+    colours = {s for s in seen["colour"] if re.fullmatch(r"3[0-7]|38;.*", s)}
+    assert colours and not {s for s in seen["mono"] if re.fullmatch(r"3[0-7]|38;.*", s)}
+    assert {"1", "7"} <= seen["mono"]
