@@ -43,6 +43,7 @@ TEMPLATE = "".join(f"{k}=\n" for k in SPEC_KEYS[:-1]) + "parallel=1\n---\n"
 SPEC_MAX = 1 << 20
 PARALLEL_MAX = 64  # jobs one spec makes
 JOBS_PER_PARENT = 64  # queued and running jobs of one session's code at once
+JOBS_KEPT_PER_PARENT = 256  # jobs of one session's code, finished ones included, until removed
 JSON_ANSWER = (
     "\n\nAnswer with one JSON value and nothing else: no prose before or after it, no code fence. "
     "Your answer is parsed as JSON."
@@ -212,6 +213,7 @@ class Jobs:
         self._slots = asyncio.Semaphore(slots or job_slots())
         self._closing = False  # the server stops: what it cancels now is interrupted, not cancelled
         sessions.on_end.append(self._parent_ended)
+        sessions.reserved = lambda sid: sid in self._by_id
 
     def restore(self) -> int:
         """Register the stored jobs; one left unfinished by a stop is marked so, not run again."""
@@ -219,6 +221,8 @@ class Jobs:
         for path in sorted(root.glob("*/job.json")) if root.is_dir() else []:
             try:
                 record = Record(**json.loads(path.read_text()))
+                if record.id != path.parent.name or check_session_id(record.id) != record.id:
+                    raise ValueError(f"its id {record.id!r} is not its directory's name")
                 job = Job(record, parse_spec(record.spec))
             except (OSError, ValueError, TypeError, FsError) as e:
                 log.warning("%s: not a job: %s", path.parent, e)
@@ -241,19 +245,26 @@ class Jobs:
         return [j for j in self.all() if j.record.parent == parent.id]
 
     def check_spec(self, spec: Spec, parent: Session | None) -> None:
-        """What can be known wrong before any job is made (FsError)."""
+        """What can be known wrong before any job is made (FsError). A session's bounds come
+        first: nothing outside them is looked at."""
         settings = {k: v for k, v in spec.settings.items() if k != "name"}
-        self.sessions.check_spec(settings)
         if parent is not None:
             self.sessions.check_child(parent, settings, jobs=True)
-            running = sum(1 for j in self.of(parent) if j.status in UNFINISHED)
-            if running + spec.parallel > JOBS_PER_PARENT:
+            mine = self.of(parent)
+            unfinished = sum(1 for j in mine if j.status in UNFINISHED)
+            if unfinished + spec.parallel > JOBS_PER_PARENT:
                 raise FsError(E.EACCES, f"{JOBS_PER_PARENT} unfinished jobs a session at most; wait for some")
+            if len(mine) + spec.parallel > JOBS_KEPT_PER_PARENT:
+                raise FsError(
+                    E.EACCES, f"{JOBS_KEPT_PER_PARENT} jobs a session at most; rm -r b/<id> the finished ones"
+                )
+        self.sessions.check_spec(settings)
         name = spec.settings.get("name")
         if name:
             for i in range(spec.parallel):
-                if f"{name}-{i}" in self._by_id:
-                    raise FsError(E.EEXIST, f"a job {name}-{i} exists; choose another name, or rm -r b/{name}-{i}")
+                jid = f"{name}-{i}"
+                if jid in self._by_id or self.sessions.find(jid) is not None:
+                    raise FsError(E.EEXIST, f"the name {name!r} is taken ({jid}); choose another")
 
     async def submit(self, text: str, parent: Session | None = None) -> list[Job]:
         """Make the jobs a spec asks for, queued; returns them."""
@@ -296,10 +307,7 @@ class Jobs:
                     )
                     job.record.model = core.backend.model
                     job.save()
-                    parent = self.sessions.find(job.record.parent)
-                    if parent is not None:
-                        self.sessions.add_to_parent(parent, core.usage(), cost.session)
-                await self.sessions.forget(session)
+                await self.sessions.forget(session)  # which counts what it spent in its parent's
 
     async def _turn(self, job: Job, parent: Session | None) -> tuple[str, str]:
         settings = {k: v for k, v in job.spec.settings.items() if k != "name"}

@@ -282,6 +282,8 @@ class Sessions:
         self.view = view
         # Told the id of a session that ended, or whose turn was interrupted: its jobs stop.
         self.on_end: list[Callable[[str], None]] = []
+        # Whether an id is a batch job's (Jobs says): sessions and jobs share one space of ids.
+        self.reserved: Callable[[str], bool] = lambda sid: False
 
     def restore(self) -> int:
         """Register every stored session, asleep. Returns how many."""
@@ -290,8 +292,10 @@ class Sessions:
         return len(self._by_id)
 
     def _register(self, session: Session) -> Session:
+        if self._by_id.setdefault(session.id, session) is not session:
+            raise FsError(E.EEXIST, f"session {session.id!r} already exists")
         session.on_interrupt = self._ended
-        return self._by_id.setdefault(session.id, session)
+        return session
 
     def _ended(self, sid: str) -> None:
         """`sid` ended or was interrupted: so are its sub-sessions' turns, and its jobs."""
@@ -325,7 +329,7 @@ class Sessions:
             check_session_id(name)
         except InvalidValue as e:
             raise FsError(E.EINVAL, str(e)) from None
-        if name in self._by_id:
+        if name in self._by_id or self.reserved(name):
             raise FsError(E.EEXIST, f"session {name!r} already exists")
         return name
 
@@ -368,9 +372,11 @@ class Sessions:
         from ..agent import open_session
 
         async with self._lock:
-            self.check_spec(spec)
-            if parent is not None:
+            if parent is not None:  # first: nothing outside the parent's bounds is looked at
                 spec = self.check_child(parent, spec, jobs=bool(job_id))
+            self.check_spec(spec)
+            if job_id and job_id in self._by_id:
+                raise FsError(E.EEXIST, f"session {job_id!r} already exists")
             name = spec.get("name") or ""
             cwd = self._cwd(spec)
             opened: list[Session] = []  # the view serves the Session, made once the Core is
@@ -394,7 +400,11 @@ class Sessions:
                 core.session.save()
             session = Session(core.session.meta, core, self.view, job=bool(job_id))
             opened.append(session)
-            return self._register(session)
+            try:
+                return self._register(session)
+            except FsError:
+                await core.close()
+                raise
 
     def add_to_parent(self, parent: Session, usage: Usage, cost: float, agents: int = 1) -> None:
         """Count what an ended sub-agent of `parent` spent (with its own sub-agents') in the
@@ -413,8 +423,9 @@ class Sessions:
         elif parent.id in self._by_id:
             SessionStore(parent.id).save_meta(parent.meta)
 
-    def _roll_up(self, child: Session, among: dict[str, Session]) -> None:
-        parent = among.get(child.meta.parent) or self._by_id.get(child.meta.parent)
+    def roll_up(self, child: Session, among: dict[str, Session] | None = None) -> None:
+        """Count what `child` and its own sub-agents spent in its parent's `children`."""
+        parent = (among or {}).get(child.meta.parent) or self._by_id.get(child.meta.parent)
         if parent is None:
             return
         mine, theirs = child.usage(), child.meta.children
@@ -427,11 +438,9 @@ class Sessions:
         self.add_to_parent(parent, usage, cost, 1 + int(theirs.get("agents", 0)))
 
     async def forget(self, session: Session) -> None:
-        """Close a batch job's session and let it go (its files stay with the job)."""
-        async with self._lock:
-            if self._by_id.get(session.id) is session:
-                del self._by_id[session.id]
-        await session.close()
+        """A batch job's session is done: end its sub-sessions and jobs as a kill would, count
+        what it spent in its parent's, and let it go (its files stay with the job)."""
+        await self._end(session)
 
     # ---- sub-sessions ---------------------------------------------------------------------------
     def children(self, sid: str) -> list[Session]:
@@ -490,17 +499,24 @@ class Sessions:
     async def kill(self, sid: str) -> None:
         """Stop the session and its sub-sessions, and move their files to the transcripts (tr/).
         What each spent is counted in its parent's `children`, up to the session's parent."""
+        await self._end(self.get(sid))
+
+    async def _end(self, session: Session) -> None:
+        """End `session` and everything under it, the deepest first: their jobs are cancelled,
+        their turns stopped, what they spent counted up the tree; sessions of s/ go to tr/."""
         async with self._lock:
-            session = self.get(sid)
             doomed = [session] + [s for s in self.all() if self.descends(s, session)]  # creation order
             for s in doomed:
-                del self._by_id[s.id]
+                if self._by_id.get(s.id) is s:
+                    del self._by_id[s.id]
         among = {s.id: s for s in doomed}
         for s in reversed(doomed):  # the deepest first: nothing is left to start more
             self._ended(s.id)
+            if s.job and s is not session:
+                continue  # its job was cancelled just now (its parent ended): the job ends it
             await s.close()
-            if not s.job:  # a job counts itself, and its files stay with it
-                self._roll_up(s, among)
+            self.roll_up(s, among)
+            if not s.job:  # a job's files stay with the job
                 if s.core is None:  # asleep: what its children spent is saved here, to go to tr/
                     SessionStore(s.id).save_meta(s.meta)
                 transcripts.keep(sessions_dir() / s.id)

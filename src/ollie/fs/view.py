@@ -155,8 +155,8 @@ class ChildMaker:
 
     def check_spec(self, spec: dict[str, str]) -> None:
         try:
+            self.sessions.check_child(self.owner, spec)  # first: nothing outside its bounds is looked at
             self.sessions.check_spec(spec)
-            self.sessions.check_child(self.owner, spec)
         except FsError as e:
             self.owner.error(f"sub-session refused: {e}")
             raise
