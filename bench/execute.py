@@ -1,6 +1,6 @@
 """execute_code overhead, measured against a plain subprocess in the same run.
 
-    .venv/bin/python bench/execute.py [runs]
+    .venv/bin/python bench/execute.py [-n RUNS]
 
 Every stage runs in the session's jail (fresh namespaces, Landlock, seccomp, limits): what it adds
 is the cost of asking the jail and of the confinement itself, not a fork of ollie's process.
@@ -11,6 +11,7 @@ process that has the openai, anthropic and mcp SDKs imported (as an agent's does
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import statistics
 import subprocess
@@ -106,5 +107,17 @@ async def main(runs: int) -> None:
     )
 
 
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("-n", "--runs", type=int, default=200, help="`true` stages timed, as many baselines (default 200)")
+    ap.add_argument("runs_positional", nargs="?", type=int, metavar="RUNS", help="the same as -n (the old form)")
+    args = ap.parse_args(argv)
+    if args.runs_positional is not None:
+        args.runs = args.runs_positional
+    if args.runs < 1:
+        ap.error("RUNS must be at least 1")
+    return args
+
+
 if __name__ == "__main__":
-    asyncio.run(main(int(sys.argv[1]) if len(sys.argv) > 1 else 200))
+    asyncio.run(main(parse_args(sys.argv[1:]).runs))

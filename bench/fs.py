@@ -77,11 +77,11 @@ def read_file(path: Path) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("-n", type=int, default=500, help="reads per latency figure")
-    ap.add_argument("--sessions", type=int, default=1000, help="idle sessions for the memory figure")
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("-n", type=int, default=500, help="reads per latency figure (default 500)")
+    ap.add_argument("--sessions", type=int, default=1000, help="idle sessions for the memory figure (default 1000)")
     args = ap.parse_args()
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory(prefix="ollie-bench-fs-") as tmp:
         s = Server(Path(tmp))
         s.srv("start")
         try:

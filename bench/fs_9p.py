@@ -80,9 +80,9 @@ async def _new_session(addr: str, script: Path) -> str:
 
 async def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("-n", type=int, default=2000)
+    ap.add_argument("-n", type=int, default=2000, help="reads timed, and as many bare round trips (default 2000)")
     args = ap.parse_args()
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory(prefix="ollie-bench-9p-") as tmp:
         root = Path(tmp)
         env = {
             **os.environ,

@@ -13,62 +13,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import multiprocessing
 import os
 import statistics
 import sys
 import tempfile
 import time
+from pathlib import Path
 
-
-def _sse(obj) -> bytes:
-    return b"data: " + json.dumps(obj).encode() + b"\n\n"
-
-
-def _answer(body: dict, steps: int) -> bytes:
-    """A tool call until the history holds `steps` tool results, then a text answer."""
-    done = sum(1 for m in body["messages"] if m["role"] == "tool")
-    base = {"id": "c", "object": "chat.completion.chunk", "created": 0, "model": body["model"]}
-    if done < steps:
-        call = {"index": 0, "id": f"call_{done}", "type": "function", "function": {"name": "noop", "arguments": "{}"}}
-        chunks = [
-            {"choices": [{"index": 0, "delta": {"role": "assistant", "tool_calls": [call]}, "finish_reason": None}]},
-            {"choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]},
-        ]
-    else:
-        chunks = [
-            {"choices": [{"index": 0, "delta": {"role": "assistant", "content": "done"}, "finish_reason": None}]},
-            {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]},
-        ]
-    chunks.append({"choices": [], "usage": {"prompt_tokens": 10, "completion_tokens": 2, "total_tokens": 12}})
-    return b"".join(_sse({**base, **c}) for c in chunks) + b"data: [DONE]\n\n"
-
-
-def serve(port_q, steps: int) -> None:
-    async def handle(reader, writer):
-        try:
-            while True:
-                head = await reader.readuntil(b"\r\n\r\n")
-                length = 0
-                for line in head.split(b"\r\n"):
-                    if line.lower().startswith(b"content-length:"):
-                        length = int(line.split(b":")[1])
-                body = json.loads(await reader.readexactly(length))
-                payload = _answer(body, steps)
-                writer.write(
-                    b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncontent-length: %d\r\n\r\n%s"
-                    % (len(payload), payload)
-                )
-                await writer.drain()
-        except (asyncio.IncompleteReadError, ConnectionResetError):
-            writer.close()
-
-    async def main():
-        server = await asyncio.start_server(handle, "127.0.0.1", 0)
-        port_q.put(server.sockets[0].getsockname()[1])
-        await server.serve_forever()
-
-    asyncio.run(main())
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from wire import WireServer  # noqa: E402 (the bench's OpenAI-wire server, in a process of its own)
 
 
 def _history(steps_done: int) -> list[dict]:
@@ -193,20 +146,17 @@ async def bench(port: int, steps: int, runs: int) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--steps", type=int, default=10)
-    ap.add_argument("--runs", type=int, default=30)
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--steps", type=int, default=10, help="tool steps before the final answer (default 10)")
+    ap.add_argument("--runs", type=int, default=30, help="timed runs of each, interleaved (default 30)")
     args = ap.parse_args()
-    for var in ("OLLIE_DATA_PATH", "OLLIE_TMP_PATH", "OLLIE_CFG_PATH"):
-        os.environ[var] = tempfile.mkdtemp(prefix="ollie-bench-")
-    q: multiprocessing.Queue = multiprocessing.Queue()
-    proc = multiprocessing.Process(target=serve, args=(q, args.steps), daemon=True)
-    proc.start()
-    try:
-        asyncio.run(bench(q.get(timeout=10), args.steps, args.runs))
-    finally:
-        proc.terminate()
-        proc.join()
+    if args.steps < 0 or args.runs < 1:
+        ap.error("--steps must be at least 0 and --runs at least 1")
+    with tempfile.TemporaryDirectory(prefix="ollie-bench-loop-") as tmp:
+        for var in ("OLLIE_DATA_PATH", "OLLIE_TMP_PATH", "OLLIE_CFG_PATH"):
+            os.environ[var] = os.path.join(tmp, var.lower())
+        with WireServer(args.steps) as port:
+            asyncio.run(bench(port, args.steps, args.runs))
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@ fill), then `runs` rounds with the calls interleaved, so that all of them see th
 
 from __future__ import annotations
 
+import argparse
 import time
 from typing import Any
 
@@ -28,3 +29,7 @@ async def time_calls(
     finally:
         await server.close()
     return samples
+
+
+if __name__ == "__main__":  # a helper of bench/tool_scripts.py, not a bench: --help says so
+    argparse.ArgumentParser(description=__doc__ + "\nRun bench/tool_scripts.py instead.").parse_args()

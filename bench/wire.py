@@ -1,0 +1,144 @@
+"""A local OpenAI-wire server for the benches (bench/loop_overhead.py, bench/scale.py), in a process
+of its own.
+
+    .venv/bin/python bench/wire.py [--steps 10] [--port 0]
+
+It answers `GET /v1/models` (one model, "bench", with its context length, as vLLM and llama.cpp say
+it) and `POST /v1/chat/completions` with a streamed answer: a call of the tool `--tool` (default
+`noop`) until the request's history holds `steps` tool results, then the text "done". Keep-alive
+HTTP/1.1, no chunked encoding. Anything else gets a 404; a client that hangs up mid-request is
+just forgotten (no traceback).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import multiprocessing
+import sys
+from typing import Any
+
+MODELS = {"object": "list", "data": [{"id": "bench", "object": "model", "owned_by": "bench", "context_length": 131072}]}
+
+
+def _sse(obj: Any) -> bytes:
+    return b"data: " + json.dumps(obj).encode() + b"\n\n"
+
+
+def answer(body: dict, steps: int, tool: str = "noop", arguments: str = "{}") -> bytes:
+    """A tool call until the history holds `steps` tool results, then a text answer."""
+    done = sum(1 for m in body.get("messages", ()) if m.get("role") == "tool")
+    base = {"id": "c", "object": "chat.completion.chunk", "created": 0, "model": body.get("model", "bench")}
+    if done < steps:
+        fn = {"name": tool, "arguments": arguments}
+        call = {"index": 0, "id": f"call_{done}", "type": "function", "function": fn}
+        chunks = [
+            {"choices": [{"index": 0, "delta": {"role": "assistant", "tool_calls": [call]}, "finish_reason": None}]},
+            {"choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]},
+        ]
+    else:
+        chunks = [
+            {"choices": [{"index": 0, "delta": {"role": "assistant", "content": "done"}, "finish_reason": None}]},
+            {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]},
+        ]
+    chunks.append({"choices": [], "usage": {"prompt_tokens": 10, "completion_tokens": 2, "total_tokens": 12}})
+    return b"".join(_sse({**base, **c}) for c in chunks) + b"data: [DONE]\n\n"
+
+
+def _response(status: str, ctype: str, payload: bytes) -> bytes:
+    return b"HTTP/1.1 %s\r\ncontent-type: %s\r\ncontent-length: %d\r\n\r\n%s" % (
+        status.encode(),
+        ctype.encode(),
+        len(payload),
+        payload,
+    )
+
+
+async def _handle(reader, writer, steps: int, tool: str, arguments: str) -> None:
+    try:
+        while True:
+            head = await reader.readuntil(b"\r\n\r\n")
+            lines = head.split(b"\r\n")
+            method, path = (lines[0].split(b" ") + [b"", b""])[:2]
+            length = 0
+            for line in lines[1:]:
+                if line.lower().startswith(b"content-length:"):
+                    length = int(line.split(b":")[1])
+            raw = await reader.readexactly(length) if length else b""
+            path = path.split(b"?")[0].rstrip(b"/")
+            if method == b"GET" and path in (b"/v1/models", b"/models"):
+                out = _response("200 OK", "application/json", json.dumps(MODELS).encode())
+            elif method == b"POST" and path in (b"/v1/chat/completions", b"/chat/completions"):
+                try:
+                    body = json.loads(raw)
+                except ValueError:
+                    out = _response("400 Bad Request", "application/json", b'{"error": {"message": "bad JSON"}}')
+                else:
+                    out = _response("200 OK", "text/event-stream", answer(body, steps, tool, arguments))
+            else:
+                out = _response("404 Not Found", "application/json", b'{"error": {"message": "not found"}}')
+            writer.write(out)
+            await writer.drain()
+    except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, ConnectionError):
+        pass
+    finally:
+        writer.close()
+
+
+async def _serve(port: int, steps: int, tool: str, arguments: str, ready=None) -> None:
+    server = await asyncio.start_server(
+        lambda r, w: _handle(r, w, steps, tool, arguments), "127.0.0.1", port, backlog=4096
+    )
+    bound = server.sockets[0].getsockname()[1]
+    if ready is None:
+        print(f"http://127.0.0.1:{bound}/v1", flush=True)
+    else:
+        ready.put(bound)
+    await server.serve_forever()
+
+
+def _run(ready, port: int, steps: int, tool: str, arguments: str) -> None:
+    try:
+        asyncio.run(_serve(port, steps, tool, arguments, ready))
+    except KeyboardInterrupt:
+        pass
+
+
+class WireServer:
+    """The server in a child process: `with WireServer(steps) as port: ...`."""
+
+    def __init__(self, steps: int, tool: str = "noop", arguments: str = "{}", port: int = 0):
+        self.args = (port, steps, tool, arguments)
+        self.proc: multiprocessing.Process | None = None
+
+    def __enter__(self) -> int:
+        q: multiprocessing.Queue = multiprocessing.Queue()
+        self.proc = multiprocessing.Process(target=_run, args=(q, *self.args), daemon=True)
+        self.proc.start()
+        return q.get(timeout=10)
+
+    def __exit__(self, *exc: object) -> None:
+        if self.proc is not None:
+            self.proc.terminate()
+            self.proc.join()
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc else None
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--steps", type=int, default=10, help="tool calls before the answer (default 10)")
+    ap.add_argument("--port", type=int, default=0, help="port on 127.0.0.1 (default: any free one)")
+    ap.add_argument("--tool", default="noop", help="the tool the answers call (default noop)")
+    args = ap.parse_args()
+    try:
+        asyncio.run(_serve(args.port, args.steps, args.tool, "{}"))
+    except KeyboardInterrupt:
+        pass
+
+
+if __name__ == "__main__":
+    sys.exit(main())
