@@ -15,8 +15,7 @@ import pytest
 
 from fs_helpers import FsServer
 from ollie.fs.jobs import TEMPLATE
-
-IDEAS = Path(__file__).resolve().parent.parent.parent / "shared" / "seeds" / "IDEAS.md"
+from test_fs_examples import SPAWN_SUBAGENTS_PY
 
 
 class Jobs:
@@ -267,10 +266,8 @@ def test_sub_agents_nest_only_as_deep_as_allowed(lead):
 
 
 def test_ideas_spawn_subagents_runs_verbatim_inside_a_sessions_sandbox(lead):
-    script = IDEAS.read_text().split("```python\n", 1)[1].split("```", 1)[0]
-    assert script.startswith('#!/usr/bin/env python3\n"""spawn_subagents.py')
     tool = lead.cfg / "tools" / "spawn_subagents.py"
-    tool.write_text(script)
+    tool.write_text(SPAWN_SUBAGENTS_PY)  # IDEAS.md's, verbatim
     tool.chmod(0o755)
     spec = json.dumps([{"task": "one", "agent": "worker", "context": "ctx"}, {"task": "two", "agent": "worker"}])
     lead.agent(
