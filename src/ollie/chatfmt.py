@@ -7,8 +7,9 @@ r"""The chat log: the conversation as plain text, the way `tail -f chat` shows i
     src
     assistant: There are two entries: README.md and src.
 
-A segment of assistant text is prefixed once; tool calls are `-> name(args)`; results follow as
-they are; `retrying in Ns...`, `error: X` and `:: info` lines; each turn ends with a blank line.
+A segment of assistant text is prefixed once, and so is one of the model's reasoning (`reasoning: `,
+in the session's chat only); tool calls are `-> name(args)`; results follow as they are;
+`retrying in Ns...`, `error: X` and `:: info` lines; each turn ends with a blank line.
 Control characters are shown as escapes (ESC as `\x1b`), so that printing the chat cannot drive
 the terminal: `visible` does it, for every frontend that prints text from a model or a tool.
 """
@@ -49,26 +50,42 @@ def last_prompt_offset(chat: bytes) -> int:
 
 
 class ChatRenderer:
-    """Turns events into chat text; feed it every event in order and append what it returns."""
+    """Turns events into chat text; feed it every event in order and append what it returns.
+    With `reasoning`, the model's reasoning is written too (the session's chat; `ollie run` leaves
+    it out)."""
 
-    def __init__(self) -> None:
-        self._in_text = False
+    def __init__(self, reasoning: bool = False) -> None:
+        self.reasoning = reasoning
+        self._segment = ""  # "assistant" or "reasoning" while a segment of either is being written
+        self._held = ""  # newlines that ended the reasoning so far: written if more of it follows
         self.line_start = 0  # where, in the text `render` last returned, its line starts
 
     def render(self, ev: Event) -> str:
-        if ev.kind == "assistant":
-            if not ev.text:
-                return ""
-            out = ev.text if self._in_text else "assistant: " + ev.text
-            self._in_text = True
-            return visible(out)
+        if ev.kind == "assistant" or (ev.kind == "reasoning" and self.reasoning):
+            return visible(self._text(ev.kind, ev.text))
         line = self._line(ev)
         if line is None:
             return ""
-        out = "\n" if self._in_text else ""
-        self._in_text = False
+        out = "\n" if self._segment else ""
+        self._segment, self._held = "", ""
         self.line_start = len(out)
         return visible(out + line)
+
+    def _text(self, kind: str, text: str) -> str:
+        """A piece of a segment of text; its first is prefixed. A reasoning segment's leading and
+        trailing newlines are dropped (models pad their reasoning), so that in the chat only the
+        end of a turn leaves a blank line."""
+        if kind == "reasoning":
+            text = self._held + text if self._segment == kind else text.lstrip("\r\n")
+            body = text.rstrip("\r\n")
+            self._held, text = text[len(body) :], body
+        if not text:
+            return ""
+        if self._segment == kind:
+            return text
+        out = ("\n" if self._segment else "") + f"{kind}: " + text
+        self._segment = kind
+        return out
 
     @staticmethod
     def _line(ev: Event) -> str | None:

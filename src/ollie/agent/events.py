@@ -1,8 +1,8 @@
 """The event bus: everything a frontend sees of a session arrives here as an `Event`.
 
-Each event goes to the subscribers and, rendered by `chatfmt`, to the session's chat log. The bus
-also holds the session's state word (`idle`, `thinking`, `calling: <tool>`, …) and wakes whoever
-waits for a change.
+Each event goes to the subscribers and, rendered by `chatfmt`, to the session's chat log (the
+model's reasoning too, though it never enters the history). The bus also holds the session's
+state word (`idle`, `thinking`, `calling: <tool>`, …) and wakes whoever waits for a change.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ class Bus:
     def __init__(self, store: SessionStore):
         self._store = store
         self._subscribers: list[Callable[[Event], None]] = []
-        self._renderer = ChatRenderer()
+        self._renderer = ChatRenderer(reasoning=True)
         self._changed = asyncio.Event()
         self._state = "idle"
         self.prompt_offset: int | None = None  # where in the chat log the last prompt starts
