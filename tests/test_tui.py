@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import socket
 import stat
@@ -78,19 +79,22 @@ def test_a_conversation_with_a_tool_call_folded_and_unfolded(server, tmux):
     assert "user: count to twelve\n-> execute_code(" in chat and "assistant: Counted **twelve** numbers." in chat
 
 
-def test_enter_submits_ctrl_j_and_a_paste_make_new_lines(server, tmux):
-    server.agent("echo", rules=[{"match": "(?s)one.*two.*three", "text": "got three lines"}])
+def test_enter_submits_ctrl_j_alt_enter_and_a_paste_make_new_lines(server, tmux):
+    server.agent("echo", rules=[{"match": "(?s)one.*two.*three.*four", "text": "got four lines"}])
     cwd = workdir(server, "lines")
     tmux.ollie("--agent", "echo", cwd=cwd)
     tmux.wait_for(" idle ")
     tmux.type("one")
     tmux.keys("C-j")
     tmux.paste("two\nthree")  # bracketed: the newline does not submit
+    tmux.keys("M-Enter")
+    tmux.type("four")
     time.sleep(0.3)
-    assert "got three lines" not in tmux.screen()
+    assert "got four lines" not in tmux.screen()
     tmux.keys("Enter")
-    tmux.wait_for("got three lines")
-    assert (server.mnt / "s" / session_of(server, cwd) / "prompt.prev").read_text().strip() == "one\ntwo\nthree"
+    tmux.wait_for("got four lines")
+    prev = (server.mnt / "s" / session_of(server, cwd) / "prompt.prev").read_text().strip()
+    assert prev == "one\ntwo\nthree\nfour"
 
 
 def test_ctrl_c_interrupts_the_turn_and_twice_leaves_keeping_the_session(server, tmux):
@@ -398,7 +402,7 @@ def test_retries_errors_and_a_long_tool_call_are_visible(server, tmux):
     assert "    slept" in screen
 
 
-def test_a_local_model_server_is_found_by_its_answer(tmp_path):
+def test_a_local_model_server_is_found_by_its_answer(tmp_path, monkeypatch):
     import asyncio
     import http.server
     import threading
@@ -417,16 +421,24 @@ def test_a_local_model_server_is_found_by_its_answer(tmp_path):
     threading.Thread(target=httpd.serve_forever, daemon=True).start()
     try:
         port = httpd.server_address[1]
-        assert asyncio.run(firstrun.probe(port, "/api/tags"))
-        assert not asyncio.run(firstrun.probe(port, "/v1/models"))
-        assert not asyncio.run(firstrun.probe(free_port(), "/api/tags"))
+        assert asyncio.run(firstrun.probe(f"http://127.0.0.1:{port}/api/tags"))
+        assert not asyncio.run(firstrun.probe(f"http://127.0.0.1:{port}/v1/models"))
+        assert not asyncio.run(firstrun.probe(f"http://127.0.0.1:{free_port()}/api/tags"))
+        assert not asyncio.run(firstrun.probe(f"http://127.0.0.1:{port}x/api/tags"))
+        # Where to look is where the backends would go: their default ports, or the variables that move them.
+        for var in ("OLLAMA_HOST", "OLLIE_OLLAMA_URL", "OLLIE_LMSTUDIO_URL"):
+            monkeypatch.delenv(var, raising=False)
+        assert firstrun.where("lmstudio", "OLLIE_LMSTUDIO_URL", 1234) == "http://127.0.0.1:1234/v1/models"
+        monkeypatch.setenv("OLLAMA_HOST", "127.0.0.1:9999")
+        assert firstrun.where("ollama", "OLLIE_OLLAMA_URL", 11434) == "http://127.0.0.1:9999/api/tags"
+        monkeypatch.setenv("OLLIE_LMSTUDIO_URL", f"http://127.0.0.1:{port}/")
+        assert firstrun.where("lmstudio", "OLLIE_LMSTUDIO_URL", 1234) == f"http://127.0.0.1:{port}/v1/models"
     finally:
         httpd.shutdown()
         httpd.server_close()
 
 
 def test_no_color_keeps_bold_and_reverse_but_drops_colours(server, tmp_path):
-    import re
 
     server.agent("mono", rules=[{"match": ".", "text": "**bold** answer"}])
     cwd = workdir(server, "mono")
@@ -440,9 +452,237 @@ def test_no_color_keeps_bold_and_reverse_but_drops_colours(server, tmp_path):
             t.type("hi")
             t.keys("Enter")
             t.wait_for("bold answer")
-            seen[name] = set(re.findall(r"\x1b\[([0-9;]*)m", t.tmux("capture-pane", "-p", "-e", "-t", "t")))
+            styled = t.tmux("capture-pane", "-p", "-e", "-t", "t")
+            seen[name] = {c for seq in re.findall(r"\x1b\[([0-9;]*)m", styled) for c in seq.split(";")}
         finally:
             t.close()
-    colours = {s for s in seen["colour"] if re.fullmatch(r"3[0-7]|38;.*", s)}
-    assert colours and not {s for s in seen["mono"] if re.fullmatch(r"3[0-7]|38;.*", s)}
+    colours = {s for s in seen["colour"] if re.fullmatch(r"3[0-8]", s)}
+    assert colours and not {s for s in seen["mono"] if re.fullmatch(r"3[0-8]", s)}
     assert {"1", "7"} <= seen["mono"]
+
+
+# ---- reasoning, sessions, completion, history, first run --------------------------------------------------
+
+THINKING = "\n".join(f"step {i} of my reasoning" for i in range(10))
+
+
+def test_reasoning_is_in_the_chat_and_shown_dimmed_and_folded(server, tmux):
+    server.agent("thinker", turns=[{"reasoning": f"\n{THINKING}\n\n", "text": "The answer is 42.", "chunk": 5}])
+    cwd = workdir(server, "thinker")
+    tmux.ollie("--agent", "thinker", cwd=cwd)
+    tmux.wait_for(" idle ")
+    tmux.type("think")
+    tmux.keys("Enter")
+    screen = tmux.wait_for("The answer is 42.")
+    assert "reasoning: step 0 of my reasoning" in screen
+    assert "step 3 of my reasoning ... (" in screen and "Ctrl-O to unfold)" in screen
+    assert "step 9" not in screen
+    styled = tmux.tmux("capture-pane", "-p", "-e", "-t", "t")
+    line = next(ln for ln in styled.split("\n") if "step 0 of my reasoning" in ln)
+    codes = {c for seq in re.findall(r"\x1b\[([0-9;]*)m", line) for c in seq.split(";")}
+    assert {"3", "37"} <= codes  # dimmed: italic and grey
+    tmux.keys("C-o")
+    tmux.wait_for("step 9 of my reasoning")
+    sid = session_of(server, cwd)
+    chat = (server.mnt / "s" / sid / "chat").read_text()
+    assert f"user: think\nreasoning: {THINKING}\nassistant: The answer is 42.\n\n" in chat
+    assert (server.mnt / "s" / sid / "reply").read_text().strip() == "The answer is 42."
+
+
+def test_the_chat_format_writes_reasoning_once_per_segment_and_ollie_run_leaves_it_out():
+    from ollie.chatfmt import ChatRenderer
+    from ollie.types import Event
+
+    events = [
+        Event("user", "hi"),
+        Event("reasoning", "\n\nLet me "),
+        Event("reasoning", "think.\n\n"),
+        Event("state", "thinking"),
+        Event("reasoning", "More.\n"),
+        Event("assistant", "Hello"),
+        Event("reasoning", "again\n"),
+        Event("call", "{}", name="x"),
+        Event("tool", "out"),
+        Event("done"),
+    ]
+    chat = ChatRenderer(reasoning=True)
+    assert "".join(chat.render(e) for e in events) == (
+        "user: hi\nreasoning: Let me think.\n\nMore.\nassistant: Hello\nreasoning: again\n-> x({})\nout\n\n"
+    )
+    run = ChatRenderer()
+    assert "".join(run.render(e) for e in events) == "user: hi\nassistant: Hello\n-> x({})\nout\n\n"
+    c = Conversation()
+    c.feed("user: hi\nreasoning: Let me think.\n\nMore.\nassistant: Hello\n")
+    assert [(b.kind, b.lines) for b in c.blocks] == [
+        ("user", ["hi"]),
+        ("reasoning", ["Let me think.", "", "More."]),
+        ("assistant", ["Hello"]),
+    ]
+
+
+def test_fenced_code_is_drawn_without_its_fences():
+    c = Conversation()
+    c.feed("assistant: Here:\n```python\nprint('hi')\n```\n````\nraw ``` inside\n````\nafter\n")
+    text = render.plain(render.Renderer().render(c.blocks, expanded=False))
+    assert "```" not in text.replace("raw ``` inside", "")
+    assert text == "Here:\n── python ──\nprint('hi')\n──\n──\nraw ``` inside\n──\nafter\n"
+
+
+def test_resume_picks_a_session_from_a_list_most_recent_first(server, tmux):
+    server.agent("pick", rules=[{"match": ".", "text": "ok"}])
+    older, newer = workdir(server, "pick-older"), workdir(server, "pick-newer")
+    ids = {}
+    for cwd, words in ((older, "the older one"), (newer, "the newer one")):
+        ids[cwd] = server.new_session(agent="pick", cwd=str(cwd))
+        (server.mnt / "s" / ids[cwd] / "prompt").write_text(words)
+        server.wait_idle(ids[cwd])
+        time.sleep(1.1)  # mtimes are in seconds
+    tmux.ollie("--resume", cwd=server.work)
+    screen = tmux.wait_for("session (number, empty to cancel):")
+    rows = [ln for ln in screen.split("\n") if ids[older] in ln or ids[newer] in ln]
+    assert rows[0].split() == ["1", ids[newer], str(newer), "the", "newer", "one"]
+    assert rows[1].split()[:2] == ["2", ids[older]]
+    tmux.type("2")
+    tmux.keys("Enter")
+    screen = tmux.wait_for("> the older one")
+    assert f"| {ids[older]}\n" in screen and "newer" not in screen
+
+
+def test_switch_and_new_change_the_session_followed(server, tmux):
+    server.agent("sw", rules=[{"match": "other", "text": "answer in the other"}, {"match": ".", "text": "ok"}])
+    cwd = workdir(server, "switch")
+    other = server.new_session(agent="sw", cwd=str(server.work))
+    (server.mnt / "s" / other / "prompt").write_text("talk in the other")
+    server.wait_idle(other)
+    tmux.ollie("--agent", "sw", cwd=cwd)
+    tmux.wait_for(" idle ")
+    mine = session_of(server, cwd)
+    tmux.type("hello here")
+    tmux.keys("Enter")
+    tmux.wait_for("\nok")
+    tmux.type("/switch nope")
+    tmux.keys("Enter")
+    tmux.wait_for("no session 'nope'")
+    tmux.type(f"/switch {other}")
+    tmux.keys("Enter")
+    screen = tmux.wait_for("answer in the other")
+    assert "hello here" not in screen and f"| {other}\n" in screen
+    tmux.type("more")  # goes to the session switched to
+    tmux.keys("Enter")
+    tmux.wait_for("> more")
+    server.wait_idle(other)
+    assert "user: more" in (server.mnt / "s" / other / "chat").read_text()
+    assert "more" not in (server.mnt / "s" / mine / "chat").read_text()
+    tmux.type("/new")
+    tmux.keys("Enter")
+    screen = tmux.wait_for("answer in the other", gone=True)
+    ids = [ln.split("\t")[0] for ln in (server.mnt / "s" / "idx").read_text().splitlines() if f"\t{cwd}\t" in ln]
+    [new] = set(ids) - {mine}  # /new starts one in the directory ollie was started for, of the same agent
+    tmux.wait_for(f"| {new}\n")
+    assert "agent=sw" in (server.mnt / "s" / new / "cfg").read_text().splitlines()
+
+
+def test_at_completes_file_names_in_the_sessions_directory(server, tmux):
+    server.agent("at", rules=[{"match": ".", "text": "ok"}])
+    cwd = workdir(server, "at")
+    (cwd / "alpha.txt").write_text("a")
+    (cwd / "alps").mkdir()
+    (cwd / "alps" / "inner.md").write_text("b")
+    (cwd / ".alpine").write_text("hidden")
+    tmux.ollie("--agent", "at", cwd=cwd)
+    tmux.wait_for(" idle ")
+    tmux.type("read @al")
+    screen = tmux.wait_for("alps/")
+    assert "alpha.txt" in screen and ".alpine" not in screen
+    tmux.type("ph")
+    tmux.keys("Tab")
+    assert tmux.row(-1, tmux.wait_for("@alpha.txt")).strip() == "> read @alpha.txt"
+    tmux.type(" and @alps/")
+    tmux.wait_for("inner.md")
+    tmux.keys("Tab")
+    tmux.wait_for("@alps/inner.md")
+    tmux.keys("Enter")  # the first Enter takes the completion; the next sends
+    time.sleep(0.3)
+    tmux.keys("Enter")
+    tmux.wait_for("\nok")
+    prev = (server.mnt / "s" / session_of(server, cwd) / "prompt.prev").read_text().strip()
+    assert prev == "read @alpha.txt and @alps/inner.md"
+
+
+def test_the_input_history_is_kept_per_directory_across_restarts(server, tmux):
+    server.agent("hist", rules=[{"match": ".", "text": "ok"}])
+    one, two = workdir(server, "hist-one"), workdir(server, "hist-two")
+    tmux.ollie("--agent", "hist", cwd=one)
+    tmux.wait_for(" idle ")
+    tmux.type("typed in one")
+    tmux.keys("Enter")
+    tmux.wait_for("\nok")
+    tmux.keys("C-c", "C-c")
+    tmux.wait_for("[exited 0]")
+    tmux.close()
+    tmux.ollie("--agent", "hist", cwd=two)
+    tmux.wait_for(" idle ")
+    assert recalled(tmux) == ">"  # nothing typed in this directory yet
+    tmux.keys("C-c", "C-c")
+    tmux.wait_for("[exited 0]")
+    tmux.close()
+    tmux.ollie(cwd=one)  # a new UI process: the history comes from the file
+    tmux.wait_for(" idle ")
+    assert recalled(tmux) == "> typed in one"
+
+
+def recalled(tmux: Tmux, seconds: float = 3) -> str:
+    """The input line after ↑, pressed until it shows something (the history file is read in the
+    background once the UI is up) or `seconds` pass."""
+    deadline = time.monotonic() + seconds
+    while True:
+        tmux.keys("Up")
+        time.sleep(0.1)
+        row = tmux.row(-1).strip()
+        if row != ">" or time.monotonic() > deadline:
+            return row
+
+
+def test_first_run_offers_a_local_model_server_and_keeps_it(tmp_path):
+    from wire import WireServer
+    from wire import ollama as ow
+
+    srv = FsServer(tmp_path / "srv")
+    (srv.cfg / "agents" / "default.json").write_text(json.dumps({"prompt": "You help.\n"}))  # no backend
+    with WireServer() as fake:
+        fake.route(ow.TAGS, lambda req: ow.tags(["tiny:1b"]))
+        fake.route(ow.SHOW, lambda req: ow.show(8192))
+        fake.route(
+            ow.CHAT,
+            lambda req: ow.chat([ow.chat_line(content="hello from "), ow.chat_line(content="ollama"), ow.done_line()]),
+        )
+        srv.env["OLLIE_OLLAMA_URL"] = fake.url  # where "its default port" is, for this test
+        srv.start()
+        t = Tmux(tmp_path, srv.env)
+        try:
+            t.ollie(cwd=srv.work)
+            screen = t.wait_for("Use it? [Y/n]")
+            assert "Ollama answers at 127.0.0.1:" in screen
+            t.keys("Enter")
+            t.wait_for(" idle ")
+            env_file = srv.cfg / "env"
+            assert env_file.read_text() == "OLLIE_BACKEND=ollama\n"
+            assert stat.S_IMODE(env_file.stat().st_mode) == 0o600
+            sid = session_of(srv, srv.work)
+            assert "backend=ollama" in (srv.mnt / "s" / sid / "cfg").read_text().splitlines()
+            t.type("hi")
+            t.keys("Enter")
+            t.wait_for("hello from ollama")
+            # The server ran before the answer was saved: it says so rather than silently ignoring it.
+            assert "default backend is local, but ollama is configured now" in t.screen()
+            # Every ollie command reads the file: ollama is now the default, and no offer is made again.
+            assert "ollama  (default)" in srv.ollie("backends").stdout
+            t.keys("C-c", "C-c")
+            t.wait_for("[exited 0]")
+            t.close()
+            t.ollie("--new", cwd=srv.work)
+            t.wait_for(" idle ")
+            assert "Use it?" not in t.screen()
+        finally:
+            t.close()
+            srv.stop()

@@ -56,6 +56,12 @@ class Tmux:
     def screen(self) -> str:
         return self.tmux("capture-pane", "-p", "-t", "t")
 
+    def row(self, n: int, screen: str | None = None) -> str:
+        """Row `n` of the screen (negative: from the bottom; -1 is the UI's input line)."""
+        rows = (self.screen() if screen is None else screen).split("\n")[: self.height]
+        rows += [""] * (self.height - len(rows))
+        return rows[n]
+
     def wait_for(self, text: str, timeout: float = 15, gone: bool = False) -> str:
         """The screen once `text` is on it (or, with `gone`, once it is not)."""
         deadline = time.monotonic() + timeout
@@ -71,3 +77,6 @@ class Tmux:
         if self.started:
             self.tmux("kill-server", check=False)
             self.started = False
+            deadline = time.monotonic() + 5  # the server is gone when its socket is: a new one may start
+            while Path(self.socket).exists() and time.monotonic() < deadline:
+                time.sleep(0.02)

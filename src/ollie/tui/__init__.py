@@ -72,8 +72,11 @@ async def _main(args: argparse.Namespace) -> int:
             return 1
         if interactive:
             from .app import TuiApp, history_for
+            from .firstrun import stale_server
 
-            app = TuiApp(conn, ns, sid, history_for(cwd))
+            app = TuiApp(conn, ns, sid, history_for(cwd), home=cwd)
+            if stale := await stale_server(ns):
+                app.pending.append(stale)
             await app.run()
             sid, ns = app.sid, app.ns
             print(f"session: {sid} (`ollie` here resumes it)")

@@ -24,9 +24,10 @@ from prompt_toolkit.filters import has_focus
 from prompt_toolkit.formatted_text import StyleAndTextTuples
 from prompt_toolkit.history import FileHistory, History, InMemoryHistory
 from prompt_toolkit.key_binding import KeyBindings, KeyPressEvent
-from prompt_toolkit.layout import HSplit, Layout, Window
+from prompt_toolkit.layout import Float, FloatContainer, HSplit, Layout, Window
 from prompt_toolkit.layout.controls import FormattedTextControl
 from prompt_toolkit.layout.dimension import Dimension
+from prompt_toolkit.layout.menus import CompletionsMenu
 from prompt_toolkit.styles import Style
 from prompt_toolkit.widgets import TextArea
 
@@ -45,7 +46,7 @@ DOUBLE_CTRL_C = 1.0  # a second Ctrl-C within this many seconds exits
 LOCAL_COMMANDS = {
     "sessions": "list the server's sessions",
     "switch": "switch to another session: /switch ID",
-    "new": "start a new session in this directory",
+    "new": "start a new session (of this agent) in the directory ollie was started for",
     "drop": "forget the output of the last !cmd instead of sending it with the next prompt",
     "quit": "leave (the session stays; `ollie` resumes it)",
 }
@@ -93,8 +94,10 @@ class TuiCompleter(Completer):
 
 
 class TuiApp:
-    def __init__(self, conn: Connection, ns: Namespace, sid: str, history: History | None = None):
+    def __init__(self, conn: Connection, ns: Namespace, sid: str, history: History | None = None, home: str = ""):
         self.conn, self.ns, self.sid = conn, ns, sid
+        self.home = home  # the directory `ollie` was started for: /new starts a session there
+        self.agent = ""  # the session's agent (from cfg): /new starts a session of it
         self.conv = Conversation()
         self.renderer = render.Renderer()
         self.reader = ChatReader(ns, sid)
@@ -107,6 +110,7 @@ class TuiApp:
         self.top: int | None = None  # the first line shown when scrolled back; None follows the end
         self._anchor_top = True  # the cursor that steers the window's scrolling marks its top line
         self.attached: str | None = None  # a !cmd's output, sent with the next prompt
+        self.pending: list[str] = []  # notes shown once the chat so far is read
         self.flash, self.flash_until = "", 0.0
         self.lost = ""  # why the connection is down, while it is
         self._kick = asyncio.Event()
@@ -133,7 +137,13 @@ class TuiApp:
         )
         status = Window(FormattedTextControl(self._status_fragments), height=1, style="class:status")
         self.app: Application[None] = Application(
-            layout=Layout(HSplit([self.output, status, self.input]), focused_element=self.input),
+            layout=Layout(
+                FloatContainer(
+                    HSplit([self.output, status, self.input]),
+                    floats=[Float(xcursor=True, ycursor=True, content=CompletionsMenu(max_height=8, scroll_offset=1))],
+                ),
+                focused_element=self.input,
+            ),
             key_bindings=self._bindings(),
             style=Style.from_dict(render.STYLE),
             full_screen=True,
@@ -356,7 +366,7 @@ class TuiApp:
         elif name == "switch":
             await self.switch(arg)
         elif name == "new":
-            await self.switch(await self.ns.new_session(cwd=self.cwd))
+            await self.switch(await self.ns.new_session(cwd=self.home or self.cwd, agent=self.agent or None))
 
     async def switch(self, sid: str) -> None:
         if not sid or not await self.ns.exists(f"s/{sid}"):
@@ -364,6 +374,7 @@ class TuiApp:
             return
         self.sid = sid
         self.conv = Conversation()
+        self.renderer = render.Renderer()  # its cache is by block number, which starts again
         self.reader = ChatReader(self.ns, sid)
         self.attached = None
         self._restart.set()
@@ -373,6 +384,7 @@ class TuiApp:
         """Model, cwd, context and cost, from `cfg`, `ctxsz` and `cost`."""
         cfg = dict(line.partition("=")[::2] for line in (await self.ns.read(f"s/{self.sid}/cfg")).splitlines())
         self.cwd = cfg.get("cwd", self.cwd)
+        self.agent = cfg.get("agent", self.agent)
         self.info["model"] = cfg.get("model", "")
         ctx = await self.ns.read(f"s/{self.sid}/ctxsz")
         if "(" in ctx:
@@ -410,12 +422,15 @@ class TuiApp:
                 self.invalidate()
 
     async def _follow_chat(self) -> None:
+        reader, conv = self.reader, self.conv  # a read that ends after a /switch is not the new session's
         while True:
-            text = await self.reader.read_new()
+            text = await reader.read_new()
             if text:
-                self.conv.feed(text)
+                conv.feed(text)
                 self.invalidate()
                 continue
+            while self.pending:  # notes for the start, below the conversation so far
+                self.note(self.pending.pop(0))
             busy = self.state != "idle" or time.monotonic() - self._kicked_at < AFTER_WRITE
             self._kick.clear()
             with contextlib.suppress(TimeoutError):

@@ -1,17 +1,23 @@
-"""No backend configured: look for a model server on this machine (Ollama, LM Studio, llama.cpp)
-and offer it; else say plainly what the embedded model is, and how to configure a provider."""
+"""No backend configured: look for a model server on this machine (Ollama, LM Studio, llama.cpp,
+on their default loopback ports or where OLLAMA_HOST, OLLIE_OLLAMA_URL, … point) and offer it;
+else say plainly what the embedded model is, and how to configure a provider."""
 
 from __future__ import annotations
 
 import asyncio
 import os
 import sys
+from typing import TYPE_CHECKING
+from urllib.parse import urlsplit
 
-# (backend name, what it is, port, a path it answers on)
+if TYPE_CHECKING:
+    from .client import Namespace
+
+# (backend name, what it is, the variable that moves it, its default port)
 SERVERS = (
-    ("ollama", "Ollama", 11434, "/api/tags"),
-    ("lmstudio", "LM Studio", 1234, "/v1/models"),
-    ("llamacpp", "a llama.cpp server", 8080, "/v1/models"),
+    ("ollama", "Ollama", "OLLIE_OLLAMA_URL", 11434),
+    ("lmstudio", "LM Studio", "OLLIE_LMSTUDIO_URL", 1234),
+    ("llamacpp", "a llama.cpp server", "OLLIE_LLAMACPP_URL", 8080),
 )
 PROBE_TIMEOUT = 0.5
 
@@ -36,14 +42,33 @@ def configured() -> bool:
         return False
 
 
-async def probe(port: int, path: str, host: str = "127.0.0.1", timeout: float = PROBE_TIMEOUT) -> bool:
-    """Does an HTTP server on loopback `port` answer GET `path` with 200?"""
+def where(name: str, var: str, port: int) -> str:
+    """The URL to ask whether the server is there: the one its backend would use (Ollama's
+    OLLAMA_HOST counts too), at a path that answers 200 without a model."""
+    if name == "ollama":
+        from ..backends.ollama import base_url_from_env
+
+        return base_url_from_env() + "/api/tags"
+    from ..backends.openai import with_v1
+
+    return with_v1(os.environ.get(var) or f"http://127.0.0.1:{port}") + "/models"
+
+
+async def probe(url: str, timeout: float = PROBE_TIMEOUT) -> bool:
+    """Does an HTTP server at `url` (http only) answer GET with 200?"""
+    parts = urlsplit(url)
+    try:
+        host, port = parts.hostname, parts.port or 80
+    except ValueError:  # a port that is no number
+        return False
+    if parts.scheme != "http" or not host:
+        return False
     try:
         reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout)
     except (OSError, TimeoutError):
         return False
     try:
-        writer.write(f"GET {path} HTTP/1.0\r\nHost: {host}\r\n\r\n".encode())
+        writer.write(f"GET {parts.path or '/'} HTTP/1.0\r\nHost: {parts.netloc}\r\n\r\n".encode())
         await writer.drain()
         status = await asyncio.wait_for(reader.readline(), timeout)
         return status.split()[1:2] == [b"200"]
@@ -53,9 +78,11 @@ async def probe(port: int, path: str, host: str = "127.0.0.1", timeout: float = 
         writer.close()
 
 
-async def detect() -> list[tuple[str, str, int]]:
-    found = await asyncio.gather(*(probe(port, path) for _, _, port, path in SERVERS))
-    return [(name, label, port) for (name, label, port, _), ok in zip(SERVERS, found, strict=True) if ok]
+async def detect() -> list[tuple[str, str, str]]:
+    """(backend, what it is, URL) of each model server that answers."""
+    urls = [where(name, var, port) for name, _, var, port in SERVERS]
+    found = await asyncio.gather(*(probe(url) for url in urls))
+    return [(name, label, url) for (name, label, _, _), url, ok in zip(SERVERS, urls, found, strict=True) if ok]
 
 
 async def first_run() -> str | None:
@@ -63,10 +90,9 @@ async def first_run() -> str | None:
     OLLIE_BACKEND in the env file), else None (the embedded model, said so)."""
     if configured():
         return None
-    for name, label, port in await detect():
-        answer = await asyncio.to_thread(
-            input, f"No backend is configured; {label} answers on port {port}. Use it? [Y/n] "
-        )
+    for name, label, url in await detect():
+        at = urlsplit(url).netloc
+        answer = await asyncio.to_thread(input, f"No backend is configured; {label} answers at {at}. Use it? [Y/n] ")
         if answer.strip().lower() in ("", "y", "yes"):
             from .keys import set_var
 
@@ -76,3 +102,20 @@ async def first_run() -> str | None:
             return name
     print(EMBEDDED, file=sys.stderr)
     return None
+
+
+async def stale_server(ns: Namespace) -> str:
+    """Why new sessions will not get the backend configured now, if so: the local server read the
+    env file when it started, before `ollie keys set` or the offer above changed it."""
+    from .. import backends
+
+    if not ns.is_local:
+        return ""
+    mine = backends.default_name()
+    theirs = next((ln[:-2] for ln in (await ns.read("backends")).splitlines() if ln.endswith(" *")), mine)
+    if theirs == mine:
+        return ""
+    return (
+        f"The server's default backend is {theirs}, but {mine} is configured now: the server read the"
+        f" environment when it started. To use {mine} for new sessions: `ollie srv stop`, then `ollie`."
+    )

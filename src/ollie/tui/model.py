@@ -1,7 +1,8 @@
 """The conversation, parsed from the session's `chat` as it grows (the chat format, docs/files.md).
 
 The chat is text meant for people, so the parse goes by line prefixes: `user: `, `assistant: `,
-`-> name(args)` (a tool call; the lines after it are its output), `retrying in `, `error: `, `:: `.
+`reasoning: `, `-> name(args)` (a tool call; the lines after it are its output), `retrying in `,
+`error: `, `:: `.
 A line without a prefix continues the block before it. Text arrives in pieces that split lines:
 complete lines are parsed for good, the last partial line is shown provisionally (`view`), and a
 partial line that could still become a prefix (`assis`) waits for more.
@@ -18,6 +19,7 @@ from dataclasses import dataclass, field, replace
 PREFIXES = (
     ("user: ", "user"),
     ("assistant: ", "assistant"),
+    ("reasoning: ", "reasoning"),
     ("-> ", "call"),
     ("retrying in ", "retry"),
     ("error: ", "error"),
@@ -25,13 +27,13 @@ PREFIXES = (
     (":: ", "info"),
 )
 # Kinds whose following unprefixed lines belong to them: a tool call's output, a multi-line prompt,
-# assistant text, an info block (a command's output: `/help`, `/models`).
-CONTINUED = {"user", "assistant", "call", "info", "thought", "error"}
+# assistant text or reasoning, an info block (a command's output: `/help`, `/models`).
+CONTINUED = {"user", "assistant", "reasoning", "call", "info", "thought", "error"}
 
 
 @dataclass(slots=True)
 class Block:
-    kind: str  # user, assistant, call, retry, error, info, thought; local: note, shell
+    kind: str  # user, assistant, reasoning, call, retry, error, info, thought; local: note, shell
     lines: list[str] = field(default_factory=list)  # a call: its output lines
     head: str = ""  # a call: `name(args)`; a shell block: the command
     local: bool = False

@@ -4,7 +4,9 @@ A block renders the same way every time for the same width and folding, so finis
 rendered once and kept (`Renderer` caches by block, length and folding). What it draws:
 
     > the prompt                                    (bold)
-    assistant text, **bold**, `code`, # headings    (fenced code highlighted when Pygments is there)
+    reasoning: the model's reasoning                (dimmed, folded after a few lines)
+    assistant text, **bold**, `code`, # headings    (fenced code highlighted when Pygments is there,
+    ── python ──                                     its fences drawn as rules)
     -> execute_code: ls | wc -l                     (a call on one line; its output folded below it)
          3
     retrying in 2s...   error: ...   :: info        (yellow, red, dimmed)
@@ -21,6 +23,7 @@ Fragments = list[tuple[str, str]]
 
 FOLD_LINES = 4  # output lines shown of a folded tool call or shell command
 HEAD_MAX = 200  # characters of a call's arguments shown on its line
+REASONING_CHARS = 320  # characters of folded reasoning shown (at most FOLD_LINES lines of it)
 
 STYLE = {
     "user": "bold",
@@ -36,6 +39,7 @@ STYLE = {
     "error": "bold ansired",
     "info": "ansigray",
     "thought": "italic ansigray",
+    "reasoning": "italic ansigray",
     "note": "italic ansimagenta",
     "shell": "bold ansimagenta",
     "md.code": "ansiyellow",
@@ -136,19 +140,24 @@ def _highlight(code: list[str], lang: str) -> Fragments:
     return [(s, t) for s, t, *_ in to_formatted_text(PygmentsTokens(list(lex(text, lexer))))]
 
 
+_FENCE = re.compile(r"\s{0,3}(`{3,}|~{3,})\s*([^`\s]*)")
+
+
 def markdown(lines: list[str]) -> Fragments:
-    """Markdown, a little of it: headings, bold, inline code, fenced code (highlighted)."""
+    """Markdown, a little of it: headings, bold, inline code, fenced code (highlighted, its fences
+    drawn as dim rules: what is copied from the screen is the code)."""
     out: Fragments = []
     code: list[str] | None = None
-    lang = ""
+    fence, lang = "", ""
     for line in trimmed(lines):
-        if line.lstrip().startswith("```"):
-            if code is None:
-                code, lang = [], line.strip()[3:].strip()
-            else:
-                out += _highlight(code, lang)
-                code = None
-            out.append(("class:md.fence", line + "\n"))
+        m = _FENCE.match(line)
+        if code is None and m:
+            code, fence, lang = [], m[1], m[2]
+            out.append(("class:md.fence", f"── {lang} ──\n" if lang else "──\n"))
+        elif code is not None and m and m[1].startswith(fence) and line.strip() == m[1]:
+            out += _highlight(code, lang)
+            out.append(("class:md.fence", "──\n"))
+            code = None
         elif code is not None:
             code.append(line)
         elif line.startswith("#"):
@@ -161,6 +170,19 @@ def markdown(lines: list[str]) -> Fragments:
     return out
 
 
+def reasoning(lines: list[str], expanded: bool, fold_key: str = "Ctrl-O") -> Fragments:
+    """The model's reasoning, dimmed; folded to its first lines (and characters) unless expanded."""
+    lines = trimmed(lines)
+    text = "\n".join(lines)
+    if expanded or (len(lines) <= FOLD_LINES + 1 and len(text) <= REASONING_CHARS):
+        return [("class:reasoning", f"reasoning: {text}\n")]
+    shown = "\n".join(lines[:FOLD_LINES])[:REASONING_CHARS]
+    return [
+        ("class:reasoning", f"reasoning: {shown}"),
+        ("class:fold", f" ... ({len(text) - len(shown)} more characters, {fold_key} to unfold)\n"),
+    ]
+
+
 def block(b: Block, expanded: bool) -> Fragments:
     """One block's fragments, ending in a newline."""
     match b.kind:
@@ -168,6 +190,8 @@ def block(b: Block, expanded: bool) -> Fragments:
             return [("class:user.mark", "\n> "), ("class:user", "\n  ".join(trimmed(b.lines)) + "\n")]
         case "assistant":
             return markdown(b.lines)
+        case "reasoning":
+            return reasoning(b.lines, expanded)
         case "call":
             name, args = call_head(b.head)
             return [("class:call", "-> "), ("class:call.name", name), ("class:call", f": {args}\n")] + output(
