@@ -2,8 +2,11 @@
 
 libfuse runs its own threads; each operation is handed to the server's asyncio loop with
 `run_coroutine_threadsafe` and the FUSE thread waits for it. A wait that takes long (a blocked
-`statewait`) checks `fuse_interrupted()` now and then, so a killed reader gets EINTR at once and
-its coroutine is cancelled (the mount has `intr`, so the kernel tells libfuse about the signal).
+`statewait`) moves to an eventfd that the answer writes, waited on in poll(2) called through ctypes,
+without the GIL: thousands of blocked readers cost no CPU while they wait. A killed reader gets
+EINTR at once and its coroutine is cancelled: the mount has `intr`, so the kernel tells libfuse
+about the signal, libfuse sends SIGUSR1 to the thread serving the request, and that ends its poll
+(poll is never restarted after a signal handler), whereupon `fuse_interrupted()` says why.
 
 A request made by the loop's own thread (code in the server touching the mount, e.g. a PATH lookup
 through `x/`) could never be answered, since answering needs that thread: it fails with EDEADLK
@@ -14,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import ctypes
 import errno as E
 import itertools
 import logging
@@ -31,18 +35,25 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("ollie.fs.fuse")
 
-INTERRUPT_CHECK = 0.2  # seconds between checks for an interrupted request while waiting
+FAST_WAIT = 0.05  # seconds an answer is awaited the plain way before the wait moves to an eventfd
+# A signal that lands just before the poll starts is not lost: libfuse sends it again each second
+# until the request ends. The poll's timeout is one more check, for a mount without `intr`.
+INTERRUPT_CHECK = 5.0
 # Names may be cached briefly (the kernel updates its cache on rm and mv through the mount; a
 # session killed through ctl answers ENOENT at its next getattr); attributes never are, so sizes
 # are honest (`tail -f chat`, polling `reply`'s size); failed lookups never are, so a new session
 # shows at once.
 ENTRY_TIMEOUT = 1.0
 # Each request holds a libfuse thread until answered, and a `statewait` read blocks for up to 5 s:
-# libfuse's default of 10 threads would let ten waiting readers stall the whole mount. Threads left
-# idle after a burst end beyond MAX_IDLE_THREADS (setting it also silences libfuse 3.14's spurious
-# "Ignoring invalid max threads value 4294967295" about its own default).
-MAX_THREADS = 256
-MAX_IDLE_THREADS = 16
+# libfuse's default of 10 threads would let ten waiting readers stall the whole mount, and 256
+# stalled it at about 250 (issue 15). A blocked thread costs no CPU (see above) and about 27 KiB
+# of the server's memory (its stack and buffer are reserved, not touched), so the cap is set far
+# above what the documented target needs (2,000 blocked readers; bench/blocked_readers.py).
+# Threads left idle after a burst end beyond MAX_IDLE_THREADS, enough that readers waking together
+# are not served by threads made anew (setting it also silences libfuse 3.14's spurious "Ignoring
+# invalid max threads value 4294967295" about its own default).
+MAX_THREADS = 10000
+MAX_IDLE_THREADS = 256
 
 
 def _mfusepy():
@@ -92,13 +103,12 @@ class Operations:
             raise _mfusepy().FuseOSError(E.EDEADLK)
         fut = asyncio.run_coroutine_threadsafe(coro, self.loop)
         try:
-            while True:
-                try:
-                    return fut.result(INTERRUPT_CHECK)
-                except concurrent.futures.TimeoutError:
-                    if self._interrupted():
-                        fut.cancel()
-                        raise _mfusepy().FuseOSError(E.EINTR) from None
+            try:
+                return fut.result(FAST_WAIT)
+            except concurrent.futures.TimeoutError:
+                pass
+            _wait_long(fut, self._interrupted)
+            return fut.result(0)
         except FsError as e:
             raise _mfusepy().FuseOSError(e.errno) from None
         except concurrent.futures.CancelledError:
@@ -206,6 +216,59 @@ class Operations:
 
     def statfs(self, path: str) -> dict[str, int]:
         return {"f_bsize": 4096, "f_frsize": 4096, "f_namemax": 255}
+
+
+class _Poll(ctypes.Structure):
+    _fields_ = [("fd", ctypes.c_int), ("events", ctypes.c_short), ("revents", ctypes.c_short)]
+
+
+_POLLIN = 1
+_libc_poll: Any = None
+
+
+def _poll(fd: int, timeout: float) -> int:
+    """poll(2) on one fd, through ctypes: the GIL is released while it waits, and a signal to this
+    thread ends it (-1, EINTR), where Python's select would retry."""
+    global _libc_poll
+    if _libc_poll is None:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.poll.argtypes = [ctypes.POINTER(_Poll), ctypes.c_ulong, ctypes.c_int]
+        libc.poll.restype = ctypes.c_int
+        _libc_poll = libc.poll
+    pfd = _Poll(fd, _POLLIN, 0)
+    return int(_libc_poll(ctypes.byref(pfd), 1, int(timeout * 1000)))
+
+
+class _Wakeup:
+    """An eventfd that the future's completion writes (from the loop's thread), closed once."""
+
+    def __init__(self) -> None:
+        self.fd = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
+        self._lock = threading.Lock()
+
+    def set(self, _fut: Any = None) -> None:
+        with self._lock:
+            if self.fd >= 0:
+                os.eventfd_write(self.fd, 1)
+
+    def close(self) -> None:
+        with self._lock:
+            os.close(self.fd)
+            self.fd = -1
+
+
+def _wait_long(fut: concurrent.futures.Future, interrupted: Any) -> None:
+    """Wait for `fut` without the GIL; on an interrupt, cancel it and fail with EINTR."""
+    wakeup = _Wakeup()
+    try:
+        fut.add_done_callback(wakeup.set)  # done already: called at once
+        while not fut.done():
+            if interrupted():
+                fut.cancel()
+                raise _mfusepy().FuseOSError(E.EINTR)
+            _poll(wakeup.fd, INTERRUPT_CHECK)
+    finally:
+        wakeup.close()
 
 
 def _fuse_class() -> Any:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import errno as E
 import json
 import os
+import random
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
@@ -45,6 +46,10 @@ if TYPE_CHECKING:
 PROMPT_MAX = 1 * MiB  # a prompt written to `prompt` or `fifo.in`
 PLAN_MAX = 1 * MiB
 STATEWAIT_TIMEOUT = 5.0  # as the Go server: a reader that missed a change is not stuck forever
+# Each wait times out somewhere in the last STATEWAIT_JITTER of it: readers started together
+# (a script's loop of 2,000) would otherwise time out together every 5 s, a burst that holds up
+# every other request on the server for a while (issue 15; bench/blocked_readers.py).
+STATEWAIT_JITTER = 0.2
 
 
 # ---- root ctl and s/ ---------------------------------------------------------------------------------
@@ -253,7 +258,8 @@ class WaitHandle(Handle):
 
     async def read(self, offset: int, count: int) -> bytes:
         if offset == 0:
-            self._seen = await self._wait(self._seen, STATEWAIT_TIMEOUT)
+            timeout = STATEWAIT_TIMEOUT * (1 - STATEWAIT_JITTER * random.random())
+            self._seen = await self._wait(self._seen, timeout)
             self._data = (self._seen + "\n").encode()
         return self._data[offset : offset + count]
 
