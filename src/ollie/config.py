@@ -81,13 +81,36 @@ def mount_path() -> Path:
     return _dir("OLLIE", "~/mnt/ollie")
 
 
+# The variables the env file set, and to what: loading it again (a server does, for each new
+# session) follows its changes (`ollie keys set`), and never what the environment set itself.
+_FROM_FILE: dict[str, str] = {}
+
+
 def load_env_file(path: Path | None = None) -> None:
-    """Fill unset variables from `$OLLIE_CFG_PATH/env` (KEY=VALUE lines, # comments)."""
+    """Fill unset variables from `$OLLIE_CFG_PATH/env` (KEY=VALUE lines, # comments). Loaded
+    again, it updates the variables it set before and unsets those it no longer names."""
     path = path or cfg_path() / "env"
     try:
         text = path.read_text()
     except OSError:
-        return
+        text = ""
+    values = _parse_env(path, text)
+    for key in set(_FROM_FILE) - set(values):
+        if os.environ.get(key) == _FROM_FILE.pop(key):
+            del os.environ[key]
+    for key, value in values.items():
+        if key not in os.environ or os.environ[key] == _FROM_FILE.get(key):
+            os.environ[key] = _FROM_FILE[key] = value
+
+
+def own_environ() -> dict[str, str]:
+    """The environment without what the env file set: for a process that loads the file itself
+    (the server), so that it sees later changes of the file as the file's."""
+    return {k: v for k, v in os.environ.items() if _FROM_FILE.get(k) != v}
+
+
+def _parse_env(path: Path, text: str) -> dict[str, str]:
+    values = {}
     for n, line in enumerate(text.splitlines(), 1):
         line = line.strip()
         if not line or line.startswith("#"):
@@ -99,7 +122,8 @@ def load_env_file(path: Path | None = None) -> None:
         value = value.strip()
         if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
             value = value[1:-1]
-        os.environ.setdefault(key, value)
+        values[key] = value
+    return values
 
 
 @dataclass

@@ -112,7 +112,7 @@ def _start(args: argparse.Namespace) -> int:
     argv += ["--no-mount"] if opts.mount is None else ["--mount", str(opts.mount)]
     if opts.tcp:
         argv += ["--tcp", f"{opts.tcp[0]}:{opts.tcp[1]}"]
-    env = dict(os.environ)
+    env = config.own_environ()  # the server loads the env file itself, and again for each new session
     if opts.token:
         env["OLLIE_9P_TOKEN"] = opts.token  # not on the command line, where ps shows it
     r, w = os.pipe()

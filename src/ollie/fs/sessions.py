@@ -371,6 +371,10 @@ class Sessions:
         job's id and is stored under `store_root`."""
         from ..agent import open_session
 
+        try:  # a key or backend set since the server started (`ollie keys set`) counts from now on
+            config.load_env_file()
+        except ConfigError as e:
+            raise FsError(E.EINVAL, str(e)) from None
         async with self._lock:
             if parent is not None:  # first: nothing outside the parent's bounds is looked at
                 spec = self.check_child(parent, spec, jobs=bool(job_id))

@@ -22,6 +22,7 @@ import logging
 from pathlib import Path
 
 from .. import config
+from ..types import ConfigError
 from .jobs import Jobs, JobsDir
 from .namespace import Namespace, StaticDir
 from .session_files import SessionsDir, root_ctl
@@ -87,6 +88,10 @@ def scripts_of(directory: str) -> dict[str, str]:
 def backends_text() -> str:
     from .. import backends
 
+    try:
+        config.load_env_file()  # the default as a new session would get it (keys set since start)
+    except ConfigError as e:
+        log.warning("%s", e)
     default = backends.default_name()
     return "".join(f"{n}{' *' if n == default else ''}\n" for n in backends.names())
 

@@ -105,8 +105,9 @@ async def first_run() -> str | None:
 
 
 async def stale_server(ns: Namespace) -> str:
-    """Why new sessions will not get the backend configured now, if so: the local server read the
-    env file when it started, before `ollie keys set` or the offer above changed it."""
+    """Why new sessions will not get the backend configured now, if so: the local server reads the
+    env file for each new session, but a variable of its own environment (set when it started)
+    wins over the file."""
     from .. import backends
 
     if not ns.is_local:
@@ -116,6 +117,6 @@ async def stale_server(ns: Namespace) -> str:
     if theirs == mine:
         return ""
     return (
-        f"The server's default backend is {theirs}, but {mine} is configured now: the server read the"
-        f" environment when it started. To use {mine} for new sessions: `ollie srv stop`, then `ollie`."
+        f"The server's default backend is {theirs}, but {mine} is configured here: the server's own"
+        f" environment says so. To use {mine} for new sessions: `ollie srv stop`, then `ollie`."
     )

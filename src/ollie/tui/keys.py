@@ -1,5 +1,6 @@
 """`ollie keys`: a provider's API key kept in `$OLLIE_CFG_PATH/env` (0600), which every ollie
-command reads at start (`config.load_env_file`: variables already set in the environment win).
+command reads at start, and a running server again for each new session (`config.load_env_file`:
+variables already set in the environment win).
 
     ollie keys set anthropic     # asks for the key (never on the command line, which `ps` shows)
     ollie keys list              # which keys the file holds, masked
