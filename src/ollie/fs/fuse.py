@@ -25,7 +25,7 @@ import os
 import signal
 import subprocess
 import threading
-from collections.abc import Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import TYPE_CHECKING, Any
 
 from .namespace import FsError, Handle, Namespace, OpenMode
@@ -371,10 +371,17 @@ class Mount:
             raise OSError(f"cannot mount {self.path}: {self._error or 'FUSE did not start'}")
         self._done = done
 
-    async def unmount(self) -> None:
+    async def unmount(self, meanwhile: Callable[[], Awaitable[None]] | None = None) -> None:
+        """Detach the mount, run `meanwhile` (closing the sessions: a jail's mount namespace holds a
+        copy of this mount, and the file system ends only once the last copy goes), then wait for
+        the file system to end."""
         if self._thread is None:
+            if meanwhile is not None:
+                await meanwhile()
             return
         await asyncio.to_thread(fusermount_u, self.path)
+        if meanwhile is not None:
+            await meanwhile()
         await asyncio.wait_for(asyncio.shield(self._done), 10)
         self._thread = None
 

@@ -105,21 +105,26 @@ class Server:
         )
 
     async def stop(self) -> None:
-        """Stop listening, unmount, close every session (their state is on disk), remove our files."""
+        """Stop listening, detach the mount, close every session (their state is on disk; their
+        jails held copies of the mount), then see the mount end, and remove our files."""
         if self._pruner is not None:
             self._pruner.cancel()
         for listener in self.listeners:
             await listener.close()
         self.listeners = []
         if self.mount is not None:
-            await self.mount.unmount()
+            await self.mount.unmount(meanwhile=self._close_sessions)
             self.mount = None
+        else:
+            await self._close_sessions()
+        for path in (self.opts.pid_file, self.opts.token_file):
+            path.unlink(missing_ok=True)
+
+    async def _close_sessions(self) -> None:
         if self.jobs is not None:
             await self.jobs.close()
         if self.sessions is not None:
             await self.sessions.close()
-        for path in (self.opts.pid_file, self.opts.token_file):
-            path.unlink(missing_ok=True)
 
 
 async def _prune_periodically() -> None:
