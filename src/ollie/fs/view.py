@@ -119,10 +119,7 @@ class ViewSessionsDir(Dir):
         return ChildSessionDir(session, self.sessions)
 
     def _mine(self, name: str) -> Session:
-        try:
-            session = self.sessions.get(name)
-        except FsError:
-            session = None
+        session = self.sessions.find(name)
         if session is None or not (session is self.owner or self.sessions.descends(session, self.owner)):
             raise FsError(E.ENOENT, f"{name}: no such session in this view")
         return session
@@ -169,10 +166,7 @@ class ChildMaker:
             raise
 
     async def kill(self, sid: str) -> None:
-        try:
-            session = self.sessions.get(sid)
-        except FsError:
-            session = None
+        session = self.sessions.find(sid)
         if session is None or not self.sessions.descends(session, self.owner):
             raise FsError(E.ENOENT, f"no session {sid!r} in this view")
         await self.sessions.kill(sid)
