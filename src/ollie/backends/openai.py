@@ -10,8 +10,10 @@ Presets (openrouter, copilot, local servers) are this backend with other default
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
+import time
 import weakref
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -36,6 +38,12 @@ from . import http_error
 OPENAI_URL = "https://api.openai.com/v1"
 # event loop -> (url, key, headers) -> SDK client; clients die with their loop
 _CLIENTS: weakref.WeakKeyDictionary[Any, dict[tuple, Any]] = weakref.WeakKeyDictionary()
+# event loop -> the same key -> (when asked, the answer to GET /models): a thousand sessions opened on
+# one server ask once, not each (a request each cost ~2 ms of the loop); kept MODELS_TTL seconds
+_MODELS: weakref.WeakKeyDictionary[Any, dict[tuple, tuple[float, asyncio.Future[list[dict[str, Any]]]]]] = (
+    weakref.WeakKeyDictionary()
+)
+MODELS_TTL = 60.0
 # finish_reason → stop reason; any other value is "other" (the raw value goes in Done.reason)
 _FINISH: dict[str, StopReason] = {
     "stop": "stop",
@@ -112,14 +120,15 @@ class OpenAIBackend:
     def from_options(cls, model: str | None = None, **options: Any) -> OpenAIBackend:
         return cls(model, **options)
 
+    def _key(self) -> tuple:
+        return (self.base_url, self._api_key, tuple(sorted(self._headers.items())))
+
     def _sdk(self) -> Any:
         """The SDK client, shared by every backend of this loop with the same URL, key and headers:
         a client costs ~20 ms (its TLS context) and a connection pool, too much for each session."""
         if self._client is None:
-            import asyncio
-
             clients = _CLIENTS.setdefault(asyncio.get_running_loop(), {})
-            key = (self.base_url, self._api_key, tuple(sorted(self._headers.items())))
+            key = self._key()
             self._client = clients.get(key)
             if self._client is None:
                 import openai
@@ -235,21 +244,34 @@ class OpenAIBackend:
         return out
 
     # ---- models ---------------------------------------------------------------------------------
-    async def _models(self) -> list[dict[str, Any]]:
-        if self._model_info is None:
-            import openai
-
-            try:
-                data = await self._sdk().get("/models", cast_to=object)
-            except openai.APIStatusError as e:
-                raise http_error(self.name, e.status_code, _error_message(e)) from None
-            except openai.APIConnectionError as e:
-                raise http_error(self.name, None, f"cannot reach {self.base_url}: {e.__cause__ or e}") from None
-            self._model_info = [m for m in (data or {}).get("data") or () if isinstance(m, dict)]
+    async def _models(self, fresh: bool = False) -> list[dict[str, Any]]:
+        """The server's model list: this backend's answer, else one that another backend of this loop
+        with the same URL, key and headers got less than MODELS_TTL seconds ago (or is getting)."""
+        if self._model_info is not None and not fresh:
+            return self._model_info
+        shared = _MODELS.setdefault(asyncio.get_running_loop(), {})
+        key = self._key()
+        asked = shared.get(key)
+        if fresh or asked is None or time.monotonic() - asked[0] > MODELS_TTL or asked[1].cancelled():
+            task = asyncio.ensure_future(self._fetch_models())
+            shared[key] = asked = (time.monotonic(), task)
+            task.add_done_callback(lambda t: _forget_failed(shared, key, t))
+        self._model_info = await asyncio.shield(asked[1])
         return self._model_info
 
+    async def _fetch_models(self) -> list[dict[str, Any]]:
+        import openai
+
+        try:
+            data = await self._sdk().get("/models", cast_to=object)
+        except openai.APIStatusError as e:
+            raise http_error(self.name, e.status_code, _error_message(e)) from None
+        except openai.APIConnectionError as e:
+            raise http_error(self.name, None, f"cannot reach {self.base_url}: {e.__cause__ or e}") from None
+        return [m for m in (data or {}).get("data") or () if isinstance(m, dict)]
+
     async def models(self) -> list[str]:
-        return sorted(str(m.get("id")) for m in await self._models())
+        return sorted(str(m.get("id")) for m in await self._models(fresh=True))
 
     async def context_length(self) -> int | None:
         """What the server says of the model (OpenRouter, vLLM and llama.cpp say it), else None."""
@@ -268,6 +290,12 @@ class OpenAIBackend:
 
     async def aclose(self) -> None:
         self._client = None  # the shared client lives as long as its event loop
+
+
+def _forget_failed(shared: dict[tuple, Any], key: tuple, task: asyncio.Future[Any]) -> None:
+    """A failed GET /models is not kept: the next backend asks again."""
+    if (task.cancelled() or task.exception() is not None) and shared.get(key, (0, None))[1] is task:
+        del shared[key]
 
 
 def _done(finish_reason: Any) -> Done:
