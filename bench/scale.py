@@ -13,7 +13,8 @@ prompt written to the last session idle, as a ratio of the bare client's [>= 0.7
 `cat s/<id>/state` on the mount meanwhile (the reads that poll the sessions until idle; open,
 read, close in Python) [p99 <= 20 ms], against the same reads with the sessions idle; and the
 server's RSS per busy session (its peak during the turns less its RSS before the sessions were
-made, over N), and per idle session.
+made, over N), and per idle session; the server's CPU time (every thread) during the turns, per
+turn and per request: when it nears the wall time, the server's one event loop is the limit.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -95,6 +97,12 @@ async def bare(port: int, n: int, steps: int) -> float:
     return time.perf_counter() - t
 
 
+def cpu_s(pid: int) -> float:
+    """The process's CPU time (user + system, every thread) so far, in seconds."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 # ---- ollie ------------------------------------------------------------------------------------
 def busy(s: Server, n: int) -> dict[str, float | list[float]]:
     base_rss = rss_kib(s.pid())
@@ -107,6 +115,7 @@ def busy(s: Server, n: int) -> dict[str, float | list[float]]:
         read_timed(s.mnt / "s" / sid / "state", idle_reads)
     reads: list[float] = []
     peak = idle_rss
+    cpu = cpu_s(s.pid())
     t = time.perf_counter()
     for sid in sids:
         (s.mnt / "s" / sid / "prompt").write_text("go")
@@ -122,12 +131,14 @@ def busy(s: Server, n: int) -> dict[str, float | list[float]]:
         if pending:
             time.sleep(0.01)
     wall = time.perf_counter() - t
+    cpu = cpu_s(s.pid()) - cpu
     bad = [sid for sid in sids if (s.mnt / "s" / sid / "reply").read_text() != "done"]
     assert not bad, f"{len(bad)} sessions did not answer 'done', e.g. {(s.mnt / 's' / bad[0] / 'chat').read_text()}"
     return {
         "made": made,
         "written": written,
         "wall": wall,
+        "cpu": cpu,
         "idle_kib": (idle_rss - base_rss) / n,
         "busy_kib": (peak - base_rss) / n,
         "idle_reads": idle_reads,
@@ -167,6 +178,11 @@ def main() -> None:
     print(
         f"  ollie, through the mount:         {requests / wall:8.0f} requests/s ({wall:.2f} s, the prompts "
         f"written in {r['written']:.2f} s); {base / wall:.2f}x the bare client [target >= 0.7x]"
+    )
+    cpu = float(r["cpu"])  # type: ignore[arg-type]
+    print(
+        f"  server CPU during the turns: {cpu:.2f} s over {wall:.2f} s ({1000 * cpu / args.n:.1f} ms per turn, "
+        f"{1000 * cpu / requests:.2f} ms per request)"
     )
     idle_q, busy_q = quantiles(r["idle_reads"]), quantiles(r["reads"])  # type: ignore[arg-type]
     print(f"  cat s/<id>/state, sessions idle:  {fmt(idle_q)}")
