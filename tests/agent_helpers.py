@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+from pathlib import Path
 from typing import Any
 
 from ollie.agent.core import Core, CoreConfig
@@ -93,3 +94,16 @@ async def make_core(
 
 def kinds(events: list[Event]) -> list[str]:
     return [e.kind for e in events if e.kind not in ("state", "usage")]
+
+
+def children() -> set[int]:
+    """Our child processes, zombies included (a zombie is a process nobody reaped)."""
+    found = set()
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        if ppid == os.getpid():
+            found.add(int(stat.parent.name))
+    return found

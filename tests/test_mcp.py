@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from agent_helpers import children
 from ollie.agent.env import build_agent_env
 from ollie.config import AgentConfig
 from ollie.mcp import log_path, parse_spec
@@ -46,19 +47,6 @@ class Local:
 
     async def close(self) -> None:
         self.closed = True
-
-
-def children() -> set[int]:
-    """Our child processes, zombies included (a zombie is a process nobody reaped)."""
-    found = set()
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
-            continue
-        if ppid == os.getpid():
-            found.add(int(stat.parent.name))
-    return found
 
 
 @pytest.fixture(autouse=True)

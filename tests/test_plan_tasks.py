@@ -7,7 +7,6 @@ that fails or dies half-way, and another session's code forging plans."""
 from __future__ import annotations
 
 import json
-import os
 import re
 import sys
 from pathlib import Path
@@ -16,6 +15,7 @@ from typing import Any
 import pytest
 
 import ollie
+from agent_helpers import children
 from ollie.agent import plans
 from ollie.agent.plans import KEY_FILE, MAP_FILE, Task, signature
 from ollie.config import AgentConfig
@@ -54,18 +54,6 @@ SHIP_IT = [  # plan, check the first step, finish the plan, answer
 
 def tasks_server(file: Path, *flags: str) -> dict[str, Any]:
     return {"tasks": {"command": PY, "args": [str(TASKS), str(file), *flags]}}
-
-
-def children() -> set[int]:
-    found = set()
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
-            continue
-        if ppid == os.getpid():
-            found.add(int(stat.parent.name))
-    return found
 
 
 @pytest.fixture(autouse=True)

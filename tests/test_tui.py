@@ -27,13 +27,8 @@ COUNT = {"tool_calls": [{"name": "execute_code", "arguments": {"steps": [{"code"
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    srv = FsServer(tmp_path_factory.mktemp("tui"))
-    srv.start()
-    try:
-        yield srv
-    finally:
-        srv.stop()
+def server(fs_server):
+    return fs_server  # a real server on a temporary mount (fs_helpers), shared by this module
 
 
 @pytest.fixture
