@@ -336,6 +336,40 @@ def _steps_of(signed: _Signed) -> tuple[str, list[Step]]:
     return goal, steps
 
 
+_TICK_NS = 2_000_000_000  # a file or directory changed less than this ago may change again unseen
+# The plans directory (pl/), found once per data path: config.shared_dirs() resolves the path and
+# makes the directories (a realpath, two mkdirs and their checks), too much for every tool round of
+# every session; it is found again if the directory goes missing.
+_PLANS_DIR: tuple[str, str] | None = None  # (the data path it was found for, the directory)
+# Its plan files, listed once per change of the directory (shared by every session of the process):
+# (the directory's (inode, mtime), when listed, [(name, path)]).
+_LISTING: tuple[tuple[int, int], int, list[tuple[str, str]]] | None = None
+
+
+def _plan_entries() -> list[tuple[str, str]]:
+    """(name, path) of the files in pl/ named as plans are; [] when it cannot be listed. A listing
+    is reused while the directory's inode and mtime stay what they were, and was taken more than
+    a clock tick (2 s) after that mtime (a file added in the same tick would leave it unchanged)."""
+    global _PLANS_DIR, _LISTING
+    data = str(config.data_path())
+    if _PLANS_DIR is None or _PLANS_DIR[0] != data:
+        _PLANS_DIR, _LISTING = (data, str(config.shared_dirs()[1])), None  # its errors are sync's to tell
+    directory = _PLANS_DIR[1]
+    try:
+        st = os.stat(directory)
+        key = (st.st_ino, st.st_mtime_ns)
+        if _LISTING is not None and _LISTING[0] == key and _LISTING[1] - st.st_mtime_ns > _TICK_NS:
+            return _LISTING[2]
+        now = time.time_ns()
+        with os.scandir(directory) as it:
+            entries = [(e.name, e.path) for e in it if _NAME.fullmatch(e.name)]
+    except OSError:
+        _PLANS_DIR = _LISTING = None  # found (and made) again next time
+        return []
+    _LISTING = (key, now, entries)
+    return entries
+
+
 def _read_file(path: str) -> str | None:
     """A regular file's text, never through a link nor blocking on a FIFO, within the bound."""
     try:
@@ -446,27 +480,21 @@ class Plans:
 
     # ---- finding the session's plans ----
     def _scan(self) -> list[PlanFile]:
-        directory = str(config.shared_dirs()[1])
-        try:
-            entries = list(os.scandir(directory))
-        except OSError:
-            return []
+        entries = _plan_entries()
         seen: dict[str, _Seen] = {}
-        for entry in entries:
-            if not _NAME.fullmatch(entry.name):
-                continue
+        for name, path in entries:
             try:
-                st = entry.stat(follow_symlinks=False)
+                st = os.stat(path, follow_symlinks=False)
             except OSError:
                 continue
             stat = (st.st_ino, st.st_mtime_ns, st.st_size)
-            old = self._seen.get(entry.name)
+            old = self._seen.get(name)
             # A reading within 2 s of the file's change may have missed a second change of the same
             # size in the same clock tick: such a file is read again next time.
-            if old is not None and old.stat == stat and time.time_ns() - st.st_mtime_ns > 2_000_000_000:
-                seen[entry.name] = old
+            if old is not None and old.stat == stat and time.time_ns() - st.st_mtime_ns > _TICK_NS:
+                seen[name] = old
                 continue
-            seen[entry.name] = self._read(entry.name, entry.path, stat, st.st_mtime)
+            seen[name] = self._read(name, path, stat, st.st_mtime)
         self._seen = seen
         for name, s in seen.items():
             if s.problem:
