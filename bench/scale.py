@@ -15,6 +15,8 @@ read, close in Python) [p99 <= 20 ms], against the same reads with the sessions 
 server's RSS per busy session (its peak during the turns less its RSS before the sessions were
 made, over N), and per idle session; the server's CPU time (every thread) during the turns, per
 turn and per request: when it nears the wall time, the server's one event loop is the limit.
+`--profile FILE` runs the server's main thread (its event loop) under cProfile during the turns and
+writes the stats to FILE (read them with `python -m pstats FILE`); it slows the server about twofold.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import argparse
 import asyncio
 import json
 import os
+import signal
 import statistics
 import sys
 import tempfile
@@ -104,7 +107,32 @@ def cpu_s(pid: int) -> float:
 
 
 # ---- ollie ------------------------------------------------------------------------------------
-def busy(s: Server, n: int) -> dict[str, float | list[float]]:
+# Imported by every Python process the server's environment starts (PYTHONPATH); in `ollie srv fg`,
+# the server itself, SIGRTMIN+1 starts cProfile on the main thread (the event loop's; signal handlers
+# run there) and SIGRTMIN+2 stops it and writes the stats: the bench sends them around the turns
+# (not SIGUSR1: libfuse interrupts requests with it, fs/fuse.py).
+_SITECUSTOMIZE = """
+import os, signal, sys
+if sys.argv[1:3] == ["srv", "fg"] and os.environ.get("OLLIE_BENCH_PROFILE"):
+    import cProfile
+    _profile = cProfile.Profile()
+    signal.signal(signal.SIGRTMIN + 1, lambda *_: _profile.enable())
+    def _stop(*_):
+        _profile.disable()
+        _profile.dump_stats(os.environ["OLLIE_BENCH_PROFILE"])
+    signal.signal(signal.SIGRTMIN + 2, _stop)
+"""
+
+
+def profile_env(env: dict[str, str], tmp: Path, out: Path) -> None:
+    site = tmp / "profile-site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(_SITECUSTOMIZE)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(site), env.get("PYTHONPATH")]))
+    env["OLLIE_BENCH_PROFILE"] = str(out.resolve())
+
+
+def busy(s: Server, n: int, profile: bool = False) -> dict[str, float | list[float]]:
     base_rss = rss_kib(s.pid())
     t = time.perf_counter()
     sids = [s.new() for _ in range(n)]
@@ -115,6 +143,8 @@ def busy(s: Server, n: int) -> dict[str, float | list[float]]:
         read_timed(s.mnt / "s" / sid / "state", idle_reads)
     reads: list[float] = []
     peak = idle_rss
+    if profile:
+        os.kill(s.pid(), signal.SIGRTMIN + 1)
     cpu = cpu_s(s.pid())
     t = time.perf_counter()
     for sid in sids:
@@ -132,6 +162,8 @@ def busy(s: Server, n: int) -> dict[str, float | list[float]]:
             time.sleep(0.01)
     wall = time.perf_counter() - t
     cpu = cpu_s(s.pid()) - cpu
+    if profile:
+        os.kill(s.pid(), signal.SIGRTMIN + 2)
     bad = [sid for sid in sids if (s.mnt / "s" / sid / "reply").read_text() != "done"]
     assert not bad, f"{len(bad)} sessions did not answer 'done', e.g. {(s.mnt / 's' / bad[0] / 'chat').read_text()}"
     return {
@@ -150,6 +182,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("-n", type=int, default=1000, help="sessions, all busy at once (default 1000)")
     ap.add_argument("--steps", type=int, default=5, help="requests per turn: tool calls, then the answer (default 5)")
+    ap.add_argument("--profile", metavar="FILE", type=Path, help="profile the server's event loop (cProfile) into FILE")
     args = ap.parse_args()
     if args.n < 1 or args.steps < 1:
         ap.error("-n and --steps must be at least 1")
@@ -164,9 +197,11 @@ def main() -> None:
         cfg = {"backend": "openai", "model": "bench", "prompt": "You are a benchmark.\n"}
         (s.root / "cfg" / "agents" / "default.json").write_text(json.dumps(cfg))
         s.env.update(OLLIE_OPENAI_URL=f"http://127.0.0.1:{port}", OLLIE_OPENAI_KEY="k")
+        if args.profile:
+            profile_env(s.env, Path(tmp), args.profile)
         s.srv("start")
         try:
-            r = busy(s, args.n)
+            r = busy(s, args.n, args.profile is not None)
         finally:
             s.srv("stop")
         bare_again = asyncio.run(bare(port, args.n, args.steps))  # the machine may have changed meanwhile
