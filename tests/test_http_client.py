@@ -264,6 +264,39 @@ async def test_read_and_connect_failures():
         await _http.request("GET", "http://127.0.0.1:9/")
 
 
+async def test_the_read_timeout_is_for_silence_not_for_the_whole_answer():
+    """A piece every 0.1 s for 0.6 s passes a 0.3 s read timeout; the silence after it does not,
+    mid-body, with the pieces before it read."""
+
+    async def chunked_trickle(conn: Conn, head: bytes, body: bytes) -> bool:
+        conn.writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n")
+        for i in range(6):
+            await asyncio.sleep(0.1)
+            conn.writer.write(b"%x\r\ndata: %d\n\n\r\n" % (len(b"data: 0\n\n"), i))
+        await asyncio.sleep(5)
+        return False
+
+    async with Server(chunked_trickle) as s:
+        r = await _http.request("GET", s.url, read_timeout=0.3)
+        got = []
+        with pytest.raises(_http.ReadTimeout, match="sent nothing for 0.3 s"):
+            async for event in r.events():
+                got.append(event[1])
+        assert got == ["0", "1", "2", "3", "4", "5"]
+
+
+async def test_a_body_to_the_connections_end_that_stalls_times_out():
+    async def stall(conn: Conn, head: bytes, body: bytes) -> bool:
+        conn.writer.write(b"HTTP/1.1 200 OK\r\n\r\nsome")
+        await asyncio.sleep(5)
+        return False
+
+    async with Server(stall) as s:
+        r = await _http.request("GET", s.url, read_timeout=0.2)
+        with pytest.raises(_http.ReadTimeout):
+            await r.read()
+
+
 # ---- TLS and proxies ----------------------------------------------------------------------------
 
 
