@@ -1,6 +1,8 @@
 """A thousand busy sessions in one server: N sessions made through the mount's `ctl`, each running
 a 5-step turn at once against a local OpenAI-wire server (bench/wire.py), against a bare asyncio
-HTTP client sending the same requests from one process (the baseline, same run).
+HTTP client sending the same requests from one process (the baseline, same run), and against the
+same turns run by sessions opened in the bench's own process with no file server (the agent loop
+alone: what the mount and the server add is the difference).
 
     .venv/bin/python bench/scale.py [-n 1000] [--steps 5]
 
@@ -93,11 +95,29 @@ async def bare_turn(port: int, steps: int) -> None:
         writer.close()
 
 
-async def bare(port: int, n: int, steps: int) -> float:
+async def bare(port: int, n: int, steps: int) -> tuple[float, float]:
+    """(wall, CPU) seconds of n turns at once."""
     await bare_turn(port, steps)  # warm up
-    t = time.perf_counter()
+    cpu, t = time.process_time(), time.perf_counter()
     await asyncio.gather(*(bare_turn(port, steps) for _ in range(n)))
-    return time.perf_counter() - t
+    return time.perf_counter() - t, time.process_time() - cpu
+
+
+# ---- the agent loop alone: the same turns by sessions opened in this process, no file server ---
+async def direct(n: int, cwd: Path) -> tuple[float, float]:
+    """(wall, CPU) seconds of n sessions' turns at once, each session opened with open_session as
+    the server opens them (same agent config, stores on disk), prompted with Core.submit."""
+    from ollie.agent import open_session
+
+    cores = [await open_session(cwd=str(cwd)) for _ in range(n)]
+    cpu, t = time.process_time(), time.perf_counter()
+    await asyncio.gather(*(core.submit("go") for core in cores))
+    wall, cpu = time.perf_counter() - t, time.process_time() - cpu
+    bad = [core.reply for core in cores if core.reply != "done"]
+    assert not bad, f"{len(bad)} sessions did not answer 'done', e.g. {bad[0]!r}"
+    for core in cores:
+        await core.close()
+    return wall, cpu
 
 
 def cpu_s(pid: int) -> float:
@@ -192,7 +212,7 @@ def main() -> None:
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     print(f"load before: {open('/proc/loadavg').read().strip()}")
     with WireServer(args.steps - 1) as port, tempfile.TemporaryDirectory(prefix="ollie-bench-scale-") as tmp:
-        bare_s = asyncio.run(bare(port, args.n, args.steps))
+        bare_s, bare_cpu = asyncio.run(bare(port, args.n, args.steps))
         s = Server(Path(tmp))
         cfg = {"backend": "openai", "model": "bench", "prompt": "You are a benchmark.\n"}
         (s.root / "cfg" / "agents" / "default.json").write_text(json.dumps(cfg))
@@ -204,12 +224,22 @@ def main() -> None:
             r = busy(s, args.n, args.profile is not None)
         finally:
             s.srv("stop")
-        bare_again = asyncio.run(bare(port, args.n, args.steps))  # the machine may have changed meanwhile
+        os.environ.update({k: v for k, v in s.env.items() if k.startswith("OLLIE_")})
+        direct_s, direct_cpu = asyncio.run(direct(args.n, Path(tmp)))
+        bare_again, bare_cpu_again = asyncio.run(bare(port, args.n, args.steps))  # the machine may have changed
     requests = args.n * args.steps
     base = min(bare_s, bare_again)
+    bare_cpu = min(bare_cpu, bare_cpu_again)
     wall = float(r["wall"])  # type: ignore[arg-type]
     print(f"{args.n} sessions made through ctl in {r['made']:.1f} s; each a {args.steps}-request turn, all at once")
-    print(f"  bare asyncio client, one process: {requests / base:8.0f} requests/s ({base:.2f} s; {bare_again:.2f})")
+    print(
+        f"  bare asyncio client, one process: {requests / base:8.0f} requests/s ({base:.2f} s; {bare_again:.2f}); "
+        f"CPU {1000 * bare_cpu / requests:.3f} ms per request"
+    )
+    print(
+        f"  ollie in one process, no server:  {requests / direct_s:8.0f} requests/s ({direct_s:.2f} s); "
+        f"{base / direct_s:.2f}x the bare client; CPU {1000 * direct_cpu / requests:.3f} ms per request"
+    )
     print(
         f"  ollie, through the mount:         {requests / wall:8.0f} requests/s ({wall:.2f} s, the prompts "
         f"written in {r['written']:.2f} s); {base / wall:.2f}x the bare client [target >= 0.7x]"
