@@ -340,7 +340,7 @@ _TICK_NS = 2_000_000_000  # a file or directory changed less than this ago may c
 # The plans directory (pl/), found once per data path: config.shared_dirs() resolves the path and
 # makes the directories (a realpath, two mkdirs and their checks), too much for every tool round of
 # every session; it is found again if the directory goes missing.
-_PLANS_DIR: tuple[str, str] | None = None  # (the data path it was found for, the directory)
+_PLANS_DIR: tuple[str, str] | None = None  # (the settings it was found for, the directory)
 # Its plan files, listed once per change of the directory (shared by every session of the process):
 # (the directory's (inode, mtime), when listed, [(name, path)]).
 _LISTING: tuple[tuple[int, int], int, list[tuple[str, str]]] | None = None
@@ -351,7 +351,7 @@ def _plan_entries() -> list[tuple[str, str]]:
     is reused while the directory's inode and mtime stay what they were, and was taken more than
     a clock tick (2 s) after that mtime (a file added in the same tick would leave it unchanged)."""
     global _PLANS_DIR, _LISTING
-    data = str(config.data_path())
+    data = f"{os.environ.get('OLLIE_DATA_PATH')}\0{os.environ.get('HOME')}"  # what config.data_path() reads
     if _PLANS_DIR is None or _PLANS_DIR[0] != data:
         _PLANS_DIR, _LISTING = (data, str(config.shared_dirs()[1])), None  # its errors are sync's to tell
     directory = _PLANS_DIR[1]
