@@ -1,65 +1,50 @@
-"""The FUSE mount of a Namespace, through mfusepy and the system's libfuse3.
+"""The FUSE mount of a Namespace, served on the server's asyncio loop.
 
-libfuse runs its own threads; each operation is handed to the server's asyncio loop with
-`run_coroutine_threadsafe` and the FUSE thread waits for it. A wait that takes long (a blocked
-`statewait`) moves to an eventfd that the answer writes, waited on in poll(2) called through ctypes,
-without the GIL: thousands of blocked readers cost no CPU while they wait. A killed reader gets
-EINTR at once and its coroutine is cancelled: the mount has `intr`, so the kernel tells libfuse
-about the signal, libfuse sends SIGUSR1 to the thread serving the request, and that ends its poll
-(poll is never restarted after a signal handler), whereupon `fuse_interrupted()` says why.
+The kernel's requests are read from the /dev/fuse descriptor (`fuse_kernel.py` has the protocol)
+by one thread, which hands them to the loop in batches: one wakeup of the loop for all the
+requests that came meanwhile. Each request then runs on the loop as the 9P server's do: those that
+only read the tree (lookup, getattr) at once, the others as a task, answered when it ends. A blocked
+reader (`statewait`, a long read) is one task, like any other awaiting coroutine: no thread, no
+stack, no CPU while it waits, and no limit but memory. A killed reader gets EINTR at once: the
+kernel sends FUSE_INTERRUPT naming its request, and the task serving it is cancelled.
+
+Earlier this mount ran on libfuse (through mfusepy), one thread per request, each handing its
+operation to the loop and waiting: under 2,000 blocked readers the hand-offs and the threads'
+contention for the GIL put a read of `state` at 52-94 ms at the 99th percentile (issue 15).
 
 A request made by the loop's own thread (code in the server touching the mount, e.g. a PATH lookup
-through `x/`) could never be answered, since answering needs that thread: it fails with EDEADLK
-instead of hanging the server.
+through `x/`) could never be answered, since answering needs that thread: the reading thread
+refuses it with EDEADLK instead of hanging the server.
 """
 
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
-import ctypes
 import errno as E
 import itertools
 import logging
 import os
-import signal
+import stat as S
 import subprocess
 import threading
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import TYPE_CHECKING, Any
 
-from .namespace import FsError, Handle, Namespace, OpenMode
+from . import fuse_kernel as K
+from .namespace import FsError, Handle, Namespace, OpenMode, Stat
 
 if TYPE_CHECKING:
     from .remote import RemoteNamespace
 
 log = logging.getLogger("ollie.fs.fuse")
 
-FAST_WAIT = 0.05  # seconds an answer is awaited the plain way before the wait moves to an eventfd
-# A signal that lands just before the poll starts is not lost: libfuse sends it again each second
-# until the request ends. The poll's timeout is one more check, for a mount without `intr`.
-INTERRUPT_CHECK = 5.0
 # Names may be cached briefly (the kernel updates its cache on rm and mv through the mount; a
 # session killed through ctl answers ENOENT at its next getattr); attributes never are, so sizes
 # are honest (`tail -f chat`, polling `reply`'s size); failed lookups never are, so a new session
 # shows at once.
-ENTRY_TIMEOUT = 1.0
-# Each request holds a libfuse thread until answered, and a `statewait` read blocks for up to 5 s:
-# libfuse's default of 10 threads would let ten waiting readers stall the whole mount, and 256
-# stalled it at about 250 (issue 15). A blocked thread costs no CPU (see above) and about 27 KiB
-# of the server's memory (its stack and buffer are reserved, not touched), so the cap is set far
-# above what the documented target needs (2,000 blocked readers; bench/blocked_readers.py).
-# Threads left idle after a burst end beyond MAX_IDLE_THREADS, enough that readers waking together
-# are not served by threads made anew (setting it also silences libfuse 3.14's spurious "Ignoring
-# invalid max threads value 4294967295" about its own default).
-MAX_THREADS = 10000
-MAX_IDLE_THREADS = 256
+ENTRY_TIMEOUT = 1  # seconds
 
-
-def _mfusepy():
-    import mfusepy
-
-    return mfusepy
+NO_REPLY = frozenset({K.FORGET, K.BATCH_FORGET, K.INTERRUPT})
 
 
 def _flags_to_mode(flags: int) -> OpenMode:
@@ -72,318 +57,507 @@ def _flags_to_mode(flags: int) -> OpenMode:
     return mode
 
 
-class Operations:
-    """mfusepy operations over a Namespace (raw_fi: we set direct_io per open file)."""
+def _name(arg: bytes) -> str:
+    return os.fsdecode(arg.split(b"\0", 1)[0])
 
-    use_ns = True
+
+class Connection:
+    """One FUSE connection (a /dev/fuse descriptor) serving `ns` on `loop`, until the mount goes.
+
+    Nodes are paths: a lookup gives the path a node id, kept until the kernel forgets it (a rename
+    moves the ids under the old path to the new one)."""
 
     def __init__(
         self,
         ns: Namespace | RemoteNamespace,
+        fd: int,
         loop: asyncio.AbstractEventLoop,
-        ready: threading.Event,
+        name: str,
         same_pids: bool = True,
     ):
         self.ns = ns
+        self.fd = fd
         self.loop = loop
+        self.name = name
         # Made on the loop's thread. A mount made in another PID namespace (a jail's) reports its
         # callers' ids there, which say nothing of ours; nor can the loop reach such a mount.
         self.loop_tid = threading.get_native_id() if same_pids else -1
-        self.ready = ready
-        self.handles: dict[int, Handle] = {}
+        self.local = isinstance(ns, Namespace)  # its stat only reads: answered without a task
+        self.ready: asyncio.Future[None] = loop.create_future()
+        self.done: asyncio.Future[None] = loop.create_future()
+        self._paths: dict[int, str] = {1: "/"}
+        self._ids: dict[str, int] = {"/": 1}
+        self._lookups: dict[int, int] = {}
+        self._dirs_kind: dict[int, bool] = {1: True}
+        self._next_id = itertools.count(2)
+        self._handles: dict[int, Handle] = {}
+        self._dirs: dict[int, list[Any]] = {}  # fh -> [path, entries or None]
         self._next_fh = itertools.count(1)
+        self._tasks: dict[int, asyncio.Task[None]] = {}  # by request, for FUSE_INTERRUPT
+        self._releases: set[asyncio.Task[None]] = set()
+        self._pending: list[bytes] = []
+        self._lock = threading.Lock()
+        self._scheduled = False
+        self._closed = False
         self._uid, self._gid = os.getuid(), os.getgid()
-        self._interrupted = _mfusepy()._libfuse.fuse_interrupted
-
-    # ---- bridging ----------------------------------------------------------------------------
-    def _run(self, coro: Coroutine[Any, Any, Any]) -> Any:
-        if _mfusepy().fuse_get_context()[2] == self.loop_tid:  # FUSE reports the caller's thread id
-            coro.close()
-            log.debug("refused a request from the loop thread (EDEADLK)")
-            raise _mfusepy().FuseOSError(E.EDEADLK)
-        fut = asyncio.run_coroutine_threadsafe(coro, self.loop)
-        try:
-            try:
-                return fut.result(FAST_WAIT)
-            except concurrent.futures.TimeoutError:
-                pass
-            _wait_long(fut, self._interrupted)
-            return fut.result(0)
-        except FsError as e:
-            raise _mfusepy().FuseOSError(e.errno) from None
-        except concurrent.futures.CancelledError:
-            raise _mfusepy().FuseOSError(E.EINTR) from None
-        except OSError as e:
-            if isinstance(e, _mfusepy().FuseOSError):
-                raise
-            raise _mfusepy().FuseOSError(e.errno or E.EIO) from None
-
-    def _handle(self, fi) -> Handle:
-        try:
-            return self.handles[fi.fh]
-        except KeyError:
-            raise _mfusepy().FuseOSError(E.EBADF) from None
-
-    def _add(self, handle: Handle, fi) -> int:
-        fh = next(self._next_fh)
-        self.handles[fh] = handle
-        fi.fh = fh
-        fi.direct_io = handle.direct_io
-        fi.noflush = fi.flags & os.O_ACCMODE == os.O_RDONLY  # nothing written: nothing to act on at close
-        return 0
-
-    # ---- operations ------------------------------------------------------------------------------
-    def init(self, path: str) -> None:
-        self.ready.set()
-
-    def getattr(self, path: str, fh: Any = None) -> dict[str, Any]:
-        if isinstance(self.ns, Namespace):  # a local tree's stat only reads: no hop (a hop costs ~0.1 ms)
-            try:
-                st = self.ns.stat_now(path)
-            except FsError as e:
-                raise _mfusepy().FuseOSError(e.errno) from None
-        else:
-            st = self._run(self.ns.stat(path))
-        mtime = int(st.mtime * 1e9)
-        return {
-            "st_mode": st.st_mode,
-            "st_nlink": 2 if st.is_dir else 1,
-            "st_size": st.size,
-            "st_uid": self._uid,
-            "st_gid": self._gid,
-            "st_mtime": mtime,
-            "st_ctime": mtime,
-            "st_atime": mtime,
-            "st_blocks": (st.size + 511) // 512,
-            "st_blksize": 4096,
+        os.set_blocking(fd, True)
+        self._thread = threading.Thread(target=self._read_requests, name=f"ollie-{name}", daemon=True)
+        self._sync: dict[int, Callable[[int, int, bytes], None]] = {
+            K.INIT: self._init,
+            K.FORGET: self._forget,
+            K.BATCH_FORGET: self._batch_forget,
+            K.INTERRUPT: self._interrupt,
+            K.RELEASE: self._release,
+            K.OPENDIR: self._opendir,
+            K.RELEASEDIR: self._releasedir,
+            K.STATFS: self._statfs,
+        }
+        if self.local:
+            self._sync[K.LOOKUP] = self._lookup_now
+            self._sync[K.GETATTR] = self._getattr_now
+        self._async: dict[int, Callable[[int, bytes], Coroutine[Any, Any, bytes | tuple[bytes, int]]]] = {
+            K.LOOKUP: self._lookup,
+            K.GETATTR: self._getattr,
+            K.SETATTR: self._setattr,
+            K.OPEN: self._open,
+            K.READ: self._read,
+            K.WRITE: self._write,
+            K.FLUSH: self._flush,
+            K.READDIR: self._readdir,
+            K.CREATE: self._create,
+            K.MKDIR: self._mkdir,
+            K.UNLINK: self._remove,
+            K.RMDIR: self._remove,
+            K.RENAME: self._rename,
+            K.RENAME2: self._rename2,
+        }
+        # Refused or accepted without acting (modes are the namespace's; accepting chmod, chown
+        # and utimens keeps `cp -p` and editors happy: SETATTR acts on the size only).
+        self._answers = {
+            K.FSYNC: 0,
+            K.FSYNCDIR: 0,
+            K.DESTROY: 0,
+            K.MKNOD: E.EROFS,
+            K.SYMLINK: E.EROFS,
+            K.LINK: E.EROFS,
         }
 
-    def readdir(self, path: str, fh: int):
-        entries = self._run(self.ns.list(path))
-        return [".", "..", *((st.name, {"st_mode": st.st_mode}, 0) for st in entries)]
+    def start(self) -> None:
+        self._thread.start()
 
-    def open(self, path: str, fi) -> int:
-        return self._add(self._run(self.ns.open(path, _flags_to_mode(fi.flags))), fi)
-
-    def create(self, path: str, mode: int, fi) -> int:
-        return self._add(self._run(self.ns.create(path, mode & 0o777)), fi)
-
-    def read(self, path: str, size: int, offset: int, fi) -> bytes:
-        return self._run(self._handle(fi).read(offset, size))
-
-    def write(self, path: str, data: bytes, offset: int, fi) -> int:
-        return self._run(self._handle(fi).write(offset, data))
-
-    def flush(self, path: str, fi) -> int:
-        self._run(self._handle(fi).flush())
-        return 0
-
-    def release(self, path: str, fi) -> int:
-        handle = self.handles.pop(fi.fh, None)
-        if handle is not None:  # nothing to report to anyone: don't make the closer wait for it
-            asyncio.run_coroutine_threadsafe(handle.release(), self.loop)
-        return 0
-
-    def truncate(self, path: str, length: int, fh: Any = None) -> int:
-        handle = self.handles.get(fh.fh) if fh is not None else None  # ftruncate(2): that open file
-        self._run(handle.truncate(length) if handle is not None else self.ns.truncate(path, length))
-        return 0
-
-    def mkdir(self, path: str, mode: int) -> int:
-        self._run(self.ns.mkdir(path, mode & 0o777))
-        return 0
-
-    def unlink(self, path: str) -> int:
-        self._run(self.ns.remove(path))
-        return 0
-
-    def rmdir(self, path: str) -> int:
-        self._run(self.ns.remove(path))
-        return 0
-
-    def rename(self, old: str, new: str) -> int:
-        self._run(self.ns.rename(old, new))
-        return 0
-
-    def chmod(self, path: str, mode: int) -> int:
-        return 0  # modes are the namespace's; accepting keeps `cp -p` and editors happy
-
-    def chown(self, path: str, uid: int, gid: int) -> int:
-        return 0
-
-    def utimens(self, path: str, times: Any = None) -> int:
-        return 0
-
-    def statfs(self, path: str) -> dict[str, int]:
-        return {"f_bsize": 4096, "f_frsize": 4096, "f_namemax": 255}
-
-
-class _Poll(ctypes.Structure):
-    _fields_ = [("fd", ctypes.c_int), ("events", ctypes.c_short), ("revents", ctypes.c_short)]
-
-
-_POLLIN = 1
-_libc_poll: Any = None
-
-
-def _poll(fd: int, timeout: float) -> int:
-    """poll(2) on one fd, through ctypes: the GIL is released while it waits, and a signal to this
-    thread ends it (-1, EINTR), where Python's select would retry."""
-    global _libc_poll
-    if _libc_poll is None:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.poll.argtypes = [ctypes.POINTER(_Poll), ctypes.c_ulong, ctypes.c_int]
-        libc.poll.restype = ctypes.c_int
-        _libc_poll = libc.poll
-    pfd = _Poll(fd, _POLLIN, 0)
-    return int(_libc_poll(ctypes.byref(pfd), 1, int(timeout * 1000)))
-
-
-class _Wakeup:
-    """An eventfd that the future's completion writes (from the loop's thread), closed once."""
-
-    def __init__(self) -> None:
-        self.fd = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
-        self._lock = threading.Lock()
-
-    def set(self, _fut: Any = None) -> None:
-        with self._lock:
-            if self.fd >= 0:
-                os.eventfd_write(self.fd, 1)
-
-    def close(self) -> None:
-        with self._lock:
-            os.close(self.fd)
-            self.fd = -1
-
-
-def _wait_long(fut: concurrent.futures.Future, interrupted: Any) -> None:
-    """Wait for `fut` without the GIL; on an interrupt, cancel it and fail with EINTR."""
-    wakeup = _Wakeup()
-    try:
-        fut.add_done_callback(wakeup.set)  # done already: called at once
-        while not fut.done():
-            if interrupted():
-                fut.cancel()
-                raise _mfusepy().FuseOSError(E.EINTR)
-            _poll(wakeup.fd, INTERRUPT_CHECK)
-    finally:
-        wakeup.close()
-
-
-def _fuse_class() -> Any:
-    base: Any = _mfusepy().FUSE
-
-    class FUSE(base):
-        def truncate_fuse_3(self, path, length, fip):
-            """mfusepy drops the open file of an ftruncate(2); pass it on (vim truncates the
-            descriptor it opened, and a/ configs and prompts are buffered per open file)."""
-            return self.ftruncate(path, length, fip)
-
-    return FUSE
-
-
-# A jail's view serves one session's code: a few waiting readers (statewait) at once is plenty.
-VIEW_THREADS = 16
-
-
-def serve_connection(ns: Namespace, fd: int, name: str) -> threading.Thread:
-    """Serve `ns` on `fd`, the /dev/fuse descriptor of a mount made elsewhere (in a jail's
-    namespaces), from a thread of its own, until the mount goes away (its jail ends): then libfuse
-    stops and closes `fd`. No `intr`: its signal would need a handler, settable only from the main
-    thread; a blocked read ends by itself (statewait within 5 s)."""
-    ops = Operations(ns, asyncio.get_running_loop(), threading.Event(), same_pids=False)
-
-    def run() -> None:
+    # ---- the reading thread --------------------------------------------------------------------
+    def _read_requests(self) -> None:
+        fd = self.fd
         try:
-            _fuse_class()(
-                ops,
-                f"/dev/fd/{fd}",
-                raw_fi=True,
-                foreground=True,
-                attr_timeout=0,
-                entry_timeout=ENTRY_TIMEOUT,
-                negative_timeout=0,
-                max_threads=VIEW_THREADS,
-                max_idle_threads=1,
-            )
-        except BaseException as e:  # noqa: BLE001 - a view that fails leaves its jail's $OLLIE failing
-            log.warning("%s: the view stopped: %s", name, e)
+            while True:
+                try:
+                    data = os.read(fd, K.BUFSIZE)
+                except (InterruptedError, FileNotFoundError):  # ENOENT: a request withdrawn meanwhile
+                    continue
+                except OSError as e:
+                    if e.errno != E.ENODEV:  # ENODEV: the mount is gone
+                        log.warning("%s: reading /dev/fuse: %s", self.name, e)
+                    return
+                if len(data) < K.IN_HEADER.size:
+                    return
+                _, opcode, unique, _, _, _, pid, _, _ = K.IN_HEADER.unpack_from(data)
+                if pid == self.loop_tid and opcode not in NO_REPLY and opcode != K.INIT:
+                    log.debug("refused a request from the loop thread (EDEADLK)")
+                    try:
+                        K.reply(fd, unique, E.EDEADLK)
+                    except OSError:
+                        pass
+                    continue
+                with self._lock:
+                    self._pending.append(data)
+                    wake = not self._scheduled
+                    self._scheduled = True
+                if wake:
+                    self.loop.call_soon_threadsafe(self._drain)
+        finally:
+            try:
+                self.loop.call_soon_threadsafe(self._end)
+            except RuntimeError:  # the loop is closed: nothing is left to answer
+                os.close(fd)
 
-    thread = threading.Thread(target=run, name=f"ollie-view-{name}", daemon=True)
-    thread.start()
-    return thread
+    # ---- on the loop ---------------------------------------------------------------------------
+    def _drain(self) -> None:
+        with self._lock:
+            batch, self._pending, self._scheduled = self._pending, [], False
+        for data in batch:
+            self._dispatch(data)
+
+    def _end(self) -> None:
+        self._drain()
+        self._closed = True
+        for task in self._tasks.values():
+            task.cancel()
+        for handle in self._handles.values():  # the mount is gone: nobody will close them
+            self._release_handle(handle)
+        self._handles.clear()
+        os.close(self.fd)
+        if not self.ready.done():
+            self.ready.set_exception(OSError(f"{self.name}: the FUSE connection ended before it started"))
+            self.ready.exception()  # retrieved: nobody may be waiting
+        if not self.done.done():
+            self.done.set_result(None)
+
+    def _reply(self, unique: int, error: int = 0, body: bytes = b"") -> bool:
+        if self._closed:
+            return False
+        try:
+            K.reply(self.fd, unique, error, body)
+        except FileNotFoundError:  # the caller gave up (interrupted) before the answer
+            return False
+        except OSError as e:
+            log.debug("%s: cannot answer a request: %s", self.name, e)
+            return False
+        return True
+
+    def _dispatch(self, data: bytes) -> None:
+        _, opcode, unique, nodeid = K.IN_HEADER.unpack_from(data)[:4]
+        arg = data[K.IN_HEADER.size :]
+        sync = self._sync.get(opcode)
+        if sync is not None:
+            try:
+                sync(unique, nodeid, arg)
+            except FsError as e:
+                self._reply(unique, e.errno)
+            except OSError as e:
+                self._reply(unique, e.errno or E.EIO)
+            except Exception:
+                log.exception("%s: FUSE request %d failed", self.name, opcode)
+                self._reply(unique, E.EIO)
+            return
+        handler = self._async.get(opcode)
+        if handler is None:
+            if opcode not in NO_REPLY:
+                self._reply(unique, self._answers.get(opcode, E.ENOSYS))
+            return
+        self._tasks[unique] = self.loop.create_task(self._run(unique, opcode, handler(nodeid, arg)))
+
+    async def _run(self, unique: int, opcode: int, op: Coroutine[Any, Any, bytes | tuple[bytes, int]]) -> None:
+        error, body, opened = 0, b"", 0
+        try:
+            out = await op
+            body, opened = out if isinstance(out, tuple) else (out, 0)
+        except asyncio.CancelledError:  # FUSE_INTERRUPT: the caller was signalled
+            error = E.EINTR
+        except FsError as e:
+            error = e.errno
+        except OSError as e:
+            error = e.errno or E.EIO
+        except Exception:
+            log.exception("%s: FUSE request %d failed", self.name, opcode)
+            error = E.EIO
+        finally:
+            self._tasks.pop(unique, None)
+        if not self._reply(unique, error, body) and opened:  # an open nobody got: nobody will close it
+            self._release_handle(self._handles.pop(opened, None))
+
+    # ---- nodes ----------------------------------------------------------------------------------
+    def _path(self, nodeid: int) -> str:
+        try:
+            return self._paths[nodeid]
+        except KeyError:
+            raise FsError(E.ENOENT, f"node {nodeid} is not known") from None
+
+    def _child(self, nodeid: int, name: str) -> str:
+        parent = self._path(nodeid)
+        return f"/{name}" if parent == "/" else f"{parent}/{name}"
+
+    def _ref(self, path: str, is_dir: bool) -> int:
+        nodeid = self._ids.get(path)
+        if nodeid is not None and self._dirs_kind.get(nodeid) != is_dir:  # replaced by another kind
+            del self._ids[path]
+            nodeid = None
+        if nodeid is None:
+            nodeid = self._ids[path] = next(self._next_id)
+            self._paths[nodeid] = path
+            self._dirs_kind[nodeid] = is_dir
+        self._lookups[nodeid] = self._lookups.get(nodeid, 0) + 1
+        return nodeid
+
+    def _unref(self, nodeid: int, n: int) -> None:
+        left = self._lookups.get(nodeid, 0) - n
+        if left > 0 or nodeid == 1:
+            self._lookups[nodeid] = left
+            return
+        self._lookups.pop(nodeid, None)
+        self._dirs_kind.pop(nodeid, None)
+        path = self._paths.pop(nodeid, None)
+        if path is not None and self._ids.get(path) == nodeid:
+            del self._ids[path]
+
+    def _removed(self, gone: str) -> None:
+        """A name removed: a node the kernel still holds keeps its id, a new one there gets another."""
+        for path in [p for p in self._ids if p == gone or p.startswith(gone + "/")]:
+            del self._ids[path]
+
+    def _moved(self, old: str, new: str) -> None:
+        for nodeid, path in list(self._paths.items()):
+            if path == old or path.startswith(old + "/"):
+                if self._ids.get(path) == nodeid:
+                    del self._ids[path]
+                self._paths[nodeid] = moved = new + path[len(old) :]
+                self._ids[moved] = nodeid
+
+    def _attr(self, nodeid: int, st: Stat) -> bytes:
+        sec = int(st.mtime)
+        nsec = min(int((st.mtime - sec) * 1e9), 999_999_999)
+        return K.ATTR.pack(
+            nodeid,
+            st.size,
+            (st.size + 511) // 512,
+            sec,
+            sec,
+            sec,
+            nsec,
+            nsec,
+            nsec,
+            st.st_mode,
+            2 if st.is_dir else 1,
+            self._uid,
+            self._gid,
+            0,
+            4096,
+            0,
+        )
+
+    def _entry(self, path: str, st: Stat) -> bytes:
+        nodeid = self._ref(path, st.is_dir)
+        return K.ENTRY_OUT.pack(nodeid, 0, ENTRY_TIMEOUT, 0, 0, 0) + self._attr(nodeid, st)
+
+    async def _stat(self, path: str) -> Stat:
+        return self.ns.stat_now(path) if isinstance(self.ns, Namespace) else await self.ns.stat(path)
+
+    def _handle(self, fh: int) -> Handle:
+        try:
+            return self._handles[fh]
+        except KeyError:
+            raise FsError(E.EBADF, "not an open file") from None
+
+    def _add(self, handle: Handle) -> int:
+        fh = next(self._next_fh)
+        self._handles[fh] = handle
+        return fh
+
+    @staticmethod
+    def _open_flags(handle: Handle, flags: int) -> int:
+        out = K.FOPEN_DIRECT_IO if handle.direct_io else 0
+        if flags & os.O_ACCMODE == os.O_RDONLY:  # nothing written: nothing to act on at close
+            out |= K.FOPEN_NOFLUSH
+        return out
+
+    def _release_handle(self, handle: Handle | None) -> None:
+        if handle is None:
+            return
+        task = self.loop.create_task(handle.release())  # nothing to report: nobody waits for it
+        self._releases.add(task)
+        task.add_done_callback(self._releases.discard)
+
+    # ---- requests answered at once -----------------------------------------------------------
+    def _init(self, unique: int, nodeid: int, arg: bytes) -> None:
+        major, minor, readahead, flags = K.INIT_IN.unpack_from(arg)
+        if major != K.MAJOR:
+            self._reply(unique, E.EPROTO)
+            return
+        out = K.INIT_OUT.pack(
+            K.MAJOR, min(minor, K.MINOR), readahead, flags & K.INIT_FLAGS, 64, 48, K.MAX_WRITE, 1, 0, 0, 0, 0
+        )
+        self._reply(unique, 0, out)
+        if not self.ready.done():
+            self.ready.set_result(None)
+
+    def _forget(self, unique: int, nodeid: int, arg: bytes) -> None:
+        self._unref(nodeid, K.U64.unpack_from(arg)[0])
+
+    def _batch_forget(self, unique: int, nodeid: int, arg: bytes) -> None:
+        (count,) = K.U32.unpack_from(arg)
+        for i in range(count):
+            self._unref(*K.FORGET_ONE.unpack_from(arg, 8 + i * K.FORGET_ONE.size))
+
+    def _interrupt(self, unique: int, nodeid: int, arg: bytes) -> None:
+        task = self._tasks.get(K.U64.unpack_from(arg)[0])
+        if task is not None:
+            task.cancel()
+
+    def _release(self, unique: int, nodeid: int, arg: bytes) -> None:
+        self._reply(unique)
+        self._release_handle(self._handles.pop(K.RELEASE_IN.unpack_from(arg)[0], None))
+
+    def _opendir(self, unique: int, nodeid: int, arg: bytes) -> None:
+        fh = next(self._next_fh)
+        self._dirs[fh] = [self._path(nodeid), None]
+        self._reply(unique, 0, K.OPEN_OUT.pack(fh, 0, 0))
+
+    def _releasedir(self, unique: int, nodeid: int, arg: bytes) -> None:
+        self._dirs.pop(K.RELEASE_IN.unpack_from(arg)[0], None)
+        self._reply(unique)
+
+    def _statfs(self, unique: int, nodeid: int, arg: bytes) -> None:
+        self._reply(unique, 0, K.KSTATFS.pack(0, 0, 0, 0, 0, 4096, 255, 4096, 0))
+
+    def _lookup_now(self, unique: int, nodeid: int, arg: bytes) -> None:
+        path = self._child(nodeid, _name(arg))
+        self._reply(unique, 0, self._entry(path, self.ns.stat_now(path)))  # type: ignore[union-attr]
+
+    def _getattr_now(self, unique: int, nodeid: int, arg: bytes) -> None:
+        st = self.ns.stat_now(self._path(nodeid))  # type: ignore[union-attr]
+        self._reply(unique, 0, K.ATTR_OUT.pack(0, 0, 0) + self._attr(nodeid, st))
+
+    # ---- requests served by a task ------------------------------------------------------------
+    async def _lookup(self, nodeid: int, arg: bytes) -> bytes:
+        path = self._child(nodeid, _name(arg))
+        return self._entry(path, await self._stat(path))
+
+    async def _getattr(self, nodeid: int, arg: bytes) -> bytes:
+        return K.ATTR_OUT.pack(0, 0, 0) + self._attr(nodeid, await self._stat(self._path(nodeid)))
+
+    async def _setattr(self, nodeid: int, arg: bytes) -> bytes:
+        valid, _, fh, size = K.SETATTR_IN.unpack_from(arg)[:4]
+        path = self._path(nodeid)
+        if valid & K.FATTR_SIZE:
+            handle = self._handles.get(fh) if valid & K.FATTR_FH else None  # ftruncate(2): that open file
+            await (handle.truncate(size) if handle is not None else self.ns.truncate(path, size))
+        return K.ATTR_OUT.pack(0, 0, 0) + self._attr(nodeid, await self._stat(path))
+
+    async def _open(self, nodeid: int, arg: bytes) -> tuple[bytes, int]:
+        flags = K.OPEN_IN.unpack_from(arg)[0]
+        handle = await self.ns.open(self._path(nodeid), _flags_to_mode(flags))
+        fh = self._add(handle)
+        return K.OPEN_OUT.pack(fh, self._open_flags(handle, flags), 0), fh
+
+    async def _read(self, nodeid: int, arg: bytes) -> bytes:
+        fh, offset, size = K.READ_IN.unpack_from(arg)[:3]
+        return await self._handle(fh).read(offset, size)
+
+    async def _write(self, nodeid: int, arg: bytes) -> bytes:
+        fh, offset, size = K.READ_IN.unpack_from(arg)[:3]
+        data = arg[K.READ_IN.size : K.READ_IN.size + size]
+        return K.WRITE_OUT.pack(await self._handle(fh).write(offset, data), 0)
+
+    async def _flush(self, nodeid: int, arg: bytes) -> bytes:
+        handle = self._handles.get(K.RELEASE_IN.unpack_from(arg)[0])
+        if handle is not None:
+            await handle.flush()
+        return b""
+
+    async def _readdir(self, nodeid: int, arg: bytes) -> bytes:
+        fh, offset, size = K.READ_IN.unpack_from(arg)[:3]
+        d = self._dirs.get(fh)
+        if d is None:
+            raise FsError(E.EBADF, "not an open directory")
+        if d[1] is None or offset == 0:
+            here = S.S_IFDIR | 0o755
+            d[1] = [(1, b".", here), (1, b"..", here)] + [
+                (st.qid or 1, os.fsencode(st.name), st.st_mode) for st in await self.ns.list(d[0])
+            ]
+        out, total = [], 0
+        for i in range(offset, len(d[1])):
+            ino, name, mode = d[1][i]
+            ent = K.dirent(ino, i + 1, name, mode)
+            if total + len(ent) > size:
+                break
+            out.append(ent)
+            total += len(ent)
+        return b"".join(out)
+
+    async def _create(self, nodeid: int, arg: bytes) -> tuple[bytes, int]:
+        flags, mode = K.CREATE_IN.unpack_from(arg)[:2]
+        path = self._child(nodeid, _name(arg[K.CREATE_IN.size :]))
+        handle = await self.ns.create(path, mode & 0o777)
+        try:
+            st = await self._stat(path)
+        except BaseException:
+            self._release_handle(handle)
+            raise
+        fh = self._add(handle)
+        return self._entry(path, st) + K.OPEN_OUT.pack(fh, self._open_flags(handle, flags), 0), fh
+
+    async def _mkdir(self, nodeid: int, arg: bytes) -> bytes:
+        mode = K.MKDIR_IN.unpack_from(arg)[0]
+        path = self._child(nodeid, _name(arg[K.MKDIR_IN.size :]))
+        await self.ns.mkdir(path, mode & 0o777)
+        return self._entry(path, await self._stat(path))
+
+    async def _remove(self, nodeid: int, arg: bytes) -> bytes:
+        path = self._child(nodeid, _name(arg))
+        await self.ns.remove(path)
+        self._removed(path)
+        return b""
+
+    async def _rename(self, nodeid: int, arg: bytes) -> bytes:
+        (newdir,) = K.RENAME_IN.unpack_from(arg)
+        return await self._do_rename(nodeid, newdir, arg[K.RENAME_IN.size :], 0)
+
+    async def _rename2(self, nodeid: int, arg: bytes) -> bytes:
+        newdir, flags, _ = K.RENAME2_IN.unpack_from(arg)
+        return await self._do_rename(nodeid, newdir, arg[K.RENAME2_IN.size :], flags)
+
+    async def _do_rename(self, nodeid: int, newdir: int, names: bytes, flags: int) -> bytes:
+        old_name, new_name = (os.fsdecode(n) for n in names.split(b"\0", 2)[:2])
+        old, new = self._child(nodeid, old_name), self._child(newdir, new_name)
+        if flags & K.RENAME_EXCHANGE:
+            raise FsError(E.EINVAL, "rename: exchanging is not supported")
+        if flags & K.RENAME_NOREPLACE:
+            try:
+                await self._stat(new)
+            except FsError:
+                pass
+            else:
+                raise FsError(E.EEXIST, f"{new}: exists")
+        await self.ns.rename(old, new)
+        self._removed(new)
+        self._moved(old, new)
+        return b""
 
 
-def _resolve(future: asyncio.Future[None]) -> None:
-    if not future.done():
-        future.set_result(None)
+def serve_connection(ns: Namespace, fd: int, name: str) -> Connection:
+    """Serve `ns` on `fd`, the /dev/fuse descriptor of a mount made elsewhere (in a jail's
+    namespaces), until the mount goes away (its jail ends): then `fd` is closed."""
+    conn = Connection(ns, fd, asyncio.get_running_loop(), f"view-{name}", same_pids=False)
+    conn.start()
+    return conn
 
 
 class Mount:
-    """A namespace (local, or another server's over 9P) mounted at `path` by a FUSE thread;
-    `unmount()` ends it."""
+    """A namespace (local, or another server's over 9P) mounted at `path`; `unmount()` ends it."""
 
     def __init__(self, ns: Namespace | RemoteNamespace, path: str):
         self.ns = ns
         self.path = os.path.abspath(path)
-        self._thread: threading.Thread | None = None
-        self._error: BaseException | None = None
+        self._conn: Connection | None = None
 
     async def start(self, timeout: float = 10.0) -> None:
         clear_stale(self.path)
         os.makedirs(self.path, exist_ok=True)
-        # libfuse interrupts a request by sending SIGUSR1 to the thread serving it. mfusepy enables
-        # `intr` after libfuse would have installed its handler, so without ours the signal kills
-        # the server. A Python-level no-op (not SIG_IGN, which children would inherit) is enough:
-        # the waiting thread sees fuse_interrupted() on its next check.
-        signal.signal(signal.SIGUSR1, lambda signum, frame: None)
-        loop = asyncio.get_running_loop()
-        ready = threading.Event()
-        ops = Operations(self.ns, loop, ready)
-        done = loop.create_future()
-
-        def run() -> None:
-            try:
-                _fuse_class()(
-                    ops,
-                    self.path,
-                    raw_fi=True,
-                    foreground=True,
-                    fsname="ollie",
-                    subtype="ollie",
-                    intr=True,
-                    attr_timeout=0,
-                    entry_timeout=ENTRY_TIMEOUT,
-                    negative_timeout=0,
-                    max_threads=MAX_THREADS,
-                    max_idle_threads=MAX_IDLE_THREADS,
-                )
-            except BaseException as e:  # noqa: BLE001 - reported to start() / the log
-                self._error = e
-            finally:
-                ready.set()
-                loop.call_soon_threadsafe(_resolve, done)
-
-        self._thread = threading.Thread(target=run, name="ollie-fuse", daemon=True)
-        self._thread.start()
-        if not await asyncio.to_thread(ready.wait, timeout) or self._error or done.done():
-            raise OSError(f"cannot mount {self.path}: {self._error or 'FUSE did not start'}")
-        self._done = done
+        try:
+            fd = await asyncio.to_thread(K.fusermount, self.path, "fsname=ollie,subtype=ollie")
+        except (OSError, subprocess.SubprocessError) as e:
+            raise OSError(f"cannot mount {self.path}: {e}") from None
+        conn = Connection(self.ns, fd, asyncio.get_running_loop(), "fuse")
+        conn.start()
+        try:
+            await asyncio.wait_for(asyncio.shield(conn.ready), timeout)
+        except (OSError, TimeoutError) as e:
+            await asyncio.to_thread(fusermount_u, self.path)
+            raise OSError(f"cannot mount {self.path}: {e or 'FUSE did not start'}") from None
+        self._conn = conn
 
     async def unmount(self, meanwhile: Callable[[], Awaitable[None]] | None = None) -> None:
         """Detach the mount, run `meanwhile` (closing the sessions: a jail's mount namespace holds a
         copy of this mount, and the file system ends only once the last copy goes), then wait for
         the file system to end."""
-        if self._thread is None:
+        if self._conn is None:
             if meanwhile is not None:
                 await meanwhile()
             return
         await asyncio.to_thread(fusermount_u, self.path)
         if meanwhile is not None:
             await meanwhile()
-        await asyncio.wait_for(asyncio.shield(self._done), 10)
-        self._thread = None
+        await asyncio.wait_for(asyncio.shield(self._conn.done), 10)
+        self._conn = None
 
 
 def fusermount_u(path: str) -> None:
