@@ -152,7 +152,7 @@ def profile_env(env: dict[str, str], tmp: Path, out: Path) -> None:
     env["OLLIE_BENCH_PROFILE"] = str(out.resolve())
 
 
-def busy(s: Server, n: int, profile: bool = False) -> dict[str, float | list[float]]:
+def busy(s: Server, n: int, profile: bool = False, writers: int = 1) -> dict[str, float | list[float]]:
     base_rss = rss_kib(s.pid())
     t = time.perf_counter()
     sids = [s.new() for _ in range(n)]
@@ -167,8 +167,14 @@ def busy(s: Server, n: int, profile: bool = False) -> dict[str, float | list[flo
         os.kill(s.pid(), signal.SIGRTMIN + 1)
     cpu = cpu_s(s.pid())
     t = time.perf_counter()
-    for sid in sids:
-        (s.mnt / "s" / sid / "prompt").write_text("go")
+    if writers == 1:
+        for sid in sids:
+            (s.mnt / "s" / sid / "prompt").write_text("go")
+    else:  # at once, as the bare client's turns start: each write is a FUSE round trip to the busy loop
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(writers) as pool:
+            list(pool.map(lambda sid: (s.mnt / "s" / sid / "prompt").write_text("go"), sids))
     written = time.perf_counter() - t
     pending = list(sids)
     while pending:
@@ -202,10 +208,16 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("-n", type=int, default=1000, help="sessions, all busy at once (default 1000)")
     ap.add_argument("--steps", type=int, default=5, help="requests per turn: tool calls, then the answer (default 5)")
+    ap.add_argument(
+        "--writers",
+        type=int,
+        default=1,
+        help="threads writing the prompts (default 1: one after another, each a FUSE round trip)",
+    )
     ap.add_argument("--profile", metavar="FILE", type=Path, help="profile the server's event loop (cProfile) into FILE")
     args = ap.parse_args()
-    if args.n < 1 or args.steps < 1:
-        ap.error("-n and --steps must be at least 1")
+    if args.n < 1 or args.steps < 1 or args.writers < 1:
+        ap.error("-n, --steps and --writers must be at least 1")
     import resource
 
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -221,7 +233,7 @@ def main() -> None:
             profile_env(s.env, Path(tmp), args.profile)
         s.srv("start")
         try:
-            r = busy(s, args.n, args.profile is not None)
+            r = busy(s, args.n, args.profile is not None, args.writers)
         finally:
             s.srv("stop")
         os.environ.update({k: v for k, v in s.env.items() if k.startswith("OLLIE_")})
