@@ -485,3 +485,24 @@ async def test_the_backend_keeps_what_came_before_a_cut_and_says_the_stream_was_
             async for c in be.stream([Message("user", "hi")], [], GenerationParams()):
                 got.append(c)
         assert [c.text for c in got] == ["kept", " too"]
+
+
+async def test_a_stream_given_up_midway_closes_its_connection_and_the_next_request_opens_another():
+    """A turn interrupted while the answer streams: the half-read connection is not pooled."""
+
+    async def slow(conn: Conn, head: bytes, body: bytes) -> bool:
+        if conn.requests == 1 and s.connections == 1:
+            conn.writer.write(chunked(sse_body(delta("one")), end=False))
+            await asyncio.sleep(5)
+            return False
+        conn.writer.write(chunked(sse_body(delta("two"), delta(finish="stop"))))
+        return True
+
+    async with Server(slow) as s:
+        be = backends.create("openai", "m", base_url=s.url + "/v1", api_key="k")
+        stream = be.stream([Message("user", "hi")], [], GenerationParams())
+        assert (await anext(stream)).text == "one"
+        await stream.aclose()  # what cancelling the turn's task does to it
+        chunks = await collect(be)
+        assert [c.text for c in chunks if isinstance(c, TextDelta)] == ["two"] and chunks[-1] == Done("stop")
+        assert s.connections == 2
