@@ -13,7 +13,8 @@ client re-reading the end of `chat` each second, as tail does on a FUSE file) an
 reading `statewait` in a loop (threads in helper processes on the mount, a 9P client's concurrent
 requests over 9P), spread over the sessions; and times the same reads again. Printed: p50, p99
 and max of each, and the p99 under load as a ratio of the baseline's. Targets (issue 15): with
-2,000 blocked readers, p99 <= 20 ms and no read over 200 ms. Also the server's RSS and threads.
+2,000 blocked readers, p99 <= 20 ms and no read over 200 ms. Also the server's RSS and threads, before the readers and
+with them, and its CPU while they wait. The 1-minute load average is printed before and after.
 """
 
 from __future__ import annotations
@@ -190,6 +191,7 @@ def run(s: Server, sids: list[str], args: argparse.Namespace, transport: str) ->
         return asyncio.run(time_9p_reads(addr, state, args.reads))
 
     base = quantiles(timed())
+    rss0, threads0 = rss_kib(s.pid()), threads_of(s.pid())
     procs: list[subprocess.Popen] = []
     t0 = time.perf_counter()
     try:
@@ -216,7 +218,8 @@ def run(s: Server, sids: list[str], args: argparse.Namespace, transport: str) ->
     total = per_path * len(sids) + n_tails
     print(
         f"{transport}: {total} blocked readers ({per_path * len(sids)} in statewait, {n_tails} following chat), "
-        f"started in {started:.1f} s; server RSS {rss / 1024:.0f} MiB, {threads} threads, "
+        f"started in {started:.1f} s; server RSS {rss0 / 1024:.0f} -> {rss / 1024:.0f} MiB "
+        f"({(rss - rss0) / total:.1f} KiB per reader), threads {threads0} -> {threads}, "
         f"CPU {cpu:.0%} of a core meanwhile"
     )
     print(f"  state, nobody waiting:   {fmt(base)}")
@@ -265,6 +268,7 @@ def main() -> None:
             for transport in ("fuse", "9p"):
                 if args.only in (None, transport):
                     run(s, sids, args, transport)
+            print(f"load after: {open('/proc/loadavg').read().strip()}")
         finally:
             s.srv("stop")
 
