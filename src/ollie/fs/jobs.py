@@ -11,6 +11,9 @@ crash) or `failed: interrupted by a server stop`, never run again behind the use
 
 A job that a session's code submits (through its view) is that session's: its cwd and agent are
 bounded as a sub-session's are, and interrupting or ending the session cancels it.
+
+Where a job runs is the executor's choice (OLLIE_BATCH_EXECUTOR): `local`, a session of this
+server, or `ray`, a task on a Ray cluster (`ray_jobs`); `b/` shows both alike.
 """
 
 from __future__ import annotations
@@ -22,10 +25,10 @@ import logging
 import os
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .. import config
 from ..agent.session import check_session_id, new_session_id
@@ -35,6 +38,9 @@ from .namespace import Dir, File, FsError, Handle, OpenMode
 from .session_files import ChatFile, WaitHandle, script_file
 from .sessions import Session, Sessions, errno_of
 from .stores import OnCloseHandle, TextFile, text_size
+
+if TYPE_CHECKING:
+    from .ray_jobs import RayExecutor
 
 log = logging.getLogger("ollie.fs.jobs")
 
@@ -49,6 +55,8 @@ JSON_ANSWER = (
     "Your answer is parsed as JSON."
 )
 UNFINISHED = ("queued", "running")
+EXECUTORS = ("local", "ray")
+RAY_IN_FLIGHT = 10_000  # jobs handed to a Ray cluster at once by default: its scheduler queues them
 
 
 def job_slots() -> int:
@@ -60,6 +68,13 @@ def job_slots() -> int:
     if slots < 1:
         raise OllieError(f"OLLIE_JOBS={raw!r}: give how many jobs may run at once, a whole number of at least 1")
     return slots
+
+
+def batch_executor() -> str:
+    name = os.environ.get("OLLIE_BATCH_EXECUTOR", "local") or "local"
+    if name not in EXECUTORS:
+        raise OllieError(f"OLLIE_BATCH_EXECUTOR={name!r}: give {' or '.join(EXECUTORS)}")
+    return name
 
 
 def jobs_dir() -> Path:
@@ -119,6 +134,20 @@ def parse_spec(text: str) -> Spec:
     if not spec.prompt:
         raise FsError(E.EINVAL, "the prompt after '---' is empty")
     return spec
+
+
+def outcome(answer: str, errors: list[str], output: str) -> tuple[str, str]:
+    """A finished turn's (status, result): its answer, or why there is none or it is not JSON."""
+    answer = answer.strip()
+    if not answer:
+        reason = errors[-1] if errors else "the turn ended without an answer"
+        return f"failed: {reason.splitlines()[0]}", reason
+    if output == "json":
+        try:
+            json.loads(answer)
+        except ValueError as e:
+            return f"failed: the answer is not JSON ({e})", answer
+    return "done", answer
 
 
 # ---- jobs ------------------------------------------------------------------------------------------
@@ -203,13 +232,27 @@ class Job:
     def log_path(self) -> Path:
         return self.dir / "chat"
 
+    @property
+    def prompt(self) -> str:
+        """The prompt as the model gets it."""
+        return self.spec.prompt + (JSON_ANSWER if self.spec.output == "json" else "")
+
 
 class Jobs:
     """Every job of the server, by id, in creation order."""
 
-    def __init__(self, sessions: Sessions, slots: int | None = None):
+    def __init__(self, sessions: Sessions, slots: int | None = None, executor: str | None = None):
+        """`executor` (OLLIE_BATCH_EXECUTOR): `local` runs OLLIE_JOBS jobs at once; `ray` hands
+        every job to the cluster at once (unless OLLIE_JOBS is set), whose CPUs pace them."""
         self.sessions = sessions
         self._by_id: dict[str, Job] = {}
+        self._ray: RayExecutor | None = None
+        if (executor or batch_executor()) == "ray":
+            from .ray_jobs import RayExecutor
+
+            self._ray = RayExecutor()
+            if slots is None and "OLLIE_JOBS" not in os.environ:
+                slots = RAY_IN_FLIGHT
         self._slots = asyncio.Semaphore(slots or job_slots())
         self._closing = False  # the server stops: what it cancels now is interrupted, not cancelled
         sessions.on_end.append(self._parent_ended)
@@ -258,7 +301,7 @@ class Jobs:
                 raise FsError(
                     E.EACCES, f"{JOBS_KEPT_PER_PARENT} jobs a session at most; rm -r b/<id> the finished ones"
                 )
-        self.sessions.check_spec(settings)
+        self.sessions.check_spec(settings, cwd_here=self._ray is None)
         name = spec.settings.get("name")
         if name:
             for i in range(spec.parallel):
@@ -270,6 +313,7 @@ class Jobs:
         """Make the jobs a spec asks for, queued; returns them."""
         spec = parse_spec(text)
         self.check_spec(spec, parent)
+        await self.ready()
         base = spec.settings.get("name") or new_session_id()
         made = []
         for i in range(spec.parallel):
@@ -280,13 +324,25 @@ class Jobs:
             made.append(job)
         return made
 
+    async def ready(self) -> None:
+        """Whether jobs can be run: a Ray cluster that cannot be reached is ECONNREFUSED, naming it."""
+        if self._ray is not None:
+            try:
+                await self._ray.connect()
+            except OllieError as e:
+                log.warning("%s", e)
+                raise FsError(E.ECONNREFUSED, str(e)) from None
+
     async def _run(self, job: Job, parent: Session | None) -> None:
         try:
             async with self._slots:
                 if job.status != "queued":
                     return
-                job.set("running")
-                status, result = await self._turn(job, parent)
+                if parent is not None and self.sessions.find(parent.id) is not parent:
+                    job.set("cancelled", "its session ended")
+                    return
+                run = self._ray_turn if self._ray is not None else self._turn
+                status, result = await run(job, parent)
                 job.set(status, result)
         except asyncio.CancelledError:
             if job.status in UNFINISHED:
@@ -309,26 +365,45 @@ class Jobs:
                     job.save()
                 await self.sessions.forget(session)  # which counts what it spent in its parent's
 
+    def _settings(self, spec: Spec, parent: Session | None) -> dict[str, str]:
+        settings = {k: v for k, v in spec.settings.items() if k != "name"}
+        return self.sessions.check_child(parent, settings, jobs=True) if parent is not None else settings
+
     async def _turn(self, job: Job, parent: Session | None) -> tuple[str, str]:
+        """The job as a session of this server."""
+        job.set("running")
         settings = {k: v for k, v in job.spec.settings.items() if k != "name"}
-        if parent is not None and self.sessions.find(parent.id) is not parent:
-            return "cancelled", "its session ended"
         job.session = await self.sessions.new(settings, parent=parent, job_id=job.id, store_root=jobs_dir())
         core = await job.session.wake()
         errors: list[str] = []
         core.subscribe(lambda ev: errors.append(ev.text) if ev.kind == "error" else None)
-        prompt = job.spec.prompt + (JSON_ANSWER if job.spec.output == "json" else "")
-        await core.submit(prompt)
-        answer = core.reply.strip()
-        if not answer:
-            reason = errors[-1] if errors else "the turn ended without an answer"
-            return f"failed: {reason.splitlines()[0]}", reason
-        if job.spec.output == "json":
-            try:
-                json.loads(answer)
-            except ValueError as e:
-                return f"failed: the answer is not JSON ({e})", answer
-        return "done", answer
+        await core.submit(job.prompt)
+        return outcome(core.reply, errors, job.spec.output)
+
+    async def _ray_turn(self, job: Job, parent: Session | None) -> tuple[str, str]:
+        """The job as a task of the Ray cluster: its log, usage and cost stream into the record."""
+        from .ray_jobs import Task
+
+        assert self._ray is not None
+        settings = self._settings(job.spec, parent)
+        settings["cwd"] = os.path.abspath(self.sessions.cwd_of(settings))
+        job.log_path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        with open(job.log_path, "ab") as log_file:
+
+            def progress(item: dict[str, Any]) -> None:
+                if item.get("log"):
+                    log_file.write(item["log"])
+                    log_file.flush()
+                if "usage" in item:
+                    job.record.usage = item["usage"]
+                    job.record.cost, job.record.cost_last, job.record.price_known = item["cost"]
+                    job.record.model = item["model"]
+
+            task = Task(job.id, settings, job.prompt, job.spec.output, sub_agent=parent is not None)
+            done = await self._ray.run(task, lambda: job.set("running"), progress)
+        if parent is not None and self.sessions.find(parent.id) is parent:
+            self.sessions.add_to_parent(parent, job.usage(), job.record.cost)
+        return done["status"], done.get("result", "")
 
     async def cancel(self, jid: str) -> None:
         """Cancel the job (if unfinished) and remove it with its files."""
@@ -351,6 +426,8 @@ class Jobs:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        if self._ray is not None:
+            await self._ray.close()
 
     def index(self, jobs: list[Job] | None = None) -> str:
         return "".join(
@@ -372,15 +449,22 @@ class NewJobHandle(OnCloseHandle):
     and then nothing is made at close); at close the jobs are made. Reading gives the template, or
     the new jobs' ids, one a line (reading after writing makes them at once), or why it failed."""
 
-    def __init__(self, submit: Callable[[str], Any]):
+    def __init__(self, submit: Callable[[str], Any], ready: Callable[[], Awaitable[None]]):
         super().__init__(lambda: self._answer or TEMPLATE, self._make, SPEC_MAX)
         self._submit = submit
+        self._ready = ready
         self._answer = ""
         self._error: FsError | None = None
 
     async def write(self, offset: int, data: bytes) -> int:
         if self._error is not None:  # every later write of this open file fails alike
             raise self._error
+        if offset == 0:
+            try:  # a cluster that cannot be reached fails the first write, which a shell reports
+                await self._ready()
+            except FsError as e:
+                self._refuse(e)
+                raise
         n = await super().write(offset, data)
         header = bytes(self._buf).decode(errors="replace").split("\n")[:-1]  # complete lines
         spec = Spec({})
@@ -390,10 +474,13 @@ class NewJobHandle(OnCloseHandle):
                     break
                 parse_header_line(number, line, spec)
         except FsError as e:
-            self._refused, self._dirty, self._answer, self._error = True, False, f"error: {e}\n", e
-            self._buf.clear()
+            self._refuse(e)
             raise
         return n
+
+    def _refuse(self, e: FsError) -> None:
+        self._refused, self._dirty, self._answer, self._error = True, False, f"error: {e}\n", e
+        self._buf.clear()
 
     async def read(self, offset: int, count: int) -> bytes:
         if offset == 0:
@@ -412,14 +499,15 @@ class NewJobHandle(OnCloseHandle):
 class NewJobFile(File):
     mode = 0o644
 
-    def __init__(self, submit: Callable[[str], Any]):
+    def __init__(self, submit: Callable[[str], Any], ready: Callable[[], Awaitable[None]]):
         self._submit = submit
+        self._ready = ready
 
     def size(self) -> int:
         return len(TEMPLATE)
 
     async def open(self, mode: OpenMode) -> Handle:
-        return NewJobHandle(self._submit)
+        return NewJobHandle(self._submit, self._ready)
 
 
 class StatusWaitFile(File):
@@ -482,7 +570,7 @@ class JobsDir(Dir):
         self.jobs = jobs
         self.owner = owner
         self.fixed: dict[str, File] = {
-            "new": NewJobFile(self._submit),
+            "new": NewJobFile(self._submit, self._ready),
             "idx": TextFile(lambda: jobs.index(self._mine())),
             **{name: script_file(text) for name, text in scripts.items()},
         }
@@ -490,6 +578,14 @@ class JobsDir(Dir):
     async def _submit(self, text: str) -> list[Job]:
         try:
             return await self.jobs.submit(text, self.owner)
+        except FsError as e:
+            if self.owner is not None:
+                self.owner.error(f"job refused: {e}")
+            raise
+
+    async def _ready(self) -> None:
+        try:
+            await self.jobs.ready()
         except FsError as e:
             if self.owner is not None:
                 self.owner.error(f"job refused: {e}")

@@ -333,9 +333,10 @@ class Sessions:
             raise FsError(E.EEXIST, f"session {name!r} already exists")
         return name
 
-    def check_spec(self, spec: dict[str, str]) -> None:
+    def check_spec(self, spec: dict[str, str], cwd_here: bool = True) -> None:
         """What can be known wrong in a new session's spec before making it: the writer of `s/new`
-        hears of it at its write (the session is made at close, whose error shells ignore)."""
+        hears of it at its write (the session is made at close, whose error shells ignore). Not
+        `cwd_here`: the cwd is another machine's (a Ray worker's), which checks it itself."""
         from .. import backends
 
         if unknown := sorted(set(spec) - set(NEW_KEYS)):
@@ -344,8 +345,8 @@ class Sessions:
             self.check_name(spec["name"])
         if spec.get("cwd"):
             check_cwd(spec["cwd"])
-            if not os.path.isdir(self._cwd(spec)):
-                raise FsError(E.ENOENT, f"cwd {self._cwd(spec)!r} is not a directory")
+            if cwd_here and not os.path.isdir(self.cwd_of(spec)):
+                raise FsError(E.ENOENT, f"cwd {self.cwd_of(spec)!r} is not a directory")
         if spec.get("backend") and spec["backend"] not in backends.names():
             known = ", ".join(backends.names())
             raise FsError(E.EINVAL, f"unknown backend {spec['backend']!r}; backends: {known}")
@@ -355,7 +356,7 @@ class Sessions:
             except ConfigError as e:
                 raise FsError(E.EINVAL, str(e)) from None
 
-    def _cwd(self, spec: dict[str, str]) -> str:
+    def cwd_of(self, spec: dict[str, str]) -> str:
         return os.path.expanduser(spec["cwd"]) if spec.get("cwd") else self.default_cwd
 
     async def new(
@@ -382,7 +383,7 @@ class Sessions:
             if job_id and job_id in self._by_id:
                 raise FsError(E.EEXIST, f"session {job_id!r} already exists")
             name = spec.get("name") or ""
-            cwd = self._cwd(spec)
+            cwd = self.cwd_of(spec)
             opened: list[Session] = []  # the view serves the Session, made once the Core is
             view = self.view
             try:

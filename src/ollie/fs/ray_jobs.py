@@ -1,0 +1,283 @@
+"""Batch jobs on a Ray cluster (`OLLIE_BATCH_EXECUTOR=ray`): each job of `b/` runs as one Ray task,
+a headless session on whichever worker Ray picks, and streams its log back to the server.
+
+The server (the Ray driver) keeps everything `b/` shows: it appends the streamed log to the job's
+`chat`, and takes usage, cost and the outcome from the stream. Nothing of a job's spec but its
+resolved settings (agent, backend, model, cwd) and its prompt travels; API keys never do. A worker
+reads keys from its own environment or its own ollie env file (`$OLLIE_CFG_PATH/env`); the server's
+other ollie settings (`OLLIE_*` variables that are not keys, tokens, secrets or passwords) ride in
+the task's runtime environment, so a worker on a shared filesystem sees the same agents.
+
+`ray` is imported only here, and this module only when the executor is `ray`. A task is never
+retried (a job's side effects must not happen twice behind the user's back); a worker that dies
+fails its job. Cancelling the job (`rm -r b/<id>`, the parent's interrupt, the server's stop)
+cancels the task: Ray interrupts the worker's wait, and the session closes its sandbox.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import queue
+import re
+import socket
+import tempfile
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from .. import config
+from ..types import ConfigError, Cost, OllieError, Usage
+
+log = logging.getLogger("ollie.fs.ray_jobs")
+
+CONNECT_TIMEOUT = 5.0  # seconds to reach the cluster's address before saying it cannot be reached
+INIT_TIMEOUT = 60.0  # seconds for ray.init once the address answers
+CANCEL_LATENCY = 0.2  # seconds a cancelled task may take to notice
+SECRET = re.compile(r"KEY|TOKEN|SECRET|PASSWORD", re.IGNORECASE)
+
+
+def forwarded_env(environ: dict[str, str]) -> dict[str, str]:
+    """The server's ollie settings a worker gets with each task: OLLIE_* variables, keys excepted."""
+    return {k: v for k, v in environ.items() if k.startswith("OLLIE_") and not SECRET.search(k)}
+
+
+@dataclass
+class Task:
+    """What a job's task carries to its worker."""
+
+    job_id: str
+    settings: dict[str, str]  # agent, backend, model (as given, "" = default), cwd (absolute)
+    prompt: str  # as the model gets it (with the JSON instruction for output=json)
+    output: str  # "" or "json"
+    sub_agent: bool  # a session's code asked for it: its agent must run nothing outside the sandbox
+
+
+def check_address(address: str) -> None:
+    """A `host:port` cluster address must answer on TCP before ray.init is let wait on it."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit():
+        raise ConfigError(f"RAY_ADDRESS={address!r}: give the head node as host:port (or 'auto')")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), CONNECT_TIMEOUT).close()
+    except OSError as e:
+        raise OllieError(f"the Ray cluster at {address} cannot be reached: {e.strerror or e}") from None
+
+
+class RayExecutor:
+    """Runs jobs as Ray tasks. `address` is RAY_ADDRESS's value: `host:port` of a running cluster's
+    head, `auto` (the cluster this machine runs), or "" (Ray's own choice: a running local cluster,
+    else a new one in this process, stopped with the server)."""
+
+    def __init__(self, address: str | None = None):
+        self.address = os.environ.get("RAY_ADDRESS", "") if address is None else address
+        self._ray: Any = None
+        self._remote: Any = None
+        self._lock = asyncio.Lock()
+
+    async def connect(self) -> None:
+        """Connect on first use; a cluster that cannot be reached is an OllieError naming it."""
+        async with self._lock:
+            if self._ray is not None:
+                return
+            if self.address and self.address != "auto":
+                await asyncio.to_thread(check_address, self.address)
+            try:
+                import ray
+            except ImportError:
+                raise ConfigError("OLLIE_BATCH_EXECUTOR=ray needs Ray: pip install 'ollie-agents[ray]'") from None
+            try:
+                await asyncio.wait_for(asyncio.to_thread(self._init, ray), INIT_TIMEOUT)
+            except TimeoutError:
+                raise OllieError(f"the Ray cluster at {self._where} did not answer in {INIT_TIMEOUT:.0f} s") from None
+            except Exception as e:  # ray.init raises ConnectionError, RuntimeError, ValueError …
+                raise OllieError(f"the Ray cluster at {self._where} cannot be joined: {e}") from None
+            self._ray = ray
+            self._remote = ray.remote(run_task).options(
+                num_returns="streaming",
+                max_retries=0,
+                num_cpus=1,
+                runtime_env={"env_vars": forwarded_env(config.own_environ())},
+            )
+
+    @property
+    def _where(self) -> str:
+        return self.address or "auto"
+
+    def _init(self, ray: Any) -> None:
+        ray.init(
+            address=self.address or None,
+            ignore_reinit_error=True,
+            log_to_driver=False,
+            logging_level=logging.WARNING,
+            configure_logging=False,
+            include_dashboard=False,
+        )
+
+    async def run(
+        self, task: Task, on_start: Callable[[], None], on_progress: Callable[[dict[str, Any]], None]
+    ) -> dict[str, Any]:
+        """Run the task to its end; returns its outcome (status, result, usage, cost, model).
+        `on_start` when a worker has begun it, `on_progress(item)` for each log, usage and cost."""
+        await self.connect()
+        stream = self._remote.remote(asdict(task))
+        try:
+            async for ref in stream:
+                item = await ref
+                if "started" in item:
+                    on_start()
+                on_progress(item)
+                if "status" in item:
+                    return item
+            return {"status": "failed: its Ray task ended without an outcome", "result": ""}
+        except asyncio.CancelledError:
+            self._ray.cancel(stream)
+            raise
+        except self._ray.exceptions.RayError as e:
+            return {"status": f"failed: {ray_failure(e)}", "result": str(e)}
+
+    async def close(self) -> None:
+        if self._ray is not None:
+            await asyncio.to_thread(self._ray.shutdown)
+            self._ray = None
+
+
+def ray_failure(error: Exception) -> str:
+    """A Ray error as one line a job's status can carry."""
+    name = type(error).__name__
+    if "WorkerCrashed" in name:
+        return "its Ray worker died while running it"
+    if "NodeDied" in name:
+        return "the Ray node running it died"
+    if "TaskCancelled" in name:
+        return "its Ray task was cancelled"
+    first = str(error).strip().splitlines()
+    return f"{name}: {first[0] if first else 'no detail'}"
+
+
+# ---- on the worker ---------------------------------------------------------------------------------
+
+
+def run_task(task: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    """The Ray task: a headless session on its own event loop, in a thread, while this generator
+    hands Ray what it streams. Ray's cancel interrupts the wait here; the session is then asked to
+    stop, as an interrupt would, and closes (its sandbox with it) before the task ends. It is
+    asked, not cancelled: a cancel landing inside its close would leave the sandbox running."""
+    items: queue.Queue[dict[str, Any] | None] = queue.Queue()
+    loop = asyncio.new_event_loop()
+    stop = asyncio.Event()
+    job = loop.create_task(_work(Task(**task), items.put, stop))
+
+    def drive() -> None:
+        while not job.done():
+            try:
+                loop.run_until_complete(job)
+            except BaseException:  # its outcome went to `items`; an interrupt is the caller's
+                pass
+        items.put(None)
+
+    thread = threading.Thread(target=drive, name="ollie-job", daemon=True)
+    thread.start()
+    try:
+        while (item := _next(items)) is not None:
+            yield item
+    finally:
+        loop.call_soon_threadsafe(stop.set)
+        thread.join()
+        loop.close()
+
+
+def _next(items: queue.Queue[dict[str, Any] | None]) -> dict[str, Any] | None:
+    """The next item. Ray delivers a cancel as an exception raised when this thread next runs
+    Python code, which a plain blocking get would not until the job's next item: so wake often."""
+    while True:
+        try:
+            return items.get(timeout=CANCEL_LATENCY)
+        except queue.Empty:
+            continue
+
+
+async def _work(task: Task, send: Callable[[dict[str, Any]], None], stop: asyncio.Event) -> None:
+    from ..agent import open_session
+    from .jobs import outcome  # the local executor's rules, shared
+
+    node = _node()
+    send({"started": True, "log": f":: running on Ray node {node}, worker pid {os.getpid()}\n".encode()})
+    core = None
+    try:
+        config.load_env_file()
+        cwd = task.settings["cwd"]
+        if not os.path.isdir(cwd):
+            raise OllieError(f"cwd {cwd!r} does not exist on Ray node {node}: run jobs where every node shares it")
+        if task.sub_agent and task.settings.get("agent"):
+            if outside := config.starts_outside_sandbox(config.load_agent(task.settings["agent"])):
+                raise OllieError(f"agent {task.settings['agent']!r} runs {'; '.join(outside)} outside the sandbox")
+        with tempfile.TemporaryDirectory(prefix="ollie-job-") as root:
+            changed = asyncio.Event()
+            errors: list[str] = []
+
+            def on_event(ev: Any) -> None:
+                changed.set()
+                if ev.kind == "error":
+                    errors.append(ev.text)
+
+            async with open_session(
+                agent=task.settings.get("agent") or None,
+                cwd=cwd,
+                backend=task.settings.get("backend") or None,
+                model=task.settings.get("model") or None,
+                session_id=task.job_id,
+                store_root=Path(root),
+                on_event=on_event,
+            ) as core:
+                with open(Path(root) / task.job_id / "chat", "ab+") as chat:
+                    chat.seek(0)
+                    turn = asyncio.ensure_future(core.submit(task.prompt))
+                    stopped = asyncio.ensure_future(stop.wait())
+                    while not turn.done():
+                        waiter = asyncio.ensure_future(changed.wait())
+                        await asyncio.wait({turn, waiter, stopped}, return_when=asyncio.FIRST_COMPLETED)
+                        waiter.cancel()
+                        changed.clear()
+                        if stopped.done():  # cancelled: nobody reads on; stop the turn, then close
+                            core.interrupt()
+                            await asyncio.wait({turn})
+                            return
+                        send(_progress(core, chat.read()))
+                    stopped.cancel()
+                    turn.result()
+                    status, result = outcome(core.reply, errors, task.output)
+                    send({**_progress(core, chat.read()), "status": status, "result": result})
+    except (OllieError, OSError) as e:
+        send(_failed(core, str(e)))
+    except Exception as e:  # a bug: the job fails saying so, the worker lives on
+        log.exception("job %s failed", task.job_id)
+        send(_failed(core, f"{type(e).__name__}: {e}"))
+
+
+def _failed(core: Any, message: str) -> dict[str, Any]:
+    return {
+        **(_progress(core, b"") if core is not None else {}),
+        "log": f":: error: {message}\n\n".encode(),
+        "status": f"failed: {message.splitlines()[0] if message else 'no reason given'}",
+        "result": message,
+    }
+
+
+def _progress(core: Any, log_bytes: bytes) -> dict[str, Any]:
+    cost: Cost = core.cost()
+    usage: Usage = core.usage()
+    return {
+        "log": log_bytes,
+        "usage": asdict(usage),
+        "cost": [cost.session, cost.last, cost.price_known],
+        "model": core.backend.model,
+    }
+
+
+def _node() -> str:
+    """The worker's machine, by the name people know it by (Ray's node IP is its route out)."""
+    return socket.gethostname()

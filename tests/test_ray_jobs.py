@@ -1,0 +1,257 @@
+"""Batch jobs on a real Ray cluster: a head node started on loopback (`ray start --head`, with its
+own workers), a real server whose `b/` runs its jobs there (OLLIE_BATCH_EXECUTOR=ray), scripted
+agents. Jobs leave the same files as local ones (the log streaming while they run), a session's
+`subagent_spawn` fans out through the cluster, `rm -r` and an interrupt cancel the task (its
+sandboxed process ends, its worker lives on), a killed worker fails its job, an unreachable cluster
+fails the submission, and a cwd the worker lacks fails the job saying so."""
+
+from __future__ import annotations
+
+import errno
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+ray = pytest.importorskip("ray", reason="Ray is not installed here (pip install 'ollie-agents[ray]')")
+
+from fs_helpers import FsServer  # noqa: E402
+from ollie.fs.ray_jobs import forwarded_env  # noqa: E402
+from test_jobs import Jobs, _server, _spawn  # noqa: E402
+
+RAY = Path(sys.executable).parent / "ray"  # the ray command of this Python's environment
+
+
+HOST = socket.gethostname()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Cluster:
+    """A Ray head with 4 CPUs' worth of workers, on loopback, in its own temp dir and session."""
+
+    def __init__(self, env: dict[str, str]):
+        self.port = _free_port()
+        self.temp = tempfile.mkdtemp(prefix="ray", dir="/tmp")  # Ray's socket paths must stay short
+        self.proc = subprocess.Popen(
+            [
+                str(RAY if RAY.exists() else shutil.which("ray")),
+                "start",
+                "--head",
+                "--block",
+                f"--port={self.port}",
+                "--node-ip-address=127.0.0.1",
+                "--num-cpus=4",
+                "--include-dashboard=false",
+                "--disable-usage-stats",
+                f"--temp-dir={self.temp}",
+            ],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+        )
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", self.port), 1).close()
+                break
+            except OSError:
+                assert self.proc.poll() is None, self.proc.stderr.read().decode() if self.proc.stderr else ""
+                assert time.monotonic() < deadline, "the Ray head did not start in 60 s"
+                time.sleep(0.2)
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def stop(self) -> None:
+        self.proc.terminate()  # --block: the command stops what it started
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            pass
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)  # whatever lingers in its session
+        except ProcessLookupError:
+            pass
+        self.proc.wait()
+        shutil.rmtree(self.temp, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def on_ray(tmp_path_factory):
+    srv = _server(tmp_path_factory.mktemp("rayjobs"))
+    cluster = Cluster(srv.env)  # its workers share the server's HOME (Ray's token) and config
+    srv.env.update(OLLIE_BATCH_EXECUTOR="ray", RAY_ADDRESS=cluster.address)
+    srv.agent(
+        "sleeper",
+        turns=[
+            {"tool_calls": [{"name": "execute_code", "arguments": {"steps": [{"code": "sleep 301.5"}]}}]},
+            {"text": "woke"},
+        ],
+    )
+    try:
+        srv.start()
+        yield Jobs(srv)
+    finally:
+        srv.stop()
+        cluster.stop()
+
+
+def _log_until(jobs: Jobs, jid: str, pattern: str, timeout: float = 60) -> re.Match:
+    deadline = time.monotonic() + timeout
+    while not (found := re.search(pattern, (jobs.b / jid / "log").read_text())):
+        assert time.monotonic() < deadline, (
+            f"{jid}'s log never showed {pattern!r}: {(jobs.b / jid / 'log').read_text()!r}"
+        )
+        time.sleep(0.1)
+    return found
+
+
+def _sandboxed(marker: str) -> list[int]:
+    out = subprocess.run(["pgrep", "-f", marker], capture_output=True, text=True).stdout
+    return [int(p) for p in out.split()]
+
+
+def test_jobs_run_on_the_cluster_and_leave_result_log_usage_and_cost(on_ray):
+    ids = on_ray.submit("name=far\nagent=worker\nparallel=3\n---\ntwo of them\n")
+    assert ids == ["far-0", "far-1", "far-2"]
+    for jid in ids:
+        assert on_ray.wait(jid, timeout=90) == "done"
+        assert (on_ray.b / jid / "result").read_text() == "second\n"
+        log = (on_ray.b / jid / "log").read_text()
+        assert re.fullmatch(
+            rf":: running on Ray node {re.escape(HOST)}, worker pid \d+\nuser: two of them\nassistant: second\n\n", log
+        )
+        assert re.fullmatch(r"\d+ in, \d+ out, 1 requests.*\n", (on_ray.b / jid / "usage").read_text())
+        assert "costSession=$0.000000" in (on_ray.b / jid / "cost").read_text()
+        assert on_ray.record(jid)["model"].endswith("worker.script.json")
+    pids = {_log_until(on_ray, jid, r"worker pid (\d+)")[1] for jid in ids}
+    assert str(os.getpid()) not in pids and str(on_ray.srv.pid()) not in pids  # workers, not the server
+
+
+def test_a_json_job_on_the_cluster_is_checked_alike(on_ray):
+    good, bad = on_ray.submit("agent=json\noutput=json\n---\ngood\n") + on_ray.submit(
+        "agent=json\noutput=json\n---\nx\n"
+    )
+    assert on_ray.wait(good, timeout=90) == "done"
+    assert on_ray.wait(bad, timeout=90).startswith("failed: the answer is not JSON")
+
+
+def test_the_log_streams_while_the_job_runs_and_rm_r_cancels_its_task(on_ray):
+    (jid,) = on_ray.submit("agent=sleeper\n---\nnap\n")
+    pid = int(_log_until(on_ray, jid, r"worker pid (\d+)")[1])
+    _log_until(on_ray, jid, r"sleep 301\.5")  # the tool call is in the log before the job ends
+    assert (on_ray.b / jid / "status").read_text() == "running\n"
+    deadline = time.monotonic() + 30
+    while not _sandboxed("sleep 301.5"):
+        assert time.monotonic() < deadline, "the sandboxed sleep never started"
+        time.sleep(0.1)
+    shutil.rmtree(on_ray.b / jid)
+    assert jid not in (on_ray.b / "idx").read_text()
+    deadline = time.monotonic() + 20  # the step itself would end at 30 s (its timeout)
+    while _sandboxed("sleep 301.5"):  # the task was cancelled: its session closed its sandbox
+        assert time.monotonic() < deadline, "the cancelled job's sandboxed process lives on"
+        time.sleep(0.1)
+    os.kill(pid, 0)  # the worker itself lives on, for the next task
+
+
+def test_a_killed_worker_fails_its_job_and_the_cluster_runs_the_next(on_ray):
+    (jid,) = on_ray.submit("agent=slow\n---\ntake your time\n")
+    pid = int(_log_until(on_ray, jid, r"worker pid (\d+)")[1])
+    os.kill(pid, signal.SIGKILL)
+    assert on_ray.wait(jid, timeout=90) == "failed: its Ray worker died while running it"
+    assert "died" in (on_ray.b / jid / "result").read_text().lower()
+    (again,) = on_ray.submit("agent=worker\n---\none more\n")
+    assert on_ray.wait(again, timeout=90) == "done"
+
+
+def test_a_cwd_the_worker_lacks_fails_the_job_saying_where(on_ray):
+    (jid,) = on_ray.submit("agent=worker\ncwd=/nonexistent/ollie-ray-test\n---\nhello\n")
+    status = on_ray.wait(jid, timeout=90)
+    assert status == (
+        f"failed: cwd '/nonexistent/ollie-ray-test' does not exist on Ray node {HOST}: "
+        "run jobs where every node shares it"
+    )
+
+
+def test_a_sessions_fan_out_runs_on_the_cluster_and_an_interrupt_cancels_it(on_ray):
+    srv = on_ray.srv
+    srv.agent(
+        "lead",
+        turns=[
+            {"tool_calls": [_spawn("two", "one", agent="worker")]},
+            {"text": "collected", "expect": "## 1: two\nsecond\n\n## 2: one\nfirst\n"},
+        ],
+        subagents=["worker"],
+    )
+    sid = srv.new_session(agent="lead")
+    (srv.mnt / "s" / sid / "prompt").write_text("delegate\n")
+    srv.wait_idle(sid, timeout=120)
+    assert (srv.mnt / "s" / sid / "reply").read_text() == "collected"
+    assert "(2 sub-agents)" in (srv.mnt / "s" / sid / "usage").read_text()
+    spawned = [j.name for j in on_ray.b.iterdir() if on_ray.record(j.name)["parent"] == sid]
+    assert len(spawned) == 2
+    for jid in spawned:
+        assert f"on Ray node {HOST}" in (on_ray.b / jid / "log").read_text()
+
+    srv.agent("lazy", turns=[{"tool_calls": [_spawn("a", agent="sleeper")]}, {"text": "never"}], subagents=["sleeper"])
+    sid = srv.new_session(agent="lazy")
+    (srv.mnt / "s" / sid / "prompt").write_text("delegate\n")
+    deadline = time.monotonic() + 60
+    while not _sandboxed("sleep 301.5"):
+        assert time.monotonic() < deadline, "the sub-agent's sandboxed sleep never started"
+        time.sleep(0.1)
+    (srv.mnt / "s" / sid / "ctl").write_text("stop\n")
+    srv.wait_idle(sid, timeout=30)
+    (child,) = [j.name for j in on_ray.b.iterdir() if on_ray.record(j.name)["parent"] == sid]
+    assert on_ray.wait(child) == "cancelled"
+    deadline = time.monotonic() + 20  # the step itself would end at 30 s (its timeout)
+    while _sandboxed("sleep 301.5"):
+        assert time.monotonic() < deadline, "the interrupted sub-agent's sandboxed process lives on"
+        time.sleep(0.1)
+
+
+def test_an_unreachable_cluster_fails_the_submission_and_makes_nothing(tmp_path):
+    port = _free_port()
+    srv: FsServer = _server(tmp_path, OLLIE_BATCH_EXECUTOR="ray", RAY_ADDRESS=f"127.0.0.1:{port}")
+    srv.start()
+    try:
+        jobs = Jobs(srv)
+        with pytest.raises(OSError) as refused:
+            (jobs.b / "new").write_text("agent=worker\n---\nhello\n")
+        assert refused.value.errno == errno.ECONNREFUSED  # "Connection refused", at the write a shell reports
+        out = subprocess.run(["sh", str(jobs.b / "job"), "agent=worker", "hello"], capture_output=True, text=True)
+        assert out.returncode == 2 and "Connection refused" in out.stderr
+        assert f"the Ray cluster at 127.0.0.1:{port} cannot be reached" in srv.log()
+        assert (jobs.b / "idx").read_text() == ""
+        assert not (srv.data / "jobs").exists() or not os.listdir(srv.data / "jobs")
+    finally:
+        srv.stop()
+
+
+def test_keys_never_ride_with_a_task():
+    env = {
+        "OLLIE_OPENAI_URL": "http://127.0.0.1:9",
+        "OLLIE_OPENAI_KEY": "sk-1",
+        "OLLIE_ANTHROPIC_API_KEY": "sk-2",
+        "OLLIE_GITHUB_TOKEN": "t",
+        "OLLIE_DB_PASSWORD": "p",
+        "OLLIE_CFG_PATH": "/cfg",
+        "OPENAI_API_KEY": "sk-3",
+        "PATH": "/bin",
+    }
+    assert forwarded_env(env) == {"OLLIE_OPENAI_URL": "http://127.0.0.1:9", "OLLIE_CFG_PATH": "/cfg"}
