@@ -148,37 +148,38 @@ class Connection:
     # ---- the reading thread --------------------------------------------------------------------
     def _read_requests(self) -> None:
         fd = self.fd
-        try:
-            while True:
-                try:
-                    data = os.read(fd, K.BUFSIZE)
-                except (InterruptedError, FileNotFoundError):  # ENOENT: a request withdrawn meanwhile
-                    continue
-                except OSError as e:
-                    if e.errno != E.ENODEV:  # ENODEV: the mount is gone
-                        log.warning("%s: reading /dev/fuse: %s", self.name, e)
-                    return
-                if len(data) < K.IN_HEADER.size:
-                    return
-                _, opcode, unique, _, _, _, pid, _, _ = K.IN_HEADER.unpack_from(data)
-                if pid == self.loop_tid and opcode not in NO_REPLY and opcode != K.INIT:
-                    log.debug("refused a request from the loop thread (EDEADLK)")
-                    try:
-                        K.reply(fd, unique, E.EDEADLK)
-                    except OSError:
-                        pass
-                    continue
-                with self._lock:
-                    self._pending.append(data)
-                    wake = not self._scheduled
-                    self._scheduled = True
-                if wake:
-                    self.loop.call_soon_threadsafe(self._drain)
-        finally:
+        while True:
             try:
-                self.loop.call_soon_threadsafe(self._end)
-            except RuntimeError:  # the loop is closed: nothing is left to answer
-                os.close(fd)
+                data = os.read(fd, K.BUFSIZE)
+            except (InterruptedError, FileNotFoundError):  # ENOENT: a request withdrawn meanwhile
+                continue
+            except OSError as e:
+                if e.errno != E.ENODEV:  # ENODEV: the mount is gone
+                    log.warning("%s: reading /dev/fuse: %s", self.name, e)
+                break
+            if len(data) < K.IN_HEADER.size:
+                break
+            _, opcode, unique, _, _, _, pid, _, _ = K.IN_HEADER.unpack_from(data)
+            if pid == self.loop_tid and opcode not in NO_REPLY and opcode != K.INIT:
+                log.debug("refused a request from the loop thread (EDEADLK)")
+                try:
+                    K.reply(fd, unique, E.EDEADLK)
+                except OSError:
+                    pass
+                continue
+            with self._lock:
+                self._pending.append(data)
+                wake = not self._scheduled
+                self._scheduled = True
+            if wake:
+                try:
+                    self.loop.call_soon_threadsafe(self._drain)
+                except RuntimeError:  # the loop is closed (the process ends): nobody is left to serve
+                    break
+        try:
+            self.loop.call_soon_threadsafe(self._end)
+        except RuntimeError:
+            os.close(fd)
 
     # ---- on the loop ---------------------------------------------------------------------------
     def _drain(self) -> None:
