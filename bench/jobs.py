@@ -23,10 +23,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from fs import Server, rss_kib  # noqa: E402 (the bench next door: a server on a temporary mount)
 
 
-def run_jobs(root: Path, n: int, slots: int) -> tuple[float, float]:
-    """(seconds, KiB of server RSS per finished job)."""
+def run_jobs(root: Path, n: int, slots: int | None, **env: str) -> tuple[float, float]:
+    """(seconds, KiB of server RSS per finished job); `env`: the server's other settings; `slots`
+    None leaves OLLIE_JOBS unset (the executor's default)."""
     server = Server(root)
-    server.env["OLLIE_JOBS"] = str(slots)
+    if slots is not None:
+        server.env["OLLIE_JOBS"] = str(slots)
+    server.env.update(env)
     server.srv("start")
     try:
         b = server.mnt / "b"
@@ -48,6 +51,9 @@ def run_jobs(root: Path, n: int, slots: int) -> tuple[float, float]:
             assert status.read_text().strip() == "done", status.read_text()
         seconds = time.perf_counter() - start
         return seconds, (rss_kib(server.pid()) - before) / n
+    except OSError:
+        sys.stderr.write((root / "ns" / "ollie.log").read_text()[-2000:])
+        raise
     finally:
         server.srv("stop")
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import errno
 import os
 import re
+import secrets
 import shutil
 import signal
 import socket
@@ -24,7 +25,7 @@ import pytest
 ray = pytest.importorskip("ray", reason="Ray is not installed here (pip install 'ollie-agents[ray]')")
 
 from fs_helpers import FsServer  # noqa: E402
-from ollie.fs.ray_jobs import forwarded_env  # noqa: E402
+from ollie.fs.ray_jobs import forwarded_env, run_task  # noqa: E402
 from test_jobs import Jobs, _server, _spawn  # noqa: E402
 
 RAY = Path(sys.executable).parent / "ray"  # the ray command of this Python's environment
@@ -94,8 +95,17 @@ class Cluster:
 @pytest.fixture(scope="module")
 def on_ray(tmp_path_factory):
     srv = _server(tmp_path_factory.mktemp("rayjobs"))
-    cluster = Cluster(srv.env)  # its workers share the server's HOME (Ray's token) and config
+    # Token authentication, as a cluster should run: the head, its workers and the server share it.
+    srv.env.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=secrets.token_hex(32))
+    cluster = Cluster(srv.env)
     srv.env.update(OLLIE_BATCH_EXECUTOR="ray", RAY_ADDRESS=cluster.address)
+    srv.agent(
+        "snoop",
+        turns=[
+            {"tool_calls": [{"name": "execute_code", "arguments": {"steps": [{"code": "env; echo END"}]}}]},
+            {"text": "seen"},
+        ],
+    )
     srv.agent(
         "sleeper",
         turns=[
@@ -243,6 +253,14 @@ def test_an_unreachable_cluster_fails_the_submission_and_makes_nothing(tmp_path)
         srv.stop()
 
 
+def test_sandboxed_code_on_a_worker_sees_neither_keys_nor_the_clusters_token(on_ray):
+    (jid,) = on_ray.submit("agent=snoop\n---\nlook around\n")
+    assert on_ray.wait(jid, timeout=90) == "done"
+    log = (on_ray.b / jid / "log").read_text()
+    assert "END" in log and "PATH=" in log  # the environment was printed
+    assert on_ray.srv.env["RAY_AUTH_TOKEN"] not in log and "RAY_" not in log
+
+
 def test_keys_never_ride_with_a_task():
     env = {
         "OLLIE_OPENAI_URL": "http://127.0.0.1:9",
@@ -255,3 +273,17 @@ def test_keys_never_ride_with_a_task():
         "PATH": "/bin",
     }
     assert forwarded_env(env) == {"OLLIE_OPENAI_URL": "http://127.0.0.1:9", "OLLIE_CFG_PATH": "/cfg"}
+
+
+def test_a_worker_refuses_a_sub_agent_whose_agent_runs_outside_the_sandbox_there(tmp_path, monkeypatch):
+    """The server checked the agent against its own configs; a worker whose config differs (the
+    same name, a `!command` prompt) refuses it too, before anything runs."""
+    (tmp_path / "cfg" / "agents").mkdir(parents=True)
+    (tmp_path / "cfg" / "agents" / "bang.json").write_text('{"backend": "scripted", "prompt": "!touch ran"}')
+    monkeypatch.setenv("OLLIE_CFG_PATH", str(tmp_path / "cfg"))
+    monkeypatch.setenv("OLLIE_DATA_PATH", str(tmp_path / "data"))
+    task = {"job_id": "j-0", "prompt": "hi", "output": "", "sub_agent": True}
+    task["settings"] = {"agent": "bang", "cwd": str(tmp_path)}
+    *_, last = run_task(task)
+    assert last["status"] == "failed: agent 'bang' runs the prompt command '!touch ran' outside the sandbox"
+    assert not (tmp_path / "ran").exists()
