@@ -5,7 +5,7 @@ backend and agent; the loop (`loop.py`) and compaction (`compaction.py`) only us
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -53,8 +53,7 @@ class Runtime:
 
     def count_usage(self, usage: Usage) -> None:
         """Count a request's tokens and cost into the session's (summary requests too)."""
-        counts = asdict(usage)
-        if bad := [k for k, v in counts.items() if not isinstance(v, (int, float)) and (k, v) != ("cost", None)]:
+        if bad := usage.not_numbers():
             raise BackendError(
                 f"malformed answer: its usage ({', '.join(bad)}) is not in numbers", provider=self.backend.name
             )
@@ -63,7 +62,7 @@ class Runtime:
         meta = self.state.meta
         meta.cost_last = last
         meta.cost_session += last
-        self.bus.emit(Event("usage", data=asdict(self.state.usage)))
+        self.bus.emit(Event("usage", data=self.state.usage.to_dict()))
 
     async def sync_plans(self) -> None:
         """After a tool round: the session's new or changed plans become its plan and are

@@ -1,8 +1,9 @@
 """Sessions on disk: one directory per session under `$OLLIE_DATA_PATH/sessions/<id>/`.
 
-history.jsonl     one message per line, appended and flushed per message (never rewritten,
+history.jsonl     one message per line, appended and flushed per commit (never rewritten,
                   except when compaction or /clear replaces the history: then atomically)
-meta.json         agent, backend, model, cwd, name, usage, cost, … (replaced atomically)
+meta.json         agent, backend, model, cwd, name, usage, cost, … (replaced atomically: written
+                  to a new file, fsynced, renamed over the old one; see `save_meta`)
 chat              the chat log in the text format of `ollie.chatfmt`, append-only
 plan              the session's plan (markdown), replaced atomically
 compaction.jsonl  every history that compaction replaced, appended, so nothing is lost
@@ -10,13 +11,16 @@ compaction.jsonl  every history that compaction replaced, appended, so nothing i
 
 from __future__ import annotations
 
+import atexit
 import json
+import logging
 import os
 import re
 import secrets
 import shutil
+import threading
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import IO, Any
 
@@ -24,6 +28,8 @@ from .. import config
 from ..types import InvalidValue, Message, OllieError
 
 _ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+# A history line: `json.dumps(…, ensure_ascii=False)` without building an encoder for each line.
+_line = json.JSONEncoder(ensure_ascii=False).encode
 
 
 def new_session_id() -> str:
@@ -73,14 +79,178 @@ class SessionMeta:
         known = cls.__dataclass_fields__
         return cls(**{k: v for k, v in d.items() if k in known})
 
+    def to_dict(self) -> dict[str, Any]:
+        """The fields by name, in field order, sharing the values' lists and dicts (to serialise
+        at once: `dataclasses.asdict` copies them all, at 50 µs a save)."""
+        return {
+            "id": self.id,
+            "agent": self.agent,
+            "backend": self.backend,
+            "model": self.model,
+            "cwd": self.cwd,
+            "name": self.name,
+            "parent": self.parent,
+            "children": self.children,
+            "created": self.created,
+            "updated": self.updated,
+            "first_prompt": self.first_prompt,
+            "usage": self.usage,
+            "cost_session": self.cost_session,
+            "cost_last": self.cost_last,
+            "env": self.env,
+            "params": self.params,
+            "notes": self.notes,
+            "primer": self.primer,
+            "system_prompt": self.system_prompt,
+            "context_size": self.context_size,
+        }
+
+
+assert list(SessionMeta(id="").to_dict()) == [f.name for f in fields(SessionMeta)]
+
+log = logging.getLogger("ollie.core")
+
 
 def _replace_atomically(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    """Write `text` to a new file, fsync it and rename it over `path`: a crash at any point
+    leaves the old file or the new one, never a torn one. (Plain descriptors: in a worker
+    thread, each Python step holds the GIL the event loop waits for.)"""
+    tmp = f"{path.parent}/.{path.name}.{secrets.token_hex(4)}.tmp"
+    data = memoryview(text.encode())
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
+        try:
+            while data:
+                data = data[os.write(fd, data) :]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+class _Replacer:
+    """Atomic replaces (`_replace_atomically`) done by a worker thread, off the event loop: the
+    creation, fsync and rename of a file cost 0.4 ms and more under disk contention, which a
+    session's loop should not wait for once a turn. The latest text of a path wins: a text queued
+    while an older one still waits replaces it; one path is never written by two threads at once,
+    so its last text queued is the last written. `wait` returns when a path's last text is on
+    disk (writing it in the caller's thread if no worker has started it: a close does not wait
+    for the queue); `write` writes at once in the caller's thread (after the one in progress,
+    superseding any waiting). A write that failed raises from the next `put` or `wait` of its
+    path. At exit, whatever waits is written. (A path's saves come from one thread, the loop's.)"""
+
+    # One: each worker's Python steps between its syscalls hold the GIL the loop waits for. With
+    # 300 writes queued during 60,000 small appends on the loop, the appends ended at +30% of
+    # their time alone with one worker, at +55-170% with two or four (and +160% writing inline).
+    THREADS = 1
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._pending: dict[Path, str] = {}  # the latest text of each path not yet being written
+        self._busy: set[Path] = set()  # paths being written now
+        self._errors: dict[Path, Exception] = {}
+        self._threads = 0
+        self._idle = 0
+
+    def forked(self) -> None:
+        """In a forked child: no worker runs there, and the parent writes what it queued."""
+        self._cond = threading.Condition()
+        self._pending, self._busy, self._errors = {}, set(), {}
+        self._threads = self._idle = 0
+
+    def put(self, path: Path, text: str) -> None:
+        with self._cond:
+            self._pending[path] = text
+            if self._idle:
+                self._cond.notify()
+            elif self._threads < self.THREADS:
+                self._threads += 1
+                threading.Thread(target=self._work, name="ollie-meta", daemon=True).start()
+            self._raise(path)  # an older text's failure (this one is queued all the same)
+
+    def write(self, path: Path, text: str) -> None:
+        with self._cond:
+            self._pending.pop(path, None)  # older than this text
+            self._own(path)
+        self._write_owned(path, text)
+
+    def wait(self, path: Path) -> None:
+        with self._cond:
+            while path in self._busy:
+                self._cond.wait()
+            text = self._pending.pop(path, None)
+            if text is None:
+                self._raise(path)
+                return
+            self._own(path)
+        self._write_owned(path, text)
+
+    def _own(self, path: Path) -> None:
+        """(With the lock.) Take `path`, once the write in progress is done."""
+        while path in self._busy:
+            self._cond.wait()
+        self._errors.pop(path, None)  # what failed is replaced by the text written now
+        self._busy.add(path)
+
+    def _write_owned(self, path: Path, text: str) -> None:
+        try:
+            _replace_atomically(path, text)
+        finally:
+            with self._cond:
+                self._busy.discard(path)
+                self._cond.notify_all()
+
+    def drain(self) -> None:
+        """Write whatever waits, in this thread too, and wait for the writes in progress."""
+        while True:
+            with self._cond:
+                path = next((p for p in self._pending if p not in self._busy), None)
+                if path is None:
+                    while self._busy:
+                        self._cond.wait()
+                    if not self._pending:
+                        return
+                    continue
+                text = self._pending.pop(path)
+            try:
+                self.write(path, text)
+            except Exception as e:
+                log.warning("cannot write %s: %s", path, e)
+
+    def _raise(self, path: Path) -> None:
+        if (e := self._errors.pop(path, None)) is not None:
+            raise e
+
+    def _work(self) -> None:
+        while True:
+            with self._cond:
+                while (path := next((p for p in self._pending if p not in self._busy), None)) is None:
+                    self._idle += 1
+                    self._cond.wait()
+                    self._idle -= 1
+                text = self._pending.pop(path)
+                self._busy.add(path)
+            try:
+                _replace_atomically(path, text)
+            except Exception as e:
+                log.warning("cannot write %s: %s", path, e)
+                with self._cond:
+                    self._errors[path] = e
+            finally:
+                with self._cond:
+                    self._busy.discard(path)
+                    self._cond.notify_all()
+
+
+_replacer = _Replacer()
+atexit.register(_replacer.drain)
+os.register_at_fork(after_in_child=_replacer.forked)
 
 
 def _drop_torn_line(path: Path) -> None:
@@ -107,13 +277,16 @@ def _drop_torn_line(path: Path) -> None:
 
 
 class SessionStore:
-    """The files of one session. Appends are flushed per message; metadata is replaced atomically."""
+    """The files of one session. Appends are flushed per commit and per event; metadata is
+    replaced atomically."""
 
     def __init__(self, sid: str, root: Path | None = None):
         self.root = root or sessions_dir()
         self.id = check_session_id(sid)
         self._history: IO[str] | None = None
-        self._chat: IO[str] | None = None
+        self._chat: IO[bytes] | None = None
+        self._meta_saved = False  # this store has written meta.json (or read it)
+        self._whole = False  # this store made the session's files: no line of the history is torn
 
     @property
     def dir(self) -> Path:
@@ -129,6 +302,7 @@ class SessionStore:
     def create(self) -> None:
         self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         self.chat_path.touch()
+        self._whole = not (self.dir / "history.jsonl").exists()
 
     # ---- history ----
     def load_history(self) -> list[Message]:
@@ -150,12 +324,13 @@ class SessionStore:
         return messages
 
     def append_messages(self, messages: list[Message]) -> None:
+        """Append messages to the history, flushed together (one write for a commit)."""
         if self._history is None:
-            _drop_torn_line(self.dir / "history.jsonl")
+            if not self._whole:
+                _drop_torn_line(self.dir / "history.jsonl")
             self._history = open(self.dir / "history.jsonl", "a")
-        for m in messages:
-            self._history.write(json.dumps(m.to_dict(), ensure_ascii=False) + "\n")
-            self._history.flush()
+        self._history.write("".join([_line(m.to_dict()) + "\n" for m in messages]))
+        self._history.flush()
 
     def replace_history(self, messages: list[Message], archive: list[Message] | None = None) -> None:
         """Replace the history (compaction, /clear); the replaced one is appended to compaction.jsonl."""
@@ -166,17 +341,21 @@ class SessionStore:
         if self._history is not None:
             self._history.close()
             self._history = None
-        text = "".join(json.dumps(m.to_dict(), ensure_ascii=False) + "\n" for m in messages)
+        text = "".join(_line(m.to_dict()) + "\n" for m in messages)
         _replace_atomically(self.dir / "history.jsonl", text)
+        self._whole = True
 
     # ---- chat log ----
     def append_chat(self, text: str) -> int:
-        """Append to the chat log; returns the offset the text starts at."""
+        """Append to the chat log (one write, unbuffered: readers see it at once); returns the
+        offset the text starts at."""
         if self._chat is None:
-            self._chat = open(self.chat_path, "a")
-        offset = os.fstat(self._chat.fileno()).st_size  # every append is flushed: the size is exact
-        self._chat.write(text)
-        self._chat.flush()
+            self._chat = open(self.chat_path, "ab", buffering=0)
+        offset = os.fstat(self._chat.fileno()).st_size  # every append is written through: the size is exact
+        data = text.encode()
+        written = self._chat.write(data) or 0
+        while written < len(data):  # a regular file takes it whole, but for a signal or a full disk
+            written += self._chat.write(data[written:]) or 0
         return offset
 
     def end_cut_turn(self, note: str) -> None:
@@ -194,16 +373,34 @@ class SessionStore:
     # ---- metadata and plan ----
     def load_meta(self) -> SessionMeta:
         path = self.dir / "meta.json"
+        _replacer.wait(path)  # what this process saved last
         try:
-            return SessionMeta.from_dict(json.loads(path.read_text()))
+            meta = SessionMeta.from_dict(json.loads(path.read_text()))
+            self._meta_saved = True
+            return meta
         except FileNotFoundError:
             raise OllieError(f"no stored session {self.id!r} under {self.root}") from None
         except json.JSONDecodeError as e:
             raise OllieError(f"{path}: corrupt metadata: {e}") from None
 
-    def save_meta(self, meta: SessionMeta) -> None:
+    def save_meta(self, meta: SessionMeta, wait: bool = True) -> None:
+        """Replace meta.json atomically (a crash leaves the old file or the new one). With `wait`
+        (and for a store's first save: the session exists on disk once made), the file is written
+        when this returns; without, a worker thread writes it, off the event loop, the latest save
+        winning: `flush` and `close` wait for it, and a write that failed raises from the next
+        save or `flush`. (The chat and the history are flushed, never fsynced: a crash of the
+        machine may lose their last lines, not their meaning; the metadata must stay readable.)"""
         meta.updated = time.time()
-        _replace_atomically(self.dir / "meta.json", json.dumps(asdict(meta), indent=1))
+        text = json.dumps(meta.to_dict())
+        if wait or not self._meta_saved:
+            _replacer.write(self.dir / "meta.json", text)
+            self._meta_saved = True
+        else:
+            _replacer.put(self.dir / "meta.json", text)
+
+    def flush(self) -> None:
+        """Wait until the metadata saved last is on disk."""
+        _replacer.wait(self.dir / "meta.json")
 
     def load_plan(self) -> str:
         try:
@@ -216,10 +413,12 @@ class SessionStore:
 
     # ---- life cycle ----
     def close(self) -> None:
+        """Close the files, once the metadata saved last is on disk."""
         for f in (self._history, self._chat):
             if f is not None:
                 f.close()
         self._history = self._chat = None
+        self.flush()
 
     def rename(self, new_id: str) -> None:
         """Move all of the session's files to a new id in one rename."""
@@ -232,7 +431,10 @@ class SessionStore:
         self.id = new_id
 
     def delete(self) -> None:
-        self.close()
+        try:
+            self.close()
+        except OSError:
+            pass  # a save that failed: the files go anyway
         shutil.rmtree(self.dir, ignore_errors=True)
 
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -68,11 +67,13 @@ class SessionState:
             raise Busy(f"cannot {what} while a turn is running; interrupt it first")
 
     def save(self) -> None:
-        """Write the metadata (settings, usage, cost) atomically."""
+        """Write the metadata (settings, usage, cost) atomically: on disk when this returns, but
+        while the session is busy (a turn, a switch, a compaction), when a worker thread has
+        written it (off the event loop; the store's `close` waits for it)."""
         m = self.meta
         m.cwd, m.env, m.params = self._cwd, self._env, self._params.nonempty()
-        m.usage = asdict(self.usage)
-        self.store.save_meta(m)
+        m.usage = self.usage.to_dict()
+        self.store.save_meta(m, wait=not self._busy())
 
     # ---- identity ---------------------------------------------------------------------------------
     @property

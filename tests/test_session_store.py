@@ -1,0 +1,220 @@
+"""A session's files: metadata saved off the event loop (the latest wins, crash-safe, on disk
+after a close), usage counted without `asdict`, the chat and history appends."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import pytest
+
+from agent_helpers import make_core
+from ollie.agent import session as session_module
+from ollie.agent.session import SessionMeta, SessionStore
+from ollie.types import Usage
+
+
+def stored(store: SessionStore) -> dict:
+    return json.loads((store.dir / "meta.json").read_text())
+
+
+def until(cond, timeout: float = 10) -> None:
+    end = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < end, "timed out"
+        time.sleep(0.005)
+
+
+@pytest.fixture
+def store(tmp_path):
+    s = SessionStore("s1", tmp_path)
+    s.create()
+    yield s
+    s.close()
+
+
+@pytest.fixture
+def slow_fsync(monkeypatch):
+    """fsync blocks until the test opens the gate; yields (gate, threads that fsynced)."""
+    gate, threads = threading.Event(), []
+    real = os.fsync
+
+    def fsync(fd):
+        threads.append(threading.current_thread().name)
+        assert gate.wait(10)
+        real(fd)
+
+    monkeypatch.setattr(session_module.os, "fsync", fsync)
+    yield gate, threads
+    gate.set()
+
+
+def test_meta_json_holds_every_field_as_asdict_did(store):
+    meta = SessionMeta(id="s1", backend="openai", model="m", children={"cost": 0.5}, usage=Usage(3, 4).to_dict())
+    meta.env, meta.params, meta.notes, meta.context_size = {"A": "b"}, {"top_k": 3}, ["n"], [10, 100]
+    store.save_meta(meta)
+    assert stored(store) == json.loads(json.dumps(asdict(meta)))
+    assert SessionStore("s1", store.root).load_meta() == meta
+
+
+def test_a_deferred_save_is_written_by_a_worker_and_the_latest_wins(store, slow_fsync):
+    gate, threads = slow_fsync
+    meta = SessionMeta(id="s1")
+    gate.set()
+    store.save_meta(meta, wait=False)  # a store's first save is written at once: the session exists
+    assert threads == ["MainThread"] and stored(store)["name"] == ""
+    gate.clear()
+    for name in ("a", "b", "c", "d"):
+        meta.name = name
+        store.save_meta(meta, wait=False)  # returns while the worker is held in fsync
+    until(lambda: threads[1:] == ["ollie-meta"])  # the worker writes, the caller went on
+    assert stored(store)["name"] == ""  # nothing replaced yet: the old file, whole
+    gate.set()
+    store.flush()
+    assert stored(store)["name"] == "d"
+    assert len(threads) <= 3  # the first save, perhaps one already taken ("a"), then only the latest
+    assert not [p for p in os.listdir(store.dir) if p.endswith(".tmp")]
+
+
+def test_a_waited_save_supersedes_a_queued_one(store, slow_fsync):
+    gate, _ = slow_fsync
+    gate.set()
+    meta = SessionMeta(id="s1")
+    store.save_meta(meta)
+    gate.clear()
+    meta.name = "queued"
+    store.save_meta(meta, wait=False)
+    meta.name = "now"
+    threading.Timer(0.1, gate.set).start()
+    store.save_meta(meta)  # waits for the write in progress, then writes its own
+    assert stored(store)["name"] == "now"
+    store.flush()
+    assert stored(store)["name"] == "now"
+
+
+def test_close_rename_and_load_see_the_latest_save(tmp_path, slow_fsync):
+    gate, _ = slow_fsync
+    gate.set()
+    store = SessionStore("a", tmp_path)
+    store.create()
+    meta = SessionMeta(id="a")
+    store.save_meta(meta)
+    gate.clear()
+    meta.name = "one"
+    store.save_meta(meta, wait=False)
+    threading.Timer(0.1, gate.set).start()
+    store.rename("b")  # the write goes to the old place first, then everything moves
+    assert stored(store)["name"] == "one"
+    gate.clear()
+    meta.name = "two"
+    store.save_meta(meta, wait=False)
+    threading.Timer(0.1, gate.set).start()
+    assert SessionStore("b", tmp_path).load_meta().name == "two"
+    meta.name = "three"
+    store.save_meta(meta, wait=False)
+    store.close()
+    assert stored(store)["name"] == "three" and os.listdir(tmp_path) == ["b"]
+
+
+def test_a_failed_write_leaves_the_old_file_and_is_reported(store, monkeypatch):
+    meta = SessionMeta(id="s1", name="old")
+    store.save_meta(meta)
+
+    def fsync(fd):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(session_module.os, "fsync", fsync)
+    meta.name = "new"
+    store.save_meta(meta, wait=False)
+    with pytest.raises(OSError, match="No space"):
+        store.flush()
+    assert stored(store)["name"] == "old"
+    assert not [p for p in os.listdir(store.dir) if p.endswith(".tmp")]
+    store.flush()  # reported once
+    monkeypatch.undo()
+    store.save_meta(meta, wait=False)
+    store.flush()
+    assert stored(store)["name"] == "new"
+
+
+def test_what_waits_is_written_at_exit(tmp_path):
+    code = f"""
+import os, time
+from pathlib import Path
+from ollie.agent import session
+from ollie.agent.session import SessionMeta, SessionStore
+store = SessionStore("s1", Path({str(tmp_path)!r}))
+store.create()
+meta = SessionMeta(id="s1")
+store.save_meta(meta)
+real = os.fsync
+session.os.fsync = lambda fd: (time.sleep(0.3), real(fd))
+for name in ("a", "b", "last"):
+    meta.name = name
+    store.save_meta(meta, wait=False)
+"""
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=30)
+    assert json.loads((tmp_path / "s1" / "meta.json").read_text())["name"] == "last"
+
+
+def test_usage_helpers_match_asdict():
+    u = Usage(1, 2, 3, 4, 5, cost=0.25, estimated=True)
+    assert u.to_dict() == asdict(u) and list(u.to_dict()) == list(asdict(u))
+    assert Usage().not_numbers() == []
+    assert Usage(input_tokens="7", cost="x").not_numbers() == ["input_tokens", "cost"]  # type: ignore[arg-type]
+
+
+async def test_a_turn_saves_off_the_loop_and_close_leaves_exact_usage_and_cost(slow_fsync):
+    gate, threads = slow_fsync
+    gate.set()
+    usage = {"input_tokens": 1000, "output_tokens": 10, "cost": 0.125}
+    core, *_ = await make_core([{"text": "a", "usage": usage}, {"text": "b", "usage": usage}])
+    store = core.session.store
+    threads.clear()
+    gate.clear()
+    await core.submit("one")  # its end's save waits in a worker's fsync; the loop went on
+    until(lambda: threads == ["ollie-meta"])
+    gate.set()
+    await core.submit("two")
+    await core.close()
+    meta = stored(store)
+    assert meta["usage"] == core.usage().to_dict() == Usage(2000, 20, requests=2, cost=0.25).to_dict()
+    assert meta["cost_session"] == 0.25 and meta["cost_last"] == 0.125
+    assert meta["first_prompt"] == "one"
+
+
+async def test_chat_offsets_and_history_lines_are_exact():
+    core, *_ = await make_core([{"text": "héllo"}, {"text": "wörld"}])
+    await core.submit("ünï")
+    first = core.prompt_offset
+    await core.submit("two")
+    chat = core.session.chat_path.read_bytes()
+    assert first == 0 and chat[core.prompt_offset :].startswith(b"user: two\n")
+    assert chat.decode() == "user: ünï\nassistant: héllo\n\nuser: two\nassistant: wörld\n\n"
+    lines = (core.session.store.dir / "history.jsonl").read_text().splitlines()
+    assert [json.loads(line)["content"] for line in lines] == ["ünï", "héllo", "two", "wörld"]
+    await core.close()
+
+
+def test_a_new_store_appends_to_a_history_it_made_without_scanning_it(tmp_path, monkeypatch):
+    scans: list[Path] = []
+    real = session_module._drop_torn_line
+    monkeypatch.setattr(session_module, "_drop_torn_line", lambda p: (scans.append(p), real(p)))
+    from ollie.types import Message
+
+    made = SessionStore("new", tmp_path)
+    made.create()
+    made.append_messages([Message("user", "x"), Message("assistant", "y")])
+    made.close()
+    assert scans == []
+    again = SessionStore("new", tmp_path)  # a restored session: its last line may be torn
+    again.append_messages([Message("user", "z")])
+    again.close()
+    assert len(scans) == 1
+    assert [m.content for m in SessionStore("new", tmp_path).load_history()] == ["x", "y", "z"]
