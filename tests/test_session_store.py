@@ -1,8 +1,9 @@
 """A session's files: metadata saved off the event loop (the latest wins, crash-safe, on disk
-after a close), usage counted without `asdict`, the chat and history appends."""
+after a close), usage counted without `asdict`, the chat and history appends, the bus's wake-ups."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
@@ -16,6 +17,7 @@ import pytest
 
 from agent_helpers import make_core
 from ollie.agent import session as session_module
+from ollie.agent.events import Bus
 from ollie.agent.session import SessionMeta, SessionStore
 from ollie.types import Usage
 
@@ -218,3 +220,18 @@ def test_a_new_store_appends_to_a_history_it_made_without_scanning_it(tmp_path, 
     again.close()
     assert len(scans) == 1
     assert [m.content for m in SessionStore("new", tmp_path).load_history()] == ["x", "y", "z"]
+
+
+async def test_the_bus_wakes_every_waiter_at_the_next_change_and_only_then(store):
+    bus = Bus(store)
+    bus.notify()  # no one waits: nothing is kept for later waiters
+    waiters = [asyncio.ensure_future(bus.changed()) for _ in range(3)]
+    await asyncio.sleep(0.01)
+    assert not any(w.done() for w in waiters)
+    bus.notify()
+    await asyncio.wait_for(asyncio.gather(*waiters), 1)
+    late = asyncio.ensure_future(bus.changed())
+    await asyncio.sleep(0.01)
+    assert not late.done()
+    bus.set_state("thinking")  # a state event is a change
+    await asyncio.wait_for(late, 1)

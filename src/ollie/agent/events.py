@@ -23,7 +23,7 @@ class Bus:
         self._store = store
         self._subscribers: list[Callable[[Event], None]] = []
         self._renderer = ChatRenderer(reasoning=True)
-        self._changed = asyncio.Event()
+        self._changed: asyncio.Event | None = None  # made by the first waiter since the last change
         self._state = "idle"
         self.prompt_offset: int | None = None  # where in the chat log the last prompt starts
 
@@ -57,10 +57,13 @@ class Bus:
             self.emit(Event("state", state))
 
     def notify(self) -> None:
-        """Wake whoever waits for a change."""
-        self._changed.set()
-        self._changed = asyncio.Event()
+        """Wake whoever waits for a change (nothing to do, most often: no one waits)."""
+        if self._changed is not None:
+            self._changed.set()
+            self._changed = None
 
     async def changed(self) -> None:
         """Return at the next change."""
+        if self._changed is None:
+            self._changed = asyncio.Event()
         await self._changed.wait()
