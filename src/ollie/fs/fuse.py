@@ -50,6 +50,8 @@ log = logging.getLogger("ollie.fs.fuse")
 ENTRY_TIMEOUT = 1  # seconds
 
 NO_REPLY = frozenset({K.FORGET, K.BATCH_FORGET, K.INTERRUPT})
+# A listing's inode numbers are not stat's (which are node ids, given on lookup): libfuse said so too.
+UNKNOWN_INO = 0xFFFFFFFF
 BATCH = 256  # requests read per wakeup of the loop at most, so that other work is not starved
 GUARD_TICK = 0.1  # seconds; the loop's own request to the mount fails (EDEADLK) within two
 
@@ -542,8 +544,8 @@ class Connection:
             raise FsError(E.EBADF, "not an open directory")
         if d[1] is None or offset == 0:
             here = S.S_IFDIR | 0o755
-            d[1] = [(1, b".", here), (1, b"..", here)] + [
-                (st.qid or 1, os.fsencode(st.name), st.st_mode) for st in await self.ns.list(d[0])
+            d[1] = [(UNKNOWN_INO, b".", here), (UNKNOWN_INO, b"..", here)] + [
+                (UNKNOWN_INO, os.fsencode(st.name), st.st_mode) for st in await self.ns.list(d[0])
             ]
         out, total = [], 0
         for i in range(offset, len(d[1])):
