@@ -336,34 +336,51 @@ class Jobs:
     async def _run(self, job: Job, parent: Session | None) -> None:
         try:
             async with self._slots:
-                if job.status != "queued":
-                    return
-                if parent is not None and self.sessions.find(parent.id) is not parent:
-                    job.set("cancelled", "its session ended")
-                    return
-                run = self._ray_turn if self._ray is not None else self._turn
-                status, result = await run(job, parent)
-                job.set(status, result)
+                await self._run_in_slot(job, parent)
+        except asyncio.CancelledError:  # while queued
+            if job.status in UNFINISHED:
+                job.set(self._cancelled())
+
+    def _cancelled(self) -> str:
+        return "failed: interrupted by a server stop" if self._closing else "cancelled"
+
+    async def _run_in_slot(self, job: Job, parent: Session | None) -> None:
+        """Run the job, holding its slot until it is let go. Its last status is set once its
+        session is let go, so whoever sees `done` (or `failed`, `cancelled`) sees what it spent
+        counted in its parent's, and the next job starts after it has finished."""
+        if job.status != "queued":
+            return
+        status, result = "", None
+        try:
+            if parent is not None and self.sessions.find(parent.id) is not parent:
+                status, result = "cancelled", "its session ended"
+                return
+            run = self._ray_turn if self._ray is not None else self._turn
+            status, result = await run(job, parent)
         except asyncio.CancelledError:
             if job.status in UNFINISHED:
-                job.set("failed: interrupted by a server stop" if self._closing else "cancelled")
+                status = self._cancelled()
         except (OllieError, OSError) as e:
-            job.set(f"failed: {e}", str(e))
+            status, result = f"failed: {e}", str(e)
         finally:
-            session, job.session = job.session, None
-            if session is not None:
-                core = session.core
-                if core is not None:
-                    cost = core.cost()
-                    job.record.usage = asdict(core.usage())
-                    job.record.cost, job.record.cost_last, job.record.price_known = (
-                        cost.session,
-                        cost.last,
-                        cost.price_known,
-                    )
-                    job.record.model = core.backend.model
-                    job.save()
-                await self.sessions.forget(session)  # which counts what it spent in its parent's
+            await self._let_go(job)
+            if status:
+                job.set(status, result)
+
+    async def _let_go(self, job: Job) -> None:
+        """A local job's session: what it spent into the record, and out of the registry (which
+        counts it in its parent's)."""
+        session, job.session = job.session, None
+        if session is None:
+            return
+        core = session.core
+        if core is not None:
+            cost = core.cost()
+            job.record.usage = asdict(core.usage())
+            job.record.cost, job.record.cost_last, job.record.price_known = cost.session, cost.last, cost.price_known
+            job.record.model = core.backend.model
+            job.save()
+        await self.sessions.forget(session)
 
     def _settings(self, spec: Spec, parent: Session | None) -> dict[str, str]:
         settings = {k: v for k, v in spec.settings.items() if k != "name"}
