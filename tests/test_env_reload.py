@@ -36,6 +36,9 @@ def test_a_new_session_sees_the_env_file_as_it_is_now(tmp_path):
         env_file.write_text("OLLIE_BACKEND=scripted\nnot a line\n")
         out = srv.sh("echo 'new agent=plain' > ctl", check=False)
         assert out.returncode != 0  # a broken env file fails the new session
+        stopped = srv.ollie("srv", "stop", check=False)  # but not the server's stop
+        assert stopped.returncode == 0 and "env:2: expected KEY=VALUE" in stopped.stderr, stopped.stderr
+        assert not os.path.ismount(srv.mnt)
     finally:
         srv.stop()
 

@@ -29,7 +29,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         from .. import config
 
-        config.load_env_file()
+        try:
+            config.load_env_file()
+        except OllieError as e:
+            if not getattr(args, "env_optional", False):
+                raise
+            print(f"ollie: {visible(str(e))}; going on without it", file=sys.stderr)
         return args.func(args)
     except OllieError as e:  # the message may quote a server's reply or a file
         print(f"ollie: {visible(str(e))}", file=sys.stderr)

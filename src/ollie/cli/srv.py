@@ -34,7 +34,8 @@ def register(sub) -> None:
                 help="also serve 9P on TCP (loopback unless a host is given); needs a token",
             )
             add_token_options(a, "the TCP token (default: $OLLIE_9P_TOKEN, else generated; written to <socket>.token)")
-        a.set_defaults(func=func)
+        # A broken env file must not keep a server from being stopped or asked after.
+        a.set_defaults(func=func, env_optional=name in ("stop", "status"))
 
 
 def _options(args: argparse.Namespace):
