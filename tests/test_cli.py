@@ -114,7 +114,7 @@ def test_trusted_tools_is_refused_not_ignored(ollie_dirs):
 def test_help_and_version_import_no_sdk():
     code = (
         "import sys; from ollie.cli import build_parser; build_parser().format_help(); "
-        "heavy = [m for m in ('openai', 'anthropic', 'mcp', 'llama_cpp', 'mfusepy', 'httpx') if m in sys.modules]; "
+        "heavy = [m for m in ('openai', 'anthropic', 'mcp', 'llama_cpp', 'ray', 'httpx') if m in sys.modules]; "
         "print(heavy)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
