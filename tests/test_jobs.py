@@ -78,6 +78,7 @@ def test_a_spec_makes_parallel_jobs_that_leave_result_log_usage_and_cost(jobs):
         assert re.fullmatch(r"\d+ in, \d+ out, 1 requests.*\n", (jobs.b / jid / "usage").read_text())
         assert "costSession=$0.000000" in (jobs.b / jid / "cost").read_text()
         assert (jobs.b / jid / "spec").read_text() == "name=trio\nagent=worker\nparallel=3\n---\nanything\n"
+    assert "loop thread" not in jobs.srv.log()  # making a job's session never waited on the mount
     index = (jobs.b / "idx").read_text()
     assert "trio-1\tdone\tworker\tanything\n" in index
     assert set(ids) <= set(os.listdir(jobs.b)) and "new" not in os.listdir(jobs.b)

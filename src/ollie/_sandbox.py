@@ -706,7 +706,7 @@ class Jails:
         limits = policy.limits
         view, view_rights = "", 0
         if self._view is not None:
-            view, view_rights = os.path.realpath(config.mount_path()), _RW & _fs_handled(landlock_abi())
+            view, view_rights = config.mount_point(), _RW & _fs_handled(landlock_abi())
         setup = _jail.JailSetup(
             policy.network,
             limits.processes,
@@ -793,10 +793,11 @@ def hidden_paths() -> tuple[str, ...]:
     ollie's configuration (API keys, agent configs with hooks, policies), its stored sessions,
     the session scratch directories, the file server's socket directory and its mount (the jail
     also hides every mount of ollie's file server, wherever it is)."""
-    paths = [*_own_paths(), config.mount_path()]
-    for path in paths[:-1]:  # made now, so that a jail has them to hide and pin (it can only hide what exists)
+    paths = _own_paths()
+    for path in paths:  # made now, so that a jail has them to hide and pin (it can only hide what exists)
         path.mkdir(mode=0o700, parents=True, exist_ok=True)
-    return tuple(dict.fromkeys(os.path.realpath(p) for p in paths))  # a symlinked config is hidden where it is
+    real = [os.path.realpath(p) for p in paths]  # a symlinked config is hidden where it is
+    return tuple(dict.fromkeys([*real, config.mount_point()]))
 
 
 class Sandboxes:

@@ -81,6 +81,14 @@ def mount_path() -> Path:
     return _dir("OLLIE", "~/mnt/ollie")
 
 
+def mount_point() -> str:
+    """The mount path made real up to its parent, the last name as it is: a stat of the mount
+    point itself is a request to the file server, which may be this very process's loop (a jail
+    hides every mount of ollie's file server, wherever a link leads)."""
+    path = mount_path()
+    return os.path.join(os.path.realpath(path.parent), path.name)
+
+
 # The variables the env file set, and to what: loading it again (a server does, for each new
 # session) follows its changes (`ollie keys set`), and never what the environment set itself.
 _FROM_FILE: dict[str, str] = {}

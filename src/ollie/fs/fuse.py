@@ -212,7 +212,8 @@ class Connection:
             return False
         _, opcode, unique, _, _, _, pid, _, _ = K.IN_HEADER.unpack_from(data)
         if pid == self.loop_tid and opcode not in NO_REPLY:
-            log.debug("refused a request from the loop thread (EDEADLK)")
+            # A bug of ours (a stat of the mount point, say): the loop waited a tick or two for nothing.
+            log.warning("refused a request from the loop thread (EDEADLK): opcode %d", opcode)
             try:
                 K.reply(self.fd, unique, E.EDEADLK)
             except OSError:
@@ -240,7 +241,7 @@ class Connection:
                 break
             _, opcode, unique, _, _, _, pid, _, _ = K.IN_HEADER.unpack_from(data)
             if pid == self.loop_tid and opcode not in NO_REPLY and opcode != K.INIT:
-                log.debug("refused a request from the loop thread (EDEADLK)")
+                log.warning("refused a request from the loop thread (EDEADLK): opcode %d", opcode)
                 try:
                     K.reply(fd, unique, E.EDEADLK)
                 except OSError:

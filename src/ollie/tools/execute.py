@@ -199,7 +199,7 @@ class Server:
         )
         env.update(zip(("OLLIE_MEMORY_DIR", "OLLIE_PLANS_DIR"), self._shared_dirs(), strict=False))
         if jail.has_view:
-            env["OLLIE"] = os.path.realpath(config.mount_path())
+            env["OLLIE"] = config.mount_point()
         else:
             env.pop("OLLIE", None)  # the user's mount is hidden from sandboxed code
         system_path = env["PATH"] = box.search_path(env.get("PATH") or os.defpath)
