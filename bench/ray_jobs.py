@@ -4,8 +4,10 @@ machine), against the same N jobs on the local executor (the baseline, same run,
 
     .venv/bin/python bench/ray_jobs.py [-n 200] [--slots 4]
 
-Prints jobs per second for each, the ratio, and Ray's overhead per job: the difference of the two
-wall times over N, times the slots (what one job costs a slot more on Ray). Needs the `ray` extra.
+Prints jobs per second for each, the server's RSS growth per finished job, the ratio, and Ray's
+overhead per job: the difference of the two wall times over N, times the slots (what one job costs
+a slot more on Ray; negative when Ray's worker processes run in parallel what the server's one
+event loop runs in turn). Needs the `ray` extra.
 """
 
 from __future__ import annotations
@@ -53,21 +55,22 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="ollie-bench-ray-") as tmp:
         root = Path(tmp)
         (root / "local").mkdir()
-        local_s, _ = run_jobs(root / "local", args.n, args.slots)
+        local_s, local_kib = run_jobs(root / "local", args.n, args.slots)
         temp = tempfile.mkdtemp(prefix="ray", dir="/tmp")  # Ray's socket paths must stay short
         auth = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32)}
         head, address = start_head(args.slots, temp, auth)
         try:
             (root / "ray").mkdir()
             # every job handed to the cluster at once (the Ray executor's default): its CPUs pace them
-            ray_s, _ = run_jobs(root / "ray", args.n, None, OLLIE_BATCH_EXECUTOR="ray", RAY_ADDRESS=address, **auth)
+            ray_env = {"OLLIE_BATCH_EXECUTOR": "ray", "RAY_ADDRESS": address, **auth}
+            ray_s, ray_kib = run_jobs(root / "ray", args.n, None, **ray_env)
         finally:
             head.terminate()
             head.wait()
             shutil.rmtree(temp, ignore_errors=True)
     print(f"{args.n} one-step jobs (scripted backend), {args.slots} at a time; load {os.getloadavg()[0]:.1f}")
-    print(f"  local executor: {args.n / local_s:7.1f} jobs/s")
-    print(f"  Ray executor:   {args.n / ray_s:7.1f} jobs/s")
+    print(f"  local executor: {args.n / local_s:7.1f} jobs/s   server RSS {local_kib:6.1f} KiB per finished job")
+    print(f"  Ray executor:   {args.n / ray_s:7.1f} jobs/s   server RSS {ray_kib:6.1f} KiB per finished job")
     print(f"  ratio: Ray takes {ray_s / local_s:.2f}x the local executor's time")
     print(f"  Ray's overhead per job: {(ray_s - local_s) / args.n * args.slots * 1000:.1f} ms of a slot")
 
