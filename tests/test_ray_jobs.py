@@ -106,19 +106,28 @@ def on_ray(tmp_path_factory):
             {"text": "seen"},
         ],
     )
-    srv.agent(
-        "sleeper",
-        turns=[
-            {"tool_calls": [{"name": "execute_code", "arguments": {"steps": [{"code": "sleep 301.5"}]}}]},
-            {"text": "woke"},
-        ],
-    )
+    srv.agent("sleeper", turns=_sleeper("sleep 301.5"))
     try:
         srv.start()
         yield Jobs(srv)
     finally:
         srv.stop()
         cluster.stop()
+
+
+def _sleeper(command: str) -> list[dict]:
+    return [
+        {"tool_calls": [{"name": "execute_code", "arguments": {"steps": [{"code": command}]}}]},
+        {"text": "woke"},
+    ]
+
+
+def _gone(marker: str, timeout: float = 20) -> None:
+    """Wait for the sandboxed process to end; 20 s is well before its step's own 30 s timeout."""
+    deadline = time.monotonic() + timeout
+    while _sandboxed(marker):
+        assert time.monotonic() < deadline, f"{marker!r} lives on"
+        time.sleep(0.1)
 
 
 def _log_until(jobs: Jobs, jid: str, pattern: str, timeout: float = 60) -> re.Match:
@@ -172,11 +181,26 @@ def test_the_log_streams_while_the_job_runs_and_rm_r_cancels_its_task(on_ray):
         time.sleep(0.1)
     shutil.rmtree(on_ray.b / jid)
     assert jid not in (on_ray.b / "idx").read_text()
-    deadline = time.monotonic() + 20  # the step itself would end at 30 s (its timeout)
-    while _sandboxed("sleep 301.5"):  # the task was cancelled: its session closed its sandbox
-        assert time.monotonic() < deadline, "the cancelled job's sandboxed process lives on"
-        time.sleep(0.1)
+    _gone("sleep 301.5")  # the task was cancelled: its session closed its sandbox
     os.kill(pid, 0)  # the worker itself lives on, for the next task
+
+
+def test_a_server_stop_interrupts_its_jobs_on_the_cluster_and_says_so_after_a_restart(on_ray, tmp_path):
+    other = _server(tmp_path)
+    for key in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "OLLIE_BATCH_EXECUTOR", "RAY_ADDRESS"):
+        other.env[key] = on_ray.srv.env[key]
+    other.agent("sleeper", turns=_sleeper("sleep 302.5"))
+    other.start()
+    try:
+        jobs = Jobs(other)
+        (jid,) = jobs.submit("agent=sleeper\n---\nnap\n")
+        _log_until(jobs, jid, r"sleep 302\.5")
+        other.stop()
+        _gone("sleep 302.5")
+        other.start()
+        assert (jobs.b / jid / "status").read_text() == "failed: interrupted by a server stop\n"
+    finally:
+        other.stop()
 
 
 def test_a_killed_worker_fails_its_job_and_the_cluster_runs_the_next(on_ray):
@@ -229,10 +253,7 @@ def test_a_sessions_fan_out_runs_on_the_cluster_and_an_interrupt_cancels_it(on_r
     srv.wait_idle(sid, timeout=30)
     (child,) = [j.name for j in on_ray.b.iterdir() if on_ray.record(j.name)["parent"] == sid]
     assert on_ray.wait(child) == "cancelled"
-    deadline = time.monotonic() + 20  # the step itself would end at 30 s (its timeout)
-    while _sandboxed("sleep 301.5"):
-        assert time.monotonic() < deadline, "the interrupted sub-agent's sandboxed process lives on"
-        time.sleep(0.1)
+    _gone("sleep 301.5")  # the task was cancelled: its session closed its sandbox
 
 
 def test_an_unreachable_cluster_fails_the_submission_and_makes_nothing(tmp_path):
