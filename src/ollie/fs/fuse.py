@@ -50,6 +50,9 @@ log = logging.getLogger("ollie.fs.fuse")
 ENTRY_TIMEOUT = 1  # seconds
 
 NO_REPLY = frozenset({K.FORGET, K.BATCH_FORGET, K.INTERRUPT})
+# What FUSE_INTERRUPT may cancel: reads, which are what waits (statewait, a long read). Anything
+# else runs to its end, so that a signal cannot cut a kill, a rename or a session's making in half.
+CANCELLABLE = frozenset({K.READ, K.READDIR})
 # A listing's inode numbers are not stat's (which are node ids, given on lookup): libfuse said so too.
 UNKNOWN_INO = 0xFFFFFFFF
 BATCH = 256  # requests read per wakeup of the loop at most, so that other work is not starved
@@ -103,6 +106,7 @@ class Connection:
         self._dirs: dict[int, list[Any]] = {}  # fh -> [path, entries or None]
         self._next_fh = itertools.count(1)
         self._tasks: dict[int, asyncio.Task[None]] = {}  # by request, for FUSE_INTERRUPT
+        self._cancellable: set[int] = set()  # requests FUSE_INTERRUPT cancels (CANCELLABLE's)
         self._releases: set[asyncio.Task[None]] = set()
         self._pending: list[bytes] = []
         self._lock = threading.Lock()
@@ -325,6 +329,8 @@ class Connection:
                 self._reply(unique, self._answers.get(opcode, E.ENOSYS))
             return
         self._tasks[unique] = self.loop.create_task(self._run(unique, opcode, handler(nodeid, arg)))
+        if opcode in CANCELLABLE:
+            self._cancellable.add(unique)
 
     async def _run(self, unique: int, opcode: int, op: Coroutine[Any, Any, bytes | tuple[bytes, int]]) -> None:
         error, body, opened = 0, b"", 0
@@ -342,6 +348,7 @@ class Connection:
             error = E.EIO
         finally:
             self._tasks.pop(unique, None)
+            self._cancellable.discard(unique)
         if not self._reply(unique, error, body) and opened:  # an open nobody got: nobody will close it
             self._release_handle(self._handles.pop(opened, None))
 
@@ -471,7 +478,8 @@ class Connection:
         target = K.U64.unpack_from(arg)[0]
         task = self._tasks.get(target)
         if task is not None:
-            task.cancel()
+            if target in self._cancellable:
+                task.cancel()
         elif self._on_loop:  # its request may still be on its way from the guard thread (or answered)
             if len(self._interrupted) > 256:
                 self._interrupted.clear()

@@ -93,7 +93,7 @@ class Stat:
 
 
 def qid_of(path: str) -> int:
-    return int.from_bytes(hashlib.blake2b(path.encode(), digest_size=8).digest(), "little") >> 1
+    return int.from_bytes(hashlib.blake2b(os.fsencode(path), digest_size=8).digest(), "little") >> 1
 
 
 class Handle:

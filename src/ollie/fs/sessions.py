@@ -369,7 +369,11 @@ class Sessions:
         """Create a session: keys agent, cwd, backend, model, name (empty values mean default).
         A sub-session of `parent` (started by its code) gets no more than `parent` has: see
         `check_child`; its cwd and agent default to the parent's. A batch job's session has the
-        job's id and is stored under `store_root`."""
+        job's id and is stored under `store_root`. Once begun it is made whole (a reader of ctl
+        interrupted meanwhile cannot leave a Core half made)."""
+        return await asyncio.shield(self._new(spec, parent, job_id, store_root))
+
+    async def _new(self, spec: dict[str, str], parent: Session | None, job_id: str, store_root: Path | None) -> Session:
         from ..agent import open_session
 
         try:  # a key or backend set since the server started (`ollie keys set`) counts from now on
@@ -508,7 +512,11 @@ class Sessions:
 
     async def _end(self, session: Session) -> None:
         """End `session` and everything under it, the deepest first: their jobs are cancelled,
-        their turns stopped, what they spent counted up the tree; sessions of s/ go to tr/."""
+        their turns stopped, what they spent counted up the tree; sessions of s/ go to tr/. Once
+        begun it goes to its end, whoever asked being interrupted meanwhile."""
+        await asyncio.shield(self._end_now(session))
+
+    async def _end_now(self, session: Session) -> None:
         async with self._lock:
             doomed = [session] + [s for s in self.all() if self.descends(s, session)]  # creation order
             for s in doomed:

@@ -336,7 +336,7 @@ class DiskFile(File):
         if mode & OpenMode.APPEND:
             flags |= os.O_APPEND
         try:
-            return DiskHandle(os.open(self.path, flags | self._nofollow))
+            return DiskHandle(self._open_regular(flags))
         except OSError as e:
             raise FsError(e.errno or E.EIO, f"{self.path.name}: {e.strerror}") from None
 
@@ -345,11 +345,22 @@ class DiskFile(File):
             raise FsError(E.EACCES, f"{self.path.name}: read-only")
         if self._validate:
             return  # a validated file changes only through a complete, valid write
-        fd = os.open(self.path, os.O_WRONLY | self._nofollow)
+        fd = self._open_regular(os.O_WRONLY)
         try:
             os.ftruncate(fd, size)
         finally:
             os.close(fd)
+
+    def _open_regular(self, flags: int) -> int:
+        """Open the file, refusing anything but a regular one. Sandboxed code writes some of these
+        directories (the memory): between the lookup's stat and this open it could put a FIFO
+        there, whose blocking open would stop the server's loop; O_NONBLOCK opens it at once."""
+        fd = os.open(self.path, flags | self._nofollow | os.O_NONBLOCK)
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise OSError(E.ENOENT, "not a regular file")
+        os.set_blocking(fd, True)
+        return fd
 
 
 def _is_file(path: Path, follow: bool) -> bool:
