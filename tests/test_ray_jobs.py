@@ -308,3 +308,17 @@ def test_a_worker_refuses_a_sub_agent_whose_agent_runs_outside_the_sandbox_there
     *_, last = run_task(task)
     assert last["status"] == "failed: agent 'bang' runs the prompt command '!touch ran' outside the sandbox"
     assert not (tmp_path / "ran").exists()
+
+
+def test_a_worker_refuses_a_sub_agents_cwd_swapped_for_a_link_since_it_was_checked(tmp_path, monkeypatch):
+    """The server made the cwd real and checked it was inside the parent's; sandboxed code that can
+    write there may replace it with a link to elsewhere while the job waits in the cluster's queue."""
+    (tmp_path / "cfg").mkdir()
+    monkeypatch.setenv("OLLIE_CFG_PATH", str(tmp_path / "cfg"))
+    monkeypatch.setenv("OLLIE_DATA_PATH", str(tmp_path / "data"))
+    (tmp_path / "outside").mkdir()
+    (tmp_path / "sub").symlink_to(tmp_path / "outside")  # was a directory when the server checked it
+    task = {"job_id": "j-0", "prompt": "hi", "output": "", "sub_agent": True}
+    task["settings"] = {"agent": "", "backend": "scripted", "cwd": str(tmp_path / "sub")}
+    *_, last = run_task(task)
+    assert last["status"].startswith(f"failed: cwd '{tmp_path / 'sub'}' leads elsewhere on Ray node")

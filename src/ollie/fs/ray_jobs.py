@@ -212,6 +212,8 @@ async def _work(task: Task, send: Callable[[dict[str, Any]], None], stop: asynci
         cwd = task.settings["cwd"]
         if not os.path.isdir(cwd):
             raise OllieError(f"cwd {cwd!r} does not exist on Ray node {node}: run jobs where every node shares it")
+        if task.sub_agent and os.path.realpath(cwd) != cwd:  # the server sent it made real
+            raise OllieError(f"cwd {cwd!r} leads elsewhere on Ray node {node} (a link put there since): refused")
         if task.sub_agent and task.settings.get("agent"):
             if outside := config.starts_outside_sandbox(config.load_agent(task.settings["agent"])):
                 raise OllieError(f"agent {task.settings['agent']!r} runs {'; '.join(outside)} outside the sandbox")
