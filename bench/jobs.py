@@ -23,9 +23,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from fs import Server, rss_kib  # noqa: E402 (the bench next door: a server on a temporary mount)
 
 
-def run_jobs(root: Path, n: int, slots: int | None, **env: str) -> tuple[float, float]:
+def run_jobs(root: Path, n: int, slots: int | None, warm: int = 1, **env: str) -> tuple[float, float]:
     """(seconds, KiB of server RSS per finished job); `env`: the server's other settings; `slots`
-    None leaves OLLIE_JOBS unset (the executor's default)."""
+    None leaves OLLIE_JOBS unset (the executor's default); `warm` jobs run first, untimed."""
     server = Server(root)
     if slots is not None:
         server.env["OLLIE_JOBS"] = str(slots)
@@ -33,10 +33,11 @@ def run_jobs(root: Path, n: int, slots: int | None, **env: str) -> tuple[float, 
     server.srv("start")
     try:
         b = server.mnt / "b"
-        warm = b / "new"
-        warm.write_text("name=warm\n---\nwarm up\n")  # the first job imports what every job needs
-        while (b / "warm-0" / "status").read_text().strip() in ("queued", "running"):
-            (b / "warm-0" / "statewait").read_text()
+        # the first jobs import what every job needs (on Ray, each worker process its own)
+        (b / "new").write_text(f"name=warm\nparallel={warm}\n---\nwarm up\n")
+        for i in range(warm):
+            while (b / f"warm-{i}" / "status").read_text().strip() in ("queued", "running"):
+                (b / f"warm-{i}" / "statewait").read_text()
         before = rss_kib(server.pid())
         start = time.perf_counter()
         ids = []

@@ -55,7 +55,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="ollie-bench-ray-") as tmp:
         root = Path(tmp)
         (root / "local").mkdir()
-        local_s, local_kib = run_jobs(root / "local", args.n, args.slots)
+        local_s, local_kib = run_jobs(root / "local", args.n, args.slots, warm=args.slots)
         temp = tempfile.mkdtemp(prefix="ray", dir="/tmp")  # Ray's socket paths must stay short
         auth = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32)}
         head, address = start_head(args.slots, temp, auth)
@@ -63,7 +63,7 @@ def main() -> None:
             (root / "ray").mkdir()
             # every job handed to the cluster at once (the Ray executor's default): its CPUs pace them
             ray_env = {"OLLIE_BATCH_EXECUTOR": "ray", "RAY_ADDRESS": address, **auth}
-            ray_s, ray_kib = run_jobs(root / "ray", args.n, None, **ray_env)
+            ray_s, ray_kib = run_jobs(root / "ray", args.n, None, warm=args.slots, **ray_env)
         finally:
             head.terminate()
             head.wait()
