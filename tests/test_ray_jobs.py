@@ -282,6 +282,25 @@ def test_sandboxed_code_on_a_worker_sees_neither_keys_nor_the_clusters_token(on_
     assert on_ray.srv.env["RAY_AUTH_TOKEN"] not in log and "RAY_" not in log
 
 
+def test_a_malformed_ray_address_fails_the_submission_naming_the_fix(tmp_path):
+    srv: FsServer = _server(tmp_path, OLLIE_BATCH_EXECUTOR="ray", RAY_ADDRESS="head-node-without-port")
+    srv.start()
+    try:
+        with pytest.raises(OSError) as refused:
+            (srv.mnt / "b" / "new").write_text("agent=worker\n---\nhello\n")
+        assert refused.value.errno == errno.EINVAL
+        assert "RAY_ADDRESS='head-node-without-port': give the head node as host:port" in srv.log()
+        assert (srv.mnt / "b" / "idx").read_text() == ""
+    finally:
+        srv.stop()
+
+
+def test_an_unknown_executor_fails_the_servers_start_naming_it(tmp_path):
+    srv: FsServer = _server(tmp_path, OLLIE_BATCH_EXECUTOR="rya")
+    out = srv.ollie("srv", "start", check=False)
+    assert out.returncode == 1 and "OLLIE_BATCH_EXECUTOR='rya': give local or ray" in out.stderr
+
+
 def test_keys_never_ride_with_a_task():
     env = {
         "OLLIE_OPENAI_URL": "http://127.0.0.1:9",

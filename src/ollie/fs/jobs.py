@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 from .. import config
 from ..agent.session import check_session_id, new_session_id
 from ..chatfmt import cost_text, usage_text
-from ..types import Cost, InvalidValue, OllieError, Usage
+from ..types import ConfigError, Cost, InvalidValue, OllieError, Usage
 from .namespace import Dir, File, FsError, Handle, OpenMode
 from .session_files import ChatFile, WaitHandle, script_file
 from .sessions import Session, Sessions, errno_of
@@ -90,6 +90,11 @@ class Spec:
     output: str = ""  # "" or "json"
     parallel: int = 1
     prompt: str = ""
+
+    @property
+    def session(self) -> dict[str, str]:
+        """The settings of the job's session (the name is the job's)."""
+        return {k: v for k, v in self.settings.items() if k != "name"}
 
 
 def parse_header_line(number: int, line: str, spec: Spec) -> None:
@@ -290,7 +295,7 @@ class Jobs:
     def check_spec(self, spec: Spec, parent: Session | None) -> None:
         """What can be known wrong before any job is made (FsError). A session's bounds come
         first: nothing outside them is looked at."""
-        settings = {k: v for k, v in spec.settings.items() if k != "name"}
+        settings = spec.session
         if parent is not None:
             self.sessions.check_child(parent, settings, jobs=True)
             mine = self.of(parent)
@@ -325,13 +330,14 @@ class Jobs:
         return made
 
     async def ready(self) -> None:
-        """Whether jobs can be run: a Ray cluster that cannot be reached is ECONNREFUSED, naming it."""
+        """Whether jobs can be run: a Ray cluster that cannot be reached is ECONNREFUSED, naming it;
+        a bad RAY_ADDRESS, or Ray not installed, EINVAL."""
         if self._ray is not None:
             try:
                 await self._ray.connect()
             except OllieError as e:
                 log.warning("%s", e)
-                raise FsError(E.ECONNREFUSED, str(e)) from None
+                raise FsError(E.EINVAL if isinstance(e, ConfigError) else E.ECONNREFUSED, str(e)) from None
 
     async def _run(self, job: Job, parent: Session | None) -> None:
         try:
@@ -383,14 +389,13 @@ class Jobs:
         await self.sessions.forget(session)
 
     def _settings(self, spec: Spec, parent: Session | None) -> dict[str, str]:
-        settings = {k: v for k, v in spec.settings.items() if k != "name"}
+        settings = spec.session
         return self.sessions.check_child(parent, settings, jobs=True) if parent is not None else settings
 
     async def _turn(self, job: Job, parent: Session | None) -> tuple[str, str]:
         """The job as a session of this server."""
         job.set("running")
-        settings = {k: v for k, v in job.spec.settings.items() if k != "name"}
-        job.session = await self.sessions.new(settings, parent=parent, job_id=job.id, store_root=jobs_dir())
+        job.session = await self.sessions.new(job.spec.session, parent=parent, job_id=job.id, store_root=jobs_dir())
         core = await job.session.wake()
         errors: list[str] = []
         core.subscribe(lambda ev: errors.append(ev.text) if ev.kind == "error" else None)
