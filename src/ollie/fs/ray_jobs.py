@@ -202,21 +202,13 @@ def _next(items: queue.Queue[dict[str, Any] | None]) -> dict[str, Any] | None:
 
 async def _work(task: Task, send: Callable[[dict[str, Any]], None], stop: asyncio.Event) -> None:
     from ..agent import open_session
-    from .jobs import outcome  # the local executor's rules, shared
 
     node = _node()
     send({"started": True, "log": f":: running on Ray node {node}, worker pid {os.getpid()}\n".encode()})
     core = None
     try:
         config.load_env_file()
-        cwd = task.settings["cwd"]
-        if not os.path.isdir(cwd):
-            raise OllieError(f"cwd {cwd!r} does not exist on Ray node {node}: run jobs where every node shares it")
-        if task.sub_agent and os.path.realpath(cwd) != cwd:  # the server sent it made real
-            raise OllieError(f"cwd {cwd!r} leads elsewhere on Ray node {node} (a link put there since): refused")
-        if task.sub_agent and task.settings.get("agent"):
-            if outside := config.starts_outside_sandbox(config.load_agent(task.settings["agent"])):
-                raise OllieError(f"agent {task.settings['agent']!r} runs {'; '.join(outside)} outside the sandbox")
+        _check(task, node)
         with tempfile.TemporaryDirectory(prefix="ollie-job-") as root:
             changed = asyncio.Event()
             errors: list[str] = []
@@ -228,36 +220,67 @@ async def _work(task: Task, send: Callable[[dict[str, Any]], None], stop: asynci
 
             async with open_session(
                 agent=task.settings.get("agent") or None,
-                cwd=cwd,
+                cwd=task.settings["cwd"],
                 backend=task.settings.get("backend") or None,
                 model=task.settings.get("model") or None,
                 session_id=task.job_id,
                 store_root=Path(root),
                 on_event=on_event,
             ) as core:
-                with open(Path(root) / task.job_id / "chat", "ab+") as chat:
-                    chat.seek(0)
-                    turn = asyncio.ensure_future(core.submit(task.prompt))
-                    stopped = asyncio.ensure_future(stop.wait())
-                    while not turn.done():
-                        waiter = asyncio.ensure_future(changed.wait())
-                        await asyncio.wait({turn, waiter, stopped}, return_when=asyncio.FIRST_COMPLETED)
-                        waiter.cancel()
-                        changed.clear()
-                        if stopped.done():  # cancelled: nobody reads on; stop the turn, then close
-                            core.interrupt()
-                            await asyncio.wait({turn})
-                            return
-                        send(_progress(core, chat.read()))
-                    stopped.cancel()
-                    turn.result()
-                    status, result = outcome(core.reply, errors, task.output)
-                    send({**_progress(core, chat.read()), "status": status, "result": result})
+                with open(Path(root) / task.job_id / "chat", "rb") as chat:
+                    await _follow(core, task, chat, changed, errors, send, stop)
     except (OllieError, OSError) as e:
         send(_failed(core, str(e)))
     except Exception as e:  # a bug: the job fails saying so, the worker lives on
         log.exception("job %s failed", task.job_id)
         send(_failed(core, f"{type(e).__name__}: {e}"))
+
+
+def _check(task: Task, node: str) -> None:
+    """What the server checked, checked again where the job runs (OllieError)."""
+    cwd = task.settings["cwd"]
+    if not os.path.isdir(cwd):
+        raise OllieError(f"cwd {cwd!r} does not exist on Ray node {node}: run jobs where every node shares it")
+    if not task.sub_agent:
+        return
+    if os.path.realpath(cwd) != cwd:  # the server sent it made real
+        raise OllieError(f"cwd {cwd!r} leads elsewhere on Ray node {node} (a link put there since): refused")
+    agent = task.settings.get("agent")
+    if agent and (outside := config.starts_outside_sandbox(config.load_agent(agent))):
+        raise OllieError(f"agent {agent!r} runs {'; '.join(outside)} outside the sandbox")
+
+
+async def _follow(
+    core: Any,
+    task: Task,
+    chat: Any,
+    changed: asyncio.Event,
+    errors: list[str],
+    send: Callable[[dict[str, Any]], None],
+    stop: asyncio.Event,
+) -> None:
+    """Run the turn, sending what the chat log gained at each event; then the outcome. Asked to
+    stop, it interrupts the turn and sends nothing more (nobody reads on)."""
+    from .jobs import outcome  # the local executor's rules, shared
+
+    turn = asyncio.ensure_future(core.submit(task.prompt))
+    stopped = asyncio.ensure_future(stop.wait())
+    try:
+        while not turn.done():
+            waiter = asyncio.ensure_future(changed.wait())
+            await asyncio.wait({turn, waiter, stopped}, return_when=asyncio.FIRST_COMPLETED)
+            waiter.cancel()
+            changed.clear()
+            if stopped.done():
+                core.interrupt()
+                await asyncio.wait({turn})
+                return
+            send(_progress(core, chat.read()))
+    finally:
+        stopped.cancel()
+    turn.result()
+    status, result = outcome(core.reply, errors, task.output)
+    send({**_progress(core, chat.read()), "status": status, "result": result})
 
 
 def _failed(core: Any, message: str) -> dict[str, Any]:
