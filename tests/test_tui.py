@@ -565,6 +565,7 @@ def test_switch_and_new_change_the_session_followed(server, tmux):
     tmux.type("more")  # goes to the session switched to
     tmux.keys("Enter")
     tmux.wait_for("> more")
+    tmux.wait_for("\nok")  # its answer: the prompt reached the server (idle before it did, too)
     server.wait_idle(other)
     assert "user: more" in (server.mnt / "s" / other / "chat").read_text()
     assert "more" not in (server.mnt / "s" / mine / "chat").read_text()
