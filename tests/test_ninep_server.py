@@ -177,6 +177,24 @@ async def test_read_walk_stat_and_list_with_python_9p(world):
     assert root.name == "/" and root.mode & py9p.DMDIR
 
 
+async def test_a_walk_gives_each_element_the_qid_its_listing_and_stat_give(world):
+    def session():
+        with py9p_client(world) as c:
+            qids = c.walk(0, 1, "d/notes")
+            assert [q.type & py9p.QTDIR for q in qids] == [py9p.QTDIR, 0]
+            assert c.stat(1).qid == qids[1]
+            c.walk(0, 2, "d")
+            c.open(2)
+            listed = py9p.decode_dir(c.read(2, 8192, 0))
+            assert listed.name == "notes" and listed.qid.path == qids[1].path
+            assert c.walk(0, 3, "d/../hello")[2] == c.walk(0, 4, "hello")[0]  # ".." mid-walk
+            assert len(c.walk(0, 5, "hello/x")) == 1  # through a file: a partial walk, nothing made
+            with pytest.raises(py9p.RemoteError, match="unknown fid 5"):
+                c.stat(5)
+
+    await in_thread(session)
+
+
 async def test_create_write_rename_remove_with_python_9p(world):
     def session():
         with py9p_client(world) as c:

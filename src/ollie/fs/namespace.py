@@ -9,6 +9,8 @@ Paths are absolute, "/"-separated strings ("/" is the root, "/s/<id>/chat" a ses
     st   = await ns.stat(path)              # Stat; never reads a file's content
     st   = ns.stat_now(path)                # the same, synchronous and safe from any thread (it
                                             # only reads): FUSE answers getattr without a loop hop
+    path, stats = ns.walk_stats(path, names)  # 9P's Twalk: each name looked up in the one before,
+                                            # synchronous too; stops at the first that fails
     ents = await ns.list(path)              # list[Stat] of a directory, in listing order
     h    = await ns.open(path, OpenMode.READ | OpenMode.WRITE | OpenMode.TRUNC)   # Handle
     h    = await ns.create(path, mode=0o644)  # a new file, opened for writing
@@ -49,6 +51,7 @@ from __future__ import annotations
 
 import enum
 import errno as E
+import functools
 import hashlib
 import os
 import stat as S
@@ -92,6 +95,7 @@ class Stat:
         return (S.S_IFDIR if self.is_dir else S.S_IFREG) | self.mode
 
 
+@functools.lru_cache(maxsize=1 << 16)  # a walk asks for each element's: hash a path once
 def qid_of(path: str) -> int:
     return int.from_bytes(hashlib.blake2b(os.fsencode(path), digest_size=8).digest(), "little") >> 1
 
@@ -189,6 +193,12 @@ class StaticDir(Dir):
         return list(self.children.items())
 
 
+def check_name(name: str) -> None:
+    """One path element: not empty, not "." or "..", no "/" or NUL."""
+    if not name or name in (".", "..") or "/" in name or "\0" in name:
+        raise FsError(E.EINVAL, f"{name!r}: not a valid file name")
+
+
 def split(path: str) -> list[str]:
     parts = [p for p in path.split("/") if p]
     if any(p in (".", "..") for p in parts):
@@ -228,6 +238,33 @@ class Namespace:
         st = node.stat(parts[-1] if parts else "/")
         st.qid = qid_of("/" + "/".join(parts))
         return st
+
+    def walk_stats(self, path: str, names: list[str]) -> tuple[str, list[Stat]]:
+        """Walk `names` from `path`, each looked up in the node before it (".." steps to the
+        parent; the root is its own): the path reached and a stat per name. A name that fails
+        ends the walk there, short of `names`; it raises only if it is the first."""
+        parts, node = split(path), self.walk(path)
+        stats: list[Stat] = []
+        for name in names:
+            try:
+                next_node, next_parts = self._step(node, parts, name)
+                st = next_node.stat(next_parts[-1] if next_parts else "/")
+            except FsError:
+                if not stats:
+                    raise
+                break
+            node, parts = next_node, next_parts
+            st.qid = qid_of("/" + "/".join(parts))
+            stats.append(st)
+        return "/" + "/".join(parts), stats
+
+    def _step(self, node: File | Dir, parts: list[str], name: str) -> tuple[File | Dir, list[str]]:
+        if name == "..":
+            return self.walk("/".join(parts[:-1])), parts[:-1]
+        check_name(name)
+        if not isinstance(node, Dir):
+            raise FsError(E.ENOTDIR, f"{name}: parent is not a directory")
+        return node.lookup(name), [*parts, name]
 
     async def list(self, path: str) -> list[Stat]:
         node = self.walk(path)

@@ -8,9 +8,10 @@ otherwise malformed frame raises ProtocolError and nothing else.
 from __future__ import annotations
 
 import asyncio
+import struct
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
-from typing import ClassVar, TypeVar, dataclass_transform
+from typing import ClassVar, NoReturn, TypeVar, dataclass_transform
 
 VERSION = "9P2000"
 MAX_MSIZE = 65536
@@ -284,9 +285,10 @@ class Rwstat(Message):
 
 
 def _u(value: int, width: int) -> bytes:
-    if not isinstance(value, int) or not 0 <= value < 1 << (8 * width):
-        raise ProtocolError(f"{value!r} does not fit in {width} unsigned bytes")
-    return value.to_bytes(width, "little")
+    try:
+        return value.to_bytes(width, "little")  # raises for a negative, too large or non-int value
+    except (OverflowError, AttributeError, TypeError):
+        raise ProtocolError(f"{value!r} does not fit in {width} unsigned bytes") from None
 
 
 def _put_str(out: bytearray, s: str) -> None:
@@ -342,6 +344,9 @@ def encode(msg: Message) -> bytes:
 # Decoding
 
 
+_UINT = {1: struct.Struct("<B"), 2: struct.Struct("<H"), 4: struct.Struct("<I"), 8: struct.Struct("<Q")}
+
+
 class _Reader:
     __slots__ = ("buf", "pos")
 
@@ -351,13 +356,21 @@ class _Reader:
     def take(self, n: int) -> bytes:
         end = self.pos + n
         if end > len(self.buf):
-            raise ProtocolError(f"truncated: need {n} bytes at offset {self.pos}, have {len(self.buf) - self.pos}")
+            self._truncated(n)
         chunk = self.buf[self.pos : end]
         self.pos = end
         return chunk
 
     def u(self, width: int) -> int:
-        return int.from_bytes(self.take(width), "little")
+        try:
+            (value,) = _UINT[width].unpack_from(self.buf, self.pos)
+        except struct.error:
+            self._truncated(width)
+        self.pos += width
+        return value
+
+    def _truncated(self, n: int) -> NoReturn:
+        raise ProtocolError(f"truncated: need {n} bytes at offset {self.pos}, have {len(self.buf) - self.pos}")
 
     def string(self) -> str:
         raw = self.take(self.u(2))

@@ -4,7 +4,8 @@
     srv = await serve_tcp(namespace, port=5640, token=t)  # loopback unless told otherwise
     await srv.close()
 
-Every request runs as its own task, so a blocked read (statewait) holds up nothing else; replies are
+Every request that may wait runs as its own task, so a blocked read (statewait) holds up nothing
+else; walks and stats, which only look names up, are answered as they are read. Replies are
 written whole, one frame at a time; while they pile up unread no request is read or served. Tflush
 cancels the flushed request's task. A client that hangs up has all its tasks cancelled and its open
 files released.
@@ -42,7 +43,7 @@ from typing import Any
 
 from .. import config
 from . import ninep as P
-from .namespace import FsError, Handle, Namespace, OpenMode
+from .namespace import FsError, Handle, Namespace, OpenMode, check_name
 from .namespace import Stat as NsStat
 
 log = logging.getLogger(__name__)
@@ -82,21 +83,9 @@ def _qid(st: NsStat) -> P.Qid:
     return P.Qid(P.QTDIR if st.is_dir else P.QTFILE, st.version & 0xFFFFFFFF, st.qid)
 
 
-def _child(path: str, name: str) -> str:
-    """The path one walk step from `path` ("..": the parent; the root is its own parent)."""
-    if name == "..":
-        return path.rsplit("/", 1)[0] or "/"
-    return _join(path, name)
-
-
 def _join(path: str, name: str) -> str:
-    _check_name(name)
+    check_name(name)
     return path.rstrip("/") + "/" + name
-
-
-def _check_name(name: str) -> None:
-    if not name or name in (".", "..") or "/" in name or "\0" in name:
-        raise FsError(E.EINVAL, f"{name!r}: not a valid file name")
 
 
 def _open_mode(mode: int) -> OpenMode:
@@ -127,6 +116,7 @@ class _Connection:
         self.msize = 0  # 0 until Tversion
         self.fids: dict[int, _Fid] = {}
         self.tasks: dict[int, asyncio.Task] = {}
+        self.unstarted = 0  # tasks made but not yet run: a request read after them waits its turn
 
     @property
     def iounit(self) -> int:
@@ -176,23 +166,29 @@ class _Connection:
             await self._send(
                 P.Rerror(f"too many requests in flight: at most {MAX_REQUESTS} per connection", tag=msg.tag)
             )
+        elif (answer_now := _ANSWERED_NOW.get(type(msg))) is not None and not self.unstarted:
+            try:
+                reply = answer_now(self, msg)
+            except Exception as e:
+                reply = _failure(msg, e)
+            reply.tag = msg.tag
+            self._write_reply(reply)
         else:
+            self.unstarted += 1
             self.tasks[msg.tag] = asyncio.create_task(self._serve(msg))
 
     async def _serve(self, msg: P.Message) -> None:
+        self.unstarted -= 1
         try:
             await self._drained()
-            handler = _HANDLERS.get(type(msg))
-            if handler is None:
+            if (answer_now := _ANSWERED_NOW.get(type(msg))) is not None:  # queued behind unstarted tasks
+                reply = answer_now(self, msg)
+            elif (handler := _HANDLERS.get(type(msg))) is not None:
+                reply = await handler(self, msg)
+            else:
                 raise FsError(E.EINVAL, f"unexpected message {type(msg).__name__}")
-            reply = await handler(self, msg)
-        except FsError as e:
-            reply = P.Rerror(e.message)
-        except P.ProtocolError as e:
-            reply = P.Rerror(str(e))
-        except Exception as e:  # a bug in a store must cost one request, not the connection
-            log.exception("9P %s failed", type(msg).__name__)
-            reply = P.Rerror(f"internal error: {e}")
+        except Exception as e:
+            reply = _failure(msg, e)
         finally:
             if self.tasks.get(msg.tag) is asyncio.current_task():
                 del self.tasks[msg.tag]
@@ -200,6 +196,10 @@ class _Connection:
         await self._send(reply)
 
     async def _send(self, reply: P.Message) -> None:
+        self._write_reply(reply)
+        await self._drained()
+
+    def _write_reply(self, reply: P.Message) -> None:
         if isinstance(reply, P.Rerror):
             reply.ename = reply.ename[:_MAX_ENAME]
         try:
@@ -208,13 +208,8 @@ class _Connection:
                 raise P.ProtocolError(f"reply of {len(frame)} bytes exceeds msize")
         except P.ProtocolError as e:
             frame = P.encode(P.Rerror(str(e)[:_MAX_ENAME], tag=reply.tag))
-        if self.writer.is_closing():
-            return
-        self.writer.write(frame)  # one whole frame per write: replies never interleave
-        try:
-            await self.writer.drain()
-        except ConnectionError:
-            pass
+        if not self.writer.is_closing():
+            self.writer.write(frame)  # one whole frame per write: replies never interleave
 
     async def _drained(self) -> None:
         """Wait while replies pile up unread: a client that does not read them gets no more of its
@@ -231,6 +226,7 @@ class _Connection:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         self.tasks.clear()
+        self.unstarted = 0  # a task cancelled before its first step never counted itself out
         fids, self.fids = list(self.fids.values()), {}
         for fid in fids:
             if fid.handle is not None:
@@ -299,19 +295,14 @@ class _Connection:
             await asyncio.wait([task])
         return P.Rflush()
 
-    async def _walk(self, m: P.Twalk) -> P.Message:
+    def _walk(self, m: P.Twalk) -> P.Message:
         fid = self._closed_fid(m.fid)
         if m.newfid != m.fid and m.newfid in self.fids:
             raise FsError(E.EBADF, f"fid {m.newfid} is already in use")
-        path, qids = fid.path, []
-        for name in m.wname:
-            try:
-                path = _child(path, name)
-                qids.append(_qid(await self.ns.stat(path)))
-            except FsError:
-                if not qids:
-                    raise
-                return P.Rwalk(qids)  # a partial walk: newfid is not made
+        path, stats = self.ns.walk_stats(fid.path, m.wname)
+        qids = [_qid(st) for st in stats]
+        if len(qids) < len(m.wname):
+            return P.Rwalk(qids)  # a partial walk: newfid is not made
         walked = _Fid(path, qids[-1] if qids else fid.qid)
         if m.newfid == m.fid:
             self.fids[m.fid] = walked
@@ -403,8 +394,8 @@ class _Connection:
         await self.ns.remove(fid.path)
         return P.Rremove()
 
-    async def _stat(self, m: P.Tstat) -> P.Message:
-        return P.Rstat(self._entry(await self.ns.stat(self._fid(m.fid).path)))
+    def _stat(self, m: P.Tstat) -> P.Message:
+        return P.Rstat(self._entry(self.ns.stat_now(self._fid(m.fid).path)))
 
     async def _wstat(self, m: P.Twstat) -> P.Message:
         """Rename within the directory, and truncate; mode, owner and type changes are refused and
@@ -446,19 +437,31 @@ class _Connection:
         )
 
 
-# A handler takes the T-message of its key and returns its R-message.
+def _failure(msg: P.Message, e: Exception) -> P.Rerror:
+    if isinstance(e, FsError):
+        return P.Rerror(e.message)
+    if isinstance(e, P.ProtocolError):
+        return P.Rerror(str(e))
+    log.error("9P %s failed", type(msg).__name__, exc_info=e)  # a bug in a store costs one request
+    return P.Rerror(f"internal error: {e}")
+
+
+# A handler takes the T-message of its key and returns its R-message. Walks and stats only look
+# up nodes, so they are answered as they are read, without a task of their own.
+_ANSWERED_NOW: dict[type[P.Message], Callable[[_Connection, Any], P.Message]] = {
+    P.Twalk: _Connection._walk,
+    P.Tstat: _Connection._stat,
+}
 _HANDLERS: dict[type[P.Message], Callable[[_Connection, Any], Awaitable[P.Message]]] = {
     P.Tauth: _Connection._auth,
     P.Tattach: _Connection._attach,
     P.Tflush: _Connection._flush,
-    P.Twalk: _Connection._walk,
     P.Topen: _Connection._open,
     P.Tcreate: _Connection._create,
     P.Tread: _Connection._read,
     P.Twrite: _Connection._write,
     P.Tclunk: _Connection._clunk,
     P.Tremove: _Connection._remove,
-    P.Tstat: _Connection._stat,
     P.Twstat: _Connection._wstat,
 }
 
