@@ -16,7 +16,9 @@ prompt written to the last session idle, as a ratio of the bare client's [>= 0.7
 read, close in Python) [p99 <= 20 ms], against the same reads with the sessions idle; and the
 server's RSS per busy session (its peak during the turns less its RSS before the sessions were
 made, over N), and per idle session; the server's CPU time (every thread) during the turns, per
-turn and per request: when it nears the wall time, the server's one event loop is the limit.
+turn and per request: when it nears the wall time, the server's one event loop is the limit; and
+the event loop's thread's share, user and system (the kernel's work for its syscalls: sockets,
+/dev/fuse, files) apart.
 `--profile FILE` runs the server's main thread (its event loop) under cProfile during the turns and
 writes the stats to FILE (read them with `python -m pstats FILE`); it slows the server about twofold.
 """
@@ -120,10 +122,12 @@ async def direct(n: int, cwd: Path) -> tuple[float, float]:
     return wall, cpu
 
 
-def cpu_s(pid: int) -> float:
-    """The process's CPU time (user + system, every thread) so far, in seconds."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+def cpu_s(pid: int, tid: int | None = None) -> tuple[float, float]:
+    """(user, system) CPU seconds so far of the process (every thread), or of its thread `tid`."""
+    stat = f"/proc/{pid}/task/{tid}/stat" if tid else f"/proc/{pid}/stat"
+    fields = Path(stat).read_text().rpartition(")")[2].split()
+    tick = os.sysconf("SC_CLK_TCK")
+    return int(fields[11]) / tick, int(fields[12]) / tick
 
 
 # ---- ollie ------------------------------------------------------------------------------------
@@ -165,7 +169,7 @@ def busy(s: Server, n: int, profile: bool = False, writers: int = 1) -> dict[str
     peak = idle_rss
     if profile:
         os.kill(s.pid(), signal.SIGRTMIN + 1)
-    cpu = cpu_s(s.pid())
+    cpu, loop_cpu = cpu_s(s.pid()), cpu_s(s.pid(), s.pid())  # the main thread runs the event loop
     t = time.perf_counter()
     if writers == 1:
         for sid in sids:
@@ -187,7 +191,8 @@ def busy(s: Server, n: int, profile: bool = False, writers: int = 1) -> dict[str
         if pending:
             time.sleep(0.01)
     wall = time.perf_counter() - t
-    cpu = cpu_s(s.pid()) - cpu
+    cpu = [b - a for a, b in zip(cpu, cpu_s(s.pid()), strict=True)]
+    loop_cpu = [b - a for a, b in zip(loop_cpu, cpu_s(s.pid(), s.pid()), strict=True)]
     if profile:
         os.kill(s.pid(), signal.SIGRTMIN + 2)
     bad = [sid for sid in sids if (s.mnt / "s" / sid / "reply").read_text() != "done"]
@@ -196,7 +201,9 @@ def busy(s: Server, n: int, profile: bool = False, writers: int = 1) -> dict[str
         "made": made,
         "written": written,
         "wall": wall,
-        "cpu": cpu,
+        "cpu": sum(cpu),
+        "loop_user": loop_cpu[0],
+        "loop_system": loop_cpu[1],
         "idle_kib": (idle_rss - base_rss) / n,
         "busy_kib": (peak - base_rss) / n,
         "idle_reads": idle_reads,
@@ -260,6 +267,12 @@ def main() -> None:
     print(
         f"  server CPU during the turns: {cpu:.2f} s over {wall:.2f} s ({1000 * cpu / args.n:.1f} ms per turn, "
         f"{1000 * cpu / requests:.2f} ms per request)"
+    )
+    user, system = float(r["loop_user"]), float(r["loop_system"])  # type: ignore[arg-type]
+    other = cpu - user - system
+    print(
+        f"    of which the event loop's thread: {1000 * user / requests:.2f} ms user + {1000 * system / requests:.2f} "
+        f"ms system per request; the other threads {1000 * other / requests:.2f} ms"
     )
     idle_q, busy_q = quantiles(r["idle_reads"]), quantiles(r["reads"])  # type: ignore[arg-type]
     print(f"  cat s/<id>/state, sessions idle:  {fmt(idle_q)}")
