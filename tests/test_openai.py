@@ -85,6 +85,31 @@ async def test_tool_calls_assembled_by_index_and_sent_back(server):
     await be.aclose()
 
 
+async def test_tools_sent_as_they_are_at_each_request(server):
+    """The tools' JSON is made once while they stay the same: a change of tools (a server added, a
+    schema replaced) is sent as it is, and `extra_body` still overrides them."""
+    echo = ToolSpec("echo", "echo text", {"type": "object"})
+    read = ToolSpec("read", "read a file", {"type": "object", "properties": {"path": {"type": "string"}}})
+    narrower = ToolSpec("echo", "echo text", {"type": "object", "required": ["text"]})
+    be = backend(server)
+    for tools in ([echo], [echo], [ToolSpec("echo", "echo text", {"type": "object"})], [echo, read], [narrower], []):
+        server.reply(PATH, text_stream("ok"))
+        await collect(be, tools=tools)
+        body = server.requests[-1].json
+        sent = [
+            {
+                "type": "function",
+                "function": {"name": t.name, "description": t.description, "parameters": t.input_schema},
+            }
+            for t in tools
+        ]
+        assert body.get("tools", []) == sent and body["messages"] == [{"role": "user", "content": "hi"}]
+    server.reply(PATH, text_stream("ok"))
+    await collect(backend(server, extra_body={"tools": []}), tools=[echo])
+    assert server.requests[-1].json["tools"] == []
+    await be.aclose()
+
+
 @pytest.mark.parametrize(
     ("finish", "stop_reason", "reason"),
     [

@@ -117,6 +117,7 @@ class OpenAIBackend:
         self._chat_url: _http.URL | None = None
         self._send_headers: dict[str, str] = {}
         self._model_info: list[dict[str, Any]] | None = None
+        self._tools_json: tuple[list[ToolSpec], bytes] | None = None  # the tools last sent, and their JSON
 
     @classmethod
     def from_options(cls, model: str | None = None, **options: Any) -> OpenAIBackend:
@@ -147,13 +148,7 @@ class OpenAIBackend:
             "stream_options": {"include_usage": True},
         }
         if tools:
-            body["tools"] = [
-                {
-                    "type": "function",
-                    "function": {"name": t.name, "description": t.description, "parameters": t.input_schema},
-                }
-                for t in tools
-            ]
+            body["tools"] = _wire_tools(tools)
         for key, value in params.nonempty().items():
             if key in _BODY_PARAMS:
                 body[_BODY_PARAMS[key]] = value
@@ -162,11 +157,26 @@ class OpenAIBackend:
             self._prepare(body)
         return body
 
+    def _payload(self, messages: list[Message], tools: list[ToolSpec], params: GenerationParams) -> bytes:
+        """The request body as JSON. The tools' schemas are most of it (execute_code's is 2.6 KB, 30 us
+        to encode: a tenth of a step's CPU) and the same at every request of a turn, so their JSON is
+        made when they change and put at the body's end as it is; unless `prepare` (which may edit
+        them) or `extra_body` (which may replace them) has a say."""
+        if not tools or self._prepare is not None or "tools" in self._extra_body:
+            return _dumps(self.request_body(messages, tools, params))
+        memo = self._tools_json
+        # Equal tools are the same objects, most often: comparing them costs next to nothing. (A
+        # schema is a value, never edited in place: a server whose tools change lists new ones.)
+        if memo is None or memo[0] != tools:
+            memo = self._tools_json = (list(tools), _dumps(_wire_tools(tools)))
+        body = _dumps(self.request_body(messages, [], params))
+        return b'%s,"tools":%s}' % (body[:-1], memo[1])
+
     async def stream(
         self, messages: list[Message], tools: list[ToolSpec], params: GenerationParams
     ) -> AsyncIterator[Chunk]:
         http, _ = self._http()
-        payload = json.dumps(self.request_body(messages, tools, params), separators=(",", ":")).encode()
+        payload = self._payload(messages, tools, params)
         done: Done | None = None  # held back: the usage chunk comes after the finish_reason
         try:
             response = await http.request("POST", self._chat_url, self._send_headers, payload)
@@ -337,6 +347,20 @@ def _done(finish_reason: Any) -> Done:
         raise TypeError(f"finish_reason {finish_reason!r}")  # a malformed chunk
     stop = _FINISH.get(finish_reason, "other")
     return Done(stop, reason="" if finish_reason in ("stop", "tool_calls", "function_call") else finish_reason)
+
+
+def _wire_tools(tools: list[ToolSpec]) -> list[dict[str, Any]]:
+    return [
+        {"type": "function", "function": {"name": t.name, "description": t.description, "parameters": t.input_schema}}
+        for t in tools
+    ]
+
+
+_ENCODER = json.JSONEncoder(separators=(",", ":"))  # made once: json.dumps with options makes one a call
+
+
+def _dumps(value: Any) -> bytes:
+    return _ENCODER.encode(value).encode()
 
 
 def _wire_message(m: Message) -> dict[str, Any]:
