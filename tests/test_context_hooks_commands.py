@@ -12,11 +12,12 @@ import pytest
 from agent_helpers import exchanges, make_core, seed_history
 from ollie.agent import commands, hooks
 from ollie.agent.compaction import SUMMARY_PREFIX
+from ollie.agent.context import Window
 from ollie.agent.session import SessionStore
 from ollie.chatfmt import cost_text, usage_text
 from ollie.config import AgentConfig
 from ollie.tools import Tool, ToolResult, execute
-from ollie.types import GenerationParams, Message, ToolCall
+from ollie.types import GenerationParams, Message, ToolCall, ToolSpec
 from test_execute import alive
 
 
@@ -131,6 +132,19 @@ async def test_overflow_after_tool_calls_keeps_the_turns_work_and_its_prompt_ver
     assert core.reply == "finished"
     backend.assert_consumed()
     await core.close()
+
+
+def test_the_window_counts_the_tools_offered_again_when_they_change():
+    window = Window(lambda: [], lambda: "")
+    small = ToolSpec("echo", "echo text", {"type": "object"})
+    window.offered([small])
+    alone = window.estimate()
+    window.offered([ToolSpec("echo", "echo text", {"type": "object"})])  # equal: the same count
+    assert window.estimate() == alone
+    window.offered([small, ToolSpec("read", "read a file", {"type": "object", "properties": {"p": {"x": "y" * 400}}})])
+    assert window.estimate() > alone + 100
+    window.offered([])
+    assert window.estimate() == 0
 
 
 async def test_rolling_window_never_splits_a_call_from_its_result():

@@ -28,6 +28,7 @@ class Window:
         self._tokens = 0  # input tokens of the last request, as the backend counted them
         self._chars_at_usage = 0
         self._schema_chars = 0  # of the tools last offered to the model
+        self._offered: list[ToolSpec] = []
         self.warned = False  # the user was told the window is filling up
 
     def added(self, messages: list[Message]) -> None:
@@ -45,8 +46,12 @@ class Window:
         self._chars_at_usage = self._chars
 
     def offered(self, tools: list[ToolSpec]) -> None:
-        """The tools the next requests carry: their schemas take room in the window too."""
-        self._schema_chars = sum(len(t.name) + len(t.description) + len(json.dumps(t.input_schema)) for t in tools)
+        """The tools the next requests carry: their schemas take room in the window too. (Counted
+        when they change: encoding execute_code's schema cost ~35 us a turn; tools equal to the
+        last ones are the same objects, most often, and compare at no cost.)"""
+        if tools != self._offered:
+            self._offered = list(tools)
+            self._schema_chars = sum(len(t.name) + len(t.description) + len(json.dumps(t.input_schema)) for t in tools)
 
     def estimate(self) -> int:
         """Tokens the next request will take: the backend's last count plus what was added since,
