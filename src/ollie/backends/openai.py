@@ -117,7 +117,6 @@ class OpenAIBackend:
         self._chat_url: _http.URL | None = None
         self._send_headers: dict[str, str] = {}
         self._model_info: list[dict[str, Any]] | None = None
-        self._tools_json: tuple[list[ToolSpec], bytes] | None = None  # the tools last sent, and their JSON
 
     @classmethod
     def from_options(cls, model: str | None = None, **options: Any) -> OpenAIBackend:
@@ -159,18 +158,13 @@ class OpenAIBackend:
 
     def _payload(self, messages: list[Message], tools: list[ToolSpec], params: GenerationParams) -> bytes:
         """The request body as JSON. The tools' schemas are most of it (execute_code's is 2.6 KB, 30 us
-        to encode: a tenth of a step's CPU) and the same at every request of a turn, so their JSON is
-        made when they change and put at the body's end as it is; unless `prepare` (which may edit
-        them) or `extra_body` (which may replace them) has a say."""
+        to encode: a tenth of a step's CPU) and the same at every request, so their JSON is made
+        when they change (`_tools_json`) and put at the body's end as it is; unless `prepare` (which
+        may edit them) or `extra_body` (which may replace them) has a say."""
         if not tools or self._prepare is not None or "tools" in self._extra_body:
             return _dumps(self.request_body(messages, tools, params))
-        memo = self._tools_json
-        # Equal tools are the same objects, most often: comparing them costs next to nothing. (A
-        # schema is a value, never edited in place: a server whose tools change lists new ones.)
-        if memo is None or memo[0] != tools:
-            memo = self._tools_json = (list(tools), _dumps(_wire_tools(tools)))
         body = _dumps(self.request_body(messages, [], params))
-        return b'%s,"tools":%s}' % (body[:-1], memo[1])
+        return b'%s,"tools":%s}' % (body[:-1], _tools_json(tools))
 
     async def stream(
         self, messages: list[Message], tools: list[ToolSpec], params: GenerationParams
@@ -347,6 +341,19 @@ def _done(finish_reason: Any) -> Done:
         raise TypeError(f"finish_reason {finish_reason!r}")  # a malformed chunk
     stop = _FINISH.get(finish_reason, "other")
     return Done(stop, reason="" if finish_reason in ("stop", "tool_calls", "function_call") else finish_reason)
+
+
+# The tools last encoded and their JSON, whichever backend sent them: a server's sessions of one agent
+# offer equal tools, most often the very same schema objects, which compare at no cost. (A schema is a
+# value, never edited in place: a server whose tools change lists new ones.)
+_TOOLS_JSON: tuple[list[ToolSpec], bytes] = ([], b"[]")
+
+
+def _tools_json(tools: list[ToolSpec]) -> bytes:
+    global _TOOLS_JSON
+    if _TOOLS_JSON[0] != tools:
+        _TOOLS_JSON = (list(tools), _dumps(_wire_tools(tools)))
+    return _TOOLS_JSON[1]
 
 
 def _wire_tools(tools: list[ToolSpec]) -> list[dict[str, Any]]:
