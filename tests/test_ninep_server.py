@@ -351,8 +351,8 @@ async def test_a_client_that_reads_no_replies_is_not_buffered_without_bound(worl
 
         await in_thread(flood)
         await asyncio.sleep(0.3)
-        (writer,) = world.srv._clients.values()
-        assert writer.transport.get_write_buffer_size() < 256 * 1024
+        (connection,) = world.srv._connections
+        assert connection.transport.get_write_buffer_size() < 256 * 1024
 
 
 async def test_oversized_and_malformed_frames(world):

@@ -24,7 +24,7 @@ QTDIR, QTAPPEND, QTEXCL, QTAUTH, QTTMP, QTFILE = 0x80, 0x40, 0x20, 0x08, 0x04, 0
 DMDIR, DMAPPEND, DMEXCL, DMAUTH, DMTMP = 0x80000000, 0x40000000, 0x20000000, 0x08000000, 0x04000000
 OREAD, OWRITE, ORDWR, OEXEC, OTRUNC, ORCLOSE = 0, 1, 2, 3, 0x10, 0x40
 
-_MIN_FRAME = 7  # size[4] type[1] tag[2]
+MIN_FRAME = 7  # size[4] type[1] tag[2]
 
 
 class ProtocolError(ValueError):
@@ -430,7 +430,7 @@ class _Reader:
 
 def decode(frame: bytes) -> Message:
     """The message in one whole frame (size prefix included)."""
-    if len(frame) < _MIN_FRAME:
+    if len(frame) < MIN_FRAME:
         raise ProtocolError(f"frame of {len(frame)} bytes is shorter than a header")
     r = _Reader(frame)
     size = r.u(4)
@@ -453,7 +453,7 @@ async def read_frame(reader: asyncio.StreamReader, msize: int) -> bytes:
     """
     head = await reader.readexactly(4)
     size = int.from_bytes(head, "little")
-    if size < _MIN_FRAME:
+    if size < MIN_FRAME:
         raise ProtocolError(f"frame size {size} is shorter than a header")
     if size > msize:
         raise ProtocolError(f"frame size {size} exceeds msize {msize}")

@@ -98,72 +98,119 @@ def _open_mode(mode: int) -> OpenMode:
     return access | OpenMode.TRUNC if mode & P.OTRUNC else access
 
 
-class _Connection:
-    """One client: its fids, its running requests, and the negotiated msize."""
+class _Connection(asyncio.Protocol):
+    """One client: its fids, its running requests, and the negotiated msize.
 
-    def __init__(
-        self,
-        server: NinePServer,
-        reader: asyncio.StreamReader,
-        writer: asyncio.StreamWriter,
-        client: str,
-        refusal: str | None,
-    ):
+    Frames are taken as the socket delivers them (`data_received`) and answered there when they
+    only look names up; any other request becomes a task. While replies pile up unread, reading
+    stops and no waiting request is served (`pause_writing`)."""
+
+    def __init__(self, server: NinePServer):
+        self.server = server
         self.ns, self.token, self.user = server.namespace, server.token, server.user
         self.throttle = server.throttle
-        self.client, self.refusal = client, refusal
-        self.reader, self.writer = reader, writer
+        self.client = ""  # who connected, once the server has counted the connection
+        self.refusal: str | None = None
+        self.transport: asyncio.Transport | None = None
+        self.buffer = bytearray()
         self.msize = 0  # 0 until Tversion
         self.fids: dict[int, _Fid] = {}
         self.tasks: dict[int, asyncio.Task] = {}
         self.unstarted = 0  # tasks made but not yet run: a request read after them waits its turn
+        self.writable = asyncio.Event()
+        self.writable.set()
+        self.held = False  # a Tversion is resetting the connection: nothing more is read meanwhile
+        self.done = asyncio.get_running_loop().create_future()  # set once all is released
 
     @property
     def iounit(self) -> int:
         return self.msize - P.IOHDRSZ
 
-    async def run(self) -> None:
+    # asyncio.Protocol
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        self.server.accept(self)
+
+    def data_received(self, data: bytes) -> None:
+        self.buffer += data
         if self.refusal:
-            await self._refuse(self.refusal)
+            self._refuse()
+        else:
+            self._take_frames()
+
+    def eof_received(self) -> bool:
+        return False  # close: a client that has stopped sending is done
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.writable.set()  # requests waiting to reply go on, and their replies are dropped
+        task = asyncio.create_task(self._reset())
+        task.add_done_callback(lambda _: self.done.set_result(None))
+
+    def pause_writing(self) -> None:
+        self.writable.clear()
+        self._update_reading()
+
+    def resume_writing(self) -> None:
+        self.writable.set()
+        self._update_reading()
+        self._take_frames()
+
+    # Frames
+
+    def _update_reading(self) -> None:
+        assert self.transport is not None
+        if self.transport.is_closing():
             return
-        try:
-            while True:
-                await self._drained()
-                frame = await P.read_frame(self.reader, self.msize or P.MAX_MSIZE)
-                await self._dispatch(frame)
-        except (EOFError, ConnectionError):
-            pass
-        except P.ProtocolError as e:  # an impossible size: the stream cannot be resynchronised
-            log.warning("9P client dropped: %s", e)
-        finally:
-            await self._reset()
-            self.writer.close()
+        if self.writable.is_set() and not self.held:
+            self.transport.resume_reading()
+        else:
+            self.transport.pause_reading()
 
-    async def _refuse(self, reason: str) -> None:
+    def _take_frames(self) -> None:
+        """Dispatch each whole frame in the buffer, unless reading is held."""
+        assert self.transport is not None
+        while self.writable.is_set() and not self.held and not self.transport.is_closing():
+            if len(self.buffer) < 4:
+                return
+            size = int.from_bytes(self.buffer[:4], "little")
+            if not P.MIN_FRAME <= size <= (self.msize or P.MAX_MSIZE):
+                # an impossible size: the stream cannot be resynchronised
+                log.warning(
+                    "9P client dropped: frame size %d outside %d..%d", size, P.MIN_FRAME, self.msize or P.MAX_MSIZE
+                )
+                self.transport.close()
+                return
+            if len(self.buffer) < size:
+                return
+            frame = bytes(self.buffer[:size])
+            del self.buffer[:size]
+            self._dispatch(frame)
+
+    def _refuse(self) -> None:
         """Answer the first request (Tversion, whose Rerror every client reports) with the reason."""
-        try:
-            async with asyncio.timeout(_REFUSE_TIMEOUT):
-                frame = await P.read_frame(self.reader, P.MAX_MSIZE)
-            await self._send(P.Rerror(reason, tag=int.from_bytes(frame[5:7], "little")))
-        except (EOFError, ConnectionError, P.ProtocolError, TimeoutError):
-            pass
-        finally:
-            self.writer.close()
+        assert self.transport is not None and self.refusal is not None
+        if len(self.buffer) >= P.MIN_FRAME and not self.transport.is_closing():
+            self._write_reply(P.Rerror(self.refusal, tag=int.from_bytes(self.buffer[5:7], "little")))
+            self.transport.close()
 
-    async def _dispatch(self, frame: bytes) -> None:
+    def _dispatch(self, frame: bytes) -> None:
         try:
             msg = P.decode(frame)
         except P.ProtocolError as e:  # the size was sound, so the stream stays in step: answer and go on
-            await self._send(P.Rerror(f"malformed message: {e}", tag=int.from_bytes(frame[5:7], "little")))
+            self._write_reply(P.Rerror(f"malformed message: {e}", tag=int.from_bytes(frame[5:7], "little")))
             return
-        if isinstance(msg, P.Tversion):  # waits for outstanding requests, so handled in line
-            await self._send(await self._version(msg))
+        if isinstance(msg, P.Tversion):  # waits for outstanding requests: nothing is read meanwhile
+            self.held = True
+            self._update_reading()
+            self.tasks[msg.tag] = asyncio.create_task(self._version(msg))
         elif not self.msize:
-            await self._send(P.Rerror("Tversion must come first", tag=msg.tag))
+            self._write_reply(P.Rerror("Tversion must come first", tag=msg.tag))
         elif msg.tag in self.tasks:
-            await self._send(P.Rerror(f"tag {msg.tag} is already in use", tag=msg.tag))
+            self._write_reply(P.Rerror(f"tag {msg.tag} is already in use", tag=msg.tag))
         elif len(self.tasks) >= MAX_REQUESTS and not isinstance(msg, P.Tflush):
-            await self._send(
+            self._write_reply(
                 P.Rerror(f"too many requests in flight: at most {MAX_REQUESTS} per connection", tag=msg.tag)
             )
         elif (answer_now := _ANSWERED_NOW.get(type(msg))) is not None and not self.unstarted:
@@ -180,7 +227,7 @@ class _Connection:
     async def _serve(self, msg: P.Message) -> None:
         self.unstarted -= 1
         try:
-            await self._drained()
+            await self.writable.wait()
             if (answer_now := _ANSWERED_NOW.get(type(msg))) is not None:  # queued behind unstarted tasks
                 reply = answer_now(self, msg)
             elif (handler := _HANDLERS.get(type(msg))) is not None:
@@ -193,11 +240,7 @@ class _Connection:
             if self.tasks.get(msg.tag) is asyncio.current_task():
                 del self.tasks[msg.tag]
         reply.tag = msg.tag
-        await self._send(reply)
-
-    async def _send(self, reply: P.Message) -> None:
         self._write_reply(reply)
-        await self._drained()
 
     def _write_reply(self, reply: P.Message) -> None:
         if isinstance(reply, P.Rerror):
@@ -208,24 +251,17 @@ class _Connection:
                 raise P.ProtocolError(f"reply of {len(frame)} bytes exceeds msize")
         except P.ProtocolError as e:
             frame = P.encode(P.Rerror(str(e)[:_MAX_ENAME], tag=reply.tag))
-        if not self.writer.is_closing():
-            self.writer.write(frame)  # one whole frame per write: replies never interleave
-
-    async def _drained(self) -> None:
-        """Wait while replies pile up unread: a client that does not read them gets no more of its
-        requests read or served, so what the server holds for it stays bounded."""
-        try:
-            await self.writer.drain()
-        except ConnectionError:
-            pass
+        assert self.transport is not None
+        if not self.transport.is_closing():
+            self.transport.write(frame)  # one whole frame per write: replies never interleave
 
     async def _reset(self) -> None:
         """Abort every request and release every open file (Tversion, or the client hung up)."""
-        tasks = list(self.tasks.values())
+        tasks = [task for task in self.tasks.values() if task is not asyncio.current_task()]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        self.tasks.clear()
+        self.tasks = {tag: task for tag, task in self.tasks.items() if task is asyncio.current_task()}
         self.unstarted = 0  # a task cancelled before its first step never counted itself out
         fids, self.fids = list(self.fids.values()), {}
         for fid in fids:
@@ -259,8 +295,17 @@ class _Connection:
 
     # Handlers
 
-    async def _version(self, m: P.Tversion) -> P.Message:
-        await self._reset()
+    async def _version(self, m: P.Tversion) -> None:
+        try:
+            await self._reset()
+            self._write_reply(self._negotiate(m))
+        finally:
+            self.tasks.pop(m.tag, None)
+            self.held = False
+            self._update_reading()
+            self._take_frames()
+
+    def _negotiate(self, m: P.Tversion) -> P.Message:
         if m.msize < _MIN_MSIZE:
             self.msize = 0
             return P.Rerror(f"msize {m.msize} is below the minimum of {_MIN_MSIZE}", tag=m.tag)
@@ -496,15 +541,15 @@ class _AttachThrottle:
         self._by_client.pop(client, None)
 
 
-def _peer(writer: asyncio.StreamWriter) -> str | None:
+def _peer(transport: asyncio.BaseTransport) -> str | None:
     """Who is connecting, as the connection caps count them: "uid N" on a Unix socket, the address
     on TCP (an IPv6 /64, which one host commonly has to itself, counts as one). None if the peer
     is already gone."""
-    sock = writer.get_extra_info("socket")
+    sock = transport.get_extra_info("socket")
     if sock.family == socket.AF_UNIX:
         _, uid, _ = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
         return f"uid {uid}"
-    peer = writer.get_extra_info("peername")
+    peer = transport.get_extra_info("peername")
     if not peer:
         return None
     address = ipaddress.ip_address(peer[0])
@@ -525,28 +570,31 @@ class NinePServer:
         self.throttle = _AttachThrottle()
         self._max_connections = max_connections  # per client
         self._server: asyncio.AbstractServer | None = None
-        self._clients: dict[asyncio.Task, asyncio.StreamWriter] = {}
+        self._connections: set[_Connection] = set()
         self._per_client: Counter[str] = Counter()
         self._closing = False
 
-    def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        """Called as each connection is made (not later, as a coroutine callback would be), so
-        close() knows every connection, even one whose task has not started yet."""
-        client = _peer(writer)
+    def accept(self, conn: _Connection) -> None:
+        """Count a new connection against its client's cap, or close it."""
+        assert conn.transport is not None
+        try:
+            client = _peer(conn.transport)
+        except OSError:  # gone already
+            client = None
         n = self._per_client[client] if client else 0
         if self._closing or client is None or n >= self._max_connections + _REFUSALS:
-            writer.close()
+            conn.transport.close()
             return
-        refusal = None
         if n >= self._max_connections:
-            refusal = f"too many connections from {client}: at most {self._max_connections}; close some first"
+            conn.refusal = f"too many connections from {client}: at most {self._max_connections}; close some first"
+            asyncio.get_running_loop().call_later(_REFUSE_TIMEOUT, conn.transport.close)
         self._per_client[client] += 1
-        task = asyncio.create_task(_Connection(self, reader, writer, client, refusal).run())
-        self._clients[task] = writer
-        task.add_done_callback(lambda t: self._gone(t, client))
+        conn.client = client
+        self._connections.add(conn)
+        conn.done.add_done_callback(lambda _: self._gone(conn, client))
 
-    def _gone(self, task: asyncio.Task, client: str) -> None:
-        self._clients.pop(task)
+    def _gone(self, conn: _Connection, client: str) -> None:
+        self._connections.discard(conn)
         self._per_client[client] -= 1
         if not self._per_client[client]:
             del self._per_client[client]
@@ -555,12 +603,11 @@ class NinePServer:
         self._closing = True
         if self._server is not None:
             self._server.close()
-        clients = dict(self._clients)
-        for task in clients:
-            task.cancel()
-        await asyncio.gather(*clients, return_exceptions=True)
-        for writer in clients.values():
-            writer.close()
+        connections = list(self._connections)
+        for conn in connections:
+            assert conn.transport is not None
+            conn.transport.close()
+        await asyncio.gather(*(conn.done for conn in connections))
         if isinstance(self.address, str):
             try:
                 os.unlink(self.address)
@@ -592,7 +639,7 @@ async def serve_unix(namespace: Namespace, path: str | os.PathLike | None = None
     config.private_dir(path.parent)  # under a shared /tmp: refused if another user made it first
     await _clear_stale_socket(path)
     srv = NinePServer(namespace, token=None, max_connections=MAX_UNIX_CONNECTIONS)
-    srv._server = await asyncio.start_unix_server(srv._accept, str(path))
+    srv._server = await asyncio.get_running_loop().create_unix_server(lambda: _Connection(srv), str(path))
     os.chmod(path, 0o600)
     srv.address = str(path)
     return srv
@@ -603,6 +650,6 @@ async def serve_tcp(namespace: Namespace, host: str = "127.0.0.1", port: int = 0
     if not token:
         raise ValueError("serving 9P over TCP requires a token")
     srv = NinePServer(namespace, token=token, max_connections=MAX_TCP_CONNECTIONS)
-    srv._server = await asyncio.start_server(srv._accept, host, port)
+    srv._server = await asyncio.get_running_loop().create_server(lambda: _Connection(srv), host, port)
     srv.address = srv._server.sockets[0].getsockname()[:2]
     return srv
