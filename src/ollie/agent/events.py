@@ -36,9 +36,9 @@ class Bus:
         """Send an event to the chat log and to every subscriber."""
         ev.text = valid_text(ev.text)  # whatever it quotes (a server's error, a prompt) must be writable
         if text := self._renderer.render(ev):
-            offset = self._store.append_chat(text)
             if ev.kind == "user":
-                self.prompt_offset = offset + self._renderer.line_start
+                self.prompt_offset = self._store.chat_size() + self._renderer.line_start
+            self._store.append_chat(text)
         for handler in tuple(self._subscribers):
             try:
                 handler(ev)

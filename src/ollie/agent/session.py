@@ -346,17 +346,23 @@ class SessionStore:
         self._whole = True
 
     # ---- chat log ----
-    def append_chat(self, text: str) -> int:
-        """Append to the chat log (one write, unbuffered: readers see it at once); returns the
-        offset the text starts at."""
+    def _chat_file(self) -> IO[bytes]:
         if self._chat is None:
             self._chat = open(self.chat_path, "ab", buffering=0)
-        offset = os.fstat(self._chat.fileno()).st_size  # every append is written through: the size is exact
+        return self._chat
+
+    def chat_size(self) -> int:
+        """The chat log's size: where the next append starts (every append is written through, so
+        the size is exact; a syscall, so asked only when wanted, not at every append)."""
+        return os.fstat(self._chat_file().fileno()).st_size
+
+    def append_chat(self, text: str) -> None:
+        """Append to the chat log (one write, unbuffered: readers see it at once)."""
+        chat = self._chat_file()
         data = text.encode()
-        written = self._chat.write(data) or 0
+        written = chat.write(data) or 0
         while written < len(data):  # a regular file takes it whole, but for a signal or a full disk
-            written += self._chat.write(data[written:]) or 0
-        return offset
+            written += chat.write(data[written:]) or 0
 
     def end_cut_turn(self, note: str) -> None:
         """If the chat log stops inside a turn (finished turns end with a blank line), end it with
