@@ -13,6 +13,7 @@ from ollie.fs import ninep as P
 from ollie.fs.ninep_client import Client, RemoteError
 from ollie.fs.ninep_server import (
     ATTACH_FAILURES,
+    FRAMES_PER_TURN,
     MAX_FIDS,
     MAX_REQUESTS,
     MAX_TCP_CONNECTIONS,
@@ -178,3 +179,31 @@ async def test_long_control_lines_and_large_prompts_are_refused(world):
         assert world.submitted == []  # a prompt cut at the cap is not submitted
     finally:
         await c.close()
+
+
+async def test_a_burst_of_requests_is_taken_a_turn_at_a_time_so_it_cannot_hold_the_loop(world):
+    """A client's burst of quick requests (here 1,000 walks, answered without tasks) is dispatched
+    FRAMES_PER_TURN at a time, the rest after the loop's other callbacks: another client's request
+    read meanwhile waits for one turn, not for the whole burst."""
+    s = await in_thread(lambda: raw_connect(world.sock))
+    with s:
+        s.sendall(py9p.encode_message(py9p.Tattach(fid=0, uname="me", tag=1)))
+        assert isinstance(await in_thread(lambda: py9p.read_message(s)), py9p.Rattach)
+        (connection,) = world.srv._connections
+        burst = b"".join(P.encode(P.Twalk(0, 0, [], tag=i)) for i in range(1000))
+        s.setblocking(False)
+        got = bytearray()
+
+        def replies() -> int:
+            try:
+                while chunk := s.recv(1 << 20):
+                    got.extend(chunk)
+            except BlockingIOError:
+                pass
+            return len(got) // len(P.encode(P.Rwalk([])))
+
+        connection.data_received(burst)  # as the socket would deliver it, in one piece
+        assert replies() == FRAMES_PER_TURN
+        await asyncio.sleep(0)
+        assert replies() == 2 * FRAMES_PER_TURN
+        await until(lambda: replies() == 1000)

@@ -53,6 +53,7 @@ _MAX_ENAME = 1024
 
 MAX_FIDS = 4096  # per connection
 MAX_REQUESTS = 1024  # in flight per connection (Tflush is always taken: it ends requests)
+FRAMES_PER_TURN = 64  # frames one connection has dispatched before the loop's other callbacks run
 MAX_UNIX_CONNECTIONS = 256  # per uid
 MAX_TCP_CONNECTIONS = 16  # per address
 ATTACH_FAILURES = 5  # bad tokens from one address before its attaches are refused for a while
@@ -120,6 +121,7 @@ class _Connection(asyncio.Protocol):
         self.writable = asyncio.Event()
         self.writable.set()
         self.held = False  # a Tversion is resetting the connection: nothing more is read meanwhile
+        self.deferred = False  # a burst of frames goes on in a later turn of the loop
         self.done = asyncio.get_running_loop().create_future()  # set once all is released
 
     @property
@@ -159,20 +161,25 @@ class _Connection(asyncio.Protocol):
 
     # Frames
 
+    def _taking(self) -> bool:
+        """Whether frames are read and dispatched now (see `held`, `deferred`, `pause_writing`)."""
+        return self.writable.is_set() and not self.held and not self.deferred
+
     def _update_reading(self) -> None:
         assert self.transport is not None
         if self.transport.is_closing():
             return
-        if self.writable.is_set() and not self.held:
+        if self._taking():
             self.transport.resume_reading()
         else:
             self.transport.pause_reading()
 
     def _take_frames(self) -> None:
-        """Dispatch each whole frame in the buffer, unless reading is held."""
+        """Dispatch the whole frames in the buffer, FRAMES_PER_TURN at most: a burst from one
+        client goes on after the callbacks already waiting, so it cannot hold the loop."""
         assert self.transport is not None
-        while self.writable.is_set() and not self.held and not self.transport.is_closing():
-            if len(self.buffer) < 4:
+        for _ in range(FRAMES_PER_TURN):
+            if not self._taking() or self.transport.is_closing() or len(self.buffer) < 4:
                 return
             size = int.from_bytes(self.buffer[:4], "little")
             if not P.MIN_FRAME <= size <= (self.msize or P.MAX_MSIZE):
@@ -187,6 +194,14 @@ class _Connection(asyncio.Protocol):
             frame = bytes(self.buffer[:size])
             del self.buffer[:size]
             self._dispatch(frame)
+        self.deferred = True
+        self._update_reading()
+        asyncio.get_running_loop().call_soon(self._take_deferred)
+
+    def _take_deferred(self) -> None:
+        self.deferred = False
+        self._update_reading()
+        self._take_frames()
 
     def _refuse(self) -> None:
         """Answer the first request (Tversion, whose Rerror every client reports) with the reason."""
