@@ -10,6 +10,7 @@ import pytest
 
 import test_ninep_server
 from ollie.fs import ninep as P
+from ollie.fs import ninep_server
 from ollie.fs.ninep_client import Client, RemoteError
 from ollie.fs.ninep_server import (
     ATTACH_FAILURES,
@@ -18,6 +19,7 @@ from ollie.fs.ninep_server import (
     MAX_REQUESTS,
     MAX_TCP_CONNECTIONS,
     MAX_UNIX_CONNECTIONS,
+    client_of,
     serve_tcp,
 )
 from ollie.fs.stores import LINE_MAX
@@ -104,18 +106,45 @@ async def test_too_many_connections_from_one_uid(world):
             await c.close()
 
 
-async def test_too_many_connections_from_one_address(tcp):
+async def test_too_many_connections_from_one_address(tcp, world):
     host, port = tcp.address
     clients = [await connect_from("127.0.0.1", host, port, "s3cret") for _ in range(MAX_TCP_CONNECTIONS)]
     try:
-        with pytest.raises(RemoteError, match=f"too many connections from 127.0.0.1: at most {MAX_TCP_CONNECTIONS}"):
+        with pytest.raises(RemoteError, match=f"too many connections from loopback: at most {MAX_TCP_CONNECTIONS}"):
             await connect_from("127.0.0.1", host, port, "s3cret")
-        elsewhere = await connect_from("127.0.0.2", host, port, "s3cret")  # another address is not held up
-        clients.append(elsewhere)
-        assert await elsewhere.read_path("hello") == b"hello, world\n"
+        local = await Client.connect(f"unix!{world.sock}")  # the Unix socket's clients are not held up
+        clients.append(local)
+        assert await local.read_path("hello") == b"hello, world\n"
     finally:
         for c in clients:
             await c.close()
+
+
+async def test_tcp_connections_are_capped_in_all(world, monkeypatch):
+    monkeypatch.setattr(ninep_server, "MAX_TCP_TOTAL", 3)  # below the per-address cap, to reach it here
+    srv = await serve_tcp(world.ns, port=0, token="s3cret")
+    host, port = srv.address
+    clients = [await connect_from("127.0.0.1", host, port, "s3cret") for _ in range(3)]
+    try:
+        with pytest.raises(RemoteError, match="too many connections: at most 3 in all"):
+            await connect_from("127.0.0.1", host, port, "s3cret")
+        await clients.pop().close()
+        await until(lambda: len(srv._connections) < 3)
+        clients.append(await connect_from("127.0.0.1", host, port, "s3cret"))
+    finally:
+        for c in clients:
+            await c.close()
+        await srv.close()
+
+
+def test_a_tcp_client_is_its_address_but_all_of_loopback_is_one_and_an_ipv6_64_is_one():
+    assert client_of("192.0.2.7") == "192.0.2.7"
+    assert client_of("192.0.2.8") != client_of("192.0.2.7")
+    assert client_of("127.0.0.1") == client_of("127.0.0.2") == client_of("127.9.9.9") == "loopback"
+    assert client_of("::1") == client_of("::ffff:127.0.0.1") == "loopback"
+    assert client_of("::ffff:192.0.2.7") == "192.0.2.7"
+    assert client_of("2001:db8:1:2::5") == client_of("2001:db8:1:2:ffff::1") == "2001:db8:1:2::/64"
+    assert client_of("2001:db8:1:3::5") != client_of("2001:db8:1:2::5")
 
 
 async def test_bad_tokens_are_throttled_per_address(tcp):
@@ -140,9 +169,12 @@ async def test_bad_tokens_are_throttled_per_address(tcp):
     errors = await in_thread(guess)
     assert len(errors) == attempts + 1
     assert sum("permission denied" in e for e in errors) == ATTACH_FAILURES
-    assert sum("too many failed attaches from 127.0.0.1" in e for e in errors) == attempts + 1 - ATTACH_FAILURES
+    assert sum("too many failed attaches from loopback" in e for e in errors) == attempts + 1 - ATTACH_FAILURES
     with pytest.raises(RemoteError, match="too many failed attaches"):  # a new connection does not reset it
         await connect_from("127.0.0.1", host, port, "s3cret")
+    tcp.throttle.succeeded("loopback")  # (as after the delay) another client is not held up
+    tcp.throttle.failed("192.0.2.7")
+    tcp.throttle.check("192.0.2.7")
     c = await connect_from("127.0.0.2", host, port, "s3cret")
     assert await c.read_path("hello") == b"hello, world\n"
     await c.close()

@@ -292,7 +292,10 @@ def _u(value: int, width: int) -> bytes:
 
 
 def _put_str(out: bytearray, s: str) -> None:
-    raw = s.encode()
+    try:
+        raw = s.encode()
+    except UnicodeEncodeError:  # a name from disk that is not UTF-8 (surrogate-escaped)
+        raise ProtocolError(f"{s!r} is not UTF-8") from None
     out += _u(len(raw), 2)
     out += raw
 

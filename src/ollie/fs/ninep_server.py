@@ -15,10 +15,12 @@ refused; a token in aname works with any 9P client, where an auth file would nee
 
 What one client can make the server hold is capped: MAX_FIDS per connection (each may hold an open
 file), MAX_REQUESTS in flight per connection (each holds up to msize bytes), and connections per
-client (the uid on the Unix socket, from SO_PEERCRED; the address on TCP, an IPv6 /64 counting as
-one). A connection over the cap gets its first request answered with an Rerror saying so, then is
-closed. On TCP, ATTACH_FAILURES bad tokens from one address get its later attaches refused
-unchecked for ATTACH_DELAY seconds, doubling with each further failure: guessing a token is slow.
+client (the uid on the Unix socket, from SO_PEERCRED; the address on TCP, all of loopback counting
+as one and an IPv6 /64 as one), and MAX_TCP_TOTAL over TCP in all. A connection over a cap gets its
+first request answered with an Rerror saying so, then is closed. On TCP, ATTACH_FAILURES bad tokens
+from one address get its later attaches refused unchecked for ATTACH_DELAY seconds, doubling with
+each further failure: guessing a token is slow. A burst of requests is dispatched FRAMES_PER_TURN
+at a time, so one client cannot hold the loop.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ import socket
 import stat as S
 import struct
 import time
-from collections import Counter
+from collections import Counter, OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -55,11 +57,13 @@ MAX_FIDS = 4096  # per connection
 MAX_REQUESTS = 1024  # in flight per connection (Tflush is always taken: it ends requests)
 FRAMES_PER_TURN = 64  # frames one connection has dispatched before the loop's other callbacks run
 MAX_UNIX_CONNECTIONS = 256  # per uid
-MAX_TCP_CONNECTIONS = 16  # per address
+MAX_TCP_CONNECTIONS = 16  # per address (every loopback address counts as one)
+MAX_TCP_TOTAL = 256  # from all addresses together
 ATTACH_FAILURES = 5  # bad tokens from one address before its attaches are refused for a while
 ATTACH_DELAY = 10.0  # seconds, doubling with each further bad token
 ATTACH_DELAY_MAX = 600.0
 _ATTACH_FORGET = 3600.0  # an address this long without a bad token starts afresh
+THROTTLED_MAX = 1024  # addresses whose bad tokens are remembered
 _REFUSE_TIMEOUT = 5.0  # how long a refused connection may take to send the request its answer goes to
 _REFUSALS = 16  # connections refused with an answer at once per client; more are closed unanswered
 
@@ -77,6 +81,7 @@ class _Fid:
     handle: Handle | None = None  # None when open on a directory
     remove_on_close: bool = False
     dir_entries: list[bytes] = field(default_factory=list)  # the listing a directory read walks through
+    dir_next: int = 0  # the entry the next read starts at
     dir_offset: int = 0
 
 
@@ -117,10 +122,11 @@ class _Connection(asyncio.Protocol):
         self.msize = 0  # 0 until Tversion
         self.fids: dict[int, _Fid] = {}
         self.tasks: dict[int, asyncio.Task] = {}
-        self.unstarted = 0  # tasks made but not yet run: a request read after them waits its turn
+        self.unstarted = 0  # tasks whose handler has not started: a request read after them waits its turn
         self.writable = asyncio.Event()
         self.writable.set()
         self.held = False  # a Tversion is resetting the connection: nothing more is read meanwhile
+        self.versioning: asyncio.Task | None = None  # the task doing it
         self.deferred = False  # a burst of frames goes on in a later turn of the loop
         self.done = asyncio.get_running_loop().create_future()  # set once all is released
 
@@ -219,7 +225,7 @@ class _Connection(asyncio.Protocol):
         if isinstance(msg, P.Tversion):  # waits for outstanding requests: nothing is read meanwhile
             self.held = True
             self._update_reading()
-            self.tasks[msg.tag] = asyncio.create_task(self._version(msg))
+            self.versioning = asyncio.create_task(self._version(msg))
         elif not self.msize:
             self._write_reply(P.Rerror("Tversion must come first", tag=msg.tag))
         elif msg.tag in self.tasks:
@@ -228,6 +234,8 @@ class _Connection(asyncio.Protocol):
             self._write_reply(
                 P.Rerror(f"too many requests in flight: at most {MAX_REQUESTS} per connection", tag=msg.tag)
             )
+        elif isinstance(msg, P.Tflush) and msg.oldtag not in self.tasks:  # nothing to wait for
+            self._write_reply(P.Rflush(tag=msg.tag))
         elif (answer_now := _ANSWERED_NOW.get(type(msg))) is not None and not self.unstarted:
             try:
                 reply = answer_now(self, msg)
@@ -240,9 +248,11 @@ class _Connection(asyncio.Protocol):
             self.tasks[msg.tag] = asyncio.create_task(self._serve(msg))
 
     async def _serve(self, msg: P.Message) -> None:
-        self.unstarted -= 1
         try:
-            await self.writable.wait()
+            try:
+                await self.writable.wait()  # served only while replies are read
+            finally:
+                self.unstarted -= 1  # its handler starts now (or never: cancelled)
             if (answer_now := _ANSWERED_NOW.get(type(msg))) is not None:  # queued behind unstarted tasks
                 reply = answer_now(self, msg)
             elif (handler := _HANDLERS.get(type(msg))) is not None:
@@ -272,11 +282,12 @@ class _Connection(asyncio.Protocol):
 
     async def _reset(self) -> None:
         """Abort every request and release every open file (Tversion, or the client hung up)."""
-        tasks = [task for task in self.tasks.values() if task is not asyncio.current_task()]
+        tasks = [*self.tasks.values(), *([self.versioning] if self.versioning else [])]
+        tasks = [task for task in tasks if task is not asyncio.current_task()]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        self.tasks = {tag: task for tag, task in self.tasks.items() if task is asyncio.current_task()}
+        self.tasks.clear()
         self.unstarted = 0  # a task cancelled before its first step never counted itself out
         fids, self.fids = list(self.fids.values()), {}
         for fid in fids:
@@ -315,7 +326,7 @@ class _Connection(asyncio.Protocol):
             await self._reset()
             self._write_reply(self._negotiate(m))
         finally:
-            self.tasks.pop(m.tag, None)
+            self.versioning = None
             self.held = False
             self._update_reading()
             self._take_frames()
@@ -380,6 +391,7 @@ class _Connection(asyncio.Protocol):
                     raise FsError(E.EISDIR, f"{fid.path}: is a directory")
             else:
                 fid.handle = await self.ns.open(fid.path, _open_mode(m.mode))
+                await self._still_held(m.fid, fid)
         except BaseException:
             fid.opened = False
             raise
@@ -395,6 +407,7 @@ class _Connection(asyncio.Protocol):
                 await self.ns.mkdir(path, m.perm & 0o777)
             else:
                 fid.handle = await self.ns.create(path, m.perm & 0o777)
+                await self._still_held(m.fid, fid)
             st = await self.ns.stat(path)
         except BaseException:
             if fid.handle is not None:
@@ -403,6 +416,14 @@ class _Connection(asyncio.Protocol):
             raise
         fid.path, fid.qid, fid.remove_on_close = path, _qid(st), bool(m.mode & P.ORCLOSE)
         return P.Rcreate(fid.qid, self.iounit)
+
+    async def _still_held(self, n: int, fid: _Fid) -> None:
+        """After an open that waited: if the fid was clunked or removed meanwhile, nothing would
+        ever release the handle, so release it now and fail the open."""
+        if self.fids.get(n) is not fid and fid.handle is not None:
+            handle, fid.handle = fid.handle, None
+            await handle.release()
+            raise FsError(E.EBADF, f"fid {n} was clunked while it opened")
 
     async def _read(self, m: P.Tread) -> P.Message:
         fid = self._open_fid(m.fid)
@@ -414,17 +435,26 @@ class _Connection(asyncio.Protocol):
     async def _read_dir(self, fid: _Fid, offset: int, count: int) -> bytes:
         """Whole stat entries, as many as fit; offset 0 takes a fresh listing."""
         if offset == 0:
-            fid.dir_entries = [self._entry(st).encode() for st in await self.ns.list(fid.path)]
-            fid.dir_offset = 0
+            fid.dir_entries = [entry for st in await self.ns.list(fid.path) if (entry := self._encoded(st))]
+            fid.dir_next = fid.dir_offset = 0
         elif offset != fid.dir_offset:
             raise FsError(E.EINVAL, "directory reads must continue where the last one ended")
-        out = bytearray()
-        while fid.dir_entries and len(out) + len(fid.dir_entries[0]) <= count:
-            out += fid.dir_entries.pop(0)
-        if not out and fid.dir_entries:
+        out, entries = bytearray(), fid.dir_entries
+        while fid.dir_next < len(entries) and len(out) + len(entries[fid.dir_next]) <= count:
+            out += entries[fid.dir_next]
+            fid.dir_next += 1
+        if not out and fid.dir_next < len(entries):
             raise FsError(E.EINVAL, f"read count {count} is too small for a directory entry")
         fid.dir_offset += len(out)
         return bytes(out)
+
+    def _encoded(self, st: NsStat) -> bytes | None:
+        """A listing's entry, or None for a name 9P cannot carry (not UTF-8: one a sandboxed
+        process made on disk); the mount, which speaks bytes, still lists it."""
+        try:
+            return self._entry(st).encode()
+        except P.ProtocolError:
+            return None
 
     async def _write(self, m: P.Twrite) -> P.Message:
         fid = self._open_fid(m.fid)
@@ -529,10 +559,12 @@ _HANDLERS: dict[type[P.Message], Callable[[_Connection, Any], Awaitable[P.Messag
 class _AttachThrottle:
     """Bad tokens per client address. After ATTACH_FAILURES of them the address's attaches are
     refused without a look at the token (no oracle) for ATTACH_DELAY seconds, twice that after the
-    next bad token, and so on up to ATTACH_DELAY_MAX; a good token starts the count afresh."""
+    next bad token, and so on up to ATTACH_DELAY_MAX; a good token, or an hour without a bad one,
+    starts the count afresh. The THROTTLED_MAX addresses with the latest bad tokens are kept."""
 
     def __init__(self):
-        self._by_client: dict[str, tuple[int, float, float]] = {}  # failures, refused until, last failure
+        # failures, refused until, last failure; the least recent first
+        self._by_client: OrderedDict[str, tuple[int, float, float]] = OrderedDict()
 
     def check(self, client: str) -> None:
         _, until, _ = self._by_client.get(client, (0, 0.0, 0.0))
@@ -544,46 +576,53 @@ class _AttachThrottle:
 
     def failed(self, client: str) -> None:
         now = time.monotonic()
-        failures = self._by_client.get(client, (0, 0.0, 0.0))[0] + 1
+        failures, _, last = self._by_client.pop(client, (0, 0.0, 0.0))
+        failures = 1 if now - last > _ATTACH_FORGET else failures + 1
         until = 0.0
         if failures >= ATTACH_FAILURES:
             until = now + min(ATTACH_DELAY * 2 ** min(failures - ATTACH_FAILURES, 16), ATTACH_DELAY_MAX)
-        if len(self._by_client) >= 1024:  # many addresses: drop the ones long quiet
-            self._by_client = {k: v for k, v in self._by_client.items() if now - v[2] < _ATTACH_FORGET}
         self._by_client[client] = (failures, until, now)
+        if len(self._by_client) > THROTTLED_MAX:
+            self._by_client.popitem(last=False)
 
     def succeeded(self, client: str) -> None:
         self._by_client.pop(client, None)
 
 
 def _peer(transport: asyncio.BaseTransport) -> str | None:
-    """Who is connecting, as the connection caps count them: "uid N" on a Unix socket, the address
-    on TCP (an IPv6 /64, which one host commonly has to itself, counts as one). None if the peer
-    is already gone."""
+    """Who is connecting, as the connection caps count them: "uid N" on a Unix socket, the
+    address on TCP (see `client_of`). None if the peer is already gone."""
     sock = transport.get_extra_info("socket")
     if sock.family == socket.AF_UNIX:
         _, uid, _ = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
         return f"uid {uid}"
     peer = transport.get_extra_info("peername")
-    if not peer:
-        return None
-    address = ipaddress.ip_address(peer[0])
+    return client_of(peer[0]) if peer else None
+
+
+def client_of(host: str) -> str:
+    """A TCP client as the caps count it: its address, but every loopback address is one client
+    ("loopback": any local process may bind any of 127.0.0.0/8) and an IPv6 /64, which one host
+    commonly has to itself, is one."""
+    address = ipaddress.ip_address(host)
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped:
+        address = address.ipv4_mapped
+    if address.is_loopback:
+        return "loopback"
     if address.version == 4:
         return str(address)
-    if address.ipv4_mapped:
-        return str(address.ipv4_mapped)
     return str(ipaddress.ip_network(f"{address}/64", strict=False))
 
 
 class NinePServer:
     """A listening 9P server. `address` is the socket path or the bound (host, port)."""
 
-    def __init__(self, namespace: Namespace, token: str | None, max_connections: int):
+    def __init__(self, namespace: Namespace, token: str | None, max_connections: int, max_total: int):
         self.namespace, self.token = namespace, token
         self.user = getpass.getuser()
         self.address: str | tuple[str, int] = ""
         self.throttle = _AttachThrottle()
-        self._max_connections = max_connections  # per client
+        self._max_connections, self._max_total = max_connections, max_total  # per client, in all
         self._server: asyncio.AbstractServer | None = None
         self._connections: set[_Connection] = set()
         self._per_client: Counter[str] = Counter()
@@ -596,12 +635,20 @@ class NinePServer:
             client = _peer(conn.transport)
         except OSError:  # gone already
             client = None
-        n = self._per_client[client] if client else 0
-        if self._closing or client is None or n >= self._max_connections + _REFUSALS:
+        n, total = (self._per_client[client] if client else 0), len(self._connections)
+        if (
+            self._closing
+            or client is None
+            or n >= self._max_connections + _REFUSALS
+            or total >= self._max_total + _REFUSALS
+        ):
             conn.transport.close()
             return
         if n >= self._max_connections:
             conn.refusal = f"too many connections from {client}: at most {self._max_connections}; close some first"
+        elif total >= self._max_total:
+            conn.refusal = f"too many connections: at most {self._max_total} in all; close some first"
+        if conn.refusal:
             asyncio.get_running_loop().call_later(_REFUSE_TIMEOUT, conn.transport.close)
         self._per_client[client] += 1
         conn.client = client
@@ -653,7 +700,7 @@ async def serve_unix(namespace: Namespace, path: str | os.PathLike | None = None
     path = Path(path) if path is not None else default_socket_path()
     config.private_dir(path.parent)  # under a shared /tmp: refused if another user made it first
     await _clear_stale_socket(path)
-    srv = NinePServer(namespace, token=None, max_connections=MAX_UNIX_CONNECTIONS)
+    srv = NinePServer(namespace, None, MAX_UNIX_CONNECTIONS, MAX_UNIX_CONNECTIONS)
     srv._server = await asyncio.get_running_loop().create_unix_server(lambda: _Connection(srv), str(path))
     os.chmod(path, 0o600)
     srv.address = str(path)
@@ -664,7 +711,7 @@ async def serve_tcp(namespace: Namespace, host: str = "127.0.0.1", port: int = 0
     """Serve `namespace` on TCP; every Tattach must carry `token` as its aname. Port 0 picks one."""
     if not token:
         raise ValueError("serving 9P over TCP requires a token")
-    srv = NinePServer(namespace, token=token, max_connections=MAX_TCP_CONNECTIONS)
+    srv = NinePServer(namespace, token, MAX_TCP_CONNECTIONS, MAX_TCP_TOTAL)
     srv._server = await asyncio.get_running_loop().create_server(lambda: _Connection(srv), host, port)
     srv.address = srv._server.sockets[0].getsockname()[:2]
     return srv
