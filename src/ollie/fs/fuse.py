@@ -55,6 +55,7 @@ NO_REPLY = frozenset({K.FORGET, K.BATCH_FORGET, K.INTERRUPT})
 CANCELLABLE = frozenset({K.READ, K.READDIR})
 # A listing's inode numbers are not stat's (which are node ids, given on lookup): libfuse said so too.
 UNKNOWN_INO = 0xFFFFFFFF
+VIEW_OPEN_MAX = 1024  # files a session's view may have open at once
 BATCH = 256  # requests read per wakeup of the loop at most, so that other work is not starved
 GUARD_TICK = 0.1  # seconds; the loop's own request to the mount fails (EDEADLK) within two
 
@@ -86,8 +87,11 @@ class Connection:
         loop: asyncio.AbstractEventLoop,
         name: str,
         same_pids: bool = True,
+        max_open: int | None = None,
     ):
         self.ns = ns
+        self.max_open = max_open  # files and directories open at once (None: as the kernel allows)
+        self._opens = 0  # opens under way
         self.fd = fd
         self.loop = loop
         self.name = name
@@ -434,6 +438,19 @@ class Connection:
         except KeyError:
             raise FsError(E.EBADF, "not an open file") from None
 
+    def _check_room(self) -> None:
+        """An open file holds what it read or was written until closed: a view's are counted."""
+        if self.max_open is not None and len(self._handles) + len(self._dirs) + self._opens >= self.max_open:
+            raise FsError(E.EMFILE, f"at most {self.max_open} files open at once on {self.name}")
+
+    async def _opening(self, open_: Callable[[], Awaitable[Handle]]) -> Handle:
+        self._check_room()
+        self._opens += 1  # counted while it opens, so concurrent opens cannot pass the cap together
+        try:
+            return await open_()
+        finally:
+            self._opens -= 1
+
     def _add(self, handle: Handle) -> int:
         fh = next(self._next_fh)
         self._handles[fh] = handle
@@ -490,6 +507,7 @@ class Connection:
         self._release_handle(self._handles.pop(K.RELEASE_IN.unpack_from(arg)[0], None))
 
     def _opendir(self, unique: int, nodeid: int, arg: bytes) -> None:
+        self._check_room()
         fh = next(self._next_fh)
         self._dirs[fh] = [self._path(nodeid), None]
         self._reply(unique, 0, K.OPEN_OUT.pack(fh, 0, 0))
@@ -527,7 +545,7 @@ class Connection:
 
     async def _open(self, nodeid: int, arg: bytes) -> tuple[bytes, int]:
         flags = K.OPEN_IN.unpack_from(arg)[0]
-        handle = await self.ns.open(self._path(nodeid), _flags_to_mode(flags))
+        handle = await self._opening(lambda: self.ns.open(self._path(nodeid), _flags_to_mode(flags)))
         fh = self._add(handle)
         return K.OPEN_OUT.pack(fh, self._open_flags(handle, flags), 0), fh
 
@@ -569,7 +587,7 @@ class Connection:
     async def _create(self, nodeid: int, arg: bytes) -> tuple[bytes, int]:
         flags, mode = K.CREATE_IN.unpack_from(arg)[:2]
         path = self._child(nodeid, _name(arg[K.CREATE_IN.size :]))
-        handle = await self.ns.create(path, mode & 0o777)
+        handle = await self._opening(lambda: self.ns.create(path, mode & 0o777))
         try:
             st = await self._stat(path)
         except BaseException:
@@ -619,7 +637,7 @@ class Connection:
 def serve_connection(ns: Namespace, fd: int, name: str) -> Connection:
     """Serve `ns` on `fd`, the /dev/fuse descriptor of a mount made elsewhere (in a jail's
     namespaces), until the mount goes away (its jail ends): then `fd` is closed."""
-    conn = Connection(ns, fd, asyncio.get_running_loop(), f"view-{name}", same_pids=False)
+    conn = Connection(ns, fd, asyncio.get_running_loop(), f"view-{name}", same_pids=False, max_open=VIEW_OPEN_MAX)
     conn.start()
     return conn
 

@@ -502,7 +502,7 @@ class NewJobHandle(OnCloseHandle):
 
     def _refuse(self, e: FsError) -> None:
         self._refused, self._dirty, self._answer, self._error = True, False, f"error: {e}\n", e
-        self._buf.clear()
+        self.clear()
 
     async def read(self, offset: int, count: int) -> bytes:
         if offset == 0:

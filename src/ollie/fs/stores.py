@@ -26,6 +26,7 @@ Getter = Callable[[], str | Awaitable[str]]
 KiB, MiB = 1 << 10, 1 << 20
 LINE_MAX = 64 * KiB  # one line of a control file (ctl, cfg, env, s/new)
 CONFIG_MAX = 1 * MiB  # an agent config (a/<name>.json)
+WRITTEN_MAX = 256 * MiB  # written to open files that act when closed (prompt, plan, …), all together
 
 
 def size_text(n: int) -> str:
@@ -169,7 +170,10 @@ class OnCloseHandle(SnapshotHandle):
     """Accumulates what is written (at any offset) and hands it to `on_close` when the writer
     closes: every close that has new data acts once (dup'd descriptors close more than once).
     Writing past `limit` bytes fails, and then the close acts on nothing: a cut prompt is not
-    submitted."""
+    submitted. All open ones together hold at most WRITTEN_MAX bytes (`held`): past that a write
+    fails with ENOSPC, so open files cannot fill the server's memory."""
+
+    held = 0  # bytes the buffers of every open one hold together
 
     def __init__(self, get: Getter, on_close: Callable[[str], Awaitable[None]], limit: int):
         super().__init__(get)
@@ -183,24 +187,45 @@ class OnCloseHandle(SnapshotHandle):
         offset = min(offset, len(self._buf))  # appending writers (O_APPEND) may report any offset
         if self._refused or offset + len(data) > self._limit:
             self._refused, self._dirty = True, False
-            self._buf.clear()
+            self.clear()
             raise FsError(
                 E.EFBIG,
                 f"too large: this file takes at most {size_text(self._limit)}; "
                 "nothing written to this open file is used",
             )
+        grow = offset + len(data) - len(self._buf)
+        if grow > 0 and OnCloseHandle.held + grow > WRITTEN_MAX:
+            raise FsError(
+                E.ENOSPC,
+                f"the file server holds {size_text(WRITTEN_MAX)} written to files not closed yet: close some",
+            )
+        before = len(self._buf)
         self._buf[offset : offset + len(data)] = data
+        self._resized(before)
         self._dirty = True
         return len(data)
 
     async def truncate(self, size: int) -> None:
+        before = len(self._buf)
         del self._buf[size:]  # vim opens without O_TRUNC, then ftruncates and writes
+        self._resized(before)
 
     async def flush(self) -> None:
         if self._dirty:
             text, self._dirty = self._buf.decode(errors="replace"), False
-            self._buf.clear()
+            self.clear()
             await self._on_close(text)
+
+    async def release(self) -> None:
+        self.clear()
+
+    def clear(self) -> None:
+        before = len(self._buf)
+        self._buf.clear()
+        self._resized(before)
+
+    def _resized(self, before: int) -> None:
+        OnCloseHandle.held += len(self._buf) - before
 
 
 class OnCloseFile(File):
@@ -276,8 +301,10 @@ class ValidatedHandle(OnCloseHandle):
         self._on_release = on_release
         if not trunc:
             self._buf[:] = _read_bytes(path)
+            self._resized(0)
 
     async def release(self) -> None:
+        await super().release()
         if self._on_release:
             self._on_release()
 
