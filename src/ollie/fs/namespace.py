@@ -193,10 +193,11 @@ class StaticDir(Dir):
         return list(self.children.items())
 
 
-def check_name(name: str) -> None:
-    """One path element: not empty, not "." or "..", no "/" or NUL."""
-    if not name or name in (".", "..") or "/" in name or "\0" in name:
+def check_name(name: str) -> str:
+    """One path element, returned: 1 to 255 characters, not "." or "..", no "/" or NUL."""
+    if not 0 < len(name) <= 255 or name in (".", "..") or "/" in name or "\0" in name:
         raise FsError(E.EINVAL, f"{name!r}: not a valid file name")
+    return name
 
 
 def split(path: str) -> list[str]:

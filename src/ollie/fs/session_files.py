@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Protocol
 from .. import config
 from ..chatfmt import context_text, cost_text, usage_text
 from ..types import GENERATION_PARAM_TYPES, OllieError
-from .namespace import Dir, File, FsError, Handle, OpenMode, Stat
+from .namespace import Dir, File, FsError, Handle, OpenMode, Stat, check_name
 from .sessions import FIXED, Session, Sessions, check_cwd, errno_of, parse_kv
 from .stores import (
     CtlFile,
@@ -35,7 +35,6 @@ from .stores import (
     OnCloseFile,
     SnapshotHandle,
     TextFile,
-    check_file_name,
     text_size,
 )
 
@@ -349,7 +348,7 @@ def _ctl_help() -> str:
 
 def _save_transcript(session: Session, name: str) -> str:
     """ctl `save [name]`: copy the chat to tr/<name or id>."""
-    target = config.data_path() / "transcripts" / check_file_name(name or session.id)
+    target = config.data_path() / "transcripts" / check_name(name or session.id)
     target.parent.mkdir(parents=True, exist_ok=True)
     target.write_bytes(session.chat_path.read_bytes())
     return f"saved tr/{target.name}"

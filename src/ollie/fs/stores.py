@@ -12,14 +12,13 @@ from __future__ import annotations
 import errno as E
 import json
 import os
-import re
 import secrets
 import stat
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from ..tools.scripts import index_text
-from .namespace import Dir, File, FsError, Handle, OpenMode, Stat
+from .namespace import Dir, File, FsError, Handle, OpenMode, Stat, check_name
 
 Getter = Callable[[], str | Awaitable[str]]
 
@@ -255,14 +254,6 @@ class OnCloseFile(File):
 
 # ---- disk directories -------------------------------------------------------------------------
 
-_FILE_NAME = re.compile(r"[^/\x00]{1,255}")
-
-
-def check_file_name(name: str) -> str:
-    if not _FILE_NAME.fullmatch(name) or name in (".", ".."):
-        raise FsError(E.EINVAL, f"invalid file name {name!r}")
-    return name
-
 
 class DiskHandle(Handle):
     """An open file on disk, read and written in place."""
@@ -428,9 +419,7 @@ class DiskDir(Dir):
             return super().mtime()
 
     def _file(self, name: str) -> DiskFile:
-        return DiskFile(
-            self.path / check_file_name(name), self.writable, self.validate, name in self._creating, self.follow
-        )
+        return DiskFile(self.path / check_name(name), self.writable, self.validate, name in self._creating, self.follow)
 
     def lookup(self, name: str) -> File | Dir:
         if name in self.synthetic:

@@ -22,8 +22,8 @@ from pathlib import Path
 
 from .. import config
 from ..types import ConfigError
-from .namespace import Dir, File, FsError
-from .stores import DiskDir, check_file_name
+from .namespace import Dir, File, FsError, check_name
+from .stores import DiskDir
 
 log = logging.getLogger("ollie.fs")
 
@@ -89,7 +89,7 @@ class TranscriptsDir(DiskDir):
     directories, removed only by expiry)."""
 
     def _kept(self, name: str) -> Path | None:
-        path = self.path / check_file_name(name)
+        path = self.path / check_name(name)
         return path if path.is_dir() else None
 
     def lookup(self, name: str) -> File | Dir:
