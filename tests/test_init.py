@@ -266,7 +266,7 @@ def test_the_installed_agent_configs_parse_and_fit_their_roles(user, monkeypatch
 def test_the_commented_sandbox_yaml_changes_no_policy_and_shows_every_key(user, tmp_path, monkeypatch):
     env, cfg = user
     ollie(env, "init")
-    from ollie import _sandbox
+    from ollie import sandbox
 
     work, tmpdir, empty = tmp_path / "work", tmp_path / "tmpdir", tmp_path / "empty"
     for d in (work, tmpdir, empty / "sandbox"):
@@ -277,7 +277,7 @@ def test_the_commented_sandbox_yaml_changes_no_policy_and_shows_every_key(user, 
 
     def policies(where: Path) -> list:
         monkeypatch.setenv("OLLIE_CFG_PATH", str(where))
-        return [_sandbox.load_policy(name, str(work), str(tmpdir)) for name in ("default", "hooks", "build")]
+        return [sandbox.load_policy(name, str(work), str(tmpdir)) for name in ("default", "hooks", "build")]
 
     text = (cfg / "sandbox.yaml").read_text()
     assert policies(cfg) == policies(empty)

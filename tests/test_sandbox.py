@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from ollie import _sandbox
+from ollie import sandbox
 from ollie.tools import CallContext, execute
 from sandbox_helpers import API_KEY, SECRET, write_policy
 from test_execute import alive
 
-pytestmark = pytest.mark.skipif(_sandbox.landlock_abi() < 6, reason="needs Landlock ABI 6 (Linux 6.12)")
+pytestmark = pytest.mark.skipif(sandbox.landlock_abi() < 6, reason="needs Landlock ABI 6 (Linux 6.12)")
 
 # ---- the escape suite: each attempt fails under the default policy -------------------------------
 
@@ -262,7 +262,7 @@ async def test_bad_policy_files_are_reported(run, text, message):
 
 
 def test_policies_are_built_once_and_rebuilt_when_edited(home, tmp_path):
-    boxes = _sandbox.Sandboxes()
+    boxes = sandbox.Sandboxes()
     first = boxes.get("default", str(tmp_path), str(tmp_path))
     assert boxes.get("default", str(tmp_path), str(tmp_path)) is first
     write_policy(None, "env: [EXTRA]\n")
@@ -272,16 +272,16 @@ def test_policies_are_built_once_and_rebuilt_when_edited(home, tmp_path):
 
 def test_templates_expand(home, tmp_path):
     write_policy(None, "filesystem:\n  ro: ['{HOME}/.ssh', '{XDG_CONFIG_HOME}', '{OLLIE_CFG_PATH}']\n")
-    policy = _sandbox.load_policy("default", str(tmp_path), str(tmp_path))
+    policy = sandbox.load_policy("default", str(tmp_path), str(tmp_path))
     assert {str(home / ".ssh"), str(home / ".config"), os.environ["OLLIE_CFG_PATH"]} <= set(policy.paths["ro"])
     assert str(tmp_path) in policy.paths["rw"]  # {CWD} and {TMPDIR}
 
 
 def test_kernel_without_landlock_is_refused_unless_best_effort(home, tmp_path, monkeypatch):
-    monkeypatch.setattr(_sandbox, "landlock_abi", lambda: 0)  # the one thing this kernel cannot show
-    policy = _sandbox.load_policy("default", str(tmp_path), str(tmp_path))
-    with pytest.raises(_sandbox.SandboxError, match="no Landlock.*best_effort"):
-        _sandbox.Sandbox(policy)
+    monkeypatch.setattr(sandbox, "landlock_abi", lambda: 0)  # the one thing this kernel cannot show
+    policy = sandbox.load_policy("default", str(tmp_path), str(tmp_path))
+    with pytest.raises(sandbox.SandboxError, match="no Landlock.*best_effort"):
+        sandbox.Sandbox(policy)
     write_policy(None, "general:\n  best_effort: true\n")
-    box = _sandbox.Sandbox(_sandbox.load_policy("default", str(tmp_path), str(tmp_path)))
+    box = sandbox.Sandbox(sandbox.load_policy("default", str(tmp_path), str(tmp_path)))
     assert box.policy.best_effort

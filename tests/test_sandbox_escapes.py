@@ -14,14 +14,14 @@ from pathlib import Path
 import pytest
 
 from agent_helpers import make_core
-from ollie import _sandbox
+from ollie import sandbox
 from ollie.agent import hooks
 from ollie.config import AgentConfig, ConfigError, parse_agent
 from ollie.tools import CallContext, execute
 from sandbox_helpers import API_KEY, SECRET, write_policy
 from test_execute import alive
 
-pytestmark = pytest.mark.skipif(_sandbox.landlock_abi() < 6, reason="needs Landlock ABI 6 (Linux 6.12)")
+pytestmark = pytest.mark.skipif(sandbox.landlock_abi() < 6, reason="needs Landlock ABI 6 (Linux 6.12)")
 
 
 def errno_of(code: str) -> str:
@@ -294,11 +294,11 @@ def test_a_replaceable_symlink_to_ollies_files_is_refused(home, tmp_path, monkey
     link = home / ".config" / "linked"
     link.symlink_to(real)
     monkeypatch.setenv("OLLIE_CFG_PATH", str(link))
-    policy = _sandbox.load_policy("default", str(home), "")
-    with pytest.raises(_sandbox.SandboxError, match=f"reached through the symlink {link}.*{real}"):
-        asyncio.run(_sandbox.Jails().get(policy))
-    policy = _sandbox.load_policy("default", str(tmp_path), "")  # a cwd that cannot touch the link
-    jails = _sandbox.Jails()
+    policy = sandbox.load_policy("default", str(home), "")
+    with pytest.raises(sandbox.SandboxError, match=f"reached through the symlink {link}.*{real}"):
+        asyncio.run(sandbox.Jails().get(policy))
+    policy = sandbox.load_policy("default", str(tmp_path), "")  # a cwd that cannot touch the link
+    jails = sandbox.Jails()
 
     async def start_and_close():
         await jails.get(policy)
@@ -358,7 +358,7 @@ async def test_a_stage_holds_only_its_standard_streams(run):
 
 
 async def test_garbage_from_a_spawner_ends_its_channel_not_ollie():
-    from ollie import _jail
+    from ollie.sandbox import jail as _jail
 
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     channel = _jail._Channel(ours)

@@ -30,8 +30,9 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any, Protocol
 
-from .. import _jail, _sandbox, config
+from .. import config, sandbox
 from ..config import AgentConfig
+from ..sandbox import jail as _jail
 from ..types import Event
 from .state import SessionState
 
@@ -87,7 +88,7 @@ class Hooks:
                 if self.agent.hook_sandbox and not self.agent.trust_writable_hooks:
                     _refuse_writable(cmd, cwd, self.agent.sandboxes)
                 code, out, err = await run_command(cmd, payload, cwd, self._state.env, runner=self.runner())
-            except (OSError, _sandbox.SandboxError) as e:  # it could not start (the cwd is gone, a refusal): say
+            except (OSError, sandbox.SandboxError) as e:  # it could not start (the cwd is gone, a refusal): say
                 self._emit(Event("info", f"{event} hook {cmd!r} could not start: {e}"))
                 continue
             if code == 0:
@@ -163,8 +164,8 @@ class Runner:
 
     def __init__(self, policy: str):
         self.policy = policy
-        self._sandboxes = _sandbox.Sandboxes(size=4)
-        self._jails = _sandbox.Jails()
+        self._sandboxes = sandbox.Sandboxes(size=4)
+        self._jails = sandbox.Jails()
 
     async def start(self, cmd: str, cwd: str, env: dict[str, str]) -> _Started:
         box = self._sandboxes.get(self.policy, cwd, "")
@@ -262,8 +263,8 @@ def _refuse_writable(cmd: str, cwd: str, policies: list[str]) -> None:
     path = os.path.realpath(os.path.join(cwd, os.path.expanduser(program)))
     shared = tuple(str(d) for d in config.shared_dirs())  # every session's code writes these too
     for name in policies:
-        if _sandbox.load_policy(name, cwd, "", extra_rw=shared).writes(path):
-            raise _sandbox.SandboxError(
+        if sandbox.load_policy(name, cwd, "", extra_rw=shared).writes(path):
+            raise sandbox.SandboxError(
                 f"{program} is a file that sandboxed code can write (sandbox policy {name!r}); move it out of "
                 'the agent\'s reach, or set "trustWritableHooks": true in the agent config'
             )

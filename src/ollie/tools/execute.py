@@ -3,8 +3,8 @@
 A call is a list of stages run in order, each stage's output fed to the next one's stdin:
 `{code, language}` inline code, `{tool, args}` a script from OLLIE_TOOLS_PATH, or `{parallel: [...]}`
 several of those at once, their outputs joined in submission order. Every process runs in the
-session's jail (`ollie._jail`: fresh namespaces, one per network setting, started on first use)
-under the sandbox policy the call names (`ollie._sandbox`), in its own process group, which is
+session's jail (`ollie.sandbox.jail`: fresh namespaces, one per network setting, started on first use)
+under the sandbox policy the call names (`ollie.sandbox`), in its own process group, which is
 killed whole when the stage ends, times out or is cancelled: nothing a stage starts outlives it.
 """
 
@@ -20,7 +20,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from .. import _jail, _sandbox, config
+from .. import config, sandbox
+from ..sandbox import jail as _jail
 from ..types import ConfigError, InvalidValue
 from . import CallContext, Tool, ToolResult, scripts
 from . import Decl as DeclType
@@ -135,13 +136,13 @@ then `echo "kill <id>" > $OLLIE/ctl`."""
 class Server:
     def __init__(self, cwd: str, view: Callable[[int], None] | None = None):
         self.cwd = cwd
-        self._sandboxes = _sandbox.Sandboxes()
-        self._jails = _sandbox.Jails(view)
+        self._sandboxes = sandbox.Sandboxes()
+        self._jails = sandbox.Jails(view)
         self._view = view is not None
         self._view_told = False  # that its jails run without the view (no FUSE here), said once
         self._namespaces = True  # False once a jail found them refused (and the policy allowed that)
         self._scratch = ""  # $TMPDIR for calls whose context has none; removed on close
-        self._wrapper = _sandbox.superpowers_prefix()
+        self._wrapper = sandbox.superpowers_prefix()
         self._shared: tuple[str, ...] | None = None
 
     async def list_tools(self) -> list[Tool]:
@@ -215,7 +216,7 @@ class Server:
             notice,
         )
 
-    def _sandbox_for(self, policy: str, cwd: str, session_tmp: str, tool_dirs: tuple[str, ...]) -> _sandbox.Sandbox:
+    def _sandbox_for(self, policy: str, cwd: str, session_tmp: str, tool_dirs: tuple[str, ...]) -> sandbox.Sandbox:
         if self._namespaces:
             tmp = (session_tmp,) if session_tmp else ()
             return self._sandboxes.get(policy, cwd, "", tool_dirs, tmp, self._shared_dirs())
@@ -231,7 +232,7 @@ class Server:
             self._shared = tuple(str(d) for d in config.shared_dirs())
         return self._shared
 
-    async def _jail_for(self, policy: _sandbox.Policy) -> tuple[_jail.Jail, str]:
+    async def _jail_for(self, policy: sandbox.Policy) -> tuple[_jail.Jail, str]:
         """The running jail for `policy`, and a notice for the first result when it runs without
         namespaces."""
         jail = await self._jails.get(policy)
@@ -468,7 +469,7 @@ class _Budget:
 class _Job:
     """What every process of one call shares."""
 
-    sandbox: _sandbox.Sandbox
+    sandbox: sandbox.Sandbox
     jail: _jail.Jail
     cwd: str
     env: dict[str, str]

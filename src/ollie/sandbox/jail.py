@@ -1,6 +1,6 @@
 """Jails: helper processes that start sandboxed programs in fresh namespaces (private; no stable API).
 
-A `Jail` is one `_jaild.py` process, started once. For each `Confinement` (a Landlock ruleset with
+A `Jail` is one `jaild.py` process, started once. For each `Confinement` (a Landlock ruleset with
 its seccomp program and limits) it makes a spawner, a process inside the jail confined once that
 way, and asks it over a socket of its own to start each program: posix_spawn from a small confined
 process, not a fork of ollie's (whose page tables hold every SDK it imported). Everything a jail
@@ -20,11 +20,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from .types import ConfigError
+from ..types import ConfigError
 
 # Read once: were the file inside a session's writable cwd (ollie's own checkout, a pipx install
 # under $HOME), sandboxed code could rewrite what the next jail runs outside the sandbox.
-_JAILD = Path(__file__).with_name("_jaild.py").read_text()
+_JAILD = Path(__file__).with_name("jaild.py").read_text()
 _START_TIMEOUT = 10.0
 _SEND_TIMEOUT = 10.0
 _INLINE = 32 << 10  # a spawn request's argv and env up to this size travel in its packet
@@ -58,7 +58,7 @@ class JailSetup:
 @dataclass(frozen=True, eq=False, slots=True)
 class Confinement:
     """What a spawner applies to itself and so to every program it starts: a Landlock ruleset fd
-    (-1: none) and a spec of JSON data (seccomp, rlimits, jail_rules, expose; see _jaild.py)."""
+    (-1: none) and a spec of JSON data (seccomp, rlimits, jail_rules, expose; see jaild.py)."""
 
     ruleset: int
     spec: dict[str, Any]

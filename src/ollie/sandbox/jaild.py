@@ -1,6 +1,6 @@
 """The jail helper: a small process that starts sandboxed programs inside fresh namespaces.
 
-Run by `ollie._jail` as `python -I -S -c SOURCE SETUP_JSON` (its source read once, when ollie started:
+Run by `ollie.sandbox.jail` as `python -I -S -c SOURCE SETUP_JSON` (its source read once, when ollie started:
 a file a sandbox could rewrite is never run again), the setup naming its SOCK_SEQPACKET socket's fd.
 It imports nothing of ollie (stdlib only, so it starts lean and trusts no package directory) and
 decides nothing: the parent sends the finished Landlock ruleset, seccomp program and resource

@@ -1,0 +1,272 @@
+"""The sandbox behind execute_code, hooks and tool servers (private; no stable API).
+
+The parent builds the Landlock ruleset and the seccomp program once per policy and directory
+(`Sandboxes.get`); a jail (`jail.py`, whose helper is `jaild.py`) applies them to each program it
+starts, inside fresh user, PID, IPC, mount and (unless the policy grants network) network
+namespaces. docs/sandbox.md has the threat model.
+
+- `policy.py`: the policies, read and expanded
+- `landlock.py`, `seccomp.py`: the two kernel layers built from a policy
+- `jail.py`: the jail, as ollie's process drives it; `jaild.py`: the helper inside it
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fnmatch
+import os
+import re
+import shutil
+import sys
+import weakref
+from collections import OrderedDict
+from collections.abc import Callable
+from pathlib import Path
+
+from .. import config
+from .jail import Confinement, Jail, JailSetup
+from .landlock import RO, RW, build_ruleset, fs_handled, landlock_abi
+from .policy import Policy, SandboxError, load_policy, policy_files
+from .seccomp import seccomp_program
+
+__all__ = ["Jails", "Policy", "Sandbox", "SandboxError", "Sandboxes", "hidden_paths", "load_policy"]
+
+
+_RLIMIT_CPU, _RLIMIT_FSIZE, _RLIMIT_DATA, _RLIMIT_CORE = 0, 1, 2, 4
+
+
+class Sandbox:
+    """A built policy: what a jail applies to each program it starts (the Landlock ruleset fd,
+    the seccomp program, resource limits), the environment filter and the PATH directories the
+    sandbox can execute from."""
+
+    def __init__(self, policy: Policy):
+        self.policy = policy
+        abi = landlock_abi()
+        if abi == 0 and not policy.best_effort:
+            raise SandboxError(
+                "this kernel has no Landlock (needs Linux 5.13+ with landlock in the lsm= list), "
+                "so execute_code cannot be sandboxed; set general.best_effort: true in "
+                f"{config.cfg_path() / 'sandbox.yaml'} to run without it"
+            )
+        ruleset = build_ruleset(policy, abi) if abi else -1
+        if ruleset >= 0:
+            # Closed when the last call using this sandbox lets go of it, never before: a process
+            # spawned with a closed ruleset's fd would run unconfined, or in another ruleset.
+            weakref.finalize(self, os.close, ruleset)
+        handled = fs_handled(abi)
+        limits = policy.limits
+        self.confinement = Confinement(
+            ruleset,
+            {
+                # The jail's own /proc, /tmp and pseudo-terminals, which the parent's rules cannot name.
+                "jail_rules": [
+                    ["/proc", RO & handled],
+                    ["/tmp", RW & handled],
+                    ["/dev/pts", RW & handled],
+                    ["/dev/ptmx", RW & handled],
+                ],
+                "seccomp": seccomp_program(policy).hex(),
+                "rlimits": [
+                    [_RLIMIT_DATA, limits.memory, limits.memory],
+                    [_RLIMIT_CPU, limits.cpu, limits.cpu + 1],
+                    [_RLIMIT_FSIZE, limits.file_size, limits.file_size],
+                    [_RLIMIT_CORE, 0, 0],
+                ],
+                # Every path granted, and whether writable: a jail shows those it hides (under /tmp, say).
+                "expose": [
+                    (path, key in ("rw", "rwx", "tmpfile"), path in policy.shared)
+                    for key, paths in policy.paths.items()
+                    for path in paths
+                ],
+            },
+        )
+        self._exec_roots = tuple(
+            os.path.realpath(p).rstrip("/") + "/" for p in policy.paths["rox"] + policy.paths["rwx"]
+        )
+        self._search_paths: dict[str, str] = {}
+        self._env_names = re.compile("|".join(fnmatch.translate(p) for p in policy.env) or "(?!)")
+        self._environ: dict[str, str] | None = None
+
+    def search_path(self, path: str) -> str:
+        """`path` without the directories the sandbox cannot execute from, so a program resolves
+        to one that runs (not, say, a pyenv shim under $HOME that fails with EACCES)."""
+        kept = self._search_paths.get(path)
+        if kept is None:
+            dirs = [d for d in path.split(":") if d and (os.path.realpath(d) + "/").startswith(self._exec_roots)]
+            kept = self._search_paths[path] = ":".join(dirs)
+        return kept
+
+    def environ(self) -> dict[str, str]:
+        """The variables of ollie's environment that the policy lets in (read once: a sandbox is
+        rebuilt when its policy changes, not when ollie's environment does)."""
+        if self._environ is None:
+            self._environ = {k: v for k, v in os.environ.items() if self._env_names.match(k)}
+        return dict(self._environ)
+
+
+class Jails:
+    """The jails of one owner (a session's execute server, its hooks): one per network setting and
+    limits, started on first use, restarted if one dies."""
+
+    def __init__(self, view: Callable[[int], None] | None = None) -> None:
+        self._jails: dict[JailSetup, Jail] = {}
+        self._hide = hidden_paths()
+        self._uv_cache = _uv_cache()
+        # Serves a jail's view of ollie's files, mounted at $OLLIE in it, on the /dev/fuse
+        # descriptor it is given (and closes it); None: no view.
+        self._view = view
+
+    async def get(self, policy: Policy) -> Jail:
+        """The jail for `policy`; one without namespaces (the kernel refused them) only when the
+        policy says general.best_effort, else SandboxError."""
+        limits = policy.limits
+        view, view_rights = "", 0
+        if self._view is not None:
+            view, view_rights = config.mount_point(), RW & fs_handled(landlock_abi())
+        setup = JailSetup(
+            policy.network,
+            limits.processes,
+            limits.tmpdir,
+            self._hide,
+            _PROTECTED + self._link_sources(policy),
+            view,
+            view_rights,
+        )
+        jail = self._jails.get(setup)
+        if jail is None or not jail.alive:
+            _refuse_replaceable_links(policy)
+            jail = self._jails[setup] = await Jail.start(setup)
+            if jail.view_fd >= 0 and self._view is not None:
+                fd, jail.view_fd = jail.view_fd, -1
+                try:
+                    self._view(fd)
+                except BaseException:
+                    os.close(fd)  # the mount then fails every access instead of waiting on nobody
+                    raise
+                jail.has_view = True
+        if jail.namespaces_refused and not policy.best_effort:
+            raise SandboxError(
+                f"the sandbox cannot isolate this: {jail.namespaces_refused}; allow user namespaces "
+                f"(sysctl user.max_user_namespaces) or set general.best_effort: true in "
+                f"{config.cfg_path() / 'sandbox.yaml'} to run with Landlock and seccomp alone "
+                "(no process, network, /tmp or terminal isolation)"
+            )
+        return jail
+
+    def _link_sources(self, policy: Policy) -> tuple[str, ...]:
+        """Where installed packages may be hard links to: uv's cache (uv links by default).
+        Writable there, a file is writable in the virtualenv too, whatever its mount says; so
+        read-only in the jail, unless the policy grants the cache itself (not a directory around it)."""
+        cache = self._uv_cache
+        if not cache or any(
+            p == cache or p.startswith(cache + "/") for key in ("rw", "rwx") for p in policy.paths[key]
+        ):
+            return ()
+        return (cache,)
+
+    async def close(self) -> None:
+        jails, self._jails = list(self._jails.values()), {}
+        await asyncio.gather(*(j.close() for j in jails))
+
+
+def _refuse_replaceable_links(policy: Policy) -> None:
+    """A jail hides ollie's directories where their paths lead when it starts. A symlink on such a
+    path in a directory the sandbox can write (a dotfile manager's `~/.config/ollie -> ...`, a
+    session in $HOME) could be pointed elsewhere: the next jail would then hide the wrong place,
+    and ollie itself read its configuration (hooks included) from the sandbox's choice."""
+    for path in _own_paths():
+        parts = path.absolute().parts
+        for n in range(2, len(parts) + 1):
+            link = os.path.join(*parts[:n])
+            if os.path.islink(link) and policy.writes(os.path.realpath(os.path.dirname(link))):
+                raise SandboxError(
+                    f"{path} is reached through the symlink {link}, which sandboxed code could "
+                    f"replace; set the variable that names it to the real directory "
+                    f"({os.path.realpath(path)})"
+                )
+
+
+# The Python that starts every jail, outside the sandbox: kept read-only in each jail even when a
+# session's cwd contains it (a virtualenv in the project, pyenv under $HOME with the cwd at $HOME).
+_PROTECTED = tuple(
+    dict.fromkeys(os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, os.path.dirname(sys.executable)))
+)
+
+
+def _uv_cache() -> str:
+    cache = os.environ.get("UV_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "uv"
+    )
+    return os.path.realpath(cache) if os.path.isdir(cache) else ""
+
+
+def _own_paths() -> list[Path]:
+    return [config.cfg_path(), config.data_path(), config.tmp_path(), config.namespace_path()]
+
+
+def hidden_paths() -> tuple[str, ...]:
+    """What a jail hides under empty mounts besides /tmp, whatever a policy grants around it:
+    ollie's configuration (API keys, agent configs with hooks, policies), its stored sessions,
+    the session scratch directories, the file server's socket directory and its mount (the jail
+    also hides every mount of ollie's file server, wherever it is)."""
+    paths = _own_paths()
+    for path in paths:  # made now, so that a jail has them to hide and pin (it can only hide what exists)
+        path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    real = [os.path.realpath(p) for p in paths]  # a symlinked config is hidden where it is
+    return tuple(dict.fromkeys([*real, config.mount_point()]))
+
+
+class Sandboxes:
+    """Built sandboxes, cached by policy, directories and the policy files' mtimes."""
+
+    def __init__(self, size: int = 32):
+        self._size = size
+        self._cache: OrderedDict[tuple, Sandbox] = OrderedDict()
+        self._files: dict[str, tuple[Path, Path]] = {}  # policy name -> its files (found once)
+
+    def get(
+        self,
+        name: str,
+        cwd: str,
+        tmpdir: str,
+        extra_rox: tuple[str, ...] = (),
+        extra_ro: tuple[str, ...] = (),
+        extra_rw: tuple[str, ...] = (),
+    ) -> Sandbox:
+        files = self._files.get(name) or self._files.setdefault(name, policy_files(name))
+        stamp = tuple(_mtime(p) for p in files)
+        key = (name, cwd, tmpdir, extra_rox, extra_ro, extra_rw, stamp)
+        box = self._cache.get(key)
+        if box is None:
+            box = self._cache[key] = Sandbox(load_policy(name, cwd, tmpdir, extra_rox, extra_ro, extra_rw))
+            if len(self._cache) > self._size:
+                self._cache.popitem(last=False)
+        self._cache.move_to_end(key)
+        return box
+
+    def clear(self) -> None:
+        self._cache.clear()
+
+
+def _mtime(path: Path) -> int:
+    try:
+        return path.stat().st_mtime_ns
+    except OSError:
+        return 0
+
+
+def superpowers_prefix() -> list[str]:
+    """`superpowers run-session --` when superpowerd runs (the seed's optional privilege scoping)."""
+    exe = shutil.which("superpowers")
+    if exe is None:
+        return []
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                with open(f"/proc/{pid}/comm") as f:
+                    if f.read().strip() == "superpowerd":
+                        return [exe, "run-session", "--"]
+            except OSError:
+                continue
+    return []

@@ -1,0 +1,139 @@
+"""Landlock: the kernel interface, and a policy's ruleset built from it."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import stat
+from functools import cache
+from typing import Any
+
+from .policy import Policy, SandboxError
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_SYS_CREATE_RULESET, _SYS_ADD_RULE = 444, 445  # the same on every arch
+
+# Filesystem rights, and the ABI each appeared in.
+_EXECUTE, _WRITE_FILE, _READ_FILE, _READ_DIR = 1 << 0, 1 << 1, 1 << 2, 1 << 3
+_MAKE_AND_REMOVE = sum(1 << i for i in range(4, 13))  # remove dir/file, make char/dir/reg/sock/fifo/block/sym
+_REFER, _TRUNCATE, _IOCTL_DEV = 1 << 13, 1 << 14, 1 << 15
+RO = _READ_FILE | _READ_DIR
+RW = RO | _WRITE_FILE | _MAKE_AND_REMOVE | _REFER | _TRUNCATE | _IOCTL_DEV
+_RIGHTS = {"ro": RO, "rox": RO | _EXECUTE, "rw": RW, "rwx": RW | _EXECUTE, "tmpfile": _READ_FILE | _WRITE_FILE}
+_FILE_RIGHTS = _EXECUTE | _WRITE_FILE | _READ_FILE | _TRUNCATE | _IOCTL_DEV  # others on a file: EINVAL
+_NET_BIND, _NET_CONNECT = 1 << 0, 1 << 1
+_SCOPE_ABSTRACT_UNIX, _SCOPE_SIGNAL = 1 << 0, 1 << 1
+
+
+class _RulesetAttr(ctypes.Structure):
+    _fields_ = [("fs", ctypes.c_uint64), ("net", ctypes.c_uint64), ("scoped", ctypes.c_uint64)]
+
+
+class _PathBeneath(ctypes.Structure):
+    _pack_ = 1
+    _fields_ = [("allowed", ctypes.c_uint64), ("parent_fd", ctypes.c_int32)]
+
+
+class _NetPort(ctypes.Structure):
+    _fields_ = [("allowed", ctypes.c_uint64), ("port", ctypes.c_uint64)]
+
+
+def _syscall(nr: int, *args: Any) -> int:
+    # syscall(2) reads every argument as a long: pass integers at that width
+    r = _libc.syscall(ctypes.c_long(nr), *(ctypes.c_long(a) if isinstance(a, int) else a for a in args))
+    if r < 0:
+        e = ctypes.get_errno()
+        raise OSError(e, os.strerror(e))
+    return r
+
+
+@cache
+def landlock_abi() -> int:
+    """The kernel's Landlock ABI version; 0 when Landlock is missing or disabled."""
+    try:
+        return _syscall(_SYS_CREATE_RULESET, None, 0, 1)
+    except OSError:
+        return 0
+
+
+def fs_handled(abi: int) -> int:
+    handled = RW | _EXECUTE
+    for bit, since in ((_REFER, 2), (_TRUNCATE, 3), (_IOCTL_DEV, 5)):
+        if abi < since:
+            handled &= ~bit
+    return handled
+
+
+def build_ruleset(policy: Policy, abi: int) -> int:
+    """A ruleset fd (close-on-exec) that the child enters."""
+    restrict_net = not policy.unrestricted_net
+    if restrict_net and abi < 4:
+        if not policy.best_effort:
+            raise SandboxError(
+                f"this kernel's Landlock (ABI {abi}) cannot restrict TCP (needs ABI 4, Linux 6.7); "
+                "set network.unrestricted or general.best_effort in the sandbox policy"
+            )
+        restrict_net = False
+    handled = fs_handled(abi)
+    attr = _RulesetAttr(
+        handled,
+        _NET_BIND | _NET_CONNECT if restrict_net else 0,
+        _SCOPE_ABSTRACT_UNIX | _SCOPE_SIGNAL if abi >= 6 else 0,
+    )
+    size = 24 if abi >= 6 else 16 if abi >= 4 else 8
+    fd = _syscall(_SYS_CREATE_RULESET, ctypes.byref(attr), size, 0)
+    try:
+        for key, paths in policy.paths.items():
+            for path in paths:
+                _add_path_rule(fd, path, _RIGHTS[key] & handled, policy)
+        if restrict_net:
+            for right, ports in ((_NET_BIND, policy.bind_tcp), (_NET_CONNECT, policy.connect_tcp)):
+                for port in ports:
+                    rule = _NetPort(right, port)
+                    _syscall(_SYS_ADD_RULE, fd, 2, ctypes.byref(rule), 0)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _add_path_rule(ruleset: int, path: str, rights: int, policy: Policy) -> None:
+    try:
+        fd = _open_granted(path, policy.cwd)
+    except FileNotFoundError:
+        return  # removed since the policy was loaded
+    try:
+        if not stat.S_ISDIR(os.fstat(fd).st_mode):
+            rights &= _FILE_RIGHTS
+        rule = _PathBeneath(rights, fd)
+        _syscall(_SYS_ADD_RULE, ruleset, 1, ctypes.byref(rule), 0)
+    except OSError as e:
+        raise SandboxError(f"sandbox rule for {path}: {e.strerror}") from None
+    finally:
+        os.close(fd)
+
+
+def _open_granted(path: str, cwd: str) -> int:
+    """An O_PATH fd of `path`. The cwd is opened a component at a time, refusing any symlink: a
+    session's cwd is kept as a real path, so a symlink on it now was put there since, by code that
+    can write its parent (another session's sandbox, say), and following it would grant the
+    link's target. Each step is an fd, so no swap can race the check. (Other grants, even under
+    the cwd, follow links as the user set them up: a symlinked .venv, `/etc/localtime`.)"""
+    if not cwd or path != cwd:
+        return os.open(path, os.O_PATH | os.O_CLOEXEC)
+    flags = os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC
+    fd = os.open("/", flags)
+    try:
+        for name in (p for p in path.split("/") if p):
+            nxt = os.open(name, flags, dir_fd=fd)
+            os.close(fd)
+            fd = nxt
+            if stat.S_ISLNK(os.fstat(fd).st_mode):
+                raise SandboxError(
+                    f"the working directory {path} is reached through a symlink ({name}): a symlink put in place "
+                    "of a directory since the cwd was set (or a cwd stored by an older ollie); set it again"
+                )
+        return fd
+    except BaseException:
+        os.close(fd)
+        raise

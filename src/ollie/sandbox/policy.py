@@ -1,0 +1,305 @@
+"""Sandbox policies: what sandboxed code may touch, read from the built-in policies and the user's
+policy files, validated and expanded for one working directory.
+
+A policy says what sandboxed code may touch: filesystem paths by right (`ro`, `rox`, `rw`, `rwx`, and
+`tmpfile` for unnamed temporary files), TCP ports (`bind_tcp`, `connect_tcp`, or `unrestricted`), Unix
+sockets (`unix`), which environment variables pass, and resource `limits`.
+It is a built-in policy (`default`, or `hooks` for hook commands) overlaid by
+`$OLLIE_CFG_PATH/sandbox.yaml`, then by `$OLLIE_CFG_PATH/sandbox/<name>.yaml` (maps merge, lists
+extend, scalars replace).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .. import config
+from ..types import ConfigError
+
+
+class SandboxError(ConfigError):
+    """A policy is invalid, or the kernel cannot enforce it."""
+
+
+# The parts of /etc that programs read: loader, users and groups, name resolution, time, locale,
+# terminfo, CA certificates. Not shadow, gshadow, sudoers, ssh host keys or ssl/private.
+_ETC = """ld.so.cache ld.so.conf ld.so.conf.d passwd group nsswitch.conf hosts host.conf resolv.conf
+    gai.conf services protocols localtime timezone locale.alias locale.conf default/locale mime.types
+    magic magic.mime inputrc terminfo ssl/certs ssl/openssl.cnf ca-certificates ca-certificates.conf
+    pki/tls/certs os-release lsb-release debian_version perl python3 gitconfig""".split()
+
+DEFAULT_POLICY: dict[str, Any] = {
+    "filesystem": {
+        # The system's programs and libraries, and the Python running ollie (pyenv or venv
+        # outside /usr). Tool script directories are added per call. Not $OLLIE/x: plugins are
+        # the user's to run, outside the sandbox.
+        "rox": [
+            "/usr",
+            "/bin",
+            "/sbin",
+            "/lib",
+            "/lib32",
+            "/lib64",
+            "/libx32",
+            "/opt",
+            "/etc/alternatives",
+            sys.base_prefix,
+            sys.prefix,
+        ],
+        # /proc: ps, /dev/fd and Python need it; Landlock's ptrace rule already hides the environ,
+        # memory and fds of every process outside the sandbox.
+        "ro": [f"/etc/{p}" for p in _ETC] + ["/proc", "/sys/devices/system/cpu", "/dev/random", "/dev/urandom"],
+        # /dev/ptmx and /dev/pts: expect's spawn needs a pseudo-terminal.
+        # In a jail, /tmp and $TMPDIR are its private tmpfs (granted by the jail itself).
+        "rw": ["{CWD}", "{TMPDIR}", "/dev/null", "/dev/zero", "/dev/full", "/dev/ptmx", "/dev/pts"],
+        "rwx": [],
+        "tmpfile": [],
+    },
+    "network": {"unrestricted": False, "bind_tcp": [], "connect_tcp": [], "unix": False},
+    "env": ["PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LANGUAGE", "LC_*", "TERM", "TZ"],
+    "limits": {
+        "processes": 512,  # processes and threads alive at once in a session's jail (at least 300)
+        "memory": "4G",  # data (heap) of one process
+        "cpu": 600,  # CPU seconds of one process
+        "file_size": "1G",  # the largest file a process may write
+        "timeout": 600,  # the most seconds a call may ask for
+        "output": "10M",  # output kept of one call, all its stages and branches together
+        "parallel": 64,  # branches of one parallel stage
+        "tmpdir": "1G",  # size of the private /tmp (which holds $TMPDIR)
+    },
+    "general": {"best_effort": False},
+}
+
+# Hooks run commands from the agent's config: they read (and may run) the project, never change it.
+HOOK_POLICY: dict[str, Any] = {
+    **DEFAULT_POLICY,
+    "filesystem": {
+        **DEFAULT_POLICY["filesystem"],
+        "rox": [*DEFAULT_POLICY["filesystem"]["rox"], "{CWD}"],
+        "rw": [p for p in DEFAULT_POLICY["filesystem"]["rw"] if p != "{CWD}"],
+    },
+}
+BUILTIN = {"default": DEFAULT_POLICY, "hooks": HOOK_POLICY}
+
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+_TEMPLATE = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
+_FS_KEYS = ("ro", "rox", "rw", "rwx", "tmpfile")
+_LIMIT_KEYS = tuple(DEFAULT_POLICY["limits"])
+_SIZE_LIMITS = ("memory", "file_size", "output", "tmpdir")
+_SCHEMA = {
+    "filesystem": _FS_KEYS,
+    "network": ("enabled", "unrestricted", "bind_tcp", "connect_tcp", "unix"),
+    "env": None,
+    "limits": _LIMIT_KEYS,
+    "general": ("best_effort",),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    processes: int
+    memory: int
+    cpu: int
+    file_size: int
+    timeout: float
+    output: int
+    parallel: int
+    tmpdir: int
+
+
+@dataclass(frozen=True, slots=True)
+class Policy:
+    """A policy with templates expanded and missing paths dropped."""
+
+    name: str
+    cwd: str  # the working directory it was expanded for (a real path; "" for none)
+    shared: tuple[str, ...]  # granted writable to every session (the memory, the plans): no symlinks there
+    paths: dict[str, tuple[str, ...]]  # a _FS_KEYS name → absolute existing paths
+    unrestricted_net: bool
+    unix_sockets: bool  # may create AF_UNIX sockets (and so connect to any socket by path)
+    bind_tcp: tuple[int, ...]
+    connect_tcp: tuple[int, ...]
+    env: tuple[str, ...]  # variable names or fnmatch patterns
+    limits: Limits
+    best_effort: bool
+
+    def writes(self, path: str) -> bool:
+        """Whether sandboxed code may write `path` (a real path) under this policy."""
+        return any(
+            path == p or path.startswith(p.rstrip("/") + "/")
+            for key in ("rw", "rwx", "tmpfile")
+            for p in map(os.path.realpath, self.paths[key])
+        )
+
+    @property
+    def network(self) -> bool:
+        """Whether the policy reaches the host's network at all (else a jail gets none)."""
+        return self.unrestricted_net or bool(self.bind_tcp or self.connect_tcp)
+
+
+def policy_files(name: str) -> tuple[Path, Path]:
+    if not isinstance(name, str) or not _NAME.fullmatch(name):
+        raise SandboxError(f"invalid sandbox name {name!r}: use letters, digits, '.', '_' and '-'")
+    return config.cfg_path() / "sandbox.yaml", config.cfg_path() / "sandbox" / f"{name}.yaml"
+
+
+def load_policy(
+    name: str,
+    cwd: str,
+    tmpdir: str,
+    extra_rox: tuple[str, ...] = (),
+    extra_ro: tuple[str, ...] = (),
+    extra_rw: tuple[str, ...] = (),
+) -> Policy:
+    """Read, validate and expand the policy `name` for a call running in `cwd` ("" for `tmpdir`
+    drops the policy's `{TMPDIR}` entries: a jail grants its private /tmp itself). The extra paths
+    are ollie's own grants on top (tool script directories; the memory and the plans)."""
+    global_file, named_file = policy_files(name)
+    if name not in BUILTIN and not named_file.is_file():
+        raise SandboxError(f"no sandbox policy {name!r}: create {named_file}")
+    raw: dict[str, Any] = BUILTIN.get(name, DEFAULT_POLICY)
+    for path in (global_file, named_file):
+        raw = _overlay(raw, _read_policy_file(path))
+    values = _template_values(cwd, tmpdir)
+    paths = {key: _expand_paths(raw["filesystem"][key], values, f"filesystem.{key}") for key in _FS_KEYS}
+    paths["rox"] += tuple(p for p in extra_rox if os.path.exists(p))
+    paths["ro"] += tuple(p for p in extra_ro if os.path.exists(p))
+    paths["rw"] += tuple(p for p in extra_rw if os.path.exists(p))
+    net = raw["network"]
+    return Policy(
+        name=name,
+        cwd=cwd,
+        shared=tuple(p for p in extra_rw if os.path.exists(p)),
+        paths=paths,
+        unrestricted_net=bool(net.get("unrestricted") or net.get("enabled")),  # `enabled`: the Go name
+        unix_sockets=bool(net.get("unix")),
+        bind_tcp=_ports(net.get("bind_tcp"), "network.bind_tcp"),
+        connect_tcp=_ports(net.get("connect_tcp"), "network.connect_tcp"),
+        env=tuple(raw["env"]),
+        limits=_limits(raw["limits"]),
+        best_effort=bool(raw["general"].get("best_effort")),
+    )
+
+
+def _limits(raw: dict[str, Any]) -> Limits:
+    values = {}
+    for key in _LIMIT_KEYS:
+        value = raw[key]
+        if key in _SIZE_LIMITS:
+            value = _size(value, f"limits.{key}")
+        elif isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+            raise SandboxError(f"sandbox limits.{key} must be a positive number, got {value!r}")
+        values[key] = value if key == "timeout" else int(value)
+    if values["processes"] < 300:
+        raise SandboxError("sandbox limits.processes must be at least 300 (a PID namespace cannot hold fewer)")
+    return Limits(**values)
+
+
+def _size(value: Any, where: str) -> int:
+    """Bytes from a number or a string such as 512K, 64M, 2G."""
+    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+        return value
+    match = re.fullmatch(r"\s*(\d+)\s*([KMG]?)i?B?\s*", str(value), re.IGNORECASE)
+    if not match or int(match[1]) == 0:
+        raise SandboxError(f"sandbox {where} must be a size such as 512M or 2G, got {value!r}")
+    return int(match[1]) << {"": 0, "K": 10, "M": 20, "G": 30}[match[2].upper()]
+
+
+def _read_policy_file(path: Path) -> dict[str, Any]:
+    """The policy in `path` ({} if there is none), its shape checked against _SCHEMA."""
+    import yaml  # only when a policy file exists
+
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return {}
+    except OSError as e:
+        raise SandboxError(f"{path}: {e.strerror}") from None
+    try:
+        data = yaml.safe_load(text) or {}
+    except yaml.YAMLError as e:
+        raise SandboxError(f"{path}: invalid YAML: {e}") from None
+    if not isinstance(data, dict):
+        raise SandboxError(f"{path}: a sandbox policy must be a mapping of {', '.join(_SCHEMA)}")
+    for key, value in data.items():
+        _check_section(path, key, value)
+    return data
+
+
+def _check_section(path: Path, key: Any, value: Any) -> None:
+    """One top-level key of a policy file: known, and holding what it must."""
+    if key not in _SCHEMA:
+        raise SandboxError(f"{path}: unknown key {key!r}; known keys: {', '.join(_SCHEMA)}")
+    subkeys = _SCHEMA[key]
+    if subkeys is None:
+        if not _is_str_list(value):
+            raise SandboxError(f"{path}: {key} must be a list of variable names")
+        return
+    if not isinstance(value, dict):
+        raise SandboxError(f"{path}: {key} must be a mapping with keys {', '.join(subkeys)}")
+    for sub, v in value.items():
+        if sub not in subkeys:
+            raise SandboxError(f"{path}: unknown key {key}.{sub}; known: {', '.join(subkeys)}")
+        if key == "filesystem" and not _is_str_list(v):
+            raise SandboxError(f"{path}: {key}.{sub} must be a list of paths")
+
+
+def _is_str_list(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(v, str) for v in value)
+
+
+def _overlay(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in top.items():
+        old = out.get(key)
+        if isinstance(old, dict) and isinstance(value, dict):
+            out[key] = _overlay(old, value)
+        elif isinstance(old, list) and isinstance(value, list):
+            out[key] = old + [v for v in value if v not in old]
+        else:
+            out[key] = value
+    return out
+
+
+def _template_values(cwd: str, tmpdir: str) -> dict[str, str]:
+    home = os.path.expanduser("~")
+    env = os.environ
+    return {
+        **env,
+        "CWD": cwd,
+        "HOME": home,
+        "TMPDIR": tmpdir,
+        "XDG_CONFIG_HOME": env.get("XDG_CONFIG_HOME") or f"{home}/.config",
+        "XDG_DATA_HOME": env.get("XDG_DATA_HOME") or f"{home}/.local/share",
+        "XDG_CACHE_HOME": env.get("XDG_CACHE_HOME") or f"{home}/.cache",
+        "XDG_STATE_HOME": env.get("XDG_STATE_HOME") or f"{home}/.local/state",
+        "OLLIE_CFG_PATH": str(config.cfg_path()),
+        "OLLIE_DATA_PATH": str(config.data_path()),
+        "OLLIE": str(config.mount_path()),
+    }
+
+
+def _expand_paths(entries: list[str], values: dict[str, str], where: str) -> tuple[str, ...]:
+    out = []
+    for entry in entries:
+        names = _TEMPLATE.findall(entry)
+        if any(not values.get(n) for n in names):
+            continue  # an unset variable would silently widen the path (e.g. "{X}/" → "/")
+        path = os.path.expanduser(_TEMPLATE.sub(lambda m: values[m.group(1)], entry))
+        if not os.path.isabs(path):
+            raise SandboxError(f"sandbox {where}: {entry!r} is not an absolute path")
+        if os.path.exists(path):
+            out.append(os.path.normpath(path))
+    return tuple(dict.fromkeys(out))
+
+
+def _ports(value: Any, where: str) -> tuple[int, ...]:
+    value = value or []
+    if not isinstance(value, list) or not all(type(p) is int and 0 <= p <= 65535 for p in value):
+        raise SandboxError(f"sandbox {where} must be a list of port numbers (0-65535), got {value!r}")
+    return tuple(value)

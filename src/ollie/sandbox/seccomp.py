@@ -1,0 +1,171 @@
+"""The seccomp filter a sandboxed program runs under, assembled as classic BPF."""
+
+from __future__ import annotations
+
+import platform
+import struct
+
+from .policy import Policy
+
+# machine → (audit arch, syscall numbers). Calls of any other ABI (i386 or x32 on x86_64, arm32 on
+# aarch64) are refused whole: the filter reads arguments by the native ABI's numbers only.
+_ARCH = {
+    "x86_64": (
+        0xC000003E,
+        {
+            "socket": 41,
+            "socketpair": 53,
+            "listen": 50,
+            "sendto": 44,
+            "sendmsg": 46,
+            "sendmmsg": 307,
+            "prlimit64": 302,
+            "add_key": 248,
+            "request_key": 249,
+            "keyctl": 250,
+        },
+    ),
+    "aarch64": (
+        0xC00000B7,
+        {
+            "socket": 198,
+            "socketpair": 199,
+            "listen": 201,
+            "sendto": 206,
+            "sendmsg": 211,
+            "sendmmsg": 269,
+            "prlimit64": 261,
+            "add_key": 217,
+            "request_key": 218,
+            "keyctl": 219,
+        },
+    ),
+}
+_IO_URING = (425, 426, 427)  # setup, enter, register: the same on every arch
+_AF_UNIX, _AF_INET, _AF_INET6, _AF_NETLINK = 1, 2, 10, 16
+_SOCK_STREAM, _SOCK_SEQPACKET, _SOCK_TYPE_MASK, _IPPROTO_TCP, _NETLINK_ROUTE = 1, 5, 0xF, 6, 0
+_MSG_FASTOPEN = 0x20000000
+_EPERM, _EACCES, _ENOSYS, _EAFNOSUPPORT = 1, 13, 38, 97
+_RET_ALLOW, _RET_ERRNO = 0x7FFF0000, 0x00050000
+_LD, _JEQ, _JGE, _AND, _RET = 0x20, 0x15, 0x35, 0x54, 0x06  # BPF_LD|W|ABS, JMP|JEQ|K, JMP|JGE|K, ALU|AND|K, RET|K
+
+
+def _arg(n: int) -> int:
+    return 16 + 8 * n  # offset of args[n]'s low word in seccomp_data (little-endian machines)
+
+
+def seccomp_program(policy: Policy) -> bytes:
+    """The BPF filter a sandboxed program runs under, as the kernel's `struct sock_filter` array.
+
+    - io_uring is refused (ENOSYS): its operations make sockets and open files without the
+      system calls this filter sees.
+    - the kernel keyrings are refused; prlimit64 acts on the caller only.
+    - socket(2) by list, everything else refused: AF_UNIX only with `network.unix` (Landlock does
+      not govern connecting by path); TCP over IPv4/6 (Landlock governs its ports); with
+      `network.unrestricted` any IPv4/6 socket and rtnetlink (name resolution needs them).
+      No UDP, MPTCP, raw, packet, vsock, sock_diag or other families otherwise.
+    - without `network.unix`, socketpair(2) makes stream and seqpacket pairs only: a datagram one
+      could send to any socket by path.
+    - without `network.unrestricted`, no TCP Fast Open (sendto/sendmsg with MSG_FASTOPEN connect
+      past Landlock's connect rule), and without `bind_tcp` (or `unix`) no listen(2) (which binds
+      an unbound socket to a port Landlock's bind rule never sees).
+    """
+    machine = _ARCH.get(platform.machine())
+    if machine is None:
+        return b""
+    arch, nr = machine
+    unix = "allow" if policy.unix_sockets else "eacces"
+    prog: list[tuple[int, int | str, int | str, int] | str] = [
+        (_LD, 0, 0, 4),
+        (_JEQ, 0, "enosys", arch),  # seccomp_data.arch
+        (_LD, 0, 0, 0),
+        (_JGE, "enosys", 0, 0x40000000),  # seccomp_data.nr; x32 calls have bit 30 set
+        *[(_JEQ, "enosys", 0, n) for n in _IO_URING],
+        *[(_JEQ, "eperm", 0, nr[k]) for k in ("add_key", "request_key", "keyctl")],
+        (_JEQ, "prlimit", 0, nr["prlimit64"]),
+        (_JEQ, "socket", 0, nr["socket"]),
+    ]
+    if not policy.unix_sockets:
+        prog.append((_JEQ, "socketpair", 0, nr["socketpair"]))
+    if not (policy.unrestricted_net or policy.bind_tcp or policy.unix_sockets):
+        prog.append((_JEQ, "eacces", 0, nr["listen"]))
+    if not policy.unrestricted_net:
+        prog += [
+            (_JEQ, "flags3", 0, nr["sendto"]),
+            (_JEQ, "flags3", 0, nr["sendmmsg"]),
+            (_JEQ, "flags2", 0, nr["sendmsg"]),
+        ]
+    prog += [
+        (_RET, 0, 0, _RET_ALLOW),
+        "socketpair",
+        (_LD, 0, 0, _arg(1)),
+        (_AND, 0, 0, _SOCK_TYPE_MASK),
+        (_JEQ, "allow", 0, _SOCK_STREAM),
+        (_JEQ, "allow", "eacces", _SOCK_SEQPACKET),
+        "flags3",
+        (_LD, 0, 0, _arg(3)),
+        (_AND, 0, 0, _MSG_FASTOPEN),
+        (_JEQ, "allow", "eacces", 0),
+        "flags2",
+        (_LD, 0, 0, _arg(2)),
+        (_AND, 0, 0, _MSG_FASTOPEN),
+        (_JEQ, "allow", "eacces", 0),
+        "prlimit",
+        (_LD, 0, 0, _arg(0)),
+        (_JEQ, 0, "eperm", 0),
+        (_LD, 0, 0, _arg(0) + 4),
+        (_JEQ, "allow", "eperm", 0),
+        "socket",
+        (_LD, 0, 0, _arg(0)),
+        (_JEQ, unix, 0, _AF_UNIX),
+        (_JEQ, "inet", 0, _AF_INET),
+        (_JEQ, "inet", 0, _AF_INET6),
+    ]
+    if policy.unrestricted_net:
+        prog += [
+            (_JEQ, 0, "eafnosupport", _AF_NETLINK),
+            (_LD, 0, 0, _arg(2)),
+            (_JEQ, "allow", "eacces", _NETLINK_ROUTE),
+            "inet",
+            (_RET, 0, 0, _RET_ALLOW),
+        ]
+    else:
+        prog += [
+            (_RET, 0, 0, _RET_ERRNO | _EAFNOSUPPORT),
+            "inet",
+            (_LD, 0, 0, _arg(1)),
+            (_AND, 0, 0, _SOCK_TYPE_MASK),
+            (_JEQ, 0, "eacces", _SOCK_STREAM),
+            (_LD, 0, 0, _arg(2)),
+            (_JEQ, "allow", 0, 0),
+            (_JEQ, "allow", "eacces", _IPPROTO_TCP),
+        ]
+    prog += [
+        "eafnosupport",
+        (_RET, 0, 0, _RET_ERRNO | _EAFNOSUPPORT),
+        "allow",
+        (_RET, 0, 0, _RET_ALLOW),
+        "eperm",
+        (_RET, 0, 0, _RET_ERRNO | _EPERM),
+        "eacces",
+        (_RET, 0, 0, _RET_ERRNO | _EACCES),
+        "enosys",
+        (_RET, 0, 0, _RET_ERRNO | _ENOSYS),
+    ]
+    return _assemble(prog)
+
+
+def _assemble(prog: list) -> bytes:
+    """Resolve string jump targets (labels placed in the list) into relative BPF offsets."""
+    labels: dict[str, int] = {}
+    code: list[tuple[int, int | str, int | str, int]] = []  # (op, jump if true, jump if false, k)
+    for item in prog:
+        if isinstance(item, str):
+            labels[item] = len(code)
+        else:
+            code.append(item)
+    out = bytearray()
+    for i, (op, jt, jf, k) in enumerate(code):
+        jt, jf = (labels[j] - i - 1 if isinstance(j, str) else j for j in (jt, jf))
+        out += struct.pack("<HBBI", op, jt, jf, k)
+    return bytes(out)
