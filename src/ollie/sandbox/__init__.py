@@ -17,6 +17,7 @@ import fnmatch
 import os
 import re
 import shutil
+import stat
 import sys
 import weakref
 from collections import OrderedDict
@@ -24,12 +25,23 @@ from collections.abc import Callable
 from pathlib import Path
 
 from .. import config
+from . import grants
 from .jail import Confinement, Jail, JailSetup
-from .landlock import RO, RW, build_ruleset, fs_handled, landlock_abi
+from .landlock import RO, RW, RWX, build_ruleset, fs_handled, landlock_abi
+from .paths import LinkRefused, identities, identity, open_real, real_path, within
 from .policy import Policy, SandboxError, load_policy, policy_files
 from .seccomp import seccomp_program
 
-__all__ = ["Jails", "Policy", "Sandbox", "SandboxError", "Sandboxes", "hidden_paths", "load_policy"]
+__all__ = [
+    "Jails",
+    "Policy",
+    "Sandbox",
+    "SandboxError",
+    "Sandboxes",
+    "directory_within",
+    "hidden_paths",
+    "load_policy",
+]
 
 
 _RLIMIT_CPU, _RLIMIT_FSIZE, _RLIMIT_DATA, _RLIMIT_CORE = 0, 1, 2, 4
@@ -49,7 +61,13 @@ class Sandbox:
                 "so execute_code cannot be sandboxed; set general.best_effort: true in "
                 f"{config.cfg_path() / 'sandbox.yaml'} to run without it"
             )
-        ruleset = build_ruleset(policy, abi) if abi else -1
+        decided = grants.decide(policy, identities(hidden_dirs()))
+        try:
+            ruleset = build_ruleset(policy, decided, abi) if abi else -1
+            # Every path granted, as decided: the jail mounts a grant only if it is still that file.
+            expose = [(g.path, g.writable, g.shared, g.own, *g.identity) for g in decided]
+        finally:
+            grants.close(decided)
         if ruleset >= 0:
             # Closed when the last call using this sandbox lets go of it, never before: a process
             # spawned with a closed ruleset's fd would run unconfined, or in another ruleset.
@@ -62,7 +80,7 @@ class Sandbox:
                 # The jail's own /proc, /tmp and pseudo-terminals, which the parent's rules cannot name.
                 "jail_rules": [
                     ["/proc", RO & handled],
-                    ["/tmp", RW & handled],
+                    ["/tmp", RWX & handled],
                     ["/dev/pts", RW & handled],
                     ["/dev/ptmx", RW & handled],
                 ],
@@ -73,12 +91,7 @@ class Sandbox:
                     [_RLIMIT_FSIZE, limits.file_size, limits.file_size],
                     [_RLIMIT_CORE, 0, 0],
                 ],
-                # Every path granted, and whether writable: a jail shows those it hides (under /tmp, say).
-                "expose": [
-                    (path, key in ("rw", "rwx", "tmpfile"), path in policy.shared)
-                    for key, paths in policy.paths.items()
-                    for path in paths
-                ],
+                "expose": expose,
             },
         )
         self._exec_roots = tuple(
@@ -102,6 +115,8 @@ class Sandbox:
         rebuilt when its policy changes, not when ollie's environment does)."""
         if self._environ is None:
             self._environ = {k: v for k, v in os.environ.items() if self._env_names.match(k)}
+            if self.policy.dns:  # the resolver over TCP: the policy's port 53 (UDP stays refused)
+                self._environ["RES_OPTIONS"] = " ".join([self._environ.get("RES_OPTIONS", ""), "use-vc"]).strip()
         return dict(self._environ)
 
 
@@ -112,6 +127,7 @@ class Jails:
     def __init__(self, view: Callable[[int], None] | None = None) -> None:
         self._jails: dict[JailSetup, Jail] = {}
         self._hide = hidden_paths()
+        self._read_only = read_only_dirs()
         self._uv_cache = _uv_cache()
         # Serves a jail's view of ollie's files, mounted at $OLLIE in it, on the /dev/fuse
         # descriptor it is given (and closes it); None: no view.
@@ -129,7 +145,7 @@ class Jails:
             limits.processes,
             limits.tmpdir,
             self._hide,
-            _PROTECTED + self._link_sources(policy),
+            self._read_only + self._link_sources(policy),
             view,
             view_rights,
         )
@@ -171,11 +187,12 @@ class Jails:
 
 
 def _refuse_replaceable_links(policy: Policy) -> None:
-    """A jail hides ollie's directories where their paths lead when it starts. A symlink on such a
-    path in a directory the sandbox can write (a dotfile manager's `~/.config/ollie -> ...`, a
-    session in $HOME) could be pointed elsewhere: the next jail would then hide the wrong place,
-    and ollie itself read its configuration (hooks included) from the sandbox's choice."""
-    for path in _own_paths():
+    """A jail hides ollie's directories where their paths lead when it starts, and ollie reads its
+    configuration (agents with their hooks) and tool scripts by those paths. A symlink on one in a
+    directory the sandbox can write (a dotfile manager's `~/.config/ollie -> ...`, a session in
+    $HOME, an agents directory in the project) could be pointed elsewhere: the next jail would then
+    hide the wrong place, and ollie read its configuration from the sandbox's choice."""
+    for path in [*_own_paths(), *config.agents_path(), *config.tools_path(), *config.skills_path()]:
         parts = path.absolute().parts
         for n in range(2, len(parts) + 1):
             link = os.path.join(*parts[:n])
@@ -205,16 +222,72 @@ def _own_paths() -> list[Path]:
     return [config.cfg_path(), config.data_path(), config.tmp_path(), config.namespace_path()]
 
 
+def hidden_dirs() -> list[str]:
+    """ollie's directories that sandboxed code never sees, and no policy may grant: its
+    configuration (API keys, agent configs with hooks, policies), its stored sessions, the session
+    scratch directories, the file server's socket directory, and every agents directory."""
+    return [str(p) for p in (*_own_paths(), *config.agents_path())]
+
+
 def hidden_paths() -> tuple[str, ...]:
-    """What a jail hides under empty mounts besides /tmp, whatever a policy grants around it:
-    ollie's configuration (API keys, agent configs with hooks, policies), its stored sessions,
-    the session scratch directories, the file server's socket directory and its mount (the jail
-    also hides every mount of ollie's file server, wherever it is)."""
-    paths = _own_paths()
-    for path in paths:  # made now, so that a jail has them to hide and pin (it can only hide what exists)
-        path.mkdir(mode=0o700, parents=True, exist_ok=True)
-    real = [os.path.realpath(p) for p in paths]  # a symlinked config is hidden where it is
-    return tuple(dict.fromkeys([*real, config.mount_point()]))
+    """What a jail hides under empty mounts besides /tmp, whatever a policy grants around it: the
+    hidden directories (`hidden_dirs`, made now if missing: a jail can only hide, and pin, what
+    exists, and sandboxed code must not make an agents directory in the project first) and the
+    file server's mount (the jail also hides every mount of ollie's file server, wherever it is)."""
+    own = [os.path.realpath(p) for p in _own_paths()]
+    made = []
+    for path in map(Path, hidden_dirs()):
+        real = os.path.realpath(path)  # a symlinked config is hidden where it is
+        if real not in own and any(real.startswith(o + "/") for o in own):
+            continue  # hidden with ollie's directory around it
+        try:
+            path.mkdir(mode=0o700, parents=True, exist_ok=True)
+        except OSError:
+            continue  # not ours to make (nor, then, the sandbox's)
+        made.append(real)
+    return tuple(dict.fromkeys([*made, config.mount_point()]))
+
+
+def read_only_dirs() -> tuple[str, ...]:
+    """What a jail keeps read-only whatever a policy grants around it: the Python that starts
+    every jail, and the tool script and skill directories (code runs and reads them; ollie serves
+    them to every session)."""
+    dirs = (os.path.realpath(p) for p in (*config.tools_path(), *config.skills_path()) if p.is_dir())
+    return tuple(dict.fromkeys([*_PROTECTED, *dirs]))
+
+
+def directory_within(path: str, bound: str) -> str:
+    """A sub-agent's working directory: `path` (absolute, or relative to `bound`) resolved beneath
+    `bound` (its parent's cwd, a real path) by descriptor, following no symlink, and neither one of
+    ollie's hidden directories nor inside one. Returns the real path read back from the
+    descriptor, to be kept and used as it is (every later use refuses a symlink on it); raises
+    SandboxError naming why."""
+    full = os.path.normpath(os.path.join(bound, os.path.expanduser(path)))
+    if full != bound and not full.startswith(bound.rstrip("/") + "/"):
+        raise SandboxError(f"{path} is outside {bound}, the working directory it must stay in")
+    try:
+        top = open_real(bound)
+    except OSError as e:
+        raise SandboxError(f"{bound} (the directory {path} must stay in) cannot be opened: {e.strerror}") from None
+    try:
+        fd = open_real(os.path.relpath(full, bound), beneath=top)
+    except LinkRefused:
+        raise SandboxError(f"{path} leads through a symlink, which a sub-agent's cwd may not") from None
+    except OSError as e:
+        raise SandboxError(f"{path}: {e.strerror}") from None
+    finally:
+        os.close(top)
+    try:
+        if not stat.S_ISDIR(os.fstat(fd).st_mode):
+            raise SandboxError(f"{path} is not a directory")
+        if (hidden := within(fd, identities(hidden_dirs()))) is not None:
+            raise SandboxError(
+                f"{path} is {'' if identity(fd) in identities([hidden]) else 'inside '}ollie's own directory "
+                f"{hidden}, which sandboxed code never sees: a sub-agent may not work there"
+            )
+        return real_path(fd)
+    finally:
+        os.close(fd)
 
 
 class Sandboxes:
@@ -233,13 +306,15 @@ class Sandboxes:
         extra_rox: tuple[str, ...] = (),
         extra_ro: tuple[str, ...] = (),
         extra_rw: tuple[str, ...] = (),
+        extra_rwx: tuple[str, ...] = (),
     ) -> Sandbox:
         files = self._files.get(name) or self._files.setdefault(name, policy_files(name))
         stamp = tuple(_mtime(p) for p in files)
-        key = (name, cwd, tmpdir, extra_rox, extra_ro, extra_rw, stamp)
+        key = (name, cwd, tmpdir, extra_rox, extra_ro, extra_rw, extra_rwx, stamp)
         box = self._cache.get(key)
         if box is None:
-            box = self._cache[key] = Sandbox(load_policy(name, cwd, tmpdir, extra_rox, extra_ro, extra_rw))
+            policy = load_policy(name, cwd, tmpdir, extra_rox, extra_ro, extra_rw, extra_rwx)
+            box = self._cache[key] = Sandbox(policy)
             if len(self._cache) > self._size:
                 self._cache.popitem(last=False)
         self._cache.move_to_end(key)

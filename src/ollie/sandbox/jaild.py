@@ -54,6 +54,9 @@ MS_NOSYMFOLLOW = 256  # Linux 5.10
 ST_FLAGS = {MS_NOSUID: os.ST_NOSUID, MS_NODEV: os.ST_NODEV, MS_NOEXEC: os.ST_NOEXEC}
 PR_SET_NO_NEW_PRIVS, PR_SET_SECCOMP, SECCOMP_MODE_FILTER, PR_SET_CHILD_SUBREAPER, PR_SET_DUMPABLE = 38, 22, 2, 36, 4
 SYS_LANDLOCK_ADD_RULE, SYS_LANDLOCK_RESTRICT_SELF, SYS_CLOSE_RANGE = 445, 446, 436  # the same on every arch
+SYS_OPENAT2, SYS_MOUNT_SETATTR = 437, 442
+RESOLVE_NO_MAGICLINKS, RESOLVE_NO_SYMLINKS, RESOLVE_BENEATH = 0x02, 0x04, 0x08
+MOUNT_ATTR_RDONLY, AT_RECURSIVE = 0x1, 0x8000
 
 libc = ctypes.CDLL(None, use_errno=True)
 
@@ -75,6 +78,47 @@ def mount(source, target, fstype, flags, data=None):
             data and data.encode(),
         ),
         f"mount {target}",
+    )
+
+
+class OpenHow(ctypes.Structure):
+    _fields_ = [("flags", ctypes.c_uint64), ("mode", ctypes.c_uint64), ("resolve", ctypes.c_uint64)]
+
+
+def open_path(path, resolve, flags=0, dir_fd=-100):
+    """An O_PATH descriptor by openat2(2): `resolve` says which links and escapes to refuse."""
+    how = OpenHow(os.O_PATH | os.O_CLOEXEC | flags, 0, resolve | RESOLVE_NO_MAGICLINKS)
+    return check(
+        libc.syscall(
+            ctypes.c_long(SYS_OPENAT2), ctypes.c_long(dir_fd), path.encode(), ctypes.byref(how), ctypes.c_long(24)
+        ),
+        path,
+    )
+
+
+class MountAttr(ctypes.Structure):
+    _fields_ = [
+        ("set", ctypes.c_uint64),
+        ("clear", ctypes.c_uint64),
+        ("propagation", ctypes.c_uint64),
+        ("userns", ctypes.c_uint64),
+    ]
+
+
+def set_mount_attrs(path, add, remove):
+    """mount_setattr(2) on the mount at `path` and every mount under it (Linux 5.12, older than
+    any Landlock)."""
+    attr = MountAttr(add, remove, 0, 0)
+    check(
+        libc.syscall(
+            ctypes.c_long(SYS_MOUNT_SETATTR),
+            ctypes.c_long(-100),
+            path.encode(),
+            ctypes.c_long(AT_RECURSIVE),
+            ctypes.byref(attr),
+            ctypes.c_long(ctypes.sizeof(attr)),
+        ),
+        f"mount_setattr {path}",
     )
 
 
@@ -128,19 +172,28 @@ def enter_namespaces(network):
     return ""
 
 
+OWN_MOUNTS = ("/proc", "/dev/pts", "/dev/ptmx")  # mounted anew in the jail: not the host's files
+
+
 class Mounts:
-    """The jail's view of the filesystem: hidden directories (a private /tmp, `hide`) and paths
-    from under them exposed again by bind mounts, each read-only unless granted writable."""
+    """The jail's view of the filesystem, built as bubblewrap builds one: every mount read-only
+    (so that no chmod, utime, setxattr or truncate reaches a file outside the grants, which
+    Landlock does not govern), hidden directories (a private /tmp, `hide`) under empty mounts,
+    and the grants bound writable, or shown again from under a hidden directory."""
 
     def __init__(self, hide, protect, tmp_size):
         mount(None, "/", None, MS_REC | MS_PRIVATE)  # nothing done here shows outside
+        set_mount_attrs("/", MOUNT_ATTR_RDONLY, 0)
         self.hidden: dict[str, int] = {}  # hidden directory -> O_PATH fd of what it hid, to bind from
         self.exposed = {}  # path -> writable
         self.view, self.view_root = "", -1  # the view's mount point, and an O_PATH fd of its root
         self.pinned = set()  # directories bound onto themselves, so that they cannot be renamed
         for path in ["/tmp", *hide]:
-            if os.path.isdir(path) and path not in self.hidden:
-                self.hidden[path] = os.open(path, os.O_PATH | os.O_DIRECTORY)
+            if path not in self.hidden:
+                try:  # by the real path ollie resolved: a symlink on it now was planted since
+                    self.hidden[path] = open_path(path, RESOLVE_NO_SYMLINKS, os.O_DIRECTORY)
+                except FileNotFoundError:
+                    continue
         mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
         for path in self.hidden:
             if path != "/tmp" and self._root(os.path.dirname(path)) is None:  # not gone with a hidden parent
@@ -149,7 +202,7 @@ class Mounts:
         for path in self.servers:
             if self._root(path) is None:
                 self._hide(path, "/")
-        self.protected = protect  # what starts the next jail, outside the sandbox: never the sandbox's to change
+        self.protected = list(protect)  # what starts the next jail, outside the sandbox: never the sandbox's
         for path in protect:
             if os.path.isdir(path) and self._root(path) is None:
                 self._protect(path, "/")
@@ -179,59 +232,101 @@ class Mounts:
         finally:
             os.close(target)
 
-    def expose(self, path, writable, shared=False):
-        """Show `path` again. A `shared` directory (one every session writes: the memory, the
-        plans) follows no symlink: one session could plant a link there that another session's
-        code, writing what it takes for its own file, would follow into that session's cwd."""
-        if self.exposed.get(path) == writable or self._root(path) is None:
+    def expose(self, path, writable, shared, own, dev, ino):
+        """Grant `path` as ollie decided it: bound writable, or shown again (read-only) from under a
+        hidden directory, but only if it is still the file ollie judged (`dev`, `ino`), reached
+        without a symlink. Only ollie's `own` grants (tool scripts, the scratch directory, the
+        memory and the plans) come from under a hidden directory. A `shared` directory (one every
+        session writes) follows no symlink: one session could plant a link there that another
+        session's code, writing what it takes for its own file, would follow into its cwd."""
+        if any(path == m or path.startswith(m + "/") for m in OWN_MOUNTS):
+            return  # the jail's own, granted by its own rules
+        root = self._root(path)
+        if root not in (None, "/tmp") and not own:  # /tmp: the host's, hidden as a whole, shown again in part
+            raise OSError(errno.EACCES, f"{path}: one of ollie's hidden directories")
+        if self.exposed.get(path) == writable or not (writable or root is not None):
+            if own and not writable:  # a tool directory in the project: read-only in the jail
+                self._keep_read_only(path)
             return
         self.exposed[path] = writable
         view_inside = self.view and self.view.startswith(path.rstrip("/") + "/")
         if view_inside and self.view_root < 0:  # held before it is covered, to bind back after
             self.view_root = os.open(self.view, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
-        self._bind(path, writable)
+        self._bind(path, writable, (dev, ino))
         if shared:
             keep = sum(ms for ms, st_flag in ST_FLAGS.items() if os.statvfs(path).f_flag & st_flag)
             mount(None, path, None, MS_BIND | MS_REMOUNT | MS_NOSYMFOLLOW | keep | (0 if writable else MS_RDONLY))
-        self.pinned -= {p for p in self.pinned if p.startswith(path.rstrip("/") + "/")}  # covered over
-        for hidden in [*self.hidden, *self.servers]:  # hidden inside what was just exposed: hide it again
-            if hidden != path and hidden.startswith(path.rstrip("/") + "/"):
-                self._hide(hidden, path)
-                for inner, w in list(self.exposed.items()):
-                    if inner.startswith(hidden + "/"):
-                        self._bind(inner, w)
-        for protected in self.protected:  # and protected inside it: read-only again
-            if writable and (protected == path or protected.startswith(path.rstrip("/") + "/")):
-                self._protect(protected, path)
+        self._restore_inside(path, writable)
         if view_inside:
             self._rebind_view(path)
+
+    def _restore_inside(self, path, writable):
+        """What the new mount at `path` covered: hidden directories hidden again (with what was
+        shown from under them), read-only ones read-only again."""
+        self.pinned -= {p for p in self.pinned if p.startswith(path.rstrip("/") + "/")}  # covered over
+        inside = [h for h in [*self.hidden, *self.servers] if h != path and h.startswith(path.rstrip("/") + "/")]
+        for hidden in inside:
+            if any(hidden.startswith(h + "/") for h in inside):
+                continue  # gone with a hidden directory around it
+            self._hide(hidden, path)
+            for inner, w in list(self.exposed.items()):
+                if inner.startswith(hidden + "/"):
+                    self._bind(inner, w)
+        for protected in self.protected:
+            if writable and (protected == path or protected.startswith(path.rstrip("/") + "/")):
+                self._protect(protected, path)
+
+    def _keep_read_only(self, path):
+        if path in self.protected:
+            return
+        self.protected.append(path)
+        around = [p for p, w in self.exposed.items() if w and (path + "/").startswith(p.rstrip("/") + "/")]
+        if around:
+            self._protect(path, max(around, key=len))
 
     def _root(self, path):
         roots = [h for h in self.hidden if path == h or path.startswith(h.rstrip("/") + "/")]
         return max(roots, key=len) if roots else None
 
-    def _bind(self, path, writable):
+    def _bind(self, path, writable, expected=None):
+        """Mount `path`'s file on the path itself, from under its hidden directory if it has one
+        (then from the inode the hidden directory's descriptor holds, beneath it, following no
+        symlink); `expected`, the identity ollie decided, is checked first."""
         root = self._root(path)
-        source = f"/proc/self/fd/{self.hidden[root]}/{os.path.relpath(path, root)}"
-        st = os.stat(source)
-        if stat.S_ISDIR(st.st_mode):
-            os.makedirs(path, exist_ok=True)
+        if root is None:
+            source = open_path(path, RESOLVE_NO_SYMLINKS)
         else:
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            if not os.path.exists(path):
-                open(path, "x").close()
-        # The target's directories are in writable places (the private /tmp, a hiding tmpfs): mount
-        # on what it is now, by descriptor, and only if no symlink planted on the way moved it.
-        target = os.open(path, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC)
+            source = open_path(
+                os.path.relpath(path, root), RESOLVE_NO_SYMLINKS | RESOLVE_BENEATH, dir_fd=self.hidden[root]
+            )
         try:
-            where = f"/proc/self/fd/{target}"
-            if os.readlink(where) != path:
-                raise OSError(errno.ELOOP, f"{path} leads elsewhere ({os.readlink(where)})")
-            mount(source, where, None, MS_BIND | MS_REC)
-            if not writable:  # the new mount is what the path shows now, and nothing can move it
-                read_only(path)
+            st = os.fstat(source)
+            if expected is not None and (st.st_dev, st.st_ino) != tuple(expected):
+                raise OSError(errno.ESTALE, f"{path} is no longer the file ollie granted (replaced since)")
+            if stat.S_ISDIR(st.st_mode):
+                os.makedirs(path, exist_ok=True)
+            elif not stat.S_ISREG(st.st_mode):
+                return  # a device: written through a read-only mount as well
+            else:
+                os.makedirs(os.path.dirname(path), exist_ok=True)
+                if not os.path.exists(path):
+                    open(path, "x").close()
+            # The target's directories are in writable places (the private /tmp, a hiding tmpfs): mount
+            # on what it is now, by descriptor, and only if no symlink planted on the way moved it.
+            target = os.open(path, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC)
+            try:
+                where = f"/proc/self/fd/{target}"
+                if os.readlink(where) != path:
+                    raise OSError(errno.ELOOP, f"{path} leads elsewhere ({os.readlink(where)})")
+                mount(f"/proc/self/fd/{source}", where, None, MS_BIND | MS_REC)
+                if writable:
+                    make_writable(path)
+                else:  # the new mount is what the path shows now, and nothing can move it
+                    read_only(path)
+            finally:
+                os.close(target)
         finally:
-            os.close(target)
+            os.close(source)
 
     def _hide(self, path, above):
         """An empty tmpfs over `path`."""
@@ -254,6 +349,18 @@ class Mounts:
             if ancestor not in self.pinned:
                 mount(ancestor, ancestor, None, MS_BIND | MS_REC)
                 self.pinned.add(ancestor)
+
+
+def make_writable(path):
+    """The bind mount at `path`, and the mounts under it, writable again (the whole tree was made
+    read-only); a mount the host keeps read-only stays so, and then only `path` itself changes."""
+    try:
+        set_mount_attrs(path, 0, MOUNT_ATTR_RDONLY)
+    except OSError as e:
+        if e.errno != errno.EPERM:
+            raise
+        keep = sum(ms for ms, st_flag in ST_FLAGS.items() if os.statvfs(path).f_flag & st_flag)
+        mount(None, path, None, MS_BIND | MS_REMOUNT | keep)
 
 
 def read_only(path):
@@ -503,6 +610,11 @@ class Jail(Endpoint):
                 os.kill(-1, signal.SIGKILL)
             except ProcessLookupError:
                 pass  # nothing left to kill
+            while True:  # every orphan comes to us: once none is left, the parent sees our end last
+                try:
+                    os.waitpid(-1, 0)
+                except ChildProcessError:
+                    break
 
     def handle(self, request, fds):
         self.reap()  # a spawner that just died resets the jail before, not after, its successor starts
@@ -520,8 +632,8 @@ class Jail(Endpoint):
         spec = json.loads(os.pread(fds["spec"], os.fstat(fds["spec"]).st_size, 0))
         ruleset = fds.get("ruleset", -1)
         if self.mounts is not None:
-            for path, writable, shared in spec["expose"]:
-                self.mounts.expose(path, writable, shared)
+            for grant in spec["expose"]:
+                self.mounts.expose(*grant)
             if ruleset >= 0:
                 view = [[self.mounts.view, self.view_rights]] if self.mounts.view else []
                 add_rules(ruleset, spec["jail_rules"] + view)

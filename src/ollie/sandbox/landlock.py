@@ -8,6 +8,7 @@ import stat
 from functools import cache
 from typing import Any
 
+from .grants import Grant
 from .policy import Policy, SandboxError
 
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -19,7 +20,8 @@ _MAKE_AND_REMOVE = sum(1 << i for i in range(4, 13))  # remove dir/file, make ch
 _REFER, _TRUNCATE, _IOCTL_DEV = 1 << 13, 1 << 14, 1 << 15
 RO = _READ_FILE | _READ_DIR
 RW = RO | _WRITE_FILE | _MAKE_AND_REMOVE | _REFER | _TRUNCATE | _IOCTL_DEV
-_RIGHTS = {"ro": RO, "rox": RO | _EXECUTE, "rw": RW, "rwx": RW | _EXECUTE, "tmpfile": _READ_FILE | _WRITE_FILE}
+RWX = RW | _EXECUTE
+_RIGHTS = {"ro": RO, "rox": RO | _EXECUTE, "rw": RW, "rwx": RWX, "tmpfile": _READ_FILE | _WRITE_FILE}
 _FILE_RIGHTS = _EXECUTE | _WRITE_FILE | _READ_FILE | _TRUNCATE | _IOCTL_DEV  # others on a file: EINVAL
 _NET_BIND, _NET_CONNECT = 1 << 0, 1 << 1
 _SCOPE_ABSTRACT_UNIX, _SCOPE_SIGNAL = 1 << 0, 1 << 1
@@ -64,8 +66,9 @@ def fs_handled(abi: int) -> int:
     return handled
 
 
-def build_ruleset(policy: Policy, abi: int) -> int:
-    """A ruleset fd (close-on-exec) that the child enters."""
+def build_ruleset(policy: Policy, grants: list[Grant], abi: int) -> int:
+    """A ruleset fd (close-on-exec) that the child enters: the policy's network rules, and its
+    filesystem rules on the descriptors `grants` decided."""
     restrict_net = not policy.unrestricted_net
     if restrict_net and abi < 4:
         if not policy.best_effort:
@@ -83,9 +86,8 @@ def build_ruleset(policy: Policy, abi: int) -> int:
     size = 24 if abi >= 6 else 16 if abi >= 4 else 8
     fd = _syscall(_SYS_CREATE_RULESET, ctypes.byref(attr), size, 0)
     try:
-        for key, paths in policy.paths.items():
-            for path in paths:
-                _add_path_rule(fd, path, _RIGHTS[key] & handled, policy)
+        for grant in grants:
+            _add_rule(fd, grant, _RIGHTS[grant.key] & handled)
         if restrict_net:
             for right, ports in ((_NET_BIND, policy.bind_tcp), (_NET_CONNECT, policy.connect_tcp)):
                 for port in ports:
@@ -97,43 +99,11 @@ def build_ruleset(policy: Policy, abi: int) -> int:
     return fd
 
 
-def _add_path_rule(ruleset: int, path: str, rights: int, policy: Policy) -> None:
+def _add_rule(ruleset: int, grant: Grant, rights: int) -> None:
+    if not stat.S_ISDIR(os.fstat(grant.fd).st_mode):
+        rights &= _FILE_RIGHTS
+    rule = _PathBeneath(rights, grant.fd)
     try:
-        fd = _open_granted(path, policy.cwd)
-    except FileNotFoundError:
-        return  # removed since the policy was loaded
-    try:
-        if not stat.S_ISDIR(os.fstat(fd).st_mode):
-            rights &= _FILE_RIGHTS
-        rule = _PathBeneath(rights, fd)
         _syscall(_SYS_ADD_RULE, ruleset, 1, ctypes.byref(rule), 0)
     except OSError as e:
-        raise SandboxError(f"sandbox rule for {path}: {e.strerror}") from None
-    finally:
-        os.close(fd)
-
-
-def _open_granted(path: str, cwd: str) -> int:
-    """An O_PATH fd of `path`. The cwd is opened a component at a time, refusing any symlink: a
-    session's cwd is kept as a real path, so a symlink on it now was put there since, by code that
-    can write its parent (another session's sandbox, say), and following it would grant the
-    link's target. Each step is an fd, so no swap can race the check. (Other grants, even under
-    the cwd, follow links as the user set them up: a symlinked .venv, `/etc/localtime`.)"""
-    if not cwd or path != cwd:
-        return os.open(path, os.O_PATH | os.O_CLOEXEC)
-    flags = os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC
-    fd = os.open("/", flags)
-    try:
-        for name in (p for p in path.split("/") if p):
-            nxt = os.open(name, flags, dir_fd=fd)
-            os.close(fd)
-            fd = nxt
-            if stat.S_ISLNK(os.fstat(fd).st_mode):
-                raise SandboxError(
-                    f"the working directory {path} is reached through a symlink ({name}): a symlink put in place "
-                    "of a directory since the cwd was set (or a cwd stored by an older ollie); set it again"
-                )
-        return fd
-    except BaseException:
-        os.close(fd)
-        raise
+        raise SandboxError(f"sandbox rule for {grant.path}: {e.strerror}") from None

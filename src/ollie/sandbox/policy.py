@@ -55,12 +55,15 @@ DEFAULT_POLICY: dict[str, Any] = {
         # memory and fds of every process outside the sandbox.
         "ro": [f"/etc/{p}" for p in _ETC] + ["/proc", "/sys/devices/system/cpu", "/dev/random", "/dev/urandom"],
         # /dev/ptmx and /dev/pts: expect's spawn needs a pseudo-terminal.
-        # In a jail, /tmp and $TMPDIR are its private tmpfs (granted by the jail itself).
-        "rw": ["{CWD}", "{TMPDIR}", "/dev/null", "/dev/zero", "/dev/full", "/dev/ptmx", "/dev/pts"],
-        "rwx": [],
+        "rw": ["/dev/null", "/dev/zero", "/dev/full", "/dev/ptmx", "/dev/pts"],
+        # The project and $TMPDIR run what they hold (./configure, make check's ./t, .venv/bin/pytest,
+        # node_modules/.bin): refusing it bought nothing, since code runs anything through an
+        # interpreter or ld.so. In a jail, /tmp and $TMPDIR are its private tmpfs (granted by the jail).
+        "rwx": ["{CWD}", "{TMPDIR}"],
         "tmpfile": [],
     },
-    "network": {"unrestricted": False, "bind_tcp": [], "connect_tcp": [], "unix": False},
+    # dns: with connect_tcp, name resolution too (over TCP port 53: UDP stays refused).
+    "network": {"unrestricted": False, "bind_tcp": [], "connect_tcp": [], "unix": False, "dns": True},
     "env": ["PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LANGUAGE", "LC_*", "TERM", "TZ"],
     "limits": {
         "processes": 512,  # processes and threads alive at once in a session's jail (at least 300)
@@ -81,10 +84,24 @@ HOOK_POLICY: dict[str, Any] = {
     "filesystem": {
         **DEFAULT_POLICY["filesystem"],
         "rox": [*DEFAULT_POLICY["filesystem"]["rox"], "{CWD}"],
-        "rw": [p for p in DEFAULT_POLICY["filesystem"]["rw"] if p != "{CWD}"],
+        "rwx": [p for p in DEFAULT_POLICY["filesystem"]["rwx"] if p != "{CWD}"],
     },
 }
-BUILTIN = {"default": DEFAULT_POLICY, "hooks": HOOK_POLICY}
+# Stdio tool servers: the user's own programs, which ollie starts in a jail of their own, in a
+# directory of their own (never the project the model writes, whose files a server would import or
+# run): the network most of them reach, the project read-only, $HOME a directory of each server's
+# own (where npx, uvx and pip cache what they fetch). The program and what it needs are added.
+TOOLS_POLICY: dict[str, Any] = {
+    **DEFAULT_POLICY,
+    "filesystem": {
+        **DEFAULT_POLICY["filesystem"],
+        "ro": [*DEFAULT_POLICY["filesystem"]["ro"], "{CWD}"],
+        "rwx": ["{TMPDIR}"],
+    },
+    "network": {**DEFAULT_POLICY["network"], "unrestricted": True},
+    "env": [v for v in DEFAULT_POLICY["env"] if v != "HOME"],
+}
+BUILTIN = {"default": DEFAULT_POLICY, "hooks": HOOK_POLICY, "tools": TOOLS_POLICY}
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 _TEMPLATE = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
@@ -93,7 +110,7 @@ _LIMIT_KEYS = tuple(DEFAULT_POLICY["limits"])
 _SIZE_LIMITS = ("memory", "file_size", "output", "tmpdir")
 _SCHEMA = {
     "filesystem": _FS_KEYS,
-    "network": ("enabled", "unrestricted", "bind_tcp", "connect_tcp", "unix"),
+    "network": ("enabled", "unrestricted", "bind_tcp", "connect_tcp", "unix", "dns"),
     "env": None,
     "limits": _LIMIT_KEYS,
     "general": ("best_effort",),
@@ -119,11 +136,13 @@ class Policy:
     name: str
     cwd: str  # the working directory it was expanded for (a real path; "" for none)
     shared: tuple[str, ...]  # granted writable to every session (the memory, the plans): no symlinks there
+    own: frozenset[str]  # ollie's own grants (tools, scratch, memory, plans): shown from under its hidden directories
     paths: dict[str, tuple[str, ...]]  # a _FS_KEYS name → absolute existing paths
     unrestricted_net: bool
     unix_sockets: bool  # may create AF_UNIX sockets (and so connect to any socket by path)
     bind_tcp: tuple[int, ...]
-    connect_tcp: tuple[int, ...]
+    connect_tcp: tuple[int, ...]  # with `dns`, port 53 among them
+    dns: bool  # names resolve over TCP (RES_OPTIONS=use-vc): connect_tcp's obvious use needs it
     env: tuple[str, ...]  # variable names or fnmatch patterns
     limits: Limits
     best_effort: bool
@@ -155,10 +174,12 @@ def load_policy(
     extra_rox: tuple[str, ...] = (),
     extra_ro: tuple[str, ...] = (),
     extra_rw: tuple[str, ...] = (),
+    extra_rwx: tuple[str, ...] = (),
 ) -> Policy:
     """Read, validate and expand the policy `name` for a call running in `cwd` ("" for `tmpdir`
     drops the policy's `{TMPDIR}` entries: a jail grants its private /tmp itself). The extra paths
-    are ollie's own grants on top (tool script directories; the memory and the plans)."""
+    are ollie's own grants on top (tool script directories; the memory and the plans, `extra_rw`,
+    shared by every session; a tool server's home, `extra_rwx`)."""
     global_file, named_file = policy_files(name)
     if name not in BUILTIN and not named_file.is_file():
         raise SandboxError(f"no sandbox policy {name!r}: create {named_file}")
@@ -170,16 +191,22 @@ def load_policy(
     paths["rox"] += tuple(p for p in extra_rox if os.path.exists(p))
     paths["ro"] += tuple(p for p in extra_ro if os.path.exists(p))
     paths["rw"] += tuple(p for p in extra_rw if os.path.exists(p))
+    paths["rwx"] += tuple(p for p in extra_rwx if os.path.exists(p))
     net = raw["network"]
+    unrestricted = bool(net.get("unrestricted") or net.get("enabled"))  # `enabled`: the Go name
+    connect = _ports(net.get("connect_tcp"), "network.connect_tcp")
+    dns = bool(connect) and not unrestricted and bool(net.get("dns", True))
     return Policy(
         name=name,
         cwd=cwd,
         shared=tuple(p for p in extra_rw if os.path.exists(p)),
+        own=frozenset([*extra_rox, *extra_ro, *extra_rw, *extra_rwx, *([os.path.normpath(tmpdir)] if tmpdir else [])]),
         paths=paths,
-        unrestricted_net=bool(net.get("unrestricted") or net.get("enabled")),  # `enabled`: the Go name
+        unrestricted_net=unrestricted,
         unix_sockets=bool(net.get("unix")),
         bind_tcp=_ports(net.get("bind_tcp"), "network.bind_tcp"),
-        connect_tcp=_ports(net.get("connect_tcp"), "network.connect_tcp"),
+        connect_tcp=tuple(dict.fromkeys([*connect, *([53] if dns else [])])),
+        dns=dns,
         env=tuple(raw["env"]),
         limits=_limits(raw["limits"]),
         best_effort=bool(raw["general"].get("best_effort")),

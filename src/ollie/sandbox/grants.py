@@ -1,0 +1,130 @@
+"""A policy's grants, decided once: each path opened into a descriptor and judged through it.
+
+- The working directory is kept as a real path: a symlink on it now was planted since (by code
+  that writes its parent), so none is followed.
+- Any other grant follows symlinks as the user set them up (`/etc/localtime`, a symlinked
+  cache), but not one in a directory sandboxed code can write under this very policy: that link
+  could be pointed anywhere before the next call.
+- No grant is, or lies inside, one of ollie's hidden directories (its configuration, data, scratch
+  and socket directories, its agent configs, its file server's mount), but ollie's own grants
+  (tool scripts, the session's scratch directory, the memory and the plans), which it shows again
+  from under them.
+
+The descriptors are what the Landlock rules are added on, and their identities are what the jail
+checks before it mounts a grant: what was judged is what is used.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from .. import config
+from .paths import Identity, LinkRefused, Opened, identity, open_following, open_real, real_path, within
+from .policy import Policy, SandboxError
+
+WRITABLE = ("rw", "rwx", "tmpfile")
+
+
+@dataclass(frozen=True, slots=True)
+class Grant:
+    path: str  # the real path when it was decided
+    key: str  # ro, rox, rw, rwx or tmpfile
+    fd: int  # O_PATH, until `close`
+    own: bool  # ollie's own grant, which may lie in a hidden directory
+    shared: bool  # writable by every session's code (the memory, the plans)
+
+    @property
+    def writable(self) -> bool:
+        return self.key in WRITABLE
+
+    @property
+    def identity(self) -> Identity:
+        return identity(self.fd)
+
+
+def decide(policy: Policy, hidden: dict[Identity, str]) -> list[Grant]:
+    """The policy's grants, opened and judged (SandboxError naming the grant and the fix); the
+    caller closes them (`close`). Grants whose path is gone since the policy was read are left out."""
+    grants: list[Grant] = []
+    followed: list[tuple[Grant, Opened]] = []
+    try:
+        for key, paths in policy.paths.items():
+            for path in paths:
+                opened = _open(policy, path)
+                if opened is None:
+                    continue
+                own = path in policy.own
+                grant = Grant(opened.path, key, opened.fd, own, path in policy.shared)
+                grants.append(grant)
+                if opened.links:
+                    followed.append((grant, opened))
+                if not own:
+                    _refuse_hidden(policy, path, grant, hidden)
+        writable = {g.identity: g.path for g in grants if g.writable}
+        for grant, opened in followed:
+            for parent, link in opened.links:
+                if (where := within(parent, writable)) is not None:
+                    raise SandboxError(
+                        f"sandbox policy {policy.name!r} grants {grant.path} through the symlink {link}, which "
+                        f"sandboxed code could point anywhere (it writes {where}); grant the real path instead"
+                    )
+    except BaseException:
+        close(grants)
+        raise
+    finally:
+        for _, opened in followed:
+            for fd, _ in opened.links:
+                os.close(fd)
+    return grants
+
+
+def close(grants: list[Grant]) -> None:
+    for grant in grants:
+        os.close(grant.fd)
+    grants.clear()
+
+
+def _open(policy: Policy, path: str) -> Opened | None:
+    mount = config.mount_point()
+    if path == mount or path.startswith(mount.rstrip("/") + "/"):
+        raise SandboxError(
+            f"sandbox policy {policy.name!r} grants {path}, on ollie's file server's mount {mount}: "
+            "sandboxed code reaches its own view of it at $OLLIE instead"
+        )
+    try:
+        if path == policy.cwd:
+            fd = open_real(path)
+            return Opened(fd, real_path(fd), [])
+        return open_following(path)
+    except FileNotFoundError:
+        return None
+    except LinkRefused:
+        if path == policy.cwd:
+            parts = path.split("/")
+            links = [p for n in range(2, len(parts) + 1) if os.path.islink(p := "/".join(parts[:n]))]
+            raise SandboxError(
+                f"the working directory {path} is reached through a symlink ({links[0] if links else '?'}): one put "
+                "in place of a directory since the cwd was set (or a cwd stored by an older ollie); set it again"
+            ) from None
+        raise SandboxError(
+            f"sandbox policy {policy.name!r} grants {path}, which leads through too many symlinks"
+        ) from None
+    except OSError as e:
+        raise SandboxError(f"sandbox policy {policy.name!r} grants {path}: {e.strerror}") from None
+
+
+def _refuse_hidden(policy: Policy, path: str, grant: Grant, hidden: dict[Identity, str]) -> None:
+    where = within(grant.fd, hidden)
+    if where is None:
+        return
+    how = "is" if grant.identity in hidden else "lies inside"
+    if path == policy.cwd:
+        raise SandboxError(
+            f"the working directory {grant.path} {how} ollie's own directory {where}, which sandboxed code "
+            "never sees (API keys, agent configs, sessions): choose another working directory"
+        )
+    raise SandboxError(
+        f"sandbox policy {policy.name!r} grants {grant.path}, which {how} ollie's own directory {where}: "
+        "sandboxed code never sees it (API keys, agent configs, sessions); remove the grant"
+    )

@@ -1,0 +1,181 @@
+"""Paths decided once, by descriptor.
+
+Every path that crosses the sandbox's boundary (a sub-agent's cwd, each grant of a policy, the
+directories the jail hides) is opened once into an O_PATH descriptor, checked through that
+descriptor, and what was checked is what is used: the Landlock rule is added on the descriptor,
+the jail mounts only the inode it names, a session keeps the real path read back from it. A path
+is never resolved a second time across a yield to other code, and a symlink is followed only
+where sandboxed code cannot have planted it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import os
+import stat
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_SYS_OPENAT2 = 437  # the same on every arch
+_RESOLVE_NO_MAGICLINKS, _RESOLVE_NO_SYMLINKS, _RESOLVE_BENEATH = 0x02, 0x04, 0x08
+_FLAGS = os.O_PATH | os.O_CLOEXEC
+_MAX_LINKS = 40  # as the kernel's own resolution
+
+
+class _OpenHow(ctypes.Structure):
+    _fields_ = [("flags", ctypes.c_uint64), ("mode", ctypes.c_uint64), ("resolve", ctypes.c_uint64)]
+
+
+class LinkRefused(OSError):
+    """A path leads through a symlink where none may be followed."""
+
+
+Identity = tuple[int, int]  # (st_dev, st_ino): which file, whatever path names it
+
+
+def identity(fd: int) -> Identity:
+    st = os.fstat(fd)
+    return st.st_dev, st.st_ino
+
+
+def real_path(fd: int) -> str:
+    """The path the kernel gives the file `fd` is open on, now."""
+    return os.readlink(f"/proc/self/fd/{fd}")
+
+
+def open_real(path: str, beneath: int | None = None) -> int:
+    """An O_PATH descriptor of `path`, refusing every symlink on the way (ELOOP): for paths kept
+    real (a session's cwd), in which a symlink can only have been planted since. With `beneath`
+    (a directory descriptor), `path` is relative to it and may not leave it."""
+    resolve = _RESOLVE_NO_SYMLINKS | _RESOLVE_NO_MAGICLINKS | (_RESOLVE_BENEATH if beneath is not None else 0)
+    how = _OpenHow(_FLAGS, 0, resolve)
+    base = beneath if beneath is not None else -100  # AT_FDCWD
+    fd = _libc.syscall(
+        ctypes.c_long(_SYS_OPENAT2), ctypes.c_long(base), os.fsencode(path), ctypes.byref(how), ctypes.c_long(24)
+    )
+    if fd < 0:
+        e = ctypes.get_errno()
+        if e == errno.ENOSYS:  # Linux < 5.6: the same, a component at a time
+            return _walk(path, beneath, lambda *_: False)[0]
+        if e == errno.ELOOP:
+            raise LinkRefused(e, "a symlink on the way", path)
+        raise OSError(e, os.strerror(e), path)
+    return fd
+
+
+@dataclass(slots=True)
+class Opened:
+    """A path opened once: its descriptor, the real path it had then, and the directories in
+    which a symlink was followed on the way (descriptors too, for the caller to judge and close)."""
+
+    fd: int
+    path: str
+    links: list[tuple[int, str]]  # (descriptor of the link's directory, the link's path)
+
+    def close(self) -> None:
+        os.close(self.fd)
+        for fd, _ in self.links:
+            os.close(fd)
+        self.links.clear()
+
+
+def open_following(path: str) -> Opened:
+    """`path` opened as the kernel would resolve it, a component at a time, remembering where a
+    symlink was followed: whether sandboxed code could have planted one there is the caller's
+    question (`Grants`), answered on these descriptors."""
+    links: list[tuple[int, str]] = []
+
+    def remember(parent: int, link: str) -> bool:
+        links.append((os.dup(parent), link))
+        return True
+
+    try:
+        fd, _ = _walk(path, None, remember)
+    except BaseException:
+        for parent, _ in links:
+            os.close(parent)
+        raise
+    return Opened(fd, real_path(fd), links)
+
+
+def _walk(path: str, beneath: int | None, follow: Callable[[int, str], bool]) -> tuple[int, int]:
+    """Open `path` one component at a time with O_NOFOLLOW; at a symlink, `follow(dir_fd, link)`
+    says whether to go on through it (else ELOOP). Returns (fd, links followed)."""
+    if beneath is None and not os.path.isabs(path):
+        raise OSError(errno.EINVAL, "not an absolute path", path)
+    root = os.open("/", _FLAGS) if beneath is None else os.dup(beneath)
+    todo = [p for p in path.split("/") if p and p != "."]
+    fd, followed = os.dup(root), 0
+    try:
+        while todo:
+            name = todo.pop(0)
+            if name == "..":
+                if beneath is not None and identity(fd) == identity(root):
+                    raise OSError(errno.EXDEV, "leads outside", path)
+                nxt = os.open("..", _FLAGS, dir_fd=fd)
+            else:
+                nxt = os.open(name, _FLAGS | os.O_NOFOLLOW, dir_fd=fd)
+            if stat.S_ISLNK(os.fstat(nxt).st_mode):
+                os.close(nxt)
+                followed += 1
+                if followed > _MAX_LINKS or not follow(fd, f"{real_path(fd).rstrip('/')}/{name}"):
+                    raise LinkRefused(errno.ELOOP, "a symlink on the way", path)
+                target = os.readlink(name, dir_fd=fd)
+                if target.startswith("/"):
+                    if beneath is not None:
+                        raise OSError(errno.EXDEV, "leads outside", path)
+                    os.close(fd)
+                    fd = os.dup(root)
+                todo[:0] = [p for p in target.split("/") if p and p != "."]
+                continue
+            os.close(fd)
+            fd = nxt
+        return fd, followed
+    except BaseException:
+        os.close(fd)
+        raise
+    finally:
+        os.close(root)
+
+
+def within(fd: int, ancestors: dict[Identity, str]) -> str | None:
+    """The path of the first of `ancestors` (by identity) that is the file `fd` or a directory
+    above it, walking up by descriptor (no path is read, so no rename or link can mislead it);
+    None if none is."""
+    if not ancestors:
+        return None
+    here = os.dup(fd)
+    try:
+        seen = identity(here)
+        while True:
+            if seen in ancestors:
+                return ancestors[seen]
+            up = os.open("..", _FLAGS, dir_fd=here) if stat.S_ISDIR(os.fstat(here).st_mode) else _parent_of(here)
+            os.close(here)
+            here = up
+            above = identity(here)
+            if above == seen:  # the root is its own parent
+                return None
+            seen = above
+    finally:
+        os.close(here)
+
+
+def _parent_of(fd: int) -> int:
+    """The directory of a file that is not one (a granted file): by its path, the only way."""
+    return os.open(os.path.dirname(real_path(fd)) or "/", _FLAGS | os.O_DIRECTORY)
+
+
+def identities(paths: Iterable[str]) -> dict[Identity, str]:
+    """Which files `paths` name now (symlinks followed: these are ollie's own, set by the user),
+    by identity; paths that do not exist are left out."""
+    found: dict[Identity, str] = {}
+    for path in paths:
+        try:
+            st = os.stat(path)
+        except OSError:
+            continue
+        found.setdefault((st.st_dev, st.st_ino), path)
+    return found
