@@ -253,7 +253,8 @@ def test_the_installed_agent_configs_parse_and_fit_their_roles(user, monkeypatch
         agent = config.load_agent(path.stem)
         assert agent.path == str(path)
         assert (agent.backend, agent.model) == ("", ""), "the user's configured backend must be used"
-        prompt = config.resolve_prompt(agent.prompt, str(cfg))
+        assert not config.prompt_commands(agent.prompt), path
+        prompt = config.prompt_text(agent.prompt)
         assert prompt == agent.prompt and "\n" in prompt  # a literal, not a file name or a command
         assert "execute_code" in prompt and "t/idx" in prompt and "OLLIE_TOOLS_PATH" in prompt, path
     verdicts = {"reviewer": ("LGTM", "PTAL"), "tester": ("Approved", "Rejected")}

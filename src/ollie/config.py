@@ -7,7 +7,6 @@ import json
 import os
 import re
 import stat
-import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -74,6 +73,11 @@ def tools_path() -> list[Path]:
 
 def agents_path() -> list[Path]:
     raw = os.environ.get("OLLIE_AGENTS_PATH") or str(cfg_path() / "agents")
+    return [Path(p) for p in raw.split(":") if p]
+
+
+def skills_path() -> list[Path]:
+    raw = os.environ.get("OLLIE_SKILLS_PATH") or str(cfg_path() / "skills")
     return [Path(p) for p in raw.split(":") if p]
 
 
@@ -294,42 +298,37 @@ When the task is done, answer concisely."""
 
 def starts_outside_sandbox(cfg: AgentConfig) -> list[str]:
     """What a session of this agent runs outside the sandbox when it starts or as it works, in the
-    session's cwd: prompt commands, stdio tool servers, unsandboxed hooks. A session's code that
-    could start one in a directory it filled could run anything (a git hook, a module on the path)."""
-    prompts = cfg.prompt if isinstance(cfg.prompt, list) else [cfg.prompt] if cfg.prompt.startswith("!") else []
-    found = [f"the prompt command {c!r}" for c in prompts]
+    session's cwd: hooks and prompt commands with `"hookSandbox": false`, stdio tool servers with
+    `"sandbox": false`. A session's code that could start one in a directory it filled could run
+    anything (a git hook, a module on the path)."""
+    found = []
+    if cfg.hook_sandbox is False and (prompt_commands(cfg.prompt) or cfg.hooks):
+        found.append('hooks or prompt commands with "hookSandbox": false')
     found += [
-        f"the tool server {name!r} (a local program)" for name, spec in cfg.mcp_servers.items() if "url" not in spec
+        f'the tool server {name!r} ("sandbox": false)'
+        for name, spec in cfg.mcp_servers.items()
+        if isinstance(spec, dict) and spec.get("sandbox") is False
     ]
-    if cfg.hook_sandbox is False and cfg.hooks:
-        found.append('hooks with "hookSandbox": false')
     return found
 
 
-def resolve_prompt(prompt: str | list[str], cwd: str) -> str:
-    """The system prompt: a literal (has a newline), `!command` output, a file's text, or the
-    joined outputs of a list of commands."""
+def prompt_commands(prompt: str | list[str]) -> list[str]:
+    """The commands whose joined output is the system prompt: a list of them, or one `!command`."""
     if isinstance(prompt, list):
-        return "\n\n".join(_run_prompt_command(c, cwd) for c in prompt)
+        return prompt
+    return [prompt[1:]] if prompt.startswith("!") else []
+
+
+def prompt_text(prompt: str) -> str:
+    """A system prompt that is no command: a literal (has a newline), a file's text (relative to
+    $OLLIE_CFG_PATH), or the text itself; the default if empty."""
     if not prompt:
         return DEFAULT_SYSTEM_PROMPT
     if "\n" in prompt:
         return prompt
-    if prompt.startswith("!"):
-        return _run_prompt_command(prompt[1:], cwd)
     path = Path(os.path.expanduser(prompt))
     if not path.is_absolute():
         path = cfg_path() / path
     if path.is_file():
         return path.read_text()
     return prompt
-
-
-def _run_prompt_command(cmd: str, cwd: str) -> str:
-    try:
-        out = subprocess.run(["sh", "-c", cmd], cwd=cwd or None, capture_output=True, text=True, timeout=30)
-    except subprocess.TimeoutExpired:
-        raise ConfigError(f"prompt command {cmd!r} timed out after 30 s") from None
-    if out.returncode != 0:
-        raise ConfigError(f"prompt command {cmd!r} failed (exit {out.returncode}): {out.stderr.strip()[:500]}")
-    return out.stdout.strip()

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -14,11 +13,6 @@ class Skill:
     name: str
     description: str
     path: Path
-
-
-def skills_path() -> list[Path]:
-    raw = os.environ.get("OLLIE_SKILLS_PATH") or str(config.cfg_path() / "skills")
-    return [Path(p) for p in raw.split(":") if p]
 
 
 def _front_matter(text: str) -> dict[str, str]:
@@ -38,7 +32,7 @@ def _front_matter(text: str) -> dict[str, str]:
 def list_skills() -> list[Skill]:
     """Every skill once (the first on the path wins), sorted by name."""
     found: dict[str, Skill] = {}
-    for root in skills_path():
+    for root in config.skills_path():
         for path in sorted(root.glob("**/SKILL.md")) if root.is_dir() else ():
             try:
                 meta = _front_matter(path.read_text())

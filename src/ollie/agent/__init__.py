@@ -38,6 +38,7 @@ def open_session(
     on_event: Callable[[Event], None] | None = None,
     view: Callable[[int], None] | None = None,
     plan_backend: PlanBackend | None = None,
+    cwd_within: str | None = None,
 ) -> Opening:
     """A ready Core, awaited (`core = await open_session(...)`) or entered (`async with
     open_session(...) as core`, which closes it on the way out).
@@ -52,6 +53,8 @@ def open_session(
     sandboxed code (the file server gives one; see `tools.execute.Decl`). The steps of the plans
     the agent makes (`task_plan`) are committed as tasks to a tool server with `task_create` if
     the agent has one, else to `plan_backend` (an `ollie.agent.plans.PlanBackend`) if given.
+    `cwd_within` (a sub-agent's: its parent's cwd) is where the cwd must stay, now and whenever it
+    changes: it is resolved beneath that directory by descriptor, following no symlink.
     Raises ConfigError for a bad name or config."""
     return Opening(
         _open(
@@ -66,6 +69,7 @@ def open_session(
             on_event=on_event,
             view=view,
             plan_backend=plan_backend,
+            cwd_within=cwd_within or "",
         )
     )
 
@@ -102,8 +106,9 @@ async def _open(
     on_event: Callable[[Event], None] | None,
     view: Callable[[int], None] | None,
     plan_backend: PlanBackend | None,
+    cwd_within: str,
 ) -> Core:
-    from .. import backends, config
+    from .. import backends, config, sandbox
     from ..tools import execute, new_dispatcher_func
     from ..types import ConfigError
     from .env import build_agent_env
@@ -122,7 +127,16 @@ async def _open(
         cfg = config.load_agent(agent or (meta.agent if meta else None) or "default")
     # A cwd given now is made real; a stored one is taken as stored (it was real then): were it
     # resolved again, a symlink put in its place since would move the session where the link points.
-    cwd = os.path.realpath(os.path.expanduser(cwd)) if cwd else (meta.cwd if meta and meta.cwd else os.getcwd())
+    # A sub-agent's is resolved beneath where it must stay, once: what was checked is what is kept.
+    if cwd_within:
+        try:
+            cwd = sandbox.directory_within(cwd or cwd_within, cwd_within)
+        except sandbox.SandboxError as e:
+            raise ConfigError(f"cwd: {e}") from None
+    elif cwd:
+        cwd = os.path.realpath(os.path.expanduser(cwd))
+    else:
+        cwd = meta.cwd if meta and meta.cwd else os.getcwd()
     if not os.path.isdir(cwd):
         raise ConfigError(f"cwd {cwd!r} is not a directory")
     name = backend or (meta.backend if meta and not script else None) or cfg.backend or backends.default_name()
@@ -141,6 +155,7 @@ async def _open(
             session_id=session_id or "",
             store_root=store_root,
             plan_backend=plan_backend,
+            cwd_within=cwd_within,
         )
     )
     if on_event is not None:

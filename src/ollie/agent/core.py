@@ -58,6 +58,8 @@ class CoreConfig:
     session_id: str = ""  # restore this stored session; "" starts a new one
     store_root: Path | None = None  # default $OLLIE_DATA_PATH/sessions
     plan_backend: PlanBackend | None = None  # where plans are committed when no tool server has task_create
+    # A sub-agent's: the directory its cwd stays in; env.cwd was resolved beneath it (taken as it is)
+    cwd_within: str = ""
 
 
 class Core:
@@ -69,10 +71,11 @@ class Core:
         state = SessionState(
             SessionStore(sid, cfg.store_root),
             agent.name,
-            os.path.realpath(cfg.env.cwd or os.getcwd()),
+            cfg.env.cwd if cfg.cwd_within else os.path.realpath(cfg.env.cwd or os.getcwd()),
             GenerationParams(**agent.params.nonempty()),
             busy=lambda: self.running or bool(self._holder),
             changed=lambda: self._rt.bus.notify(),
+            cwd_within=cfg.cwd_within,
         )
         bus = Bus(state.store)
         self._rt = Runtime(

@@ -5,8 +5,12 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass, field
 
-from ..config import AgentConfig, resolve_prompt
+from .. import config, sandbox
+from ..config import AgentConfig
 from ..tools import Dispatcher
+from . import hooks
+
+PROMPT_TIMEOUT = 30.0  # seconds a prompt command may run
 
 
 @dataclass
@@ -18,7 +22,7 @@ class AgentEnv:
     cwd: str
     """The working directory the env was built for (relative MCP server cwds resolve against it)."""
     system_prompt: str
-    """The resolved system prompt (`config.resolve_prompt`)."""
+    """The resolved system prompt (`resolve_prompt`)."""
     infos: list[str] = field(default_factory=list)
     """Start-up notices for the user, e.g. "mcp server time failed: ..." (emitted as info events)."""
 
@@ -31,7 +35,7 @@ async def build_agent_env(cfg: AgentConfig, dispatcher: Dispatcher, cwd: str) ->
     from .. import mcp
 
     try:
-        env = AgentEnv(cfg, dispatcher, cwd, resolve_prompt(cfg.prompt, cwd))
+        env = AgentEnv(cfg, dispatcher, cwd, await resolve_prompt(cfg, cwd))
         clients = []
         for name, raw in cfg.mcp_servers.items():
             if dispatcher.get_server(name) is not None:
@@ -55,3 +59,34 @@ async def build_agent_env(cfg: AgentConfig, dispatcher: Dispatcher, cwd: str) ->
     except BaseException:
         await asyncio.shield(dispatcher.close())
         raise
+
+
+async def resolve_prompt(cfg: AgentConfig, cwd: str) -> str:
+    """The system prompt: `config.prompt_text`, or the joined outputs of its commands. They run as
+    hooks do: sandboxed under the agent's `hookSandbox` policy (the cwd readable, not writable:
+    a command such as `git status` runs what the model may have planted there, a
+    `core.fsmonitor`), refused when they are a file sandboxed code can write unless the agent
+    trusts such files, and never on the event loop."""
+    commands = config.prompt_commands(cfg.prompt)
+    if not commands:
+        return config.prompt_text(cfg.prompt if isinstance(cfg.prompt, str) else "")
+    runner = hooks.Runner(str(cfg.hook_sandbox)) if cfg.hook_sandbox else None
+    try:
+        return "\n\n".join([await _run_prompt_command(c, cfg, cwd, runner) for c in commands])
+    finally:
+        if runner is not None:
+            await runner.close()
+
+
+async def _run_prompt_command(cmd: str, cfg: AgentConfig, cwd: str, runner: hooks.Runner | None) -> str:
+    try:
+        if runner is not None and not cfg.trust_writable_hooks:
+            hooks.refuse_writable(cmd, cwd, cfg.sandboxes)
+        code, out, err = await hooks.run_command(cmd, {}, cwd, {}, PROMPT_TIMEOUT, runner)
+    except (OSError, sandbox.SandboxError) as e:
+        raise config.ConfigError(f"prompt command {cmd!r} could not start: {e}") from None
+    if code is None:
+        raise config.ConfigError(f"prompt command {cmd!r} timed out after {PROMPT_TIMEOUT:g} s")
+    if code != 0:
+        raise config.ConfigError(f"prompt command {cmd!r} failed (exit {code}): {err.strip()[:500]}")
+    return out.strip()

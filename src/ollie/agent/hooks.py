@@ -86,7 +86,7 @@ class Hooks:
         for cmd in commands:
             try:
                 if self.agent.hook_sandbox and not self.agent.trust_writable_hooks:
-                    _refuse_writable(cmd, cwd, self.agent.sandboxes)
+                    refuse_writable(cmd, cwd, self.agent.sandboxes)
                 code, out, err = await run_command(cmd, payload, cwd, self._state.env, runner=self.runner())
             except (OSError, sandbox.SandboxError) as e:  # it could not start (the cwd is gone, a refusal): say
                 self._emit(Event("info", f"{event} hook {cmd!r} could not start: {e}"))
@@ -251,7 +251,7 @@ class _JailedProcess:
             return None
 
 
-def _refuse_writable(cmd: str, cwd: str, policies: list[str]) -> None:
+def refuse_writable(cmd: str, cwd: str, policies: list[str]) -> None:
     """Refuse a hook that runs a file the agent's code may have rewritten."""
     try:
         words = shlex.split(cmd)

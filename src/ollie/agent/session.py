@@ -54,6 +54,9 @@ class SessionMeta:
     backend: str = ""
     model: str = ""
     cwd: str = ""
+    # A sub-agent's: the directory its cwd stays in (its parent's cwd when it was made), resolved
+    # beneath it by descriptor whenever it changes
+    cwd_within: str = ""
     name: str = ""
     parent: str = ""  # the session whose code started this one (through its view of the files)
     # What its sub-agents (sub-sessions and batch jobs its code started) spent, once they ended:
@@ -88,6 +91,7 @@ class SessionMeta:
             "backend": self.backend,
             "model": self.model,
             "cwd": self.cwd,
+            "cwd_within": self.cwd_within,
             "name": self.name,
             "parent": self.parent,
             "children": self.children,

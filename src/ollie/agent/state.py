@@ -14,6 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from .. import sandbox
 from ..types import Busy, Cost, GenerationParams, InvalidValue, Message, Usage, valid_text, valid_value
 from .session import SessionMeta, SessionStore
 
@@ -32,11 +33,12 @@ class SessionState:
         params: GenerationParams,
         busy: Callable[[], bool],
         changed: Callable[[], None] = lambda: None,
+        cwd_within: str = "",
     ):
         self.store = store
         self._busy = busy
         self._changed = changed
-        self.meta = SessionMeta(id=store.id, agent=agent)
+        self.meta = SessionMeta(id=store.id, agent=agent, cwd_within=cwd_within)
         self._messages: list[Message] = []
         self.usage = Usage()
         self._params = params
@@ -94,9 +96,17 @@ class SessionState:
 
     def set_cwd(self, path: str) -> None:
         """Change the working directory (relative to the current one, `~` expanded), kept as a
-        real path: the sandbox refuses a cwd that a symlink has replaced since."""
+        real path: the sandbox refuses a cwd that a symlink has replaced since. A sub-agent's stays
+        in its `cwd_within`, resolved there once, by descriptor, following no symlink."""
         self.require_idle("change the working directory")
-        path = os.path.realpath(os.path.join(self._cwd, os.path.expanduser(path)))
+        path = os.path.join(self._cwd, os.path.expanduser(path))
+        if self.meta.cwd_within:
+            try:
+                path = sandbox.directory_within(path, self.meta.cwd_within)
+            except sandbox.SandboxError as e:
+                raise InvalidValue(f"cwd: {e}") from None
+        else:
+            path = os.path.realpath(path)
         if not os.path.isdir(path):
             raise InvalidValue(f"not a directory: {path}")
         self._cwd = path

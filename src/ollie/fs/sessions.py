@@ -20,7 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .. import config
+from .. import config, sandbox
 from ..agent.context import DEFAULT_WINDOW
 from ..agent.session import SessionMeta, SessionStore, check_session_id, list_stored, sessions_dir
 from ..agent.state import last_reply, session_cost
@@ -399,6 +399,7 @@ class Sessions:
                     session_id=job_id or None,
                     store_root=store_root,
                     view=(lambda fd: view(opened[0], fd)) if view is not None else None,
+                    cwd_within=parent.settings()["cwd"] if parent is not None else None,
                 )
             except OllieError as e:
                 raise FsError(errno_of(e), str(e)) from None
@@ -564,15 +565,14 @@ class Sessions:
 
 
 def check_child_cwd(parent: Session, cwd: str) -> str:
-    """`cwd` made real, if it is the parent's working directory or inside it (EACCES if not: a
-    link inside the parent's cwd that leads out is followed here, and so refused)."""
+    """`cwd`'s real path, if it is the parent's working directory or inside it, reached without a
+    symlink, and none of ollie's hidden directories (EACCES if not, naming why). The sub-session
+    is then made, or moved, with `cwd_within` the parent's cwd: its own resolution is the one kept."""
     check_cwd(cwd)
-    real, bound = os.path.realpath(os.path.expanduser(cwd)), parent.settings()["cwd"]
-    if real != bound and not real.startswith(bound.rstrip("/") + "/"):
-        raise FsError(E.EACCES, f"cwd {cwd!r} is outside {bound}, the working directory of session {parent.id}")
-    if not os.path.isdir(real):
-        raise FsError(E.ENOENT, f"cwd {cwd!r} is not a directory")
-    return real
+    try:
+        return sandbox.directory_within(cwd, parent.settings()["cwd"])
+    except sandbox.SandboxError as e:
+        raise FsError(E.EACCES, f"session {parent.id}'s sub-agent: cwd {e}") from None
 
 
 def check_child_agent(parent: Session, agent: str) -> str:
