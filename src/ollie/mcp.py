@@ -4,7 +4,12 @@ Servers are declared the way other MCP hosts declare them (an agent's `mcpServer
     {"command": "uvx", "args": ["mcp-server-time"], "env": {"TZ": "${TZ}"}, "cwd": "..."}   stdio
     {"url": "http://127.0.0.1:8000/mcp", "headers": {"Authorization": "Bearer ${TOKEN}"}}   streamable HTTP
     {"type": "sse", "url": "http://127.0.0.1:8000/sse"}                                     SSE
-plus our optional "timeout" (seconds per call) and "startupTimeout" (seconds to connect).
+plus our optional "timeout" (seconds per call), "startupTimeout" (seconds to connect) and
+"sandbox" (the sandbox policy a stdio server runs under: `tools` unless named; false runs it as you).
+
+A stdio server runs in a jail of its own (`_jailed_stdio`), never in the project the model writes
+(whose files it would import or run, unsandboxed): in a directory of its own, which is also its
+$HOME, with the project read-only, the network, and only the variables its `env` names.
 
 Each connection is owned by one dedicated task that enters and exits the SDK's context managers:
 anyio cancel scopes must be exited by the task that entered them, so callers never touch them and
@@ -14,9 +19,11 @@ talk to the owner through a queue of jobs and futures instead.
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 import os
 import re
+import shutil
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -37,6 +44,7 @@ _CLOSE_TIMEOUT = 10.0  # the SDK bounds its own shutdown at ~6 s (stdin close, S
 logging.getLogger("mcp").addHandler(logging.NullHandler())
 
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+_POLICY_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 
 
 class Unavailable(OllieError):
@@ -57,10 +65,12 @@ class ServerSpec:
     headers: dict[str, str] = field(default_factory=dict)
     timeout: float = DEFAULT_CALL_TIMEOUT
     startup_timeout: float = DEFAULT_STARTUP_TIMEOUT
+    sandbox: str = "tools"  # a stdio server's sandbox policy; "": none
+    project: str = ""  # the session's cwd, which a sandboxed server reads ({CWD} of its policy)
 
 
 def parse_spec(name: str, raw: Any, cwd: str = "") -> ServerSpec:
-    """Validate an `mcpServers` entry; a relative server cwd is taken from `cwd`."""
+    """Validate an `mcpServers` entry of a session in `cwd`; a relative server cwd is taken from it."""
     entry = _Entry(f"mcpServers.{name}", raw)
     kind = raw.get("type") or raw.get("transport") or ("stdio" if "command" in raw else "http")
     kind = {"streamable-http": "http", "streamableHttp": "http"}.get(kind, kind)
@@ -75,8 +85,9 @@ def parse_spec(name: str, raw: Any, cwd: str = "") -> ServerSpec:
     if kind == "stdio":
         spec.command = entry.required("command", "the program that runs the server")
         spec.args, spec.env = entry.string_list("args"), entry.string_map("env")
-        if cwd or raw.get("cwd"):  # relative to the session's cwd, like a command typed there
-            spec.cwd = os.path.join(cwd, os.path.expanduser(entry.expand(raw.get("cwd", ""), "cwd")))
+        if raw.get("cwd"):  # relative to the session's cwd, like a command typed there
+            spec.cwd = os.path.join(cwd, os.path.expanduser(entry.expand(raw["cwd"], "cwd")))
+        spec.sandbox, spec.project = entry.sandbox(), cwd
     else:
         spec.url = entry.required("url", "the server's HTTP endpoint")
         spec.headers = entry.string_map("headers")
@@ -122,6 +133,17 @@ class _Entry:
         if not isinstance(value, dict):
             raise ConfigError(f"{self.where}.{key} must be an object of strings")
         return {k: self.expand(v, f"{key}.{k}") for k, v in value.items()}
+
+    def sandbox(self) -> str:
+        value = self.raw.get("sandbox", "tools")
+        if value is False:
+            return ""
+        if not isinstance(value, str) or not _POLICY_NAME.fullmatch(value):
+            raise ConfigError(
+                f"{self.where}.sandbox must be a sandbox policy name (the built-in one is tools), or false to "
+                f"run the server unsandboxed, as you; got {value!r}"
+            )
+        return value
 
     def seconds(self, key: str, default: float) -> float:
         value = self.raw.get(key, default)
@@ -296,6 +318,10 @@ class Client:
                 log.write(f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} {spec.command} {' '.join(spec.args)}\n")
                 log.flush()
                 self._log_start = self._log_size()
+                if spec.sandbox:
+                    async with _jailed_stdio(spec, log.fileno()) as streams:
+                        yield streams
+                    return
                 params = StdioServerParameters(command=spec.command, args=spec.args, env=spec.env, cwd=spec.cwd or None)
                 async with stdio_client(params, errlog=log) as streams:
                     yield streams
@@ -336,6 +362,136 @@ class Client:
         except OSError:
             return ""
         return lines[-1][:300] if lines else ""
+
+
+# ---- a stdio server in a jail --------------------------------------------------------------------
+
+_STOP_GRACE = 2.0  # seconds a server has to exit once its stdin closes (the spec's shutdown); then killed
+_LINE_MAX = 64 << 20  # bytes of one message from a server
+
+
+@asynccontextmanager
+async def _jailed_stdio(spec: ServerSpec, stderr: int) -> AsyncIterator[Any]:
+    """The SDK's message streams over the stdin and stdout of the server, run in a jail under
+    `spec.sandbox`: in `spec.cwd` if given, else in its home (a directory of its own, also its
+    $HOME), with what its program needs readable (`_program_roots`)."""
+    import anyio
+    import mcp_types
+    from mcp.shared.message import SessionMessage
+
+    from . import sandbox
+    from .config import private_dir
+
+    program = shutil.which(spec.command)  # on the user's PATH, as their shell finds it
+    if program is None:
+        raise FileNotFoundError(errno.ENOENT, "not found", spec.command)
+    home = str(private_dir(data_path() / "tool-home" / spec.name))
+    box = sandbox.Sandbox(
+        sandbox.load_policy(
+            spec.sandbox, spec.project, "", extra_rox=_program_roots(program, spec.args), extra_rwx=(home,)
+        )
+    )
+    env = {**box.environ(), "HOME": home, "TMPDIR": "/tmp", "PYTHONSAFEPATH": "1", **spec.env}
+    env["PATH"] = box.search_path(env.get("PATH") or os.defpath)
+    jails = sandbox.Jails()
+    in_r, in_w = os.pipe2(os.O_CLOEXEC)
+    out_r, out_w = os.pipe2(os.O_CLOEXEC)
+    try:
+        jail = await jails.get(box.policy)
+        argv = [program, *spec.args]
+        stage = await jail.spawn(box.confinement, argv, spec.cwd or home, env, stdin=in_r, stdout=out_w, stderr=stderr)
+    except BaseException:
+        for fd in (in_w, out_r):
+            os.close(fd)
+        await jails.close()
+        raise
+    finally:
+        os.close(in_r)
+        os.close(out_w)
+    loop = asyncio.get_running_loop()
+    reader = asyncio.StreamReader(limit=_LINE_MAX)
+    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(out_r, "rb", 0))
+    transport, protocol = await loop.connect_write_pipe(asyncio.streams.FlowControlMixin, os.fdopen(in_w, "wb", 0))
+    writer = asyncio.StreamWriter(transport, protocol, None, loop)
+    to_session, read_stream = anyio.create_memory_object_stream[SessionMessage | Exception](0)
+    write_stream, from_session = anyio.create_memory_object_stream[SessionMessage](0)
+
+    async def server_to_session() -> None:
+        async with to_session:
+            while True:
+                try:
+                    line = await reader.readline()
+                except ValueError:  # a line over _LINE_MAX: the stream is out of step from here on
+                    await to_session.send(ValueError(f"a message over {_LINE_MAX >> 20} MiB"))
+                    return
+                if not line:
+                    return
+                try:
+                    text = line.decode(errors="replace").rstrip("\n")
+                    message = mcp_types.jsonrpc_message_adapter.validate_json(text, by_name=False)
+                except ValueError as e:
+                    await to_session.send(e)
+                    continue
+                await to_session.send(SessionMessage(message))
+
+    async def session_to_server() -> None:
+        async with from_session:
+            async for item in from_session:
+                writer.write(item.message.model_dump_json(by_alias=True, exclude_unset=True).encode() + b"\n")
+                try:
+                    await writer.drain()
+                except ConnectionError:
+                    return
+
+    async with anyio.create_task_group() as pumps:
+        pumps.start_soon(server_to_session)
+        pumps.start_soon(session_to_server)
+        try:
+            yield read_stream, write_stream
+        finally:
+            with anyio.CancelScope(shield=True):
+                writer.close()
+                await asyncio.wait({stage.exited}, timeout=_STOP_GRACE)
+                stage.kill()
+                await jails.close()  # everything in the jail ends with it
+            pumps.cancel_scope.cancel()
+
+
+def _program_roots(program: str, args: list[str]) -> tuple[str, ...]:
+    """What a server's program needs to read and run beyond the system's directories: the
+    installation it lies in, the interpreter its first line names, and the files its arguments
+    name (each as its installation, `_install_root`)."""
+    paths = [program, *_interpreter(program), *(a for a in args if os.path.isabs(a) and os.path.exists(a))]
+    return tuple(dict.fromkeys(_install_root(os.path.realpath(p)) for p in paths))
+
+
+def _interpreter(program: str) -> list[str]:
+    try:
+        with open(program, "rb") as f:
+            first = f.readline(512)
+    except OSError:
+        return []
+    words = first[2:].decode(errors="replace").split() if first.startswith(b"#!") else []
+    if words and os.path.basename(words[0]) == "env":
+        words = [w for w in words[1:] if not w.startswith("-")]
+        found = shutil.which(words[0]) if words else None
+        return [found] if found else []
+    return words[:1]
+
+
+def _install_root(path: str) -> str:
+    """The directory a program's installation is: the top of a node_modules tree; the prefix above
+    a bin/ (a virtualenv, a Python or Node installed under $HOME), but only the program itself in a
+    shared one (/usr/local/bin, ~/.local/bin); else the directory of the file."""
+    if "/node_modules/" in path:
+        return path[: path.index("/node_modules/") + len("/node_modules")]
+    parent = os.path.dirname(path)
+    if os.path.basename(parent) == "bin":
+        home = os.path.expanduser("~")
+        prefix = os.path.dirname(parent)
+        shared = ("/", "/usr", "/usr/local", "/opt", home, os.path.join(home, ".local"))
+        return path if prefix in shared else prefix
+    return path if os.path.isdir(path) else parent
 
 
 def _describe(e: BaseException) -> str:
