@@ -285,3 +285,29 @@ def test_kernel_without_landlock_is_refused_unless_best_effort(home, tmp_path, m
     write_policy(None, "general:\n  best_effort: true\n")
     box = sandbox.Sandbox(sandbox.load_policy("default", str(tmp_path), str(tmp_path)))
     assert box.policy.best_effort
+
+
+def test_an_architecture_without_ollies_seccomp_filter_is_refused_unless_best_effort(home, tmp_path, monkeypatch):
+    monkeypatch.setattr("platform.machine", lambda: "riscv64")  # no filter is built for it: none would apply
+    policy = sandbox.load_policy("default", str(tmp_path), "")
+    with pytest.raises(sandbox.SandboxError, match="seccomp filter for x86_64 and aarch64, not for this riscv64"):
+        sandbox.Sandbox(policy)
+    write_policy(None, "general:\n  best_effort: true\n")
+    assert sandbox.Sandbox(sandbox.load_policy("default", str(tmp_path), "")).confinement.spec["seccomp"] == ""
+
+
+def test_a_kernel_that_forbids_user_namespaces_is_named_with_the_fix(tmp_path, monkeypatch):
+    from ollie.sandbox import jail
+
+    monkeypatch.setattr("os.geteuid", lambda: 1000)  # root needs no user namespace's leave
+    apparmor, debian = tmp_path / "apparmor", tmp_path / "debian"
+    monkeypatch.setattr(jail, "APPARMOR_USERNS", str(apparmor))
+    monkeypatch.setattr(jail, "DEBIAN_USERNS", str(debian))
+    assert jail.userns_hint() == ""  # neither setting exists: nothing known forbids them
+    apparmor.write_text("1\n")
+    hint = jail.userns_hint()
+    assert "AppArmor forbids unprivileged user namespaces" in hint and "userns," in hint
+    assert "sysctl kernel.apparmor_restrict_unprivileged_userns=0" in hint
+    apparmor.write_text("0\n")
+    debian.write_text("0\n")
+    assert "sysctl kernel.unprivileged_userns_clone=1" in jail.userns_hint()

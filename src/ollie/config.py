@@ -147,6 +147,7 @@ class AgentConfig:
     prompt: str | list[str] = ""
     backend: str = ""
     model: str = ""
+    models: list[str] = field(default_factory=list)  # more a sub-agent of it may run on, besides `model`
     tools: bool = True
     max_steps: int = 0  # 0: no budget
     context_window: int = 0  # 0: ask the backend
@@ -166,6 +167,7 @@ _FIELDS: dict[str, tuple[str, type | tuple[type, ...]]] = {
     "prompt": ("prompt", (str, list)),
     "backend": ("backend", str),
     "model": ("model", str),
+    "models": ("models", list),
     "tools": ("tools", bool),
     "maxSteps": ("max_steps", int),
     "contextWindow": ("context_window", int),
@@ -252,6 +254,8 @@ def _check(cfg: AgentConfig, where: str) -> None:
         raise ConfigError(f'{where}: sandboxes must be a non-empty list of sandbox policy names, e.g. ["default"]')
     if not all(isinstance(a, str) and _NAME.fullmatch(a) for a in cfg.subagents):
         raise ConfigError(f'{where}: subagents must be a list of agent names, e.g. ["reviewer"]')
+    if not all(isinstance(m, str) and m and "\n" not in m for m in cfg.models):
+        raise ConfigError(f'{where}: models must be a list of model names, e.g. ["gpt-4.1-mini"]')
     for server, spec in cfg.mcp_servers.items():
         if not isinstance(spec, dict) or not ("command" in spec or "url" in spec):
             raise ConfigError(f'{where}: mcpServers.{server} needs "command" (stdio) or "url" (HTTP)')

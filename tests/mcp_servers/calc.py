@@ -58,6 +58,27 @@ def cwd() -> str:
     return os.getcwd()
 
 
+@server.tool()
+def read(path: str) -> str:
+    """A file's text, or why it could not be read."""
+    try:
+        with open(path) as f:
+            return f.read()
+    except OSError as e:
+        return f"cannot read: {e.strerror}"
+
+
+@server.tool()
+def write(path: str, text: str) -> str:
+    """Write a file, or say why not."""
+    try:
+        with open(path, "w") as f:
+            f.write(text)
+        return "written"
+    except OSError as e:
+        return f"cannot write: {e.strerror}"
+
+
 async def serve_http(sse: bool) -> None:
     import uvicorn
 

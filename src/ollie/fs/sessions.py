@@ -601,15 +601,10 @@ def check_child_agent(parent: Session, agent: str) -> str:
     return agent
 
 
-# Backends whose "model" is a file the server reads (a script, a GGUF): a sub-agent's code may not name one.
-FILE_MODELS = ("scripted", "local")
-MODEL_MAX = 200
-
-
 def check_child_backend(parent: Session, agent: str, backend: str, model: str) -> None:
     """A sub-agent's backend is its agent's or its parent's (no other backend's server, on some
-    loopback port, is the sandbox's to reach); a model is a name, not a file the server would read,
-    unless it is the parent's or the agent's own."""
+    loopback port, is the sandbox's to reach), and its model one its agent's config allows (its
+    `model` and `models`) or its parent's own: code may not start a dearer model than it was given."""
     from .. import backends
 
     settings = parent.settings()
@@ -617,16 +612,14 @@ def check_child_backend(parent: Session, agent: str, backend: str, model: str) -
     ours = {settings["backend"], cfg.backend or backends.default_name()}
     if backend and backend not in ours:
         raise FsError(E.EACCES, f"backend {backend!r}: a sub-agent uses {' or '.join(sorted(ours))}")
-    if not model or model in (settings["model"], cfg.model):
-        return
-    resolved = backend or cfg.backend or backends.default_name()
-    if resolved in FILE_MODELS or len(model) > MODEL_MAX or "\n" in model:
+    allowed = [m for m in (cfg.model, *cfg.models, settings["model"]) if m]
+    if model and model not in allowed:
+        where = cfg.path or f"agent {agent!r}"
         raise FsError(
             E.EACCES,
-            f"model {model!r}: a sub-agent on {resolved} uses its agent's model or its parent's "
-            "(that backend reads its model from a file)"
-            if resolved in FILE_MODELS
-            else f"model {model!r} is not a model name",
+            f"model {model!r}: a sub-agent of agent {agent!r} runs on "
+            f"{', '.join(dict.fromkeys(allowed)) or 'its default'}; "
+            f'list more under "models" in {where}',
         )
 
 

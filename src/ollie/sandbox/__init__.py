@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import fnmatch
 import os
+import platform
 import re
 import shutil
 import stat
@@ -26,11 +27,11 @@ from pathlib import Path
 
 from .. import config
 from . import grants
-from .jail import Confinement, Jail, JailSetup
+from .jail import Confinement, Jail, JailSetup, userns_hint
 from .landlock import RO, RW, RWX, build_ruleset, fs_handled, landlock_abi
 from .paths import LinkRefused, identities, identity, open_real, real_path, within
 from .policy import Policy, SandboxError, load_policy, policy_files
-from .seccomp import seccomp_program
+from .seccomp import SECCOMP_MACHINES, seccomp_program, seccomp_supported
 
 __all__ = [
     "Jails",
@@ -60,6 +61,12 @@ class Sandbox:
                 "this kernel has no Landlock (needs Linux 5.13+ with landlock in the lsm= list), "
                 "so execute_code cannot be sandboxed; set general.best_effort: true in "
                 f"{config.cfg_path() / 'sandbox.yaml'} to run without it"
+            )
+        if not seccomp_supported() and not policy.best_effort:
+            raise SandboxError(
+                f"ollie builds its seccomp filter for {' and '.join(SECCOMP_MACHINES)}, not for this "
+                f"{platform.machine()}: without it sandboxed code could make any socket; set general.best_effort: "
+                f"true in {config.cfg_path() / 'sandbox.yaml'} to run with Landlock and the namespaces alone"
             )
         decided = grants.decide(policy, identities(hidden_dirs()))
         try:
@@ -162,10 +169,10 @@ class Jails:
                     raise
                 jail.has_view = True
         if jail.namespaces_refused and not policy.best_effort:
+            allow = userns_hint() or "; allow user namespaces (sysctl user.max_user_namespaces)"
             raise SandboxError(
-                f"the sandbox cannot isolate this: {jail.namespaces_refused}; allow user namespaces "
-                f"(sysctl user.max_user_namespaces) or set general.best_effort: true in "
-                f"{config.cfg_path() / 'sandbox.yaml'} to run with Landlock and seccomp alone "
+                f"the sandbox cannot isolate this: {jail.namespaces_refused}{allow}, or set general.best_effort: "
+                f"true in {config.cfg_path() / 'sandbox.yaml'} to run with Landlock and seccomp alone "
                 "(no process, network, /tmp or terminal isolation)"
             )
         return jail

@@ -54,7 +54,7 @@ def decide(policy: Policy, hidden: dict[Identity, str]) -> list[Grant]:
                 opened = _open(policy, path)
                 if opened is None:
                     continue
-                own = path in policy.own
+                own = path in policy.own and path != policy.cwd  # the cwd is never ollie's own
                 grant = Grant(opened.path, key, opened.fd, own, path in policy.shared)
                 grants.append(grant)
                 if opened.links:

@@ -213,7 +213,7 @@ class Jail:
             await asyncio.to_thread(helper.wait)  # the first process exits once the jail's server runs
         if not message.get("ready"):
             await jail.close()
-            raise JailError(f"the sandbox could not set up its namespaces: {message.get('error')}")
+            raise JailError(f"the sandbox could not set up its namespaces: {message.get('error')}{userns_hint()}")
         jail.namespaces_refused = message.get("namespaces", "")
         if fds and message.get("view") and len(fds) == 1:
             jail.view_fd = fds[0]
@@ -307,6 +307,38 @@ class Jail:
     @property
     def alive(self) -> bool:
         return not self._control.gone.done()
+
+
+# Ubuntu 23.10+ (24.04 by default): a user namespace without capabilities, unless an AppArmor
+# profile allows it; Debian before 11: none at all for users.
+APPARMOR_USERNS = "/proc/sys/kernel/apparmor_restrict_unprivileged_userns"
+DEBIAN_USERNS = "/proc/sys/kernel/unprivileged_userns_clone"
+
+
+def userns_hint() -> str:
+    """How to allow the user namespaces a jail needs, where a known setting of this kernel forbids
+    them ("" if none does)."""
+    if os.geteuid() == 0:
+        return ""  # root makes its namespaces without a user namespace's leave
+    if _sysctl(APPARMOR_USERNS) == "1":
+        return (
+            f"; AppArmor forbids unprivileged user namespaces here ({APPARMOR_USERNS} is 1, Ubuntu's "
+            f"default): allow them for ollie's Python with a profile, e.g. /etc/apparmor.d/ollie holding "
+            f"'abi <abi/4.0>, include <tunables/global> profile ollie {os.path.realpath(sys.executable)} "
+            "flags=(unconfined) { userns, }' and `sudo apparmor_parser -r /etc/apparmor.d/ollie`, or for every "
+            "program `sudo sysctl kernel.apparmor_restrict_unprivileged_userns=0`"
+        )
+    if _sysctl(DEBIAN_USERNS) == "0":
+        return "; this kernel refuses user namespaces to users: `sudo sysctl kernel.unprivileged_userns_clone=1`"
+    return ""
+
+
+def _sysctl(path: str) -> str:
+    try:
+        with open(path) as f:
+            return f.read().strip()
+    except OSError:
+        return ""
 
 
 def _memfd(data: dict[str, Any]) -> int:

@@ -33,6 +33,24 @@ _ETC = """ld.so.cache ld.so.conf ld.so.conf.d passwd group nsswitch.conf hosts h
     magic magic.mime inputrc terminfo ssl/certs ssl/openssl.cnf ca-certificates ca-certificates.conf
     pki/tls/certs os-release lsb-release debian_version perl python3 gitconfig""".split()
 
+_HOME_TOOLCHAINS = [
+    "{RUSTUP_HOME}",
+    "{HOME}/.rustup",
+    "{CARGO_HOME}/bin",
+    "{HOME}/.cargo/bin",
+    "{NVM_DIR}",
+    "{HOME}/.nvm",
+    "{HOME}/.pyenv",
+    "{HOME}/.local/bin",
+    "{HOME}/.local/share/uv/python",
+    "{HOME}/.local/share/uv/tools",
+    "{HOME}/.local/share/pipx/venvs",
+    "{HOME}/.sdkman/candidates",
+    "{HOME}/go/bin",
+    "{HOME}/.bun/bin",
+    "{HOME}/.deno/bin",
+]
+
 DEFAULT_POLICY: dict[str, Any] = {
     "filesystem": {
         # The system's programs and libraries, and the Python running ollie (pyenv or venv
@@ -50,6 +68,9 @@ DEFAULT_POLICY: dict[str, Any] = {
             "/etc/alternatives",
             sys.base_prefix,
             sys.prefix,
+            # Toolchains and programs installed under $HOME, read and run (none holds a secret:
+            # not ~/.cargo itself, whose credentials.toml does): `cargo test`, `npm test` under nvm, ...
+            *_HOME_TOOLCHAINS,
         ],
         # /proc: ps, /dev/fd and Python need it; Landlock's ptrace rule already hides the environ,
         # memory and fds of every process outside the sandbox.
@@ -64,7 +85,10 @@ DEFAULT_POLICY: dict[str, Any] = {
     },
     # dns: with connect_tcp, name resolution too (over TCP port 53: UDP stays refused).
     "network": {"unrestricted": False, "bind_tcp": [], "connect_tcp": [], "unix": False, "dns": True},
-    "env": ["PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LANGUAGE", "LC_*", "TERM", "TZ"],
+    "env": [
+        *["PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LANGUAGE", "LC_*", "TERM", "TZ"],
+        *["RUSTUP_HOME", "CARGO_HOME", "NVM_DIR", "GOPATH", "GOROOT", "JAVA_HOME"],  # where toolchains are
+    ],
     "limits": {
         "processes": 512,  # processes and threads alive at once in a session's jail (at least 300)
         "memory": "4G",  # data (heap) of one process

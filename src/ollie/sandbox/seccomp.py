@@ -50,6 +50,14 @@ _RET_ALLOW, _RET_ERRNO = 0x7FFF0000, 0x00050000
 _LD, _JEQ, _JGE, _AND, _RET = 0x20, 0x15, 0x35, 0x54, 0x06  # BPF_LD|W|ABS, JMP|JEQ|K, JMP|JGE|K, ALU|AND|K, RET|K
 
 
+SECCOMP_MACHINES = tuple(_ARCH)
+
+
+def seccomp_supported() -> bool:
+    """Whether ollie builds a seccomp filter for this machine's architecture."""
+    return platform.machine() in _ARCH
+
+
 def _arg(n: int) -> int:
     return 16 + 8 * n  # offset of args[n]'s low word in seccomp_data (little-endian machines)
 

@@ -1,0 +1,178 @@
+"""A developer's workflow runs in the default sandbox: what the project builds or installs runs
+from the cwd and $TMPDIR (offline), a toolchain under $HOME is found, and a policy that grants a
+TCP port resolves names. Each workflow is run for real through execute_code."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import struct
+import subprocess
+import sys
+import textwrap
+import threading
+from pathlib import Path
+
+import pytest
+
+from ollie import sandbox
+from sandbox_helpers import write_policy
+
+pytestmark = pytest.mark.skipif(sandbox.landlock_abi() < 6, reason="needs Landlock ABI 6 (Linux 6.12)")
+
+CARGO = shutil.which("cargo") or shutil.which(os.path.expanduser("~/.cargo/bin/cargo"))  # before $HOME is faked
+RUSTUP_HOME = os.environ.get("RUSTUP_HOME") or os.path.expanduser("~/.rustup")
+
+
+def cwd_of(run) -> Path:
+    return Path(run.ctx.cwd)
+
+
+async def test_a_script_the_project_holds_runs_from_the_cwd_and_tmpdir(run):
+    script = cwd_of(run) / "run.sh"
+    script.write_text("#!/bin/sh\necho ran $1\n")
+    script.chmod(0o755)
+    result = await run(
+        './run.sh here && printf "#!/bin/sh\\necho tmp\\n" > $TMPDIR/t.sh && chmod +x $TMPDIR/t.sh && $TMPDIR/t.sh'
+    )
+    assert (result.is_error, result.text()) == (False, "ran here\ntmp\n")
+
+
+@pytest.mark.skipif(not shutil.which("cc") or not shutil.which("make"), reason="needs cc and make")
+async def test_make_check_builds_and_runs_its_test_program(run):
+    (cwd_of(run) / "t.c").write_text('#include <stdio.h>\nint main(void) { puts("all 3 tests passed"); return 0; }\n')
+    (cwd_of(run) / "Makefile").write_text("check: t\n\t./t\nt: t.c\n\tcc -o t t.c\n")
+    result = await run("make -s check", timeout=60)
+    assert (result.is_error, result.text()) == (False, "all 3 tests passed\n")
+
+
+async def test_a_virtualenvs_own_scripts_run_and_install_into_it(run):
+    pkg = cwd_of(run) / "hello"
+    (pkg / "hello").mkdir(parents=True)
+    (pkg / "hello" / "__init__.py").write_text("def main():\n    print('hello from the venv')\n")
+    (pkg / "setup.py").write_text(
+        "from setuptools import setup\n"
+        "setup(name='hello', version='1', packages=['hello'], entry_points={'console_scripts': ['hello=hello:main']})\n"
+    )
+    code = (
+        "python3 -m venv .venv && .venv/bin/pip --version >/dev/null && "
+        ".venv/bin/pip install -q --no-index --no-build-isolation ./hello 2>&1 | grep -v WARNING; .venv/bin/hello"
+    )
+    result = await run(code, timeout=120)
+    assert not result.is_error and result.text().endswith("hello from the venv\n"), result.text()
+
+
+@pytest.mark.skipif(not shutil.which("npm"), reason="needs npm")
+async def test_npm_test_runs_the_projects_node_modules_bin(run):
+    (cwd_of(run) / "package.json").write_text('{"name": "p", "version": "1.0.0", "scripts": {"test": "check-it"}}')
+    bin_dir = cwd_of(run) / "node_modules" / ".bin"
+    bin_dir.mkdir(parents=True)
+    (bin_dir / "check-it").write_text("#!/bin/sh\necho node tests pass\n")
+    (bin_dir / "check-it").chmod(0o755)
+    result = await run("npm test --silent 2>/dev/null", timeout=60)
+    assert (result.is_error, result.text()) == (False, "node tests pass\n")
+
+
+@pytest.mark.skipif(not CARGO or not os.path.isdir(RUSTUP_HOME), reason="needs a Rust toolchain")
+async def test_cargo_test_finds_a_toolchain_under_home(run, monkeypatch):
+    monkeypatch.setenv("RUSTUP_HOME", RUSTUP_HOME)
+    monkeypatch.setenv("CARGO_HOME", str(Path(CARGO).parent.parent))
+    crate = cwd_of(run)
+    (crate / "src").mkdir()
+    (crate / "Cargo.toml").write_text('[package]\nname = "t"\nversion = "0.1.0"\nedition = "2021"\n')
+    (crate / "src" / "lib.rs").write_text("#[test]\nfn adds() { assert_eq!(1 + 1, 2); }\n")
+    result = await run(f"{CARGO} test --offline -q 2>&1 | grep 'test result'", timeout=120)
+    assert not result.is_error and "1 passed" in result.text(), result.text()
+
+
+async def test_git_commit_in_the_project(run):
+    code = (
+        "git init -q . && git -c user.name=a -c user.email=a@b commit -q --allow-empty -m first && "
+        "echo x > f && git add f && git -c user.name=a -c user.email=a@b commit -q -m second && "
+        "git log --oneline | wc -l"
+    )
+    result = await run(code)
+    assert (result.is_error, result.text().strip()) == (False, "2")
+
+
+# ---- name resolution with connect_tcp -------------------------------------------------------------
+
+
+async def test_connect_tcp_brings_name_resolution_over_tcp_and_nothing_over_udp(run):
+    write_policy("net", "network:\n  connect_tcp: [443]\n")
+    probe = (
+        "import os, socket\n"
+        "print(os.environ.get('RES_OPTIONS'))\n"
+        "try:\n    socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\nexcept OSError as e:\n    print('udp', e.errno)\n"
+        "s = socket.socket()\ns.settimeout(2)\n"
+        "try:\n    s.connect(('127.0.0.1', 53))\nexcept PermissionError:\n    print('53 refused by the sandbox')\n"
+        "except OSError:\n    print('53 allowed')\n"
+    )
+    result = await run(probe, "python3", sandbox="net")
+    assert result.text() == "use-vc\nudp 13\n53 allowed\n", result.text()
+    write_policy("net", "network:\n  connect_tcp: [443]\n  dns: false\n")
+    result = await run(probe, "python3", sandbox="net")
+    assert "53 refused by the sandbox" in result.text() and "use-vc" not in result.text()
+
+
+def _dns_server(sock: socket.socket, address: str) -> None:
+    """Answer DNS queries over TCP: A with `address` (TTL 60), any other type with no record."""
+    while True:
+        try:
+            conn, _ = sock.accept()
+        except OSError:
+            return
+        with conn, conn.makefile("rb") as queries:
+            while len(size := queries.read(2)) == 2:
+                query = queries.read(struct.unpack("!H", size)[0])
+                end = query.index(b"\0", 12) + 5  # the question: name, type, class
+                is_a = query[end - 4 : end - 2] == b"\x00\x01"
+                header = query[:2] + b"\x81\x80" + query[4:6] + (b"\x00\x01" if is_a else b"\x00\x00") + b"\0" * 4
+                answer = b"\xc0\x0c\x00\x01\x00\x01\x00\x00\x00\x3c\x00\x04" + socket.inet_aton(address)
+                reply = header + query[12:end] + (answer if is_a else b"")
+                conn.sendall(struct.pack("!H", len(reply)) + reply)
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("unshare"), reason="needs root for port 53 and a mount")
+def test_a_name_resolves_through_the_systems_resolver_in_a_connect_tcp_policy(home, tmp_path):
+    """pip install with connect_tcp: [443] needs the name of its index first: in a mount namespace
+    whose resolv.conf names a DNS server on loopback (which answers over TCP only), a sandboxed
+    stage resolves a name as pip would (getaddrinfo)."""
+    listener = socket.create_server(("127.0.0.1", 53))
+    threading.Thread(target=_dns_server, args=(listener, "127.0.0.9"), daemon=True).start()
+    write_policy("net", "network:\n  connect_tcp: [443]\n")
+    resolv = tmp_path / "resolv.conf"
+    resolv.write_text("nameserver 127.0.0.1\noptions attempts:1 timeout:2\n")
+    (tmp_path / "cwd").mkdir()
+    stage = textwrap.dedent(f"""\
+        import asyncio
+        from ollie.tools import CallContext, execute
+        code = "import socket; print(socket.getaddrinfo('pypi.example.test', 443)[0][4][0])"
+        async def main():
+            server = execute.Decl({str(tmp_path / "cwd")!r})()
+            ctx = CallContext(cwd={str(tmp_path / "cwd")!r}, session_id="s", policies=("net",))
+            arguments = {{"steps": [{{"code": code, "language": "python3"}}], "sandbox": "net"}}
+            print((await server.call_tool("execute_code", arguments, ctx)).text(), end="")
+            await server.close()
+        asyncio.run(main())
+        """)
+    try:
+        out = subprocess.run(
+            [
+                "unshare",
+                "-m",
+                "sh",
+                "-c",
+                'mount --bind "$0" /etc/resolv.conf && exec "$1" -c "$2"',
+                resolv,
+                sys.executable,
+                stage,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    finally:
+        listener.close()
+    assert out.stdout == "127.0.0.9\n", out.stdout + out.stderr
