@@ -1,9 +1,12 @@
 """What one 9P client can make the server hold is capped (fids, requests in flight, connections,
-bytes written to control and prompt files, bad tokens), each with an error that says which limit,
-and the server goes on serving everyone else."""
+bytes written to control and prompt files), each with an error that says which limit, and the server
+goes on serving everyone else; wrong tokens slow down whoever sends them."""
 
 import asyncio
 import os
+import socket
+import threading
+import time
 
 import py9p
 import pytest
@@ -13,7 +16,8 @@ from ollie.fs import ninep as P
 from ollie.fs import ninep_server
 from ollie.fs.ninep_client import Client, RemoteError
 from ollie.fs.ninep_server import (
-    ATTACH_FAILURES,
+    BAD_TOKEN_DELAY,
+    BAD_TOKENS,
     FRAMES_PER_TURN,
     MAX_FIDS,
     MAX_REQUESTS,
@@ -98,7 +102,7 @@ async def test_too_many_connections_from_one_uid(world):
             await Client.connect(f"unix!{world.sock}")
         assert await clients[0].read_path("hello") == b"hello, world\n"
         await clients.pop().close()
-        await until(lambda: world.srv._per_client[me] < MAX_UNIX_CONNECTIONS)  # it has seen the hang-up
+        await until(lambda: world.srv._attached[me] < MAX_UNIX_CONNECTIONS)  # it has seen the hang-up
         clients.append(await Client.connect(f"unix!{world.sock}"))
         assert await clients[-1].read_path("hello") == b"hello, world\n"
     finally:
@@ -147,37 +151,71 @@ def test_a_tcp_client_is_its_address_but_all_of_loopback_is_one_and_an_ipv6_64_i
     assert client_of("2001:db8:1:3::5") != client_of("2001:db8:1:2::5")
 
 
-async def test_bad_tokens_are_throttled_per_address(tcp):
+async def test_too_many_attaches_from_one_address_at_once_are_refused_at_the_attach(tcp):
+    """Connections are counted against an address's cap when they attach: of more connections than
+    the cap attaching at once, those past it have their Tattach refused, saying why, and are closed."""
     host, port = tcp.address
-    attempts = 20
+    n = MAX_TCP_CONNECTIONS + 4
+
+    def attach_all():
+        socks = [socket.create_connection((host, port), timeout=10) for _ in range(n)]
+        for s in socks:
+            s.sendall(py9p.encode_message(py9p.Tversion(msize=8192, version="9P2000", tag=0xFFFF)))
+        for s in socks:
+            assert isinstance(py9p.read_message(s), py9p.Rversion)
+        for s in socks:  # every one has been counted pending by now: the cap is met at the attach
+            s.sendall(py9p.encode_message(py9p.Tattach(fid=0, uname="me", aname="s3cret", tag=1)))
+        return socks, [py9p.read_message(s) for s in socks]
+
+    socks, replies = await in_thread(attach_all)
+    try:
+        assert sum(isinstance(r, py9p.Rattach) for r in replies) == MAX_TCP_CONNECTIONS
+        refused = [r.ename for r in replies if isinstance(r, py9p.Rerror)]
+        assert len(refused) == 4
+        assert all(f"too many connections from loopback: at most {MAX_TCP_CONNECTIONS}" in e for e in refused)
+        assert tcp._attached["loopback"] == MAX_TCP_CONNECTIONS
+        await until(lambda: len(tcp._connections) == MAX_TCP_CONNECTIONS)  # the refused ones are closed
+    finally:
+        for s in socks:
+            s.close()
+
+
+async def test_wrong_tokens_slow_their_sender_and_end_its_connection(tcp):
+    """Each wrong token is answered after BAD_TOKEN_DELAY, one after another (attaches pipelined on
+    the connection are checked in turn), and after BAD_TOKENS the connection is closed: the right
+    token pipelined after them is never looked at. Another connection is not held up by them."""
+    host, port = tcp.address
+    guesses = BAD_TOKENS + 2
+    sent = threading.Event()
 
     def guess():
-        errors = []
-        with py9p.Client.connect_tcp(host, port) as c:
-            c.negotiate()
-            for fid in range(attempts):
-                try:
-                    c.attach(fid, aname=f"guess{fid}")
-                except py9p.RemoteError as e:
-                    errors.append(str(e))
-            try:  # while throttled, even the right token is not looked at
-                c.attach(attempts, aname="s3cret")
-            except py9p.RemoteError as e:
-                errors.append(str(e))
-        return errors
+        with socket.create_connection((host, port), timeout=10) as s:
+            s.sendall(py9p.encode_message(py9p.Tversion(msize=8192, version="9P2000", tag=0xFFFF)))
+            assert isinstance(py9p.read_message(s), py9p.Rversion)
+            attaches = [py9p.Tattach(fid=f, uname="me", aname=f"guess{f}", tag=f) for f in range(guesses)]
+            attaches.append(py9p.Tattach(fid=99, uname="me", aname="s3cret", tag=99))
+            start = time.monotonic()
+            s.sendall(b"".join(py9p.encode_message(m) for m in attaches))
+            sent.set()
+            replies = []
+            try:
+                while True:
+                    replies.append((py9p.read_message(s), time.monotonic() - start))
+            except (EOFError, OSError, ValueError):  # closed
+                pass
+            return replies
 
-    errors = await in_thread(guess)
-    assert len(errors) == attempts + 1
-    assert sum("permission denied" in e for e in errors) == ATTACH_FAILURES
-    assert sum("too many failed attaches from loopback" in e for e in errors) == attempts + 1 - ATTACH_FAILURES
-    with pytest.raises(RemoteError, match="too many failed attaches"):  # a new connection does not reset it
-        await connect_from("127.0.0.1", host, port, "s3cret")
-    tcp.throttle.succeeded("loopback")  # (as after the delay) another client is not held up
-    tcp.throttle.failed("192.0.2.7")
-    tcp.throttle.check("192.0.2.7")
-    c = await connect_from("127.0.0.2", host, port, "s3cret")
+    sender = asyncio.create_task(in_thread(guess))
+    await until(sent.is_set)
+    c = await connect_from("127.0.0.1", host, port, "s3cret")  # while the sender is being slowed
+    assert not sender.done()
     assert await c.read_path("hello") == b"hello, world\n"
     await c.close()
+    replies = await sender
+    assert [type(r) for r, _ in replies] == [py9p.Rerror] * BAD_TOKENS
+    assert all("permission denied" in r.ename for r, _ in replies)
+    for i, (_, after) in enumerate(replies, 1):
+        assert after >= i * BAD_TOKEN_DELAY * 0.9, f"wrong token {i} answered after {after:.2f} s"
 
 
 async def test_long_control_lines_and_large_prompts_are_refused(world):

@@ -14,13 +14,19 @@ TCP requires a token: each Tattach must carry it as its `aname` (compared in con
 refused; a token in aname works with any 9P client, where an auth file would need a custom dialogue.
 
 What one client can make the server hold is capped: MAX_FIDS per connection (each may hold an open
-file), MAX_REQUESTS in flight per connection (each holds up to msize bytes), and connections per
-client (the uid on the Unix socket, from SO_PEERCRED; the address on TCP, all of loopback counting
-as one and an IPv6 /64 as one), and MAX_TCP_TOTAL over TCP in all. A connection over a cap gets its
-first request answered with an Rerror saying so, then is closed. On TCP, ATTACH_FAILURES bad tokens
-from one address get its later attaches refused unchecked for ATTACH_DELAY seconds, doubling with
-each further failure: guessing a token is slow. A burst of requests is dispatched FRAMES_PER_TURN
-at a time, so one client cannot hold the loop.
+file), MAX_REQUESTS in flight per connection (each holds up to msize bytes), and connections. On the
+Unix socket a connection counts as attached from its accept (its uid, from SO_PEERCRED, is its
+credential), MAX_UNIX_CONNECTIONS per uid. On TCP a connection is pending until a Tattach carries the
+token: MAX_TCP_CONNECTIONS attached per client (the address, all of loopback counting as one and an
+IPv6 /64 as one), MAX_TCP_TOTAL attached or pending in all. A connection over the cap of attached
+ones gets its first request answered with an Rerror saying so, then is closed. Pending connections
+never lock anyone out: one still pending ATTACH_TIMEOUT seconds after its accept is closed, and when
+the total is full a new connection evicts a pending one (of the client with the most: first one that
+sent a wrong token, else its oldest) rather than being refused. A wrong token is answered after
+BAD_TOKEN_DELAY seconds, during which nothing more is read from that connection, and the connection
+is closed after BAD_TOKENS of them: it slows its sender alone, and a right token is checked at once
+whatever others sent. A burst of requests is dispatched FRAMES_PER_TURN at a time, so one client
+cannot hold the loop.
 """
 
 from __future__ import annotations
@@ -31,12 +37,10 @@ import getpass
 import hmac
 import ipaddress
 import logging
-import math
 import os
 import socket
 import stat as S
 import struct
-import time
 from collections import Counter, OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -57,15 +61,17 @@ MAX_FIDS = 4096  # per connection
 MAX_REQUESTS = 1024  # in flight per connection (Tflush is always taken: it ends requests)
 FRAMES_PER_TURN = 64  # frames one connection has dispatched before the loop's other callbacks run
 MAX_UNIX_CONNECTIONS = 256  # per uid
-MAX_TCP_CONNECTIONS = 16  # per address (every loopback address counts as one)
-MAX_TCP_TOTAL = 256  # from all addresses together
-ATTACH_FAILURES = 5  # bad tokens from one address before its attaches are refused for a while
-ATTACH_DELAY = 10.0  # seconds, doubling with each further bad token
-ATTACH_DELAY_MAX = 600.0
-_ATTACH_FORGET = 3600.0  # an address this long without a bad token starts afresh
-THROTTLED_MAX = 1024  # addresses whose bad tokens are remembered
+MAX_TCP_CONNECTIONS = 16  # attached, per address (every loopback address counts as one)
+MAX_TCP_TOTAL = 256  # attached or pending, from all addresses together
+# A 9P client attaches in two round trips (Tversion, Tattach): milliseconds on loopback, under a
+# second across the world. 5 s leaves room for a loaded server or a slow link; what guards the token
+# holder against connections that never attach is eviction, the deadline only takes their slots back.
+ATTACH_TIMEOUT = 5.0  # seconds from accept to attach on TCP, else the connection is closed
+BAD_TOKEN_DELAY = 1.0  # seconds the answer to a wrong token waits; that connection is not read meanwhile
+BAD_TOKENS = 3  # wrong tokens on one connection, then it is closed
+_SHORT_TOKEN = 20  # characters; a shorter token is logged as guessable (the generated one has 32)
 _REFUSE_TIMEOUT = 5.0  # how long a refused connection may take to send the request its answer goes to
-_REFUSALS = 16  # connections refused with an answer at once per client; more are closed unanswered
+_REFUSALS = 16  # connections refused with an answer at once, in all; more are closed unanswered
 
 
 def default_socket_path() -> Path:
@@ -114,9 +120,13 @@ class _Connection(asyncio.Protocol):
     def __init__(self, server: NinePServer):
         self.server = server
         self.ns, self.token, self.user = server.namespace, server.token, server.user
-        self.throttle = server.throttle
         self.client = ""  # who connected, once the server has counted the connection
+        self.standing = ""  # as the server counts it: "attached", "pending", "refused"; "" once let go
         self.refusal: str | None = None
+        self.deadline: asyncio.TimerHandle | None = None  # closes it unless it attaches first (TCP)
+        self.checking = asyncio.Lock()  # one token check at a time: a wrong token's wait holds up the next
+        self.bad_tokens = 0
+        self.penalty = False  # a wrong token's answer waits: nothing more is read meanwhile
         self.transport: asyncio.Transport | None = None
         self.buffer = bytearray()
         self.msize = 0  # 0 until Tversion
@@ -168,8 +178,8 @@ class _Connection(asyncio.Protocol):
     # Frames
 
     def _taking(self) -> bool:
-        """Whether frames are read and dispatched now (see `held`, `deferred`, `pause_writing`)."""
-        return self.writable.is_set() and not self.held and not self.deferred
+        """Whether frames are read and dispatched now (see `held`, `deferred`, `penalty`, `pause_writing`)."""
+        return self.writable.is_set() and not self.held and not self.deferred and not self.penalty
 
     def _update_reading(self) -> None:
         assert self.transport is not None
@@ -350,14 +360,43 @@ class _Connection(asyncio.Protocol):
         if m.afid != P.NOFID:
             raise FsError(E.EINVAL, "no authentication files: afid must be NOFID")
         if self.token is not None:
-            self.throttle.check(self.client)
-            if not hmac.compare_digest(m.aname.encode(), self.token.encode()):
-                self.throttle.failed(self.client)
-                raise FsError(E.EACCES, "permission denied: attach with the server's token as aname")
-            self.throttle.succeeded(self.client)
+            async with self.checking:  # attaches pipelined on this connection are checked in turn
+                if self.bad_tokens >= BAD_TOKENS:  # it is being closed: no more looks at the token
+                    raise FsError(E.EACCES, f"{BAD_TOKENS} wrong tokens: this connection is closed")
+                if not hmac.compare_digest(m.aname.encode(), self.token.encode()):
+                    await self._wrong_token()
+                self.server.attached(self)
         qid = _qid(await self.ns.stat("/"))
         self._add_fid(m.fid, _Fid("/", qid))
         return P.Rattach(qid)
+
+    async def _wrong_token(self) -> None:
+        """Slow the sender: its answer waits BAD_TOKEN_DELAY, nothing more is read from it meanwhile,
+        and after BAD_TOKENS the connection is closed. A pending connection that sent one is the first
+        its client's new connections evict. Others, and a right token from anyone, are not held up."""
+        self.bad_tokens += 1
+        self.server.suspect(self)
+        self.penalty = True
+        self._update_reading()
+        try:
+            await asyncio.sleep(BAD_TOKEN_DELAY)
+        finally:  # after the answer is written (or the request is cancelled)
+            asyncio.get_running_loop().call_soon(self._end_penalty)
+        raise FsError(E.EACCES, "permission denied: attach with the server's token as aname")
+
+    def _end_penalty(self) -> None:
+        assert self.transport is not None
+        if self.bad_tokens >= BAD_TOKENS:
+            self.transport.close()
+            return
+        self.penalty = False
+        self._update_reading()
+        self._take_frames()
+
+    def close_after_reply(self) -> None:
+        """Close once the reply now being written has gone (it is written in this same step)."""
+        assert self.transport is not None
+        asyncio.get_running_loop().call_soon(self.transport.close)
 
     async def _flush(self, m: P.Tflush) -> P.Message:
         task = self.tasks.get(m.oldtag)
@@ -556,39 +595,6 @@ _HANDLERS: dict[type[P.Message], Callable[[_Connection, Any], Awaitable[P.Messag
 }
 
 
-class _AttachThrottle:
-    """Bad tokens per client address. After ATTACH_FAILURES of them the address's attaches are
-    refused without a look at the token (no oracle) for ATTACH_DELAY seconds, twice that after the
-    next bad token, and so on up to ATTACH_DELAY_MAX; a good token, or an hour without a bad one,
-    starts the count afresh. The THROTTLED_MAX addresses with the latest bad tokens are kept."""
-
-    def __init__(self):
-        # failures, refused until, last failure; the least recent first
-        self._by_client: OrderedDict[str, tuple[int, float, float]] = OrderedDict()
-
-    def check(self, client: str) -> None:
-        _, until, _ = self._by_client.get(client, (0, 0.0, 0.0))
-        if (wait := until - time.monotonic()) > 0:
-            raise FsError(
-                E.EAGAIN,
-                f"too many failed attaches from {client}: tokens are not checked for another {math.ceil(wait)} s",
-            )
-
-    def failed(self, client: str) -> None:
-        now = time.monotonic()
-        failures, _, last = self._by_client.pop(client, (0, 0.0, 0.0))
-        failures = 1 if now - last > _ATTACH_FORGET else failures + 1
-        until = 0.0
-        if failures >= ATTACH_FAILURES:
-            until = now + min(ATTACH_DELAY * 2 ** min(failures - ATTACH_FAILURES, 16), ATTACH_DELAY_MAX)
-        self._by_client[client] = (failures, until, now)
-        if len(self._by_client) > THROTTLED_MAX:
-            self._by_client.popitem(last=False)
-
-    def succeeded(self, client: str) -> None:
-        self._by_client.pop(client, None)
-
-
 def _peer(transport: asyncio.BaseTransport) -> str | None:
     """Who is connecting, as the connection caps count them: "uid N" on a Unix socket, the
     address on TCP (see `client_of`). None if the peer is already gone."""
@@ -615,51 +621,127 @@ def client_of(host: str) -> str:
 
 
 class NinePServer:
-    """A listening 9P server. `address` is the socket path or the bound (host, port)."""
+    """A listening 9P server. `address` is the socket path or the bound (host, port).
+
+    Connections are counted per client as attached (on the Unix socket, from the accept), pending
+    (on TCP, until a Tattach carries the token) or refused (over the cap of attached ones, waiting
+    for the request their refusal answers). Attached and pending together are at most `max_total`;
+    refused ones at most _REFUSALS more."""
 
     def __init__(self, namespace: Namespace, token: str | None, max_connections: int, max_total: int):
         self.namespace, self.token = namespace, token
         self.user = getpass.getuser()
         self.address: str | tuple[str, int] = ""
-        self.throttle = _AttachThrottle()
-        self._max_connections, self._max_total = max_connections, max_total  # per client, in all
+        self._max_connections, self._max_total = max_connections, max_total  # attached per client; in all
         self._server: asyncio.AbstractServer | None = None
-        self._connections: set[_Connection] = set()
-        self._per_client: Counter[str] = Counter()
+        self._connections: set[_Connection] = set()  # every connection not yet done, counted or not
+        self._attached: Counter[str] = Counter()
+        # per client, in the order they are evicted: those that sent a wrong token, then the oldest
+        self._pending: dict[str, OrderedDict[_Connection, None]] = {}
+        self._n_pending = 0
+        self._refused = 0
         self._closing = False
 
     def accept(self, conn: _Connection) -> None:
-        """Count a new connection against its client's cap, or close it."""
+        """Count a new connection: attached (Unix socket), pending (TCP), or refused with a reason
+        (over the cap of attached ones); or close it. A full total evicts a pending connection
+        rather than refuse: connections that never attach lock no one out."""
         assert conn.transport is not None
         try:
             client = _peer(conn.transport)
         except OSError:  # gone already
             client = None
-        n, total = (self._per_client[client] if client else 0), len(self._connections)
-        if (
-            self._closing
-            or client is None
-            or n >= self._max_connections + _REFUSALS
-            or total >= self._max_total + _REFUSALS
-        ):
+        if self._closing or client is None:
             conn.transport.close()
             return
-        if n >= self._max_connections:
+        if self._attached[client] >= self._max_connections:
             conn.refusal = f"too many connections from {client}: at most {self._max_connections}; close some first"
-        elif total >= self._max_total:
+        elif self._attached.total() + self._n_pending >= self._max_total and not self._evict_one():
             conn.refusal = f"too many connections: at most {self._max_total} in all; close some first"
         if conn.refusal:
+            if self._refused >= _REFUSALS:
+                conn.transport.close()
+                return
             asyncio.get_running_loop().call_later(_REFUSE_TIMEOUT, conn.transport.close)
-        self._per_client[client] += 1
+            self._refused += 1
+            conn.standing = "refused"
+        elif self.token is None:
+            self._attached[client] += 1
+            conn.standing = "attached"
+        else:
+            self._pending.setdefault(client, OrderedDict())[conn] = None
+            self._n_pending += 1
+            conn.standing = "pending"
+            conn.deadline = asyncio.get_running_loop().call_later(ATTACH_TIMEOUT, self._expire, conn)
         conn.client = client
         self._connections.add(conn)
-        conn.done.add_done_callback(lambda _: self._gone(conn, client))
+        conn.done.add_done_callback(lambda _: self._gone(conn))
 
-    def _gone(self, conn: _Connection, client: str) -> None:
+    def attached(self, conn: _Connection) -> None:
+        """A pending connection's Tattach carried the token: count it attached, or refuse the attach
+        (and close the connection) if its client has as many as it may."""
+        if conn.standing == "attached":
+            return  # a second Tattach, or one after a Tversion
+        if conn.standing != "pending":
+            raise FsError(E.ECONNABORTED, "the connection is closed")
+        if self._attached[conn.client] >= self._max_connections:
+            conn.close_after_reply()
+            raise FsError(
+                E.EAGAIN,
+                f"too many connections from {conn.client}: at most {self._max_connections}; close some first",
+            )
+        self._unpend(conn)
+        self._attached[conn.client] += 1
+        conn.standing = "attached"
+
+    def suspect(self, conn: _Connection) -> None:
+        """conn sent a wrong token: if it is pending, it is the first its client's connections evict."""
+        if conn.standing == "pending":
+            self._pending[conn.client].move_to_end(conn, last=False)
+
+    def _evict_one(self) -> bool:
+        """Close a pending connection of the client with the most; False if none is pending."""
+        if not self._pending:
+            return False
+        client = max(self._pending, key=lambda c: len(self._pending[c]))
+        victim = next(iter(self._pending[client]))
+        log.debug("9P connection from %s evicted: it has not attached and the connections are full", client)
+        self._let_go(victim)
+        return True
+
+    def _expire(self, conn: _Connection) -> None:
+        if conn.standing == "pending":
+            log.debug("9P connection from %s closed: not attached within %s s", conn.client, ATTACH_TIMEOUT)
+            self._let_go(conn)
+
+    def _let_go(self, conn: _Connection) -> None:
+        """Stop counting a pending connection and drop it at once: whatever it has not read is lost."""
+        assert conn.transport is not None
+        self._unpend(conn)
+        conn.standing = ""
+        conn.transport.abort()
+
+    def _unpend(self, conn: _Connection) -> None:
+        if conn.deadline is not None:
+            conn.deadline.cancel()
+            conn.deadline = None
+        pending = self._pending[conn.client]
+        del pending[conn]
+        self._n_pending -= 1
+        if not pending:
+            del self._pending[conn.client]
+
+    def _gone(self, conn: _Connection) -> None:
         self._connections.discard(conn)
-        self._per_client[client] -= 1
-        if not self._per_client[client]:
-            del self._per_client[client]
+        if conn.standing == "pending":
+            self._unpend(conn)
+        elif conn.standing == "attached":
+            self._attached[conn.client] -= 1
+            if not self._attached[conn.client]:
+                del self._attached[conn.client]
+        elif conn.standing == "refused":
+            self._refused -= 1
+        conn.standing = ""
 
     async def close(self) -> None:
         self._closing = True
@@ -711,6 +793,8 @@ async def serve_tcp(namespace: Namespace, host: str = "127.0.0.1", port: int = 0
     """Serve `namespace` on TCP; every Tattach must carry `token` as its aname. Port 0 picks one."""
     if not token:
         raise ValueError("serving 9P over TCP requires a token")
+    if len(token) < _SHORT_TOKEN:  # wrong tokens slow only their connection: guessing is as fast as connecting
+        log.warning("the 9P token has %d characters: one that short can be guessed; use a long random one", len(token))
     srv = NinePServer(namespace, token, MAX_TCP_CONNECTIONS, MAX_TCP_TOTAL)
     srv._server = await asyncio.get_running_loop().create_server(lambda: _Connection(srv), host, port)
     srv.address = srv._server.sockets[0].getsockname()[:2]
