@@ -311,3 +311,16 @@ def test_a_kernel_that_forbids_user_namespaces_is_named_with_the_fix(tmp_path, m
     apparmor.write_text("0\n")
     debian.write_text("0\n")
     assert "sysctl kernel.unprivileged_userns_clone=1" in jail.userns_hint()
+
+
+async def test_best_effort_without_a_seccomp_filter_says_so_in_the_first_result(run, monkeypatch):
+    write_policy(None, "general:\n  best_effort: true\n")
+    monkeypatch.setattr("platform.machine", lambda: "riscv64")
+    server = execute.Decl(run.ctx.cwd)()
+    try:
+        first = await server.call_tool("execute_code", {"steps": [{"code": "echo hi"}]}, run.ctx)
+        second = await server.call_tool("execute_code", {"steps": [{"code": "echo hi"}]}, run.ctx)
+    finally:
+        await server.close()
+    assert first.text().startswith("[sandbox: no seccomp filter for this riscv64") and first.text().endswith("hi\n")
+    assert second.text() == "hi\n"

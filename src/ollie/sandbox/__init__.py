@@ -42,6 +42,7 @@ __all__ = [
     "directory_within",
     "hidden_paths",
     "load_policy",
+    "seccomp_supported",
 ]
 
 

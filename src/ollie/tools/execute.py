@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import math
 import os
+import platform
 import shutil
 import signal
 import tempfile
@@ -140,6 +141,7 @@ class Server:
         self._jails = sandbox.Jails(view)
         self._view = view is not None
         self._view_told = False  # that its jails run without the view (no FUSE here), said once
+        self._seccomp_told = sandbox.seccomp_supported()  # that they run without the filter, said once
         self._namespaces = True  # False once a jail found them refused (and the policy allowed that)
         self._scratch = ""  # $TMPDIR for calls whose context has none; removed on close
         self._wrapper = sandbox.superpowers_prefix()
@@ -236,6 +238,12 @@ class Server:
         """The running jail for `policy`, and a notice for the first result when it runs without
         namespaces."""
         jail = await self._jails.get(policy)
+        if not self._seccomp_told:
+            self._seccomp_told = True
+            return jail, (
+                f"[sandbox: no seccomp filter for this {platform.machine()}; running with Landlock and the "
+                "namespaces alone, as general.best_effort allows: code may make sockets of any kind]"
+            )
         if jail.view_error and not self._view_told:
             self._view_told = True
             return jail, f"[no view of ollie's files at $OLLIE in this sandbox: {jail.view_error}]"
