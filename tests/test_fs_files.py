@@ -381,7 +381,9 @@ def test_reading_a_restored_session_wakes_it_only_when_asked(fs_server):
     # Waking builds the backend and starts the agent's tool servers; a walk over the tree must not
     # do that for every stored session. The agent's prompt command marks each wake.
     marker = fs_server.root / "woke"
-    fs_server.agent("waker", [{"match": ".", "text": "ok"}], prompt=f"!touch {marker}; echo You wake.")
+    fs_server.agent(  # as you, not sandboxed: the marker is outside any sandbox's reach
+        "waker", [{"match": ".", "text": "ok"}], prompt=f"!touch {marker}; echo You wake.", hookSandbox=False
+    )
     sid = fs_server.new_session(agent="waker")
     s = fs_server.mnt / "s" / sid
     fs_server.sh(f"echo 'FOO=bar' > s/{sid}/env; echo 'temperature=0.5' > s/{sid}/cfg; echo hi > s/{sid}/prompt")

@@ -20,6 +20,7 @@ from ollie.agent import plans
 from ollie.agent.plans import KEY_FILE, MAP_FILE, Task, signature
 from ollie.config import AgentConfig
 from ollie.types import Event
+from sandbox_helpers import write_policy
 from script_helpers import DEFAULTS
 
 PY = sys.executable
@@ -53,7 +54,9 @@ SHIP_IT = [  # plan, check the first step, finish the plan, answer
 
 
 def tasks_server(file: Path, *flags: str) -> dict[str, Any]:
-    return {"tasks": {"command": PY, "args": [str(TASKS), str(file), *flags]}}
+    """The task server, in its jail, with the one directory it keeps its tasks in writable."""
+    write_policy("tasks", f"filesystem:\n  rw: [{file.parent}]\n")
+    return {"tasks": {"command": PY, "args": [str(TASKS), str(file), *flags], "sandbox": "tasks"}}
 
 
 @pytest.fixture(autouse=True)

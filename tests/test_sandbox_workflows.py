@@ -176,3 +176,18 @@ def test_a_name_resolves_through_the_systems_resolver_in_a_connect_tcp_policy(ho
     finally:
         listener.close()
     assert out.stdout == "127.0.0.9\n", out.stdout + out.stderr
+
+
+async def test_git_works_with_your_identity_and_without_the_rest_of_your_gitconfig(run, home):
+    """~/.gitconfig lies outside the grants, and git dies on a config it may not read: the sandbox
+    gets your name and email, not its aliases, includes or the token a URL rewrite may hold."""
+    (home / ".gitconfig").write_text(
+        "[user]\n\tname = Ada L\n\temail = ada@example.com\n"
+        '[url "https://tok-SECRET@github.com/"]\n\tinsteadOf = https://github.com/\n'
+    )
+    code = (
+        "git init -q . && git commit -q --allow-empty -m first && git log --format='%an <%ae>' && "
+        "git config --list --show-origin | grep -c SECRET; true"
+    )
+    result = await run(code)
+    assert result.text() == "Ada L <ada@example.com>\n0\n", result.text()

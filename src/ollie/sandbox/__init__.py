@@ -19,6 +19,7 @@ import platform
 import re
 import shutil
 import stat
+import subprocess
 import sys
 import weakref
 from collections import OrderedDict
@@ -125,7 +126,49 @@ class Sandbox:
             self._environ = {k: v for k, v in os.environ.items() if self._env_names.match(k)}
             if self.policy.dns:  # the resolver over TCP: the policy's port 53 (UDP stays refused)
                 self._environ["RES_OPTIONS"] = " ".join([self._environ.get("RES_OPTIONS", ""), "use-vc"]).strip()
+            self._environ.update(_git_identity(self.policy))
         return dict(self._environ)
+
+
+def _git_identity(policy: Policy) -> dict[str, str]:
+    """git dies ("unknown error occurred while reading the configuration files") on a global config
+    it may not read, ~/.gitconfig outside the grants: in its place, only the identity commits need,
+    read from it here (no alias, include or credential helper it may hold crosses over)."""
+    global_config = _git_global_config()
+    if not global_config or any(
+        global_config == p or global_config.startswith(p.rstrip("/") + "/")
+        for paths in policy.paths.values()
+        for p in paths
+    ):
+        return {}
+    env = {"GIT_CONFIG_GLOBAL": "/dev/null"}
+    identity = [(k, v) for k, v in _git_user().items() if v]
+    for n, (key, value) in enumerate(identity):
+        env[f"GIT_CONFIG_KEY_{n}"], env[f"GIT_CONFIG_VALUE_{n}"] = key, value
+    env["GIT_CONFIG_COUNT"] = str(len(identity))
+    return env
+
+
+def _git_global_config() -> str:
+    """The global git config that exists, if any (git reads both; either unreadable is fatal)."""
+    home = os.path.expanduser("~")
+    xdg = os.environ.get("XDG_CONFIG_HOME") or os.path.join(home, ".config")
+    found = [p for p in (os.path.join(home, ".gitconfig"), os.path.join(xdg, "git", "config")) if os.path.exists(p)]
+    return os.path.realpath(found[0]) if found else ""
+
+
+def _git_user() -> dict[str, str]:
+    git = shutil.which("git")
+    if git is None:
+        return {}
+    out = {}
+    for key in ("user.name", "user.email"):
+        try:
+            got = subprocess.run([git, "config", "--global", "--get", key], capture_output=True, text=True, timeout=5)
+        except (OSError, subprocess.TimeoutExpired):
+            continue
+        out[key] = got.stdout.strip()
+    return out
 
 
 class Jails:
