@@ -260,6 +260,46 @@ def test_run_shows_control_characters_from_the_model_and_tools_escaped(ollie_dir
     assert next(e["text"] for e in events if e["kind"] == "tool") == "tool " + ESCAPES
 
 
+def test_tools_call_and_list_show_what_a_tool_says_escaped(ollie_dirs):
+    """A tool's output (success or failure), and a tool server's failure in its own words, reach
+    the terminal escaped; `--json` carries them intact, as ASCII."""
+    calc = Path(__file__).parent / "mcp_servers" / "calc.py"
+    evil = f"import sys; sys.stderr.write({ESCAPES!r}); sys.exit(3)"
+    (ollie_dirs / "cfg" / "agents").mkdir()
+    (ollie_dirs / "cfg" / "agents" / "calc.json").write_text(
+        json.dumps(
+            {
+                "mcpServers": {
+                    "calc": {"command": sys.executable, "args": [str(calc)]},
+                    "evil": {"command": sys.executable, "args": ["-c", evil]},
+                }
+            }
+        )
+    )
+    tools = [*OLLIE, "tools"]
+
+    def run(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([*tools, *args, "--agent", "calc"], capture_output=True, timeout=120)
+
+    echoed = run("call", "echo", json.dumps({"text": "tool " + ESCAPES}))
+    assert echoed.returncode == 0, echoed.stderr
+    assert [raw for raw in RAW if raw in echoed.stdout + echoed.stderr] == []
+    assert echoed.stdout.decode().startswith("tool \\x1b]0;pwned\\x07 \\x1b[2J \\x1b[31mred\\x1b[0m safe\\x0dEVIL")
+    failed = run("call", "fail", json.dumps({"reason": ESCAPES}))
+    assert failed.returncode == 1
+    assert [raw for raw in RAW if raw in failed.stderr] == []
+    assert "failed on purpose: \\x1b]0;pwned\\x07" in failed.stderr.decode()
+
+    listed = run("list")
+    assert listed.returncode == 0, listed.stderr
+    assert [raw for raw in RAW if raw in listed.stdout + listed.stderr] == []
+    assert "evil: unavailable: " in listed.stdout.decode() and "\\x1b]8;;http://x\\x1b\\link" in listed.stdout.decode()
+    assert ":: mcp server evil failed: " in listed.stderr.decode()
+    as_json = run("list", "--json")
+    assert [raw for raw in RAW if raw in as_json.stdout] == [] and as_json.stdout.isascii()
+    assert "\x1b]8;;http://x\x1b\\link" in json.loads(as_json.stdout)["evil"]["error"]
+
+
 def test_a_script_turn_that_is_no_object_is_refused_naming_it(script):
     out = ollie("run", "--script", script([{"text": "one"}, "two"]), "hi")
     assert out.returncode == 1

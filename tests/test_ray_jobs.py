@@ -32,6 +32,7 @@ RAY = Path(sys.executable).parent / "ray"  # the ray command of this Python's en
 
 
 HOST = socket.gethostname()
+SERVER_ONLY = {"OLLIE_PROXY_AUTH": "Basic c2VjcmV0", "OLLIE_ANTHROPIC_URL": "https://user:hunter2@127.0.0.1:9/"}
 
 
 def _free_port() -> int:
@@ -98,7 +99,8 @@ def on_ray(tmp_path_factory):
     # Token authentication, as a cluster should run: the head, its workers and the server share it.
     srv.env.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=secrets.token_hex(32))
     cluster = Cluster(srv.env)
-    srv.env.update(OLLIE_BATCH_EXECUTOR="ray", RAY_ADDRESS=cluster.address)
+    # The server's own, after the cluster started: a worker has them only if they ride with a task.
+    srv.env.update(OLLIE_BATCH_EXECUTOR="ray", RAY_ADDRESS=cluster.address, **SERVER_ONLY)
     srv.agent(
         "snoop",
         turns=[
@@ -107,6 +109,17 @@ def on_ray(tmp_path_factory):
         ],
     )
     srv.agent("sleeper", turns=_sleeper("sleep 301.5"))
+    # An MCP server of the worker's reports the worker's variables (expanded there from its env).
+    calc = Path(__file__).parent / "mcp_servers" / "calc.py"
+    seen = {name: f"${{{name}:-unset}}" for name in SERVER_ONLY}
+    srv.agent(
+        "envsnoop",
+        turns=[
+            *({"tool_calls": [{"name": "env", "arguments": {"name": name}}]} for name in SERVER_ONLY),
+            {"text": "seen"},
+        ],
+        mcpServers={"calc": {"command": sys.executable, "args": [str(calc)], "env": seen}},
+    )
     try:
         srv.start()
         yield Jobs(srv)
@@ -282,6 +295,15 @@ def test_sandboxed_code_on_a_worker_sees_neither_keys_nor_the_clusters_token(on_
     assert on_ray.srv.env["RAY_AUTH_TOKEN"] not in log and "RAY_" not in log
 
 
+def test_a_worker_gets_the_listed_settings_alone_and_urls_without_credentials(on_ray):
+    (jid,) = on_ray.submit("agent=envsnoop\n---\nlook around\n")
+    assert on_ray.wait(jid, timeout=90) == "done", (on_ray.b / jid / "result").read_text()
+    log = (on_ray.b / jid / "log").read_text()
+    assert "-> env(" in log and "\nunset\n" in log  # OLLIE_PROXY_AUTH stayed home
+    assert "\nhttps://127.0.0.1:9/\n" in log  # the URL came, without its user and password
+    assert "c2VjcmV0" not in log and "hunter2" not in log
+
+
 def test_a_malformed_ray_address_fails_the_submission_naming_the_fix(tmp_path):
     srv: FsServer = _server(tmp_path, OLLIE_BATCH_EXECUTOR="ray", RAY_ADDRESS="head-node-without-port")
     srv.start()
@@ -301,7 +323,7 @@ def test_an_unknown_executor_fails_the_servers_start_naming_it(tmp_path):
     assert out.returncode == 1 and "OLLIE_BATCH_EXECUTOR='rya': give local or ray" in out.stderr
 
 
-def test_keys_never_ride_with_a_task():
+def test_only_listed_settings_ride_with_a_task_and_urls_without_credentials():
     env = {
         "OLLIE_OPENAI_URL": "http://127.0.0.1:9",
         "OLLIE_OPENAI_KEY": "sk-1",
@@ -311,8 +333,29 @@ def test_keys_never_ride_with_a_task():
         "OLLIE_CFG_PATH": "/cfg",
         "OPENAI_API_KEY": "sk-3",
         "PATH": "/bin",
+        # credentials under names no filter of words foresees, and settings that are the server's own
+        "OLLIE_PROXY_AUTH": "Basic dTpw",
+        "OLLIE_GCP_CREDENTIALS": '{"private_key": "k"}',
+        "OLLIE_BASE_URL": "https://u:p@host/",
+        "OLLIE_JOBS": "8",
+        "OLLIE_SUBAGENT_DEPTH": "5",
+        "OLLIE_TRANSCRIPT_DAYS": "1",
+        # URLs that carry a user and password, with or without a scheme
+        "OLLIE_ANTHROPIC_URL": "https://user:secret@proxy.example:8443/anthropic",
+        "OPENAI_BASE_URL": "http://u:p@a@gw.example/v1?x=y",
+        "OLLAMA_HOST": "u:p@gpu-box:11434",
+        "OLLIE_VLLM_URL": "http://vllm.example/v1?who=a@b",  # an @ past the host is no credential
+        "OLLIE_MODEL": "claude-sonnet-4@20250514",  # nor is one in a value that is no URL
     }
-    assert forwarded_env(env) == {"OLLIE_OPENAI_URL": "http://127.0.0.1:9", "OLLIE_CFG_PATH": "/cfg"}
+    assert forwarded_env(env) == {
+        "OLLIE_CFG_PATH": "/cfg",
+        "OLLIE_MODEL": "claude-sonnet-4@20250514",
+        "OLLIE_OPENAI_URL": "http://127.0.0.1:9",
+        "OPENAI_BASE_URL": "http://gw.example/v1?x=y",
+        "OLLIE_ANTHROPIC_URL": "https://proxy.example:8443/anthropic",
+        "OLLAMA_HOST": "gpu-box:11434",
+        "OLLIE_VLLM_URL": "http://vllm.example/v1?who=a@b",
+    }
 
 
 def test_a_worker_refuses_a_sub_agent_whose_agent_runs_outside_the_sandbox_there(tmp_path, monkeypatch):

@@ -10,6 +10,11 @@ r"""The chat log: the conversation as plain text, the way `tail -f chat` shows i
 A segment of assistant text is prefixed once, and so is one of the model's reasoning (`reasoning: `,
 in the session's chat only); tool calls are `-> name(args)`; results follow as they are;
 `retrying in Ns...`, `error: X` and `:: info` lines; each turn ends with a blank line.
+
+Only ollie starts a line with a marker (`MARKERS`): a line of content (a tool's output, the
+model's text, a prompt's second line) that would read as one is quoted with a `>`, as mbox quotes
+`From ` (`>user: ` shows a tool that printed `user: `, and `>>user: ` one that printed `>user: `),
+so that what a model or a tool writes can never pass for a turn; `unquoted` gives the content back.
 Control characters are shown as escapes (ESC as `\x1b`), so that printing the chat cannot drive
 the terminal: `visible` does it, for every frontend that prints text from a model or a tool.
 """
@@ -39,6 +44,40 @@ def _escape(m: re.Match[str]) -> str:
 
 
 PROMPT_PREFIX = "user: "
+# The prefixes that start a line of the chat, with the kind of line each starts, in the order a
+# parser tries them (`:: thought: ` before `:: `). A `-> ` line is a tool call; its output follows.
+MARKERS = (
+    (PROMPT_PREFIX, "user"),
+    ("assistant: ", "assistant"),
+    ("reasoning: ", "reasoning"),
+    ("-> ", "call"),
+    ("retrying in ", "retry"),
+    ("error: ", "error"),
+    (":: thought: ", "thought"),
+    (":: ", "info"),
+)
+QUOTE = ">"
+_MARKER = "(?:" + "|".join(re.escape(prefix) for prefix, _ in MARKERS) + ")"
+_AS_MARKER = re.compile(f"{QUOTE}*{_MARKER}")  # a line that reads as a marker, quoted or not
+_TO_QUOTE = re.compile(f"(?m)^(?={_AS_MARKER.pattern})")
+_QUOTED = re.compile(f"{QUOTE}+{_MARKER}")
+
+
+def quoted(text: str) -> str:
+    """`text` as lines of content: each line that would read as a marker, or as a quoted one,
+    gets one more `>`."""
+    return _TO_QUOTE.sub(QUOTE, text)
+
+
+def unquoted(line: str) -> str:
+    """A line of content as it was written (a quoted marker loses its `>`)."""
+    return line[1:] if _QUOTED.match(line) else line
+
+
+def may_become_marker(start: str) -> bool:
+    """Whether the start of a line could still grow into a marker, quoted or not."""
+    rest = start.lstrip(QUOTE)
+    return any(prefix.startswith(rest) for prefix, _ in MARKERS)
 
 
 def last_prompt_offset(chat: bytes) -> int:
@@ -58,6 +97,9 @@ class ChatRenderer:
         self.reasoning = reasoning
         self._segment = ""  # "assistant" or "reasoning" while a segment of either is being written
         self._held = ""  # newlines that ended the reasoning so far: written if more of it follows
+        # The start of the segment's current line while it could still become a marker (held back
+        # until it is decided whether to quote it); None in the middle of a line.
+        self._start: str | None = None
         self.line_start = 0  # where, in the text `render` last returned, its line starts
 
     def render(self, ev: Event) -> str:
@@ -66,8 +108,8 @@ class ChatRenderer:
         line = self._line(ev)
         if line is None:
             return ""
-        out = "\n" if self._segment else ""
-        self._segment, self._held = "", ""
+        out = (self._start or "") + "\n" if self._segment else ""
+        self._segment, self._held, self._start = "", "", None
         self.line_start = len(out)
         return visible(out + line)
 
@@ -82,30 +124,55 @@ class ChatRenderer:
         if not text:
             return ""
         if self._segment == kind:
-            return text
-        out = ("\n" if self._segment else "") + f"{kind}: " + text
-        self._segment = kind
-        return out
+            return self._continue(text)
+        out = (self._start or "") + "\n" if self._segment else ""
+        self._segment, self._start = kind, None
+        return out + f"{kind}: " + self._continue(text)
+
+    def _continue(self, text: str) -> str:
+        """More of a segment, its lines quoted where they would read as markers; the start of a
+        line that could still become one waits for the text that decides."""
+        out = []
+        while text:
+            if self._start is None:  # in a line: it passes, up to the next one's start
+                end = text.find("\n") + 1
+                if not end:
+                    out.append(text)
+                    break
+                out.append(text[:end])
+                text, self._start = text[end:], ""
+                continue
+            text, self._start = self._start + text, None
+            if _AS_MARKER.match(text):
+                out.append(QUOTE)
+            elif may_become_marker(text):
+                text, self._start = "", text
+        return "".join(out)
 
     @staticmethod
     def _line(ev: Event) -> str | None:
         match ev.kind:
             case "user":
-                return f"{PROMPT_PREFIX}{ev.text}\n"
+                return marked(PROMPT_PREFIX, ev.text)
             case "call":
-                return f"-> {ev.name}({ev.text})\n"
+                return marked("-> ", f"{ev.name}({ev.text})")
             case "tool":
-                text = ev.text if ev.text.endswith("\n") or not ev.text else ev.text + "\n"
-                return text
+                return quoted(ev.text if ev.text.endswith("\n") or not ev.text else ev.text + "\n")
             case "retry" | "limitretry" if ev.data and ev.data.get("first"):
                 return f"retrying in {ev.data['seconds']}s...\n"
             case "error":
-                return f"error: {ev.text}\n"
+                return marked("error: ", ev.text)
             case "info" | "maxsteps":
-                return f":: {ev.text}\n"
+                return marked(":: ", ev.text)
             case "done":
                 return "\n"
         return None
+
+
+def marked(marker: str, text: str) -> str:
+    """A line of the chat: `marker`, then `text`, whose lines after the first are content."""
+    first, newline, rest = text.partition("\n")
+    return f"{marker}{first}{newline}{quoted(rest)}\n"
 
 
 def usage_text(u: Usage) -> str:

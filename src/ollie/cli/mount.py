@@ -7,6 +7,7 @@ import os
 import sys
 from pathlib import Path
 
+from ..chatfmt import visible
 from ..types import ConfigError
 
 
@@ -60,7 +61,7 @@ def _mount(args: argparse.Namespace) -> int:
     try:
         why = asyncio.run(_run(args.addr, mnt, secret))
     except (OSError, RemoteError) as e:
-        print(f"ollie mount: {args.addr}: {e}", file=sys.stderr)
+        print(visible(f"ollie mount: {args.addr}: {e}"), file=sys.stderr)  # the server's words
         return 1
     print(f"ollie mount: unmounted {mnt}: {why}", file=sys.stderr)
     return 0 if why == "stopped" else 1

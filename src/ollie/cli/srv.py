@@ -7,6 +7,7 @@ import os
 import sys
 from pathlib import Path
 
+from ..chatfmt import visible
 from .init import first_use
 from .mount import add_token_options, token
 
@@ -83,7 +84,7 @@ def _fg(args: argparse.Namespace) -> int:
     try:
         asyncio.run(serve(opts, int(ready) if ready else None))
     except OSError as e:
-        print(f"ollie srv: {e}", file=sys.stderr)
+        print(visible(f"ollie srv: {e}"), file=sys.stderr)
         return 1
     return 0
 
@@ -134,7 +135,7 @@ def _start(args: argparse.Namespace) -> int:
         return 0
     if proc.poll() is None and not text:
         proc.terminate()
-    print(f"ollie srv: did not start: {text or 'no answer'}; see {opts.log_file}", file=sys.stderr)
+    print(visible(f"ollie srv: did not start: {text or 'no answer'}; see {opts.log_file}"), file=sys.stderr)
     return 1
 
 

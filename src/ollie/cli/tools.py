@@ -1,4 +1,8 @@
-"""`ollie tools list` and `ollie tools call`: an agent's tools, run without a model."""
+"""`ollie tools list` and `ollie tools call`: an agent's tools, run without a model.
+
+What a tool server says (its tools' names and descriptions, a call's output, its errors) is printed
+with its control characters escaped (`chatfmt.visible`): a tool must not drive the terminal.
+`--json` is ASCII-only JSON, escaped already."""
 
 from __future__ import annotations
 
@@ -7,6 +11,8 @@ import os
 import sys
 from collections.abc import Awaitable, Callable
 from typing import Any
+
+from ..chatfmt import visible
 
 
 def register(subparsers: Any) -> None:
@@ -66,7 +72,7 @@ async def _with_env(args: argparse.Namespace, action: Callable[[argparse.Namespa
     env = await build_agent_env(cfg, new_dispatcher_func({"execute": execute.Decl(cwd)})(), cwd)
     try:
         for info in env.infos:
-            print(f":: {info}", file=sys.stderr)
+            print(visible(f":: {info}"), file=sys.stderr)  # a server's failure, in its words
         return await action(args, env)
     finally:
         await env.dispatcher.close()
@@ -91,7 +97,7 @@ async def _print_list(args: argparse.Namespace, env: Any) -> int:
         }
         print(json.dumps(out, indent=2))
     else:
-        print(format_status(status))
+        print(visible(format_status(status)))
     return 0
 
 
@@ -109,6 +115,6 @@ async def _print_call(args: argparse.Namespace, env: Any) -> int:
         result = await env.dispatcher.dispatch(args.tool, args.parsed, ctx)
     finally:
         shutil.rmtree(tmpdir, ignore_errors=True)
-    text = result.text()
+    text = visible(result.text())
     print(text, end="" if text.endswith("\n") else "\n", file=sys.stderr if result.is_error else sys.stdout)
     return 1 if result.is_error else 0

@@ -4,9 +4,10 @@ a headless session on whichever worker Ray picks, and streams its log back to th
 The server (the Ray driver) keeps everything `b/` shows: it appends the streamed log to the job's
 `chat`, and takes usage, cost and the outcome from the stream. Nothing of a job's spec but its
 resolved settings (agent, backend, model, cwd) and its prompt travels; API keys never do. A worker
-reads keys from its own environment or its own ollie env file (`$OLLIE_CFG_PATH/env`); the server's
-other ollie settings (`OLLIE_*` variables that are not keys, tokens, secrets or passwords) ride in
-the task's runtime environment, so a worker on a shared filesystem sees the same agents.
+reads keys from its own environment or its own ollie env file (`$OLLIE_CFG_PATH/env`); of the
+server's environment, only the settings in `WORKER_ENV` (paths, backend, model, servers' URLs, none
+of them a secret) ride in the task's runtime environment, URLs without their `user:password@`, so
+a worker on a shared filesystem sees the same agents.
 
 `ray` is imported only here, and this module only when the executor is `ray`. A task is never
 retried (a job's side effects must not happen twice behind the user's back); a worker that dies
@@ -30,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import config
+from ..chatfmt import marked, visible
 from ..types import ConfigError, Cost, OllieError, Usage
 
 log = logging.getLogger("ollie.fs.ray_jobs")
@@ -37,12 +39,51 @@ log = logging.getLogger("ollie.fs.ray_jobs")
 CONNECT_TIMEOUT = 5.0  # seconds to reach the cluster's address before saying it cannot be reached
 INIT_TIMEOUT = 60.0  # seconds for ray.init once the address answers
 CANCEL_LATENCY = 0.2  # seconds a cancelled task may take to notice
-SECRET = re.compile(r"KEY|TOKEN|SECRET|PASSWORD", re.IGNORECASE)
+# What a worker's session reads that the server's settings decide: listed, so that a credential
+# under a name nobody foresaw (`OLLIE_PROXY_AUTH`) stays home. Keys, tokens (`OLLIE_9P_TOKEN`, the
+# cluster's) and the server's own settings (`OLLIE_JOBS`, `OLLIE_SUBAGENT_DEPTH`, …) are not here.
+URL_ENV = (
+    "OLLIE_OPENAI_URL",
+    "OPENAI_BASE_URL",
+    "OLLIE_ANTHROPIC_URL",
+    "ANTHROPIC_BASE_URL",
+    "OLLIE_OLLAMA_URL",
+    "OLLAMA_HOST",
+    "OLLIE_LLAMACPP_URL",
+    "OLLIE_VLLM_URL",
+    "OLLIE_LMSTUDIO_URL",
+)
+WORKER_ENV = (
+    "OLLIE_CFG_PATH",
+    "OLLIE_DATA_PATH",
+    "OLLIE_TMP_PATH",
+    "OLLIE_AGENTS_PATH",
+    "OLLIE_SKILLS_PATH",
+    "OLLIE_TOOLS_PATH",
+    "OLLIE_BACKEND",
+    "OLLIE_MODEL",
+    "OLLIE_LOCAL_MODEL",
+    "OLLIE_LOCAL_CTX",
+    "OLLIE_LOCAL_TOOL_CHOICE",
+    "OLLIE_MAX_SESSION_COST",
+    *URL_ENV,
+)
+# A URL's `user:password@` (an OLLAMA_HOST may be a bare `host:port`, so in the URL variables the
+# scheme is optional; elsewhere only a `scheme://` value is a URL, and `model@rev` is no password).
+_USERINFO = re.compile(r"^((?:[A-Za-z][A-Za-z0-9+.-]*:)?//)?[^/?#]*@")
 
 
 def forwarded_env(environ: dict[str, str]) -> dict[str, str]:
-    """The server's ollie settings a worker gets with each task: OLLIE_* variables, keys excepted."""
-    return {k: v for k, v in environ.items() if k.startswith("OLLIE_") and not SECRET.search(k)}
+    """The server's settings a worker gets with each task: those of WORKER_ENV that are set, any
+    credentials in a URL's `user:password@` dropped."""
+    return {name: _without_credentials(name, environ[name]) for name in WORKER_ENV if name in environ}
+
+
+def _without_credentials(name: str, value: str) -> str:
+    m = _USERINFO.match(value)
+    if m is None or not (m[1] or name in URL_ENV):
+        return value
+    return (m[1] or "") + value[m.end() :]
 
 
 @dataclass
@@ -286,7 +327,7 @@ async def _follow(
 def _failed(core: Any, message: str) -> dict[str, Any]:
     return {
         **(_progress(core, b"") if core is not None else {}),
-        "log": f":: error: {message}\n\n".encode(),
+        "log": (visible(marked(":: ", f"error: {message}")) + "\n").encode(),  # whatever the message holds
         "status": f"failed: {message.splitlines()[0] if message else 'no reason given'}",
         "result": message,
     }

@@ -23,6 +23,8 @@ import os
 import sys
 from typing import TYPE_CHECKING
 
+from ..chatfmt import visible
+
 if TYPE_CHECKING:
     from .client import Namespace
 
@@ -63,8 +65,8 @@ async def _main(args: argparse.Namespace) -> int:
     conn = Connection(args.addr, _token(args) if args.addr else "", args.socket)
     try:
         ns = await conn.connect(start=True)
-    except Unreachable as e:
-        print(f"ollie: {e}", file=sys.stderr)
+    except Unreachable as e:  # it may quote the server's answer
+        print(visible(f"ollie: {e}"), file=sys.stderr)
         return 1
     try:
         sid = await choose_session(ns, args, cwd, interactive)
@@ -79,7 +81,7 @@ async def _main(args: argparse.Namespace) -> int:
                 app.pending.append(stale)
             await app.run()
             sid, ns = app.sid, app.ns
-            print(f"session: {sid} (`ollie` here resumes it)")
+            print(visible(f"session: {sid} (`ollie` here resumes it)"))  # a remote server names it
             return 0
         from .plain import run_plain
 
@@ -127,8 +129,6 @@ async def pick(ns: Namespace) -> str | None:
     times = await asyncio.gather(*(ns.mtime(f"s/{s.id}/chat") for s in sessions))
     ordered = [s for _, _, s in sorted(zip(times, range(len(sessions)), sessions, strict=True), reverse=True)][:30]
     firsts = await asyncio.gather(*(ns.first_prompt(s.id) for s in ordered))
-    from ..chatfmt import visible
-
     for i, (s, first) in enumerate(zip(ordered, firsts, strict=True), 1):
         print(visible(f"{i:3}  {s.id}  {s.cwd}  {first[:50]}"))
     answer = (await asyncio.to_thread(input, "session (number, empty to cancel): ")).strip()

@@ -20,6 +20,7 @@ import sys
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
+from ..chatfmt import PROMPT_PREFIX
 from ..fs import ninep as P
 from ..fs.ninep_client import Client, RemoteError
 
@@ -156,9 +157,9 @@ class Namespace:
             head = (await self.client.read(fid, 0, 4096)).decode(errors="replace")
         finally:
             await self.client.clunk(fid)
-        for line in head.splitlines():
-            if line.startswith("user: "):
-                return line[6:]
+        for line in head.split("\n"):  # the chat's lines: no other separator starts one
+            if line.startswith(PROMPT_PREFIX):
+                return line[len(PROMPT_PREFIX) :]
         return ""
 
     async def wait_state(self, sid: str) -> AsyncIterator[str]:

@@ -1,11 +1,12 @@
 """The conversation, parsed from the session's `chat` as it grows (the chat format, docs/files.md).
 
-The chat is text meant for people, so the parse goes by line prefixes: `user: `, `assistant: `,
-`reasoning: `, `-> name(args)` (a tool call; the lines after it are its output), `retrying in `,
-`error: `, `:: `.
-A line without a prefix continues the block before it. Text arrives in pieces that split lines:
+The chat is text meant for people, so the parse goes by line prefixes (`chatfmt.MARKERS`): `user: `,
+`assistant: `, `reasoning: `, `-> name(args)` (a tool call; the lines after it are its output),
+`retrying in `, `error: `, `:: `. A line without a prefix continues the block before it, as
+content: only ollie writes a marker at a line's start, and content that would read as one is
+quoted (`>user: `), which the parse undoes. Text arrives in pieces that split lines:
 complete lines are parsed for good, the last partial line is shown provisionally (`view`), and a
-partial line that could still become a prefix (`assis`) waits for more.
+partial line that could still become a prefix (`assis`, `>us`) waits for more.
 
 Blocks the terminal adds itself (a `!cmd`'s output, a note) are `local`: they are placed where the
 chat stands when they are added, and are never part of the chat.
@@ -15,17 +16,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-# (prefix, kind) in the order they are tried. "-> " lines start a tool call.
-PREFIXES = (
-    ("user: ", "user"),
-    ("assistant: ", "assistant"),
-    ("reasoning: ", "reasoning"),
-    ("-> ", "call"),
-    ("retrying in ", "retry"),
-    ("error: ", "error"),
-    (":: thought: ", "thought"),
-    (":: ", "info"),
-)
+from ..chatfmt import MARKERS, may_become_marker, unquoted
+
 # Kinds whose following unprefixed lines belong to them: a tool call's output, a multi-line prompt,
 # assistant text or reasoning, an info block (a command's output: `/help`, `/models`).
 CONTINUED = {"user", "assistant", "reasoning", "call", "info", "thought", "error"}
@@ -69,7 +61,7 @@ class Conversation:
 
     def view(self) -> list[Block]:
         """The blocks with the partial line in place (the block it grows is copied)."""
-        if not self.partial or any(p.startswith(self.partial) for p, _ in PREFIXES):
+        if not self.partial or may_become_marker(self.partial):
             return self.blocks
         blocks = list(self.blocks)
         i = _last_chat_block(blocks)
@@ -83,7 +75,7 @@ class Conversation:
         return Block(kind, lines, head, local, self._seq)
 
     def _add_line(self, blocks: list[Block], line: str) -> None:
-        for prefix, kind in PREFIXES:
+        for prefix, kind in MARKERS:
             if line.startswith(prefix):
                 rest = line[len(prefix) :]
                 if kind == "call":
@@ -91,6 +83,7 @@ class Conversation:
                 else:
                     blocks.append(self._new(kind, [line if kind == "retry" else rest]))
                 return
+        line = unquoted(line)
         i = _last_chat_block(blocks)
         if i is not None and blocks[i].kind in CONTINUED:
             blocks[i].lines.append(line)

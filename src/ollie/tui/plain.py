@@ -4,7 +4,8 @@
 
 The conversation so far is printed first; each line of stdin is written to `prompt` (a `/command`
 or `!cmd` too: there it runs as the server runs it, sandboxed), and what the chat gains is printed
-until the session is idle again. At the end of stdin it returns; the session stays.
+until the session is idle again. At the end of stdin it returns; the session stays. The chat is
+printed escaped (`visible`), whatever server wrote it.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import sys
 import time
 from typing import IO
 
+from ..chatfmt import PROMPT_PREFIX, visible
 from .client import ChatReader, Namespace
 
 QUIET = 0.3  # seconds without new chat, once idle, that end a line's output
@@ -22,9 +24,9 @@ START_WAIT = 2.0  # seconds a prompt's turn has to show a state other than idle
 
 async def run_plain(ns: Namespace, sid: str, stdin: IO[str], stdout: IO[str]) -> int:
     reader = ChatReader(ns, sid)
-    stdout.write(await reader.read_new())
+    stdout.write(visible(await reader.read_new()))
     stdout.flush()
-    print(f"session: {sid}", file=sys.stderr)
+    print(visible(f"session: {sid}"), file=sys.stderr)
     while line := await asyncio.to_thread(stdin.readline):
         if not line.strip():
             continue
@@ -42,10 +44,10 @@ async def _drain(ns: Namespace, sid: str, reader: ChatReader, stdout: IO[str], i
         text = await reader.read_new()
         now = time.monotonic()
         if text:
-            stdout.write(text)
+            stdout.write(visible(text))
             stdout.flush()
             quiet_since = now
-            started = started or "\nuser: " in "\n" + text
+            started = started or f"\n{PROMPT_PREFIX}" in "\n" + text
             continue
         state = (await ns.read(f"s/{sid}/state")).strip()
         if state != "idle":
