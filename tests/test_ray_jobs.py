@@ -362,13 +362,15 @@ def test_a_worker_refuses_a_sub_agent_whose_agent_runs_outside_the_sandbox_there
     """The server checked the agent against its own configs; a worker whose config differs (the
     same name, a `!command` prompt) refuses it too, before anything runs."""
     (tmp_path / "cfg" / "agents").mkdir(parents=True)
-    (tmp_path / "cfg" / "agents" / "bang.json").write_text('{"backend": "scripted", "prompt": "!touch ran"}')
+    bang = '{"backend": "scripted", "prompt": "!touch ran", "hookSandbox": false}'
+    (tmp_path / "cfg" / "agents" / "bang.json").write_text(bang)
     monkeypatch.setenv("OLLIE_CFG_PATH", str(tmp_path / "cfg"))
     monkeypatch.setenv("OLLIE_DATA_PATH", str(tmp_path / "data"))
-    task = {"job_id": "j-0", "prompt": "hi", "output": "", "sub_agent": True}
+    task = {"job_id": "j-0", "prompt": "hi", "output": "", "cwd_within": str(tmp_path)}
     task["settings"] = {"agent": "bang", "cwd": str(tmp_path)}
     *_, last = run_task(task)
-    assert last["status"] == "failed: agent 'bang' runs the prompt command '!touch ran' outside the sandbox"
+    why = 'runs hooks or prompt commands with "hookSandbox": false outside the sandbox'
+    assert last["status"] == f"failed: agent 'bang' {why}"
     assert not (tmp_path / "ran").exists()
 
 
@@ -380,7 +382,7 @@ def test_a_worker_refuses_a_sub_agents_cwd_swapped_for_a_link_since_it_was_check
     monkeypatch.setenv("OLLIE_DATA_PATH", str(tmp_path / "data"))
     (tmp_path / "outside").mkdir()
     (tmp_path / "sub").symlink_to(tmp_path / "outside")  # was a directory when the server checked it
-    task = {"job_id": "j-0", "prompt": "hi", "output": "", "sub_agent": True}
+    task = {"job_id": "j-0", "prompt": "hi", "output": "", "cwd_within": str(tmp_path)}
     task["settings"] = {"agent": "", "backend": "scripted", "cwd": str(tmp_path / "sub")}
     *_, last = run_task(task)
     assert last["status"].startswith(f"failed: cwd '{tmp_path / 'sub'}' leads elsewhere on Ray node")

@@ -30,7 +30,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from .. import config
+from .. import config, sandbox
 from ..chatfmt import marked, visible
 from ..types import ConfigError, Cost, OllieError, Usage
 
@@ -94,7 +94,9 @@ class Task:
     settings: dict[str, str]  # agent, backend, model (as given, "" = default), cwd (absolute)
     prompt: str  # as the model gets it (with the JSON instruction for output=json)
     output: str  # "" or "json"
-    sub_agent: bool  # a session's code asked for it: its agent must run nothing outside the sandbox
+    # A session's code asked for it: its parent's cwd, where its own must lie (its agent must run
+    # nothing outside the sandbox); "" for a job of the user's
+    cwd_within: str
 
 
 def check_address(address: str) -> None:
@@ -267,6 +269,7 @@ async def _work(task: Task, send: Callable[[dict[str, Any]], None], stop: asynci
                 session_id=task.job_id,
                 store_root=Path(root),
                 on_event=on_event,
+                cwd_within=task.cwd_within or None,
             ) as core:
                 with open(Path(root) / task.job_id / "chat", "rb") as chat:
                     await _follow(core, task, chat, changed, errors, send, stop)
@@ -282,10 +285,14 @@ def _check(task: Task, node: str) -> None:
     cwd = task.settings["cwd"]
     if not os.path.isdir(cwd):
         raise OllieError(f"cwd {cwd!r} does not exist on Ray node {node}: run jobs where every node shares it")
-    if not task.sub_agent:
+    if not task.cwd_within:
         return
-    if os.path.realpath(cwd) != cwd:  # the server sent it made real
-        raise OllieError(f"cwd {cwd!r} leads elsewhere on Ray node {node} (a link put there since): refused")
+    try:  # resolved as the server did, beneath the parent's cwd by descriptor: it must still be that path
+        real = sandbox.directory_within(cwd, task.cwd_within)
+    except sandbox.SandboxError as e:
+        raise OllieError(f"cwd {cwd!r} leads elsewhere on Ray node {node} ({e}): refused") from None
+    if real != cwd:
+        raise OllieError(f"cwd {cwd!r} leads elsewhere on Ray node {node} ({real}): refused")
     agent = task.settings.get("agent")
     if agent and (outside := config.starts_outside_sandbox(config.load_agent(agent))):
         raise OllieError(f"agent {agent!r} runs {'; '.join(outside)} outside the sandbox")
