@@ -12,7 +12,6 @@ import threading
 import time
 
 from ollie import config
-from ollie.fs import stores
 from ollie.fs.fuse import VIEW_OPEN_MAX
 
 RACE = r"""
@@ -165,30 +164,3 @@ async def test_a_view_holds_at_most_view_open_max_open_files(h):
     out = await h.ok(s, code)
     assert f"opened {VIEW_OPEN_MAX} then EMFILE" in out, out
     assert "ok" in await h.ok(s, "ls $OLLIE/m > /dev/null && echo ok")  # closed with its processes
-
-
-THINK_MANY = r"""
-import errno, os, sys
-held, out = [], []
-for i in range(int(sys.argv[1])):
-    fd = os.open(os.environ["OLLIE"] + "/s/" + os.environ["OLLIE_SESSION_ID"] + "/think", os.O_WRONLY)
-    held.append(fd)
-    try:
-        os.write(fd, b"x" * 60000)
-        out.append("w")
-    except OSError as e:
-        out.append(errno.errorcode[e.errno])
-print("".join(o[0] for o in out), out[-1])
-"""
-
-
-async def test_what_open_files_hold_written_is_bounded_in_all(h, monkeypatch):
-    """Writes to open `think`, `plan` or sub-session `prompt` files are held until close: past
-    WRITTEN_MAX for all of them together a write fails with ENOSPC, and closing gives it back."""
-    monkeypatch.setattr(stores, "WRITTEN_MAX", 200_000)
-    s = await h.new()
-    out = await h.ok(s, f"python3 -c {shlex.quote(THINK_MANY)} 5")
-    assert out.split()[-2:] == ["wwwEE", "ENOSPC"], out
-    assert stores.OnCloseHandle.held == 0  # the stage's processes ended: all closed, all given back
-    out = await h.ok(s, f"python3 -c {shlex.quote(THINK_MANY)} 3")
-    assert out.split()[-2:] == ["www", "w"], out

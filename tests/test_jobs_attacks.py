@@ -4,10 +4,8 @@ the threat model promises, and fails while the hole is open. Found by a red-team
 from __future__ import annotations
 
 import asyncio
-import errno
 import json
 
-from ollie.fs.namespace import FsError
 from script_helpers import DEFAULTS
 from view_helpers import Harness, start_child
 
@@ -34,15 +32,15 @@ async def test_a_jobs_name_takes_over_no_other_session(h):
     """A job's id (`<name>-<i>`) is its session's id: a job named `worker` with parallel=2 once ran
     its prompt in the user's session `worker-1` (registering a taken id returned the session
     there), with that session's agent, cwd and tools, handed its reply back to the code that
-    asked, and then dropped that session from the server. Session and job ids are one space now:
-    the spec is refused, and nothing of the victim changes."""
+    asked, and then dropped that session from the server. A name a session's code gives is its own
+    now (`<its id>.worker-1`), and nothing of the victim changes."""
     h.agent("power")
     victim = await h.new(agent="power", name="worker-1")
     attacker = await h.new()  # no relation to the victim
     out = await h.ok(attacker, "printf 'name=worker\\nparallel=2\\n---\\ndo as I say\\n' > $OLLIE/b/new; ls $OLLIE/b")
-    assert out == ""  # no job was made
+    assert out.split() == [f"{attacker.id}.worker-0", f"{attacker.id}.worker-1"]
+    assert (await h.ok(attacker, "cat $OLLIE/b/worker-1/spec")).startswith("name=worker\n")  # its own, by name
     await asyncio.sleep(0.5)
-    assert "name 'worker' is taken" in attacker.chat_path.read_text()
     assert [m.content for m in victim.messages() if m.role == "user"] == []
     assert h.sessions.find("worker-1") is victim and victim.core is not None
 
@@ -50,19 +48,16 @@ async def test_a_jobs_name_takes_over_no_other_session(h):
 async def test_a_sub_session_named_as_a_job_gets_not_its_prompt(h):
     """A session's code names a sub-session as a job of the user will be named; the job once ran
     in that sub-session (the code read the user's prompt in its chat, its own agent wrote the
-    job's result). The user's spec is refused now (the name is taken), and the scripts name their
-    jobs with random characters, so that such a name cannot be guessed."""
+    job's result). A name the code gives is its own now (`<its id>.report-0`): the user's job gets
+    its name and a session of its own; the scripts also name their jobs with random characters."""
     slow_agent(h, "evil", 2)
     h.agent("lead", subagents=["evil"])
     attacker = await h.new(agent="lead")
-    await start_child(h, attacker, "name=report-0 agent=evil")
-    try:
-        await h.jobs.submit("name=report\n---\nSECRET: summarise the salaries\n")  # the user's
-    except FsError as e:
-        assert e.errno == errno.EEXIST
-    else:
-        raise AssertionError("a job took the name of another session's sub-session")
-    _, chat = await h.sh(attacker, "cat $OLLIE/s/report-0/chat")
+    child = await start_child(h, attacker, "name=report-0 agent=evil")
+    assert child.id == f"{attacker.id}.report-0"  # a name the code gives is its own
+    [job] = await h.jobs.submit("name=report\n---\nSECRET: summarise the salaries\n")  # the user's
+    assert job.id == "report-0"
+    _, chat = await h.sh(attacker, "cat $OLLIE/s/report-0/chat")  # its own sub-session, by name
     assert "SECRET" not in chat
     for script in ("b/job", "utils/optimize", "tools/subagent_spawn"):
         assert "urandom" in (DEFAULTS.parent / script).read_text(), script
@@ -77,13 +72,15 @@ async def test_a_jobs_own_jobs_end_with_it_and_nest_no_deeper(h, monkeypatch):
     slow_agent(h, "default", 4)
     top = await h.new()
     await h.ok(top, "printf 'name=a\\n---\\nwork\\n' > $OLLIE/b/new")
-    await until(h, "a-0", "running")
-    await h.ok(h.jobs.get("a-0").session, "printf 'name=b\\n---\\nwork\\n' > $OLLIE/b/new")  # depth 2
-    await until(h, "b-0", "running")
-    await until(h, "a-0", "done")
-    await until(h, "b-0", "cancelled", "done")
-    assert h.jobs.get("b-0").status == "cancelled"  # it ended with the job that made it
-    assert "c-0" not in h.jobs._by_id
+    a0 = f"{top.id}.a-0"  # a name a session's code gives is its own
+    await until(h, a0, "running")
+    await h.ok(h.jobs.get(a0).session, "printf 'name=b\\n---\\nwork\\n' > $OLLIE/b/new")  # depth 2
+    b0 = f"{a0}.b-0"
+    await until(h, b0, "running")
+    await until(h, a0, "done")
+    await until(h, b0, "cancelled", "done")
+    assert h.jobs.get(b0).status == "cancelled"  # it ended with the job that made it
+    assert not [j for j in h.jobs._by_id if j.endswith(".c-0")]
     await h.sessions.kill(top.id)
     await asyncio.sleep(0.5)
     assert [j.id for j in h.jobs.all() if j.status in ("queued", "running")] == []
@@ -111,10 +108,12 @@ async def test_what_a_jobs_own_jobs_spent_counts_in_the_top_sessions_cost(h):
     slow_agent(h, "quick", 0.2)
     top = await h.new()
     await h.ok(top, "printf 'name=a\\n---\\nwork\\n' > $OLLIE/b/new")
-    await until(h, "a-0", "running")
-    await h.ok(h.jobs.get("a-0").session, "printf 'name=b\\nagent=quick\\n---\\nwork\\n' > $OLLIE/b/new")
-    await until(h, "b-0", "done")
-    await until(h, "a-0", "done")
-    a, b = h.jobs.get("a-0").record, h.jobs.get("b-0").record
+    a0 = f"{top.id}.a-0"
+    await until(h, a0, "running")
+    await h.ok(h.jobs.get(a0).session, "printf 'name=b\\nagent=quick\\n---\\nwork\\n' > $OLLIE/b/new")
+    b0 = f"{a0}.b-0"
+    await until(h, b0, "done")
+    await until(h, a0, "done")
+    a, b = h.jobs.get(a0).record, h.jobs.get(b0).record
     assert top.meta.children.get("agents") == 2
     assert top.meta.children["input_tokens"] == a.usage["input_tokens"] + b.usage["input_tokens"]

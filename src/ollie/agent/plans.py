@@ -34,12 +34,15 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import heapq
 import hmac
+import itertools
 import json
 import logging
 import os
 import re
 import secrets
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -337,19 +340,26 @@ def _steps_of(signed: _Signed) -> tuple[str, list[Step]]:
 
 
 _TICK_NS = 2_000_000_000  # a file or directory changed less than this ago may change again unseen
+# Every session's code writes pl/, so what a sync does there is bounded, and done in a thread: a
+# listing reads at most PLANS_READ_MAX entries, and a sync looks at PLANS_MAX plans at most (the
+# newest by name, a name beginning with its UTC time), and at the plans it knows as its own.
+PLANS_READ_MAX = 10_000
+PLANS_MAX = 256
 # The plans directory (pl/), found once per data path: config.shared_dirs() resolves the path and
 # makes the directories (a realpath, two mkdirs and their checks), too much for every tool round of
 # every session; it is found again if the directory goes missing.
 _PLANS_DIR: tuple[str, str] | None = None  # (the settings it was found for, the directory)
 # Its plan files, listed once per change of the directory (shared by every session of the process):
-# (the directory's (inode, mtime), when listed, [(name, path)]).
-_LISTING: tuple[tuple[int, int], int, list[tuple[str, str]]] | None = None
+# (the directory's (inode, mtime), when listed, the newest plans' names, whether there were more).
+_LISTING: tuple[tuple[int, int], int, list[str], bool] | None = None
 
 
-def _plan_entries() -> list[tuple[str, str]]:
-    """(name, path) of the files in pl/ named as plans are; [] when it cannot be listed. A listing
-    is reused while the directory's inode and mtime stay what they were, and was taken more than
-    a clock tick (2 s) after that mtime (a file added in the same tick would leave it unchanged)."""
+def _plan_entries() -> tuple[str, list[str], bool]:
+    """pl/, the names of its PLANS_MAX newest plan files, and whether it held more (or more than
+    PLANS_READ_MAX entries, past which nothing is read); ("", [], False) when it cannot be listed.
+    A listing is reused while the directory's inode and mtime stay what they were, and was taken
+    more than a clock tick (2 s) after that mtime (a file added in the same tick would leave it
+    unchanged)."""
     global _PLANS_DIR, _LISTING
     data = f"{os.environ.get('OLLIE_DATA_PATH')}\0{os.environ.get('HOME')}"  # what config.data_path() reads
     if _PLANS_DIR is None or _PLANS_DIR[0] != data:
@@ -357,17 +367,19 @@ def _plan_entries() -> list[tuple[str, str]]:
     directory = _PLANS_DIR[1]
     try:
         st = os.stat(directory)
-        key = (st.st_ino, st.st_mtime_ns)
-        if _LISTING is not None and _LISTING[0] == key and _LISTING[1] - st.st_mtime_ns > _TICK_NS:
-            return _LISTING[2]
+        key, listing = (st.st_ino, st.st_mtime_ns), _LISTING  # read once: syncs of other sessions list too
+        if listing is not None and listing[0] == key and listing[1] - st.st_mtime_ns > _TICK_NS:
+            return directory, listing[2], listing[3]
         now = time.time_ns()
         with os.scandir(directory) as it:
-            entries = [(e.name, e.path) for e in it if _NAME.fullmatch(e.name)]
+            read = list(itertools.islice((e.name for e in it), PLANS_READ_MAX + 1))
     except OSError:
         _PLANS_DIR = _LISTING = None  # found (and made) again next time
-        return []
-    _LISTING = (key, now, entries)
-    return entries
+        return "", [], False
+    names = [name for name in read[:PLANS_READ_MAX] if _NAME.fullmatch(name)]
+    newest, cut = heapq.nlargest(PLANS_MAX, names), len(read) > PLANS_READ_MAX or len(names) > PLANS_MAX
+    _LISTING = (key, now, newest, cut)
+    return directory, newest, cut
 
 
 def _read_file(path: str) -> str | None:
@@ -410,6 +422,7 @@ class Plans:
         self.emit = emit
         self.fallback = fallback
         self._key = b""
+        self._key_lock = threading.Lock()  # made by a stage's start (the loop) or a sync (its thread)
         self._wired_for: object = None  # the dispatcher the backend was chosen from
         self._backend: PlanBackend | None = None
         self._backend_key = ""  # its part of plan-tasks.json
@@ -430,24 +443,25 @@ class Plans:
             return {}
 
     def key(self) -> bytes:
-        if not self._key:
-            path = self.state.store.dir / KEY_FILE
-            try:
-                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-            except FileExistsError:
-                self._key = bytes.fromhex(path.read_text().strip())
-            else:
-                key = secrets.token_bytes(32)
-                with os.fdopen(fd, "w") as f:
-                    f.write(key.hex() + "\n")
-                self._key = key
-        return self._key
+        with self._key_lock:
+            if not self._key:
+                path = self.state.store.dir / KEY_FILE
+                try:
+                    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+                except FileExistsError:
+                    self._key = bytes.fromhex(path.read_text().strip())
+                else:
+                    key = secrets.token_bytes(32)
+                    with os.fdopen(fd, "w") as f:
+                        f.write(key.hex() + "\n")
+                    self._key = key
+            return self._key
 
     # ---- one sync ----
     async def sync(self, dispatcher: Dispatcher) -> None:
         """After a tool round: read the session's plans, show the newest, commit what is new."""
         try:
-            mine = self._scan()
+            mine = await self._scan()
             self._show(mine)
             backend = await self._choose(dispatcher)
             if backend is None or not mine or time.monotonic() < self._rest_until:
@@ -479,10 +493,31 @@ class Plans:
         self.emit(Event("info", text))
 
     # ---- finding the session's plans ----
-    def _scan(self) -> list[PlanFile]:
-        entries = _plan_entries()
+    async def _scan(self) -> list[PlanFile]:
+        """The session's plans in pl/, found in a thread: pl/ is every session's code's to fill,
+        and a scan of it on the loop held up every session's tool round for seconds."""
+        seen, cut = await asyncio.to_thread(self._look)
+        self._seen = seen
+        if cut:
+            self._tell(
+                f"pl/ holds more than {PLANS_MAX} plans (or {PLANS_READ_MAX} files): this session looks "
+                f"at the {PLANS_MAX} newest by name, and at its own it found before"
+            )
+        for name, s in seen.items():
+            if s.problem:
+                self._tell(f"plan {name} is not committed: {s.problem}")
+        return self._latest_per_stem([s.plan for s in seen.values() if s.plan is not None])
+
+    def _look(self) -> tuple[dict[str, _Seen], bool]:
+        """What the plans a sync looks at are (read anew only when changed), and whether pl/ held
+        more: the newest ones, and the session's own it found before, in each of their states."""
+        directory, names, cut = _plan_entries()
+        if not directory:
+            return {}, cut
+        own = heapq.nlargest(PLANS_MAX, {s.plan.stem for s in self._seen.values() if s.plan is not None})
         seen: dict[str, _Seen] = {}
-        for name, path in entries:
+        for name in dict.fromkeys([*names, *(f"{stem}__{status}.md" for stem in own for status in _STATUS_ORDER)]):
+            path = os.path.join(directory, name)
             try:
                 st = os.stat(path, follow_symlinks=False)
             except OSError:
@@ -495,11 +530,7 @@ class Plans:
                 seen[name] = old
                 continue
             seen[name] = self._read(name, path, stat, st.st_mtime)
-        self._seen = seen
-        for name, s in seen.items():
-            if s.problem:
-                self._tell(f"plan {name} is not committed: {s.problem}")
-        return self._latest_per_stem([s.plan for s in seen.values() if s.plan is not None])
+        return seen, cut
 
     def _read(self, name: str, path: str, stat: tuple[int, int, int], mtime: float) -> _Seen:
         found = _NAME.fullmatch(name)

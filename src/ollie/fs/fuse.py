@@ -23,6 +23,7 @@ its own reads it and hands its requests to the loop in batches.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import errno as E
 import itertools
 import logging
@@ -91,6 +92,9 @@ class Connection:
     ):
         self.ns = ns
         self.max_open = max_open  # files and directories open at once (None: as the kernel allows)
+        # Its requests run in (a copy each of) the context it is made in, not its reading thread's:
+        # a view's names whose budget what its open files hold is charged to (stores.HELD).
+        self.context = contextvars.copy_context()
         self._opens = 0  # opens under way
         self.fd = fd
         self.loop = loop
@@ -332,7 +336,9 @@ class Connection:
             if opcode not in NO_REPLY:
                 self._reply(unique, self._answers.get(opcode, E.ENOSYS))
             return
-        self._tasks[unique] = self.loop.create_task(self._run(unique, opcode, handler(nodeid, arg)))
+        self._tasks[unique] = self.loop.create_task(
+            self._run(unique, opcode, handler(nodeid, arg)), context=self.context.copy()
+        )
         if opcode in CANCELLABLE:
             self._cancellable.add(unique)
 

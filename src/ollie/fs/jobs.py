@@ -10,7 +10,10 @@ keep their results; jobs that were queued or running are `failed: interrupted by
 crash) or `failed: interrupted by a server stop`, never run again behind the user's back.
 
 A job that a session's code submits (through its view) is that session's: its cwd and agent are
-bounded as a sub-session's are, and interrupting or ending the session cancels it.
+bounded as a sub-session's are, and interrupting or ending the session cancels it. What its spec
+holds in memory, until the job is removed, is charged to the budget of the session's tree (the
+top-level session with every sub-session and job under it: `tree_held`), which the tree's open
+files share: a bound per session would let a tree of 64 sub-sessions hold 64 times as much.
 
 Where a job runs is the executor's choice (OLLIE_BATCH_EXECUTOR): `local`, a session of this
 server, or `ray`, a task on a Ray cluster (`ray_jobs`); `b/` shows both alike.
@@ -24,7 +27,9 @@ import json
 import logging
 import os
 import shutil
+import sys
 import time
+import weakref
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -34,10 +39,11 @@ from .. import config
 from ..agent.session import check_session_id, new_session_id
 from ..chatfmt import cost_text, usage_text
 from ..types import ConfigError, Cost, InvalidValue, OllieError, Usage
+from . import stores
 from .namespace import Dir, File, FsError, Handle, OpenMode
 from .session_files import ChatFile, WaitHandle, script_file
-from .sessions import Session, Sessions, errno_of
-from .stores import OnCloseHandle, TextFile, text_size
+from .sessions import Session, Sessions, child_name, errno_of
+from .stores import Held, OnCloseHandle, TextFile, text_size
 
 if TYPE_CHECKING:
     from .ray_jobs import RayExecutor
@@ -57,6 +63,7 @@ JSON_ANSWER = (
 UNFINISHED = ("queued", "running")
 EXECUTORS = ("local", "ray")
 RAY_IN_FLIGHT = 10_000  # jobs handed to a Ray cluster at once by default: its scheduler queues them
+JOB_HELD = 4096  # bytes a job holds besides its spec (record, task, event), as charged to its tree
 
 
 def job_slots() -> int:
@@ -178,9 +185,10 @@ class Record:
 
 
 class Job:
-    def __init__(self, record: Record, spec: Spec):
+    def __init__(self, record: Record, spec: Spec, held: tuple[Held, int] | None = None):
         self.record = record
         self.spec = spec
+        self.held = held  # the budget charged for it, and how much, given back when it is removed
         self.session: Session | None = None  # while it runs
         self.task: asyncio.Task[None] | None = None
         self._changed = asyncio.Event()
@@ -243,14 +251,41 @@ class Job:
         return self.spec.prompt + (JSON_ANSWER if self.spec.output == "json" else "")
 
 
+_TREES: weakref.WeakKeyDictionary[Session, Held] = weakref.WeakKeyDictionary()
+
+
+def tree_held(sessions: Sessions, session: Session) -> Held:
+    """The budget of `session`'s tree: its top-level session's, shared by every session and job
+    under it, for what their code makes the server hold (job specs, what its views' open files
+    hold written). The user's own connections have the server's (stores.SERVER_HELD)."""
+    top = sessions.top(session)
+    held = _TREES.get(top)
+    if held is None:
+        held = _TREES[top] = Held(
+            stores.TREE_HELD_MAX,
+            "this tree of sessions (a top-level session, every sub-session and job under it) holds {cap} "
+            "written to files not closed yet and in job specs: close some, or rm -r finished jobs of b/",
+        )
+    return held
+
+
+def spec_held(text: str, spec: Spec, jobs: int = 1) -> int:
+    """What `jobs` jobs of a spec hold in memory: its text (b/<id>/spec) and its prompt, which they
+    share, and each one's record."""
+    return sys.getsizeof(text) + sys.getsizeof(spec.prompt) + JOB_HELD * jobs
+
+
 class Jobs:
-    """Every job of the server, by id, in creation order."""
+    """Every job of the server, by id, in creation order; and by the session that made it."""
 
     def __init__(self, sessions: Sessions, slots: int | None = None, executor: str | None = None):
         """`executor` (OLLIE_BATCH_EXECUTOR): `local` runs OLLIE_JOBS jobs at once; `ray` hands
         every job to the cluster at once (unless OLLIE_JOBS is set), whose CPUs pace them."""
         self.sessions = sessions
         self._by_id: dict[str, Job] = {}
+        # By parent session id, in creation order: a view's b/ and its bounds look at its own jobs
+        # only, however many every other session made.
+        self._by_parent: dict[str, list[Job]] = {}
         self._ray: RayExecutor | None = None
         if (executor or batch_executor()) == "ray":
             from .ray_jobs import RayExecutor
@@ -277,8 +312,19 @@ class Jobs:
                 continue
             if job.status in UNFINISHED:
                 job.set("failed: interrupted by restart")
-            self._by_id[job.id] = job
+            parent = self.sessions.find(job.record.parent) if job.record.parent else None
+            if parent is not None:  # what its tree held before the restart, it holds again
+                held = tree_held(self.sessions, parent)
+                job.held = (held, spec_held(job.record.spec, job.spec))  # read apart: a copy each
+                held.charge(job.held[1], force=True)
+            self._add(job)
+        for mine in self._by_parent.values():
+            mine.sort(key=lambda j: (j.record.created, j.id))
         return len(self._by_id)
+
+    def _add(self, job: Job) -> None:
+        self._by_id[job.id] = job
+        self._by_parent.setdefault(job.record.parent, []).append(job)
 
     def get(self, jid: str) -> Job:
         try:
@@ -286,11 +332,14 @@ class Jobs:
         except KeyError:
             raise FsError(E.ENOENT, f"no job {jid!r}") from None
 
+    def find(self, jid: str) -> Job | None:
+        return self._by_id.get(jid)
+
     def all(self) -> list[Job]:
         return sorted(self._by_id.values(), key=lambda j: (j.record.created, j.id))
 
     def of(self, parent: Session) -> list[Job]:
-        return [j for j in self.all() if j.record.parent == parent.id]
+        return list(self._by_parent.get(parent.id, ()))
 
     def check_spec(self, spec: Spec, parent: Session | None) -> None:
         """What can be known wrong before any job is made (FsError). A session's bounds come
@@ -307,26 +356,44 @@ class Jobs:
                     E.EACCES, f"{JOBS_KEPT_PER_PARENT} jobs a session at most; rm -r b/<id> the finished ones"
                 )
         self.sessions.check_spec(settings, cwd_here=self._ray is None)
-        name = spec.settings.get("name")
-        if name:
+        if spec.settings.get("name"):
+            name = self._base(spec, parent)
             for i in range(spec.parallel):
                 jid = f"{name}-{i}"
                 if jid in self._by_id or self.sessions.find(jid) is not None:
                     raise FsError(E.EEXIST, f"the name {name!r} is taken ({jid}); choose another")
+
+    @staticmethod
+    def _base(spec: Spec, parent: Session | None) -> str:
+        """What the jobs' ids start with: the spec's name (one a session's code gives is its own,
+        `<id>.<name>`: it never takes the name of the user's job), or a new id."""
+        name = spec.settings.get("name")
+        if not name:
+            return new_session_id()
+        return child_name(parent, name) if parent is not None else name
 
     async def submit(self, text: str, parent: Session | None = None) -> list[Job]:
         """Make the jobs a spec asks for, queued; returns them."""
         spec = parse_spec(text)
         self.check_spec(spec, parent)
         await self.ready()
-        base = spec.settings.get("name") or new_session_id()
-        made = []
-        for i in range(spec.parallel):
-            record = Record(f"{base}-{i}", text, parent.id if parent else "")
-            job = self._by_id[record.id] = Job(record, spec)
-            job.save()
-            job.task = asyncio.create_task(self._run(job, parent))
-            made.append(job)
+        held = tree_held(self.sessions, parent) if parent is not None else None
+        share = -(-spec_held(text, spec, spec.parallel) // spec.parallel)  # each job's, given back at its removal
+        if held is not None:
+            held.charge(share * spec.parallel)
+        base = self._base(spec, parent)
+        made: list[Job] = []
+        try:
+            for i in range(spec.parallel):
+                record = Record(f"{base}-{i}", text, parent.id if parent else "")
+                job = Job(record, spec, (held, share) if held is not None else None)
+                self._add(job)
+                made.append(job)
+                job.save()
+                job.task = asyncio.create_task(self._run(job, parent))
+        finally:
+            if held is not None:
+                held.charge(-share * (spec.parallel - len(made)))
         return made
 
     async def ready(self) -> None:
@@ -421,7 +488,8 @@ class Jobs:
                     job.record.cost, job.record.cost_last, job.record.price_known = item["cost"]
                     job.record.model = item["model"]
 
-            task = Task(job.id, settings, job.prompt, job.spec.output, sub_agent=parent is not None)
+            within = parent.settings()["cwd"] if parent is not None else ""
+            task = Task(job.id, settings, job.prompt, job.spec.output, cwd_within=within)
             done = await self._ray.run(task, lambda: job.set("running"), progress)
         if parent is not None and self.sessions.find(parent.id) is parent:
             self.sessions.add_to_parent(parent, job.usage(), job.record.cost)
@@ -433,13 +501,16 @@ class Jobs:
         if job.task is not None and not job.task.done():
             job.task.cancel()
             await asyncio.gather(job.task, return_exceptions=True)
-        del self._by_id[jid]
+        if self._by_id.pop(jid, None) is job:  # once, however many removed it at once
+            self._by_parent[job.record.parent].remove(job)
+            if job.held is not None:
+                job.held[0].charge(-job.held[1])
         await asyncio.to_thread(shutil.rmtree, job.dir, True)
 
     def _parent_ended(self, sid: str) -> None:
         """A session ended or was interrupted: its unfinished jobs are cancelled (kept, to read)."""
-        for job in self.all():
-            if job.record.parent == sid and job.task is not None and not job.task.done():
+        for job in self._by_parent.get(sid, ()):
+            if job.task is not None and not job.task.done():
                 job.task.cancel()
 
     async def close(self) -> None:
@@ -617,8 +688,11 @@ class JobsDir(Dir):
         return self.jobs.all() if self.owner is None else self.jobs.of(self.owner)
 
     def _job(self, name: str) -> Job:
-        job = self.jobs.get(name)
-        if self.owner is not None and job.record.parent != self.owner.id:
+        """A job by id; in a view, by the name its code gave too (`child_name`)."""
+        if self.owner is None:
+            return self.jobs.get(name)
+        job = self.jobs.find(name) or self.jobs.find(child_name(self.owner, name))
+        if job is None or job.record.parent != self.owner.id:
             raise FsError(E.ENOENT, f"no job {name!r} in this view")
         return job
 

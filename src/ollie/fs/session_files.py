@@ -121,6 +121,9 @@ class NewHandle(SnapshotHandle):
         self._sessions.check_spec(spec)
         self._spec.update(spec)
 
+    async def release(self) -> None:
+        self._lines.clear()
+
     async def flush(self) -> None:
         if not self._dirty:
             return

@@ -476,7 +476,8 @@ class Sessions:
             depth += 1
         return depth
 
-    def _top(self, session: Session) -> Session:
+    def top(self, session: Session) -> Session:
+        """The top-level session `session` is under (itself, if it has no parent)."""
         seen = {session.id}
         while session.meta.parent in self._by_id and session.meta.parent not in seen:
             session = self._by_id[session.meta.parent]
@@ -491,6 +492,8 @@ class Sessions:
             raise FsError(E.ENOENT, f"session {parent.id} has ended: it starts no sub-agents")
         settings = parent.settings()
         spec = {**spec, "cwd": check_child_cwd(parent, spec.get("cwd") or settings["cwd"])}
+        if spec.get("name"):
+            spec["name"] = child_name(parent, spec["name"])
         spec["agent"] = check_child_agent(parent, spec.get("agent") or settings["agent"])
         check_child_backend(parent, spec["agent"], spec.get("backend", ""), spec.get("model", ""))
         if self._depth(parent) + 1 > (limit := depth_max()):
@@ -501,7 +504,7 @@ class Sessions:
             return spec
         if len([s for s in self.children(parent.id) if not s.job]) >= CHILDREN_MAX:
             raise FsError(E.EACCES, f"a session has {CHILDREN_MAX} live sub-sessions at most; kill one first")
-        top = self._top(parent)
+        top = self.top(parent)
         if sum(1 for s in self.listed() if self.descends(s, top)) >= TREE_MAX:
             raise FsError(E.EACCES, f"{TREE_MAX} sub-sessions under one session at most; kill some first")
         return spec
@@ -564,6 +567,13 @@ class Sessions:
         return "".join(lines)
 
 
+def child_name(parent: Session, name: str) -> str:
+    """The id a name a session's code asks for becomes: `<parent id>.<name>`, so that it can never
+    take a name the user's own scripts make or wait for (its view finds it by `name` too)."""
+    prefix = f"{parent.id}."
+    return name if name.startswith(prefix) else prefix + name
+
+
 def check_child_cwd(parent: Session, cwd: str) -> str:
     """`cwd`'s real path, if it is the parent's working directory or inside it, reached without a
     symlink, and none of ollie's hidden directories (EACCES if not, naming why). The sub-session
@@ -601,10 +611,12 @@ def check_child_agent(parent: Session, agent: str) -> str:
     return agent
 
 
-def check_child_backend(parent: Session, agent: str, backend: str, model: str) -> None:
+def check_child_backend(parent: Session, agent: str, backend: str, model: str, switch: bool = False) -> None:
     """A sub-agent's backend is its agent's or its parent's (no other backend's server, on some
     loopback port, is the sandbox's to reach), and its model one its agent's config allows (its
-    `model` and `models`) or its parent's own: code may not start a dearer model than it was given."""
+    `model` and `models`) or its parent's own: code may not start a dearer model than it was given.
+    A `switch` of a running sub-session's backend names its model (else it would take the
+    backend's default, whichever that is)."""
     from .. import backends
 
     settings = parent.settings()
@@ -613,6 +625,11 @@ def check_child_backend(parent: Session, agent: str, backend: str, model: str) -
     if backend and backend not in ours:
         raise FsError(E.EACCES, f"backend {backend!r}: a sub-agent uses {' or '.join(sorted(ours))}")
     allowed = [m for m in (cfg.model, *cfg.models, settings["model"]) if m]
+    if switch and backend and not model:
+        raise FsError(
+            E.EACCES,
+            f"backend {backend!r}: name the model too (`backend {backend} MODEL`), one of {', '.join(allowed)}",
+        )
     if model and model not in allowed:
         where = cfg.path or f"agent {agent!r}"
         raise FsError(

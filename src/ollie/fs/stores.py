@@ -4,12 +4,18 @@ Session-specific files are in `sessions.py`; everything here knows nothing about
 
 Whatever a writer sends is held in memory until it is acted on, so every such file has a cap: a
 control line LINE_MAX, an agent config CONFIG_MAX, and what its maker gives an OnCloseFile. Past
-the cap the write fails with EFBIG (its message, over 9P, names the limit).
+the cap the write fails with EFBIG (its message, over 9P, names the limit). What all of one
+writer's open files hold together is bounded too (`Held`): the writer is whoever's connection
+`HELD` names (the server's own, or a session tree's view), so that one tree's code fills only its
+own budget (ENOSPC past it), never everyone's.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextvars
 import errno as E
+import itertools
 import json
 import os
 import secrets
@@ -25,7 +31,9 @@ Getter = Callable[[], str | Awaitable[str]]
 KiB, MiB = 1 << 10, 1 << 20
 LINE_MAX = 64 * KiB  # one line of a control file (ctl, cfg, env, s/new)
 CONFIG_MAX = 1 * MiB  # an agent config (a/<name>.json)
-WRITTEN_MAX = 256 * MiB  # written to open files that act when closed (prompt, plan, …), all together
+WRITTEN_MAX = 256 * MiB  # what the server's own connections (the mount, 9P) hold written, all together
+TREE_HELD_MAX = 64 * MiB  # what one session tree's code makes the server hold: writes, and job specs kept
+LIST_MAX = 10_000  # entries of a directory on disk one listing reads (m/ and pl/ are the sandbox's to fill)
 
 
 def size_text(n: int) -> str:
@@ -36,24 +44,49 @@ def size_text(n: int) -> str:
     return f"{n} bytes"
 
 
+class Held:
+    """A budget of bytes held for writers and not yet acted on: written to open files not closed
+    yet (a prompt, a plan, a partial control line) and, for a session tree, the specs of its jobs
+    kept in memory. A charge past `cap` fails with ENOSPC and charges nothing."""
+
+    def __init__(self, cap: int, refusal: str):
+        self.cap = cap
+        self.refusal = refusal  # what a charge past the cap fails with; {cap} is the cap
+        self.bytes = 0
+
+    def charge(self, n: int, force: bool = False) -> None:
+        """Take `n` bytes (give them back with a negative `n`); `force`: past the cap too (what is
+        held already, found again at a restart)."""
+        if n > 0 and self.bytes + n > self.cap and not force:
+            raise FsError(E.ENOSPC, self.refusal.format(cap=size_text(self.cap)))
+        self.bytes += n
+
+
+SERVER_HELD = Held(WRITTEN_MAX, "the file server holds {cap} written to files not closed yet: close some")
+# Whose budget a write is charged to: the server's, unless the connection serving it (a session's
+# view, fuse.serve_connection) runs its requests in a context that names its session tree's.
+HELD: contextvars.ContextVar[Held] = contextvars.ContextVar("ollie_held", default=SERVER_HELD)
+
+
 class LineBuffer:
     """Complete lines out of written chunks, in linear time: only the new chunk is searched for a
-    newline, and a partial line grows in place. A line longer than LINE_MAX fails the write and
-    every later one to this open file, so that the tail of a refused line is never read as
-    commands."""
+    newline, and a partial line grows in place (charged to the writer's budget until complete).
+    A line longer than LINE_MAX, or past the budget, fails the write and every later one to this
+    open file, so that the tail of a refused line is never read as commands."""
 
     def __init__(self):
         self._partial = bytearray()
-        self._refused = False
+        self._refused: FsError | None = None
+        self._held = HELD.get()
 
     def feed(self, data: bytes) -> list[bytes]:
         if self._refused:
-            raise self._too_long()
+            raise self._refused
         lines, start = [], 0
         while (nl := data.find(b"\n", start)) >= 0:
             self._grow(data, start, nl)
             lines.append(bytes(self._partial))
-            self._partial.clear()
+            self.clear()
             start = nl + 1
         self._grow(data, start, len(data))
         return lines
@@ -61,21 +94,28 @@ class LineBuffer:
     def rest(self) -> bytes:
         """The last line, unterminated (at close); empty after a refused line."""
         rest = bytes(self._partial)
-        self._partial.clear()
+        self.clear()
         return rest
 
-    def _grow(self, data: bytes, start: int, end: int) -> None:
-        if len(self._partial) + end - start > LINE_MAX:
-            self._refused = True
-            self._partial.clear()
-            raise self._too_long()
-        self._partial += data[start:end]
+    def clear(self) -> None:
+        """Drop the partial line, giving back what it held (at a handle's release)."""
+        self._held.charge(-len(self._partial))
+        self._partial.clear()
 
-    def _too_long(self) -> FsError:
-        return FsError(
-            E.EFBIG,
-            f"line too long: control lines are at most {size_text(LINE_MAX)}; this open file takes no more writes",
-        )
+    def _grow(self, data: bytes, start: int, end: int) -> None:
+        try:
+            if len(self._partial) + end - start > LINE_MAX:
+                raise FsError(
+                    E.EFBIG,
+                    f"line too long: control lines are at most {size_text(LINE_MAX)}; "
+                    "this open file takes no more writes",
+                )
+            self._held.charge(end - start)
+        except FsError as e:
+            self._refused = e
+            self.clear()
+            raise
+        self._partial += data[start:end]
 
 
 async def _value(get: Getter) -> str:
@@ -123,7 +163,10 @@ def text_size(get: Callable[[], str]) -> Callable[[], int]:
 class CtlHandle(SnapshotHandle):
     """Acts on each complete line as it is written, so a bad command fails the write(2) the
     writer is waiting on. A last line without newline is acted on at close. Reading gives what
-    the commands answered (e.g. a new session's id), or `get()` before any command ran."""
+    the commands answered (e.g. a new session's id), or `get()` before any command ran. The
+    answers are kept until the last close, charged to the writer's budget (`HELD`) as written data
+    is: a writer that never reads would pile them up (`help`, a line after line); past the budget
+    a write fails with ENOSPC, its command run but its answer not kept."""
 
     def __init__(self, act: Callable[[str], Awaitable[str | None]], get: Getter | None):
         super().__init__(self._answers)
@@ -131,6 +174,7 @@ class CtlHandle(SnapshotHandle):
         self._read_get = get
         self._lines = LineBuffer()
         self._out: list[str] = []
+        self._held = HELD.get()
 
     async def _answers(self) -> str:
         if self._out or self._read_get is None:
@@ -145,12 +189,19 @@ class CtlHandle(SnapshotHandle):
     async def flush(self) -> None:
         await self._run(self._lines.rest())
 
+    async def release(self) -> None:
+        self._lines.clear()
+        self._held.charge(-sum(map(len, self._out)))
+        self._out.clear()
+
     async def _run(self, raw: bytes) -> None:
         line = raw.decode(errors="replace").strip()
         if line:
             out = await self._act(line)
             if out:
-                self._out.append(out if out.endswith("\n") else out + "\n")
+                out = out if out.endswith("\n") else out + "\n"
+                self._held.charge(len(out))
+                self._out.append(out)
 
 
 class CtlFile(File):
@@ -169,10 +220,8 @@ class OnCloseHandle(SnapshotHandle):
     """Accumulates what is written (at any offset) and hands it to `on_close` when the writer
     closes: every close that has new data acts once (dup'd descriptors close more than once).
     Writing past `limit` bytes fails, and then the close acts on nothing: a cut prompt is not
-    submitted. All open ones together hold at most WRITTEN_MAX bytes (`held`): past that a write
-    fails with ENOSPC, so open files cannot fill the server's memory."""
-
-    held = 0  # bytes the buffers of every open one hold together
+    submitted. The buffer is charged to the budget of whoever opened it (`HELD`): past that a
+    write fails with ENOSPC, so open files cannot fill the server's memory."""
 
     def __init__(self, get: Getter, on_close: Callable[[str], Awaitable[None]], limit: int):
         super().__init__(get)
@@ -181,6 +230,7 @@ class OnCloseHandle(SnapshotHandle):
         self._buf = bytearray()
         self._dirty = False
         self._refused = False
+        self._held = HELD.get()
 
     async def write(self, offset: int, data: bytes) -> int:
         offset = min(offset, len(self._buf))  # appending writers (O_APPEND) may report any offset
@@ -192,15 +242,8 @@ class OnCloseHandle(SnapshotHandle):
                 f"too large: this file takes at most {size_text(self._limit)}; "
                 "nothing written to this open file is used",
             )
-        grow = offset + len(data) - len(self._buf)
-        if grow > 0 and OnCloseHandle.held + grow > WRITTEN_MAX:
-            raise FsError(
-                E.ENOSPC,
-                f"the file server holds {size_text(WRITTEN_MAX)} written to files not closed yet: close some",
-            )
-        before = len(self._buf)
+        self._held.charge(max(0, offset + len(data) - len(self._buf)))
         self._buf[offset : offset + len(data)] = data
-        self._resized(before)
         self._dirty = True
         return len(data)
 
@@ -224,7 +267,7 @@ class OnCloseHandle(SnapshotHandle):
         self._resized(before)
 
     def _resized(self, before: int) -> None:
-        OnCloseHandle.held += len(self._buf) - before
+        self._held.charge(len(self._buf) - before)
 
 
 class OnCloseFile(File):
@@ -342,8 +385,7 @@ class DiskFile(File):
             if self._creating:
                 return Stat(name, mode=0o644)
             raise FsError(E.ENOENT, f"{name}: no such file") from None
-        mode = st.st_mode & 0o777 if self._writable else st.st_mode & 0o555
-        return Stat(name, mode=mode, size=st.st_size, mtime=st.st_mtime, version=st.st_mtime_ns & 0xFFFFFFFF)
+        return _disk_stat(name, st, self._writable)
 
     async def open(self, mode: OpenMode) -> Handle:
         if mode & (OpenMode.WRITE | OpenMode.TRUNC) and not self._writable:
@@ -379,6 +421,56 @@ class DiskFile(File):
             raise OSError(E.ENOENT, "not a regular file")
         os.set_blocking(fd, True)
         return fd
+
+
+def _disk_stat(name: str, st: os.stat_result, writable: bool) -> Stat:
+    mode = st.st_mode & 0o777 if writable else st.st_mode & 0o555
+    return Stat(name, mode=mode, size=st.st_size, mtime=st.st_mtime, version=st.st_mtime_ns & 0xFFFFFFFF)
+
+
+class _Listed(File):
+    """A file as a listing found it: only its stat, taken off the loop, is asked of it."""
+
+    def __init__(self, st: Stat):
+        self._stat = st
+
+    def stat(self, name: str) -> Stat:
+        st = self._stat  # the listing may be shared: each gets its own
+        return Stat(name, mode=st.mode, size=st.size, mtime=st.mtime, version=st.version)
+
+
+def _scan(path: Path, follow: bool, hidden: str, writable: bool) -> list[Stat]:
+    """The regular files among the first LIST_MAX entries of `path` (but names starting with
+    `hidden`), stat'ed, by name. Run in a thread, and bounded: sandboxed code fills m/ and pl/ at
+    will, and a listing of 150,000 files read and stat'ed on the server's loop held up every
+    session for seconds. Entries past LIST_MAX are not listed (they still open by name)."""
+    found = []
+    try:
+        with os.scandir(path) as entries:
+            for e in itertools.islice(entries, LIST_MAX):
+                try:
+                    if not e.name.startswith(hidden) and e.is_file(follow_symlinks=follow):
+                        found.append(_disk_stat(e.name, e.stat(follow_symlinks=follow), writable))
+                except OSError:  # gone meanwhile
+                    continue
+    except FileNotFoundError:
+        return []
+    return sorted(found, key=lambda st: st.name)
+
+
+# Scans under way, by loop and what they scan: listings of one directory at once share one scan,
+# so that code listing m/ from a thousand open descriptors takes one thread, not every thread that
+# the server's other work (other sessions' listings, their plans) waits for.
+_SCANS: dict[tuple[asyncio.AbstractEventLoop, Path, bool, str, bool], asyncio.Future[list[Stat]]] = {}
+
+
+async def _listing(path: Path, follow: bool, hidden: str, writable: bool) -> list[Stat]:
+    key = (asyncio.get_running_loop(), path, follow, hidden, writable)
+    scan = _SCANS.get(key)
+    if scan is None:
+        scan = _SCANS[key] = asyncio.ensure_future(asyncio.to_thread(_scan, path, follow, hidden, writable))
+        scan.add_done_callback(lambda _: _SCANS.pop(key, None))
+    return await asyncio.shield(scan)  # a listing interrupted leaves the scan to the others
 
 
 def _is_file(path: Path, follow: bool) -> bool:
@@ -430,15 +522,8 @@ class DiskDir(Dir):
         return f
 
     async def list(self) -> list[tuple[str, File | Dir]]:
-        try:
-            names = sorted(
-                e.name
-                for e in os.scandir(self.path)
-                if e.is_file(follow_symlinks=self.follow) and not e.name.startswith("." if self.shared else ".#")
-            )
-        except FileNotFoundError:
-            names = []
-        return [*self.synthetic.items(), *((n, self._file(n)) for n in names if n not in self.synthetic)]
+        found = await _listing(self.path, self.follow, "." if self.shared else ".#", self.writable)
+        return [*self.synthetic.items(), *((st.name, _Listed(st)) for st in found if st.name not in self.synthetic)]
 
     def _check_writable(self, name: str) -> None:
         if not self.writable:

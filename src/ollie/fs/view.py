@@ -14,6 +14,7 @@ x/, u/, tr/ and tmp/ answer ENOENT. Symlinks in the directories are never follow
 
 from __future__ import annotations
 
+import contextvars
 import errno as E
 import os
 from pathlib import Path
@@ -22,7 +23,7 @@ from .. import config
 from ..agent import commands
 from ..types import Event
 from .fuse import serve_connection
-from .jobs import Jobs, JobsDir
+from .jobs import Jobs, JobsDir, tree_held
 from .namespace import Dir, File, FsError, Handle, Namespace, OpenMode, Stat, StaticDir
 from .session_files import (
     ACTIVE_FILES,
@@ -35,8 +36,8 @@ from .session_files import (
     _ctl_help,
     root_ctl,
 )
-from .sessions import Session, Sessions, check_child_agent, check_child_backend, check_child_cwd
-from .stores import DiskDir, OnCloseFile, TextFile, text_size, tools_index
+from .sessions import Session, Sessions, check_child_agent, check_child_backend, check_child_cwd, child_name
+from .stores import HELD, DiskDir, OnCloseFile, TextFile, text_size, tools_index
 from .tree import scripts_of
 
 THOUGHT_MAX = 64 << 10
@@ -66,8 +67,12 @@ CHILD_COMMANDS = {
 
 
 def serve(sessions: Sessions, jobs: Jobs, session: Session, fd: int) -> None:
-    """Serve `session`'s view on the /dev/fuse descriptor `fd` of a jail's mount."""
-    serve_connection(build(sessions, jobs, session), fd, session.id)
+    """Serve `session`'s view on the /dev/fuse descriptor `fd` of a jail's mount. What its open files
+    hold written counts in the budget of the session's tree (`stores.HELD`), with its jobs' specs:
+    the connection's requests run in the context it is made in."""
+    context = contextvars.copy_context()
+    context.run(HELD.set, tree_held(sessions, session))
+    context.run(serve_connection, build(sessions, jobs, session), fd, session.id)
 
 
 def build(sessions: Sessions, jobs: Jobs, session: Session) -> Namespace:
@@ -119,7 +124,7 @@ class ViewSessionsDir(Dir):
         return ChildSessionDir(session, self.sessions)
 
     def _mine(self, name: str) -> Session:
-        session = self.sessions.find(name)
+        session = self.sessions.find(name) or self.sessions.find(child_name(self.owner, name))
         if session is None or not (session is self.owner or self.sessions.descends(session, self.owner)):
             raise FsError(E.ENOENT, f"{name}: no such session in this view")
         return session
@@ -249,7 +254,7 @@ class ChildSessionDir(Dir):
             check_child_agent(self._parent(), arg)
         elif cmd.name == "backend" and arg:
             backend, _, model = arg.partition(" ")
-            check_child_backend(self._parent(), settings["agent"], backend, model.strip())
+            check_child_backend(self._parent(), settings["agent"], backend, model.strip(), switch=True)
         elif cmd.name == "model" and arg:
             check_child_backend(self._parent(), settings["agent"], "", arg)
 
