@@ -18,6 +18,7 @@ from ollie import config, sandbox
 from ollie.agent import open_session
 from ollie.agent.env import build_agent_env
 from ollie.config import AgentConfig
+from ollie.mcp import log_path
 from ollie.tools import CallContext, Dispatcher
 from ollie.types import ConfigError
 from sandbox_helpers import API_KEY, SECRET
@@ -94,17 +95,18 @@ async def test_a_stdio_server_is_confined_to_its_home_with_only_its_variables(ho
 
     try:
         assert env.infos == []
-        home_dir = config.data_path() / "tool-home" / "calc"
-        assert await run("cwd") == str(home_dir)  # not the project
+        cache = config.data_path() / "tool-cache" / "calc"
+        assert await run("cwd") == "/tmp" == await run("env", name="HOME")  # its jail's own: not the project
+        assert await run("env", name="XDG_CACHE_HOME") == str(cache)  # what it keeps from one start to the next
         assert await run("env", name="MINE") == "tok-123"  # what its env names
         assert await run("env", name="OPENAI_API_KEY") == ""  # and nothing else of ollie's
-        assert await run("env", name="HOME") == str(home_dir)
         assert await run("read", path=str(project / "readme")) == "the project\n"  # the project, read-only
         for path in (home / ".ssh" / "id_rsa", Path(os.environ["OLLIE_CFG_PATH"]) / "env"):
             assert SECRET not in await run("read", path=str(path)) and API_KEY not in await run("read", path=str(path))
-        for path in (project / "w", home / ".bashrc", home_dir / "cache"):
+        for path in (project / "w", home / ".bashrc", cache / "kept", Path("/tmp/.npmrc")):
             await run("write", path=str(path), text="x")
-        assert (home_dir / "cache").exists() and not (project / "w").exists() and not (home / ".bashrc").exists()
+        assert (cache / "kept").exists() and not (project / "w").exists() and not (home / ".bashrc").exists()
+        assert not Path("/tmp/.npmrc").exists()  # its $HOME was the jail's private /tmp
     finally:
         await d.close()
 
@@ -142,3 +144,62 @@ def test_a_bad_sandbox_entry_is_refused_naming_the_field():
 
     with pytest.raises(ConfigError, match=r"mcpServers.x.sandbox must be a sandbox policy name"):
         parse_spec("x", {"command": "srv", "sandbox": True})
+
+
+# ---- found by the internal red team of round 3 -------------------------------------------------------
+
+
+@pytest.mark.skipif(not shutil.which("npx"), reason="needs npm")
+async def test_npx_reads_no_config_the_model_planted_above_the_servers_directory(home, tmp_path):
+    """A session in $HOME plants ~/package.json and ~/.npmrc (node-options=--require=evil.js): a
+    server started with npx in a directory under $HOME took that .npmrc for its project's and ran
+    evil.js, with the network. Its $HOME and cwd are its jail's private /tmp now."""
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    (pkg / "package.json").write_text(json.dumps({"name": "srv", "version": "1.0.0", "bin": {"srv": "srv.js"}}))
+    (pkg / "srv.js").write_text("#!/usr/bin/env node\nprocess.exit(0)\n")
+    (pkg / "srv.js").chmod(0o755)
+    subprocess.run(["npm", "pack", "--silent"], cwd=pkg, check=True, capture_output=True)
+    (home / "package.json").write_text("{}")
+    (home / ".npmrc").write_text(f"node-options=--require={home}/evil.js\n")
+    (home / "evil.js").write_text("console.error('EVIL-RAN')\n")  # to the server's log, which we read
+    d = Dispatcher()
+    server = {"command": "npx", "args": ["--yes", "--offline", "--package", str(pkg / "srv-1.0.0.tgz"), "srv"]}
+    env = await build_agent_env(AgentConfig(mcp_servers={"srv": {**server, "startupTimeout": 30}}), d, str(home))
+    await d.close()
+    assert env.infos  # it fails (it is no MCP server)...
+    assert "EVIL-RAN" not in log_path("srv").read_text()  # ... without running evil.js
+
+
+async def test_a_servers_program_is_never_one_the_model_could_have_planted(home, tmp_path, monkeypatch):
+    """An activated project virtualenv puts <project>/.venv/bin first on PATH: the model's code
+    plants mcp-server-time there (or a FIFO, which wedged the server's loop on opening it)."""
+    project = home / "project"
+    venv_bin = project / ".venv" / "bin"
+    venv_bin.mkdir(parents=True)
+    monkeypatch.setenv("PATH", f"{venv_bin}:{os.environ['PATH']}")
+    for plant in ("script", "fifo"):
+        target = venv_bin / "mcp-server-time"
+        if plant == "fifo":
+            target.unlink()
+            os.mkfifo(target)
+        else:
+            target.write_text("#!/bin/sh\necho planted\n")
+        target.chmod(0o755)
+        d = Dispatcher()
+        env = await build_agent_env(AgentConfig(mcp_servers={"time": {"command": "mcp-server-time"}}), d, str(project))
+        await d.close()
+        assert len(env.infos) == 1 and "lies in the session's working directory" in env.infos[0], env.infos
+
+
+async def test_a_servers_files_in_ollies_directories_grant_nothing_there(home, tmp_path):
+    """A server script kept in $OLLIE_CFG_PATH made the whole configuration (API keys) readable to
+    the server: what a server's program needs is granted as the policy's own entries are."""
+    cfg = Path(os.environ["OLLIE_CFG_PATH"])
+    shutil.copy(CALC, cfg / "calc.py")
+    d = Dispatcher()
+    env = await build_agent_env(
+        AgentConfig(mcp_servers={"calc": {"command": PY, "args": [str(cfg / "calc.py")]}}), d, str(tmp_path)
+    )
+    await d.close()
+    assert len(env.infos) == 1 and "ollie's own directory" in env.infos[0], env.infos

@@ -62,7 +62,7 @@ def no_process_left():
     assert running(str(SERVERS)) - servers == set(), "a jailed server outlived its dispatcher"
 
 
-async def connect(servers: dict, cwd: str = "/", **pre) -> tuple[Dispatcher, list[str]]:
+async def connect(servers: dict, cwd: str = "/tmp", **pre) -> tuple[Dispatcher, list[str]]:
     d = Dispatcher()
     for name, server in pre.items():
         d.add_server(name, server)
@@ -232,7 +232,7 @@ async def test_a_call_that_never_answers_times_out_and_the_server_stays_usable()
 
 async def test_cancelling_the_start_up_closes_what_it_started():
     d = Dispatcher()
-    start = asyncio.create_task(build_agent_env(AgentConfig(mcp_servers={"hangs": broken("hang")}), d, "/"))
+    start = asyncio.create_task(build_agent_env(AgentConfig(mcp_servers={"hangs": broken("hang")}), d, "/tmp"))
     await asyncio.sleep(0.3)
     assert running(f"{SERVERS / 'broken.py'} hang")  # the server runs, waiting for a handshake that never comes
     start.cancel()

@@ -5,9 +5,12 @@ the sandbox planted, and metadata (modes, times, extended attributes) changed ou
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
+import shutil
 import stat
+import tempfile
 import textwrap
 from pathlib import Path
 
@@ -202,16 +205,16 @@ async def test_a_tool_directory_in_the_project_swapped_for_a_link_grants_nothing
 
 
 async def test_a_user_grant_through_a_link_outside_the_sandboxs_reach_is_followed(home, tmp_path):
-    """Links the user set up where the code cannot write (a symlinked cache on another disk)
-    still work: refusing them would break ordinary setups."""
-    real = tmp_path / "real-cache"
+    """Links the user set up where no session's code writes (outside $HOME, outside every cwd: a
+    cache on another disk) still work: refusing them would break ordinary setups."""
+    real, links = tmp_path / "real-cache", tmp_path / "links"
     real.mkdir()
-    (home / "caches").mkdir()
-    os.symlink(real, home / "caches" / "pip")
-    write_policy("wide", "filesystem:\n  rw: ['{HOME}/caches/pip']\n")
-    cwd = tmp_path / "cwd"
+    links.mkdir()
+    os.symlink(real, links / "pip")
+    write_policy("wide", f"filesystem:\n  rw: ['{links}/pip']\n")
+    cwd = home / "cwd"
     cwd.mkdir()
-    result = await call(cwd, f"echo cached > {home}/caches/pip/f && cat {real}/f", tmp_path, ("wide",), sandbox="wide")
+    result = await call(cwd, f"echo cached > {links}/pip/f && cat {real}/f", tmp_path, ("wide",), sandbox="wide")
     assert (result.is_error, result.text()) == (False, "cached\n")
 
 
@@ -281,3 +284,111 @@ async def test_a_sub_agent_runs_only_on_models_its_agent_allows(h, monkeypatch):
     assert out.count("write error: Permission denied") == 2, out  # new, and the sub-session's ctl
     assert out.count('runs on gpt-4.1-mini, gpt-4.1; list more under "models"') == 2, out  # new, and b/new
     assert child.settings()["model"] == "gpt-4.1" and len(h.sessions.all()) == 2 and not h.jobs.all()
+
+
+# ---- found by the internal red team of round 3 -------------------------------------------------------
+
+
+async def test_a_sub_agents_cwd_is_never_in_a_directory_kept_read_only(h, monkeypatch):
+    """A sub-agent whose cwd lay inside a directory every jail keeps read-only (the virtualenv ollie
+    runs from, in the project; the skills) got it bound writable: a sitecustomize.py there runs,
+    unsandboxed and with the keys, in the user's next ollie command."""
+    venv, skills = h.work / ".venv", h.work / "skills"
+    (venv / "lib" / "site-packages").mkdir(parents=True)
+    (skills / "review").mkdir(parents=True)
+    (skills / "review" / "SKILL.md").write_text("be careful\n")
+    monkeypatch.setattr(sandbox, "_PROTECTED", (*sandbox._PROTECTED, str(venv)))  # as sys.prefix is
+    monkeypatch.setenv("OLLIE_SKILLS_PATH", str(skills))
+    parent = await h.new()
+    for cwd in (venv / "lib" / "site-packages", skills / "review"):
+        out = await h.fails(parent, f'echo "new cwd={cwd}" > $OLLIE/ctl; cat $OLLIE/s/$OLLIE_SESSION_ID/chat; false')
+        assert "which every sandbox keeps read-only" in out, out
+    assert len(h.sessions.all()) == 1 and (skills / "review" / "SKILL.md").read_text() == "be careful\n"
+    write_policy("wide", f"filesystem:\n  rw: ['{skills}/review']\n")  # nor may a policy grant one
+    result = await call(h.work, "echo x >> skills/review/SKILL.md", h.root, ("wide",), sandbox="wide")
+    assert result.is_error and "every sandbox keeps read-only" in result.text()
+
+
+async def test_the_jails_mounts_are_made_by_descriptor_whatever_is_swapped_meanwhile(home, tmp_path):
+    """The jail checked a grant by descriptor, then made it writable by path: a directory swapped for
+    a link to / in between (RENAME_EXCHANGE, by another session's code, while a jail mounted its
+    new cwd) made the jail's root mount writable, and a file outside every grant changeable. The
+    window was narrow (the red team won once at try 334 through the view); here the swapping runs in
+    one session's jail while another's mounts a thousand cwds, each then tried with a chmod."""
+    work, outside = home / "work", Path(tempfile.mkdtemp(dir="/var/tmp", prefix="ollie-test-outside-"))
+    tries = 1000
+    try:
+        (outside / "key").write_text("key\n")
+        (outside / "key").chmod(0o600)
+        for n in range(tries):
+            (work / f"d{n}").mkdir(parents=True)
+            os.symlink("/", work / f"l{n}")
+        (work / "cur").write_text("0")
+        # The swapping in one jail (in its own, a directory a jail mounted cannot be renamed).
+        racing, server = execute.Decl(str(work))(), execute.Decl(str(work))()
+        ctx = CallContext(cwd=str(work), session_id="s", tmpdir=str(tmp_path))
+        swap = {"steps": [{"code": SWAPPER, "language": "python3"}], "timeout": 120}
+        racer = asyncio.ensure_future(racing.call_tool("execute_code", swap, ctx))
+        await asyncio.sleep(1)
+        won = None
+        for n in range(tries):
+            (work / "cur").write_text(str(n))
+            for _ in range(200):  # a sandbox is decided for a directory, never through the link
+                if not (work / f"d{n}").is_symlink():
+                    attempt = CallContext(cwd=str(work / f"d{n}"), session_id="s", tmpdir=str(tmp_path))
+                    chmod = {"steps": [{"code": f"chmod 0666 {outside}/key"}]}
+                    if (
+                        "reached through a symlink"
+                        not in (await server.call_tool("execute_code", chmod, attempt)).text()
+                    ):
+                        break
+            if stat.S_IMODE(os.stat(outside / "key").st_mode) != 0o600:
+                won = n
+                break
+        (work / "stop").touch()
+        await racer
+        await asyncio.gather(racing.close(), server.close())
+        assert won is None, f"the jail's mounts were raced at try {won}"
+    finally:
+        shutil.rmtree(outside)
+
+
+# Swaps d<cur> and l<cur> (a link to /) in the cwd, as fast as it can, until `stop` exists.
+SWAPPER = """
+import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+while not os.path.exists("stop"):
+    n = open("cur").read().strip()
+    a, b = f"d{n}".encode(), f"l{n}".encode()
+    for _ in range(500):
+        libc.renameat2(-100, a, -100, b, 2)
+"""
+
+
+async def test_a_grant_follows_no_link_another_policy_planted_in_home(h, monkeypatch):
+    """A session in $HOME plants ~/.local/bin -> elsewhere (the built-in toolchain grant) and
+    ~/.cache/pip -> elsewhere (the docs' own example grant); a sub-session in ~/proj, whose policy
+    does not write $HOME, followed both: it read, and wrote, outside everything granted."""
+    outside = Path(tempfile.mkdtemp(dir="/var/tmp", prefix="ollie-test-outside-"))
+    try:
+        (outside / "secret").write_text("TOP-SECRET\n")
+        monkeypatch.setenv("HOME", str(h.work))
+        (h.work / "proj").mkdir()
+        parent = await h.new()
+        await h.ok(parent, f"mkdir -p .local .cache && ln -s {outside} .local/bin && ln -s {outside} .cache/pip")
+        child = await start_child(h, parent, f"cwd={h.work}/proj")
+        out = await h.fails(child, f"cat {outside}/secret")  # the toolchain grant is left out
+        assert "TOP-SECRET" not in out
+        from ollie.agent import hooks  # and the same session's hooks, which do not write $HOME either
+
+        runner = hooks.Runner("hooks")
+        try:
+            _, stdout, _ = await hooks.run_command(f"cat {outside}/secret", {}, str(h.work), {}, 20, runner)
+        finally:
+            await runner.close()
+        assert "TOP-SECRET" not in stdout
+        write_policy(None, "filesystem:\n  rw: ['{HOME}/.cache/pip']\n")  # the user's grant is refused
+        out = await h.fails(child, f"echo planted > {outside}/planted")
+        assert "through the symlink" in out and not (outside / "planted").exists(), out
+    finally:
+        shutil.rmtree(outside)

@@ -24,6 +24,7 @@ import logging
 import os
 import re
 import shutil
+import stat
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -373,25 +374,33 @@ _LINE_MAX = 64 << 20  # bytes of one message from a server
 @asynccontextmanager
 async def _jailed_stdio(spec: ServerSpec, stderr: int) -> AsyncIterator[Any]:
     """The SDK's message streams over the stdin and stdout of the server, run in a jail under
-    `spec.sandbox`: in `spec.cwd` if given, else in its home (a directory of its own, also its
-    $HOME), with what its program needs readable (`_program_roots`)."""
+    `spec.sandbox`: in `spec.cwd` if given, else in the jail's private /tmp, which is also its
+    $HOME (so that nothing the model wrote, a `~/.npmrc` or a `package.json` up the tree, is ever
+    its configuration, and nothing it writes there outlives it), with its caches in a directory of
+    its own (`tool_cache`), and what its program needs readable (`_program_roots`)."""
     import anyio
     import mcp_types
     from mcp.shared.message import SessionMessage
 
     from . import sandbox
-    from .config import private_dir
 
-    program = shutil.which(spec.command)  # on the user's PATH, as their shell finds it
-    if program is None:
-        raise FileNotFoundError(errno.ENOENT, "not found", spec.command)
-    home = str(private_dir(data_path() / "tool-home" / spec.name))
-    box = sandbox.Sandbox(
-        sandbox.load_policy(
-            spec.sandbox, spec.project, "", extra_rox=_program_roots(program, spec.args), extra_rwx=(home,)
-        )
+    program = _program(spec)
+    cache = str(tool_cache(spec.name))
+    policy = sandbox.load_policy(
+        spec.sandbox, spec.project, "", extra_rwx=(cache,), program_rox=_program_roots(program, spec.args)
     )
-    env = {**box.environ(), "HOME": home, "TMPDIR": "/tmp", "PYTHONSAFEPATH": "1", **spec.env}
+    box = sandbox.Sandbox(policy)
+    env = {
+        **box.environ(),
+        "HOME": "/tmp",
+        "TMPDIR": "/tmp",
+        "XDG_CACHE_HOME": cache,
+        "npm_config_cache": f"{cache}/npm",
+        "UV_CACHE_DIR": f"{cache}/uv",
+        "PIP_CACHE_DIR": f"{cache}/pip",
+        "PYTHONSAFEPATH": "1",
+        **spec.env,
+    }
     env["PATH"] = box.search_path(env.get("PATH") or os.defpath)
     jails = sandbox.Jails()
     in_r, in_w = os.pipe2(os.O_CLOEXEC)
@@ -399,7 +408,9 @@ async def _jailed_stdio(spec: ServerSpec, stderr: int) -> AsyncIterator[Any]:
     try:
         jail = await jails.get(box.policy)
         argv = [program, *spec.args]
-        stage = await jail.spawn(box.confinement, argv, spec.cwd or home, env, stdin=in_r, stdout=out_w, stderr=stderr)
+        stage = await jail.spawn(
+            box.confinement, argv, spec.cwd or "/tmp", env, stdin=in_r, stdout=out_w, stderr=stderr
+        )
     except BaseException:
         for fd in (in_w, out_r):
             os.close(fd)
@@ -457,20 +468,56 @@ async def _jailed_stdio(spec: ServerSpec, stderr: int) -> AsyncIterator[Any]:
             pumps.cancel_scope.cancel()
 
 
+def tool_cache(name: str) -> Path:
+    """The directory a stdio server keeps its caches in (npm's, uv's, pip's) from one start to the
+    next: its own, in ollie's data, which sandboxed code never sees."""
+    from .config import private_dir
+
+    return private_dir(data_path() / "tool-cache" / name)
+
+
+def _program(spec: ServerSpec) -> str:
+    """The server's program, found on the user's PATH as their shell would find it, but never one
+    in the project (a virtualenv's bin/ on PATH): the model writes there, and would choose what
+    runs with the server's network."""
+    program = shutil.which(spec.command)
+    if program is None:
+        raise FileNotFoundError(errno.ENOENT, "not found", spec.command)
+    project = spec.project.rstrip("/") + "/"
+    for path in (program, *_interpreter(program)):
+        real = os.path.realpath(path)
+        if spec.project and (real + "/").startswith(project):
+            raise OSError(
+                errno.EACCES,
+                f"{real} lies in the session's working directory, which its code writes: name a program "
+                f"outside it by its absolute path ({spec.project})",
+                spec.command,
+            )
+    return program
+
+
 def _program_roots(program: str, args: list[str]) -> tuple[str, ...]:
     """What a server's program needs to read and run beyond the system's directories: the
     installation it lies in, the interpreter its first line names, and the files its arguments
-    name (each as its installation, `_install_root`)."""
-    paths = [program, *_interpreter(program), *(a for a in args if os.path.isabs(a) and os.path.exists(a))]
-    return tuple(dict.fromkeys(_install_root(os.path.realpath(p)) for p in paths))
+    name (each as its installation, `_install_root`); not a directory an argument names (a server
+    that works in one is granted it by a policy of its own)."""
+    files = [a for a in args if os.path.isabs(a) and os.path.isfile(a)]
+    return tuple(dict.fromkeys(_install_root(os.path.realpath(p)) for p in [program, *_interpreter(program), *files]))
 
 
 def _interpreter(program: str) -> list[str]:
+    """The interpreter a script's first line names, if it is a regular file (never waiting on a
+    FIFO put in its place)."""
     try:
-        with open(program, "rb") as f:
-            first = f.readline(512)
+        fd = os.open(program, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError:
         return []
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return []
+        first = os.read(fd, 512).split(b"\n", 1)[0]
+    finally:
+        os.close(fd)
     words = first[2:].decode(errors="replace").split() if first.startswith(b"#!") else []
     if words and os.path.basename(words[0]) == "env":
         words = [w for w in words[1:] if not w.startswith("-")]
@@ -504,6 +551,8 @@ def _describe(e: BaseException) -> str:
         return "the server closed the connection"
     if isinstance(e, FileNotFoundError):
         return f"cannot run {e.filename!r}: not found"
+    if isinstance(e, PermissionError) and e.filename:
+        return f"cannot run {e.filename!r}: {e.strerror}"
     return str(e) or type(e).__name__
 
 

@@ -70,11 +70,13 @@ class Sandbox:
                 f"{platform.machine()}: without it sandboxed code could make any socket; set general.best_effort: "
                 f"true in {config.cfg_path() / 'sandbox.yaml'} to run with Landlock and the namespaces alone"
             )
-        decided = grants.decide(policy, identities(hidden_dirs()))
+        decided = grants.decide(policy, identities(hidden_dirs()), identities(read_only_dirs()))
         try:
             ruleset = build_ruleset(policy, decided, abi) if abi else -1
             # Every path granted, as decided: the jail mounts a grant only if it is still that file.
             expose = [(g.path, g.writable, g.shared, g.own, *g.identity) for g in decided]
+            # Where a program on PATH can run from: the grants as decided, never resolved again.
+            self._exec_roots = tuple(g.path.rstrip("/") + "/" for g in decided if g.key in ("rox", "rwx"))
         finally:
             grants.close(decided)
         if ruleset >= 0:
@@ -103,9 +105,6 @@ class Sandbox:
                 "expose": expose,
             },
         )
-        self._exec_roots = tuple(
-            os.path.realpath(p).rstrip("/") + "/" for p in policy.paths["rox"] + policy.paths["rwx"]
-        )
         self._search_paths: dict[str, str] = {}
         self._env_names = re.compile("|".join(fnmatch.translate(p) for p in policy.env) or "(?!)")
         self._environ: dict[str, str] | None = None
@@ -115,7 +114,7 @@ class Sandbox:
         to one that runs (not, say, a pyenv shim under $HOME that fails with EACCES)."""
         kept = self._search_paths.get(path)
         if kept is None:
-            dirs = [d for d in path.split(":") if d and (os.path.realpath(d) + "/").startswith(self._exec_roots)]
+            dirs = [d for d in path.split(":") if d and (_real(d) + "/").startswith(self._exec_roots)]
             kept = self._search_paths[path] = ":".join(dirs)
         return kept
 
@@ -171,6 +170,13 @@ def _git_user() -> dict[str, str]:
     return out
 
 
+def _real(path: str) -> str:
+    try:
+        return os.path.realpath(path)
+    except OSError:  # a link swapped for a directory under realpath's feet (EINVAL): not a place to run from
+        return ""
+
+
 class Jails:
     """The jails of one owner (a session's execute server, its hooks): one per network setting and
     limits, started on first use, restarted if one dies."""
@@ -203,6 +209,8 @@ class Jails:
         jail = self._jails.get(setup)
         if jail is None or not jail.alive:
             _refuse_replaceable_links(policy)
+            if view:
+                _make_mount_point(view)
             jail = self._jails[setup] = await Jail.start(setup)
             if jail.view_fd >= 0 and self._view is not None:
                 fd, jail.view_fd = jail.view_fd, -1
@@ -235,6 +243,17 @@ class Jails:
     async def close(self) -> None:
         jails, self._jails = list(self._jails.values()), {}
         await asyncio.gather(*(j.close() for j in jails))
+
+
+def _make_mount_point(path: str) -> None:
+    """The directory a jail mounts its view on (every mount of its is read-only: it cannot make one
+    there). mkdir, never a stat: were the file server's own mount there, that would be a request to
+    this very process."""
+    try:
+        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+        os.mkdir(path, 0o700)
+    except OSError:
+        pass  # there already, or nowhere to make it: the jail says why it has no view
 
 
 def _refuse_replaceable_links(policy: Policy) -> None:
@@ -316,6 +335,9 @@ def directory_within(path: str, bound: str) -> str:
     full = os.path.normpath(os.path.join(bound, os.path.expanduser(path)))
     if full != bound and not full.startswith(bound.rstrip("/") + "/"):
         raise SandboxError(f"{path} is outside {bound}, the working directory it must stay in")
+    mount = config.mount_point()  # never looked up: it may be this very process's FUSE mount
+    if full == mount or full.startswith(mount.rstrip("/") + "/"):
+        raise SandboxError(f"{path} is on ollie's file server's mount {mount}: a sub-agent may not work there")
     try:
         top = open_real(bound)
     except OSError as e:
@@ -335,6 +357,11 @@ def directory_within(path: str, bound: str) -> str:
             raise SandboxError(
                 f"{path} is {'' if identity(fd) in identities([hidden]) else 'inside '}ollie's own directory "
                 f"{hidden}, which sandboxed code never sees: a sub-agent may not work there"
+            )
+        if (kept := within(fd, identities(read_only_dirs()))) is not None:
+            raise SandboxError(
+                f"{path} lies in {kept}, which every sandbox keeps read-only (the Python that runs ollie, "
+                "tool scripts, skills): a sub-agent may not work there"
             )
         return real_path(fd)
     finally:

@@ -20,7 +20,7 @@ import os
 from dataclasses import dataclass
 
 from .. import config
-from .paths import Identity, LinkRefused, Opened, identity, open_following, open_real, real_path, within
+from .paths import Identity, LinkRefused, Opened, identities, identity, open_following, open_real, real_path, within
 from .policy import Policy, SandboxError
 
 WRITABLE = ("rw", "rwx", "tmpfile")
@@ -43,11 +43,14 @@ class Grant:
         return identity(self.fd)
 
 
-def decide(policy: Policy, hidden: dict[Identity, str]) -> list[Grant]:
+def decide(policy: Policy, hidden: dict[Identity, str], read_only: dict[Identity, str]) -> list[Grant]:
     """The policy's grants, opened and judged (SandboxError naming the grant and the fix); the
-    caller closes them (`close`). Grants whose path is gone since the policy was read are left out."""
+    caller closes them (`close`). Grants whose path is gone since the policy was read are left out,
+    as are the built-in ones (`policy.optional`) that a symlink sandboxed code could plant leads to.
+    `hidden` are ollie's hidden directories, `read_only` those every jail keeps read-only (no
+    writable grant may be, or lie in, one: the jail would have to choose)."""
     grants: list[Grant] = []
-    followed: list[tuple[Grant, Opened]] = []
+    followed: list[tuple[Grant, Opened, str]] = []  # grants reached through a symlink, and their path as given
     try:
         for key, paths in policy.paths.items():
             for path in paths:
@@ -58,25 +61,56 @@ def decide(policy: Policy, hidden: dict[Identity, str]) -> list[Grant]:
                 grant = Grant(opened.path, key, opened.fd, own, path in policy.shared)
                 grants.append(grant)
                 if opened.links:
-                    followed.append((grant, opened))
-                if not own:
-                    _refuse_hidden(policy, path, grant, hidden)
-        writable = {g.identity: g.path for g in grants if g.writable}
-        for grant, opened in followed:
-            for parent, link in opened.links:
-                if (where := within(parent, writable)) is not None:
-                    raise SandboxError(
-                        f"sandbox policy {policy.name!r} grants {grant.path} through the symlink {link}, which "
-                        f"sandboxed code could point anywhere (it writes {where}); grant the real path instead"
-                    )
+                    followed.append((grant, opened, path))
+                _judge(policy, path, grant, hidden, read_only)
+        for grant in _through_planted_links(policy, grants, followed):
+            grants.remove(grant)
+            os.close(grant.fd)
     except BaseException:
         close(grants)
         raise
     finally:
-        for _, opened in followed:
+        for _, opened, _ in followed:
             for fd, _ in opened.links:
                 os.close(fd)
     return grants
+
+
+def _judge(
+    policy: Policy, path: str, grant: Grant, hidden: dict[Identity, str], read_only: dict[Identity, str]
+) -> None:
+    if not grant.own:
+        _refuse_hidden(policy, path, grant, hidden)
+    if grant.writable and (where := within(grant.fd, read_only)) is not None:
+        raise SandboxError(
+            f"sandbox policy {policy.name!r} lets code write {grant.path}, in {where}, which every "
+            "sandbox keeps read-only (the Python that runs ollie, tool scripts, skills)"
+            + ("; choose another working directory" if path == policy.cwd else "")
+        )
+
+
+def _through_planted_links(
+    policy: Policy, grants: list[Grant], followed: list[tuple[Grant, Opened, str]]
+) -> list[Grant]:
+    """The optional grants reached through a symlink that sandboxed code could have planted (to
+    leave out); SandboxError for any other. Code could plant one where this policy lets it write,
+    and where a session's code writes under any policy: its cwd, and $HOME (a session of the
+    user's works there, or in a directory above a sub-agent's)."""
+    writable = {g.identity: g.path for g in grants if g.writable}
+    writable.update(identities([p for p in (policy.cwd, os.path.expanduser("~")) if p]))
+    planted = []
+    for grant, opened, path in followed:
+        for parent, link in opened.links:
+            if (where := within(parent, writable)) is None:
+                continue
+            if path in policy.optional:
+                planted.append(grant)
+                break
+            raise SandboxError(
+                f"sandbox policy {policy.name!r} grants {grant.path} through the symlink {link}, which "
+                f"sandboxed code could point anywhere (it can write {where}); grant the real path instead"
+            )
+    return planted
 
 
 def close(grants: list[Grant]) -> None:

@@ -40,23 +40,14 @@ CLONE_NEWNS, CLONE_NEWIPC, CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET = (
     0x20000000,
     0x40000000,
 )
-MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = (
-    1,
-    2,
-    4,
-    8,
-    32,
-    4096,
-    16384,
-    1 << 18,
-)
-MS_NOSYMFOLLOW = 256  # Linux 5.10
-ST_FLAGS = {MS_NOSUID: os.ST_NOSUID, MS_NODEV: os.ST_NODEV, MS_NOEXEC: os.ST_NOEXEC}
+MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_BIND, MS_REC, MS_PRIVATE = 2, 4, 8, 4096, 16384, 1 << 18
 PR_SET_NO_NEW_PRIVS, PR_SET_SECCOMP, SECCOMP_MODE_FILTER, PR_SET_CHILD_SUBREAPER, PR_SET_DUMPABLE = 38, 22, 2, 36, 4
 SYS_LANDLOCK_ADD_RULE, SYS_LANDLOCK_RESTRICT_SELF, SYS_CLOSE_RANGE = 445, 446, 436  # the same on every arch
-SYS_OPENAT2, SYS_MOUNT_SETATTR = 437, 442
+SYS_OPEN_TREE, SYS_MOVE_MOUNT, SYS_OPENAT2, SYS_MOUNT_SETATTR = 428, 429, 437, 442  # the same on every arch
 RESOLVE_NO_MAGICLINKS, RESOLVE_NO_SYMLINKS, RESOLVE_BENEATH = 0x02, 0x04, 0x08
-MOUNT_ATTR_RDONLY, AT_RECURSIVE = 0x1, 0x8000
+MOUNT_ATTR_RDONLY, MOUNT_ATTR_NOSYMFOLLOW = 0x1, 0x200000
+OPEN_TREE_CLONE, OPEN_TREE_CLOEXEC, AT_EMPTY_PATH, AT_RECURSIVE = 0x1, os.O_CLOEXEC, 0x1000, 0x8000
+MOVE_MOUNT_F_EMPTY_PATH, MOVE_MOUNT_T_EMPTY_PATH = 0x4, 0x40
 
 libc = ctypes.CDLL(None, use_errno=True)
 
@@ -105,16 +96,16 @@ class MountAttr(ctypes.Structure):
     ]
 
 
-def set_mount_attrs(path, add, remove):
-    """mount_setattr(2) on the mount at `path` and every mount under it (Linux 5.12, older than
-    any Landlock)."""
+def set_mount_attrs(dir_fd, path, add, remove, flags=AT_RECURSIVE):
+    """mount_setattr(2) (Linux 5.12, older than any Landlock): on the mount at `path` and, with
+    AT_RECURSIVE, every mount under it."""
     attr = MountAttr(add, remove, 0, 0)
     check(
         libc.syscall(
             ctypes.c_long(SYS_MOUNT_SETATTR),
-            ctypes.c_long(-100),
+            ctypes.c_long(dir_fd),
             path.encode(),
-            ctypes.c_long(AT_RECURSIVE),
+            ctypes.c_long(flags),
             ctypes.byref(attr),
             ctypes.c_long(ctypes.sizeof(attr)),
         ),
@@ -179,11 +170,15 @@ class Mounts:
     """The jail's view of the filesystem, built as bubblewrap builds one: every mount read-only
     (so that no chmod, utime, setxattr or truncate reaches a file outside the grants, which
     Landlock does not govern), hidden directories (a private /tmp, `hide`) under empty mounts,
-    and the grants bound writable, or shown again from under a hidden directory."""
+    and the grants bound writable, or shown again from under a hidden directory.
+
+    Every mount is made by descriptor, never by a path that could be resolved twice: a target is
+    opened refusing any symlink (the paths ollie sends are real), a bind is a clone of the source's
+    tree whose attributes (read-only, no symlinks followed) are set before it is attached."""
 
     def __init__(self, hide, protect, tmp_size):
         mount(None, "/", None, MS_REC | MS_PRIVATE)  # nothing done here shows outside
-        set_mount_attrs("/", MOUNT_ATTR_RDONLY, 0)
+        set_mount_attrs(-100, "/", MOUNT_ATTR_RDONLY, 0)
         self.hidden: dict[str, int] = {}  # hidden directory -> O_PATH fd of what it hid, to bind from
         self.exposed = {}  # path -> writable
         self.view, self.view_root = "", -1  # the view's mount point, and an O_PATH fd of its root
@@ -218,32 +213,32 @@ class Mounts:
         noexec: the view serves files to read and write, never programs to run outside the sandbox."""
         fuse = os.open("/dev/fuse", os.O_RDWR | os.O_CLOEXEC)
         options = f"fd={fuse},rootmode=40000,user_id={os.geteuid()},group_id={os.getegid()}"
-        os.makedirs(path, exist_ok=True)
-        mount("ollie", path, "fuse.ollie", MS_NOSUID | MS_NODEV | MS_NOEXEC, options)
+        with opened(path, make=stat.S_IFDIR) as target:
+            mount("ollie", f"/proc/self/fd/{target}", "fuse.ollie", MS_NOSUID | MS_NODEV | MS_NOEXEC, options)
         self.view = path
         return fuse
 
     def _rebind_view(self, above):
         """The view, hidden again under a tmpfs by the exposure of a directory around it: bind it back."""
         self._pin(self.view, above)
-        target = os.open(self.view, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC)
-        try:
-            mount(f"/proc/self/fd/{self.view_root}", f"/proc/self/fd/{target}", None, MS_BIND)
-        finally:
-            os.close(target)
+        with opened(self.view) as target:
+            attach(self.view_root, target)
 
     def expose(self, path, writable, shared, own, dev, ino):
         """Grant `path` as ollie decided it: bound writable, or shown again (read-only) from under a
         hidden directory, but only if it is still the file ollie judged (`dev`, `ino`), reached
         without a symlink. Only ollie's `own` grants (tool scripts, the scratch directory, the
-        memory and the plans) come from under a hidden directory. A `shared` directory (one every
-        session writes) follows no symlink: one session could plant a link there that another
-        session's code, writing what it takes for its own file, would follow into its cwd."""
+        memory and the plans) come from under a hidden directory, and no writable grant lies in a
+        read-only directory. A `shared` directory (one every session writes) follows no symlink:
+        one session could plant a link there that another session's code, writing what it takes
+        for its own file, would follow into its cwd."""
         if any(path == m or path.startswith(m + "/") for m in OWN_MOUNTS):
             return  # the jail's own, granted by its own rules
         root = self._root(path)
         if root not in (None, "/tmp") and not own:  # /tmp: the host's, hidden as a whole, shown again in part
             raise OSError(errno.EACCES, f"{path}: one of ollie's hidden directories")
+        if writable and any(path == p or path.startswith(p.rstrip("/") + "/") for p in self.protected):
+            raise OSError(errno.EACCES, f"{path}: in a directory the jail keeps read-only")
         if self.exposed.get(path) == writable or not (writable or root is not None):
             if own and not writable:  # a tool directory in the project: read-only in the jail
                 self._keep_read_only(path)
@@ -251,11 +246,8 @@ class Mounts:
         self.exposed[path] = writable
         view_inside = self.view and self.view.startswith(path.rstrip("/") + "/")
         if view_inside and self.view_root < 0:  # held before it is covered, to bind back after
-            self.view_root = os.open(self.view, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
-        self._bind(path, writable, (dev, ino))
-        if shared:
-            keep = sum(ms for ms, st_flag in ST_FLAGS.items() if os.statvfs(path).f_flag & st_flag)
-            mount(None, path, None, MS_BIND | MS_REMOUNT | MS_NOSYMFOLLOW | keep | (0 if writable else MS_RDONLY))
+            self.view_root = open_path(self.view, RESOLVE_NO_SYMLINKS, os.O_DIRECTORY)
+        self._bind(path, writable, (dev, ino), shared)
         self._restore_inside(path, writable)
         if view_inside:
             self._rebind_view(path)
@@ -288,7 +280,7 @@ class Mounts:
         roots = [h for h in self.hidden if path == h or path.startswith(h.rstrip("/") + "/")]
         return max(roots, key=len) if roots else None
 
-    def _bind(self, path, writable, expected=None):
+    def _bind(self, path, writable, expected=None, shared=False):
         """Mount `path`'s file on the path itself, from under its hidden directory if it has one
         (then from the inode the hidden directory's descriptor holds, beneath it, following no
         symlink); `expected`, the identity ollie decided, is checked first."""
@@ -303,41 +295,33 @@ class Mounts:
             st = os.fstat(source)
             if expected is not None and (st.st_dev, st.st_ino) != tuple(expected):
                 raise OSError(errno.ESTALE, f"{path} is no longer the file ollie granted (replaced since)")
-            if stat.S_ISDIR(st.st_mode):
-                os.makedirs(path, exist_ok=True)
-            elif not stat.S_ISREG(st.st_mode):
+            if not (stat.S_ISDIR(st.st_mode) or stat.S_ISREG(st.st_mode)):
                 return  # a device: written through a read-only mount as well
-            else:
-                os.makedirs(os.path.dirname(path), exist_ok=True)
-                if not os.path.exists(path):
-                    open(path, "x").close()
-            # The target's directories are in writable places (the private /tmp, a hiding tmpfs): mount
-            # on what it is now, by descriptor, and only if no symlink planted on the way moved it.
-            target = os.open(path, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC)
-            try:
-                where = f"/proc/self/fd/{target}"
-                if os.readlink(where) != path:
-                    raise OSError(errno.ELOOP, f"{path} leads elsewhere ({os.readlink(where)})")
-                mount(f"/proc/self/fd/{source}", where, None, MS_BIND | MS_REC)
+            # The target's directories may be in writable places (the private /tmp, a hiding
+            # tmpfs): made, and opened, a component at a time, refusing any symlink planted there.
+            with opened(path, make=stat.S_IFMT(st.st_mode)) as target:
+                flags = MOUNT_ATTR_NOSYMFOLLOW if shared else 0
+                # The hidden directory itself: what it holds, not the mount that hides it (which a
+                # copy of the mounts at its place would bring along); _restore_inside hides again.
+                whole = path != root
                 if writable:
-                    make_writable(path)
-                else:  # the new mount is what the path shows now, and nothing can move it
-                    read_only(path)
-            finally:
-                os.close(target)
+                    attach(source, target, flags, MOUNT_ATTR_RDONLY, whole)
+                else:
+                    attach(source, target, flags | MOUNT_ATTR_RDONLY, 0, whole)
         finally:
             os.close(source)
 
     def _hide(self, path, above):
         """An empty tmpfs over `path`."""
         self._pin(path, above)
-        mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV, "size=1048576,mode=755")
+        with opened(path) as target:
+            mount("tmpfs", f"/proc/self/fd/{target}", "tmpfs", MS_NOSUID | MS_NODEV, "size=1048576,mode=755")
 
     def _protect(self, path, above):
         """`path` read-only, whatever a policy grants around it."""
         self._pin(path, above)
-        mount(path, path, None, MS_BIND | MS_REC)
-        read_only(path)
+        with opened(path) as target:
+            attach(target, target, MOUNT_ATTR_RDONLY, 0)
 
     def _pin(self, path, above):
         """Bind the directories between `above` (a mount) and `path` onto themselves: a mount point
@@ -347,26 +331,92 @@ class Mounts:
         for n in range(1, len(parts) + 1):
             ancestor = os.path.join(above, *parts[:n])
             if ancestor not in self.pinned:
-                mount(ancestor, ancestor, None, MS_BIND | MS_REC)
+                with opened(ancestor) as fd:
+                    attach(fd, fd)
                 self.pinned.add(ancestor)
 
 
-def make_writable(path):
-    """The bind mount at `path`, and the mounts under it, writable again (the whole tree was made
-    read-only); a mount the host keeps read-only stays so, and then only `path` itself changes."""
-    try:
-        set_mount_attrs(path, 0, MOUNT_ATTR_RDONLY)
-    except OSError as e:
-        if e.errno != errno.EPERM:
+class opened:
+    """`with opened(path[, make=S_IFDIR or S_IFREG]) as fd`: an O_PATH descriptor of `path`, an
+    absolute real path, opened a component at a time refusing any symlink; with `make`, missing
+    directories on the way (and `path` itself, a directory or an empty file) are made first."""
+
+    def __init__(self, path, make=0):
+        self.path, self.make = path, make
+
+    def __enter__(self):
+        if not self.make:
+            self.fd = open_path(self.path, RESOLVE_NO_SYMLINKS)
+            return self.fd
+        fd = os.open("/", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+        names = [n for n in self.path.split("/") if n]
+        try:
+            for i, name in enumerate(names):
+                last = i == len(names) - 1
+                try:
+                    if last and self.make == stat.S_IFREG:
+                        os.close(os.open(name, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_NOFOLLOW, 0o644, dir_fd=fd))
+                    else:
+                        os.mkdir(name, 0o755, dir_fd=fd)
+                except FileExistsError:
+                    pass
+                nxt = open_path(name, RESOLVE_NO_SYMLINKS | RESOLVE_BENEATH, dir_fd=fd)
+                os.close(fd)
+                fd = nxt
+        except BaseException:
+            os.close(fd)
             raise
-        keep = sum(ms for ms, st_flag in ST_FLAGS.items() if os.statvfs(path).f_flag & st_flag)
-        mount(None, path, None, MS_BIND | MS_REMOUNT | keep)
+        self.fd = fd
+        return fd
+
+    def __exit__(self, *exc):
+        os.close(self.fd)
 
 
-def read_only(path):
-    """Remount the bind mount at `path` read-only, keeping the flags a user namespace may not drop."""
-    keep = sum(ms for ms, st_flag in ST_FLAGS.items() if os.statvfs(path).f_flag & st_flag)
-    mount(None, path, None, MS_BIND | MS_REMOUNT | MS_RDONLY | keep)
+def attach(source, target, add=0, remove=0, whole=True):
+    """Mount a copy of the mounts at the descriptor `source` (and, `whole`, under it: else the one
+    mount alone, where the host allows that) on the descriptor `target`, its attributes changed
+    first (`add`, `remove`: MOUNT_ATTR_*) while nothing can reach it; a mount the host keeps
+    read-only stays so (then only the copy's top changes)."""
+    flags = OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | AT_EMPTY_PATH
+    try:
+        tree = check(
+            libc.syscall(
+                ctypes.c_long(SYS_OPEN_TREE),
+                ctypes.c_long(source),
+                b"",
+                ctypes.c_long(flags | (AT_RECURSIVE if whole else 0)),
+            ),
+            "open_tree",
+        )
+    except OSError as e:
+        if whole or e.errno != errno.EINVAL:  # EINVAL: mounts of the host's lie under it, which go along
+            raise
+        tree = check(
+            libc.syscall(ctypes.c_long(SYS_OPEN_TREE), ctypes.c_long(source), b"", ctypes.c_long(flags | AT_RECURSIVE)),
+            "open_tree",
+        )
+    try:
+        if add or remove:
+            try:
+                set_mount_attrs(tree, "", add, remove, AT_EMPTY_PATH | AT_RECURSIVE)
+            except OSError as e:
+                if e.errno != errno.EPERM:
+                    raise
+                set_mount_attrs(tree, "", add, remove, AT_EMPTY_PATH)
+        check(
+            libc.syscall(
+                ctypes.c_long(SYS_MOVE_MOUNT),
+                ctypes.c_long(tree),
+                b"",
+                ctypes.c_long(target),
+                b"",
+                ctypes.c_long(MOVE_MOUNT_F_EMPTY_PATH | MOVE_MOUNT_T_EMPTY_PATH),
+            ),
+            "move_mount",
+        )
+    finally:
+        os.close(tree)
 
 
 def ollie_mounts():

@@ -161,6 +161,7 @@ class Policy:
     cwd: str  # the working directory it was expanded for (a real path; "" for none)
     shared: tuple[str, ...]  # granted writable to every session (the memory, the plans): no symlinks there
     own: frozenset[str]  # ollie's own grants (tools, scratch, memory, plans): shown from under its hidden directories
+    optional: frozenset[str]  # built-in grants left out, rather than refused, when a planted symlink leads there
     paths: dict[str, tuple[str, ...]]  # a _FS_KEYS name → absolute existing paths
     unrestricted_net: bool
     unix_sockets: bool  # may create AF_UNIX sockets (and so connect to any socket by path)
@@ -199,11 +200,14 @@ def load_policy(
     extra_ro: tuple[str, ...] = (),
     extra_rw: tuple[str, ...] = (),
     extra_rwx: tuple[str, ...] = (),
+    program_rox: tuple[str, ...] = (),
 ) -> Policy:
     """Read, validate and expand the policy `name` for a call running in `cwd` ("" for `tmpdir`
     drops the policy's `{TMPDIR}` entries: a jail grants its private /tmp itself). The extra paths
     are ollie's own grants on top (tool script directories; the memory and the plans, `extra_rw`,
-    shared by every session; a tool server's home, `extra_rwx`)."""
+    shared by every session; a tool server's cache, `extra_rwx`). `program_rox` are what a tool
+    server's program needs to read and run: granted as the policy's own entries are, and judged
+    as they are (never one of ollie's hidden directories)."""
     global_file, named_file = policy_files(name)
     if name not in BUILTIN and not named_file.is_file():
         raise SandboxError(f"no sandbox policy {name!r}: create {named_file}")
@@ -216,6 +220,7 @@ def load_policy(
     paths["ro"] += tuple(p for p in extra_ro if os.path.exists(p))
     paths["rw"] += tuple(p for p in extra_rw if os.path.exists(p))
     paths["rwx"] += tuple(p for p in extra_rwx if os.path.exists(p))
+    paths["rox"] += tuple(p for p in program_rox if os.path.exists(p))
     net = raw["network"]
     unrestricted = bool(net.get("unrestricted") or net.get("enabled"))  # `enabled`: the Go name
     connect = _ports(net.get("connect_tcp"), "network.connect_tcp")
@@ -225,6 +230,7 @@ def load_policy(
         cwd=cwd,
         shared=tuple(p for p in extra_rw if os.path.exists(p)),
         own=frozenset([*extra_rox, *extra_ro, *extra_rw, *extra_rwx, *([os.path.normpath(tmpdir)] if tmpdir else [])]),
+        optional=frozenset(_expand_paths(_HOME_TOOLCHAINS, values, "filesystem.rox")),
         paths=paths,
         unrestricted_net=unrestricted,
         unix_sockets=bool(net.get("unix")),
