@@ -284,6 +284,8 @@ async def test_a_sub_agent_runs_only_on_models_its_agent_allows(h, monkeypatch):
     assert out.count("write error: Permission denied") == 2, out  # new, and the sub-session's ctl
     assert out.count('runs on gpt-4.1-mini, gpt-4.1; list more under "models"') == 2, out  # new, and b/new
     assert child.settings()["model"] == "gpt-4.1" and len(h.sessions.all()) == 2 and not h.jobs.all()
+    out = await h.fails(parent, f'echo "backend openai" > $OLLIE/s/{child.id}/ctl')  # to its default model?
+    assert "write error: Permission denied" in out and child.settings()["model"] == "gpt-4.1"
 
 
 # ---- found by the internal red team of round 3 -------------------------------------------------------
@@ -392,3 +394,12 @@ async def test_a_grant_follows_no_link_another_policy_planted_in_home(h, monkeyp
         assert "through the symlink" in out and not (outside / "planted").exists(), out
     finally:
         shutil.rmtree(outside)
+
+
+async def test_a_sub_agents_cwd_on_the_servers_own_mount_is_refused_unlooked(h, monkeypatch):
+    """A parent in $HOME asked for sub-agents in ~/mnt/ollie/s/x: each check looked the path up on
+    the server's own FUSE mount, from the server's own loop (held 0.1-0.2 s each)."""
+    monkeypatch.setenv("OLLIE", str(h.work / "mnt"))
+    parent = await h.new()
+    await h.fails(parent, f'echo "new cwd={h.work}/mnt/s" > $OLLIE/ctl')
+    assert "on ollie's file server's mount" in parent.chat_path.read_text()
