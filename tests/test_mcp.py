@@ -8,6 +8,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -62,7 +63,19 @@ def no_process_left():
     assert running(str(SERVERS)) - servers == set(), "a jailed server outlived its dispatcher"
 
 
-async def connect(servers: dict, cwd: str = "/tmp", **pre) -> tuple[Dispatcher, list[str]]:
+# The session's cwd the servers are started for: a project apart from this checkout (a server's
+# program is never taken from the session's cwd, which its code writes).
+PROJECT = Path(tempfile.gettempdir()) / f"ollie-mcp-test-project-{os.getpid()}"
+
+
+@pytest.fixture(autouse=True)
+def project():
+    PROJECT.mkdir(exist_ok=True)
+    yield PROJECT
+    shutil.rmtree(PROJECT, ignore_errors=True)
+
+
+async def connect(servers: dict, cwd: str = str(PROJECT), **pre) -> tuple[Dispatcher, list[str]]:
     d = Dispatcher()
     for name, server in pre.items():
         d.add_server(name, server)
@@ -232,7 +245,7 @@ async def test_a_call_that_never_answers_times_out_and_the_server_stays_usable()
 
 async def test_cancelling_the_start_up_closes_what_it_started():
     d = Dispatcher()
-    start = asyncio.create_task(build_agent_env(AgentConfig(mcp_servers={"hangs": broken("hang")}), d, "/tmp"))
+    start = asyncio.create_task(build_agent_env(AgentConfig(mcp_servers={"hangs": broken("hang")}), d, str(PROJECT)))
     await asyncio.sleep(0.3)
     assert running(f"{SERVERS / 'broken.py'} hang")  # the server runs, waiting for a handshake that never comes
     start.cancel()
