@@ -30,6 +30,8 @@ class Local:
             raise
         if name == "explode":
             raise ConnectionError("pipe broke")
+        if name == "own_timeout":  # a timeout of the server's own, as a jail slow to start raised it
+            raise TimeoutError()
         return ToolResult.of(f"{name} {sorted(arguments.items())}")
 
     async def close(self) -> None:
@@ -79,6 +81,14 @@ async def test_a_call_over_the_servers_timeout_is_cancelled_and_reported():
     result = await d.dispatch("wait", {}, CTX)
     assert result.is_error and result.text() == "tool wait timed out after 0.1 s (server slow)"
     assert slow.cancelled
+
+
+async def test_a_servers_own_timeout_is_its_failure_not_ours():
+    """A server without a dispatcher timeout raising TimeoutError (a jail that took over 10 s to
+    start) failed the turn with "unsupported format string passed to NoneType"."""
+    d = dispatcher(own=Local(Tool("own_timeout")))
+    result = await d.dispatch("own_timeout", {}, CTX)
+    assert result.is_error and result.text() == "tool own_timeout failed: timed out"
 
 
 async def test_a_failing_server_gives_an_error_result_and_the_others_carry_on():

@@ -206,6 +206,11 @@ class Jail:
         try:
             async with asyncio.timeout(_START_TIMEOUT):
                 message, fds = await hello
+        except TimeoutError:
+            await jail.close()
+            raise JailError(
+                f"the sandbox did not start within {_START_TIMEOUT:g} s (is the machine overloaded?)"
+            ) from None
         except BaseException:
             await jail.close()
             raise
