@@ -163,7 +163,7 @@ class Dispatcher:
                 return await self._servers[server_name].call_tool(tool.name, arguments, ctx)
         except TimeoutError as e:
             if not scope.expired():  # a timeout of the server's own (none of ours may be set): its failure
-                return ToolResult.of(f"tool {name} failed: {e or 'timed out'}", is_error=True)
+                return ToolResult.of(f"tool {name} failed: {str(e) or 'timed out'}", is_error=True)
             return ToolResult.of(f"tool {name} timed out after {timeout:g} s (server {server_name})", is_error=True)
         except asyncio.CancelledError:
             raise
