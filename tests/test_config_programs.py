@@ -22,6 +22,7 @@ from ollie.mcp import log_path
 from ollie.tools import CallContext, Dispatcher
 from ollie.types import ConfigError
 from sandbox_helpers import API_KEY, SECRET
+from view_helpers import start_child
 
 pytestmark = pytest.mark.skipif(sandbox.landlock_abi() < 6, reason="needs Landlock ABI 6 (Linux 6.12)")
 
@@ -189,7 +190,7 @@ async def test_a_servers_program_is_never_one_the_model_could_have_planted(home,
         d = Dispatcher()
         env = await build_agent_env(AgentConfig(mcp_servers={"time": {"command": "mcp-server-time"}}), d, str(project))
         await d.close()
-        assert len(env.infos) == 1 and "lies in the session's working directory" in env.infos[0], env.infos
+        assert len(env.infos) == 1 and "which the session's code writes" in env.infos[0], env.infos
 
 
 async def test_a_servers_files_in_ollies_directories_grant_nothing_there(home, tmp_path):
@@ -203,3 +204,39 @@ async def test_a_servers_files_in_ollies_directories_grant_nothing_there(home, t
     )
     await d.close()
     assert len(env.infos) == 1 and "ollie's own directory" in env.infos[0], env.infos
+
+
+# ---- found by the second internal red team of round 3 ------------------------------------------------
+
+
+async def test_a_sub_sessions_tool_server_runs_no_program_its_parent_planted(h, monkeypatch):
+    """The program was refused in the session's own cwd only: the parent's code planted
+    <project>/.venv/bin/<command> and started a sub-session in <project>/sub."""
+    venv_bin = h.work / ".venv" / "bin"
+    venv_bin.mkdir(parents=True)
+    monkeypatch.setenv("PATH", f"{venv_bin}:{os.environ['PATH']}")
+    h.agent("default", mcpServers={"time": {"command": "mcp-server-time"}})
+    parent = await h.new()  # its own server refused already: its program lies in its cwd
+    await h.ok(
+        parent,
+        "printf '#!/bin/sh\\necho planted >&2\\n' > .venv/bin/mcp-server-time; chmod +x .venv/bin/mcp-server-time",
+    )
+    await start_child(h, parent, f"cwd={h.work}/sub")
+    child = [s for s in h.sessions.all() if s is not parent][0]
+    chat = child.chat_path.read_text()
+    assert "mcp server time failed" in chat and "which the session's code writes" in chat, chat
+
+
+def test_ollie_takes_no_program_from_a_path_the_project_leads(home, tmp_path, monkeypatch):
+    """git (for the identity commits need) was run from ollie's PATH, outside any sandbox: with a
+    project's virtualenv activated, a planted .venv/bin/git ran as you, with the keys."""
+    project_bin = tmp_path / "project" / ".venv" / "bin"
+    project_bin.mkdir(parents=True)
+    proof = tmp_path / "planted-git-ran"
+    (project_bin / "git").write_text(f"#!/bin/sh\ntouch {proof}\necho Mallory\n")
+    (project_bin / "git").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{project_bin}:{os.environ['PATH']}")
+    (home / ".gitconfig").write_text('[user]\n\tname = "Ada L" # the author\n\temail = ada@example.com\n')
+    env = sandbox.Sandbox(sandbox.load_policy("default", str(tmp_path / "project"), "")).environ()
+    assert not proof.exists()
+    assert (env["GIT_CONFIG_VALUE_0"], env["GIT_CONFIG_VALUE_1"]) == ("Ada L", "ada@example.com")

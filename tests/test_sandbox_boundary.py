@@ -12,10 +12,12 @@ import shutil
 import stat
 import tempfile
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
 
+from agent_helpers import running
 from ollie import sandbox
 from ollie.tools import CallContext, execute
 from sandbox_helpers import API_KEY, SECRET, write_policy
@@ -403,3 +405,90 @@ async def test_a_sub_agents_cwd_on_the_servers_own_mount_is_refused_unlooked(h, 
     parent = await h.new()
     await h.fails(parent, f'echo "new cwd={h.work}/mnt/s" > $OLLIE/ctl')
     assert "on ollie's file server's mount" in parent.chat_path.read_text()
+
+
+# ---- found by the second internal red team of round 3 ------------------------------------------------
+
+
+async def test_the_view_keeps_its_rule_whatever_its_path_leads_to_later(h):
+    """Every spawner's Landlock rule on the view was added by path: code that moved the view's
+    directory aside in its jail's /tmp and planted a link there got the next spawner a rule on the
+    link's target (read outside every grant)."""
+    outside = Path(tempfile.mkdtemp(dir="/var/tmp", prefix="ollie-test-outside-"))
+    try:
+        (outside / "id_rsa").write_text("PRIVATE-KEY\n")
+        parent = await h.new()
+        await h.ok(parent, "mkdir -p sub2")
+        child = await start_child(h, parent, f"cwd={h.work}/sub")
+        await h.sh(
+            child, f'V=$OLLIE; mv "$(dirname $V)" /tmp/moved && mkdir -p "$(dirname $V)" && ln -s {outside} "$V"'
+        )
+        await h.ok(parent, f"echo 'cwd {h.work}/sub2' > $OLLIE/s/{child.id}/ctl")  # a new spawner in its jail
+        _, out = await h.sh(child, f"cat {outside}/id_rsa")
+        assert "PRIVATE-KEY" not in out
+    finally:
+        shutil.rmtree(outside)
+
+
+async def test_the_memory_follows_no_link_even_when_the_cwd_holds_ollies_data(h, monkeypatch, tmp_path):
+    """A session in $HOME (data at ~/.local/share/ollie): the memory, hidden again with the data
+    and shown again from under it, lost its nosymfollow."""
+    monkeypatch.setenv("OLLIE_DATA_PATH", str(h.work / ".local" / "share" / "ollie"))
+    session = await h.new()
+    out = await h.sh(
+        session, "echo in-cwd > target; ln -sfn $PWD/target $OLLIE_MEMORY_DIR/planted; cat $OLLIE_MEMORY_DIR/planted"
+    )
+    assert "in-cwd" not in out[1], out
+
+
+async def test_a_tool_or_skill_directory_configured_but_missing_is_made_before_code_runs(h, monkeypatch):
+    """OLLIE_TOOLS_PATH and OLLIE_SKILLS_PATH naming directories of the project that did not exist
+    yet: the code made them and planted a tool that other sessions ran, and a skill."""
+    tools, skills = h.work / ".ollie" / "tools", h.work / ".ollie" / "skills"
+    monkeypatch.setenv("OLLIE_TOOLS_PATH", str(tools))
+    monkeypatch.setenv("OLLIE_SKILLS_PATH", str(skills))
+    session = await h.new()
+    out = await h.fails(session, f"printf '#!/bin/sh\\necho planted\\n' > {tools}/run_tests && mkdir {skills}/x")
+    assert "Read-only file system" in out and tools.is_dir() and not (tools / "run_tests").exists()
+
+
+async def test_renaming_a_session_keeps_its_jobs_its_own(h):
+    """A renamed session's jobs were cut loose: gone from its b/, out of its bounds, never cancelled."""
+    parent = await h.new()
+    await h.ok(parent, "printf 'name=slow\\n---\\nwork\\n' > $OLLIE/b/new")
+    (job,) = h.jobs.all()
+    await h.sessions.rename(parent.id, "lead")
+    assert job.record.parent == "lead" and h.jobs.of(parent) == [job]
+    assert (await h.ok(parent, "ls $OLLIE/b")).split() == [job.id]
+
+
+def test_a_sub_agents_odd_cwd_is_never_looked_up_by_its_raw_path(fs_server):
+    """`cwd=$PWD/l/../x`, l a link to the server's own mount: the check resolved it by descriptor,
+    then the server stat'ed the raw path (following l) on its loop: a request to itself."""
+    attacker = fs_server.new_session()
+    ask = "for i in 1 2 3; do printf 'cwd=%s/l/../x\\n' $PWD > $OLLIE/s/new; done; echo done-asking"
+    (fs_server.mnt / "s" / attacker / "prompt").write_text(f"!mkdir -p x; ln -sfn {fs_server.mnt}/s l; {ask}\n")
+    chat = fs_server.mnt / "s" / attacker / "chat"
+    for _ in range(200):
+        if "done-asking" in chat.read_text():
+            break
+        time.sleep(0.05)
+    assert "done-asking" in chat.read_text() and "EDEADLK" not in fs_server.log()
+
+
+async def test_the_server_reaching_into_a_jails_view_is_refused_not_served(h):
+    """A request on a session's view from outside its jail (pid 0 there): the server itself, led
+    through /proc/<pid>/root into the view by a link its code planted, would wait on its own loop."""
+    session = await h.new()
+    running_stage = asyncio.ensure_future(h.sh(session, "sleep 3"))
+    try:
+        for _ in range(100):
+            pids = [p for p in running("sleep 3") if os.path.exists(f"/proc/{p}/root")]
+            if pids:
+                break
+            await asyncio.sleep(0.05)
+        view = f"/proc/{pids[0]}/root{os.environ['OLLIE']}"
+        with pytest.raises(PermissionError):
+            await asyncio.wait_for(asyncio.to_thread(os.listdir, view + "/s"), 10)
+    finally:
+        await running_stage

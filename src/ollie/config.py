@@ -6,6 +6,7 @@ import getpass
 import json
 import os
 import re
+import shutil
 import stat
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -79,6 +80,16 @@ def agents_path() -> list[Path]:
 def skills_path() -> list[Path]:
     raw = os.environ.get("OLLIE_SKILLS_PATH") or str(cfg_path() / "skills")
     return [Path(p) for p in raw.split(":") if p]
+
+
+SYSTEM_BIN = "/usr/bin:/bin:/usr/sbin:/sbin"
+
+
+def system_program(name: str) -> str:
+    """A program of the system's, for ollie to run outside any sandbox: found where no sandbox
+    writes, never on the user's PATH (which may start with a project's .venv/bin, the model's to
+    fill). `name` itself if it is nowhere there (running it then fails, naming it)."""
+    return shutil.which(name, path=SYSTEM_BIN) or name
 
 
 def mount_path() -> Path:

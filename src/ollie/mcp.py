@@ -68,10 +68,12 @@ class ServerSpec:
     startup_timeout: float = DEFAULT_STARTUP_TIMEOUT
     sandbox: str = "tools"  # a stdio server's sandbox policy; "": none
     project: str = ""  # the session's cwd, which a sandboxed server reads ({CWD} of its policy)
+    written: tuple[str, ...] = ()  # where the session's tree's code writes: no program is taken from there
 
 
-def parse_spec(name: str, raw: Any, cwd: str = "") -> ServerSpec:
-    """Validate an `mcpServers` entry of a session in `cwd`; a relative server cwd is taken from it."""
+def parse_spec(name: str, raw: Any, cwd: str = "", written: tuple[str, ...] = ()) -> ServerSpec:
+    """Validate an `mcpServers` entry of a session in `cwd` (whose tree's code writes `written`
+    besides); a relative server cwd is taken from it."""
     entry = _Entry(f"mcpServers.{name}", raw)
     kind = raw.get("type") or raw.get("transport") or ("stdio" if "command" in raw else "http")
     kind = {"streamable-http": "http", "streamableHttp": "http"}.get(kind, kind)
@@ -88,7 +90,7 @@ def parse_spec(name: str, raw: Any, cwd: str = "") -> ServerSpec:
         spec.args, spec.env = entry.string_list("args"), entry.string_map("env")
         if raw.get("cwd"):  # relative to the session's cwd, like a command typed there
             spec.cwd = os.path.join(cwd, os.path.expanduser(entry.expand(raw["cwd"], "cwd")))
-        spec.sandbox, spec.project = entry.sandbox(), cwd
+        spec.sandbox, spec.project, spec.written = entry.sandbox(), cwd, tuple(dict.fromkeys((cwd, *written)))
     else:
         spec.url = entry.required("url", "the server's HTTP endpoint")
         spec.headers = entry.string_map("headers")
@@ -483,16 +485,16 @@ def _program(spec: ServerSpec) -> str:
     program = shutil.which(spec.command)
     if program is None:
         raise FileNotFoundError(errno.ENOENT, "not found", spec.command)
-    project = spec.project.rstrip("/") + "/"
     for path in (program, *_interpreter(program)):
         real = os.path.realpath(path)
-        if spec.project and (real + "/").startswith(project):
-            raise OSError(
-                errno.EACCES,
-                f"{real} lies in the session's working directory, which its code writes: name a program "
-                f"outside it by its absolute path ({spec.project})",
-                spec.command,
-            )
+        for written in filter(None, spec.written):
+            if (real + "/").startswith(written.rstrip("/") + "/"):
+                raise OSError(
+                    errno.EACCES,
+                    f"{real} lies in {written}, which the session's code writes: name a program outside it "
+                    "by its absolute path",
+                    spec.command,
+                )
     return program
 
 

@@ -39,6 +39,7 @@ def open_session(
     view: Callable[[int], None] | None = None,
     plan_backend: PlanBackend | None = None,
     cwd_within: str | None = None,
+    tree_cwd: str | None = None,
 ) -> Opening:
     """A ready Core, awaited (`core = await open_session(...)`) or entered (`async with
     open_session(...) as core`, which closes it on the way out).
@@ -54,7 +55,9 @@ def open_session(
     the agent makes (`task_plan`) are committed as tasks to a tool server with `task_create` if
     the agent has one, else to `plan_backend` (an `ollie.agent.plans.PlanBackend`) if given.
     `cwd_within` (a sub-agent's: its parent's cwd) is where the cwd must stay, now and whenever it
-    changes: it is resolved beneath that directory by descriptor, following no symlink.
+    changes: it is resolved beneath that directory by descriptor, following no symlink; `tree_cwd`
+    (a sub-agent's) is the cwd its tree of sessions starts from, whose files its tree's code may
+    have written (no tool server's program is taken from there).
     Raises ConfigError for a bad name or config."""
     return Opening(
         _open(
@@ -70,6 +73,7 @@ def open_session(
             view=view,
             plan_backend=plan_backend,
             cwd_within=cwd_within or "",
+            tree_cwd=tree_cwd or "",
         )
     )
 
@@ -107,6 +111,7 @@ async def _open(
     view: Callable[[int], None] | None,
     plan_backend: PlanBackend | None,
     cwd_within: str,
+    tree_cwd: str,
 ) -> Core:
     from .. import backends, config, sandbox
     from ..tools import execute, new_dispatcher_func
@@ -146,7 +151,7 @@ async def _open(
     options = {"script": script} if script is not None else {}
     be = backends.create(name, model or None, **options)
     new_dispatcher = new_dispatcher_func({"execute": execute.Decl(cwd, view), **servers})
-    env = await build_agent_env(cfg, new_dispatcher(), cwd)
+    env = await build_agent_env(cfg, new_dispatcher(), cwd, tuple(p for p in (cwd, tree_cwd) if p))
     core = Core(
         CoreConfig(
             backend=be,
@@ -156,6 +161,7 @@ async def _open(
             store_root=store_root,
             plan_backend=plan_backend,
             cwd_within=cwd_within,
+            tree_cwd=tree_cwd,
         )
     )
     if on_event is not None:

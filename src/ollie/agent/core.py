@@ -60,6 +60,7 @@ class CoreConfig:
     plan_backend: PlanBackend | None = None  # where plans are committed when no tool server has task_create
     # A sub-agent's: the directory its cwd stays in; env.cwd was resolved beneath it (taken as it is)
     cwd_within: str = ""
+    tree_cwd: str = ""  # a sub-agent's: the cwd its tree starts from
 
 
 class Core:
@@ -76,6 +77,7 @@ class Core:
             busy=lambda: self.running or bool(self._holder),
             changed=lambda: self._rt.bus.notify(),
             cwd_within=cfg.cwd_within,
+            tree_cwd=cfg.tree_cwd,
         )
         bus = Bus(state.store)
         self._rt = Runtime(
@@ -395,7 +397,7 @@ class Core:
 
                 new_backend = backends.create(cfg.backend or rt.backend.name, cfg.model or None)
             try:
-                env = await build_agent_env(cfg, self._new_dispatcher(), rt.state.cwd)
+                env = await build_agent_env(cfg, self._new_dispatcher(), rt.state.cwd, rt.state.written)
             except BaseException:
                 if new_backend is not None:
                     await new_backend.aclose()

@@ -27,7 +27,9 @@ class AgentEnv:
     """Start-up notices for the user, e.g. "mcp server time failed: ..." (emitted as info events)."""
 
 
-async def build_agent_env(cfg: AgentConfig, dispatcher: Dispatcher, cwd: str) -> AgentEnv:
+async def build_agent_env(
+    cfg: AgentConfig, dispatcher: Dispatcher, cwd: str, written: tuple[str, ...] = ()
+) -> AgentEnv:
     """Resolve the system prompt and connect `cfg.mcp_servers` on top of the servers already in
     `dispatcher`, all in parallel, each within its startup timeout. A server that fails stays
     registered with its reason (shown by `/mcp` and as the result of calling it) and is noted in
@@ -42,7 +44,7 @@ async def build_agent_env(cfg: AgentConfig, dispatcher: Dispatcher, cwd: str) ->
                 env.infos.append(f"mcp server {name} skipped: the name is taken by a built-in server")
                 continue
             try:
-                spec = mcp.parse_spec(name, raw, cwd)
+                spec = mcp.parse_spec(name, raw, cwd, written)
             except Exception as e:  # ConfigError: the rest of the agent still works
                 dispatcher.add_server(name, mcp.failed_server(name, str(e)))
                 env.infos.append(f"mcp server {name} failed: {e}")

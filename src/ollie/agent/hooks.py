@@ -128,7 +128,7 @@ async def run_command(
         raise FileNotFoundError(f"the session's working directory {cwd} is gone")
     if runner is None:
         proc = await asyncio.create_subprocess_exec(
-            "sh",
+            config.system_program("sh"),
             "-c",
             cmd,
             cwd=cwd or None,

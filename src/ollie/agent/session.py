@@ -57,6 +57,9 @@ class SessionMeta:
     # A sub-agent's: the directory its cwd stays in (its parent's cwd when it was made), resolved
     # beneath it by descriptor whenever it changes
     cwd_within: str = ""
+    # A sub-agent's: the cwd of the session its tree starts from, which its tree's code may write (a
+    # program found there is none to run outside the session's own sandbox: a tool server's, say)
+    tree_cwd: str = ""
     name: str = ""
     parent: str = ""  # the session whose code started this one (through its view of the files)
     # What its sub-agents (sub-sessions and batch jobs its code started) spent, once they ended:
@@ -92,6 +95,7 @@ class SessionMeta:
             "model": self.model,
             "cwd": self.cwd,
             "cwd_within": self.cwd_within,
+            "tree_cwd": self.tree_cwd,
             "name": self.name,
             "parent": self.parent,
             "children": self.children,

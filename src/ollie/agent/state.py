@@ -34,11 +34,12 @@ class SessionState:
         busy: Callable[[], bool],
         changed: Callable[[], None] = lambda: None,
         cwd_within: str = "",
+        tree_cwd: str = "",
     ):
         self.store = store
         self._busy = busy
         self._changed = changed
-        self.meta = SessionMeta(id=store.id, agent=agent, cwd_within=cwd_within)
+        self.meta = SessionMeta(id=store.id, agent=agent, cwd_within=cwd_within, tree_cwd=tree_cwd)
         self._messages: list[Message] = []
         self.usage = Usage()
         self._params = params
@@ -112,6 +113,12 @@ class SessionState:
         self._cwd = path
         self.save()
         self._changed()
+
+    @property
+    def written(self) -> tuple[str, ...]:
+        """Directories the code of this session's tree may write: its cwd, and for a sub-agent the
+        cwd its tree starts from."""
+        return tuple(dict.fromkeys(p for p in (self._cwd, self.meta.tree_cwd) if p))
 
     @property
     def env(self) -> dict[str, str]:

@@ -51,6 +51,10 @@ log = logging.getLogger("ollie.fs.fuse")
 ENTRY_TIMEOUT = 1  # seconds
 
 NO_REPLY = frozenset({K.FORGET, K.BATCH_FORGET, K.INTERRUPT})
+# What the kernel may send for a process it no longer sees (pid 0 on a view): the rest of a view's
+# requests come from its jail's processes, and pid 0 there is one outside the jail's PID namespace
+# (the server itself, reaching in through /proc/<pid>/root: the loop would wait on its own view).
+HOUSEKEEPING = NO_REPLY | {K.INIT, K.DESTROY, K.RELEASE, K.RELEASEDIR, K.FLUSH}
 # What FUSE_INTERRUPT may cancel: reads, which are what waits (statewait, a long read). Anything
 # else runs to its end, so that a signal cannot cut a kill, a rename or a session's making in half.
 CANCELLABLE = frozenset({K.READ, K.READDIR})
@@ -100,7 +104,8 @@ class Connection:
         self.loop = loop
         self.name = name
         # Made on the loop's thread. A mount made in another PID namespace (a jail's) reports its
-        # callers' ids there, which say nothing of ours; nor can the loop reach such a mount.
+        # callers' ids there, which say nothing of ours: a caller from outside it shows as pid 0.
+        self.same_pids = same_pids
         self.loop_tid = threading.get_native_id() if same_pids else -1
         self.local = isinstance(ns, Namespace)  # its stat only reads: answered without a task
         self.ready: asyncio.Future[None] = loop.create_future()
@@ -223,18 +228,31 @@ class Connection:
         except OSError:  # the mount is gone: the loop finds out by itself
             return False
         _, opcode, unique, _, _, _, pid, _, _ = K.IN_HEADER.unpack_from(data)
-        if pid == self.loop_tid and opcode not in NO_REPLY:
-            # A bug of ours (a stat of the mount point, say): the loop waited a tick or two for nothing.
-            log.warning("refused a request from the loop thread (EDEADLK): opcode %d", opcode)
-            try:
-                K.reply(self.fd, unique, E.EDEADLK)
-            except OSError:
-                pass
-        else:
+        if not self._refused(opcode, unique, pid):
             try:
                 self.loop.call_soon_threadsafe(self._dispatch, data)
             except RuntimeError:  # the loop is closed
                 return False
+        return True
+
+    def _refused(self, opcode: int, unique: int, pid: int) -> bool:
+        """Answer, from the reading thread, a request the loop must never wait on: one of the loop's
+        own (a bug of ours: a stat of the mount point, say) with EDEADLK, and on a view one from
+        outside its jail with EACCES."""
+        if opcode in HOUSEKEEPING:
+            return False
+        if pid == self.loop_tid:
+            log.warning("refused a request from the loop thread (EDEADLK): opcode %d", opcode)
+            error = E.EDEADLK
+        elif pid == 0 and not self.same_pids:
+            log.warning("%s: refused a request from outside its jail (EACCES): opcode %d", self.name, opcode)
+            error = E.EACCES
+        else:
+            return False
+        try:
+            K.reply(self.fd, unique, error)
+        except OSError:
+            pass
         return True
 
     # ---- the reading thread --------------------------------------------------------------------
@@ -252,12 +270,7 @@ class Connection:
             if len(data) < K.IN_HEADER.size:
                 break
             _, opcode, unique, _, _, _, pid, _, _ = K.IN_HEADER.unpack_from(data)
-            if pid == self.loop_tid and opcode not in NO_REPLY and opcode != K.INIT:
-                log.warning("refused a request from the loop thread (EDEADLK): opcode %d", opcode)
-                try:
-                    K.reply(fd, unique, E.EDEADLK)
-                except OSError:
-                    pass
+            if self._refused(opcode, unique, pid):
                 continue
             with self._lock:
                 self._pending.append(data)
@@ -689,7 +702,7 @@ class Mount:
 
 def fusermount_u(path: str) -> None:
     """Unmount, lazily: a process still inside the mount must not keep the server alive."""
-    subprocess.run(["fusermount3", "-u", "-z", path], capture_output=True)
+    subprocess.run([K.fusermount3(), "-u", "-z", path], capture_output=True)
 
 
 def clear_stale(path: str) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import array
 import os
+import shutil
 import socket
 import struct
 import subprocess
@@ -84,13 +85,18 @@ def dirent(ino: int, off: int, name: bytes, mode: int) -> bytes:
     return raw + b"\0" * (-len(raw) % 8)
 
 
+def fusermount3() -> str:
+    """The system's fusermount3, never one on the user's PATH (a project's .venv/bin may come first)."""
+    return shutil.which("fusermount3", path="/usr/bin:/bin") or "fusermount3"
+
+
 def fusermount(path: str, options: str) -> int:
     """Mount a FUSE file system at `path` through fusermount3, returning its /dev/fuse descriptor."""
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         env = dict(os.environ, _FUSE_COMMFD=str(theirs.fileno()))
         proc = subprocess.Popen(
-            ["fusermount3", "-o", options, "--", path],
+            [fusermount3(), "-o", options, "--", path],
             env=env,
             pass_fds=(theirs.fileno(),),
             stdin=subprocess.DEVNULL,

@@ -296,6 +296,7 @@ class Jobs:
         self._slots = asyncio.Semaphore(slots or job_slots())
         self._closing = False  # the server stops: what it cancels now is interrupted, not cancelled
         sessions.on_end.append(self._parent_ended)
+        sessions.on_rename.append(self._parent_renamed)
         sessions.reserved = lambda sid: sid in self._by_id
 
     def restore(self) -> int:
@@ -346,7 +347,7 @@ class Jobs:
         first: nothing outside them is looked at."""
         settings = spec.session
         if parent is not None:
-            self.sessions.check_child(parent, settings, jobs=True)
+            settings = self.sessions.check_child(parent, settings, jobs=True)  # its cwd proved a directory
             mine = self.of(parent)
             unfinished = sum(1 for j in mine if j.status in UNFINISHED)
             if unfinished + spec.parallel > JOBS_PER_PARENT:
@@ -355,7 +356,7 @@ class Jobs:
                 raise FsError(
                     E.EACCES, f"{JOBS_KEPT_PER_PARENT} jobs a session at most; rm -r b/<id> the finished ones"
                 )
-        self.sessions.check_spec(settings, cwd_here=self._ray is None)
+        self.sessions.check_spec(settings, cwd_here=self._ray is None and parent is None)
         if spec.settings.get("name"):
             name = self._base(spec, parent)
             for i in range(spec.parallel):
@@ -512,6 +513,15 @@ class Jobs:
         for job in self._by_parent.get(sid, ()):
             if job.task is not None and not job.task.done():
                 job.task.cancel()
+
+    def _parent_renamed(self, old: str, new: str) -> None:
+        """A session was renamed: its jobs stay its own (bounds, cancelling, what they spent)."""
+        mine = self._by_parent.pop(old, [])
+        for job in mine:
+            job.record.parent = new
+            job.save()
+        if mine:
+            self._by_parent.setdefault(new, []).extend(mine)
 
     async def close(self) -> None:
         self._closing = True

@@ -282,6 +282,8 @@ class Sessions:
         self.view = view
         # Told the id of a session that ended, or whose turn was interrupted: its jobs stop.
         self.on_end: list[Callable[[str], None]] = []
+        # Told a session's old id and its new one when it is renamed: its jobs stay its own.
+        self.on_rename: list[Callable[[str, str], None]] = []
         # Whether an id is a batch job's (Jobs says): sessions and jobs share one space of ids.
         self.reserved: Callable[[str], bool] = lambda sid: False
 
@@ -336,7 +338,9 @@ class Sessions:
     def check_spec(self, spec: dict[str, str], cwd_here: bool = True) -> None:
         """What can be known wrong in a new session's spec before making it: the writer of `s/new`
         hears of it at its write (the session is made at close, whose error shells ignore). Not
-        `cwd_here`: the cwd is another machine's (a Ray worker's), which checks it itself."""
+        `cwd_here`: the cwd is another machine's (a Ray worker's), which checks it itself, or a
+        sub-agent's, checked by descriptor (never looked up again by a path its parent's code could
+        lead through a link: into the server's own mount, say)."""
         from .. import backends
 
         if unknown := sorted(set(spec) - set(NEW_KEYS)):
@@ -383,7 +387,7 @@ class Sessions:
         async with self._lock:
             if parent is not None:  # first: nothing outside the parent's bounds is looked at
                 spec = self.check_child(parent, spec, jobs=bool(job_id))
-            self.check_spec(spec)
+            self.check_spec(spec, cwd_here=parent is None)  # a child's cwd proved a directory, by descriptor
             if job_id and job_id in self._by_id:
                 raise FsError(E.EEXIST, f"session {job_id!r} already exists")
             name = spec.get("name") or ""
@@ -400,6 +404,7 @@ class Sessions:
                     store_root=store_root,
                     view=(lambda fd: view(opened[0], fd)) if view is not None else None,
                     cwd_within=parent.settings()["cwd"] if parent is not None else None,
+                    tree_cwd=self.top(parent).settings()["cwd"] if parent is not None else None,
                 )
             except OllieError as e:
                 raise FsError(errno_of(e), str(e)) from None
@@ -555,6 +560,8 @@ class Sessions:
                     child.core.session.save()
                 else:
                     SessionStore(child.id).save_meta(child.meta)
+            for listener in self.on_rename:
+                listener(old, new)
 
     async def close(self) -> None:
         await asyncio.gather(*(s.close() for s in self._by_id.values()), return_exceptions=True)

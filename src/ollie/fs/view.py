@@ -157,8 +157,8 @@ class ChildMaker:
 
     def check_spec(self, spec: dict[str, str]) -> None:
         try:
-            self.sessions.check_child(self.owner, spec)  # first: nothing outside its bounds is looked at
-            self.sessions.check_spec(spec)
+            checked = self.sessions.check_child(self.owner, spec)  # first: nothing outside its bounds is looked at
+            self.sessions.check_spec(checked, cwd_here=False)  # its cwd proved a directory, by descriptor
         except FsError as e:
             self.owner.error(f"sub-session refused: {e}")
             raise

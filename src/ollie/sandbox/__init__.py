@@ -19,7 +19,6 @@ import platform
 import re
 import shutil
 import stat
-import subprocess
 import sys
 import weakref
 from collections import OrderedDict
@@ -132,7 +131,8 @@ class Sandbox:
 def _git_identity(policy: Policy) -> dict[str, str]:
     """git dies ("unknown error occurred while reading the configuration files") on a global config
     it may not read, ~/.gitconfig outside the grants: in its place, only the identity commits need,
-    read from it here (no alias, include or credential helper it may hold crosses over)."""
+    read from it here (no alias, include or credential helper it may hold crosses over), by
+    reading the file, never by running a git found on a PATH the project may lead."""
     global_config = _git_global_config()
     if not global_config or any(
         global_config == p or global_config.startswith(p.rstrip("/") + "/")
@@ -141,7 +141,7 @@ def _git_identity(policy: Policy) -> dict[str, str]:
     ):
         return {}
     env = {"GIT_CONFIG_GLOBAL": "/dev/null"}
-    identity = [(k, v) for k, v in _git_user().items() if v]
+    identity = [(f"user.{k}", v) for k, v in _git_user(global_config).items()]
     for n, (key, value) in enumerate(identity):
         env[f"GIT_CONFIG_KEY_{n}"], env[f"GIT_CONFIG_VALUE_{n}"] = key, value
     env["GIT_CONFIG_COUNT"] = str(len(identity))
@@ -156,18 +156,33 @@ def _git_global_config() -> str:
     return os.path.realpath(found[0]) if found else ""
 
 
-def _git_user() -> dict[str, str]:
-    git = shutil.which("git")
-    if git is None:
-        return {}
-    out = {}
-    for key in ("user.name", "user.email"):
-        try:
-            got = subprocess.run([git, "config", "--global", "--get", key], capture_output=True, text=True, timeout=5)
-        except (OSError, subprocess.TimeoutExpired):
+_GIT_SECTION = re.compile(r"\s*\[\s*([A-Za-z0-9.-]+)\s*(\"[^\"]*\")?\s*\]")
+_GIT_VALUE = re.compile(r"\s*(name|email)\s*=\s*(.*)", re.IGNORECASE)
+
+
+def _git_user(path: str) -> dict[str, str]:
+    """user.name and user.email of a git config file: its [user] section's, the last one set wins,
+    as git has it; a quoted value unquoted, a comment (# or ;) after it dropped."""
+    found: dict[str, str] = {}
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            lines = f.read(1 << 20).splitlines()
+    except OSError:
+        return found
+    section = ""
+    for line in lines:
+        if header := _GIT_SECTION.match(line):
+            section = header[1].lower() if header[2] is None else ""
             continue
-        out[key] = got.stdout.strip()
-    return out
+        if section == "user" and (item := _GIT_VALUE.match(line)):
+            value = item[2].strip()
+            if value.startswith('"') and '"' in value[1:]:
+                value = value[1 : value.index('"', 1)]
+            else:
+                value = re.split(r"\s[#;]", value, maxsplit=1)[0].strip()
+            if value and "\0" not in value:
+                found[item[1].lower()] = value
+    return found
 
 
 def _real(path: str) -> str:
@@ -304,26 +319,34 @@ def hidden_paths() -> tuple[str, ...]:
     hidden directories (`hidden_dirs`, made now if missing: a jail can only hide, and pin, what
     exists, and sandboxed code must not make an agents directory in the project first) and the
     file server's mount (the jail also hides every mount of ollie's file server, wherever it is)."""
+    return tuple(dict.fromkeys([*_made(hidden_dirs()), config.mount_point()]))
+
+
+def _made(paths: list[str]) -> list[str]:
+    """The real paths of `paths`, each made first if missing (a jail can only hide or protect, and
+    pin, what exists, and sandboxed code must not make a directory ollie reads first), but for those
+    inside one of ollie's own directories (hidden whole) and those nobody may make here."""
     own = [os.path.realpath(p) for p in _own_paths()]
     made = []
-    for path in map(Path, hidden_dirs()):
+    for path in map(Path, paths):
         real = os.path.realpath(path)  # a symlinked config is hidden where it is
         if real not in own and any(real.startswith(o + "/") for o in own):
-            continue  # hidden with ollie's directory around it
+            continue
         try:
             path.mkdir(mode=0o700, parents=True, exist_ok=True)
         except OSError:
             continue  # not ours to make (nor, then, the sandbox's)
         made.append(real)
-    return tuple(dict.fromkeys([*made, config.mount_point()]))
+    return made
 
 
 def read_only_dirs() -> tuple[str, ...]:
     """What a jail keeps read-only whatever a policy grants around it: the Python that starts
     every jail, and the tool script and skill directories (code runs and reads them; ollie serves
     them to every session)."""
-    dirs = (os.path.realpath(p) for p in (*config.tools_path(), *config.skills_path()) if p.is_dir())
-    return tuple(dict.fromkeys([*_PROTECTED, *dirs]))
+    dirs = [str(p) for p in (*config.tools_path(), *config.skills_path())]
+    inside_own = [os.path.realpath(p) for p in dirs if os.path.isdir(p)]  # _made leaves those out
+    return tuple(dict.fromkeys([*_PROTECTED, *_made(dirs), *inside_own]))
 
 
 def directory_within(path: str, bound: str) -> str:

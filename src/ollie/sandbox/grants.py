@@ -20,7 +20,18 @@ import os
 from dataclasses import dataclass
 
 from .. import config
-from .paths import Identity, LinkRefused, Opened, identities, identity, open_following, open_real, real_path, within
+from .paths import (
+    Identity,
+    LinkRefused,
+    Opened,
+    PlantedLink,
+    identities,
+    identity,
+    open_following,
+    open_real,
+    real_path,
+    within,
+)
 from .policy import Policy, SandboxError
 
 WRITABLE = ("rw", "rwx", "tmpfile")
@@ -51,10 +62,13 @@ def decide(policy: Policy, hidden: dict[Identity, str], read_only: dict[Identity
     writable grant may be, or lie in, one: the jail would have to choose)."""
     grants: list[Grant] = []
     followed: list[tuple[Grant, Opened, str]] = []  # grants reached through a symlink, and their path as given
+    # Where sandboxed code may have planted a symlink: the session's cwd, $HOME (another session's
+    # may work there), and what this policy lets code write (opened first, to be known here).
+    planted = identities([p for p in (policy.cwd, os.path.expanduser("~")) if p])
     try:
-        for key, paths in policy.paths.items():
-            for path in paths:
-                opened = _open(policy, path)
+        for key in sorted(policy.paths, key=lambda k: k not in WRITABLE):
+            for path in policy.paths[key]:
+                opened = _open(policy, path, planted)
                 if opened is None:
                     continue
                 own = path in policy.own and path != policy.cwd  # the cwd is never ollie's own
@@ -63,6 +77,8 @@ def decide(policy: Policy, hidden: dict[Identity, str], read_only: dict[Identity
                 if opened.links:
                     followed.append((grant, opened, path))
                 _judge(policy, path, grant, hidden, read_only)
+                if grant.writable:
+                    planted[grant.identity] = grant.path
         for grant in _through_planted_links(policy, grants, followed):
             grants.remove(grant)
             os.close(grant.fd)
@@ -119,7 +135,10 @@ def close(grants: list[Grant]) -> None:
     grants.clear()
 
 
-def _open(policy: Policy, path: str) -> Opened | None:
+def _open(policy: Policy, path: str, planted: dict[Identity, str]) -> Opened | None:
+    """`path` opened, following no symlink in `planted` (never looked up beyond it: it could lead
+    anywhere, the server's own mount included); None if it is gone, or is an optional grant reached
+    through such a link."""
     mount = config.mount_point()
     if path == mount or path.startswith(mount.rstrip("/") + "/"):
         raise SandboxError(
@@ -130,9 +149,16 @@ def _open(policy: Policy, path: str) -> Opened | None:
         if path == policy.cwd:
             fd = open_real(path)
             return Opened(fd, real_path(fd), [])
-        return open_following(path)
+        return open_following(path, lambda parent: _written(parent, planted))
     except FileNotFoundError:
         return None
+    except PlantedLink as e:
+        if path in policy.optional:
+            return None
+        raise SandboxError(
+            f"sandbox policy {policy.name!r} grants {path} through the symlink {e.filename}, which "
+            f"sandboxed code could point anywhere ({e.strerror}); grant the real path instead"
+        ) from None
     except LinkRefused:
         if path == policy.cwd:
             parts = path.split("/")
@@ -146,6 +172,11 @@ def _open(policy: Policy, path: str) -> Opened | None:
         ) from None
     except OSError as e:
         raise SandboxError(f"sandbox policy {policy.name!r} grants {path}: {e.strerror}") from None
+
+
+def _written(parent: int, planted: dict[Identity, str]) -> str | None:
+    where = within(parent, planted)
+    return None if where is None else f"it can write {where}"
 
 
 def _refuse_hidden(policy: Policy, path: str, grant: Grant, hidden: dict[Identity, str]) -> None:

@@ -180,7 +180,7 @@ class Mounts:
         mount(None, "/", None, MS_REC | MS_PRIVATE)  # nothing done here shows outside
         set_mount_attrs(-100, "/", MOUNT_ATTR_RDONLY, 0)
         self.hidden: dict[str, int] = {}  # hidden directory -> O_PATH fd of what it hid, to bind from
-        self.exposed = {}  # path -> writable
+        self.exposed = {}  # path -> (writable, shared, identity): how it was bound, to bind it so again
         self.view, self.view_root = "", -1  # the view's mount point, and an O_PATH fd of its root
         self.pinned = set()  # directories bound onto themselves, so that they cannot be renamed
         for path in ["/tmp", *hide]:
@@ -215,7 +215,10 @@ class Mounts:
         options = f"fd={fuse},rootmode=40000,user_id={os.geteuid()},group_id={os.getegid()}"
         with opened(path, make=stat.S_IFDIR) as target:
             mount("ollie", f"/proc/self/fd/{target}", "fuse.ollie", MS_NOSUID | MS_NODEV | MS_NOEXEC, options)
-        self.view = path
+        # Its root, held now (no code runs in the jail yet): what every spawner's Landlock rule is
+        # added on, and what is bound back where a grant around it covers it, whatever its path
+        # leads to later (its directories are the jail's tmpfs, which code may rename).
+        self.view, self.view_root = path, open_path(path, RESOLVE_NO_SYMLINKS)
         return fuse
 
     def _rebind_view(self, above):
@@ -239,14 +242,14 @@ class Mounts:
             raise OSError(errno.EACCES, f"{path}: one of ollie's hidden directories")
         if writable and any(path == p or path.startswith(p.rstrip("/") + "/") for p in self.protected):
             raise OSError(errno.EACCES, f"{path}: in a directory the jail keeps read-only")
-        if self.exposed.get(path) == writable or not (writable or root is not None):
+        # Read-only where it is granted writable too (as Landlock's rights add up), but ollie's own.
+        around = any(w and (path + "/").startswith(p.rstrip("/") + "/") for p, (w, _, _) in self.exposed.items())
+        if self.exposed.get(path, (None,))[0] == writable or not (writable or (root is not None and not around)):
             if own and not writable:  # a tool directory in the project: read-only in the jail
                 self._keep_read_only(path)
             return
-        self.exposed[path] = writable
+        self.exposed[path] = (writable, shared, (dev, ino))
         view_inside = self.view and self.view.startswith(path.rstrip("/") + "/")
-        if view_inside and self.view_root < 0:  # held before it is covered, to bind back after
-            self.view_root = open_path(self.view, RESOLVE_NO_SYMLINKS, os.O_DIRECTORY)
         self._bind(path, writable, (dev, ino), shared)
         self._restore_inside(path, writable)
         if view_inside:
@@ -261,9 +264,9 @@ class Mounts:
             if any(hidden.startswith(h + "/") for h in inside):
                 continue  # gone with a hidden directory around it
             self._hide(hidden, path)
-            for inner, w in list(self.exposed.items()):
+            for inner, (w, shared, expected) in list(self.exposed.items()):
                 if inner.startswith(hidden + "/"):
-                    self._bind(inner, w)
+                    self._bind(inner, w, expected, shared)
         for protected in self.protected:
             if writable and (protected == path or protected.startswith(path.rstrip("/") + "/")):
                 self._protect(protected, path)
@@ -272,7 +275,7 @@ class Mounts:
         if path in self.protected:
             return
         self.protected.append(path)
-        around = [p for p, w in self.exposed.items() if w and (path + "/").startswith(p.rstrip("/") + "/")]
+        around = [p for p, (w, _, _) in self.exposed.items() if w and (path + "/").startswith(p.rstrip("/") + "/")]
         if around:
             self._protect(path, max(around, key=len))
 
@@ -436,11 +439,12 @@ def ollie_mounts():
 
 
 def add_rules(ruleset, rules):
-    """Grant paths of the jail's own mounts (a fresh /proc, the private /tmp): the parent built its
-    rules on the host's inodes, which the jail does not see there."""
-    for path, rights in rules:
+    """Grant the jail's own mounts (a fresh /proc, the private /tmp, the view: a path, or the
+    descriptor of one): the parent built its rules on the host's inodes, which the jail does not see
+    there."""
+    for where, rights in rules:
         try:
-            fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+            fd = os.dup(where) if isinstance(where, int) else open_path(where, RESOLVE_NO_SYMLINKS)
         except OSError:
             continue
         try:
@@ -455,7 +459,7 @@ def add_rules(ruleset, rules):
                     ctypes.byref(rule),
                     ctypes.c_long(0),
                 ),
-                f"landlock rule for {path}",
+                f"landlock rule for {where}",
             )
         finally:
             os.close(fd)
@@ -685,7 +689,7 @@ class Jail(Endpoint):
             for grant in spec["expose"]:
                 self.mounts.expose(*grant)
             if ruleset >= 0:
-                view = [[self.mounts.view, self.view_rights]] if self.mounts.view else []
+                view = [[self.mounts.view_root, self.view_rights]] if self.mounts.view else []
                 add_rules(ruleset, spec["jail_rules"] + view)
         seccomp = seccomp_program(spec["seccomp"])
         theirs, ours = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)

@@ -32,6 +32,10 @@ class LinkRefused(OSError):
     """A path leads through a symlink where none may be followed."""
 
 
+class PlantedLink(LinkRefused):
+    """A path leads through a symlink in a directory sandboxed code may write (its filename)."""
+
+
 Identity = tuple[int, int]  # (st_dev, st_ino): which file, whatever path names it
 
 
@@ -81,13 +85,16 @@ class Opened:
         self.links.clear()
 
 
-def open_following(path: str) -> Opened:
+def open_following(path: str, refuse: Callable[[int], str | None] = lambda _: None) -> Opened:
     """`path` opened as the kernel would resolve it, a component at a time, remembering where a
     symlink was followed: whether sandboxed code could have planted one there is the caller's
-    question (`Grants`), answered on these descriptors."""
+    question (`grants`), answered on these descriptors. A link whose directory `refuse` names a
+    reason for is not followed at all (LinkRefused, its path and that reason as the message)."""
     links: list[tuple[int, str]] = []
 
     def remember(parent: int, link: str) -> bool:
+        if (why := refuse(parent)) is not None:
+            raise PlantedLink(errno.ELOOP, why, link)
         links.append((os.dup(parent), link))
         return True
 
