@@ -30,7 +30,7 @@ from . import grants
 from .jail import Confinement, Jail, JailSetup, userns_hint
 from .landlock import RO, RW, RWX, build_ruleset, fs_handled, landlock_abi
 from .paths import LinkRefused, identities, identity, open_real, real_path, within
-from .policy import Policy, SandboxError, load_policy, policy_files
+from .policy import FS_KEYS, Policy, SandboxError, load_policy, policy_files
 from .seccomp import SECCOMP_MACHINES, seccomp_program, seccomp_supported
 
 __all__ = [
@@ -73,7 +73,10 @@ class Sandbox:
         try:
             ruleset = build_ruleset(policy, decided, abi) if abi else -1
             # Every path granted, as decided: the jail mounts a grant only if it is still that file.
-            expose = [(g.path, g.writable, g.shared, g.own, *g.identity) for g in decided]
+            # In the policy's order (ro, rox, rw, rwx, tmpfile): a writable grant inside a readable
+            # one is bound after it, on top.
+            in_order = sorted(decided, key=lambda g: FS_KEYS.index(g.key))
+            expose = [(g.path, g.writable, g.shared, g.own, *g.identity) for g in in_order]
             # Where a program on PATH can run from: the grants as decided, never resolved again.
             self._exec_roots = tuple(g.path.rstrip("/") + "/" for g in decided if g.key in ("rox", "rwx"))
         finally:

@@ -268,6 +268,8 @@ class Mounts:
                 if inner.startswith(hidden + "/"):
                     self._bind(inner, w, expected, shared)
         for protected in self.protected:
+            if any(protected.startswith(h + "/") for h in inside):
+                continue  # hidden again (or bound again, read-only, if shown from under it)
             if writable and (protected == path or protected.startswith(path.rstrip("/") + "/")):
                 self._protect(protected, path)
 

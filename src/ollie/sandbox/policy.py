@@ -129,11 +129,11 @@ BUILTIN = {"default": DEFAULT_POLICY, "hooks": HOOK_POLICY, "tools": TOOLS_POLIC
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 _TEMPLATE = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
-_FS_KEYS = ("ro", "rox", "rw", "rwx", "tmpfile")
+FS_KEYS = ("ro", "rox", "rw", "rwx", "tmpfile")
 _LIMIT_KEYS = tuple(DEFAULT_POLICY["limits"])
 _SIZE_LIMITS = ("memory", "file_size", "output", "tmpdir")
 _SCHEMA = {
-    "filesystem": _FS_KEYS,
+    "filesystem": FS_KEYS,
     "network": ("enabled", "unrestricted", "bind_tcp", "connect_tcp", "unix", "dns"),
     "env": None,
     "limits": _LIMIT_KEYS,
@@ -162,7 +162,7 @@ class Policy:
     shared: tuple[str, ...]  # granted writable to every session (the memory, the plans): no symlinks there
     own: frozenset[str]  # ollie's own grants (tools, scratch, memory, plans): shown from under its hidden directories
     optional: frozenset[str]  # built-in grants left out, rather than refused, when a planted symlink leads there
-    paths: dict[str, tuple[str, ...]]  # a _FS_KEYS name → absolute existing paths
+    paths: dict[str, tuple[str, ...]]  # a FS_KEYS name → absolute existing paths
     unrestricted_net: bool
     unix_sockets: bool  # may create AF_UNIX sockets (and so connect to any socket by path)
     bind_tcp: tuple[int, ...]
@@ -215,7 +215,7 @@ def load_policy(
     for path in (global_file, named_file):
         raw = _overlay(raw, _read_policy_file(path))
     values = _template_values(cwd, tmpdir)
-    paths = {key: _expand_paths(raw["filesystem"][key], values, f"filesystem.{key}") for key in _FS_KEYS}
+    paths = {key: _expand_paths(raw["filesystem"][key], values, f"filesystem.{key}") for key in FS_KEYS}
     paths["rox"] += tuple(p for p in extra_rox if os.path.exists(p))
     paths["ro"] += tuple(p for p in extra_ro if os.path.exists(p))
     paths["rw"] += tuple(p for p in extra_rw if os.path.exists(p))
