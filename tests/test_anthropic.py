@@ -349,11 +349,15 @@ async def test_other_client_errors_name_provider_status_and_message(server):
     assert str(e.value) == "anthropic (HTTP 401): invalid x-api-key"
 
 
-async def test_network_failure_is_transient(monkeypatch):
+async def test_a_refused_connection_fails_at_once_naming_the_url(monkeypatch):
+    """A refused connection is no hiccup: the Core does not retry it (issue 29)."""
     monkeypatch.setenv("OLLIE_ANTHROPIC_KEY", "k")
     monkeypatch.setenv("OLLIE_ANTHROPIC_URL", "http://127.0.0.1:9")  # discard port: nothing listens
-    with pytest.raises(TransientError, match="anthropic: network"):
+    with pytest.raises(
+        BackendError, match="anthropic: cannot reach http://127.0.0.1:9/v1/messages: connection refused"
+    ) as e:
         await run([Message("user", "hi")])
+    assert not isinstance(e.value, TransientError) and "OLLIE_ANTHROPIC_URL" in str(e.value)
 
 
 def test_missing_key_names_both_variables(monkeypatch):

@@ -1,7 +1,9 @@
 """ollie's own HTTP/1.1 client (backends/_http.py) against real servers on real sockets: bodies by
 length, chunks and the connection's end, server-sent events, the keep-alive pool (and a server that
-closes idle connections), timeouts, TLS, proxies (a CONNECT tunnel and the absolute form), and the
-OpenAI backend's errors over it (429 and Retry-After, a cut stream)."""
+closes idle connections), timeouts, TLS, proxies (a CONNECT tunnel and the absolute form; loopback
+never proxied), and the OpenAI backend's errors over it (429 and Retry-After, a cut stream). What
+real endpoints do to every backend (redirects, encodings, HTML, proxies of each kind, happy
+eyeballs, a CA of its own) is tests/test_http_cases.py's."""
 
 from __future__ import annotations
 
@@ -260,8 +262,9 @@ async def test_read_and_connect_failures():
     async with Server(silent) as s:
         with pytest.raises(_http.ReadTimeout, match="no answer within 0.2 s"):
             await _http.request("GET", s.url, read_timeout=0.2)
-    with pytest.raises(_http.ConnectError, match="cannot connect to 127.0.0.1:9"):
+    with pytest.raises(_http.ConnectError, match=r"cannot reach http://127.0.0.1:9/: connection refused") as e:
         await _http.request("GET", "http://127.0.0.1:9/")
+    assert not e.value.transient and "check that the server is running" in e.value.check
 
 
 async def test_the_read_timeout_is_for_silence_not_for_the_whole_answer():
@@ -308,7 +311,7 @@ def cert(tmp_path: Path) -> Path:
     pem = tmp_path / "localhost.pem"
     subprocess.run(
         ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=localhost"]
-        + ["-addext", "subjectAltName=DNS:localhost", "-keyout", str(pem), "-out", str(pem)],
+        + ["-addext", "subjectAltName=DNS:localhost,DNS:origin.test", "-keyout", str(pem), "-out", str(pem)],
         check=True,
         capture_output=True,
     )
@@ -324,7 +327,9 @@ def server_tls(pem: Path):
 
 
 class Proxy:
-    """A tiny forward proxy: CONNECT tunnels, and requests in absolute form relayed as they are."""
+    """A tiny forward proxy: CONNECT tunnels, and requests in absolute form relayed as they are. It
+    stands on another machine, one that knows origin.test: every name it is asked for is 127.0.0.1
+    (loopback origins are never proxied, and the tests send no name to a DNS server)."""
 
     def __init__(self, need_auth: str | None = None) -> None:
         self.need_auth = need_auth
@@ -356,13 +361,13 @@ class Proxy:
             return
         if method == "CONNECT":
             host, port = target.rsplit(":", 1)
-            up_r, up_w = await asyncio.open_connection(host, int(port))
+            up_r, up_w = await asyncio.open_connection("127.0.0.1", int(port))
             writer.write(b"HTTP/1.1 200 Connection established\r\n\r\n")
         else:  # http://host:port/path: relay the request to the origin, as it came
             rest = target.split("://", 1)[1]
             hostport = rest.split("/", 1)[0]
             host, port = hostport.rsplit(":", 1)
-            up_r, up_w = await asyncio.open_connection(host, int(port))
+            up_r, up_w = await asyncio.open_connection("127.0.0.1", int(port))
             up_w.write(head)
         for a, b in ((reader, up_w), (up_r, writer)):
             task = asyncio.ensure_future(_pipe(a, b))
@@ -389,7 +394,7 @@ async def test_https_with_a_certificate_from_ssl_cert_file(cert, monkeypatch):
 async def test_https_refuses_a_certificate_it_cannot_verify(cert, monkeypatch):
     monkeypatch.delenv("SSL_CERT_FILE", raising=False)
     async with Server(replies(answer(body=b"secret")), ssl_context=server_tls(cert)) as s:
-        with pytest.raises(_http.ConnectError, match="TLS with localhost:.* failed: CERTIFICATE_VERIFY_FAILED"):
+        with pytest.raises(_http.ConnectError, match=r"its TLS certificate is not trusted \(self-signed certificate"):
             await _http.request("GET", s.url)
 
 
@@ -401,9 +406,10 @@ async def test_https_through_a_proxy_tunnel_with_credentials(cert, monkeypatch):
             monkeypatch.setenv("HTTPS_PROXY", f"http://me:p%40ss@127.0.0.1:{proxy.port}")
             monkeypatch.delenv("NO_PROXY", raising=False)
             monkeypatch.delenv("no_proxy", raising=False)
-            assert await (await _http.request("GET", s.url + "/a")).read() == b"one"
-            assert await (await _http.request("GET", s.url + "/b")).read() == b"two"  # the tunnel, kept alive
-            assert len(proxy.seen) == 1 and proxy.seen[0].startswith(f"CONNECT localhost:{s.port} HTTP/1.1".encode())
+            origin = f"https://origin.test:{s.port}"
+            assert await (await _http.request("GET", origin + "/a")).read() == b"one"
+            assert await (await _http.request("GET", origin + "/b")).read() == b"two"  # the tunnel, kept alive
+            assert len(proxy.seen) == 1 and proxy.seen[0].startswith(f"CONNECT origin.test:{s.port} HTTP/1.1".encode())
             assert s.heads[0].startswith(b"GET /a HTTP/1.1") and b"proxy-authorization" not in s.heads[0]
 
 
@@ -414,19 +420,34 @@ async def test_a_proxy_that_refuses_the_tunnel_says_so(monkeypatch):
             await _http.request("GET", "https://example.invalid/")
 
 
-async def test_plain_http_through_a_proxy_in_absolute_form_unless_no_proxy(monkeypatch):
+async def test_plain_http_through_a_proxy_in_absolute_form_and_loopback_never(monkeypatch):
     async with Server(replies(answer(body=b"via proxy"), answer(body=b"direct"), keep=False)) as s:
         async with Proxy() as proxy:
             monkeypatch.setenv("HTTP_PROXY", f"http://u:pw@127.0.0.1:{proxy.port}")
             monkeypatch.delenv("NO_PROXY", raising=False)
             monkeypatch.delenv("no_proxy", raising=False)
-            assert await (await _http.request("GET", s.url + "/p")).read() == b"via proxy"
-            assert proxy.seen[0].startswith(f"GET http://127.0.0.1:{s.port}/p HTTP/1.1".encode())
+            assert await (await _http.request("GET", f"http://origin.test:{s.port}/p")).read() == b"via proxy"
+            assert proxy.seen[0].startswith(f"GET http://origin.test:{s.port}/p HTTP/1.1".encode())
             assert f"proxy-authorization: Basic {base64.b64encode(b'u:pw').decode()}".encode() in proxy.seen[0]
-            monkeypatch.setenv("NO_PROXY", "localhost,127.0.0.1")
-            await _http.aclose_pool()
+            # A local server is never asked for through a proxy, which could not reach it.
             assert await (await _http.request("GET", s.url + "/d")).read() == b"direct"
             assert len(proxy.seen) == 1
+
+
+@pytest.mark.parametrize(
+    "no_proxy, proxied",
+    [("", True), ("origin.test", False), (".test", False), ("other.test,origin.test:443", False), ("*", False)],
+)
+def test_no_proxy_exempts_hosts(monkeypatch, no_proxy, proxied):
+    monkeypatch.setenv("HTTPS_PROXY", "http://127.0.0.1:3128")
+    for var in ("NO_PROXY", "no_proxy", "https_proxy"):
+        monkeypatch.delenv(var, raising=False)
+    if no_proxy:
+        monkeypatch.setenv("NO_PROXY", no_proxy)
+    route = _http.proxy_for(_http.URL.parse("https://origin.test/v1"))
+    assert (route is not None) == proxied
+    for local in ("http://localhost:8080", "http://127.0.0.1:11434", "http://[::1]:8000", "http://127.1.2.3/"):
+        assert _http.proxy_for(_http.URL.parse(local)) is None
 
 
 # ---- the OpenAI backend over it -----------------------------------------------------------------
@@ -451,7 +472,7 @@ async def test_the_backend_streams_over_a_tunnel_and_reuses_it(cert, monkeypatch
     async with Server(replies(body, body), ssl_context=server_tls(cert)) as s:
         async with Proxy() as proxy:
             monkeypatch.setenv("HTTPS_PROXY", f"http://127.0.0.1:{proxy.port}")
-            be = backends.create("openai", "m", base_url=s.url + "/v1", api_key="k")
+            be = backends.create("openai", "m", base_url=f"https://origin.test:{s.port}/v1", api_key="k")
             for _ in range(2):
                 chunks = await collect(be)
                 assert "".join(c.text for c in chunks if isinstance(c, TextDelta)) == "hello"
@@ -481,7 +502,9 @@ async def test_the_backend_keeps_what_came_before_a_cut_and_says_the_stream_was_
     async with Server(replies(body, keep=False)) as s:
         be = backends.create("openai", "m", base_url=s.url + "/v1", api_key="k")
         got = []
-        with pytest.raises(TransientError, match=r"cannot reach .*closed the connection before the answer ended"):
+        with pytest.raises(
+            TransientError, match=r"openai: http://127.0.0.1:\d+/v1/chat/completions closed the connection before the"
+        ):
             async for c in be.stream([Message("user", "hi")], [], GenerationParams()):
                 got.append(c)
         assert [c.text for c in got] == ["kept", " too"]

@@ -240,10 +240,12 @@ async def test_stream_cut_mid_way_is_transient(server, cut):
         await run([Message("user", "hi")])
 
 
-async def test_nothing_listening_is_transient_and_names_the_url(monkeypatch):
+async def test_nothing_listening_fails_at_once_and_names_the_url(monkeypatch):
+    """A refused connection is no hiccup: the Core does not retry it (issue 29)."""
     monkeypatch.setenv("OLLIE_OLLAMA_URL", "http://127.0.0.1:9")
-    with pytest.raises(TransientError, match="127.0.0.1:9"):
+    with pytest.raises(BackendError, match="ollama: cannot reach http://127.0.0.1:9/api/show: connection refused") as e:
         await run([Message("user", "hi")])
+    assert not isinstance(e.value, TransientError) and "OLLIE_OLLAMA_URL" in str(e.value)
 
 
 async def test_explicit_num_ctx_skips_api_show(server):

@@ -232,10 +232,14 @@ async def test_an_error_sent_inside_the_stream_maps_onto_the_taxonomy(server):
     await be.aclose()
 
 
-async def test_unreachable_server_names_the_url():
+async def test_unreachable_server_names_the_url_and_fails_at_once():
+    """A refused connection is no hiccup: the Core does not retry it (issue 29)."""
     be = backends.create("openai", "m", base_url="http://127.0.0.1:9/v1", api_key="k")
-    with pytest.raises(TransientError, match=r"cannot reach http://127.0.0.1:9/v1"):
+    with pytest.raises(
+        BackendError, match=r"cannot reach http://127.0.0.1:9/v1/chat/completions: connection refused"
+    ) as e:
         await collect(be)
+    assert not isinstance(e.value, TransientError)
     await be.aclose()
 
 

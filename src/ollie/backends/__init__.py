@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import json
 import os
 import re
 from collections.abc import AsyncIterator, Callable
@@ -126,6 +127,139 @@ def http_error(provider: str, status: int | None, message: str, retry_after: str
     if status in (400, 404, 422) and _NO_TOOLS.search(message):
         return ToolUnsupportedError(message, **kw)
     return BackendError(message, **kw)
+
+
+# An error's `type` (Anthropic's words, and others') → the HTTP status it stands for, when the error
+# comes without one: an `error` event mid-stream, or a JSON error answered with a 200.
+ERROR_TYPE_STATUS = {
+    "invalid_request_error": 400,
+    "authentication_error": 401,
+    "permission_error": 403,
+    "not_found_error": 404,
+    "request_too_large": 413,
+    "rate_limit_error": 429,
+    "api_error": 500,
+    "overloaded_error": 529,
+}
+
+
+def error_message(body: Any, loose: bool = False) -> str | None:
+    """The message of an API's JSON error: `error.message`, or `error` as a string; with `loose`
+    (the body of an error status) also a top-level `message` or `detail` string (vLLM, FastAPI)."""
+    if not isinstance(body, dict):
+        return None
+    err = body.get("error")
+    if isinstance(err, dict) and err.get("message"):
+        return str(err["message"])
+    if isinstance(err, str) and err:
+        return err
+    if loose or body.get("object") == "error" or body.get("type") == "error":
+        for key in ("message", "detail"):
+            if isinstance(body.get(key), str) and body[key]:
+                return str(body[key])
+    return None
+
+
+def error_status(body: Any) -> int | None:
+    """The HTTP status a JSON error names (`code` or `status`, as OpenRouter and vLLM give it), or
+    the one its `type` stands for; None if it names none."""
+    if not isinstance(body, dict):
+        return None
+    err = body.get("error")
+    for where in (err, body):
+        if isinstance(where, dict):
+            for key in ("code", "status"):
+                value = where.get(key)
+                if isinstance(value, int) and 400 <= value <= 599:
+                    return value
+            if (status := ERROR_TYPE_STATUS.get(str(where.get("type")))) is not None:
+                return status
+    return None
+
+
+_ARGUMENTS: dict[str, dict[str, Any]] = {}  # text -> object, for the texts of at most 4 KiB last parsed
+_ARGUMENTS_KEPT = 1024
+
+
+def object_arguments(text: str) -> dict[str, Any]:
+    """A call's arguments as the JSON object Anthropic's and Ollama's APIs want (they refuse a
+    history that holds anything else, on every later request): what makes no object is sent as it
+    was written, {"_raw": text}. Short texts are parsed once, since the whole history goes out
+    with every request (parsing it cost Ollama a tenth of a request's CPU); the object is shared,
+    so never edit it."""
+    if (hit := _ARGUMENTS.get(text)) is not None:
+        return hit
+    from ..textcalls import BadArguments, parse_arguments
+
+    try:
+        value = parse_arguments(text)
+    except BadArguments:
+        value = {"_raw": text}
+    if len(text) <= 4096:
+        if len(_ARGUMENTS) >= _ARGUMENTS_KEPT:
+            del _ARGUMENTS[next(iter(_ARGUMENTS))]  # the oldest
+        _ARGUMENTS[text] = value
+    return value
+
+
+def url_setting(variables: tuple[str, ...]) -> str:
+    """Where a backend's URL came from, for a message whose fix is in it: the first of `variables`
+    that is set, else the default."""
+    for var in variables:
+        if os.environ.get(var):
+            return f"the URL comes from {var}"
+    return f"the URL is the default; set {variables[0]} for another"
+
+
+def transport_error(provider: str, e: Exception, setting: str = "") -> BackendError:
+    """One wording for one failure below the API, whichever backend met it: which URL, what went
+    wrong, and what to check (`e` is an `_http.HTTPError`; `setting` says where the URL came
+    from, added when the fix is in the URL). Failures worth retrying (a timeout, a dropped
+    connection) are TransientErrors; the rest (no such host, refused, TLS, a proxy, a redirect
+    not followed, an answer that is not the stream asked for) are BackendErrors, reported at once.
+    A JSON error answered with a 200 is the API's error, classed as an error status would be."""
+    body = getattr(e, "body", None)
+    if (message := error_message(body)) is not None:
+        text = f"{getattr(e, 'where', '')} answered with an error instead of a stream: {message}"
+        status = error_status(body)  # classes the error, but is no status the server sent
+        if status is None:
+            return (ContextOverflowError if _OVERFLOW.search(message) else BackendError)(text, provider=provider)
+        return type(http_error(provider, status, message))(text, provider=provider)
+    text = str(e)
+    check = getattr(e, "check", "")
+    if setting and getattr(e, "about_url", False):
+        check = f"{check} ({setting})" if check else setting
+    if check:
+        text += f"; {check}"
+    return (TransientError if getattr(e, "transient", True) else BackendError)(text, provider=provider)
+
+
+async def status_error(provider: str, response: Any) -> BackendError:
+    """An answer of status >= 300 as the BackendError its status and body make: the API's own
+    error message when the body is JSON; else what the body is (an HTML page and its title, the
+    start of a text) and the URL, since such an answer may not come from the API at all."""
+    from . import _http
+
+    try:
+        raw = await response.read_some(1024 * 1024)
+    except _http.HTTPError:
+        raw = b""
+    try:
+        body = json.loads(raw) if raw.lstrip()[:1] in (b"{", b"[") else None
+    except (ValueError, RecursionError):
+        body = None
+    message = error_message(body, loose=True)
+    if message is None:
+        ctype = response.headers.get("content-type", "").lower()
+        if "html" in ctype or raw.lstrip()[:1] == b"<":
+            title = _http.html_title(raw)
+            what = f"an HTML page{f' ({title!r})' if title else ''}"
+        elif raw.strip():
+            what = _http.snippet(raw)
+        else:
+            what = "no message"
+        message = f"Error code: {response.status}: {what} from {response.where}"
+    return http_error(provider, response.status, message, response.headers.get("retry-after"))
 
 
 def parse_retry_after(value: str | None) -> float | None:

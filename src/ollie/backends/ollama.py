@@ -1,4 +1,5 @@
-"""Ollama's native API: /api/chat streamed as NDJSON, /api/tags, /api/show.
+"""Ollama's native API over ollie's own HTTP/1.1 client (`_http`, imported on first request):
+/api/chat streamed as NDJSON, /api/tags, /api/show.
 
 Ollama silently drops the start of a prompt longer than its context window, which defaults far
 below most models' own. So every request sets `num_ctx` to the model's context length from
@@ -9,17 +10,19 @@ its index in the turn, its name and its arguments.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
+import time
+import weakref
 from collections.abc import AsyncIterator, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import httpx
-
-from ..textcalls import BadArguments, arguments_text, parse_arguments, stable_call_id
+from ..textcalls import arguments_text, stable_call_id
 from ..types import (
     BackendError,
     Chunk,
+    ConfigError,
     Done,
     GenerationParams,
     Message,
@@ -31,9 +34,16 @@ from ..types import (
     Usage,
     UsageChunk,
 )
-from . import http_error
+from . import http_error, object_arguments, status_error, transport_error, url_setting
+from .openai import _tools_json
+
+if TYPE_CHECKING:
+    from . import _http
 
 PROVIDER = "ollama"
+SHOWN_TTL = 60.0
+# event loop -> (URL, model) -> (when asked, its context length)
+_SHOWN: weakref.WeakKeyDictionary[Any, dict[tuple[str, str], tuple[float, int | None]]] = weakref.WeakKeyDictionary()
 DEFAULT_URL = "http://localhost:11434"
 DEFAULT_MODEL = "llama3.2"
 
@@ -74,53 +84,109 @@ class OllamaBackend:
         timeout: float = 600.0,
     ) -> None:
         self.model = model or DEFAULT_MODEL
+        self._setting = "" if base_url else url_setting(("OLLIE_OLLAMA_URL", "OLLAMA_HOST"))
         self.base_url = (base_url or base_url_from_env()).rstrip("/")
         self._num_ctx = num_ctx  # None: the model's own context length, from /api/show
         self._shown: dict[str, int | None] = {}  # model → context length from /api/show
-        self._http = httpx.AsyncClient(base_url=self.base_url, timeout=httpx.Timeout(timeout, connect=10.0))
+        self._timeout = timeout
+        self._url: _http.URL | None = None  # base_url parsed, on first request
+        self._chat_url: _http.URL | None = None
+        self._send_headers: dict[str, str] = {}
 
     @classmethod
     def from_options(cls, model: str | None = None, **options: Any) -> OllamaBackend:
         return cls(model, **options)
 
+    def _http(self) -> tuple[Any, _http.URL]:
+        """The HTTP client module and the server's URL, parsed once."""
+        from . import _http
+
+        if self._url is None:
+            try:
+                self._url = _http.URL.parse(self.base_url)
+            except ValueError as e:
+                raise ConfigError(f"ollama: URL {self.base_url!r}: {e} ({self._setting})") from None
+            self._chat_url = self._url.join("/api/chat")
+            self._send_headers = _http.json_headers({"accept": "application/x-ndjson, application/json"})
+        return _http, self._url
+
     async def stream(
         self, messages: list[Message], tools: list[ToolSpec], params: GenerationParams
     ) -> AsyncIterator[Chunk]:
-        body = build_request(self.model, messages, tools, params, await self.context_length())
+        http, _ = self._http()
+        body = build_request(self.model, messages, [], params, await self.context_length())
+        payload = _dumps(body)
+        if tools:  # the tools' JSON is OpenAI's, made when they change (openai.py says why)
+            payload = b'%s,"tools":%s}' % (payload[:-1], _tools_json(tools))
         turn = len(messages)  # the turn's position in the history: part of each generated call id
         try:
-            async with self._http.stream("POST", "/api/chat", json=body) as resp:
-                if resp.is_error:
-                    raise _status_error(resp.status_code, (await resp.aread()).decode(errors="replace"), resp)
-                async for chunk in _chunks(resp.aiter_lines(), turn):
-                    yield chunk
-        except httpx.TransportError as e:
-            raise TransientError(f"network: {e!r} ({self.base_url})", provider=PROVIDER) from e
+            response = await http.request(
+                "POST", self._chat_url, self._send_headers, payload, read_timeout=self._timeout
+            )
+        except http.HTTPError as e:
+            raise transport_error(PROVIDER, e, self._setting) from None
+        try:
+            if response.status >= 300:
+                raise await status_error(PROVIDER, response)
+            await response.expect("lines")
+            async for chunk in _chunks(response.lines(), turn):
+                yield chunk
+        except http.HTTPError as e:
+            raise transport_error(PROVIDER, e, self._setting) from None
+        finally:
+            await response.aclose()
 
     async def models(self) -> list[str]:
         data = await self._get_json("GET", "/api/tags")
-        return sorted(m["name"] for m in data.get("models") or ())
+        return sorted(str(m["name"]) for m in data.get("models") or () if isinstance(m, dict) and m.get("name"))
 
     async def context_length(self) -> int | None:
+        """The model's context length from /api/show: asked once by this backend, and once per
+        SHOWN_TTL seconds by all the backends (sessions) of this event loop that use that server."""
         if self._num_ctx:
             return self._num_ctx
         if self.model not in self._shown:
-            info = (await self._get_json("POST", "/api/show", {"model": self.model})).get("model_info") or {}
-            lengths = [v for k, v in info.items() if k.endswith(".context_length") and isinstance(v, int)]
-            self._shown[self.model] = lengths[0] if lengths else None
+            cache = _SHOWN.setdefault(asyncio.get_running_loop(), {})
+            key = (self.base_url, self.model)
+            shown = cache.get(key)
+            if shown is None or time.monotonic() - shown[0] > SHOWN_TTL:
+                info = (await self._get_json("POST", "/api/show", {"model": self.model})).get("model_info")
+                lengths = [
+                    v
+                    for k, v in (info.items() if isinstance(info, dict) else ())
+                    if k.endswith(".context_length") and isinstance(v, int)
+                ]
+                shown = cache[key] = (time.monotonic(), lengths[0] if lengths else None)
+            self._shown[self.model] = shown[1]
         return self._shown[self.model]
 
     async def aclose(self) -> None:
-        await self._http.aclose()
+        pass  # the connections are the event loop's pool's (_http), shared by every backend on the loop
 
     async def _get_json(self, method: str, path: str, body: Any = None) -> dict[str, Any]:
+        http, base = self._http()
+        url = base.join(path)
         try:
-            resp = await self._http.request(method, path, json=body)
-        except httpx.TransportError as e:
-            raise TransientError(f"network: {e!r} ({self.base_url})", provider=PROVIDER) from e
-        if resp.is_error:
-            raise _status_error(resp.status_code, resp.text, resp)
-        return resp.json()
+            response = await http.request(
+                method, url, self._send_headers, b"" if body is None else _dumps(body), read_timeout=self._timeout
+            )
+            try:
+                if response.status >= 300:
+                    raise await status_error(PROVIDER, response)
+                raw = await response.read()
+            finally:
+                await response.aclose()
+        except http.HTTPError as e:
+            raise transport_error(PROVIDER, e, self._setting) from None
+        try:
+            data = json.loads(raw)
+        except (ValueError, RecursionError):
+            data = None
+        if not isinstance(data, dict):
+            raise BackendError(
+                f"{method} {url.display}: the answer is not a JSON object: {http.snippet(raw)}", provider=PROVIDER
+            )
+        return data
 
 
 # ---- the request --------------------------------------------------------------------------------
@@ -168,10 +234,7 @@ def _message(m: Message) -> dict[str, Any]:
 def _arguments(text: str) -> dict[str, Any]:
     """An object, as Ollama refuses any other arguments (on every later request); arguments that
     make none are sent as they were written."""
-    try:
-        return parse_arguments(text)
-    except BadArguments:
-        return {"_raw": text}
+    return object_arguments(text)
 
 
 # ---- the answer ---------------------------------------------------------------------------------
@@ -179,8 +242,9 @@ def _arguments(text: str) -> dict[str, Any]:
 
 async def _chunks(lines: AsyncIterator[str], turn: int) -> AsyncIterator[Chunk]:
     calls = 0
+    done = False  # after the done line the rest of the body is read (the connection is reused), not parsed
     async for line in lines:
-        if not line.strip():
+        if done or not line.strip():
             continue
         try:
             chunks = list(_line_chunks(json.loads(line), turn, calls))
@@ -193,9 +257,11 @@ async def _chunks(lines: AsyncIterator[str], turn: int) -> AsyncIterator[Chunk]:
         for chunk in chunks:
             yield chunk
             if isinstance(chunk, Done):
-                return
+                done = True
+                break
             calls += isinstance(chunk, ToolCallDelta)
-    raise TransientError("the stream ended before its final (done) line", provider=PROVIDER)
+    if not done:
+        raise TransientError("the stream ended before its final (done) line", provider=PROVIDER)
 
 
 def _line_chunks(obj: dict[str, Any], turn: int, calls: int) -> Iterator[Chunk]:
@@ -236,9 +302,8 @@ def _done(done_reason: Any, calls: int) -> Done:
     return Done("stop") if raw == "stop" or not raw else Done("other", reason=raw)
 
 
-def _status_error(status: int, text: str, resp: httpx.Response) -> Exception:
-    try:
-        message = json.loads(text).get("error") or text
-    except (ValueError, AttributeError):
-        message = text
-    return http_error(PROVIDER, status, str(message).strip() or resp.reason_phrase, resp.headers.get("retry-after"))
+_ENCODER = json.JSONEncoder(separators=(",", ":"))  # made once: json.dumps with options makes one a call
+
+
+def _dumps(value: Any) -> bytes:
+    return _ENCODER.encode(value).encode()

@@ -1,7 +1,8 @@
 """OpenAI-compatible Chat Completions over ollie's own HTTP/1.1 client (`_http`, imported on first
 request): a JSON body out, server-sent events back, parsed as plain dicts. The `openai` SDK's
 transport cost ~3 ms of the event loop's CPU per request, 30 times a bare client's (_http's
-docstring). Retries are the Core's business: a failure is raised as the BackendError it is.
+docstring). Retries are the Core's business: a failure is raised as the BackendError it is, in
+the words every backend uses (`transport_error`, `status_error`).
 
 Configuration: OLLIE_OPENAI_URL (without /v1) or OPENAI_BASE_URL, OLLIE_OPENAI_KEY or OPENAI_API_KEY.
 Presets (openrouter, copilot, local servers) are this backend with other defaults: see presets.py.
@@ -32,7 +33,7 @@ from ..types import (
     Usage,
     UsageChunk,
 )
-from . import http_error
+from . import http_error, status_error, transport_error, url_setting
 
 if TYPE_CHECKING:
     from . import _http
@@ -98,10 +99,18 @@ class OpenAIBackend:
         prepare: Callable[[dict[str, Any]], None] | None = None,
         key_vars: tuple[str, ...] = ("OLLIE_OPENAI_KEY", "OPENAI_API_KEY"),
         default_model: str = "gpt-4o-mini",
+        setting: str | None = None,
+        timeout: float | None = None,
     ):
-        """`prepare(body)` may edit each request body in place (a preset's cache_control, say)."""
+        """`prepare(body)` may edit each request body in place (a preset's cache_control, say);
+        `setting` says where the URL came from, for messages (by default: the URL variables, or
+        nothing when `base_url` is given); `timeout`: seconds the server may stay silent."""
         self.name = name
+        if setting is None:
+            setting = "" if base_url else url_setting(("OLLIE_OPENAI_URL", "OPENAI_BASE_URL"))
+        self._setting = setting
         self.base_url = (base_url or env_url()).rstrip("/")
+        self._timeout = timeout
         self.model = model or os.environ.get("OLLIE_MODEL") or default_model
         if api_key is None:
             api_key = next((os.environ[v] for v in key_vars if os.environ.get(v)), None)
@@ -173,12 +182,15 @@ class OpenAIBackend:
         payload = self._payload(messages, tools, params)
         done: Done | None = None  # held back: the usage chunk comes after the finish_reason
         try:
-            response = await http.request("POST", self._chat_url, self._send_headers, payload)
+            response = await http.request(
+                "POST", self._chat_url, self._send_headers, payload, read_timeout=self._timeout or http.READ_TIMEOUT
+            )
         except http.HTTPError as e:
             raise self._unreachable(e) from None
         try:
-            if response.status >= 400:
-                raise await self._status_error(response)
+            if response.status >= 300:
+                raise await status_error(self.name, response)
+            await response.expect("events")
             ended = False  # after `data: [DONE]` the rest of the body is read (the connection is reused), not parsed
             async for _, data in response.events():
                 if ended:
@@ -199,30 +211,8 @@ class OpenAIBackend:
             yield done
 
     def _unreachable(self, e: Exception) -> BackendError:
-        """A transport failure: transient, naming the server."""
-        return http_error(self.name, None, f"cannot reach {self.base_url}: {e}")
-
-    async def _status_error(self, response: Any) -> BackendError:
-        """An answer of status >= 400 as the BackendError its status and message make: the message
-        is the body's `error.message` (or its `error` string), else "Error code: <status>"."""
-        from . import _http
-
-        try:
-            raw = await response.read(1024 * 1024)
-        except _http.HTTPError:
-            raw = b""
-        message = f"Error code: {response.status}"
-        try:
-            body = json.loads(raw)
-        except (ValueError, RecursionError):
-            body = None
-        if isinstance(body, dict):
-            err = body.get("error", body)
-            if isinstance(err, dict) and err.get("message"):
-                message = str(err["message"])
-            elif isinstance(err, str) and err:
-                message = err
-        return http_error(self.name, response.status, message, response.headers.get("retry-after"))
+        """A failure below the API, in the words every backend uses."""
+        return transport_error(self.name, e, self._setting)
 
     def _parse(self, data: Any) -> list[Chunk]:
         if isinstance(data, dict) and data.get("error"):  # OpenRouter and vLLM report a failure after the 200 so
@@ -294,8 +284,8 @@ class OpenAIBackend:
         try:
             response = await http.request("GET", base.join("/models"), self._send_headers)
             try:
-                if response.status >= 400:
-                    raise await self._status_error(response)
+                if response.status >= 300:
+                    raise await status_error(self.name, response)
                 raw = await response.read()
             finally:
                 await response.aclose()
@@ -304,7 +294,9 @@ class OpenAIBackend:
         try:
             data = json.loads(raw)
         except (ValueError, RecursionError):
-            raise BackendError(f"GET {self.base_url}/models: the answer is not JSON", provider=self.name) from None
+            raise BackendError(
+                f"GET {self.base_url}/models: the answer is not JSON: {http.snippet(raw)}", provider=self.name
+            ) from None
         models = data.get("data") if isinstance(data, dict) else None
         return [m for m in models or () if isinstance(m, dict)]
 

@@ -10,6 +10,7 @@ import os
 from typing import Any
 
 from ..types import ConfigError
+from . import url_setting
 from .openai import OpenAIBackend, with_v1
 
 _EPHEMERAL = {"type": "ephemeral"}
@@ -75,6 +76,8 @@ def _local_server(name: str, port: int, model: str | None, options: dict[str, An
     """A local server: OLLIE_<NAME>_URL (without /v1) or 127.0.0.1:<port>; a key only if
     the server was started with one (OLLIE_<NAME>_KEY)."""
     var = name.upper()
+    if "base_url" not in options:
+        options.setdefault("setting", url_setting((f"OLLIE_{var}_URL",)))
     options.setdefault("base_url", with_v1(os.environ.get(f"OLLIE_{var}_URL") or f"http://127.0.0.1:{port}"))
     options.setdefault("key_vars", (f"OLLIE_{var}_KEY",))
     # llama.cpp and LM Studio answer with the model they have loaded whatever the name; vLLM
