@@ -430,6 +430,8 @@ async def test_inject_replace_inject_and_queue_commands():
             {"tool_calls": [call("sleep", seconds=0.3)]},
             {"text": "saw it", "expect": "<system-user-interruption>second thought</system-user-interruption>"},
             {"text": "later done", "expect": "later please"},
+            {"text": "idle done", "expect": "when idle"},
+            {"text": "queue done", "expect": "queued when idle"},
         ]
     )
     task = asyncio.create_task(core.submit("start"))
@@ -442,8 +444,14 @@ async def test_inject_replace_inject_and_queue_commands():
     await task
     assert core.reply == "later done"
     assert "first thought" not in json.dumps([m.to_dict() for m in core.session.messages])
+    # on an idle session they start the turn: idle means nothing is queued
+    for line, reply in (("/i when idle", "idle done"), ("/q queued when idle", "queue done")):
+        assert await run(core, events, line) == "started: the session was idle"
+        assert core.queued() == []
+        while core.state != "idle":
+            await core.wait_change("state", core.state, timeout=5)
+        assert core.reply == reply
     backend.assert_consumed()
-    assert await run(core, events, "/i when idle") == "queued" and core.queued() == ["when idle"]
     await core.close()
 
 

@@ -136,6 +136,44 @@ async def test_inject_is_delivered_with_the_next_tool_result():
     await core.close()
 
 
+async def test_queue_and_inject_on_an_idle_session_start_the_turn():
+    """Idle means nothing runs and nothing is queued: a prompt queued or injected into an idle
+    session runs at once, as one written to fifo.in does; one injected or queued during a turn
+    still waits for it."""
+    core, backend, _, _ = await make_core(
+        [
+            {"text": "one done", "expect": "queued when idle"},
+            {"text": "two done", "expect": "injected when idle"},
+            {"text": "three done", "expect": "replaced when idle"},
+            {"text": "four", "delay": 0.3},
+            {"text": "five done", "expect": "queued behind four"},
+        ]
+    )
+
+    async def until_idle() -> None:
+        async with asyncio.timeout(5):
+            while core.state != "idle":
+                await core.wait_change("state", core.state)
+
+    for send, prompt, reply in (
+        (core.queue, "queued when idle", "one done"),
+        (core.inject, "injected when idle", "two done"),
+        (lambda p: core.inject(p, replace=True), "replaced when idle", "three done"),
+    ):
+        send(prompt)
+        assert core.running and core.state == "thinking" and core.queued() == [], prompt
+        await until_idle()
+        assert core.reply == reply and core.queued() == []
+    task = asyncio.create_task(core.submit("four"))
+    await asyncio.sleep(0.05)
+    core.queue("queued behind four")
+    assert core.queued() == ["queued behind four"]  # a turn runs: it waits
+    await task
+    assert core.reply == "five done" and core.state == "idle" and core.queued() == []
+    backend.assert_consumed()
+    await core.close()
+
+
 async def test_rate_limit_and_dropped_stream_are_retried_without_duplicating_reply():
     core, backend, _, events = await make_core(
         [

@@ -218,6 +218,22 @@ def test_fifo_in_queues_and_starts_when_idle_fifo_out_pops(fs_server):
     assert "later one" not in (s / "chat").read_text()
 
 
+@pytest.mark.parametrize("verb", ["queue", "inject", "irw"])
+def test_ctl_queue_and_inject_on_an_idle_session_start_the_turn(fs_server, verb):
+    """As fifo.in does: idle means nothing is queued, so these start the turn."""
+    sid = fs_server.new_session()
+    s = fs_server.mnt / "s" / sid
+    with open(s / "ctl", "r+") as ctl:
+        ctl.write(f"{verb} slow, by {verb}\n")  # answered after 0.6 s
+        ctl.flush()
+        assert (s / "state").read_text() == "thinking\n"  # started before the write returned
+        ctl.seek(0)
+        assert ctl.read() == "started: the session was idle\n"
+    fs_server.wait_idle(sid)
+    assert (s / "chat").read_text() == f"user: slow, by {verb}\nassistant: slow answer\n\n"
+    assert (s / "fifo.out").read_text() == ""  # nothing left waiting
+
+
 def test_fifo_in_takes_the_prompt_without_echos_newline(fs_server):
     sid = fs_server.new_session()
     fs_server.sh(f"echo slow > s/{sid}/prompt; echo from the fifo > s/{sid}/fifo.in")  # queued, then run

@@ -115,21 +115,25 @@ async def _stop(core: Core, arg: str) -> str:
     return "interrupted" if core.interrupt() else "no turn is running"
 
 
-@command("inject", "inject a message into the running turn (queued when idle)", aliases=("i",))
+STARTED = "started: the session was idle"
+
+
+@command("inject", "inject a message into the running turn (started when idle)", aliases=("i",))
 async def _inject(core: Core, arg: str) -> str:
-    core.inject(_required(arg, "inject <message>"))
-    return "injected" if core.running else "queued"
+    done = core.inject(_required(arg, "inject <message>"))
+    return STARTED if done == "started" else done
 
 
-@command("irw", "replace the pending injected message")
+@command("irw", "replace the pending injected message (started when idle)")
 async def _inject_overwrite(core: Core, arg: str) -> str:
-    core.inject(_required(arg, "irw <message>"), replace=True)
-    return "injected (replacing)" if core.running else "queued"
+    done = core.inject(_required(arg, "irw <message>"), replace=True)
+    return STARTED if done == "started" else "injected (replacing)" if done == "injected" else done
 
 
-@command("queue", "queue a prompt for after the current turn", aliases=("q",))
+@command("queue", "queue a prompt for after the current turn (started when idle)", aliases=("q",))
 async def _queue(core: Core, arg: str) -> str:
-    core.queue(_required(arg, "queue <prompt>"))
+    if core.queue(_required(arg, "queue <prompt>")):
+        return STARTED
     return f"queued ({len(core.queued())} waiting)"
 
 

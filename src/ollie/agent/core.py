@@ -257,17 +257,28 @@ class Core:
         self._turn.cancel()
         return True
 
-    def inject(self, prompt: str, replace: bool = False) -> None:
-        """Deliver `prompt` into the running turn with the next tool result; else queue it.
-        One message waits for delivery: another queues behind it, or `replace`s it."""
+    def inject(self, prompt: str, replace: bool = False) -> str:
+        """Deliver `prompt` into the running turn with the next tool result; else queue it (which
+        starts it at once on an idle session). One message waits for delivery: another queues
+        behind it, or `replace`s it. Returns what was done: "injected", "queued" or "started"."""
         if self.running and (self._rt.inject is None or replace):
             self._rt.inject = prompt
-        else:
-            self.queue(prompt)
+            return "injected"
+        return "started" if self.queue(prompt) else "queued"
 
-    def queue(self, prompt: str) -> None:
+    def queue(self, prompt: str) -> bool:
+        """Run `prompt` after what runs and what is queued before it. On an idle session that is
+        now: the turn starts (as `start` would start it), for idle means that nothing runs and
+        nothing waits. True when it started a turn."""
+        prompt = prompt.strip()
+        if not prompt:
+            return False
         self._queue.append(prompt)
         self._rt.bus.notify()
+        if self.running or self._holder:  # the queue runs when the turn or the holder is done
+            return False
+        self.start(self._queue.popleft()).add_done_callback(_log_failure)
+        return True
 
     def pop_queue(self) -> str | None:
         return self._queue.popleft() if self._queue else None
@@ -449,6 +460,12 @@ class Core:
         self._save_meta()
         self._rt.state.store.close()
         shutil.rmtree(self._rt.tmpdir, ignore_errors=True)
+
+
+def _log_failure(turn: asyncio.Future[None]) -> None:
+    """A turn nobody awaits (one a queued prompt started): what escaped it is logged."""
+    if not turn.cancelled() and turn.exception() is not None:
+        log.error("turn failed", exc_info=turn.exception())
 
 
 def _private_tmp() -> Path:

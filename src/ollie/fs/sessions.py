@@ -251,14 +251,9 @@ class Session:
             log.error("session %s: submit failed: %s", self.id, task.exception())
 
     async def enqueue(self, text: str) -> None:
-        """`fifo.in`: queue the prompt; when idle, start the oldest queued one."""
+        """`fifo.in`: queue the prompt (`Core.queue` starts it when the session is idle)."""
         core = await self.wake()
-        text = text.strip()  # as `prompt` does: the newline echo adds is not part of the prompt
-        if not text:
-            return
-        core.queue(text)
-        if not core.running:
-            core.start(core.pop_queue() or "").add_done_callback(self._submitted)
+        core.queue(text)  # stripped there, as `prompt` is: the newline echo adds is not part of it
 
     def error(self, message: str) -> None:
         """Put `error: message` into the chat (a control write that failed)."""
