@@ -5,7 +5,9 @@ Servers are declared the way other MCP hosts declare them (an agent's `mcpServer
     {"url": "http://127.0.0.1:8000/mcp", "headers": {"Authorization": "Bearer ${TOKEN}"}}   streamable HTTP
     {"type": "sse", "url": "http://127.0.0.1:8000/sse"}                                     SSE
 plus our optional "timeout" (seconds per call), "startupTimeout" (seconds to connect) and
-"sandbox" (the sandbox policy a stdio server runs under: `tools` unless named; false runs it as you).
+"sandbox" (the sandbox policy a stdio server runs under: `tools` unless named; false runs it as you),
+and "disabled": true (declared, listed, not started). A project's `.mcp.json` declares servers too,
+started once trusted (`project_mcp`), and may not name a sandbox.
 
 A stdio server runs in a jail of its own (`_jailed_stdio`), never in the project the model writes
 (whose files it would import or run, unsandboxed): in a directory of its own, which is also its
@@ -46,6 +48,7 @@ logging.getLogger("mcp").addHandler(logging.NullHandler())
 
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 _POLICY_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+_SERVER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")  # a project file's server
 
 
 class Unavailable(OllieError):
@@ -71,10 +74,16 @@ class ServerSpec:
     written: tuple[str, ...] = ()  # where the session's tree's code writes: no program is taken from there
 
 
-def parse_spec(name: str, raw: Any, cwd: str = "", written: tuple[str, ...] = ()) -> ServerSpec:
+def parse_spec(name: str, raw: Any, cwd: str = "", written: tuple[str, ...] = (), source: str = "") -> ServerSpec:
     """Validate an `mcpServers` entry of a session in `cwd` (whose tree's code writes `written`
-    besides); a relative server cwd is taken from it."""
-    entry = _Entry(f"mcpServers.{name}", raw)
+    besides); a relative server cwd is taken from it. `source`: the project's `.mcp.json` that
+    declares it (else an agent config), whose stdio servers run under the `tools` policy always."""
+    entry = _Entry(f"{source}: mcpServers.{name}" if source else f"mcpServers.{name}", raw)
+    # The name is a file's in ollie's data (its log, its cache, which its jail writes): never a path.
+    if name in ("", ".", "..") or "/" in name or "\0" in name or source and not _SERVER_NAME.fullmatch(name):
+        raise ConfigError(
+            f"{entry.where}: the server's name must be letters, digits, '.', '_' and '-' (not starting with '.')"
+        )
     kind = raw.get("type") or raw.get("transport") or ("stdio" if "command" in raw else "http")
     kind = {"streamable-http": "http", "streamableHttp": "http"}.get(kind, kind)
     if kind not in ("stdio", "http", "sse"):
@@ -90,11 +99,21 @@ def parse_spec(name: str, raw: Any, cwd: str = "", written: tuple[str, ...] = ()
         spec.args, spec.env = entry.string_list("args"), entry.string_map("env")
         if raw.get("cwd"):  # relative to the session's cwd, like a command typed there
             spec.cwd = os.path.join(cwd, os.path.expanduser(entry.expand(raw["cwd"], "cwd")))
-        spec.sandbox, spec.project, spec.written = entry.sandbox(), cwd, tuple(dict.fromkeys((cwd, *written)))
+        spec.sandbox = entry.project_sandbox() if source else entry.sandbox()
+        spec.project, spec.written = cwd, tuple(dict.fromkeys((cwd, *written)))
     else:
         spec.url = entry.required("url", "the server's HTTP endpoint")
         spec.headers = entry.string_map("headers")
     return spec
+
+
+def disabled(name: str, raw: Any, source: str = "") -> bool:
+    """Whether an `mcpServers` entry says `"disabled": true` (not started, listed as disabled)."""
+    value = raw.get("disabled", False) if isinstance(raw, dict) else False
+    if not isinstance(value, bool):
+        where = f"{source}: mcpServers.{name}" if source else f"mcpServers.{name}"
+        raise ConfigError(f"{where}.disabled must be true or false, got {value!r}")
+    return value
 
 
 class _Entry:
@@ -147,6 +166,18 @@ class _Entry:
                 f"run the server unsandboxed, as you; got {value!r}"
             )
         return value
+
+    def project_sandbox(self) -> str:
+        """A project file's server runs under `tools`: the file is the project's, which sandboxed
+        code writes, and a trusted hash covers what the user read, not what a policy name (a wide
+        one written for another agent) or `false` would open up."""
+        if self.raw.get("sandbox", "tools") != "tools":
+            raise ConfigError(
+                f"{self.where}.sandbox: a project's .mcp.json cannot choose a server's sandbox (its stdio "
+                f"servers run under the tools policy); declare the server in an agent config to run it under "
+                f"another policy, or remove the field"
+            )
+        return "tools"
 
     def seconds(self, key: str, default: float) -> float:
         value = self.raw.get(key, default)

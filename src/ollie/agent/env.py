@@ -30,21 +30,27 @@ class AgentEnv:
 async def build_agent_env(
     cfg: AgentConfig, dispatcher: Dispatcher, cwd: str, written: tuple[str, ...] = ()
 ) -> AgentEnv:
-    """Resolve the system prompt and connect `cfg.mcp_servers` on top of the servers already in
-    `dispatcher`, all in parallel, each within its startup timeout. A server that fails stays
-    registered with its reason (shown by `/mcp` and as the result of calling it) and is noted in
-    `infos`; the others carry on. If this raises, `dispatcher` has been closed."""
-    from .. import mcp
+    """Resolve the system prompt and connect `cfg.mcp_servers`, and those of the project's trusted
+    `.mcp.json` (`project_mcp`), on top of the servers already in `dispatcher`, all in parallel,
+    each within its startup timeout. A server that fails stays registered with its reason (shown by
+    `/mcp` and as the result of calling it) and is noted in `infos`; the others carry on; a disabled
+    one is listed, not started. If this raises, `dispatcher` has been closed."""
+    from .. import mcp, project_mcp
 
     try:
         env = AgentEnv(cfg, dispatcher, cwd, await resolve_prompt(cfg, cwd))
+        project, notices = await asyncio.to_thread(project_mcp.declared, cwd, cfg.mcp_servers)
+        env.infos += notices
         clients = []
-        for name, raw in cfg.mcp_servers.items():
+        for name, raw, source in [*((n, r, "") for n, r in cfg.mcp_servers.items()), *project]:
             if dispatcher.get_server(name) is not None:
                 env.infos.append(f"mcp server {name} skipped: the name is taken by a built-in server")
                 continue
             try:
-                spec = mcp.parse_spec(name, raw, cwd, written)
+                if mcp.disabled(name, raw, source):
+                    dispatcher.add_server(name, mcp.failed_server(name, "disabled"))
+                    continue
+                spec = mcp.parse_spec(name, raw, cwd, written, source)
             except Exception as e:  # ConfigError: the rest of the agent still works
                 dispatcher.add_server(name, mcp.failed_server(name, str(e)))
                 env.infos.append(f"mcp server {name} failed: {e}")
