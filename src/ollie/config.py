@@ -155,7 +155,10 @@ class AgentConfig:
 
     name: str = "default"
     path: str = ""  # the file it came from ("" for the built-in default)
+    description: str = ""  # what it is for: the model reads it when it may start it as a sub-agent
     prompt: str | list[str] = ""
+    instructions: bool = True  # the project's AGENTS.md (or CLAUDE.md) and the user's, in the system prompt
+    skills: bool = True  # the skills offered to the model
     backend: str = ""
     model: str = ""
     models: list[str] = field(default_factory=list)  # more a sub-agent of it may run on, besides `model`
@@ -175,7 +178,10 @@ class AgentConfig:
 
 # JSON key → (attribute, expected type)
 _FIELDS: dict[str, tuple[str, type | tuple[type, ...]]] = {
+    "description": ("description", str),
     "prompt": ("prompt", (str, list)),
+    "instructions": ("instructions", bool),
+    "skills": ("skills", bool),
     "backend": ("backend", str),
     "model": ("model", str),
     "models": ("models", list),
@@ -240,7 +246,7 @@ def _take_field(cfg: AgentConfig, where: str, key: str, value: Any) -> None:
             'model pick a wider sandbox policy, list it under "sandboxes" (docs/sandbox.md). '
             "Remove the field"
         )
-    elif key not in ("name", "description", "$schema"):
+    elif key not in ("name", "$schema"):
         known = sorted([*_FIELDS, *_PARAM_KEYS])
         raise ConfigError(f"{where}: unknown field {key!r}; known fields: {', '.join(known)}")
 

@@ -248,11 +248,12 @@ async def _sessions(core: Core, arg: str) -> str:
     return "\n".join(f"{m.id}  {m.agent:<10} {m.cwd}  {m.first_prompt[:50]!r}" for m in list_stored())
 
 
-@command("skills", "list the skills (SKILL.md files under OLLIE_SKILLS_PATH)")
+@command("skills", "list the skills offered to the model (OLLIE_SKILLS_PATH, the project's .ollie/skills)")
 async def _skills(core: Core, arg: str) -> str:
-    from ..skills import list_skills
+    from ..skills import index, list_skills
 
-    return "\n".join(f"{s.name}: {s.description}" for s in list_skills()) or "(no skills)"
+    skills, notices = list_skills(core.session.cwd)
+    return (index(skills) + "".join(f"{n}\n" for n in notices)).rstrip() or "(no skills)"
 
 
 @command("tools", "list the tools the model is offered")

@@ -5,7 +5,7 @@ backend and agent; the loop (`loop.py`) and compaction (`compaction.py`) only us
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -15,6 +15,7 @@ from ..types import BackendError, Event, Message, Usage
 from .context import Window
 from .events import Bus
 from .hooks import Hooks
+from .knowledge import Knowledge, gather
 from .state import SessionState
 
 if TYPE_CHECKING:
@@ -35,12 +36,34 @@ class Runtime:
     inject: str | None = None  # a message for the running turn, delivered with the next tool result
     plans: Plans | None = None  # the session's plans in pl/, and where they are committed
 
+    _knowledge: tuple[str, AgentEnv, Knowledge] | None = None  # for which cwd and agent
+    _unsaid: list[str] = field(default_factory=list)
+
     def system_prompt(self) -> str:
-        """The agent's system prompt and what its agentSpawn hooks said, marked as theirs."""
-        primer = self.state.primer
-        if not primer:
-            return self.env.system_prompt
-        return f"{self.env.system_prompt.rstrip()}\n\n[From the agent's agentSpawn hooks:]\n{primer}"
+        """The agent's system prompt, what it knows of the project (`knowledge`), and what its
+        agentSpawn hooks said, marked as theirs."""
+        prompt = self.env.system_prompt
+        if known := self.knowledge().text:
+            prompt = f"{prompt.rstrip()}\n\n{known}"
+        if primer := self.state.primer:
+            prompt = f"{prompt.rstrip()}\n\n[From the agent's agentSpawn hooks:]\n{primer}"
+        return prompt
+
+    def knowledge(self) -> Knowledge:
+        """What the project tells the model, gathered again only for another cwd or agent (its
+        notices are said by `say_notices`: this may run before anyone listens)."""
+        cwd = self.state.cwd
+        if self._knowledge is None or self._knowledge[0] != cwd or self._knowledge[1] is not self.env:
+            self._knowledge = (cwd, self.env, gather(self.env.config, cwd))
+            self._unsaid = list(self._knowledge[2].notices)
+        return self._knowledge[2]
+
+    def say_notices(self) -> None:
+        """Emit what the last gathering of `knowledge` had to say, once (a session's start, a turn's)."""
+        self.knowledge()
+        for notice in self._unsaid:
+            self.bus.emit(Event("info", notice))
+        self._unsaid = []
 
     def commit(self, messages: list[Message]) -> None:
         """Completed messages: into the history, onto disk, into the window's count."""

@@ -436,21 +436,26 @@ class _Listed(File):
 
     def stat(self, name: str) -> Stat:
         st = self._stat  # the listing may be shared: each gets its own
-        return Stat(name, mode=st.mode, size=st.size, mtime=st.mtime, version=st.version)
+        return Stat(name, is_dir=st.is_dir, mode=st.mode, size=st.size, mtime=st.mtime, version=st.version)
 
 
-def _scan(path: Path, follow: bool, hidden: str, writable: bool) -> list[Stat]:
-    """The regular files among the first LIST_MAX entries of `path` (but names starting with
-    `hidden`), stat'ed, by name. Run in a thread, and bounded: sandboxed code fills m/ and pl/ at
-    will, and a listing of 150,000 files read and stat'ed on the server's loop held up every
-    session for seconds. Entries past LIST_MAX are not listed (they still open by name)."""
+def _scan(path: Path, follow: bool, hidden: str, writable: bool, dirs: bool = False) -> list[Stat]:
+    """The regular files (and with `dirs` the directories) among the first LIST_MAX entries of
+    `path` (but names starting with `hidden`), stat'ed, by name. Run in a thread, and bounded:
+    sandboxed code fills m/ and pl/ at will, and a listing of 150,000 files read and stat'ed on the
+    server's loop held up every session for seconds. Entries past LIST_MAX are not listed (they
+    still open by name)."""
     found = []
     try:
         with os.scandir(path) as entries:
             for e in itertools.islice(entries, LIST_MAX):
                 try:
-                    if not e.name.startswith(hidden) and e.is_file(follow_symlinks=follow):
+                    if e.name.startswith(hidden):
+                        continue
+                    if e.is_file(follow_symlinks=follow):
                         found.append(_disk_stat(e.name, e.stat(follow_symlinks=follow), writable))
+                    elif dirs and e.is_dir(follow_symlinks=follow):
+                        found.append(Stat(e.name, is_dir=True, mode=0o755 if writable else 0o555))
                 except OSError:  # gone meanwhile
                     continue
     except FileNotFoundError:
@@ -461,14 +466,14 @@ def _scan(path: Path, follow: bool, hidden: str, writable: bool) -> list[Stat]:
 # Scans under way, by loop and what they scan: listings of one directory at once share one scan,
 # so that code listing m/ from a thousand open descriptors takes one thread, not every thread that
 # the server's other work (other sessions' listings, their plans) waits for.
-_SCANS: dict[tuple[asyncio.AbstractEventLoop, Path, bool, str, bool], asyncio.Future[list[Stat]]] = {}
+_SCANS: dict[tuple[asyncio.AbstractEventLoop, Path, bool, str, bool, bool], asyncio.Future[list[Stat]]] = {}
 
 
-async def _listing(path: Path, follow: bool, hidden: str, writable: bool) -> list[Stat]:
-    key = (asyncio.get_running_loop(), path, follow, hidden, writable)
+async def _listing(path: Path, follow: bool, hidden: str, writable: bool, dirs: bool = False) -> list[Stat]:
+    key = (asyncio.get_running_loop(), path, follow, hidden, writable, dirs)
     scan = _SCANS.get(key)
     if scan is None:
-        scan = _SCANS[key] = asyncio.ensure_future(asyncio.to_thread(_scan, path, follow, hidden, writable))
+        scan = _SCANS[key] = asyncio.ensure_future(asyncio.to_thread(_scan, path, follow, hidden, writable, dirs))
         scan.add_done_callback(lambda _: _SCANS.pop(key, None))
     return await asyncio.shield(scan)  # a listing interrupted leaves the scan to the others
 
@@ -480,8 +485,16 @@ def _is_file(path: Path, follow: bool) -> bool:
         return False
 
 
+def _is_dir(path: Path, follow: bool) -> bool:
+    try:
+        return stat.S_ISDIR(os.stat(path, follow_symlinks=follow).st_mode)
+    except OSError:
+        return False
+
+
 class DiskDir(Dir):
-    """A flat directory on disk (created on first use). `synthetic` files are shown in it (t/idx);
+    """A flat directory on disk (created on first use), or with `nested` a tree of them, read-only
+    (the skills: sk/<name>/SKILL.md). `synthetic` files are shown in it (t/idx);
     `validate(name, text)` checks every write (agent configs) and may raise. In a directory that
     sandboxed code writes (`shared`: the memory, the plans) a symlink is never followed: it could
     name any file of the user's, which the server, unconfined, would then serve; and dotfiles (the
@@ -494,8 +507,11 @@ class DiskDir(Dir):
         validate: Callable[[str, str], None] | None = None,
         synthetic: dict[str, File] | None = None,
         shared: bool = False,
+        nested: bool = False,
     ):
+        assert not (nested and writable), "a nested DiskDir is read-only"
         self.shared = shared
+        self.nested = nested
         self.follow = not shared
         self.path = path
         self.writable = writable
@@ -517,12 +533,15 @@ class DiskDir(Dir):
         if name in self.synthetic:
             return self.synthetic[name]
         f = self._file(name)
+        if self.nested and _is_dir(f.path, self.follow):
+            return DiskDir(f.path, writable=False, shared=self.shared, nested=True)
         if not _is_file(f.path, self.follow) and name not in self._creating:
             raise FsError(E.ENOENT, f"{name}: no such file")
         return f
 
     async def list(self) -> list[tuple[str, File | Dir]]:
-        found = await _listing(self.path, self.follow, "." if self.shared else ".#", self.writable)
+        hidden = "." if self.shared else ".#"
+        found = await _listing(self.path, self.follow, hidden, self.writable, self.nested)
         return [*self.synthetic.items(), *((st.name, _Listed(st)) for st in found if st.name not in self.synthetic)]
 
     def _check_writable(self, name: str) -> None:

@@ -3,7 +3,8 @@
 ctl backends help        root files
 a/    agent configs      $OLLIE_CFG_PATH/agents (first of OLLIE_AGENTS_PATH), validated on write
 p/    prompt templates   $OLLIE_CFG_PATH/prompts (read-only)
-sk/   skills             $OLLIE_CFG_PATH/skills
+sk/   skills             $OLLIE_CFG_PATH/skills (first of OLLIE_SKILLS_PATH), read-only: <name>/SKILL.md
+                         and its files; `idx` lists the skills of every directory
 t/    tool scripts       $OLLIE_CFG_PATH/tools (first of OLLIE_TOOLS_PATH), `idx` of every directory
 u/    utility scripts    $OLLIE_CFG_PATH/utils
 x/    plugins            $OLLIE_CFG_PATH/plugins
@@ -96,6 +97,14 @@ def backends_text() -> str:
     return "".join(f"{n}{' *' if n == default else ''}\n" for n in backends.names())
 
 
+def skills_index(cwd: str | None = None) -> str:
+    """sk/idx: the user's skills (OLLIE_SKILLS_PATH), and with `cwd` the project's, as the model is
+    offered them."""
+    from .. import skills
+
+    return skills.index(skills.list_skills(cwd)[0])
+
+
 def _private(path: Path) -> Path:
     """Scratch under a shared /tmp: ours alone, or the server refuses to start (ConfigError)."""
     config.private_dir(path.parent)
@@ -112,7 +121,9 @@ def build(sessions: Sessions, jobs: Jobs | None = None) -> Namespace:
             "help": TextFile(lambda: HELP, text_size(lambda: HELP)),
             "a": DiskDir(config.agents_path()[0], validate=validate_agent),
             "p": DiskDir(cfg / "prompts", writable=False),
-            "sk": DiskDir(cfg / "skills"),
+            "sk": DiskDir(
+                config.skills_path()[0], writable=False, nested=True, synthetic={"idx": TextFile(skills_index)}
+            ),
             "t": DiskDir(tools, synthetic={"idx": TextFile(lambda: tools_index(config.tools_path()))}),
             "u": DiskDir(cfg / "utils"),
             "x": DiskDir(cfg / "plugins"),

@@ -38,7 +38,7 @@ from .session_files import (
 )
 from .sessions import Session, Sessions, check_child_agent, check_child_backend, check_child_cwd, child_name
 from .stores import HELD, DiskDir, OnCloseFile, TextFile, text_size, tools_index
-from .tree import scripts_of
+from .tree import scripts_of, skills_index
 
 THOUGHT_MAX = 64 << 10
 HELP = """ollie: this session's view of the files ($OLLIE)
@@ -88,7 +88,13 @@ def build(sessions: Sessions, jobs: Jobs, session: Session) -> Namespace:
                 "m": DiskDir(data / "memory", shared=True),
                 "pl": DiskDir(data / "plans", shared=True),
                 "t": _tools_dir(tools, TextFile(lambda: tools_index(config.tools_path()))),
-                "sk": DiskDir(cfg / "skills", writable=False, shared=True),
+                "sk": DiskDir(
+                    config.skills_path()[0],
+                    writable=False,
+                    shared=True,
+                    nested=True,
+                    synthetic={"idx": TextFile(lambda: skills_index(session.settings()["cwd"]))},
+                ),
                 "p": DiskDir(cfg / "prompts", writable=False, shared=True),
             }
         )

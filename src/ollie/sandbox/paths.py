@@ -49,11 +49,13 @@ def real_path(fd: int) -> str:
     return os.readlink(f"/proc/self/fd/{fd}")
 
 
-def open_real(path: str, beneath: int | None = None) -> int:
+def open_real(path: str, beneath: int | None = None, links: bool = False) -> int:
     """An O_PATH descriptor of `path`, refusing every symlink on the way (ELOOP): for paths kept
     real (a session's cwd), in which a symlink can only have been planted since. With `beneath`
-    (a directory descriptor), `path` is relative to it and may not leave it."""
-    resolve = _RESOLVE_NO_SYMLINKS | _RESOLVE_NO_MAGICLINKS | (_RESOLVE_BENEATH if beneath is not None else 0)
+    (a directory descriptor), `path` is relative to it and may not leave it; with `links` too, a
+    symlink that stays beneath it is followed."""
+    resolve = (0 if links else _RESOLVE_NO_SYMLINKS) | _RESOLVE_NO_MAGICLINKS
+    resolve |= _RESOLVE_BENEATH if beneath is not None else 0
     how = _OpenHow(_FLAGS, 0, resolve)
     base = beneath if beneath is not None else -100  # AT_FDCWD
     fd = _libc.syscall(
@@ -62,11 +64,46 @@ def open_real(path: str, beneath: int | None = None) -> int:
     if fd < 0:
         e = ctypes.get_errno()
         if e == errno.ENOSYS:  # Linux < 5.6: the same, a component at a time
-            return _walk(path, beneath, lambda *_: False)[0]
+            return _walk(path, beneath, lambda *_: links and beneath is not None)[0]
         if e == errno.ELOOP:
             raise LinkRefused(e, "a symlink on the way", path)
         raise OSError(e, os.strerror(e), path)
     return fd
+
+
+def read_beneath(directory: str, name: str, limit: int, hidden: dict[Identity, str]) -> tuple[bytes, int]:
+    """The first `limit` bytes of the regular file `name` in `directory`, and its size, for text
+    ollie reads on the user's behalf from a directory sandboxed code may write (a project's
+    AGENTS.md, a skill): a symlink is followed only while it stays beneath `directory`, and a file
+    in one of the `hidden` directories is refused (PermissionError), so that a planted link cannot
+    make ollie read what the sandbox may not (its keys) into text the sandbox reads back. Opened
+    without blocking (a FIFO is refused, not waited on)."""
+    top = os.open(directory, _FLAGS | os.O_DIRECTORY)
+    try:
+        fd = open_real(name, beneath=top, links=True)
+    except OSError as e:
+        if e.errno in (errno.EXDEV, errno.ELOOP):
+            raise PermissionError(errno.EACCES, "it is a symlink that leads out of its directory", name) from None
+        raise
+    finally:
+        os.close(top)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise OSError(errno.EINVAL, "not a regular file", os.path.join(directory, name))
+        if (where := within(fd, hidden)) is not None:
+            raise PermissionError(errno.EACCES, f"it lies in ollie's hidden {where}", os.path.join(directory, name))
+        data = os.open(f"/proc/self/fd/{fd}", os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    finally:
+        os.close(fd)
+    try:
+        pieces, left = [], limit
+        while left > 0 and (piece := os.read(data, left)):
+            pieces.append(piece)
+            left -= len(piece)
+        return b"".join(pieces), st.st_size
+    finally:
+        os.close(data)
 
 
 @dataclass(slots=True)

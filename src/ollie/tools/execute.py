@@ -127,11 +127,12 @@ def Decl(cwd: str = "", view: Callable[[int], None] | None = None) -> DeclType: 
 
 
 VIEW_NOTE = """
-$OLLIE holds ollie's files as this session may use them (cat $OLLIE/help): s/$OLLIE_SESSION_ID/ is \
-this session (read; `plan` writable; `think` records a thought), m/ the memory and pl/ the plans, \
-t/idx the tool scripts. A sub-session: `echo "new agent=A cwd=DIR" > $OLLIE/ctl` (the new id is the \
-one `ls $OLLIE/s` adds), write s/<id>/prompt, wait until s/<id>/state is idle, read s/<id>/reply, \
-then `echo "kill <id>" > $OLLIE/ctl`."""
+$OLLIE holds ollie's files as this session may use them, and nothing else of ollie's (cat $OLLIE/help): \
+s/$OLLIE_SESSION_ID/ is this session (read; `plan` writable; `think` records a thought), m/ the memory, \
+pl/ the plans, t/idx the tool scripts, sk/idx the skills. Sub-agents: the subagent_spawn tool script \
+(prompts in, answers out), b/new for batch jobs; or a sub-session: `echo "new agent=A cwd=DIR" > \
+$OLLIE/ctl` (the new id is the one `ls $OLLIE/s` adds), write s/<id>/prompt, wait until s/<id>/state \
+is idle, read s/<id>/reply, then `echo "kill <id>" > $OLLIE/ctl`."""
 
 
 class Server:
@@ -219,10 +220,12 @@ class Server:
         )
 
     def _sandbox_for(self, policy: str, cwd: str, session_tmp: str, tool_dirs: tuple[str, ...]) -> sandbox.Sandbox:
+        # The skills' directories too: the model reads a skill's SKILL.md and runs its scripts.
+        rox = tool_dirs + tuple(str(d) for d in config.skills_path() if d.is_dir())
         if self._namespaces:
             tmp = (session_tmp,) if session_tmp else ()
-            return self._sandboxes.get(policy, cwd, "", tool_dirs, tmp, self._shared_dirs())
-        return self._sandboxes.get(policy, cwd, session_tmp, tool_dirs)
+            return self._sandboxes.get(policy, cwd, "", rox, tmp, self._shared_dirs())
+        return self._sandboxes.get(policy, cwd, session_tmp, rox)
 
     def _shared_dirs(self) -> tuple[str, ...]:
         """The memory and the plans, which every session's code may read and write (found once).
