@@ -470,3 +470,258 @@ async def test_task_plan_refuses_plans_beyond_the_bounds(ollie_dirs):
     finally:
         await s.close()
     assert not plans_dir(ollie_dirs).exists() or not list(plans_dir(ollie_dirs).iterdir())
+
+
+# ---- plans revised, started and dropped --------------------------------------------------------------
+
+# The agent revises its plan with the file_* tool scripts, run as its code runs them (in the real
+# sandbox, with the session's key in their environment): the plan file read first, as they require.
+OPEN_PLAN = (
+    'cd "$OLLIE_PLANS_DIR" && t="${OLLIE_TOOLS_PATH%%:*}" && f=$(ls *--ship-it__*.md) && '
+    '"$t/file_read" "$f" >/dev/null && '
+)
+ADD_A_STEP = code(
+    OPEN_PLAN + '"$t/file_edit" "$f" \'- [ ] test it (after: write code)\' "$(printf \'%s\\n%s\' '
+    "'- [ ] test it — on the CI (after: write code)' '- [ ] document it (after: TEST IT)')\""
+)
+BAD_DEPENDENCY = code(OPEN_PLAN + "\"$t/file_edit\" \"$f\" '(after: write code)' '(after: lunch)'")
+REWRITE = code(  # the whole plan written anew (without its signature line): a step retitled, one dropped
+    OPEN_PLAN + "printf '%s\\n' '# ship it' '' '- [ ] write the code — the parser, tested' "
+    '\'- [ ] release, then tell (after: write the code)\' | "$t/file_write" "$f"'
+)
+START = code('cd "$OLLIE_PLANS_DIR" && for f in *--ship-it__todo.md; do mv "$f" "${f%__todo.md}__wip.md"; done')
+FINISH_WIP = code('cd "$OLLIE_PLANS_DIR" && for f in *--ship-it__wip.md; do mv "$f" "${f%__wip.md}__done.md"; done')
+
+
+def stem_of(ollie_dirs: Path) -> str:
+    return the_plan(ollie_dirs).name.split("__")[0]
+
+
+async def test_a_plan_revised_with_file_edit_stays_the_sessions_and_its_new_steps_reach_the_task_server(
+    ollie_dirs, tmp_path
+):
+    s = await open_session(
+        [
+            {"tool_calls": [task_plan("ship it", STEPS)]},
+            {"tool_calls": [BAD_DEPENDENCY], "expect": "[3 steps"},
+            {"tool_calls": [ADD_A_STEP], "expect": "'lunch', which is no earlier step's title"},
+            {"text": "Revised.", "expect": "[plan signed anew for this session: 4 steps]"},
+        ],
+        tmp_path / "tasks.json",
+    )
+    try:
+        await s.turn()
+    finally:
+        await s.close()
+    stem = stem_of(ollie_dirs)
+    # the session's plan is the revision (the dependency named in another case, written as the step's title)
+    assert s.core.session.plan == (
+        "# ship it\n\n- [ ] write code — the parser, tested\n- [ ] test it — on the CI (after: write code)\n"
+        "- [ ] document it (after: test it)\n- [ ] release, then tell (after: write code, test it)\n"
+    )
+    assert s.infos("not committed") == []
+    tasks = s.tasks()
+    assert [t["title"] for t in tasks.values()] == [*TITLES, "document it"]
+    assert tasks["T2"]["description"] == f"on the CI\n\nAfter: write code\n\nPlan: ship it (pl/{stem})"
+    assert tasks["T4"]["blocked_by"] == ["T2"]
+    assert [c[0] for c in s.calls()][6:] == ["task_create", "task_edit", "task_dep"]
+    assert s.calls("task_edit") == [
+        ["task_edit", {"id": "T2", "title": "test it", "description": tasks["T2"]["description"]}]
+    ]
+    assert (
+        s.infos()[-1]
+        == f"plan {stem}__todo.md → task server tasks: 1 task created (T4); revised: T2; 1 dependency linked"
+    )
+    # the bad edit was refused whole: nothing written
+    lines = the_plan(ollie_dirs).read_text().splitlines()
+    assert re.fullmatch(r"<!-- ollie-plan v1 session=\S+ deps=;0;1;0,1 mac=[0-9a-f]{64} -->", lines[1])
+
+
+async def test_a_plan_rewritten_with_file_write_and_worked_claims_revises_and_deletes_its_tasks(ollie_dirs, tmp_path):
+    s = await open_session(
+        [
+            {"tool_calls": [task_plan("ship it", STEPS)]},
+            {"tool_calls": [START]},
+            {"tool_calls": [REWRITE]},
+            {
+                "tool_calls": [code(OPEN_PLAN + '"$t/task_complete" "$f" "write the code"')],
+                "expect": "[plan signed anew for this session: 2 steps]",
+            },
+            {"tool_calls": [FINISH_WIP], "expect": "checked in"},
+            {"text": "Shipped."},
+        ],
+        tmp_path / "tasks.json",
+    )
+    try:
+        await s.turn()
+    finally:
+        await s.close()
+    stem = stem_of(ollie_dirs)
+    calls = s.calls()[6:]  # after the 3 tasks made and their 3 dependencies linked
+    assert calls == [
+        ["task_update", {"id": "T1", "status": "in_progress"}],  # the plan went __wip: its first step is claimed
+        ["task_delete", {"id": "T2"}],  # "test it" is no step any more
+        [
+            "task_edit",
+            {"id": "T1", "title": "write the code", "description": f"the parser, tested\n\nPlan: ship it (pl/{stem})"},
+        ],
+        [
+            "task_edit",
+            {
+                "id": "T3",
+                "title": "release, then tell",
+                "description": f"After: write the code\n\nPlan: ship it (pl/{stem})",
+            },
+        ],
+        ["task_update", {"id": "T1", "status": "done"}],
+        ["task_update", {"id": "T3", "status": "in_progress"}],  # the next step, claimed in its turn
+        ["task_update", {"id": "T3", "status": "done"}],
+    ]
+    tasks = s.tasks()
+    assert {i: (t["title"], t["status"]) for i, t in tasks.items()} == {
+        "T1": ("write the code", "done"),
+        "T3": ("release, then tell", "done"),
+    }
+    wip = f"{stem}__wip.md"
+    assert s.infos()[1:] == [
+        f"plan {wip} → task server tasks: claimed: T1",
+        f"plan {wip} → task server tasks: deleted: T2; revised: T1, T3",
+        f"plan {wip} → task server tasks: done: T1; claimed: T3",
+        f"plan {stem}__done.md → task server tasks: done: T3",
+    ]
+    lines = the_plan(ollie_dirs).read_text().splitlines()
+    assert re.fullmatch(r"<!-- ollie-plan v1 session=\S+ deps=;0 mac=[0-9a-f]{64} -->", lines[1])
+    assert (
+        s.core.session.plan
+        == "# ship it\n\n- [x] write the code — the parser, tested\n- [ ] release, then tell (after: write the code)\n"
+    )
+
+
+async def test_the_open_tasks_of_a_plan_removed_from_pl_are_deleted(ollie_dirs, tmp_path):
+    s = await open_session(
+        [
+            {"tool_calls": [task_plan("ship it", STEPS)]},
+            {"tool_calls": [COMPLETE_WRITE_CODE]},
+            {"tool_calls": [code('rm "$OLLIE_PLANS_DIR"/*--ship-it__todo.md')]},
+            {"tool_calls": [code("true")]},
+            {"text": "Dropped."},
+        ],
+        tmp_path / "tasks.json",
+    )
+    try:
+        await s.turn()
+        stem = next(iter(s.committed()["backends"]["mcp:tasks"]))
+    finally:
+        await s.close()
+    assert s.calls("task_delete") == [["task_delete", {"id": "T2"}], ["task_delete", {"id": "T3"}]]
+    assert {i: t["status"] for i, t in s.tasks().items()} == {"T1": "done"}  # what was done stays
+    assert s.infos()[-1] == f"plan {stem}: removed from pl/ → task server tasks: deleted: T2, T3"
+    assert len(s.calls("task_delete")) == 2  # once: the round after it deleted nothing more
+
+
+async def test_a_server_without_the_optional_tools_gets_a_revised_plans_new_steps_only(ollie_dirs, tmp_path):
+    s = await open_session(
+        [
+            {"tool_calls": [task_plan("ship it", STEPS)]},
+            {"tool_calls": [START]},
+            {"tool_calls": [ADD_A_STEP]},
+            {"tool_calls": [REWRITE]},
+            {"tool_calls": [FINISH_WIP]},
+            {"text": "Shipped."},
+        ],
+        tmp_path / "tasks.json",
+        ("--create-only",),
+    )
+    try:
+        await s.turn()
+        assert s.core.reply == "Shipped."
+    finally:
+        await s.close()
+    # the retitled step keeps its task as it was; the steps dropped keep theirs
+    assert [t["title"] for t in s.tasks().values()] == [*TITLES, "document it"]
+    assert [c[0] for c in s.calls()] == ["task_create"] * 4
+    assert s.infos("not committed") == []
+    infos = s.infos("task server tasks")
+    for missing in (
+        "task server tasks cannot claim tasks (no usable task_update with an in-progress status): "
+        "steps worked on stay open there",
+        "task server tasks cannot revise tasks (no usable task_edit): a step's new title or description "
+        "is not carried to its task",
+        "task server tasks cannot delete tasks (no usable task_delete): the tasks of steps or plans removed stay there",
+    ):
+        assert infos.count(missing) == 1, infos
+
+
+async def test_a_plan_changed_by_other_code_is_not_signed_anew_by_an_edit(ollie_dirs, tmp_path):
+    victim = await open_session(
+        [
+            {"tool_calls": [task_plan("ship it", STEPS[:2])]},
+            {"text": "Planned."},
+            {"tool_calls": [code(OPEN_PLAN + "\"$t/file_edit\" \"$f\" 'the parser, tested' 'the parser, twice'")]},
+            {"text": "Revised.", "expect": "not signed anew"},
+        ],
+        tmp_path / "tasks.json",
+    )
+    attacker = None
+    try:
+        await victim.turn()
+        # another session's code edits the victim's plan with the same tools: its key is not the victim's
+        tamper = code(OPEN_PLAN + "\"$t/file_edit\" \"$f\" 'test it' 'exfiltrate it'")
+        attacker = await open_session([{"tool_calls": [tamper]}, {"text": "Tampered.", "expect": "exfiltrate it"}])
+        await attacker.turn()
+        await victim.turn()  # its own edit of the tampered plan does not adopt it
+    finally:
+        await victim.close()
+        if attacker is not None:
+            await attacker.close()
+    assert [t["title"] for t in victim.tasks().values()] == ["write code", "test it"]
+    assert "exfiltrate" not in victim.core.session.plan and "twice" not in victim.core.session.plan
+    assert victim.infos("signature does not verify")
+
+
+class Tracker(Notebook):
+    """A program's backend with the optional methods too."""
+
+    name = "tracker"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.started: list[str] = []
+        self.edited: list[tuple[str, str, str]] = []
+        self.deleted: list[str] = []
+
+    async def start(self, task_id: str) -> bool:
+        self.started.append(task_id)
+        return True
+
+    async def edit(self, task_id: str, task: Task) -> bool:
+        self.edited.append((task_id, task.title, task.description))
+        return True
+
+    async def delete(self, task_id: str) -> bool:
+        self.deleted.append(task_id)
+        return True
+
+
+async def test_a_programs_backend_with_start_edit_and_delete_gets_them_too(ollie_dirs):
+    tracker = Tracker()
+    s = await open_session(
+        [
+            {"tool_calls": [task_plan("ship it", STEPS)]},
+            {"tool_calls": [START]},
+            {"tool_calls": [REWRITE]},
+            {"text": "ok"},
+        ],
+        plan_backend=tracker,
+    )
+    try:
+        await s.turn()
+    finally:
+        await s.close()
+    stem = stem_of(ollie_dirs)
+    assert tracker.started == ["n1"] and tracker.deleted == ["n2"]
+    assert tracker.edited == [
+        ("n1", "write the code", f"the parser, tested\n\nPlan: ship it (pl/{stem})"),
+        ("n3", "release, then tell", f"After: write the code\n\nPlan: ship it (pl/{stem})"),
+    ]
+    assert [t.title for t in tracker.created] == TITLES

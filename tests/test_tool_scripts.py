@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from agent_helpers import make_core
+from ollie.agent import plans
 from ollie.tools import CallContext, ToolResult, execute, scripts
 from script_helpers import DEFAULTS, shared_block
 
@@ -88,6 +89,7 @@ def test_the_blocks_the_scripts_share_are_the_same_in_each():
     block = shared_block
     assert block("file_read", "read") == block("file_write", "read") == block("file_edit", "read")
     assert block("file_write", "diff") == block("file_edit", "diff")
+    assert block("file_write", "plans") == block("file_edit", "plans")
 
 
 # ---- file_read --------------------------------------------------------------------------------
@@ -289,6 +291,112 @@ async def test_file_edit_keeps_crlf_line_ends(tools):
     await tools.ok("file_read", "dos.txt")
     await tools.ok("file_edit", "dos.txt", "one\ntwo", "uno\ndos")
     assert path.read_bytes() == b"uno\r\ndos\r\nthree\r\n"
+
+
+# ---- file_edit and file_write on a plan: the session's own plan is signed anew -----------------
+
+PLAN_KEY = "5a" * 32  # the session's key, as its stages get it in $OLLIE_PLAN_KEY
+PLAN = "20250101T000000Z_abcdef--ship__wip.md"
+PLAN_STEPS = ["- [x] write, then test — both", "- [ ] release (after: write, then test)"]
+
+
+def signed_plan(steps: list[str], deps: str, sid: str = "s1", key: str = PLAN_KEY) -> str:
+    """A plan as task_plan writes it for session `sid`."""
+    unchecked = ["- [ ] " + line[6:] for line in steps]
+    mac = plans.signature(bytes.fromhex(key), PLAN.split("__")[0], sid, deps, "# ship", unchecked)
+    return f"# ship\n<!-- ollie-plan v1 session={sid} deps={deps} mac={mac} -->\n\n" + "".join(f"{s}\n" for s in steps)
+
+
+def taken(text: str) -> list[tuple[str, tuple[int, ...], bool]] | None:
+    """The steps of `text` as session s1 takes them (plans.py's checks), or None: not its plan."""
+    signed = plans._read_signed(text)
+    if signed is None or signed.sid != "s1":
+        return None
+    stem = PLAN.split("__")[0]
+    mac = plans.signature(bytes.fromhex(PLAN_KEY), stem, "s1", signed.deps, signed.goal_line, signed.step_lines)
+    if mac != signed.mac:
+        return None
+    return [(s.title, s.after, s.checked) for s in plans._steps_of(signed)[1]]
+
+
+@pytest.fixture
+async def planner(ollie_dirs, tmp_path):
+    """Tool stages of session s1, which holds its plan key."""
+    cwd, tmpdir = tmp_path / "cwd", tmp_path / "session-tmp"
+    cwd.mkdir()
+    tmpdir.mkdir()
+    t = _tools(cwd, tmpdir, OLLIE_PLAN_KEY=PLAN_KEY)
+    yield t
+    await t.server.close()
+
+
+async def test_file_edit_signs_a_revision_of_the_sessions_own_plan_anew(planner):
+    path = planner.cwd / PLAN
+    path.write_text(signed_plan(PLAN_STEPS, ";0"))
+    assert taken(path.read_text()) == [("write, then test", (), True), ("release", (0,), False)]
+    await planner.ok("file_read", PLAN)
+    # a step added, after two others: named in another case, one title holding ", "
+    out = await planner.ok(
+        "file_edit", PLAN, "- [ ] release", "- [ ] document — the API (after: WRITE, THEN TEST)\n- [ ] release"
+    )
+    assert out.startswith("[plan signed anew for this session: 3 steps]\n")
+    text = path.read_text()
+    assert "- [ ] document — the API (after: write, then test)\n" in text  # named as the title is
+    assert taken(text) == [("write, then test", (), True), ("document", (0,), False), ("release", (0,), False)]
+    out = await planner.ok(
+        "file_edit",
+        PLAN,
+        "- [ ] release (after: write, then test)",
+        "- [ ] release (after: document, write, then test)",
+    )
+    assert taken(path.read_text())[2] == ("release", (1, 0), False)
+    # a revision that would be no plan is refused whole
+    for old, new, why in (
+        (
+            "(after: write, then test)\n",
+            "(after: lunch)\n",
+            "step 2 is after 'lunch', which is no earlier step's title",
+        ),
+        ("- [ ] document", "- [ ] write, THEN test", "two steps are titled 'write, THEN test'"),
+        ("# ship", "ship", "its first line must be '# GOAL'"),
+    ):
+        before = path.read_text()
+        out = await planner.fails("file_edit", PLAN, old, new)
+        assert f"is a plan of this session, and this revision would not be one: {why}" in out, out
+        assert "nothing written" in out and path.read_text() == before
+
+
+async def test_file_write_signs_the_sessions_plan_anew_whatever_signature_line_it_was_given(planner):
+    path = planner.cwd / PLAN
+    path.write_text(signed_plan(PLAN_STEPS, ";0"))
+    await planner.ok("file_read", PLAN)
+    stale = path.read_text().splitlines()[1]
+    for head in ("# ship\n\n", f"# ship\n{stale}\n\n"):  # without it, or with the old one copied
+        out = await planner.ok("file_write", PLAN, stdin=head + "- [ ] only this one\n")
+        assert out.startswith("[plan signed anew for this session: 1 step]\n"), out
+        assert taken(path.read_text()) == [("only this one", (), False)]
+        assert path.read_text().count("<!--") == 1
+
+
+async def test_plans_not_the_sessions_own_are_edited_as_they_are_never_signed(planner, tmp_path):
+    path = planner.cwd / PLAN
+    other = signed_plan(PLAN_STEPS, ";0", sid="s2", key="77" * 32)  # another session's plan
+    tampered = signed_plan(PLAN_STEPS, ";0").replace("- [ ] release", "- [ ] leak it")  # changed by other code
+    for text, note in ((other, ""), (tampered, "[it claims this session, but its signature did not verify")):
+        path.write_text(text)
+        await planner.ok("file_read", PLAN)
+        out = await planner.ok("file_edit", PLAN, "— both", "— all")
+        assert out.startswith(note) and ("signed anew for this session" not in out), out
+        assert path.read_text() == text.replace("— both", "— all") and taken(path.read_text()) is None
+    # outside a session's stage (no key), a plan file is a file like any other
+    keyless = _tools(planner.cwd, tmp_path / "session-tmp", session="s1")
+    try:
+        path.write_text(signed_plan(PLAN_STEPS, ";0"))
+        await keyless.ok("file_read", PLAN)
+        assert (await keyless.ok("file_edit", PLAN, "— both", "— all")).startswith("---")
+        assert taken(path.read_text()) is None
+    finally:
+        await keyless.server.close()
 
 
 # ---- file_glob --------------------------------------------------------------------------------

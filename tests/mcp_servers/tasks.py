@@ -3,7 +3,8 @@
 It keeps its tasks in the JSON file FILE ({"tasks": {id: {...}}, "calls": [[tool, arguments]]}),
 written whole after every call, so a test reads what it did, and a second process started on the
 same file goes on from there. Options:
-  --create-only      offer task_create (and task_list) only: no task_dep, no task_update
+  --create-only      offer task_create (and task_list) only: no task_dep, task_update, task_edit
+                     or task_delete
   --fail-create N    the Nth task_create call of this process answers an error
   --die-create N     the Nth task_create call of this process ends the process, unanswered
   --hang-create N    the Nth task_create call of this process never answers
@@ -96,6 +97,28 @@ if not options.create_only:
         data = load()
         data["calls"].append(["task_update", {"id": id, "status": status}])
         task(data, id)["status"] = status
+        save(data)
+        return "ok"
+
+    @server.tool()
+    def task_edit(id: str, title: str | None = None, description: str | None = None) -> str:  # noqa: A002
+        """Revise a task's title or description (what is left out stays)."""
+        data = load()
+        data["calls"].append(["task_edit", {"id": id, "title": title, "description": description}])
+        found = task(data, id)
+        found.update({k: v for k, v in (("title", title), ("description", description)) if v is not None})
+        save(data)
+        return "ok"
+
+    @server.tool()
+    def task_delete(id: str) -> str:  # noqa: A002
+        """Remove a task (and what waited on it no longer does)."""
+        data = load()
+        data["calls"].append(["task_delete", {"id": id}])
+        task(data, id)
+        del data["tasks"][id]
+        for other in data["tasks"].values():
+            other["blocked_by"] = [b for b in other["blocked_by"] if b != id]
         save(data)
         return "ok"
 

@@ -4,12 +4,20 @@
 every session of the user shares. After each tool round the session looks there (`Plans.sync`):
 its own plans become its `plan`, and their steps are committed to a task backend as tasks, one
 per step, with their dependencies; a step checked (`task_complete`), or the whole plan renamed
-`__done`, marks its task done.
+`__done`, marks its task done. While a plan is `__wip`, its next step (the first unchecked one)
+is claimed: its task is set in progress. A plan revised (the file_* tool scripts sign the
+session's own plan anew, see below) has its tasks revised with it: a step added is a new task, a
+step whose title or description changed has its task edited, a step removed has its task deleted;
+a step is followed across a revision by its title, or, where titles changed, by the place and
+likeness of its title. A plan removed from pl/ has its tasks deleted. Tasks done are never
+deleted: they are what was done.
 
 The backend is, in this order:
 - an MCP server (any tool server of the agent) whose tools include `task_create`, which must
-  answer a plain-text id; `task_dep` (dependencies) and `task_update` (status done) are used when
-  present, and a step's dependencies are in its task's description either way;
+  answer a plain-text id; `task_dep` (dependencies), `task_update` (status in progress, done),
+  `task_edit` (title, description) and `task_delete` are used when present (each one missing is
+  told once, and what it would do is left undone), and a step's dependencies are in its task's
+  description either way;
 - the `PlanBackend` a program passed to `open_session(plan_backend=...)`;
 - none: the plan lives in pl/ and in the session's `plan` only.
 It is chosen again whenever the agent's tool servers change (an agent switch).
@@ -23,8 +31,19 @@ plan another session's code wrote, copied or edited is never committed (one that
 session is reported). Check marks are not signed, so another session's code can mark steps done;
 it cannot create tasks.
 
+Revisions. The agent revises its plan with file_edit and file_write, as the seed has it. Those
+scripts, run by the session's own code (which holds the key), sign a plan anew after writing it,
+but only when the plan was this session's and its signature verified before the edit: the key
+proves that the edit is the session's own code, the old signature that the plan is the session's
+and that no other code changed it since. So a revision of the session's own plan stays its plan,
+while a plan another session's code wrote or changed stays refused, even once this session's code
+edits it too: the key never signs what others wrote. (The session's code could always sign any
+plan, with task_plan's code or its own; signing revisions gives it nothing it did not have.) An
+edit made another way (sed, an editor) breaks the signature, and the plan stays as it was signed.
+
 What was committed is kept in the session's store (`plan-tasks.json`: per backend and plan, each
-step's task id, dependencies linked, done), written after every task, so a restart or a failure
+step's task id, dependencies linked, done, claimed, the title and description the task was given;
+the tasks of removed steps still to delete), written after every call, so a restart or a failure
 half-way creates no task twice. A backend that fails leaves the plan as it is: the user sees why
 (an info event), and the rest is committed at a later sync. Plan text is the sandbox's: its size
 is bounded, and it only ever travels as data (tool arguments, the session's plan).
@@ -33,6 +52,7 @@ is bounded, and it only ever travels as data (tool arguments, the session's plan
 from __future__ import annotations
 
 import asyncio
+import difflib
 import hashlib
 import heapq
 import hmac
@@ -111,7 +131,12 @@ class PlanBackend(Protocol):
     """Where a session's plans are committed. Pass one to `open_session(plan_backend=...)`: it is
     used when no tool server of the agent offers `task_create`. Raise to say a call failed (it is
     tried again at a later sync); return False to say the backend does not do that at all (it is
-    not asked again). An optional `name` attribute names it in what the user sees."""
+    not asked again). An optional `name` attribute names it in what the user sees.
+
+    Optional methods, used when the backend has them (as `MCPTaskBackend` has):
+    `async start(task_id) -> bool` (the step is being worked on: in progress),
+    `async edit(task_id, task: Task) -> bool` (the step's title or description changed),
+    `async delete(task_id) -> bool` (the step, or its plan, was removed before it was done)."""
 
     async def create(self, task: Task) -> str:
         """Create the task; return its id (a line of text)."""
@@ -138,13 +163,14 @@ _ROLES: dict[str, tuple[str, ...]] = {
     "action": ("action", "op", "operation", "mode"),
 }
 _DONE_WORDS = ("done", "closed", "completed", "complete", "finished", "resolved")
+_STARTED_WORDS = ("in_progress", "in-progress", "inprogress", "in progress", "started", "doing", "active", "wip")
 
 
 class MCPTaskBackend:
-    """A tool server with `task_create` (and maybe `task_dep`, `task_update`), called directly:
-    these calls are the session's own, not the model's, so no hooks run for them. The arguments
-    follow each tool's input schema; a tool whose schema asks for what we cannot fill counts as
-    absent."""
+    """A tool server with `task_create` (and maybe `task_dep`, `task_update`, `task_edit`,
+    `task_delete`), called directly: these calls are the session's own, not the model's, so no
+    hooks run for them. The arguments follow each tool's input schema; a tool whose schema asks
+    for what we cannot fill counts as absent."""
 
     def __init__(self, server_name: str, server: Server, tools: dict[str, Tool]):
         self.name = f"task server {server_name}"
@@ -175,6 +201,33 @@ class MCPTaskBackend:
         if args is None:
             return False
         await self._call("task_update", args)
+        return True
+
+    async def start(self, task_id: str) -> bool:
+        """Claim the task: its status in progress (when task_update has a word for that)."""
+        tool = self._tools.get("task_update")
+        word = _status_word(tool, _STARTED_WORDS) if tool else None
+        args = _arguments(tool, {"id": task_id, "status": word}, required=("id", "status")) if tool and word else None
+        if not args:
+            return False
+        await self._call("task_update", args)
+        return True
+
+    async def edit(self, task_id: str, task: Task) -> bool:
+        """Give the task the step's title and description as they are now."""
+        tool = self._tools.get("task_edit")
+        args = tool and _arguments(tool, {"id": task_id, "title": task.title, "body": task.description}, ("id",))
+        if not args or len(args) < 2:  # an id alone changes nothing
+            return False
+        await self._call("task_edit", args)
+        return True
+
+    async def delete(self, task_id: str) -> bool:
+        tool = self._tools.get("task_delete")
+        args = tool and _arguments(tool, {"id": task_id}, required=("id",))
+        if not args:
+            return False
+        await self._call("task_delete", args)
         return True
 
     async def _call(self, name: str, args: dict[str, Any]) -> ToolResult:
@@ -222,14 +275,18 @@ def _arguments(tool: Tool, values: dict[str, str], required: tuple[str, ...]) ->
 
 
 def _done_word(tool: Tool) -> str:
+    return _status_word(tool, _DONE_WORDS) or "done"
+
+
+def _status_word(tool: Tool, words: tuple[str, ...]) -> str | None:
+    """The first of `words` the tool's status takes (its enum's spelling); the first word when the
+    schema lists no values; None when it lists values and none of these."""
     status = next((p for n, p in _props(tool).items() if n in _ROLES["status"]), None)
     enum = status.get("enum") if isinstance(status, dict) else None
-    if isinstance(enum, list):
-        by_word = {str(v).casefold(): v for v in enum if isinstance(v, str)}
-        for word in _DONE_WORDS:
-            if word in by_word:
-                return str(by_word[word])
-    return "done"
+    if not isinstance(enum, list):
+        return words[0]
+    by_word = {str(v).casefold(): v for v in enum if isinstance(v, str)}
+    return next((str(by_word[w]) for w in words if w in by_word), None)
 
 
 def _task_id(result: ToolResult) -> str:
@@ -461,15 +518,18 @@ class Plans:
     async def sync(self, dispatcher: Dispatcher) -> None:
         """After a tool round: read the session's plans, show the newest, commit what is new."""
         try:
-            mine = await self._scan()
+            mine, gone = await self._scan()
             self._show(mine)
             backend = await self._choose(dispatcher)
-            if backend is None or not mine or time.monotonic() < self._rest_until:
+            if backend is None or not (mine or gone) or time.monotonic() < self._rest_until:
                 return
             try:
                 async with asyncio.timeout(SYNC_BUDGET):
                     for plan in sorted(mine, key=lambda p: p.stem):
                         if not await self._commit(plan, backend):
+                            return
+                    for stem in sorted(gone):
+                        if not await self._drop(stem, backend):
                             return
             except TimeoutError:
                 self._rest_until = time.monotonic() + REST
@@ -493,10 +553,11 @@ class Plans:
         self.emit(Event("info", text))
 
     # ---- finding the session's plans ----
-    async def _scan(self) -> list[PlanFile]:
+    async def _scan(self) -> tuple[list[PlanFile], set[str]]:
         """The session's plans in pl/, found in a thread: pl/ is every session's code's to fill,
-        and a scan of it on the loop held up every session's tool round for seconds."""
-        seen, cut = await asyncio.to_thread(self._look)
+        and a scan of it on the loop held up every session's tool round for seconds. And the
+        stems of the plans with tasks to delete that are gone from pl/ (removed)."""
+        seen, cut, gone = await asyncio.to_thread(self._look, self._watched())
         self._seen = seen
         if cut:
             self._tell(
@@ -506,20 +567,39 @@ class Plans:
         for name, s in seen.items():
             if s.problem:
                 self._tell(f"plan {name} is not committed: {s.problem}")
-        return self._latest_per_stem([s.plan for s in seen.values() if s.plan is not None])
+        return self._latest_per_stem([s.plan for s in seen.values() if s.plan is not None]), gone
 
-    def _look(self) -> tuple[dict[str, _Seen], bool]:
+    def _watched(self) -> set[str]:
+        """The plans whose removal from pl/ would leave tasks to delete: committed, with a task
+        not done (or with tasks of removed steps still to delete)."""
+        watched: set[str] = set()
+        for plans in self._load().get("backends", {}).values():
+            for stem, record in plans.items() if isinstance(plans, dict) else ():
+                if not isinstance(record, dict):
+                    continue
+                tasks = record.get("tasks") or []
+                if record.get("retired") or (not record.get("dropped") and not all(t.get("done") for t in tasks)):
+                    watched.add(stem)
+        return watched
+
+    def _look(self, watched: set[str]) -> tuple[dict[str, _Seen], bool, set[str]]:
         """What the plans a sync looks at are (read anew only when changed), and whether pl/ held
-        more: the newest ones, and the session's own it found before, in each of their states."""
+        more: the newest ones, and the session's own it found before or committed, in each of their
+        states. And which of the `watched` plans is in no state at all: gone."""
         directory, names, cut = _plan_entries()
         if not directory:
-            return {}, cut
+            return {}, cut, set()
         own = heapq.nlargest(PLANS_MAX, {s.plan.stem for s in self._seen.values() if s.plan is not None})
+        stems = dict.fromkeys([*own, *heapq.nlargest(PLANS_MAX, watched)])
         seen: dict[str, _Seen] = {}
-        for name in dict.fromkeys([*names, *(f"{stem}__{status}.md" for stem in own for status in _STATUS_ORDER)]):
+        missing: set[str] = set()
+        for name in dict.fromkeys([*names, *(f"{stem}__{status}.md" for stem in stems for status in _STATUS_ORDER)]):
             path = os.path.join(directory, name)
             try:
                 st = os.stat(path, follow_symlinks=False)
+            except FileNotFoundError:
+                missing.add(name)
+                continue
             except OSError:
                 continue
             stat = (st.st_ino, st.st_mtime_ns, st.st_size)
@@ -530,7 +610,10 @@ class Plans:
                 seen[name] = old
                 continue
             seen[name] = self._read(name, path, stat, st.st_mtime)
-        return seen, cut
+        gone = {stem for stem in stems if stem in watched and _names_of(stem) <= missing}
+        # Looked at again: a plan renamed between two of those looks (say __wip back to __todo)
+        # was in no state for a moment.
+        return seen, cut, {stem for stem in gone if not any(_lexists(directory, n) for n in _names_of(stem))}
 
     def _read(self, name: str, path: str, stat: tuple[int, int, int], mtime: float) -> _Seen:
         found = _NAME.fullmatch(name)
@@ -594,39 +677,118 @@ class Plans:
         return self._backend
 
     async def _commit(self, plan: PlanFile, backend: PlanBackend) -> bool:
-        """Commit what of `plan` is not yet: its tasks, their dependencies, the steps done. False
-        when the backend failed (told to the user; the rest waits for the next sync)."""
-        tasks = self._record(plan)["tasks"]
+        """Commit what of `plan` is not yet: the tasks of removed steps deleted, its tasks, their
+        titles and descriptions, their dependencies, the steps done, the step being worked on.
+        False when the backend failed (told to the user; the rest waits for the next sync)."""
+        record = self._record(plan)
+        tasks = record["tasks"]
         done = _Progress()
         try:
+            await self._retire(backend, record, done)
             await self._create(plan, backend, tasks, done)
+            await self._edit(plan, backend, tasks, done)
             await self._link(plan, backend, tasks, done)
             await self._complete(plan, backend, tasks, done)
+            await self._claim(plan, backend, tasks, done)
         except asyncio.CancelledError:
             raise
         except Exception as e:  # noqa: BLE001 - any backend's failure is told, and tried again later
             if isinstance(e, _Slow):
                 self._rest_until = time.monotonic() + REST
             n, have = len(plan.steps), sum(1 for t in tasks if t["id"] is not None)
+            what = done.item or f"step {done.step + 1} of {n} ({plan.steps[done.step].title!r})"
             self._tell(
-                f"plan {plan.name}: {_name(backend)} failed {done.doing} step {done.step + 1} of {n} "
-                f"({plan.steps[done.step].title!r}): {_short(str(e) or type(e).__name__)}; {have} of {n} "
-                "tasks exist and are kept (the session's plan-tasks.json); the rest is committed at a later "
-                "tool round"
+                f"plan {plan.name}: {_name(backend)} failed {done.doing} {what}: "
+                f"{_short(str(e) or type(e).__name__)}; {have} of {n} tasks exist and are kept (the session's "
+                "plan-tasks.json); the rest is committed at a later tool round"
             )
             return False
         if news := done.news():
             self.emit(Event("info", f"plan {plan.name} → {_name(backend)}: {news}"))
         return True
 
+    async def _drop(self, stem: str, backend: PlanBackend) -> bool:
+        """A plan of the session's removed from pl/: the tasks of its steps not done are deleted
+        (what was done stays). False when the backend failed (told; tried again later)."""
+        record = self._load().get("backends", {}).get(self._backend_key, {}).get(stem)
+        if not isinstance(record, dict):
+            return True  # committed to another backend only
+        if not record.get("dropped"):
+            retired = record.setdefault("retired", [])
+            for task in record.get("tasks", []):
+                if task.get("id") is not None and not task.get("done"):
+                    retired.append(task["id"])
+                    task.update(id=None, linked=[])
+                    task.pop("sent", None)
+                    task.pop("started", None)
+            record["dropped"] = True  # should the plan come back, its steps get tasks anew
+            self._save()
+        done = _Progress()
+        try:
+            await self._retire(backend, record, done)
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # noqa: BLE001 - any backend's failure is told, and tried again later
+            if isinstance(e, _Slow):
+                self._rest_until = time.monotonic() + REST
+            self._tell(
+                f"plan {stem}: removed from pl/; {_name(backend)} failed {done.doing} {done.item}: "
+                f"{_short(str(e) or type(e).__name__)}; the rest is deleted at a later tool round"
+            )
+            return False
+        if news := done.news():
+            self.emit(Event("info", f"plan {stem}: removed from pl/ → {_name(backend)}: {news}"))
+        return True
+
+    async def _retire(self, backend: PlanBackend, record: dict[str, Any], done: _Progress) -> None:
+        """Delete the tasks of the steps a revision removed (or of a plan removed), which were not
+        done; none when the backend cannot (told once)."""
+        retired = record.get("retired")
+        if not retired:
+            return
+        done.doing = "deleting"
+        while retired:
+            done.item = f"task {retired[0]} (of a step removed)"
+            if "delete" in self._cannot or not await _optional(backend, "delete", retired[0]):
+                self._cannot_do("delete", backend)
+                retired.clear()
+                self._save()
+                break
+            done.deleted.append(retired.pop(0))
+            self._save()
+        done.item = ""
+
     async def _create(self, plan: PlanFile, backend: PlanBackend, tasks: list[dict[str, Any]], done: _Progress) -> None:
         done.doing = "creating"
         for i, step in enumerate(plan.steps):
             if tasks[i]["id"] is None:
                 done.step = i
-                tasks[i]["id"] = await backend.create(_task(plan, step))
+                task = _task(plan, step)
+                tasks[i]["id"] = await backend.create(task)
+                tasks[i]["sent"] = [task.title, task.description]
                 self._save()
                 done.made.append(tasks[i]["id"])
+
+    async def _edit(self, plan: PlanFile, backend: PlanBackend, tasks: list[dict[str, Any]], done: _Progress) -> None:
+        """The tasks of steps whose title or description changed (a revision) get them."""
+        done.doing = "revising"
+        for i, step in enumerate(plan.steps):
+            task, entry = _task(plan, step), tasks[i]
+            now = [task.title, task.description]
+            if entry.get("sent") == now:
+                continue
+            if "sent" not in entry:  # committed before what was sent was kept: taken as sent
+                entry["sent"] = now
+                continue
+            if "edit" in self._cannot:
+                return
+            done.step = i
+            if not await _optional(backend, "edit", entry["id"], task):
+                self._cannot_do("edit", backend)
+                return
+            entry["sent"] = now
+            self._save()
+            done.revised.append(entry["id"])
 
     async def _link(self, plan: PlanFile, backend: PlanBackend, tasks: list[dict[str, Any]], done: _Progress) -> None:
         done.doing = "linking"
@@ -665,19 +827,43 @@ class Plans:
             self._save()
             done.completed.append(tasks[i]["id"])
 
+    async def _claim(self, plan: PlanFile, backend: PlanBackend, tasks: list[dict[str, Any]], done: _Progress) -> None:
+        """While the plan is __wip, its next step (the first unchecked one: every step before it,
+        its dependencies among them, is done) is claimed: its task set in progress, once."""
+        if plan.status != "wip" or "start" in self._cannot:
+            return
+        i = next((i for i, step in enumerate(plan.steps) if not step.checked and not tasks[i]["done"]), None)
+        if i is None or tasks[i].get("started"):
+            return
+        done.doing, done.step = "claiming", i
+        if not await _optional(backend, "start", tasks[i]["id"]):
+            self._cannot_do("start", backend)
+            return
+        tasks[i]["started"] = True
+        self._save()
+        done.claimed.append(tasks[i]["id"])
+
+    def _cannot_do(self, what: str, backend: PlanBackend) -> None:
+        """The backend has no way to do `what` (start, edit, delete): said once, not asked again."""
+        if what in self._cannot:
+            return
+        self._cannot.add(what)
+        self._tell(f"{_name(backend)} cannot {_CANNOT[what]}")
+
     # ---- what was committed, on disk ----
     def _record(self, plan: PlanFile) -> dict[str, Any]:
+        """What was committed of `plan`; its steps followed to their places in a revision."""
         plans = self._load().setdefault("backends", {}).setdefault(self._backend_key, {})
         record = plans.get(plan.stem)
         titles = [s.title for s in plan.steps]
-        if not isinstance(record, dict) or [t.get("title") for t in record.get("tasks", [])] != titles:
-            # New, or (signed anew under the same name, which task_plan never does) changed: the
-            # tasks of the old steps stay where they are, unknown to this plan.
-            record = {
-                "goal": plan.goal,
-                "tasks": [{"title": t, "id": None, "linked": [], "done": False} for t in titles],
-            }
+        if not isinstance(record, dict) or not isinstance(record.get("tasks"), list):
+            record = {"goal": plan.goal, "tasks": [_entry(t) for t in titles]}
             plans[plan.stem] = record
+        elif [t.get("title") for t in record["tasks"]] != titles:
+            _revise(record, titles)
+            self._save()
+        record["goal"] = plan.goal
+        record.pop("dropped", None)  # a removed plan back in pl/
         return record
 
     def _load(self) -> dict[str, Any]:
@@ -711,16 +897,100 @@ class _Progress:
 
     doing: str = "creating"
     step: int = 0
+    item: str = ""  # what is being done when it is no step of the plan (a task of a step removed)
     made: list[str] = field(default_factory=list)
+    deleted: list[str] = field(default_factory=list)
+    revised: list[str] = field(default_factory=list)
     linked: int = 0
     completed: list[str] = field(default_factory=list)
+    claimed: list[str] = field(default_factory=list)
 
     def news(self) -> str:
         parts = [f"{len(self.made)} task{'s' if len(self.made) != 1 else ''} created ({', '.join(self.made)})"]
         parts = parts if self.made else []
+        parts += [f"deleted: {', '.join(self.deleted)}"] if self.deleted else []
+        parts += [f"revised: {', '.join(self.revised)}"] if self.revised else []
         parts += [f"{self.linked} dependenc{'ies' if self.linked != 1 else 'y'} linked"] if self.linked else []
         parts += [f"done: {', '.join(self.completed)}"] if self.completed else []
+        parts += [f"claimed: {', '.join(self.claimed)}"] if self.claimed else []
         return "; ".join(parts)
+
+
+_CANNOT = {  # what the user is told when the backend has no way to do it
+    "start": ("claim tasks (no usable task_update with an in-progress status): steps worked on stay open there"),
+    "edit": "revise tasks (no usable task_edit): a step's new title or description is not carried to its task",
+    "delete": "delete tasks (no usable task_delete): the tasks of steps or plans removed stay there",
+}
+LIKENESS = 0.5  # how alike (difflib's ratio) a step's new title must be to its old one to keep its task
+
+
+def _entry(title: str) -> dict[str, Any]:
+    return {"title": title, "id": None, "linked": [], "done": False}
+
+
+def _revise(record: dict[str, Any], titles: list[str]) -> None:
+    """Follow the steps of a revised plan: each step of the revision keeps the task of the step it
+    was, matched by title (difflib's alignment of the two lists of titles), or, among the steps
+    that changed in one place, by the likeness of their titles; the tasks of old steps left over
+    are to be deleted (unless done), the new steps left over get tasks anew."""
+    old = record["tasks"]
+    old_titles = [str(t.get("title")) for t in old]
+    moved: dict[int, int] = {}  # old step → its place in the revision
+    for op, i1, i2, j1, j2 in difflib.SequenceMatcher(None, old_titles, titles, autojunk=False).get_opcodes():
+        if op == "equal":
+            moved.update(zip(range(i1, i2), range(j1, j2), strict=True))
+        elif op == "replace":
+            scored = sorted(
+                (
+                    (
+                        difflib.SequenceMatcher(None, old_titles[i].casefold(), titles[j].casefold()).ratio(),
+                        -abs(i - i1 - (j - j1)),
+                        i,
+                        j,
+                    )
+                    for i in range(i1, i2)
+                    for j in range(j1, j2)
+                ),
+                reverse=True,
+            )
+            taken: set[int] = set()
+            for ratio, _, i, j in scored:
+                if ratio >= LIKENESS and i not in moved and j not in taken:
+                    moved[i] = j
+                    taken.add(j)
+    retired = record.setdefault("retired", [])
+    revised: list[dict[str, Any] | None] = [None] * len(titles)
+    for i, task in enumerate(old):
+        if i not in moved:
+            if task.get("id") is not None and not task.get("done"):
+                retired.append(task["id"])
+            continue
+        task = dict(task, title=titles[moved[i]])
+        task["linked"] = [moved[k] for k in task.get("linked", []) if k in moved]
+        if task.get("id") is not None and "sent" not in task:  # committed before what was sent was kept
+            task["sent"] = [old_titles[i], None]
+        revised[moved[i]] = task
+    record["tasks"] = [task or _entry(titles[j]) for j, task in enumerate(revised)]
+
+
+async def _optional(backend: PlanBackend, name: str, *args: Any) -> bool:
+    """Call the backend's optional method `name`; False when it has none, or says it cannot."""
+    method = getattr(backend, name, None)
+    return callable(method) and bool(await method(*args))
+
+
+def _names_of(stem: str) -> set[str]:
+    return {f"{stem}__{status}.md" for status in _STATUS_ORDER}
+
+
+def _lexists(directory: str, name: str) -> bool:
+    try:
+        os.stat(os.path.join(directory, name), follow_symlinks=False)
+    except FileNotFoundError:
+        return False
+    except OSError:
+        return True  # there, but unreadable: not gone
+    return True
 
 
 def _task(plan: PlanFile, step: Step) -> Task:
