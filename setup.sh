@@ -39,7 +39,7 @@ fi
 export CMAKE_BUILD_PARALLEL_LEVEL="${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)}"
 
 extras="local"
-((want_test)) && extras="local,dev,ray"
+((want_test)) && extras="local,dev,otel,ray"
 stamp=".venv/.setup-stamp-$(cat pyproject.toml setup.sh | sha256sum | cut -c1-16)-$extras"
 if [[ ! -e "$stamp" ]]; then
   if ! .venv/bin/python -c "import llama_cpp" 2>/dev/null; then

@@ -11,8 +11,10 @@ import stat
 import pytest
 
 from agent_helpers import kinds, make_core
+from ollie import cost
 from ollie.agent.loop import RESULT_LIMIT
 from ollie.agent.session import SessionStore, list_stored
+from ollie.chatfmt import cost_text
 from ollie.config import AgentConfig
 from ollie.types import ConfigError, Usage
 
@@ -347,6 +349,27 @@ async def test_set_session_id_moves_files_and_tmpdir(ollie_dirs):
     assert (core.tmpdir / "scratch").read_text() == "keep"
     with pytest.raises(ValueError):
         core.set_session_id("../evil")
+    await core.close()
+
+
+async def test_a_spending_cap_refuses_a_model_without_a_price_unless_told(monkeypatch, ollie_dirs):
+    monkeypatch.setenv("OLLIE_MAX_SESSION_COST", "0.01")
+    core, backend, _, events = await make_core([{"text": "hi", "usage": {"input_tokens": 10**6}}])
+    backend.name, backend.model = "openai", "mystery-model-7"  # a provider's model no price list knows
+    await core.submit("go")
+    [error] = [e.text for e in events if e.kind == "error"]
+    assert error.startswith("no price is known for model 'mystery-model-7' (backend openai), so ")
+    assert "prices.yaml" in error and "OLLIE_ALLOW_UNPRICED=1" in error
+    assert backend.requests == [] and core.session.messages == []  # refused before anything was sent
+    monkeypatch.setenv("OLLIE_ALLOW_UNPRICED", "1")  # the user says so: it runs, counted as $0, said once
+    await core.submit("go")
+    assert core.reply == "hi" and "costSession=unknown" in cost_text(core.cost(), backend.model)
+    assert [e.text for e in events if e.kind == "info" and "no price" in e.text] == [
+        cost.unknown_notice("mystery-model-7", "openai")
+    ]
+    monkeypatch.delenv("OLLIE_ALLOW_UNPRICED")
+    (ollie_dirs / "cfg" / "prices.yaml").write_text("mystery-model-7: {input: 0.001, output: 0.002}\n")
+    assert core.cost().price_known  # a price of the user's own: the cap is kept with it
     await core.close()
 
 

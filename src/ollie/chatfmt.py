@@ -190,5 +190,7 @@ def context_text(c: ContextSize) -> str:
 
 def cost_text(c: Cost, model: str) -> str:
     """The `cost` file and `/cost`."""
-    text = f"costLast=${c.last:.6f}\ncostSession=${c.session:.6f}"
-    return text if c.price_known else text + f"\n(no price known for model {model!r}: counted as $0)"
+    if c.price_known:
+        return f"costLast=${c.last:.6f}\ncostSession=${c.session:.6f}"
+    session = f"${c.session:.6f} + unknown" if c.session else "unknown"
+    return f"costLast=unknown\ncostSession={session}\n(no price known for model {model!r}: counted as $0)"

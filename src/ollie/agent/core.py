@@ -159,7 +159,7 @@ class Core:
         return self._rt.window.size()
 
     def cost(self) -> Cost:
-        return session_cost(self._rt.state.meta, self._rt.state.usage, self.backend.model)
+        return session_cost(self._rt.state.meta, self._rt.state.usage, self.backend.model, self.backend.name)
 
     def system_prompt(self) -> str:
         return self._rt.system_prompt()

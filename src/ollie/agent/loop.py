@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from .. import cost
 from ..textcalls import BadArguments, arguments_text, parse_arguments, recover_tool_calls, stable_call_id
 from ..tools import Tool, ToolResult
 from ..types import (
@@ -104,6 +105,10 @@ def check_spending_cap(rt: Runtime) -> None:
             f"OLLIE_MAX_SESSION_COST={cap!r} is not an amount of US dollars; "
             "set it like OLLIE_MAX_SESSION_COST=5, or unset it"
         ) from None
+    backend, model = rt.backend.name, rt.backend.model
+    cost.warm(backend)
+    if not os.environ.get(cost.ALLOW_UNPRICED) and not cost.price_known(model, backend):
+        raise TurnError(cost.unpriced_message(model, backend, cap))
     spent = rt.state.meta.cost_session
     if spent > limit:
         raise TurnError(f"session cost ${spent:.4f} exceeds OLLIE_MAX_SESSION_COST=${cap}; raise the cap to go on")

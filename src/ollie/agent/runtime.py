@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..cost import cost_of
+from ..cost import cost_of, unknown_notice
 from ..tools import CallContext
 from ..types import BackendError, Event, Message, Usage
 from .context import Window
@@ -38,6 +38,7 @@ class Runtime:
 
     _knowledge: tuple[str, AgentEnv, Knowledge] | None = None  # for which cwd and agent
     _unsaid: list[str] = field(default_factory=list)
+    _unpriced: set[tuple[str, str]] = field(default_factory=set)  # (backend, model) said to have no price
 
     def system_prompt(self) -> str:
         """The agent's system prompt, what it knows of the project (`knowledge`), and what its
@@ -81,7 +82,10 @@ class Runtime:
                 f"malformed answer: its usage ({', '.join(bad)}) is not in numbers", provider=self.backend.name
             )
         self.state.usage.add(usage)
-        last = usage.cost if usage.cost is not None else cost_of(self.backend.model, usage)[0]
+        last, known = cost_of(self.backend.model, usage, self.backend.name)
+        if not known and (self.backend.name, self.backend.model) not in self._unpriced:
+            self._unpriced.add((self.backend.name, self.backend.model))  # said once in the session
+            self.bus.emit(Event("info", unknown_notice(self.backend.model, self.backend.name)))
         meta = self.state.meta
         meta.cost_last = last
         meta.cost_session += last

@@ -220,11 +220,11 @@ class SessionState:
         return self.store.chat_path
 
 
-def session_cost(meta: SessionMeta, usage: Usage, model: str) -> Cost:
+def session_cost(meta: SessionMeta, usage: Usage, model: str, backend: str = "") -> Cost:
     """What a session spent, from its metadata; `model` prices requests the backend did not."""
-    from ..cost import cost_of
+    from ..cost import price_known
 
-    known = usage.cost is not None or cost_of(model, Usage(input_tokens=1))[1]
+    known = usage.cost is not None or price_known(model, backend or meta.backend)
     return Cost(meta.cost_last, meta.cost_session, known)
 
 
