@@ -12,6 +12,8 @@ want_test=0
 # Debian packages: FUSE for the mount, the interpreters execute_code offers, tmux (the terminal
 # frontend's tests drive it in a tmux pane).
 APT_PACKAGES=(fuse3 jq gawk lua5.4 expect bc ed perl ripgrep tmux)
+# The web page's tests drive a real headless Chromium through its driver.
+APT_TEST_PACKAGES=(chromium chromium-driver)
 # npm packages the tests run as real MCP servers.
 NPM_TEST_PACKAGES=("@modelcontextprotocol/server-everything")
 
@@ -19,6 +21,7 @@ log() { printf '\033[1m[setup]\033[0m %s\n' "$*" >&2; }
 as_root() { if [[ $EUID -eq 0 ]]; then "$@"; else sudo "$@"; fi; }
 
 missing=()
+((want_test)) && APT_PACKAGES+=("${APT_TEST_PACKAGES[@]}")
 for p in "${APT_PACKAGES[@]}"; do dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p"); done
 if ((${#missing[@]})); then
   log "installing system packages: ${missing[*]}"

@@ -11,7 +11,7 @@ if TYPE_CHECKING:
     from ..agent.session import SessionStore
 
 # Subcommands that live in their own module; each module has `register(subparsers)`.
-_MODULES = ("init", "tools", "srv", "mount", "trust")
+_MODULES = ("init", "tools", "srv", "mount", "trust", "web")
 
 
 def main(argv: list[str] | None = None) -> int:

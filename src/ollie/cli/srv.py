@@ -10,6 +10,7 @@ from pathlib import Path
 from ..chatfmt import visible
 from .init import first_use
 from .mount import add_token_options, token
+from .web import add_web_options, web_address, web_token
 
 START_TIMEOUT = 60.0
 STOP_TIMEOUT = 30.0
@@ -35,6 +36,7 @@ def register(sub) -> None:
                 help="also serve 9P on TCP (loopback unless a host is given); needs a token",
             )
             add_token_options(a, "the TCP token (default: $OLLIE_9P_TOKEN, else generated; written to <socket>.token)")
+            add_web_options(a)
         # A broken env file must not keep a server from being stopped or asked after.
         a.set_defaults(func=func, env_optional=name in ("stop", "status"))
 
@@ -54,6 +56,9 @@ def _options(args: argparse.Namespace):
         opts.tcp = (host or "127.0.0.1", int(port))
     if hasattr(args, "token"):
         opts.token = token(args)
+    if getattr(args, "web", None):
+        opts.web = web_address(args.web)
+        opts.web_token = web_token(args, opts.web[0])
     return opts
 
 
@@ -75,6 +80,7 @@ def _fg(args: argparse.Namespace) -> int:
 
     opts = _options(args)
     os.environ.pop("OLLIE_9P_TOKEN", None)  # read: the sessions' hooks and tools need not inherit it
+    os.environ.pop("OLLIE_WEB_TOKEN", None)
     if pid := _running_pid(opts):
         print(f"ollie srv: already running (pid {pid})", file=sys.stderr)
         return 1
@@ -114,9 +120,13 @@ def _start(args: argparse.Namespace) -> int:
     argv += ["--no-mount"] if opts.mount is None else ["--mount", str(opts.mount)]
     if opts.tcp:
         argv += ["--tcp", f"{opts.tcp[0]}:{opts.tcp[1]}"]
+    if opts.web:
+        argv += ["--web", f"{opts.web[0]}:{opts.web[1]}"]
     env = config.own_environ()  # the server loads the env file itself, and again for each new session
     if opts.token:
         env["OLLIE_9P_TOKEN"] = opts.token  # not on the command line, where ps shows it
+    if opts.web_token:
+        env["OLLIE_WEB_TOKEN"] = opts.web_token
     r, w = os.pipe()
     env["OLLIE_SRV_READY_FD"] = str(w)
     with open(opts.log_file, "ab") as logf:
@@ -132,6 +142,8 @@ def _start(args: argparse.Namespace) -> int:
     if text == "ok":
         where = f", mounted at {opts.mount}" if opts.mount else ""
         print(f"ollie srv: serving on {opts.socket}{where} (pid {proc.pid})")
+        if opts.web:
+            print(f"ollie srv: the web page: {opts.web_file.read_text().strip()}")
         return 0
     if proc.poll() is None and not text:
         proc.terminate()
@@ -176,7 +188,7 @@ def _clean_after_kill(opts) -> None:
 
     if mount := _recorded_mount(opts):
         fusermount_u(mount)
-    for path in (opts.socket, opts.pid_file, opts.token_file):
+    for path in (opts.socket, opts.pid_file, opts.token_file, opts.web_file):
         path.unlink(missing_ok=True)
 
 

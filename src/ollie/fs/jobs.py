@@ -192,6 +192,7 @@ class Job:
         self.session: Session | None = None  # while it runs
         self.task: asyncio.Task[None] | None = None
         self._changed = asyncio.Event()
+        self.on_change: Callable[[Job], None] | None = None  # Jobs' listeners (the web page's feed)
 
     @property
     def id(self) -> str:
@@ -216,6 +217,8 @@ class Job:
         self.save()
         self._changed.set()
         self._changed = asyncio.Event()
+        if self.on_change is not None:
+            self.on_change(self)
 
     def save(self) -> None:
         self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -295,6 +298,8 @@ class Jobs:
                 slots = RAY_IN_FLIGHT
         self._slots = asyncio.Semaphore(slots or job_slots())
         self._closing = False  # the server stops: what it cancels now is interrupted, not cancelled
+        # Told a job that was added, changed status, or was removed (the web page's feed).
+        self.on_change: list[Callable[[Job], None]] = []
         sessions.on_end.append(self._parent_ended)
         sessions.on_rename.append(self._parent_renamed)
         sessions.reserved = lambda sid: sid in self._by_id
@@ -326,6 +331,12 @@ class Jobs:
     def _add(self, job: Job) -> None:
         self._by_id[job.id] = job
         self._by_parent.setdefault(job.record.parent, []).append(job)
+        job.on_change = self._told
+        self._told(job)
+
+    def _told(self, job: Job) -> None:
+        for listener in self.on_change:
+            listener(job)
 
     def get(self, jid: str) -> Job:
         try:
@@ -506,6 +517,7 @@ class Jobs:
             self._by_parent[job.record.parent].remove(job)
             if job.held is not None:
                 job.held[0].charge(-job.held[1])
+            self._told(job)
         await asyncio.to_thread(shutil.rmtree, job.dir, True)
 
     def _parent_ended(self, sid: str) -> None:

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 from .. import config
 
 if TYPE_CHECKING:
+    from ..web.app import Web
     from .fuse import Mount
     from .jobs import Jobs
     from .sessions import Sessions
@@ -35,6 +36,8 @@ class Options:
     mount: Path | None  # None: no FUSE mount
     tcp: tuple[str, int] | None = None
     token: str = ""
+    web: tuple[str, int] | None = None  # the web page's address (ollie.web), off when None
+    web_token: str = ""  # its token; generated when empty
 
     @property
     def pid_file(self) -> Path:
@@ -47,6 +50,11 @@ class Options:
     @property
     def token_file(self) -> Path:
         return self.socket.with_name(self.socket.name + ".token")
+
+    @property
+    def web_file(self) -> Path:
+        """The web page's address with its token (0600): what `ollie web` prints."""
+        return self.socket.with_name(self.socket.name + ".web")
 
 
 def default_options() -> Options:
@@ -65,6 +73,7 @@ class Server:
         self.sessions: Sessions | None = None
         self.jobs: Jobs | None = None
         self._pruner: asyncio.Task | None = None
+        self.web: Web | None = None
 
     async def start(self) -> None:
         from . import transcripts, tree, view
@@ -91,6 +100,12 @@ class Server:
             if self.opts.mount is not None:
                 self.mount = Mount(ns, str(self.opts.mount))
                 await self.mount.start()
+            if self.opts.web:
+                from ..web.app import Web
+
+                self.web = Web(ns, sessions, jobs, *self.opts.web, token=self.opts.web_token)
+                await self.web.start()
+                _write_private(self.opts.web_file, self.web.url + "\n")
             _write_private(self.opts.pid_file, f"{os.getpid()}\n{self.opts.mount or ''}\n")
             self._pruner = asyncio.create_task(_prune_periodically())
         except BaseException:
@@ -109,6 +124,9 @@ class Server:
         jails held copies of the mount), then see the mount end, and remove our files."""
         if self._pruner is not None:
             self._pruner.cancel()
+        if self.web is not None:
+            await self.web.stop()
+            self.web = None
         for listener in self.listeners:
             await listener.close()
         self.listeners = []
@@ -117,7 +135,7 @@ class Server:
             self.mount = None
         else:
             await self._close_sessions()
-        for path in (self.opts.pid_file, self.opts.token_file):
+        for path in (self.opts.pid_file, self.opts.token_file, self.opts.web_file):
             path.unlink(missing_ok=True)
 
     async def _close_sessions(self) -> None:

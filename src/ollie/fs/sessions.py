@@ -94,6 +94,8 @@ class Session:
         self.view = view
         self.job = job  # a batch job's session: shown in b/, not s/
         self.on_interrupt: Callable[[str], None] | None = None  # told the id when a turn is interrupted
+        # Told this session and each of its events (the web page's feed); Sessions shares its list.
+        self.on_event: list[Callable[[Session, Event | None], None]] = []
         self._waking: asyncio.Future[Core] | None = None
         self.prompt_prev = ""  # the last prompt written to this session since the server started
         self._stored: tuple[str, str] | None = None  # (reply, last prompt) while asleep, read once
@@ -146,6 +148,8 @@ class Session:
     def _watch(self, ev: Event) -> None:
         if ev.data and ev.data.get("interrupted") and self.on_interrupt is not None:
             self.on_interrupt(self.id)
+        for listener in self.on_event:
+            listener(self, ev)
 
     # ---- what the files show ----------------------------------------------------------------------
     @property
@@ -281,6 +285,8 @@ class Sessions:
         self.on_rename: list[Callable[[str, str], None]] = []
         # Whether an id is a batch job's (Jobs says): sessions and jobs share one space of ids.
         self.reserved: Callable[[str], bool] = lambda sid: False
+        # Told each event of every session, and (session, None) when one is added or ended.
+        self.on_event: list[Callable[[Session, Event | None], None]] = []
 
     def restore(self) -> int:
         """Register every stored session, asleep. Returns how many."""
@@ -292,7 +298,13 @@ class Sessions:
         if self._by_id.setdefault(session.id, session) is not session:
             raise FsError(E.EEXIST, f"session {session.id!r} already exists")
         session.on_interrupt = self._ended
+        session.on_event = self.on_event
+        self._told(session)
         return session
+
+    def _told(self, session: Session) -> None:
+        for listener in self.on_event:
+            listener(session, None)
 
     def _ended(self, sid: str) -> None:
         """`sid` ended or was interrupted: so are its sub-sessions' turns, and its jobs."""
@@ -526,6 +538,8 @@ class Sessions:
             for s in doomed:
                 if self._by_id.get(s.id) is s:
                     del self._by_id[s.id]
+        for s in doomed:
+            self._told(s)
         among = {s.id: s for s in doomed}
         for s in reversed(doomed):  # the deepest first: nothing is left to start more
             self._ended(s.id)
