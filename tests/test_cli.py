@@ -300,6 +300,24 @@ def test_tools_call_and_list_show_what_a_tool_says_escaped(ollie_dirs):
     assert "\x1b]8;;http://x\x1b\\link" in json.loads(as_json.stdout)["evil"]["error"]
 
 
+def test_tools_call_runs_execute_code_under_the_policies_its_agent_allows(ollie_dirs, tmp_path):
+    """`--agent NAME` is that agent's tools as a session of it has them: its "sandboxes" are the
+    policies execute_code may run under, no more and no fewer."""
+    (ollie_dirs / "cfg" / "sandbox").mkdir()
+    (ollie_dirs / "cfg" / "sandbox" / "wide.yaml").write_text("filesystem:\n  rw: [/var/tmp]\n")
+    (ollie_dirs / "cfg" / "agents").mkdir()
+    (ollie_dirs / "cfg" / "agents" / "wide.json").write_text(json.dumps({"sandboxes": ["default", "wide"]}))
+    call = json.dumps({"steps": [{"code": "touch ran && echo ran"}], "sandbox": "wide"})
+
+    refused = ollie("tools", "call", "execute_code", call, "--cwd", str(tmp_path))  # the default agent
+    assert refused.returncode == 1 and not (tmp_path / "ran").exists()
+    assert "sandbox: policy 'wide' is not allowed for this agent; it may use default" in refused.stderr
+
+    ran = ollie("tools", "call", "execute_code", call, "--agent", "wide", "--cwd", str(tmp_path))
+    assert ran.returncode == 0, ran.stderr
+    assert ran.stdout == "ran\n" and (tmp_path / "ran").exists()
+
+
 def test_a_script_turn_that_is_no_object_is_refused_naming_it(script):
     out = ollie("run", "--script", script([{"text": "one"}, "two"]), "hi")
     assert out.returncode == 1

@@ -160,19 +160,38 @@ def server(tmp_path):
         srv.stop()
 
 
-def test_develop_review_test_script(server):
+@pytest.mark.parametrize("existing", ["unnamed", "renamed", "named", "renamed by ctl"])
+def test_develop_review_test_script(server, existing):
+    """The script picks its sessions by their offset in `ls s/ | sort`: the sessions there before it
+    must sort before the ones it makes. A session you named (`mv`, ctl `rn`, `new name=`) would sort
+    after them (letters after digits) and shift every offset: the script would prompt the wrong
+    agents and loop for ever. It is not listed (it opens by name), so the script works whatever is
+    there."""
     script = server.root / "loop.sh"
     script.write_text(DEVELOP_REVIEW_TEST_SH)
-    server.new_session()  # an existing session: the script must count it and skip it
-    out = subprocess.run(
-        ["sh", str(script), str(server.work)], env=server.env, capture_output=True, text=True, timeout=60
-    )
+    there = [server.new_session()]  # an existing session: the script must count it and skip it
+    if existing == "renamed":
+        server.sh(f"mv s/{there[0]} s/review")
+        there = ["review"]
+    elif existing == "renamed by ctl":
+        server.sh(f"echo 'rn zz-old' > s/{there[0]}/ctl")
+        there = ["zz-old"]
+    elif existing == "named":
+        there.append(server.new_session(name="tester-old"))
+    try:
+        out = subprocess.run(
+            ["sh", str(script), str(server.work)], env=server.env, capture_output=True, text=True, timeout=30
+        )
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"the script did not end with a session {existing} there: " + server.sh("cat s/idx").stdout)
     assert out.returncode == 0, out.stderr
     assert (
         out.stdout == "done.\n# v2\ndef parse_config(path):\n    with open(path) as f:\n        return json.load(f)\n"
     )
     sessions = sorted(p.name for p in (server.mnt / "s").iterdir())
-    dev, rev, tst = sessions[1:]
+    dev, rev, tst = sessions[-3:]
+    for sid in there:
+        assert (server.mnt / "s" / sid / "chat").read_text() == "", sid  # none was driven
     assert (server.mnt / "s" / dev / "cfg").read_text().count("agent=developer\n") == 1
     rev_chat = (server.mnt / "s" / rev / "chat").read_text()
     assert rev_chat.count("user: Review the following code.") == 2 and "PTAL" in rev_chat and "LGTM" in rev_chat

@@ -33,7 +33,7 @@ def agents(fs_server):
 
 def test_root_lists_the_namespace(fs_server):
     names = set(os.listdir(fs_server.mnt))
-    assert {"ctl", "backends", "help", "a", "p", "sk", "t", "m", "pl", "tmp", "tr", "u", "x", "s"} <= names
+    assert {"ctl", "backends", "help", "a", "p", "sk", "t", "m", "pl", "tmp", "tr", "u", "s"} <= names
     assert "scripted" in (fs_server.mnt / "backends").read_text().split()
     assert "s/<id>/prompt" in (fs_server.mnt / "help").read_text()
 
@@ -296,7 +296,9 @@ def test_s_new_creates_a_session(fs_server):
         f.flush()
         f.seek(0)
         assert f.read() == "fromnew\n"
-    assert "fromnew" in os.listdir(fs_server.mnt / "s")
+    assert (fs_server.mnt / "s" / "fromnew" / "state").read_text() == "idle\n"
+    assert "fromnew\tidle\t" in (fs_server.mnt / "s" / "idx").read_text()
+    assert "fromnew" not in os.listdir(fs_server.mnt / "s")  # a name: see test_fs_examples
 
 
 def test_s_new_refuses_at_the_write(fs_server):
@@ -312,7 +314,9 @@ def test_s_new_refuses_at_the_write(fs_server):
 def test_rename_and_kill(fs_server):
     sid = fs_server.new_session()
     fs_server.sh(f"mv s/{sid} s/renamed")
-    assert "renamed" in os.listdir(fs_server.mnt / "s") and sid not in os.listdir(fs_server.mnt / "s")
+    assert (fs_server.mnt / "s" / "renamed").is_dir() and sid not in os.listdir(fs_server.mnt / "s")
+    assert "renamed" not in os.listdir(fs_server.mnt / "s")  # named: found by name, listed in idx
+    assert "renamed\t" in (fs_server.mnt / "s" / "idx").read_text()
     assert (fs_server.data / "sessions" / "renamed").is_dir()
     out = fs_server.sh("mv s/renamed s/new", check=False)
     assert out.returncode != 0
@@ -354,7 +358,9 @@ def test_agent_configs_edited_in_place(fs_server):
     assert json.loads((a / "ed.json").read_text())["maxSteps"] == 4
     assert fs_server.sh("sed -i 's/}/,,/' a/ed.json", check=False).returncode != 0
     assert json.loads((a / "ed.json").read_text())["maxSteps"] == 4
-    assert sorted(os.listdir(fs_server.cfg / "agents")) == sorted(os.listdir(a))  # no temporary file left
+    assert "ed.json.err" in os.listdir(a)  # why it was refused (test_fs_namespace)
+    shown = [n for n in os.listdir(a) if not n.endswith(".err")]
+    assert sorted(os.listdir(fs_server.cfg / "agents")) == sorted(shown)  # no temporary file left
     fd = os.open(a / "ed.json", os.O_WRONLY)
     os.ftruncate(fd, 0)
     os.write(fd, b'{"maxSteps": 5}')  # shorter than what was there
@@ -370,7 +376,8 @@ def test_disk_directories(fs_server):
     tool.chmod(0o755)
     assert (fs_server.mnt / "t" / "idx").read_text() == "## greet\ndescription: say hello\nargs: name\n\n"
     assert fs_server.sh("t/greet you").stdout == "hello you\n"
-    assert fs_server.sh("echo x > p/new.md", check=False).returncode != 0
+    fs_server.sh("echo a prompt > p/new.md")  # the system prompts agent configs name (test_fs_namespace)
+    assert (fs_server.cfg / "prompts" / "new.md").read_text() == "a prompt\n"
 
 
 def test_a_setting_is_refused_alike_from_prompt_ctl_and_cfg_during_a_turn(fs_server):

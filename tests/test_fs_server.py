@@ -54,7 +54,8 @@ def test_sessions_survive_kill_9(server):
     assert not os.path.ismount(server.mnt)
     server.start()
     s = server.mnt / "s"
-    assert os.listdir(s) == [a, "named"]
+    assert os.listdir(s) == [a]  # and the named one, by its name (not listed: test_fs_examples)
+    assert [line.split("\t")[0] for line in (s / "idx").read_text().splitlines()] == [a, "named"]
     assert (s / a / "chat").read_text() == chat  # read from disk: no Core built for it
     assert (s / a / "state").read_text() == "idle\n"
     assert os.stat(s / a / "reply").st_size == len("answer")  # scripts poll its size

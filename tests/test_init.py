@@ -43,12 +43,12 @@ def ollie(env: dict[str, str], *args: str, cwd: Path | None = None) -> subproces
 
 
 def shipped() -> dict[str, Path]:
-    """Where each file of the package's defaults goes under $OLLIE_CFG_PATH (s/ and b/ go to scripts/)."""
+    """Where each file of the package's defaults goes under $OLLIE_CFG_PATH (s/, b/ and u/ go to scripts/)."""
     out = {}
     for path in DEFAULTS.rglob("*"):
         rel = path.relative_to(DEFAULTS).as_posix()
         if path.is_file() and "__pycache__" not in rel and not any(p.startswith(".") for p in rel.split("/")):
-            out[re.sub(r"^([sb])/", r"scripts/\1/", rel)] = path
+            out[re.sub(r"^([sbu])/", r"scripts/\1/", rel)] = path
     return out
 
 
@@ -189,10 +189,9 @@ def test_ollie_run_on_a_fresh_home_installs_first_with_one_line(user, tmp_path):
     assert out.returncode == 0, out.stderr
     first, session = out.stderr.splitlines()
     n = len(shipped())
-    assert first == (
-        f"ollie: first run: installed {n} files into {cfg} (agents/, sandbox.yaml, scripts/, tools/, utils/); "
-        "`ollie init` lists them"
-    )
+    places = ", ".join(sorted({rel.split("/")[0] + ("/" if "/" in rel else "") for rel in shipped()}))
+    assert places.startswith("agents/, sandbox.yaml, scripts/, ") and "utils/" not in places
+    assert first == f"ollie: first run: installed {n} files into {cfg} ({places}); `ollie init` lists them"
     assert session.startswith("session: ") and out.stdout == "assistant: hello\n\n"
     assert (cfg / "agents" / "default.json").is_file() and (cfg / ".installed.json").is_file()
 
@@ -363,3 +362,58 @@ def test_the_server_serves_your_s_scripts_when_installed(tmp_path):
         assert not (srv.cfg / ".installed.json").exists()
     finally:
         srv.stop()
+
+
+def _as_an_earlier_ollie_left_it(env: dict[str, str], cfg: Path, optimize: bytes | None = None) -> None:
+    """An install by an ollie that put the u/ scripts in utils/ (recorded there), with a script of
+    yours beside them; `optimize`: what you made of u/optimize since."""
+    ollie(env, "init")
+    if not (cfg / "utils").exists():  # (an ollie that installs them in utils/ is one already)
+        (cfg / "scripts" / "u").rename(cfg / "utils")
+    recorded = manifest(cfg)
+    recorded["utils/optimize"] = recorded.pop("scripts/u/optimize", recorded.get("utils/optimize"))
+    (cfg / ".installed.json").write_text(json.dumps({"files": recorded}))
+    (cfg / "utils" / "mine").write_text("#!/bin/sh\necho mine\n")
+    (cfg / "utils" / "mine").chmod(0o755)
+    if optimize is not None:
+        (cfg / "utils" / "optimize").write_bytes(optimize)
+
+
+def test_ollie_init_moves_what_utils_holds_to_scripts_u_with_its_records(user):
+    """u/ is served from scripts/u/ now, as s/ and b/ are from theirs: what an earlier install put in
+    utils/, and your scripts beside it, move there; the manifest's records move with them, so the
+    unchanged optimize is still ollie's."""
+    env, cfg = user
+    _as_an_earlier_ollie_left_it(env, cfg)
+    lines = lines_of(ollie(env, "init"))
+    assert "moved      scripts/u/mine (from utils/mine; u/ is served from scripts/u/)" in lines
+    assert "moved      scripts/u/optimize (from utils/optimize; u/ is served from scripts/u/)" in lines
+    assert "unchanged  scripts/u/optimize" in lines
+    assert not (cfg / "utils").exists()
+    assert os.access(cfg / "scripts" / "u" / "mine", os.X_OK)
+    assert (cfg / "scripts" / "u" / "optimize").read_bytes() == (DEFAULTS / "u" / "optimize").read_bytes()
+    assert "utils/optimize" not in manifest(cfg) and "scripts/u/optimize" in manifest(cfg)
+    assert lines_of(ollie(env, "init"))[1:] == [
+        f"unchanged  {rel}" for rel in sorted(shipped(), key=lambda r: r.split("/"))
+    ]
+
+
+def test_ollie_run_after_an_upgrade_moves_utils_and_your_changes_stay_yours(user, tmp_path):
+    env, cfg = user
+    _as_an_earlier_ollie_left_it(env, cfg, optimize=b"#!/bin/sh\necho my optimize\n")
+    (cfg / "scripts" / "u").mkdir(parents=True)
+    (cfg / "scripts" / "u" / "mine").write_text("#!/bin/sh\necho the newer mine\n")  # there already
+    script = tmp_path / "turns.json"
+    script.write_text(json.dumps({"rules": [{"match": ".", "text": "hello"}]}))
+    out = ollie(env, "run", "--script", str(script), "hi", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    first = out.stderr.splitlines()[0]
+    assert first == f"ollie: moved 1 file from {cfg / 'utils'} to {cfg / 'scripts' / 'u'}, which u/ serves now"
+    assert (cfg / "scripts" / "u" / "optimize").read_text() == "#!/bin/sh\necho my optimize\n"
+    assert (cfg / "scripts" / "u" / "mine").read_text() == "#!/bin/sh\necho the newer mine\n"
+    assert (cfg / "utils" / "mine").read_text() == "#!/bin/sh\necho mine\n"  # not lost: said, and left
+
+    lines = lines_of(ollie(env, "init"))
+    assert "kept       scripts/u/optimize (changed by you)" in lines
+    assert "kept       utils/mine (scripts/u/mine exists; u/ serves that one)" in lines
+    assert (cfg / "scripts" / "u" / "optimize").read_text() == "#!/bin/sh\necho my optimize\n"

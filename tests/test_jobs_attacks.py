@@ -59,7 +59,7 @@ async def test_a_sub_session_named_as_a_job_gets_not_its_prompt(h):
     assert job.id == "report-0"
     _, chat = await h.sh(attacker, "cat $OLLIE/s/report-0/chat")  # its own sub-session, by name
     assert "SECRET" not in chat
-    for script in ("b/job", "utils/optimize", "tools/subagent_spawn"):
+    for script in ("b/job", "u/optimize", "tools/subagent_spawn"):
         assert "urandom" in (DEFAULTS.parent / script).read_text(), script
 
 

@@ -115,7 +115,6 @@ async def test_shell_tools_and_a_session_through_a_remote_mount(served, mounts, 
         "tmp",
         "tr",
         "u",
-        "x",
     ]
     assert await ok("cat help", mnt) == tree.HELP
     await ok("echo hello > tmp/note && echo more >> tmp/note", mnt)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import getpass
 import json
 import os
@@ -248,7 +249,9 @@ def _take_field(cfg: AgentConfig, where: str, key: str, value: Any) -> None:
         )
     elif key not in ("name", "$schema"):
         known = sorted([*_FIELDS, *_PARAM_KEYS])
-        raise ConfigError(f"{where}: unknown field {key!r}; known fields: {', '.join(known)}")
+        close = difflib.get_close_matches(key, known, n=1)
+        fix = f" (did you mean {close[0]!r}?)" if close else ""
+        raise ConfigError(f"{where}: unknown field {key!r}{fix}; known fields: {', '.join(known)}")
 
 
 def _parse_hooks(where: str, raw: dict[str, Any]) -> dict[str, list[str]]:

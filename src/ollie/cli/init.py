@@ -1,10 +1,11 @@
 """`ollie init`: install ollie's defaults into $OLLIE_CFG_PATH, and keep them up to date without
 touching what you changed.
 
-The set is whatever the package's `defaults/` directory holds (agent configs, tool scripts, the s/
-and b/ scripts, the u/ utilities, a commented sandbox.yaml): each file goes to the same path under
-$OLLIE_CFG_PATH, except `s/` and `b/`, which go to `scripts/s/` and `scripts/b/` (the file server
-serves them from there). `.installed.json` records the
+The set is whatever the package's `defaults/` directory holds (agent configs, tool scripts, the s/,
+b/ and u/ scripts, a commented sandbox.yaml): each file goes to the same path under $OLLIE_CFG_PATH,
+except `s/`, `b/` and `u/`, which go to `scripts/s/`, `scripts/b/` and `scripts/u/` (the file server
+serves them from there, with your own scripts beside them). The u/ scripts went to `utils/` before:
+what is there moves to `scripts/u/` (`migrate_utils`). `.installed.json` records the
 sha256 of each file as it was installed: a file that still has it is ollie's, and is updated when the
 package's differs; a file that differs from it was changed by you, and is kept (`--force` replaces it).
 `ollie run` and `ollie srv` call `first_use()`, which runs the install once, quietly.
@@ -27,18 +28,19 @@ from typing import Any
 PACKAGE_DEFAULTS = Path(__file__).resolve().parent.parent / "defaults"
 MANIFEST = ".installed.json"
 # A top-level directory of defaults/ that is installed under another name.
-_PLACES = {"s": PurePosixPath("scripts", "s"), "b": PurePosixPath("scripts", "b")}
+_PLACES = {d: PurePosixPath("scripts", d) for d in ("s", "b", "u")}
+OLD_UTILS = "utils"  # where the u/ scripts were installed before they joined s/ and b/ in scripts/
 
 
 def register(sub: Any) -> None:
     p = sub.add_parser(
         "init",
-        help="install the default agent configs, tool scripts, s/ and b/ scripts, u/ utilities and a "
-        "commented sandbox.yaml",
+        help="install the default agent configs, tool scripts, s/, b/ and u/ scripts and a commented sandbox.yaml",
         description="Install ollie's defaults into $OLLIE_CFG_PATH (default ~/.config/ollie): agents/, "
-        "tools/, scripts/s/, scripts/b/, utils/ and a sandbox.yaml whose settings are all commented out. "
-        "Files you changed are kept; files ollie installed and you did not change are updated. One line "
-        "per file says what was done.",
+        "tools/, scripts/s/, scripts/b/, scripts/u/ and a sandbox.yaml whose settings are all commented "
+        "out. Files you changed are kept; files ollie installed and you did not change are updated; what "
+        "utils/ holds (where u/ scripts were installed before) moves to scripts/u/. One line per file "
+        "says what was done.",
     )
     p.add_argument("--force", action="store_true", help="replace the files you changed with ollie's too")
     p.set_defaults(func=_init)
@@ -60,7 +62,7 @@ class Shipped:
 @dataclass(frozen=True)
 class Outcome:
     rel: str
-    action: str  # installed, updated, unchanged, kept, replaced, removed
+    action: str  # installed, updated, unchanged, kept, replaced, removed, moved
     note: str = ""
     replaceable: bool = False  # kept, and --force would replace it
 
@@ -88,7 +90,7 @@ def install(cfg: Path, force: bool = False) -> list[Outcome]:
     with _locked(cfg):
         recorded = _read_manifest(cfg)
         manifest: dict[str, str] = {}
-        outcomes = []
+        outcomes = _migrate_utils(cfg, recorded)
         files = shipped()
         for f in files:
             outcome, digest = _install_one(cfg, f, recorded.get(f.rel), force)
@@ -98,6 +100,56 @@ def install(cfg: Path, force: bool = False) -> list[Outcome]:
         gone = sorted(set(recorded) - {f.rel for f in files})
         outcomes += [o for rel in gone if (o := _retire(cfg, rel, recorded[rel]))]
         _write(cfg / MANIFEST, _manifest_text(manifest), executable=False)
+    return outcomes
+
+
+def migrate_utils(cfg: Path) -> list[Outcome]:
+    """Move what `utils/` holds to `scripts/u/` (see `_migrate_utils`), alone: what `ollie run` and
+    `ollie srv` do on an upgrade, where `first_use` installs nothing."""
+    with _locked(cfg):
+        recorded = _read_manifest(cfg)
+        before = dict(recorded)
+        outcomes = _migrate_utils(cfg, recorded)
+        if recorded != before:
+            _write(cfg / MANIFEST, _manifest_text(recorded), executable=False)
+    return outcomes
+
+
+def _migrate_utils(cfg: Path, recorded: dict[str, str]) -> list[Outcome]:
+    """u/ is served from `scripts/u/` now, as s/ and b/ are from theirs; an earlier `ollie init`
+    put its scripts in `utils/`, and you may have put yours there. Without `scripts/u/`, `utils/`
+    becomes it (a link stays a link); else each entry moves that takes no name already there. The
+    manifest's record of a file moves with it, so that one you changed stays yours and one you
+    did not is updated. What cannot move stays, said; an empty `utils/` goes."""
+    old, new = cfg / OLD_UTILS, cfg / _PLACES["u"]
+    if not old.is_dir():
+        return []
+    if not os.path.lexists(new):
+        new.parent.mkdir(parents=True, exist_ok=True)
+        names = sorted(os.listdir(old))
+        os.rename(old, new)
+        moved = names
+    elif old.is_symlink():
+        return [Outcome(f"{OLD_UTILS}/", "kept", f"a link, and {_PLACES['u']}/ exists: move your scripts there")]
+    else:
+        moved = []
+        for name in sorted(os.listdir(old)):
+            if os.path.lexists(new / name):
+                continue
+            os.rename(old / name, new / name)
+            moved.append(name)
+        with contextlib.suppress(OSError):
+            old.rmdir()  # empty now, else what is left says so below
+    outcomes = []
+    for name in moved:
+        rel = f"{_PLACES['u']}/{name}"
+        if (digest := recorded.pop(f"{OLD_UTILS}/{name}", None)) is not None:
+            recorded[rel] = digest
+        outcomes.append(Outcome(rel, "moved", f"from {OLD_UTILS}/{name}; u/ is served from {_PLACES['u']}/"))
+    if old.is_dir():
+        for name in sorted(os.listdir(old)):
+            note = f"{_PLACES['u']}/{name} exists; u/ serves that one"
+            outcomes.append(Outcome(f"{OLD_UTILS}/{name}", "kept", note))
     return outcomes
 
 
@@ -223,6 +275,16 @@ def first_use() -> None:
     from ..types import OllieError
 
     cfg = config.cfg_path()
+    if (cfg / OLD_UTILS).is_dir():  # an upgrade: u/ is served from scripts/u/ now
+        try:
+            moved = [o for o in migrate_utils(cfg) if o.action == "moved"]
+        except OSError as e:
+            print(visible(f"ollie: could not move {cfg / OLD_UTILS} to {cfg / _PLACES['u']}: {e}"), file=sys.stderr)
+        else:
+            if moved:
+                files = "1 file" if len(moved) == 1 else f"{len(moved)} files"
+                line = f"ollie: moved {files} from {cfg / OLD_UTILS} to {cfg / _PLACES['u']}"
+                print(visible(f"{line}, which u/ serves now"), file=sys.stderr)
     if (cfg / MANIFEST).exists() or (os.environ.get("OLLIE_CFG_PATH") and cfg.exists()):
         return
     try:

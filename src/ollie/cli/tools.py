@@ -1,4 +1,5 @@
-"""`ollie tools list` and `ollie tools call`: an agent's tools, run without a model.
+"""`ollie tools list` and `ollie tools call`: an agent's tools, run without a model, as a session of
+that agent would run them (its cwd, its tool servers, the sandbox policies its "sandboxes" allow).
 
 What a tool server says (its tools' names and descriptions, a call's output, its errors) is printed
 with its control characters escaped (`chatfmt.visible`): a tool must not drive the terminal.
@@ -111,7 +112,12 @@ async def _print_call(args: argparse.Namespace, env: Any) -> int:
     config.tmp_path().mkdir(parents=True, exist_ok=True, mode=0o700)
     tmpdir = tempfile.mkdtemp(prefix="tools-", dir=config.tmp_path())
     try:
-        ctx = CallContext(cwd=env.cwd, session_id=os.path.basename(tmpdir), tmpdir=tmpdir)
+        ctx = CallContext(
+            cwd=env.cwd,
+            session_id=os.path.basename(tmpdir),
+            tmpdir=tmpdir,
+            policies=tuple(env.config.sandboxes),  # as a session of the agent runs its calls
+        )
         result = await env.dispatcher.dispatch(args.tool, args.parsed, ctx)
     finally:
         shutil.rmtree(tmpdir, ignore_errors=True)

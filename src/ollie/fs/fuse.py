@@ -14,9 +14,9 @@ thread reading /dev/fuse for the loop (one hand-off per batch) took a third more
 on the loop (33% of a core against 24%) and put the median at 1.3-1.6 ms against 0.8-1.1 ms.
 
 A request made by the loop's own thread (code in the server touching the mount, e.g. a PATH lookup
-through `x/`) could never be answered, since answering needs that thread: a guard thread reads a
-request the loop leaves unread for a while, and refuses the loop's own with EDEADLK instead of
-hanging the server. A jail's view (`serve_connection`) cannot get the loop's requests: a thread of
+through one of its directories) could never be answered, since answering needs that thread: a guard
+thread reads a request the loop leaves unread for a while, and refuses the loop's own with EDEADLK
+instead of hanging the server. A jail's view (`serve_connection`) cannot get the loop's requests: a thread of
 its own reads it and hands its requests to the loop in batches.
 """
 

@@ -1,7 +1,11 @@
 """The sessions as files: `s/`, one directory per session, and the root `ctl`.
 
-`ls s/` shows only session directories, so scripts can count and diff them. The fixed files
-`new`, `idx`, `sh`, `ls`, `kill` resolve by name but are not listed. Likewise in a session's
+`ls s/` shows only the directories of sessions that have ids, so scripts can count and diff them,
+and the sessions made after a count sort after every one counted (IDEAS.md picks them by offset in
+`ls s/ | sort`). The fixed files `new`, `idx`, `sh`, `ls`, `kill`, your own scripts beside them,
+and the sessions you named resolve by name but are not listed: a name sorts anywhere (letters after
+digits), and one listed after the ids would shift every offset. `s/idx` lists every session,
+named or not. Likewise in a session's
 directory, the files whose reading does something (`statewait` blocks, `fifo.out` pops a prompt,
 `models` and `mcp` make requests) resolve by name but are not listed, and every listed file of a
 sleeping session reads from what is stored, so `grep -r`, `find` and `ls -l` over the tree block on
@@ -17,6 +21,7 @@ import errno as E
 import json
 import os
 import random
+import re
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
@@ -149,8 +154,14 @@ def script_file(text: str) -> TextFile:
     return TextFile(lambda: text, lambda: len(text.encode()), mode=0o555)
 
 
+# An id the server made (`<unix-ns>-<6 hex>`), or a sub-session's name after its parent's id
+# (`<parent id>.<name>`): what sorts by creation, and so is listed in s/.
+MADE_ID = re.compile(r"[0-9]+-[0-9a-f]{6}(\..+)?")
+
+
 class SessionsDir(Dir):
-    """s/: a directory per session (listed, creation order) and the fixed files (not listed)."""
+    """s/: a directory per session that has an id (listed, creation order), and by name the fixed
+    files, your own scripts and the sessions you named (not listed: see the module's doc)."""
 
     mode = 0o755
 
@@ -159,28 +170,34 @@ class SessionsDir(Dir):
         self.fixed: dict[str, File] = {
             "new": NewFile(sessions),
             "idx": TextFile(sessions.index, text_size(sessions.index)),
-            **{name: script_file(text) for name, text in scripts.items()},
+            **{name: script_file(text) for name, text in scripts.items() if name in FIXED},
         }
-        assert set(self.fixed) <= set(FIXED)
+        # Yours: found after the sessions (a session restored with a script's name keeps it);
+        # no new session may take one of their names.
+        self.yours = {name: script_file(text) for name, text in scripts.items() if name not in FIXED}
+        sessions.scripts = set(self.yours)
 
     def lookup(self, name: str) -> File | Dir:
         if name in self.fixed:
             return self.fixed[name]
-        return SessionDir(self.sessions.get(name), self.sessions)
+        session = self.sessions.find(name)
+        if session is None and name in self.yours:
+            return self.yours[name]
+        return SessionDir(session or self.sessions.get(name), self.sessions)
 
     async def list(self) -> list[tuple[str, File | Dir]]:
-        return [(s.id, SessionDir(s, self.sessions)) for s in self.sessions.listed()]
+        return [(s.id, SessionDir(s, self.sessions)) for s in self.sessions.listed() if MADE_ID.fullmatch(s.id)]
 
     async def mkdir(self, name: str, mode: int) -> None:
         await self.sessions.new({"name": name})
 
     async def remove(self, name: str) -> None:
-        if name in self.fixed:
+        if name in self.fixed or (name in self.yours and self.sessions.find(name) is None):
             raise FsError(E.EACCES, f"{name}: a fixed file of s/")
         await self.sessions.kill(name)
 
     async def rename(self, old: str, new: str) -> None:
-        if old in self.fixed:
+        if old in self.fixed or (old in self.yours and self.sessions.find(old) is None):
             raise FsError(E.EACCES, f"{old}: a fixed file of s/")
         await self.sessions.rename(old, new)
 

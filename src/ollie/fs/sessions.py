@@ -5,8 +5,9 @@ their chat is read from disk, and nothing else is built until a file that needs 
 opened (prompt, ctl, cfg, …), so listing and reading chat never touch a backend. The files that
 show them are in `session_files`.
 
-Ids are `<unix-ns>-<6 hex>`, so sorting by name is creation order; a renamed session sorts by its
-new name (letters after digits: after every unnamed session).
+Ids are `<unix-ns>-<6 hex>`, so sorting by name is creation order. A session you named (a rename,
+`name=`) would sort by its name (letters after digits: after every unnamed session), so `s/` does
+not list it (see session_files).
 """
 
 from __future__ import annotations
@@ -285,6 +286,8 @@ class Sessions:
         self.on_rename: list[Callable[[str, str], None]] = []
         # Whether an id is a batch job's (Jobs says): sessions and jobs share one space of ids.
         self.reserved: Callable[[str], bool] = lambda sid: False
+        # Your own scripts of s/ (SessionsDir says), whose names no session may take, as FIXED.
+        self.scripts: set[str] = set()
         # Told each event of every session, and (session, None) when one is added or ended.
         self.on_event: list[Callable[[Session, Event | None], None]] = []
 
@@ -332,7 +335,7 @@ class Sessions:
         return [s for s in self.all() if not s.job]
 
     def check_name(self, name: str) -> str:
-        if name in FIXED:
+        if name in FIXED or name in self.scripts:
             raise FsError(E.EINVAL, f"{name!r} is a fixed file of s/; choose another name")
         try:
             check_session_id(name)

@@ -17,6 +17,7 @@ import contextvars
 import errno as E
 import itertools
 import json
+import logging
 import os
 import secrets
 import stat
@@ -25,6 +26,8 @@ from pathlib import Path
 
 from ..tools.scripts import index_text
 from .namespace import Dir, File, FsError, Handle, OpenMode, Stat, check_name
+
+log = logging.getLogger("ollie.fs")
 
 Getter = Callable[[], str | Awaitable[str]]
 
@@ -580,6 +583,65 @@ class DiskDir(Dir):
             os.rename(src, dst)
         except OSError as e:
             raise FsError(e.errno or E.EIO, f"{old}: {e.strerror}") from None
+
+
+class ConfigDir(DiskDir):
+    """A directory of configs (a/): every write is validated, and one refused leaves its reason
+    beside the file as `<name>.err`, since the writer may never see it otherwise: a shell's `echo
+    … > a/x.json` ignores the close that failed, an editor shows only an errno. The reasons are
+    kept in memory (never among the configs on disk) and read-only; one goes when a write of its
+    name is taken, when it or its file is removed, or when the server stops. The server's log has
+    them too."""
+
+    def __init__(self, path: Path, validate: Callable[[str, str], None], shown: str):
+        super().__init__(path, validate=lambda name, text: self._check(validate, name, text))
+        self.shown = shown  # the directory's name on the mount
+        self.errors: dict[str, str] = {}
+
+    def _check(self, validate: Callable[[str, str], None], name: str, text: str) -> None:
+        try:
+            validate(name, text)
+        except Exception as e:
+            self.errors[name] = refusal_text(self.shown, name, str(e).removeprefix(f"{name}: "))
+            log.warning("%s/%s refused: %s", self.shown, name, e)
+            raise
+        self.errors.pop(name, None)
+
+    def _reason(self, name: str) -> str | None:
+        """The config whose reason `name` is, if it is one."""
+        base = name.removesuffix(".err")
+        return base if base != name and base in self.errors else None
+
+    def lookup(self, name: str) -> File | Dir:
+        if (base := self._reason(name)) is not None:
+            return TextFile(lambda: self.errors.get(base, ""), text_size(lambda: self.errors.get(base, "")))
+        return super().lookup(name)
+
+    async def list(self) -> list[tuple[str, File | Dir]]:
+        listed = await super().list()
+        reasons = [(f"{base}.err", self.lookup(f"{base}.err")) for base in self.errors]
+        return sorted([*(e for e in listed if self._reason(e[0]) is None), *reasons], key=lambda e: e[0])
+
+    def _check_writable(self, name: str) -> None:
+        if self._reason(name) is not None:
+            raise FsError(E.EACCES, f"{name}: why {name.removesuffix('.err')} was refused (read-only; rm removes it)")
+        super()._check_writable(name)
+
+    async def remove(self, name: str) -> None:
+        if (base := self._reason(name)) is not None:
+            del self.errors[base]
+            return
+        self.errors.pop(name, None)
+        await super().remove(name)
+
+
+def refusal_text(directory: str, name: str, why: str) -> str:
+    """What `<name>.err` says: why the write was refused, what the file holds now, what to do."""
+    return (
+        f"{directory}/{name} was not written: {why}\n"
+        f"{name} keeps what it held (nothing, if it is new). Fix it and write it again: this file "
+        f"goes when a write of {name} is taken, or with `rm {name}.err`.\n"
+    )
 
 
 def validate_agent(name: str, text: str) -> None:

@@ -8,7 +8,7 @@ pid: nothing else reaches that mount, and it dies with its jail.
 See HELP for the tree.
 
 Nothing else has a node: other sessions, a/ (agent configs carry hooks, which run unsandboxed),
-x/, u/, tr/ and tmp/ answer ENOENT. Symlinks in the directories are never followed
+u/, tr/, tmp/ and the user's own b/ scripts answer ENOENT. Symlinks in the directories are never followed
 (code may plant them where it can write, and the server reads unconfined).
 """
 

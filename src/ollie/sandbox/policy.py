@@ -54,8 +54,7 @@ _HOME_TOOLCHAINS = [
 DEFAULT_POLICY: dict[str, Any] = {
     "filesystem": {
         # The system's programs and libraries, and the Python running ollie (pyenv or venv
-        # outside /usr). Tool script directories are added per call. Not $OLLIE/x: plugins are
-        # the user's to run, outside the sandbox.
+        # outside /usr). Tool script directories are added per call.
         "rox": [
             "/usr",
             "/bin",
