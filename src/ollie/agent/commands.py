@@ -195,6 +195,36 @@ async def _clear(core: Core, arg: str) -> str:
     return "history cleared"
 
 
+@command("checkpoints", "list the checkpoints (what each turn changed in the cwd), newest first")
+async def _checkpoints(core: Core, arg: str) -> str:
+    checkpoints = core.checkpoints
+    return (await checkpoints.listing() if checkpoints else "").rstrip() or "(no checkpoints)"
+
+
+@command("undo", "take back what the last turn changed in the cwd: undo [--force] [--chat]")
+async def _undo(core: Core, arg: str) -> str:
+    flags = _flags(arg, {"--force", "--chat"})
+    return await core.rewind(1, force="--force" in flags, chat="--chat" in flags)
+
+
+@command("rewind", "go back N checkpoints: rewind N shows what it would change, rewind N --yes does it")
+async def _rewind(core: Core, arg: str) -> str:
+    number, _, rest = arg.partition(" ")
+    flags = _flags(rest, {"--yes", "--force", "--chat"})
+    if not number.isdigit():
+        raise InvalidValue("rewind N [--yes] [--force] [--chat]: N is how many checkpoints to go back (/checkpoints)")
+    apply = "--yes" in flags
+    said = await core.rewind(int(number), apply=apply, force="--force" in flags, chat="--chat" in flags)
+    return said if apply else f"{said}\n(nothing changed yet: rewind {number} --yes does it)"
+
+
+def _flags(arg: str, known: set[str]) -> set[str]:
+    flags = set(arg.split())
+    if unknown := flags - known:
+        raise InvalidValue(f"unknown option {sorted(unknown)[0]!r}; options: {', '.join(sorted(known))}")
+    return flags
+
+
 @command("history", "show the history, one line per message")
 async def _history(core: Core, arg: str) -> str:
     lines = []

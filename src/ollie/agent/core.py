@@ -31,6 +31,7 @@ from ..types import (
     Usage,
 )
 from . import compaction, loop
+from .checkpoints import Checkpoints
 from .context import DEFAULT_WINDOW, Window
 from .events import Bus
 from .hooks import Hooks
@@ -90,6 +91,9 @@ class Core:
             tmpdir,
         )
         self._rt.plans = Plans(state, bus.emit, cfg.plan_backend)
+        self._rt.checkpoints = Checkpoints(
+            lambda: state.store.dir / "checkpoints.jsonl", lambda text: bus.emit(Event("info", text))
+        )
         if agent.context_window:
             self._rt.window.length = agent.context_window
         self._new_dispatcher = cfg.new_dispatcher
@@ -129,6 +133,11 @@ class Core:
     @property
     def dispatcher(self) -> Dispatcher:
         return self._rt.env.dispatcher
+
+    @property
+    def checkpoints(self) -> Checkpoints | None:
+        """What each turn changed in the cwd (`rewind` takes it back); None if not kept."""
+        return self._rt.checkpoints
 
     @property
     def tmpdir(self) -> Path:
@@ -335,6 +344,8 @@ class Core:
             self.emit(Event("info", "interrupted", data={"interrupted": True}))
             return None
         finally:
+            if self._rt.checkpoints is not None:
+                await self._rt.checkpoints.turn_ended()
             self._save_meta()
             self.emit(Event("done"))
 
@@ -344,6 +355,34 @@ class Core:
         self._rt.state.clear()
         self._rt.window.reset()
         self._rt.bus.notify()
+
+    async def rewind(self, back: int = 1, *, apply: bool = True, force: bool = False, chat: bool = False) -> str:
+        """Take back what the last `back` checkpointed turns changed in the cwd (`/undo` is one);
+        with `chat` the conversation goes back to before them too. A file changed since those
+        turns is not overwritten unless `force`. Without `apply`, say what it would change."""
+        checkpoints = self._rt.checkpoints
+        if checkpoints is None:
+            raise InvalidValue("this session keeps no checkpoints")
+        async with self._holding("go back to a checkpoint"):
+            if not apply:
+                plan = await checkpoints.plan(back)
+                warn = f"\nchanged since, would be overwritten (needs --force): {', '.join(plan.changed_since)}"
+                return f"going back to before turn {plan.target.turn} would:\n{plan.describe()}" + (
+                    warn if plan.changed_since else ""
+                )
+            messages = self._rt.state.messages
+            if chat:
+                target = checkpoints.live()[-back] if 0 < back <= len(checkpoints.live()) else None
+                at = target.history if target else -1
+                if target is None or at >= len(messages) or not messages[at].content.startswith(target.prompt):
+                    raise InvalidValue(
+                        "the conversation was compacted or cleared since that turn: go back without --chat"
+                    )
+            plan, undone = await checkpoints.rewind(back, force)
+            if chat:
+                self._rt.replace_history(messages[: undone[0].history])
+            turns = ", ".join(str(c.turn) for c in undone)
+            return f"went back to before turn {undone[0].turn} (undid turn {turns}):\n{plan.describe()}"
 
     async def compact(self) -> None:
         """Summarise the history to free the context window."""

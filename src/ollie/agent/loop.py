@@ -65,6 +65,8 @@ async def run_turn(rt: Runtime, prompt: str) -> str | None:
         state.meta.first_prompt = prompt[:200]
     rt.bus.emit(Event("user", prompt))
     start = len(state.messages)
+    if rt.checkpoints is not None:
+        rt.checkpoints.turn_started(prompt, start, state.cwd)
     rt.commit([Message("user", content)])
     state.notes_delivered()
     try:
@@ -130,6 +132,8 @@ async def _steps(rt: Runtime) -> None:
         if not assistant.tool_calls:
             rt.commit([assistant])
             return
+        if rt.checkpoints is not None:
+            await rt.checkpoints.before_change()  # the cwd as it was before the turn, taken by now
         results = await _run_calls(rt, assistant)
         failing = failing + 1 if all(r.is_error for r in results) else 0
         if failing >= FAIL_AFTER:

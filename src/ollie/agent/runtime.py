@@ -20,6 +20,7 @@ from .state import SessionState
 
 if TYPE_CHECKING:
     from ..backends import Backend
+    from .checkpoints import Checkpoints
     from .env import AgentEnv
     from .plans import Plans
 
@@ -35,6 +36,7 @@ class Runtime:
     tmpdir: Path  # the session's scratch directory (whole tool results are kept there)
     inject: str | None = None  # a message for the running turn, delivered with the next tool result
     plans: Plans | None = None  # the session's plans in pl/, and where they are committed
+    checkpoints: Checkpoints | None = None  # what each turn changed in the cwd, for /undo
 
     _knowledge: tuple[str, AgentEnv, Knowledge] | None = None  # for which cwd and agent
     _unsaid: list[str] = field(default_factory=list)

@@ -519,6 +519,21 @@ async def _mcp(core: Core) -> str:
     return _mcp_text(await core.list_servers())
 
 
+def _checkpoints(s: Session, _: Sessions) -> File:
+    """The session's checkpoints, from what is stored: reading them wakes no session."""
+
+    async def read() -> str:
+        from ..agent.checkpoints import Checkpoints
+        from ..agent.session import SessionStore
+
+        live = s.core.checkpoints if s.core is not None else None
+        return await (
+            live or Checkpoints(lambda: SessionStore(s.id).dir / "checkpoints.jsonl", lambda _: None)
+        ).listing()
+
+    return TextFile(read)
+
+
 SESSION_FILES: dict[str, SessionFileMaker] = {
     "prompt": lambda s, _: OnCloseFile(lambda: "", s.submit, PROMPT_MAX, mode=0o622),
     "chat": lambda s, _: ChatFile(lambda: s.chat_path),
@@ -538,6 +553,7 @@ SESSION_FILES: dict[str, SessionFileMaker] = {
         lambda: s.plan, lambda text: _set_plan(s, text), PLAN_MAX, text_size(lambda: s.plan)
     ),
     "prompt.prev": _text(lambda s: s.last_prompt),
+    "checkpoints": _checkpoints,
 }
 
 # Files whose reading does something: found by name, never listed (see the module's doc).

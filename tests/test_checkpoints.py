@@ -1,0 +1,256 @@
+"""Checkpoints and undo (issue 26): each turn that runs a tool is snapshot before its first call and
+when it ends, in a shadow repository hidden from the sandbox; /undo and /rewind put the cwd back,
+in plain directories and in git repositories alike (whose .git is never touched), never over a
+file changed by hand since, never through a link the turn planted."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import stat
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from ollie import open_session
+from ollie.agent import commands
+from ollie.types import InvalidValue
+
+
+def _files(root: Path, skip: tuple[str, ...] = (".git",)) -> dict[str, tuple]:
+    """Everything under `root` as it is: each file's mode and bytes, each link's target, each
+    directory's mode."""
+    found: dict[str, tuple] = {}
+    for here, dirs, names in os.walk(root):
+        if here == str(root):  # the project's own repository is never a checkpoint's
+            dirs[:] = [d for d in dirs if d not in skip]
+            names = [n for n in names if n not in skip]
+        for name in dirs + names:
+            path = Path(here, name)
+            rel = str(path.relative_to(root))
+            st = path.lstat()
+            if stat.S_ISLNK(st.st_mode):
+                found[rel] = ("link", os.readlink(path))
+            elif stat.S_ISDIR(st.st_mode):
+                found[rel] = ("dir", stat.S_IMODE(st.st_mode))
+            else:
+                found[rel] = ("file", stat.S_IMODE(st.st_mode), path.read_bytes())
+    return found
+
+
+def _stage(code: str) -> dict:
+    return {"tool_calls": [{"name": "execute_code", "arguments": {"steps": [{"code": code}]}}]}
+
+
+def _project(root: Path) -> Path:
+    root.mkdir()
+    (root / "a.txt").write_text("one\n")
+    (root / "old.txt").write_text("old\n")
+    (root / "private.txt").write_text("mine\n")
+    (root / "private.txt").chmod(0o600)
+    (root / "sub").mkdir()
+    (root / "sub" / "keep.txt").write_text("keep\n")
+    (root / "run.sh").write_text("#!/bin/sh\necho hi\n")
+    (root / "link").symlink_to("a.txt")
+    return root
+
+
+EDITS = (
+    "echo two > a.txt; rm old.txt; echo new > new.txt; chmod +x run.sh; echo changed >> private.txt; "
+    "mkdir -p made/deep && echo x > made/deep/f; rm link; ln -s old.txt link"
+)
+
+
+async def _session(cwd: Path, turns: list[dict]):
+    return await open_session(backend="scripted", script=turns, cwd=str(cwd))
+
+
+async def test_undo_restores_exactly_what_the_turn_changed_in_a_plain_directory(tmp_path):
+    cwd = _project(tmp_path / "plain")
+    before = _files(cwd)
+    core = await _session(cwd, [_stage(EDITS), {"text": "done"}])
+    await core.submit("change things")
+    assert (cwd / "a.txt").read_text() == "two\n" and (cwd / "made" / "deep" / "f").exists()
+    listing = await commands.run(core, "checkpoints")
+    assert listing.startswith("1\tturn 1\t") and "'change things'" in listing
+    said = await commands.run(core, "undo")
+    assert "restore a.txt" in said and "delete new.txt" in said
+    assert _files(cwd) == before  # contents, modes (the private file private again), links, no new dir
+    assert await commands.run(core, "checkpoints") == "(no checkpoints)"
+    assert sorted(os.listdir(cwd)) == sorted(before_names for before_names in before if "/" not in before_names)
+    await core.close()
+
+
+def _git(repo: Path, *args: str) -> str:
+    env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t"}
+    env["GIT_COMMITTER_EMAIL"] = "t@t"
+    return subprocess.run(["git", *args], cwd=repo, env=env, capture_output=True, text=True, check=True).stdout
+
+
+def _git_state(repo: Path) -> dict[str, str]:
+    """What a checkpoint must never change in the project's own repository."""
+    digest = hashlib.sha256()
+    for here, _, names in sorted(os.walk(repo / ".git")):
+        for name in sorted(names):
+            path = Path(here, name)
+            digest.update(str(path.relative_to(repo)).encode() + b"\0" + path.read_bytes())
+    return {
+        "refs": _git(repo, "for-each-ref"),
+        "stash": _git(repo, "stash", "list"),
+        "index": hashlib.sha256((repo / ".git" / "index").read_bytes()).hexdigest(),
+        "everything": digest.hexdigest(),
+    }
+
+
+async def test_in_a_git_repository_the_projects_git_is_never_touched(tmp_path):
+    cwd = _project(tmp_path / "repo")
+    _git(cwd, "init", "-q")
+    _git(cwd, "add", "-A")
+    _git(cwd, "commit", "-qm", "first")
+    (cwd / "a.txt").write_text("stashed\n")
+    _git(cwd, "stash", "-q")
+    (cwd / "staged.txt").write_text("staged\n")
+    _git(cwd, "add", "staged.txt")
+    before, repo_before = _files(cwd), _git_state(cwd)
+    core = await _session(cwd, [_stage(EDITS), {"text": "done"}])
+    await core.submit("change things")
+    assert _git_state(cwd) == repo_before  # the snapshot touched nothing of the project's .git
+    await commands.run(core, "undo")
+    assert _files(cwd) == before
+    assert _git_state(cwd) == repo_before
+    await core.close()
+
+
+async def test_a_file_changed_by_hand_since_is_named_and_not_overwritten(tmp_path):
+    cwd = _project(tmp_path / "p")
+    core = await _session(cwd, [_stage("echo two > a.txt; echo fixed > sub/keep.txt"), {"text": "done"}])
+    await core.submit("edit")
+    (cwd / "a.txt").write_text("by hand\n")
+    with pytest.raises(InvalidValue, match=r"changed since the checkpoint .* overwritten: a\.txt; add --force"):
+        await commands.run(core, "undo")
+    assert (cwd / "a.txt").read_text() == "by hand\n" and (cwd / "sub" / "keep.txt").read_text() == "fixed\n"
+    dry = await commands.run(core, "rewind", "1")
+    assert "would be overwritten (needs --force): a.txt" in dry
+    await commands.run(core, "undo", "--force")
+    assert (cwd / "a.txt").read_text() == "one\n" and (cwd / "sub" / "keep.txt").read_text() == "keep\n"
+    await core.close()
+
+
+async def test_rewind_two_says_first_then_goes_back_and_takes_the_chat_along(tmp_path):
+    cwd = _project(tmp_path / "p")
+    turns = [_stage("echo 1 > a.txt"), {"text": "first"}, {"text": "just talk"}, _stage("echo 2 > a.txt; rm old.txt")]
+    core = await _session(cwd, [*turns, {"text": "second"}])
+    await core.submit("one")
+    await core.submit("a chat turn changes nothing and keeps no checkpoint")
+    await core.submit("two")
+    listing = (await commands.run(core, "checkpoints")).splitlines()
+    assert [line.split("\t")[:2] for line in listing] == [["1", "turn 2"], ["2", "turn 1"]]
+    dry = await commands.run(core, "rewind", "2")
+    assert dry.startswith("going back to before turn 1 would:\nrestore a.txt\nrestore old.txt")
+    assert "rewind 2 --yes does it" in dry and (cwd / "a.txt").read_text() == "2\n"  # nothing done yet
+    said = await commands.run(core, "rewind", "2 --yes --chat")
+    assert said.startswith("went back to before turn 1 (undid turn 1, 2)")
+    assert (cwd / "a.txt").read_text() == "one\n" and (cwd / "old.txt").exists()
+    assert core.session.messages == []  # the conversation from before turn 1: none
+    with pytest.raises(InvalidValue, match="no checkpoint to go back to"):
+        await commands.run(core, "undo")
+    await core.close()
+
+
+async def test_rewinding_the_chat_after_a_clear_is_refused_and_changes_nothing(tmp_path):
+    cwd = _project(tmp_path / "p")
+    core = await _session(cwd, [_stage("echo 1 > a.txt"), {"text": "ok"}])
+    await core.submit("one")
+    core.clear()
+    with pytest.raises(InvalidValue, match="compacted or cleared since"):
+        await commands.run(core, "undo", "--chat")
+    assert (cwd / "a.txt").read_text() == "1\n"
+    await commands.run(core, "undo")  # the files alone still go back
+    assert (cwd / "a.txt").read_text() == "one\n"
+    await core.close()
+
+
+async def test_checkpoints_are_off_in_home_with_a_notice(tmp_path, monkeypatch):
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    infos: list[str] = []
+    core = await open_session(
+        backend="scripted",
+        script=[_stage("echo x > f"), {"text": "ok"}],
+        cwd=str(home),
+        on_event=lambda e: infos.append(e.text) if e.kind == "info" else None,
+    )
+    await core.submit("write")
+    assert any(i.startswith(f"checkpoints: off (the cwd is {home}, not a project directory)") for i in infos)
+    assert await commands.run(core, "checkpoints") == "(no checkpoints)"
+    await core.close()
+
+
+# ---- what sandboxed code that wants out would do ------------------------------------------------------
+
+
+async def test_sandboxed_code_cannot_reach_or_forge_the_checkpoints(tmp_path, ollie_dirs):
+    cwd = _project(tmp_path / "p")
+    store = ollie_dirs / "data" / "checkpoints"
+    core = await _session(cwd, [_stage("echo 1 > a.txt"), {"text": "ok"}])
+    await core.submit("one")
+    records = core.session.store.dir / "checkpoints.jsonl"
+    assert store.is_dir() and records.is_file()
+    forged = json.dumps({"turn": 9, "prompt": "x", "time": 0, "cwd": "/", "before": "0" * 40, "after": "1" * 40})
+    server = core.dispatcher.get_server("execute")
+    for code in (
+        f"ls {store}",
+        f"find {store} -name objects",
+        f"echo {forged!r} >> {records}",
+        f"test -e {store}",
+    ):
+        result = await server.call_tool("execute_code", {"steps": [{"code": code}]}, core.call_context())
+        assert result.is_error, (code, result.text())
+    assert [c.turn for c in core.checkpoints.live()] == [1]
+    assert len(records.read_text().splitlines()) == 1 and store.is_dir()
+    await core.close()
+
+
+async def test_a_link_the_turn_planted_is_replaced_not_written_through(tmp_path):
+    cwd = _project(tmp_path / "p")
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    # The turn swaps sub/ for a link to a directory outside the cwd, and plants what would make
+    # git run code or convert the files it reads: a filter in .gitattributes, a .git file.
+    plant = (
+        f"rm -rf sub && ln -s {outside} sub; printf '* filter=evil\\n' > .gitattributes; "
+        "printf 'gitdir: /nowhere\\n' > .git; echo 2 > a.txt"
+    )
+    before = _files(cwd)
+    core = await _session(cwd, [_stage(plant), {"text": "ok"}])
+    await core.submit("plant")
+    assert (cwd / "sub").is_symlink()
+    await commands.run(core, "undo")
+    assert os.listdir(outside) == []  # nothing was written through the link
+    assert _files(cwd) == before  # sub/ a directory again, keep.txt in it; .gitattributes gone
+    await core.close()
+
+
+# ---- the file interface ----------------------------------------------------------------------------
+
+
+def test_ctl_undo_and_the_checkpoints_file_on_the_mount(fs_server):
+    work = fs_server.work / "undo-project"
+    work.mkdir()
+    (work / "notes.txt").write_text("before\n")
+    fs_server.agent("editor", turns=[_stage("echo after > notes.txt"), {"text": "edited"}])
+    sid = fs_server.new_session(agent="editor", cwd=str(work))
+    s = fs_server.mnt / "s" / sid
+    (s / "prompt").write_text("edit the notes\n")
+    fs_server.wait_idle(sid)
+    assert (work / "notes.txt").read_text() == "after\n"
+    line = (s / "checkpoints").read_text()
+    assert line.startswith("1\tturn 1\t") and "1 file changed" in line and "'edit the notes'" in line
+    (s / "ctl").write_text("undo\n")
+    assert (work / "notes.txt").read_text() == "before\n"
+    assert (s / "checkpoints").read_text() == ""
+    with pytest.raises(OSError):
+        (s / "ctl").write_text("rewind 1 --bogus\n")
