@@ -10,6 +10,7 @@ replaced history is appended to the session's compaction.jsonl: nothing is lost.
 
 from __future__ import annotations
 
+from .. import telemetry
 from ..types import Event, GenerationParams, Message, TextDelta, UsageChunk
 from .context import CHARS_PER_TOKEN, chars
 from .runtime import Runtime
@@ -42,6 +43,11 @@ async def compact(rt: Runtime, reason: str, keep_last: int = 0) -> None:
     """Summarise the history but its last `keep_last` messages (the turn in progress: its prompt
     and the calls it completed stay as they are). A manual compaction that fails leaves the
     history as it was; automatic ones fall back to evicting old messages."""
+    with telemetry.compaction(reason):
+        await _compact(rt, reason, keep_last)
+
+
+async def _compact(rt: Runtime, reason: str, keep_last: int) -> None:
     messages = rt.state.messages
     cut = len(messages) - keep_last
     history, kept = messages[:cut], messages[cut:]

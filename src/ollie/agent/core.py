@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .. import config
+from .. import config, telemetry
 from ..tools import CallContext, Dispatcher, Tool
 from ..types import (
     ContextSize,
@@ -103,6 +103,8 @@ class Core:
         self._holder = ""  # what holds the session between awaits (a switch, a compaction), if anything
         self._save_meta()
         tmpdir.mkdir(exist_ok=True, mode=0o700)
+        telemetry.sessions(1)
+        self._counted = True  # in the sessions-alive metric, until closed
 
     async def __aenter__(self) -> Core:
         return self
@@ -492,6 +494,15 @@ class Core:
             window.length = DEFAULT_WINDOW
             log.warning("context length unknown for %s: %s", self.backend.name, e)
 
+    def trace_under(self, parent: Callable[[], object | None]) -> None:
+        """Traces: this session's turns become children of what `parent` returns when a turn
+        starts (a parent session's running tool call, `trace_context`), or roots when it is None."""
+        self._rt.trace_parent = parent
+
+    def trace_context(self) -> object | None:
+        """Traces: the context of this session's tool call running now, if any (opaque)."""
+        return self._rt.trace_tool
+
     async def close(self) -> None:
         """Stop the turn (queued prompts are dropped), close the tool servers, hooks and the
         backend, remove the tmpdir."""
@@ -506,6 +517,9 @@ class Core:
         self._save_meta()
         self._rt.state.store.close()
         shutil.rmtree(self._rt.tmpdir, ignore_errors=True)
+        if self._counted:
+            self._counted = False
+            telemetry.sessions(-1)
 
 
 def _log_failure(turn: asyncio.Future[None]) -> None:

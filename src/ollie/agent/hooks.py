@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any, Protocol
 
-from .. import config, sandbox
+from .. import config, sandbox, telemetry
 from ..config import AgentConfig
 from ..sandbox import jail as _jail
 from ..types import Event
@@ -83,11 +83,13 @@ class Hooks:
         cwd = self._state.cwd
         payload = {"event": event, "session_id": self._state.id, "cwd": cwd, **payload}
         outputs = []
-        for cmd in commands:
+        for index, cmd in enumerate(commands):
             try:
                 if self.agent.hook_sandbox and not self.agent.trust_writable_hooks:
                     refuse_writable(cmd, cwd, self.agent.sandboxes)
-                code, out, err = await run_command(cmd, payload, cwd, self._state.env, runner=self.runner())
+                with telemetry.hook(event, index) as span:
+                    code, out, err = await run_command(cmd, payload, cwd, self._state.env, runner=self.runner())
+                    span.exited(code, err.strip())
             except (OSError, sandbox.SandboxError) as e:  # it could not start (the cwd is gone, a refusal): say
                 self._emit(Event("info", f"{event} hook {cmd!r} could not start: {e}"))
                 continue

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from .. import cost
+from .. import cost, telemetry
 from ..textcalls import BadArguments, arguments_text, parse_arguments, recover_tool_calls, stable_call_id
 from ..tools import Tool, ToolResult
 from ..types import (
@@ -52,6 +52,11 @@ ANSWERED = ("stop", "tool_calls", "length")  # stop reasons of an answer; any ot
 
 async def run_turn(rt: Runtime, prompt: str) -> str | None:
     """Run one turn; return a follow-up prompt (from a postTurn hook) or None."""
+    with telemetry.turn(rt, prompt):
+        return await _turn(rt, prompt)
+
+
+async def _turn(rt: Runtime, prompt: str) -> str | None:
     prompt = valid_text(prompt)  # an argv or a file may hold bytes that are no UTF-8
     state = rt.state
     state.reply = ""
@@ -203,7 +208,10 @@ async def _request(rt: Runtime, tools: list[ToolSpec]) -> tuple[Message, Done]:
     check_spending_cap(rt)
     for attempt in range(MAX_ATTEMPTS):
         try:
-            return await _stream_once(rt, tools)
+            with telemetry.chat(rt, attempt) as request:
+                assistant, done = await _stream_once(rt, tools)
+                request.answered(assistant, done)
+            return assistant, done
         except (RateLimitError, TransientError) as e:
             if attempt == MAX_ATTEMPTS - 1:
                 raise
@@ -363,7 +371,9 @@ def _read_only(call: ToolCall, tools: dict[str, Tool]) -> bool:
 async def _call(rt: Runtime, call: ToolCall) -> Message:
     rt.bus.set_state(f"calling: {call.name}")
     rt.bus.emit(Event("call", call.arguments, name=call.name))
-    result = await _dispatch(rt, call)
+    with telemetry.tool(rt, call) as span:
+        result = await _dispatch(rt, call)
+        span.result(result)
     text = _fit(rt.tmpdir, valid_text(result.text()))  # a tool's output may be anything
     rt.bus.emit(Event("tool", text, name=call.name, data={"is_error": result.is_error}))
     return Message("tool", text, is_error=result.is_error)

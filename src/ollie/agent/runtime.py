@@ -5,9 +5,10 @@ backend and agent; the loop (`loop.py`) and compaction (`compaction.py`) only us
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ..cost import cost_of, unknown_notice
 from ..tools import CallContext
@@ -39,6 +40,10 @@ class Runtime:
     checkpoints: Checkpoints | None = None  # what each turn changed in the cwd, for /undo
 
     _knowledge: tuple[str, AgentEnv, Knowledge] | None = None  # for which cwd and agent
+    # Traces (ollie.telemetry): what this session's turns are children of (a parent session's tool
+    # call), and the context of this session's tool call running now, for its sub-agents.
+    trace_parent: Callable[[], Any] | None = None
+    trace_tool: Any = None
     _unsaid: list[str] = field(default_factory=list)
     _unpriced: set[tuple[str, str]] = field(default_factory=set)  # (backend, model) said to have no price
 

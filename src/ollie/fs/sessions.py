@@ -423,6 +423,7 @@ class Sessions:
             if parent is not None:
                 core.session.meta.parent = parent.id
                 core.session.save()
+                core.trace_under(_traced_under(parent))
             session = Session(core.session.meta, core, self.view, job=bool(job_id))
             opened.append(session)
             try:
@@ -584,6 +585,13 @@ class Sessions:
             m = s.meta
             lines.append(f"{s.id}\t{s.state}\t{m.cwd}\t{m.backend}\t{m.model}\n")
         return "".join(lines)
+
+
+def _traced_under(parent: Session) -> Callable[[], object | None]:
+    """What a sub-agent's or batch job's turns are children of in a trace: the parent's tool call
+    running when the turn starts (its code prompts the child), else the one that started it."""
+    started = parent.core.trace_context() if parent.core is not None else None
+    return lambda: (parent.core.trace_context() if parent.core is not None else None) or started
 
 
 def child_name(parent: Session, name: str) -> str:

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from .. import config, sandbox
+from .. import config, sandbox, telemetry
 from ..sandbox import jail as _jail
 from ..types import ConfigError, InvalidValue
 from . import CallContext, Tool, ToolResult, scripts
@@ -495,6 +495,7 @@ class _Job:
 class _Outcome:
     output: bytes
     error: str = ""  # why the command failed; "" when it succeeded
+    status: int | None = None  # its exit status, when it exited (negative: the signal that killed it)
 
 
 async def _run_pipeline(stages: list[_Stage], job: _Job) -> ToolResult:
@@ -502,9 +503,9 @@ async def _run_pipeline(stages: list[_Stage], job: _Job) -> ToolResult:
     data: bytes | None = None  # the first stage reads nothing
     for stage in stages:
         if len(stage) == 1:  # no task to schedule for the usual case
-            outcomes = [await _run_command(stage[0], data, job)]
+            outcomes = [await _traced_command(stage[0], data, job)]
         else:
-            outcomes = await asyncio.gather(*(_run_command(cmd, data, job) for cmd in stage))
+            outcomes = await asyncio.gather(*(_traced_command(cmd, data, job) for cmd in stage))
         data = b"".join(o.output for o in outcomes)
         failures = [
             f"{cmd.where}: {o.error}" if named else o.error for cmd, o in zip(stage, outcomes, strict=True) if o.error
@@ -512,6 +513,14 @@ async def _run_pipeline(stages: list[_Stage], job: _Job) -> ToolResult:
         if failures:
             return ToolResult.of("\n".join(failures) + "\n" + _text(data), is_error=True)
     return ToolResult.of(_text(data or b""))
+
+
+async def _traced_command(cmd: _Command, stdin: bytes | None, job: _Job) -> _Outcome:
+    """A stage, as a span of the call's trace when tracing is on (its program and exit status)."""
+    with telemetry.stage(cmd.where, cmd.argv[0]) as span:
+        outcome = await _run_command(cmd, stdin, job)
+        span.exited(outcome.status, outcome.error)
+    return outcome
 
 
 async def _run_command(cmd: _Command, stdin: bytes | None, job: _Job) -> _Outcome:
@@ -565,8 +574,8 @@ async def _run_command(cmd: _Command, stdin: bytes | None, job: _Job) -> _Outcom
     status = process.status
     if status:
         why = f"exit status {status}" if status > 0 else f"killed by {signal.Signals(-status).name}"
-        return _Outcome(output, f"execution failed: {why}")
-    return _Outcome(output)
+        return _Outcome(output, f"execution failed: {why}", status)
+    return _Outcome(output, status=0)
 
 
 class _Process:

@@ -1,0 +1,240 @@
+"""Traces and metrics: exported over OTLP/HTTP to a receiver on loopback (decoded with
+opentelemetry-proto), for a scripted turn with two tool calls, one of which starts a sub-agent."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from ollie import telemetry
+
+pytest.importorskip("opentelemetry.sdk", reason="the otel extra (./setup.sh --test installs it)")
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest  # noqa: E402
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest  # noqa: E402
+
+KEY = "sk-test-7f3a9c1d5e"  # an API key in the environment: it must appear nowhere in what is exported
+
+
+class Receiver:
+    """An OTLP/HTTP receiver: what ollie exports, decoded."""
+
+    def __init__(self) -> None:
+        self.spans: list = []
+        self.metrics: list = []
+        self.raw: list[bytes] = []
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802
+                body = self.rfile.read(int(self.headers["content-length"]))
+                receiver.raw.append(body + str(self.headers).encode())
+                if self.path == "/v1/traces":
+                    request = ExportTraceServiceRequest.FromString(body)
+                    receiver.spans += [s for r in request.resource_spans for ss in r.scope_spans for s in ss.spans]
+                elif self.path == "/v1/metrics":
+                    request = ExportMetricsServiceRequest.FromString(body)
+                    receiver.metrics += [
+                        m for r in request.resource_metrics for sm in r.scope_metrics for m in sm.metrics
+                    ]
+                self.send_response(200)
+                self.send_header("content-type", "application/x-protobuf")
+                self.send_header("content-length", "0")
+                self.end_headers()
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+        self.thread.join()
+
+
+@pytest.fixture
+def receiver(monkeypatch):
+    r = Receiver()
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", r.url)
+    monkeypatch.setenv("OTEL_METRIC_EXPORT_INTERVAL", "600000")  # exported at the flush, not on a timer
+    monkeypatch.setenv("OPENAI_API_KEY", KEY)
+    assert telemetry.setup(force=True) is not None
+    try:
+        yield r
+    finally:
+        monkeypatch.delenv("OTEL_EXPORTER_OTLP_ENDPOINT")
+        telemetry.setup(force=True)  # shuts the exporters down; off again for the other tests
+        r.close()
+        assert telemetry.active() is None
+
+
+def attrs(span) -> dict:
+    out = {}
+    for kv in span.attributes:
+        v = kv.value
+        kind = v.WhichOneof("value")
+        out[kv.key] = list(x.string_value for x in v.array_value.values) if kind == "array_value" else getattr(v, kind)
+    return out
+
+
+def lead_script(h, tmp_path, usage):
+    """The lead agent: one answer with two execute_code calls (the second starts a sub-agent, prompts
+    it and reads its reply), then its text."""
+    kid = """echo 'new name=kid agent=default' > $OLLIE/ctl
+s=$OLLIE/s/$OLLIE_SESSION_ID.kid
+echo 'hello kid' > $s/prompt
+until [ "$(cat $s/state)" = idle ]; do cat $s/statewait > /dev/null; done
+cat $s/reply"""
+    script = [
+        {
+            "tool_calls": [
+                {"name": "execute_code", "arguments": {"steps": [{"code": "echo first-secret-output"}]}},
+                {"name": "execute_code", "arguments": {"steps": [{"code": kid}]}},
+            ],
+            "usage": usage,
+        },
+        {"text": "all done", "usage": {"input_tokens": 300, "output_tokens": 7}, "expect": "default says ok"},
+    ]
+    path = tmp_path / "lead.script.json"
+    path.write_text(json.dumps(script))
+    h.agent("lead")
+    (h.cfg / "agents" / "lead.json").write_text(
+        json.dumps({"backend": "scripted", "model": str(path), "prompt": "You are lead.", "subagents": ["default"]})
+    )
+
+
+async def run_lead(h, tmp_path, usage):
+    lead_script(h, tmp_path, usage)
+    parent = await h.new(agent="lead")
+    core = await parent.wake()
+    events = []
+    core.subscribe(events.append)
+    await core.submit("please do the secret-prompt task")
+    assert core.reply == "all done", [(e.kind, e.text) for e in events if e.kind not in ("state", "usage")]
+    telemetry.flush()
+    return parent
+
+
+async def test_a_turn_with_two_tool_calls_and_a_sub_agent_is_one_span_tree(h, tmp_path, receiver):
+    usage = {"input_tokens": 120, "output_tokens": 30, "cache_read_tokens": 1000}
+    parent = await run_lead(h, tmp_path, usage)
+    spans = receiver.spans
+    by_id = {s.span_id: s for s in spans}
+    names = sorted(s.name for s in spans)
+    assert names.count("invoke_agent lead") == 1 and names.count("invoke_agent default") == 1
+    assert names.count("execute_tool execute_code") == 2 and names.count("stage bash") == 2
+    assert len({s.trace_id for s in spans}) == 1  # the sub-agent's spans are in the parent's trace
+
+    [turn] = [s for s in spans if s.name == "invoke_agent lead"]
+    assert not turn.parent_span_id
+    a = attrs(turn)
+    assert a["gen_ai.operation.name"] == "invoke_agent" and a["gen_ai.agent.name"] == "lead"
+    assert a["gen_ai.conversation.id"] == parent.id and a["gen_ai.provider.name"] == "scripted"
+    assert a["gen_ai.usage.input_tokens"] == 120 + 1000 + 300 and a["gen_ai.usage.output_tokens"] == 37
+
+    chats = sorted(
+        (s for s in spans if s.name.startswith("chat ") and by_id[s.parent_span_id] is turn),
+        key=lambda s: s.start_time_unix_nano,
+    )
+    assert len(chats) == 2
+    first, second = (attrs(c) for c in chats)
+    assert first["gen_ai.operation.name"] == "chat" and first["gen_ai.request.model"].endswith("lead.script.json")
+    assert first["gen_ai.usage.input_tokens"] == 1120 and first["gen_ai.usage.output_tokens"] == 30
+    assert first["gen_ai.usage.cache_read.input_tokens"] == 1000
+    assert first["gen_ai.response.finish_reasons"] == ["tool_calls"] and second["gen_ai.response.finish_reasons"] == [
+        "stop"
+    ]
+
+    tools = sorted((s for s in spans if s.name == "execute_tool execute_code"), key=lambda s: s.start_time_unix_nano)
+    assert all(by_id[t.parent_span_id] is turn for t in tools)
+    assert [attrs(t)["gen_ai.tool.name"] for t in tools] == ["execute_code", "execute_code"]
+    assert all(attrs(t)["gen_ai.tool.call.id"] for t in tools)
+    for t in tools:  # each has its sandboxed stage, with its exit status
+        [stage] = [s for s in spans if s.parent_span_id == t.span_id and s.name == "stage bash"]
+        assert attrs(stage)["process.exit.code"] == 0
+
+    [child] = [s for s in spans if s.name == "invoke_agent default"]
+    assert child.parent_span_id == tools[1].span_id  # the sub-agent's turn: a child of the call that prompted it
+    assert attrs(child)["gen_ai.conversation.id"] == f"{parent.id}.kid"
+    assert any(s.parent_span_id == child.span_id and s.name.startswith("chat ") for s in spans)
+
+    exported = b"".join(receiver.raw)
+    for secret in (b"secret-prompt", b"first-secret-output", b"You are lead", KEY.encode()):
+        assert secret not in exported  # no content without the opt-in, and never a key
+
+    metrics = {m.name: m for m in receiver.metrics}
+    assert set(metrics) >= {
+        "gen_ai.client.token.usage",
+        "gen_ai.client.operation.duration",
+        "ollie.turns",
+        "ollie.tool_calls",
+        "ollie.sandbox.stage.duration",
+        "ollie.sessions.active",
+    }
+    lead_tokens = {
+        attrs(p)["gen_ai.token.type"]: p.sum
+        for p in metrics["gen_ai.client.token.usage"].histogram.data_points
+        if attrs(p)["gen_ai.request.model"].endswith("lead.script.json")
+    }
+    assert lead_tokens == {"input": 1120 + 300, "output": 37}
+    tool_calls = sum(p.as_int for p in metrics["ollie.tool_calls"].sum.data_points)
+    assert tool_calls == 2
+
+
+async def test_contents_only_when_opted_in(h, tmp_path, receiver, monkeypatch):
+    monkeypatch.setenv("OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT", "true")
+    await run_lead(h, tmp_path, {"input_tokens": 1, "output_tokens": 1})
+    spans = receiver.spans
+    [turn] = [s for s in spans if s.name == "invoke_agent lead"]
+    assert (
+        "secret-prompt" in attrs(turn)["gen_ai.input.messages"] and "all done" in attrs(turn)["gen_ai.output.messages"]
+    )
+    tool = min((s for s in spans if s.name == "execute_tool execute_code"), key=lambda s: s.start_time_unix_nano)
+    assert "first-secret-output" in attrs(tool)["gen_ai.tool.call.result"]
+    assert "echo first-secret-output" in attrs(tool)["gen_ai.tool.call.arguments"]
+    chat = min(
+        (s for s in spans if s.name.startswith("chat ") and s.parent_span_id == turn.span_id),
+        key=lambda s: s.start_time_unix_nano,
+    )
+    assert "You are lead" in attrs(chat)["gen_ai.system_instructions"]
+    assert KEY.encode() not in b"".join(receiver.raw)
+
+
+async def test_a_failed_tool_call_and_stage_are_errors(h, tmp_path, receiver):
+    script = tmp_path / "fail.json"
+    script.write_text(
+        json.dumps(
+            [
+                {"tool_calls": [{"name": "execute_code", "arguments": {"steps": [{"code": "exit 3"}]}}]},
+                {"text": "it failed"},
+            ]
+        )
+    )
+    (h.cfg / "agents" / "failing.json").write_text(json.dumps({"backend": "scripted", "model": str(script)}))
+    session = await h.new(agent="failing")
+    core = await session.wake()
+    await core.submit("go")
+    telemetry.flush()
+    [tool] = [s for s in receiver.spans if s.name == "execute_tool execute_code"]
+    [stage] = [s for s in receiver.spans if s.name == "stage bash"]
+    assert attrs(tool)["error.type"] == "tool_error" and tool.status.code == 2  # STATUS_CODE_ERROR
+    assert attrs(stage)["process.exit.code"] == 3 and stage.status.code == 2
+
+
+def test_off_unless_asked_and_then_nothing_of_opentelemetry_is_imported():
+    code = (
+        "import sys, ollie.telemetry as t, ollie.agent.loop; assert t.active() is None; "
+        "print(sorted(m for m in sys.modules if m.startswith('opentelemetry')))"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
