@@ -21,10 +21,11 @@ CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 DRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
 WAIT = 20.0
 
+DIFF = "printf 'tool-output-42\\n'; printf -- '--- a/x.py\\n+++ b/x.py\\n@@ -1 +1 @@\\n-old line\\n+new line\\n'"
 TOOL_TURNS = [
     {
         "reasoning": "The user wants a listing.\nI will run a command.",
-        "tool_calls": [{"name": "execute_code", "arguments": {"steps": [{"code": "printf 'tool-output-42\\n'"}]}}],
+        "tool_calls": [{"name": "execute_code", "arguments": {"steps": [{"code": DIFF}]}}],
     },
     {"text": "The command said **tool-output-42**.\n\n- one\n- two", "chunk": 4, "delay": 0.2},
 ]
@@ -65,6 +66,7 @@ def web(tmp_path_factory):
     srv.agent("tooler", turns=TOOL_TURNS)
     srv.agent("slow", turns=[{"text": "too late", "delay": 60}])
     srv.agent("xss", [{"match": ".", "text": XSS}])
+    srv.agent("judge", [{"match": ".", "text": "2\nThe second says it better."}])
     out = srv.ollie("srv", "start", "--web", "127.0.0.1:0", check=False)
     assert out.returncode == 0, out.stderr + srv.log()
     try:
@@ -195,6 +197,8 @@ def test_a_turn_streams_with_its_tool_call_and_a_typed_prompt_reaches_the_sessio
     assert "execute_code" in call.text and call.get_attribute("open") is None  # folded
     call.find_element("tag name", "summary").click()
     until(lambda: "tool-output-42" in call.find_element("css selector", "pre.out").text, what="the tool's output")
+    assert [x.text for x in call.find_elements("css selector", "pre.out span.del")] == ["-old line"]  # a diff, coloured
+    assert [x.text for x in call.find_elements("css selector", "pre.out span.add")] == ["+new line"]
     reasoning = css(browser, "#chat details.reasoning")[0]
     reasoning.find_element("tag name", "summary").click()
     assert "I will run a command." in reasoning.text
@@ -286,3 +290,22 @@ def test_loopback_only_without_a_token_file(web, tmp_path):
     out = web.ollie("srv", "start", "--no-mount", "--socket", str(tmp_path / "x"), "--web", "0.0.0.0:0", check=False)
     assert out.returncode != 0 and "--web-token-file" in out.stderr
     assert not Path(tmp_path / "x.pid").exists()
+
+
+def test_candidates_and_the_judges_pick_side_by_side(web, browser):
+    """u/optimize's shape: jobs <name>-0, <name>-1 and a judge <name>-judge-0 naming one."""
+    for spec in (
+        f"name=opt-t\ncwd={web.work}\nparallel=2\n---\nname it\n",
+        f"name=opt-t-judge\ncwd={web.work}\nagent=judge\n---\npick\n",
+    ):
+        (web.mnt / "b" / "new").write_text(spec)
+    for jid in ("opt-t-0", "opt-t-1", "opt-t-judge-0"):
+        until(lambda jid=jid: (web.mnt / "b" / jid / "status").read_text().strip() == "done", what=jid)
+    browser.get(web.url.split("?")[0] + "#/b")
+    until(lambda: len([tr for tr in css(browser, "#jobs tbody tr") if "opt-t" in tr.text]) == 3, what="the rows")
+    by_id(browser, "compare-name").send_keys("opt-t")
+    by_id(browser, "compare").click()
+    cards = until(lambda: css(browser, "#cards .card[data-id]"), what="the candidates")
+    assert [c.get_attribute("data-id") for c in cards] == ["opt-t-0", "opt-t-1"]
+    assert "pick" in cards[1].get_attribute("class") and "pick" not in cards[0].get_attribute("class")
+    assert "The second says it better." in css(browser, "#cards .judge")[0].text

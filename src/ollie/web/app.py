@@ -320,6 +320,12 @@ def build(  # noqa: C901 (one small handler a route)
             raise FsError(E.EINVAL, answer[len("error: ") :].strip())
         return JSONResponse({"ids": answer.split()})
 
+    async def job(request: Request) -> Response:
+        found = jobs.find(_name(request.path_params["jid"]))
+        if found is None:
+            raise FsError(E.ENOENT, "no such job")
+        return JSONResponse(feed.job_info(found))
+
     async def remove_job(request: Request) -> Response:
         await ns.remove(f"/b/{_name(request.path_params['jid'])}")
         return JSONResponse({"ok": True})
@@ -359,6 +365,7 @@ def build(  # noqa: C901 (one small handler a route)
         Route("/api/s/{sid}/commands", guarded(commands)),
         Route("/api/s/{sid}/file/{name}", guarded(session_file)),
         Route("/api/b/new", guarded(new_jobs), methods=["POST"]),
+        Route("/api/b/{jid}", guarded(job)),
         Route("/api/b/{jid}/rm", guarded(remove_job), methods=["POST"]),
         Route("/api/m", guarded(memory_list)),
         Route("/api/m/{name}", guarded(memory_read)),

@@ -105,6 +105,7 @@ function sessionsView() {
     c[7].textContent = r.prompt;
     c[7].title = r.prompt;
     c[8].textContent = ago(r.updated);
+    tr.dataset.updated = r.updated;
     tr.dataset.state = r.state;
     tr.dataset.text = [r.id, r.agent, r.model, r.cwd, r.prompt, r.parent].join(" ").toLowerCase();
     tr.hidden = !matches(tr);
@@ -142,7 +143,9 @@ function sessionsView() {
       el("button", { id: "new-session", onclick: create }, "start")),
     el("table", { id: "sessions" }, el("thead", {}, el("tr", {}, ...cells.map((c) => el("th", {}, c === "ctx" ? "context" : c)), el("th"))), body),
   );
-  const tick = setInterval(() => { for (const tr of rows.values()) if (!tr.hidden) { /* refresh "ago" only */ } }, 60000);
+  const tick = setInterval(() => {
+    for (const tr of rows.values()) if (!tr.hidden) tr.children[8].textContent = ago(Number(tr.dataset.updated));
+  }, 30000);
   return () => { src.close(); clearInterval(tick); };
 }
 
@@ -412,7 +415,8 @@ function jobsView() {
   const spec = el("textarea", { class: "spec", id: "spec" });
   spec.value = TEMPLATE;
   const answer = el("span", { class: "muted", id: "submitted" });
-  const cards = el("div", { class: "cols", id: "compare" });
+  const cards = el("div", { class: "cols", id: "cards" });
+  const runs = el("datalist", { id: "runs" });
   const submit = async () => {
     try {
       const r = await api("/api/b/new", { spec: spec.value });
@@ -445,6 +449,7 @@ function jobsView() {
       fill(tr, r);
     }
     for (const id of d.gone || []) { const tr = rows.get(id); if (tr) { tr.remove(); rows.delete(id); } }
+    runs.replaceChildren(...runsOf([...rows.keys()]).map((r) => el("option", { value: r })));
     say("live");
   });
   src.onerror = () => say("reconnecting…", true);
@@ -453,29 +458,44 @@ function jobsView() {
     el("h3", {}, "submit a spec (as b/new takes it)"), spec,
     el("div", { class: "bar" }, el("button", { id: "submit-job", onclick: submit }, "submit"), answer),
     el("h3", {}, "compare: the jobs of one spec side by side"),
-    el("div", { class: "bar" }, el("input", { id: "compare-name", placeholder: "spec name (u/optimize's run)" }),
-      el("button", { onclick: () => compare(document.getElementById("compare-name").value, rows, cards) }, "compare")),
+    el("div", { class: "bar" }, runs, el("input", { id: "compare-name", placeholder: "a spec's name (u/optimize's run)", list: "runs", size: 36 }),
+      el("button", { id: "compare", onclick: () => compare(document.getElementById("compare-name").value, rows, cards) }, "compare")),
     cards,
   );
   return () => src.close();
 }
 
+// u/optimize names its candidates <name>-0, <name>-1, … and its judge <name>-judge-0, whose answer's
+// first line is the number of the candidate it picks.
+function runsOf(ids) {
+  const runs = new Set();
+  for (const id of ids) {
+    const m = /^(.*)-(\d+)$/.exec(id);
+    if (m && !m[1].endsWith("-judge")) runs.add(m[1]);
+  }
+  return [...runs].filter((r) => ids.includes(r + "-judge-0") || [...ids].filter((i) => i.startsWith(r + "-")).length > 1);
+}
+
 async function compare(name, rows, cards) {
   cards.replaceChildren();
-  const ids = [...rows.keys()].filter((id) => name && (id.startsWith(name + "-") || id === name || rows.get(id).dataset.name === name));
-  for (const id of ids) {
-    const card = el("div", { class: "card" }, el("h4", {}, el("a", { href: "#/b/" + enc(id) }, id)));
-    const result = el("div");
-    card.append(result);
+  const ids = [...rows.keys()];
+  const candidates = ids.filter((id) => new RegExp("^" + name.replace(/[.*+?^${}()|[\]\\]/g, "\\$&") + "-\\d+$").test(id))
+    .sort((a, b) => Number(a.slice(name.length + 1)) - Number(b.slice(name.length + 1)));
+  const judgeId = name + "-judge-0";
+  const get = (id) => api("/api/b/" + enc(id)).catch((e) => ({ id, status: "?", result: e.message, cost: 0 }));
+  const [results, judge] = await Promise.all([Promise.all(candidates.map(get)), ids.includes(judgeId) ? get(judgeId) : null]);
+  const pick = judge ? Number(((judge.result || "").split("\n")[0].match(/\d+/) || ["0"])[0]) : 0;
+  results.forEach((d, i) => {
+    const card = el("div", { class: "card" + (pick === i + 1 ? " pick" : ""), "data-id": d.id },
+      el("h4", {}, el("a", { href: "#/b/" + enc(d.id) }, "candidate " + (i + 1) + ": " + d.id), pick === i + 1 ? " (the judge's pick)" : ""),
+      el("div", { class: "muted" }, d.status + ", " + money(d.cost)), markdown((d.result || "").split("\n")));
     cards.append(card);
-    const src = new EventSource("/events/page/" + enc(id));
-    src.addEventListener("info", (ev) => {
-      const d = JSON.parse(ev.data);
-      result.replaceChildren(el("div", { class: "muted" }, d.status + ", " + money(d.cost)), markdown((d.result || "").split("\n")));
-      if (/judge|pick/i.test(d.name || id)) card.classList.add("pick");
-      src.close();
-    });
+  });
+  if (judge) {
+    cards.append(el("div", { class: "card judge" }, el("h4", {}, el("a", { href: "#/b/" + enc(judgeId) }, "the judge: " + judgeId)),
+      el("div", { class: "muted" }, judge.status + ", " + money(judge.cost)), markdown((judge.result || "").split("\n"))));
   }
+  if (!results.length) cards.append(el("p", { class: "muted" }, "no job named " + name + "-<n>"));
 }
 
 // ---- memory --------------------------------------------------------------------------------------
