@@ -21,8 +21,11 @@ FINISHED = ("done", "cancelled", "failed: the turn ended without an answer")
 
 
 async def until(h: Harness, jid: str, *statuses: str, timeout: float = 20) -> None:
+    """Wait for the job to reach one of `statuses` (a running one: with its session made, which
+    takes a while after the job is marked running: its tool servers start)."""
     for _ in range(int(timeout * 20)):
-        if jid in h.jobs._by_id and h.jobs.get(jid).status in statuses:
+        job = h.jobs.get(jid) if jid in h.jobs._by_id else None
+        if job is not None and job.status in statuses and (job.status != "running" or job.session is not None):
             return
         await asyncio.sleep(0.05)
     raise AssertionError(f"job {jid}: {h.jobs.get(jid).status if jid in h.jobs._by_id else 'none'}")
