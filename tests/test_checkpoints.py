@@ -254,3 +254,26 @@ def test_ctl_undo_and_the_checkpoints_file_on_the_mount(fs_server):
     assert (s / "checkpoints").read_text() == ""
     with pytest.raises(OSError):
         (s / "ctl").write_text("rewind 1 --bogus\n")
+
+
+async def test_a_slow_first_snapshot_is_not_waited_for_and_the_next_turn_has_one(tmp_path, monkeypatch):
+    from ollie.agent import checkpoints
+
+    cwd = _project(tmp_path / "p")
+    infos: list[str] = []
+    core = await open_session(
+        backend="scripted",
+        script=[_stage("echo 1 > a.txt"), {"text": "one"}, _stage("echo 2 > a.txt"), {"text": "two"}],
+        cwd=str(cwd),
+        on_event=lambda e: infos.append(e.text) if e.kind == "info" else None,
+    )
+    monkeypatch.setattr(checkpoints, "WAIT_MAX", 0)  # as if the tree were too large to read in time
+    await core.submit("one")
+    assert (cwd / "a.txt").read_text() == "1\n"  # the turn went on
+    assert any("checkpoints: this turn has none: the snapshot of" in i for i in infos)
+    assert await commands.run(core, "checkpoints") == "(no checkpoints)"
+    monkeypatch.setattr(checkpoints, "WAIT_MAX", 10.0)
+    await core.submit("two")
+    await commands.run(core, "undo")
+    assert (cwd / "a.txt").read_text() == "1\n"  # back to where the second turn started
+    await core.close()

@@ -39,6 +39,7 @@ from .. import config
 from ..types import InvalidValue, OllieError
 
 MAX_FILE = 8 * 1024 * 1024  # bytes: a larger file, when first seen, is left out of checkpoints
+WAIT_MAX = 10.0  # seconds a turn's first tool call waits for the snapshot before it
 _ATTRIBUTES = "* -text !eol -ident -filter !working-tree-encoding\n"  # stored as the bytes on disk
 
 
@@ -56,6 +57,9 @@ class Checkpoint:
     after: str = ""  # the tree when it ended ("" while it runs, or if that snapshot failed)
     history: int = 0  # messages in the history when the turn started
     undone: bool = False
+
+
+_SKIPPED = Checkpoint(0, "", 0.0, "", "")  # a turn whose first snapshot was not waited for
 
 
 @dataclass
@@ -114,8 +118,18 @@ class Checkpoints:
         self._before = asyncio.ensure_future(Shadow(cwd).snapshot())
 
     async def before_change(self) -> None:
-        """Before each tool call: the turn's first snapshot must be taken (once a turn)."""
+        """Before each tool call: the turn's first snapshot must be taken (once a turn). One that
+        takes longer than WAIT_MAX (the first of a large tree reads every file) is not waited for:
+        the turn goes on without a checkpoint, and the snapshot ends in the background."""
         if self._before is None or self._turn is not None:
+            return
+        done, _ = await asyncio.wait({self._before}, timeout=WAIT_MAX)
+        if not done:
+            self._emit(
+                f"checkpoints: this turn has none: the snapshot of {self._started[2]} is still being taken "
+                "(the first of a large tree reads every file); the next turns will have one"
+            )
+            self._turn = _SKIPPED
             return
         before = await self._taken()
         if before:
@@ -138,7 +152,7 @@ class Checkpoints:
         """Snapshot the cwd again and keep the turn's checkpoint (a turn that called no tool keeps
         none: its first snapshot is only waited for)."""
         turn, self._turn = self._turn, None
-        if turn is None:
+        if turn is None or turn is _SKIPPED:
             await self._taken()
             return
         try:
