@@ -238,3 +238,43 @@ def test_off_unless_asked_and_then_nothing_of_opentelemetry_is_imported():
     env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+async def test_verbose_logs_each_request_its_retries_and_timings_in_one_line(caplog, monkeypatch):
+    from agent_helpers import make_core
+
+    monkeypatch.setattr("ollie.agent.loop._countdown", _no_wait)
+    script = [
+        {
+            "tool_calls": [{"name": "echo", "arguments": {"text": "x"}}],
+            "usage": {"input_tokens": 100, "output_tokens": 5},
+        },
+        {"error": {"type": "transient", "message": "502 from upstream"}},
+        {"text": "done", "usage": {"input_tokens": 120, "output_tokens": 3, "cache_read_tokens": 50}},
+    ]
+    core, backend, _, _ = await make_core(script)
+    with caplog.at_level("INFO", logger="ollie.requests"):
+        await core.submit("go")
+    await core.close()
+    lines = [r.getMessage() for r in caplog.records if r.name == "ollie.requests"]
+    assert len(lines) == 3, lines
+    name = f"scripted {backend.model}"
+    assert lines[0].startswith(f"{name}: ") and ", 100 in / 5 out, stop tool_calls, 1 tool calls" in lines[0]
+    assert lines[1].startswith(f"{name}: ") and "failed: " in lines[1] and "502 from upstream" in lines[1]
+    assert lines[2].startswith(f"{name} (try 2): ") and "170 in (50 cached) / 3 out, stop stop" in lines[2]
+    assert all(" s, " in line for line in lines)  # each with its time
+
+
+async def _no_wait(*args):
+    pass
+
+
+def test_ollie_run_verbose_prints_the_request_lines_on_stderr(tmp_path):
+    script = tmp_path / "s.json"
+    script.write_text(json.dumps([{"text": "hi", "usage": {"input_tokens": 9, "output_tokens": 2}}]))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    argv = [sys.executable, "-m", "ollie", "run", "--verbose", "--backend", "scripted", "--script", str(script), "hi"]
+    done = subprocess.run(argv, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert "ollie.requests: scripted " in done.stderr and "9 in / 2 out, stop stop" in done.stderr
+    assert "ollie.requests" not in done.stdout

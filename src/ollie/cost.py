@@ -186,17 +186,44 @@ def _import_prices() -> Any:
     return genai_prices
 
 
+_listed: dict[tuple[str, str | None], Price | Any | None] = {}  # the lookups, made once per process
+
+
 def _listed_cost(model: str, usage: Usage, provider: str | None) -> float | None:
-    """The price list's figure for one request (its tiers depend on the request's size), or None."""
+    """The price list's figure for one request, or None. A model priced per token alike at any
+    size is priced here (a few microseconds); one with tiers (a higher rate past some input size)
+    by the list's own calculation, which takes the request's size into account (~0.1 ms)."""
+    key = (model, provider)
+    if key not in _listed:
+        _listed[key] = _look_up(model, provider)
+    price = _listed[key]
+    if price is None or isinstance(price, Price):
+        return None if price is None else price.of(usage)
     prices = _import_prices()
-    if prices is None:
-        return None
     listed = prices.Usage(
         input_tokens=usage.input_tokens + usage.cache_read_tokens + usage.cache_write_tokens,
         cache_read_tokens=usage.cache_read_tokens,
         cache_write_tokens=usage.cache_write_tokens,
         output_tokens=usage.output_tokens,
     )
+    total: Decimal = price.calc_price(listed)["total_price"]
+    return float(total)
+
+
+_RATES = ("input_mtok", "output_mtok", "cache_read_mtok", "cache_write_mtok")
+
+
+def _look_up(model: str, provider: str | None) -> Price | Any | None:
+    """The list's current price of `model` (from `provider`, else whichever lists it): a `Price`
+    when its token rates are flat, else the list's own price object; None when it is not listed."""
+    prices = _import_prices()
+    if prices is None:
+        return None
+    from datetime import UTC, datetime
+
+    from genai_prices import data_snapshot
+
+    snapshot = data_snapshot.get_snapshot()
     tries = [(model, provider)]
     if provider is not None:
         tries.append((model, None))  # the backend may point at another provider's compatible API
@@ -204,8 +231,14 @@ def _listed_cost(model: str, usage: Usage, provider: str | None) -> float | None
         tries.append((model.rsplit("/", 1)[-1], None))  # a router's prefix
     for ref, pid in tries:
         try:
-            price: Decimal = prices.calc_price(listed, ref, provider_id=pid).total_price
+            _, info = snapshot.find_provider_model(ref, None, pid, None)
         except (LookupError, ValueError):
             continue
-        return float(price)
+        listed = info.get_prices(datetime.now(tz=UTC))
+        rates = [getattr(listed, name, None) for name in _RATES]
+        if rates[0] is None or rates[1] is None:
+            return listed
+        if all(r is None or isinstance(r, Decimal) for r in rates):
+            return Price(*(None if r is None else float(r) for r in rates))  # type: ignore[arg-type]
+        return listed
     return None

@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from .types import Done, Message, ToolCall, Usage
 
 log = logging.getLogger(__name__)
+_requests = logging.getLogger("ollie.requests")  # a line per model request: `ollie run --verbose`
 
 # The conventions' provider names, where ollie's backend name differs or says less.
 _PROVIDER_NAMES = {"local": "llama_cpp", "llamacpp": "llama_cpp", "copilot": "github_copilot"}
@@ -359,9 +360,56 @@ class _Turn(_Recorder):
         self.on.turns.add(1, attrs)
 
 
+class _RequestLog:
+    """A model request in one line of the `ollie.requests` log (`ollie run --verbose`, the
+    server's log): backend, model, time, tokens, how it ended or why it failed."""
+
+    def __init__(self, rt: Runtime, attempt: int):
+        self.rt, self.attempt, self.before, self.start = rt, attempt, _counts(rt), time.perf_counter()
+        self.stop = ""
+
+    def __enter__(self) -> _RequestLog:
+        return self
+
+    def answered(self, message: Message, done: Done) -> None:
+        self.stop = f", stop {done.stop_reason}" + (
+            f", {len(message.tool_calls)} tool calls" if message.tool_calls else ""
+        )
+
+    def result(self, result: ToolResult) -> None:
+        pass
+
+    def exited(self, status: int | None, error: str = "") -> None:
+        pass
+
+    def __exit__(self, kind: Any, error: BaseException | None, tb: Any) -> None:
+        rt, seconds = self.rt, time.perf_counter() - self.start
+        try_ = f" (try {self.attempt + 1})" if self.attempt else ""
+        head = f"{rt.backend.name} {rt.backend.model}{try_}: {seconds:.2f} s"
+        if error is not None:
+            _requests.info("%s, failed: %s", head, str(error)[:300] or type(error).__name__)
+            return
+        u = _usage_since(rt, self.before)
+        cached = f" ({u.cache_read_tokens} cached)" if u.cache_read_tokens else ""
+        made = f", {u.cache_write_tokens} to cache" if u.cache_write_tokens else ""
+        est = " [estimated]" if rt.state.usage.estimated else ""
+        _requests.info(
+            "%s, %d in%s%s / %d out%s%s, session $%.4f",
+            head,
+            u.input_tokens + u.cache_read_tokens + u.cache_write_tokens,
+            cached,
+            made,
+            u.output_tokens,
+            est,
+            self.stop,
+            rt.state.meta.cost_session,
+        )
+
+
 class _Chat(_Recorder):
-    def __init__(self, on: _Telemetry, rt: Runtime, attempt: int):
+    def __init__(self, on: _Telemetry, rt: Runtime, attempt: int, logged: _RequestLog | None = None):
         self.rt, self.before, self.start = rt, _counts(rt), time.perf_counter()
+        self.logged = logged
         attrs: dict[str, Any] = {"gen_ai.operation.name": "chat", **_common(rt), **_server(rt)}
         if attempt:
             attrs["ollie.request.attempt"] = attempt + 1
@@ -376,6 +424,8 @@ class _Chat(_Recorder):
         super().__init__(on, on.span(f"chat {rt.backend.model}", on.kind.CLIENT, attrs))
 
     def answered(self, message: Message, done: Done) -> None:
+        if self.logged is not None:
+            self.logged.answered(message, done)
         self.span.set_attribute("gen_ai.response.finish_reasons", [done.stop_reason])
         if capture_content():
             self.span.set_attribute("gen_ai.output.messages", _messages_json([message]))
@@ -392,6 +442,8 @@ class _Chat(_Recorder):
             counted = _usage_attributes(usage)
             for kind, key in (("input", "gen_ai.usage.input_tokens"), ("output", "gen_ai.usage.output_tokens")):
                 self.on.tokens.record(counted[key], {**attrs, "gen_ai.token.type": kind})
+        if self.logged is not None:
+            self.logged.__exit__(None, error, None)
 
 
 class _Tool(_Recorder):
@@ -470,9 +522,12 @@ def turn(rt: Runtime, prompt: str) -> _Recorder | _Off:
     return OFF if on is None else _Turn(on, rt, prompt)
 
 
-def chat(rt: Runtime, attempt: int = 0) -> _Recorder | _Off:
+def chat(rt: Runtime, attempt: int = 0) -> _Recorder | _RequestLog | _Off:
     on = _on if _decided else active()
-    return OFF if on is None else _Chat(on, rt, attempt)
+    logged = _RequestLog(rt, attempt) if _requests.isEnabledFor(logging.INFO) else None
+    if on is None:
+        return OFF if logged is None else logged
+    return _Chat(on, rt, attempt, logged)
 
 
 def tool(rt: Runtime, call: ToolCall) -> _Recorder | _Off:

@@ -63,6 +63,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--cwd", help="working directory of the session (default: here)")
     run.add_argument("--session", help="continue a stored session")
     run.add_argument("--json", action="store_true", help="print the events as JSON lines")
+    run.add_argument(
+        "-v", "--verbose", action="store_true", help="log each model request (time, tokens, retries) on stderr"
+    )
     run.set_defaults(func=_run)
 
     sessions = sub.add_parser("sessions", help="list stored sessions, or show one")
@@ -131,6 +134,11 @@ def _run(args: argparse.Namespace) -> int:
     from .init import first_use
 
     first_use()  # a fresh machine gets the default agents and tool scripts before its first run
+    if args.verbose:  # a line per request (ollie.requests) and whatever else ollie logs, on stderr
+        import logging
+
+        logging.basicConfig(format="%(asctime)s %(name)s: %(message)s")
+        logging.getLogger("ollie").setLevel(logging.INFO)
     return asyncio.run(_run_async(args, prompt))
 
 
