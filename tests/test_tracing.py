@@ -278,3 +278,28 @@ def test_ollie_run_verbose_prints_the_request_lines_on_stderr(tmp_path):
     assert done.returncode == 0, done.stderr
     assert "ollie.requests: scripted " in done.stderr and "9 in / 2 out, stop stop" in done.stderr
     assert "ollie.requests" not in done.stdout
+
+
+def test_a_ray_jobs_turns_are_children_of_the_call_whose_context_its_task_carries(receiver, tmp_path):
+    """The worker's side of a job on Ray (run_task, as a worker runs it, without a cluster): the
+    task carries the W3C trace context of the tool call that started the job."""
+    from opentelemetry import trace as api
+
+    from ollie.fs.ray_jobs import run_task
+
+    on = telemetry.active()
+    with on.tracer.start_as_current_span("execute_tool execute_code") as call:
+        carried = telemetry.inject(api.set_span_in_context(call))
+    assert set(carried) == {"traceparent"}
+    script = tmp_path / "job.json"
+    script.write_text(json.dumps([{"text": "job done", "usage": {"input_tokens": 5, "output_tokens": 2}}]))
+    settings = {"agent": "", "backend": "scripted", "model": str(script), "cwd": str(tmp_path)}
+    task = {"job_id": "j-0", "prompt": "hi", "output": "", "cwd_within": "", "settings": settings, "trace": carried}
+    *_, last = run_task(task)
+    assert not last["status"].startswith("failed"), last
+    telemetry.flush()
+    [turn] = [s for s in receiver.spans if s.name.startswith("invoke_agent")]
+    context = call.get_span_context()
+    assert turn.trace_id == context.trace_id.to_bytes(16, "big")
+    assert turn.parent_span_id == context.span_id.to_bytes(8, "big")
+    assert attrs(turn)["gen_ai.conversation.id"] == "j-0" and attrs(turn)["gen_ai.usage.output_tokens"] == 2

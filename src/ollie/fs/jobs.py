@@ -35,7 +35,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .. import config
+from .. import config, telemetry
 from ..agent.session import check_session_id, new_session_id
 from ..chatfmt import cost_text, usage_text
 from ..types import ConfigError, Cost, InvalidValue, OllieError, Usage
@@ -501,7 +501,8 @@ class Jobs:
                     job.record.model = item["model"]
 
             within = parent.settings()["cwd"] if parent is not None else ""
-            task = Task(job.id, settings, job.prompt, job.spec.output, cwd_within=within)
+            started_by = parent.core.trace_context() if parent is not None and parent.core is not None else None
+            task = Task(job.id, settings, job.prompt, job.spec.output, within, telemetry.inject(started_by))
             done = await self._ray.run(task, lambda: job.set("running"), progress)
         if parent is not None and self.sessions.find(parent.id) is parent:
             self.sessions.add_to_parent(parent, job.usage(), job.record.cost)

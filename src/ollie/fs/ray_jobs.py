@@ -26,11 +26,11 @@ import socket
 import tempfile
 import threading
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .. import config, sandbox
+from .. import config, sandbox, telemetry
 from ..chatfmt import marked, visible
 from ..types import ConfigError, Cost, OllieError, Usage
 
@@ -66,7 +66,19 @@ WORKER_ENV = (
     "OLLIE_LOCAL_CTX",
     "OLLIE_LOCAL_TOOL_CHOICE",
     "OLLIE_MAX_SESSION_COST",
+    "OLLIE_ALLOW_UNPRICED",
     *URL_ENV,
+    # Where a worker's traces go (docs/tracing.md); OTEL_EXPORTER_OTLP_HEADERS, which carries a
+    # vendor's key, stays home: a worker sets its own.
+    "OTEL_SDK_DISABLED",
+    "OTEL_SERVICE_NAME",
+    "OTEL_EXPORTER_OTLP_ENDPOINT",
+    "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+    "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT",
+    "OTEL_EXPORTER_OTLP_PROTOCOL",
+    "OTEL_TRACES_EXPORTER",
+    "OTEL_METRICS_EXPORTER",
+    "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT",
 )
 # A URL's `user:password@` (an OLLAMA_HOST may be a bare `host:port`, so in the URL variables the
 # scheme is optional; elsewhere only a `scheme://` value is a URL, and `model@rev` is no password).
@@ -97,6 +109,9 @@ class Task:
     # A session's code asked for it: its parent's cwd, where its own must lie (its agent must run
     # nothing outside the sandbox); "" for a job of the user's
     cwd_within: str
+    # Traces: the W3C trace context (traceparent) of the parent's tool call that started the job,
+    # which the job's turns are children of; {} when the server does not trace
+    trace: dict[str, str] = field(default_factory=dict)
 
 
 def check_address(address: str) -> None:
@@ -271,6 +286,8 @@ async def _work(task: Task, send: Callable[[dict[str, Any]], None], stop: asynci
                 on_event=on_event,
                 cwd_within=task.cwd_within or None,
             ) as core:
+                parent = telemetry.extract(task.trace)  # its turns: children of the call that started it
+                core.trace_under(lambda: parent)
                 with open(Path(root) / task.job_id / "chat", "rb") as chat:
                     await _follow(core, task, chat, changed, errors, send, stop)
     except (OllieError, OSError) as e:
@@ -278,6 +295,8 @@ async def _work(task: Task, send: Callable[[dict[str, Any]], None], stop: asynci
     except Exception as e:  # a bug: the job fails saying so, the worker lives on
         log.exception("job %s failed", task.job_id)
         send(_failed(core, f"{type(e).__name__}: {e}"))
+    finally:
+        telemetry.flush()  # the worker lives on: its spans leave with the job's end
 
 
 def _check(task: Task, node: str) -> None:
