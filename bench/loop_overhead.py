@@ -11,6 +11,12 @@ installed), and over a minimal keep-alive HTTP/1.1 client (the practical limit).
 
 Targets (issue 29): each backend's CPU per request within 1.2x the OpenAI-compatible one's.
 
+Tracing (issue 28), on the OpenAI wire, interleaved with the rest: the Core as shipped with no
+OTEL_* variable set ("ollie openai", tracing off), the same with ollie.telemetry's entry points
+replaced by bare no-ops ("no otel": the loop as if it had no tracing at all), and exporting every
+span and metric over OTLP/HTTP to the same local server ("tracing on"; the exporter's thread counts
+in this process's CPU). Target: off within 1.05x of no otel.
+
 Then, in fresh interpreters, the time to import `ollie.cli` and build the Anthropic backend with
 what its first request needs: now (ollie's own client) against before (the `anthropic` SDK and its
 `httpx2`, which the backend imported then).
@@ -25,6 +31,7 @@ import asyncio
 import json
 import multiprocessing
 import os
+import random
 import statistics
 import subprocess
 import sys
@@ -108,6 +115,8 @@ def _route(method: bytes, path: bytes, raw: bytes, steps: int) -> tuple[str, str
         return "200 OK", "application/json", json.dumps(_ANTHROPIC_MODEL).encode()
     if method == b"POST" and path == b"/api/show":
         return "200 OK", "application/json", json.dumps(_SHOW).encode()
+    if method == b"POST" and path in (b"/v1/traces", b"/v1/metrics"):  # OTLP/HTTP: taken, not read
+        return "200 OK", "application/x-protobuf", b""
     try:
         body = json.loads(raw) if method == b"POST" else None
     except ValueError:
@@ -255,6 +264,37 @@ async def run_ollie(name: str, port: int) -> tuple[float, float]:
     return wall, cpu
 
 
+_TRACING: dict[str, Any] = {}  # mode -> what ollie.telemetry is set to for it
+
+
+def tracing_modes(port: int) -> None:
+    """Set up the three tracing modes once: the exporter of "on" posts to the bench server."""
+    from ollie import telemetry
+
+    os.environ["OTEL_EXPORTER_OTLP_ENDPOINT"] = f"http://127.0.0.1:{port}"
+    on = telemetry.setup(force=True)
+    del os.environ["OTEL_EXPORTER_OTLP_ENDPOINT"]
+    assert on is not None, "tracing on needs the otel extra: pip install -e '.[otel]'"
+    off = {name: getattr(telemetry, name) for name in ("turn", "chat", "tool", "stage", "hook", "compaction")}
+    bare = {name: (lambda *a, **k: telemetry.OFF) for name in off}
+    _TRACING.update({"off": (None, off), "no otel": (None, bare), "on": (on, off)})
+
+
+async def run_traced(mode: str, port: int) -> tuple[float, float]:
+    from ollie import telemetry
+
+    provider, entry_points = _TRACING[mode]
+    telemetry._on, telemetry._decided = provider, True
+    for name, fn in entry_points.items():
+        setattr(telemetry, name, fn)
+    try:
+        return await run_ollie("openai", port)
+    finally:
+        telemetry._on = None
+        for name, fn in _TRACING["off"][1].items():
+            setattr(telemetry, name, fn)
+
+
 async def run_openai_sdk(client: Any, steps: int) -> tuple[float, float]:
     t, c = time.perf_counter(), time.process_time()
     for i in range(steps + 1):
@@ -316,8 +356,11 @@ async def bench(port: int, steps: int, runs: int) -> None:
     url = f"http://127.0.0.1:{port}"
     openai_client = openai.AsyncOpenAI(base_url=url + "/v1", api_key="k", max_retries=0)
     anthropic_client = anthropic.AsyncAnthropic(base_url=url, api_key="k", max_retries=0) if anthropic else None
+    tracing_modes(port)
     jobs: dict[str, Any] = {
-        "ollie openai": lambda: run_ollie("openai", port),
+        "ollie openai": lambda: run_traced("off", port),
+        "no otel": lambda: run_traced("no otel", port),
+        "tracing on": lambda: run_traced("on", port),
         "ollie anthropic": lambda: run_ollie("anthropic", port),
         "ollie ollama": lambda: run_ollie("ollama", port),
         "openai SDK": lambda: run_openai_sdk(openai_client, steps),
@@ -329,9 +372,13 @@ async def bench(port: int, steps: int, runs: int) -> None:
     for _ in range(3):  # warm-up
         for job in jobs.values():
             await job()
-    for _ in range(runs):  # interleaved, so machine noise hits all alike
-        for name, job in jobs.items():
+    order = list(jobs.items())
+    shuffle = random.Random(28).shuffle
+    for _ in range(runs):  # interleaved, so machine noise hits all alike, and in a new order each
+        shuffle(order)  # time: a job that always ran after the same one measured its leftovers too
+        for name, job in order:  # (the SDKs' garbage, collected in the next job's time)
             results[name].append(await job())
+    _TRACING["on"][0].shutdown()  # its last spans and metrics, exported while the server runs
     await openai_client.close()
     if anthropic_client is not None:
         await anthropic_client.close()
@@ -351,6 +398,10 @@ async def bench(port: int, steps: int, runs: int) -> None:
     if "anthropic SDK" in cpu:
         ratio = cpu["ollie anthropic"] / cpu["anthropic SDK"]
         print(f"ollie anthropic CPU per request against the anthropic SDK's: {ratio:.2f}x")
+    ratio = cpu["ollie openai"] / cpu["no otel"]
+    print(f"tracing off (as shipped) CPU per request against no otel: {ratio:.3f}x (target <= 1.05x): ", end="")
+    print("met" if ratio <= 1.05 else "MISSED")
+    print(f"tracing on (exporting over OTLP/HTTP) against no otel:      {cpu['tracing on'] / cpu['no otel']:.3f}x")
     print(f"ollie openai CPU per request against the openai SDK's: {cpu['ollie openai'] / cpu['openai SDK']:.2f}x")
     print(f"ollie openai CPU per request against plain HTTP's:     {cpu['ollie openai'] / cpu['plain HTTP']:.2f}x")
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
-from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -206,8 +205,7 @@ def _listed_cost(model: str, usage: Usage, provider: str | None) -> float | None
         cache_write_tokens=usage.cache_write_tokens,
         output_tokens=usage.output_tokens,
     )
-    total: Decimal = price.calc_price(listed)["total_price"]
-    return float(total)
+    return float(price.calc_price(listed)["total_price"])
 
 
 _RATES = ("input_mtok", "output_mtok", "cache_read_mtok", "cache_write_mtok")
@@ -220,6 +218,7 @@ def _look_up(model: str, provider: str | None) -> Price | Any | None:
     if prices is None:
         return None
     from datetime import UTC, datetime
+    from decimal import Decimal
 
     from genai_prices import data_snapshot
 
