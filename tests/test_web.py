@@ -118,13 +118,13 @@ def shot(driver, name: str) -> None:
         driver.save_screenshot(str(ROOT / "docs" / name))
 
 
-def request(web, method: str, path: str, headers: dict[str, str] | None = None, body: str | None = None):
+def request(web, method: str, path: str, headers: dict[str, str] | None = None, body: str | None = None, stream=False):
     u = urlsplit(web.url)
     conn = http.client.HTTPConnection(u.hostname, u.port, timeout=10)
     try:
         conn.request(method, path, body=body, headers=headers or {})
         r = conn.getresponse()
-        return r.status, dict(r.getheaders()), r.read().decode()
+        return r.status, dict(r.getheaders()), "" if stream else r.read().decode()
     finally:
         conn.close()
 
@@ -160,6 +160,18 @@ def test_requests_without_token_foreign_host_or_origin_are_refused(web):
         web, "GET", "/events/sessions", {"Cookie": cookie, "Sec-Fetch-Site": "cross-site", "Sec-Fetch-Mode": "cors"}
     )
     assert status == 403
+    upgrade = {
+        "Cookie": cookie,
+        "Upgrade": "websocket",
+        "Connection": "Upgrade",
+        "Sec-WebSocket-Version": "13",
+        "Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ==",
+    }
+    # another site's page opening the live stream (cross-site WebSocket hijacking), or none saying who
+    assert request(web, "GET", "/ws/sessions", {**upgrade, "Origin": "http://evil.example"})[0] == 403
+    assert request(web, "GET", "/ws/sessions", upgrade)[0] == 403
+    assert request(web, "GET", "/ws/sessions", {**upgrade, "Origin": f"http://{host}", "Cookie": "x=y"})[0] == 403
+    assert request(web, "GET", "/ws/sessions", {**upgrade, "Origin": f"http://{host}"}, stream=True)[0] == 101
     assert sorted(os.listdir(web.mnt / "s")) == before  # nothing was made
     status, _, body = request(web, "POST", "/api/s/new", {"Cookie": cookie, "Origin": f"http://{host}"}, new)
     assert status == 200, body
@@ -175,9 +187,13 @@ def test_opens_with_the_token_and_a_session_made_through_the_mount_appears_live(
     assert "default" in row.text and "idle" in row.text
     (web.mnt / "s" / sid / "prompt").write_text("list the files please")  # its row follows
     until(lambda: "list the files please" in row.text, what="the row's last prompt")
-    more = [web.new_session(agent=agent) for agent in ("tooler", "default")]
+    more = [web.new_session(agent=agent) for agent in ("tooler", "default", "slow")]
     until(lambda: all(any(m in tr.text for tr in css(browser, "#sessions tbody tr")) for m in more), what="more rows")
+    (web.mnt / "s" / more[-1] / "prompt").write_text("a long one")  # its state changes in the table
+    until(lambda: [tr for tr in css(browser, "#sessions tbody tr") if more[-1] in tr.text and "thinking" in tr.text])
     shot(browser, "web-sessions.png")
+    (web.mnt / "s" / more[-1] / "ctl").write_text("stop\n")
+    until(lambda: [tr for tr in css(browser, "#sessions tbody tr") if more[-1] in tr.text and "idle" in tr.text])
 
 
 def test_a_turn_streams_with_its_tool_call_and_a_typed_prompt_reaches_the_session(web, browser):
@@ -267,7 +283,13 @@ def test_memory_search_read_and_remove(web, browser):
     card = until(lambda: [c for c in css(browser, "#memories .card") if "cats__pets" in c.text], what="the memory")[0]
     assert "<i>loudly</i>" in card.text
     browser.execute_script("window.confirm = () => true")
-    [b for b in card.find_elements("tag name", "button") if b.text == "remove"][0].click()
+
+    def remove() -> bool:  # the list is redrawn by each search: find the card anew until a click lands
+        card = [c for c in css(browser, "#memories .card") if "cats__pets" in c.text][0]
+        [b for b in card.find_elements("tag name", "button") if b.text == "remove"][0].click()
+        return True
+
+    until(remove, what="a click on remove")
     until(lambda: not (memory / "20260101T000000Z--cats__pets.md").exists(), what="the memory's removal")
 
 

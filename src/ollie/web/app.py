@@ -38,11 +38,12 @@ from urllib.parse import parse_qsl, urlencode
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import FileResponse, JSONResponse, Response, StreamingResponse
-from starlette.routing import Route
+from starlette.routing import Route, WebSocketRoute
+from starlette.websockets import WebSocket
 
 from .. import config
 from ..fs.namespace import FsError, Namespace, OpenMode
-from .feed import Feed
+from .feed import Feed, Messages, sse
 
 if TYPE_CHECKING:
     from ..fs.jobs import Jobs
@@ -109,30 +110,34 @@ class Guard:
         self.hosts = hosts
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            return  # no websockets, no lifespan
+        if scope["type"] not in ("http", "websocket"):
+            return  # no lifespan
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        websocket = scope["type"] == "websocket"
 
         async def send_headed(message: MutableMapping[str, Any]) -> None:
             if message["type"] == "http.response.start":
                 message["headers"] = [*message.get("headers", []), *HEADERS]
             await send(message)
 
+        # A WebSocket is refused by a close before its handshake is accepted: the browser sees 403.
+        refuse = _refuse_websocket if websocket else _refuse_http
+
         host = headers.get("host", "").lower()
         if host not in self.hosts:
-            return await _refuse(send_headed, 403, f"refused: this server does not answer to Host {host!r}")
+            return await refuse(send_headed, 403, f"refused: this server does not answer to Host {host!r}")
         origin = headers.get("origin")
         if origin is not None and origin.lower() != f"http://{host}":
-            return await _refuse(send_headed, 403, f"refused: a request from another origin ({origin})")
-        if scope["method"] not in SAFE_METHODS and origin is None:
-            return await _refuse(send_headed, 403, "refused: a request that changes something must say its Origin")
+            return await refuse(send_headed, 403, f"refused: a request from another origin ({origin})")
+        if (websocket or scope["method"] not in SAFE_METHODS) and origin is None:
+            return await refuse(send_headed, 403, "refused: a request that changes something must say its Origin")
         if headers.get("sec-fetch-site") == "cross-site" and headers.get("sec-fetch-mode") != "navigate":
-            return await _refuse(send_headed, 403, "refused: a request from another site")
+            return await refuse(send_headed, 403, "refused: a request from another site")
         query = parse_qsl(scope.get("query_string", b"").decode("latin-1"), keep_blank_values=True)
         given = [v for k, v in query if k == "token"]
-        if given:
+        if given and not websocket:
             if not hmac.compare_digest(given[0].encode(), self.token.encode()) or scope["method"] not in SAFE_METHODS:
-                return await _refuse(send_headed, 401, "refused: wrong token")
+                return await refuse(send_headed, 401, "refused: wrong token")
             rest = urlencode([(k, v) for k, v in query if k != "token"])
             location = scope["path"] + (f"?{rest}" if rest else "")
             cookie = f"{COOKIE}={self.cookie}; Path=/; HttpOnly; SameSite=Strict"
@@ -145,7 +150,7 @@ class Guard:
             )
             return await send_headed({"type": "http.response.body", "body": b""})
         if not hmac.compare_digest(_cookie(headers.get("cookie", "")).encode(), self.cookie.encode()):
-            return await _refuse(
+            return await refuse(
                 send_headed, 401, "refused: no token. Open the address `ollie web` prints (it carries the token) once."
             )
         await self.app(scope, receive, send_headed)
@@ -159,7 +164,11 @@ def _cookie(header: str) -> str:
     return ""
 
 
-async def _refuse(send: Send, status: int, text: str) -> None:
+async def _refuse_websocket(send: Send, status: int, text: str) -> None:
+    await send({"type": "websocket.close", "code": 1008, "reason": text[:120]})
+
+
+async def _refuse_http(send: Send, status: int, text: str) -> None:
     body = (text + "\n").encode()
     await send(
         {
@@ -234,10 +243,53 @@ def build(  # noqa: C901 (one small handler a route)
 ) -> tuple[ASGIApp, Feed]:
     feed = Feed(sessions, jobs)
 
-    def stream(gen: Any) -> StreamingResponse:
+    def stream(messages: Messages) -> StreamingResponse:
+        async def events() -> Any:
+            async for m in messages:
+                yield sse(m)
+
         return StreamingResponse(
-            gen, media_type="text/event-stream", headers={"x-accel-buffering": "no", "cache-control": "no-store"}
+            events(), media_type="text/event-stream", headers={"x-accel-buffering": "no", "cache-control": "no-store"}
         )
+
+    async def pump(websocket: WebSocket, messages: Messages) -> None:
+        """Send the stream's messages until either side ends; a page sends nothing but its close."""
+        await websocket.accept()
+
+        async def send_all() -> None:
+            async for m in messages:
+                event, data, eid = m if m is not None else ("keepalive", None, None)
+                await websocket.send_text(json.dumps({"event": event, "data": data, "id": eid}, ensure_ascii=False))
+            await websocket.close()
+
+        async def until_closed() -> None:
+            while (await websocket.receive())["type"] != "websocket.disconnect":
+                pass
+
+        tasks = [asyncio.ensure_future(send_all()), asyncio.ensure_future(until_closed())]
+        try:
+            await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            await messages.aclose()  # type: ignore[attr-defined]
+
+    async def ws_sessions(websocket: WebSocket) -> None:
+        await pump(websocket, feed.table())
+
+    async def ws_jobs(websocket: WebSocket) -> None:
+        await pump(websocket, feed.job_table())
+
+    async def ws_page(websocket: WebSocket) -> None:
+        key = websocket.path_params["sid"]
+        raw = websocket.query_params.get("from") or "0"
+        try:
+            _name(key)
+        except FsError:
+            await websocket.close(1008)
+            return
+        await pump(websocket, feed.page(key, int(raw) if raw.isdigit() else 0))
 
     def guarded(handler: Callable[[Request], Awaitable[Response]]) -> Callable[[Request], Awaitable[Response]]:
         async def run(request: Request) -> Response:
@@ -357,6 +409,9 @@ def build(  # noqa: C901 (one small handler a route)
         Route("/events/sessions", events_sessions),
         Route("/events/jobs", events_jobs),
         Route("/events/page/{sid}", guarded(events_page)),
+        WebSocketRoute("/ws/sessions", ws_sessions),
+        WebSocketRoute("/ws/jobs", ws_jobs),
+        WebSocketRoute("/ws/page/{sid}", ws_page),
         Route("/api/meta", guarded(meta)),
         Route("/api/tools", guarded(tools)),
         Route("/api/s/new", guarded(new_session), methods=["POST"]),
@@ -435,7 +490,8 @@ class Web:
             lifespan="off",
             log_level="warning",
             access_log=False,
-            ws="none",
+            ws="wsproto",
+            ws_max_size=1 << 16,  # a page sends nothing but its close
             timeout_graceful_shutdown=1,
             server_header=False,
         )

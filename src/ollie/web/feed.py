@@ -1,9 +1,10 @@
 """What each open page is told, and when: the sessions' and jobs' own events, coalesced.
 
-A page opens one stream (server-sent events). The stream waits on an `asyncio.Event` of its own,
-set by the sessions' and jobs' listeners (`Sessions.on_event`, `Jobs.on_change`): while nothing
-happens no task runs and no timer fires, however many pages are open (a comment every
-KEEPALIVE seconds keeps a connection through proxies, and finds a page that went away).
+A page opens one stream (a WebSocket; the same streams are served as server-sent events for
+scripts). The stream waits on an `asyncio.Event` of its own, set by the sessions' and jobs'
+listeners (`Sessions.on_event`, `Jobs.on_change`): while nothing happens no task runs and no timer
+fires, however many pages are open (a keepalive every KEEPALIVE seconds keeps a connection through
+proxies, and finds a page that went away).
 
 The sessions' table is told which rows changed, at most every TABLE_EVERY seconds (a busy session
 streams hundreds of events a second, of which its row shows none but its state and usage); a
@@ -36,7 +37,20 @@ ROW_EVENTS = {"state", "usage", "done", "user", "error"}  # what changes a row o
 PROMPT_SHOWN = 200  # characters of the last prompt in a row
 
 
-def sse(event: str, data: Any, eid: str | None = None) -> bytes:
+# What a stream yields: (event, data, id), or None to say it is still there (nothing happened for
+# KEEPALIVE seconds). app.py sends them over a WebSocket (the page) or as server-sent events.
+Message = tuple[str, Any, str | None] | None
+Messages = AsyncIterator[Message]
+
+
+def msg(event: str, data: Any, eid: str | None = None) -> Message:
+    return (event, data, eid)
+
+
+def sse(m: Message) -> bytes:
+    if m is None:
+        return b": keepalive\n\n"
+    event, data, eid = m
     head = f"id: {eid}\n" if eid is not None else ""
     return f"{head}event: {event}\ndata: {json.dumps(data, ensure_ascii=False)}\n\n".encode()
 
@@ -137,14 +151,14 @@ class Feed:
             "parent": s.meta.parent,
         }
 
-    async def table(self) -> AsyncIterator[bytes]:
+    async def table(self) -> Messages:
         waiter = Waiter()
         self.tables.add(waiter)
         try:
-            yield sse("rows", {"reset": True, "rows": [self.row(s) for s in self.sessions.listed()]})
+            yield msg("rows", {"reset": True, "rows": [self.row(s) for s in self.sessions.listed()]})
             while not self.closing.is_set():
                 if not await waiter.wait(KEEPALIVE):
-                    yield b": keepalive\n\n"
+                    yield None
                     continue
                 await asyncio.sleep(TABLE_EVERY)  # what else changes meanwhile goes in the same event
                 ids, waiter.dirty = waiter.dirty, set()
@@ -156,7 +170,7 @@ class Feed:
                     else:
                         rows.append(self.row(s))
                 if rows or gone:
-                    yield sse("rows", {"rows": rows, "gone": gone})
+                    yield msg("rows", {"rows": rows, "gone": gone})
         finally:
             self.tables.discard(waiter)
 
@@ -217,7 +231,7 @@ class Feed:
             "tree": self.tree(job.id),
         }
 
-    async def page(self, key: str, offset: int) -> AsyncIterator[bytes]:
+    async def page(self, key: str, offset: int) -> Messages:
         """A session's chat (or a job's log) from byte `offset` on, as it grows, and its info when
         it changes; `gone` when it ends."""
         waiter = Waiter()
@@ -228,7 +242,7 @@ class Feed:
             while not self.closing.is_set():
                 s, job = self._find(key)
                 if s is None and job is None:
-                    yield sse("gone", {"id": key})
+                    yield msg("gone", {"id": key})
                     return
                 path = job.log_path if job is not None else s.chat_path  # type: ignore[union-attr]
                 while offset < (size := _size(path)):
@@ -241,12 +255,12 @@ class Feed:
                     if not data:
                         break
                     offset += len(data)
-                    yield sse("chat", {"text": decoder.decode(data)}, str(offset))
+                    yield msg("chat", {"text": decoder.decode(data)}, str(offset))
                 if waiter.info:
                     waiter.info = False
-                    yield sse("info", self.job_info(job) if job is not None else self.info(s))  # type: ignore[arg-type]
+                    yield msg("info", self.job_info(job) if job is not None else self.info(s))  # type: ignore[arg-type]
                 if not await waiter.wait(KEEPALIVE):
-                    yield b": keepalive\n\n"
+                    yield None
         finally:
             ws = self.pages.get(key)
             if ws is not None:
@@ -271,14 +285,14 @@ class Feed:
             "parent": job.record.parent,
         }
 
-    async def job_table(self) -> AsyncIterator[bytes]:
+    async def job_table(self) -> Messages:
         waiter = Waiter()
         self.job_tables.add(waiter)
         try:
-            yield sse("rows", {"reset": True, "rows": [self.job_row(j) for j in self.jobs.all()]})
+            yield msg("rows", {"reset": True, "rows": [self.job_row(j) for j in self.jobs.all()]})
             while not self.closing.is_set():
                 if not await waiter.wait(KEEPALIVE):
-                    yield b": keepalive\n\n"
+                    yield None
                     continue
                 await asyncio.sleep(TABLE_EVERY)
                 ids, waiter.dirty = waiter.dirty, set()
@@ -291,7 +305,7 @@ class Feed:
                     else:
                         rows.append(self.job_row(job))
                 if rows or gone:
-                    yield sse("rows", {"rows": rows, "gone": gone})
+                    yield msg("rows", {"rows": rows, "gone": gone})
         finally:
             self.job_tables.discard(waiter)
 

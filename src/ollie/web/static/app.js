@@ -53,6 +53,36 @@ function ago(t) {
   return new Date(t * 1000).toISOString().slice(0, 16).replace("T", " ");
 }
 
+// One live stream from the server: a WebSocket (browsers allow a handful of long HTTP requests per
+// server, and each open page holds one stream), reopened after a drop, resuming a chat where it
+// was (the id of its last message is the chat's byte offset).
+function live(path, handlers) {
+  let ws = null;
+  let closed = false;
+  let wait = 250;
+  let last = null;
+  const open = () => {
+    const sep = path.includes("?") ? "&" : "?";
+    ws = new WebSocket((location.protocol === "https:" ? "wss://" : "ws://") + location.host + path +
+      (last !== null ? sep + "from=" + enc(last) : ""));
+    ws.onmessage = (m) => {
+      const d = JSON.parse(m.data);
+      if (d.id !== null && d.id !== undefined) last = d.id;
+      wait = 250;
+      const h = handlers[d.event];
+      if (h) h(d.data);
+    };
+    ws.onclose = () => {
+      if (closed) return;
+      say("reconnecting…", true);
+      setTimeout(() => { if (!closed) open(); }, wait);
+      wait = Math.min(wait * 2, 10000);
+    };
+  };
+  open();
+  return { close() { closed = true; if (ws) ws.close(); } };
+}
+
 // ---- the sessions' table -----------------------------------------------------------------------
 function sessionsView() {
   const rows = new Map();
@@ -121,9 +151,7 @@ function sessionsView() {
     tr.dataset.id = r.id;
     return tr;
   };
-  const src = new EventSource("/events/sessions");
-  src.addEventListener("rows", (ev) => {
-    const d = JSON.parse(ev.data);
+  const src = live("/ws/sessions", { rows: (d) => {
     if (d.reset) { rows.clear(); body.replaceChildren(); }
     const frag = document.createDocumentFragment();
     for (const r of d.rows) {
@@ -135,8 +163,7 @@ function sessionsView() {
     for (const id of d.gone || []) { const tr = rows.get(id); if (tr) { tr.remove(); rows.delete(id); } }
     refilter();
     say("live");
-  });
-  src.onerror = () => say("reconnecting…", true);
+  } });
   main.replaceChildren(
     el("div", { class: "bar" }, filter, stateSel, count),
     el("div", { class: "bar" }, el("strong", {}, "new session:"), agentSel, cwd, model,
@@ -367,10 +394,9 @@ function pageView(kind, id) {
       api("/api/b/" + enc(id) + "/rm", {}).then(() => { location.hash = "#/b"; }, (e) => say(e.message, true)) }, "remove"));
   }
   main.replaceChildren(...parts);
-  const src = new EventSource("/events/page/" + enc(id));
-  src.addEventListener("chat", (ev) => chat.append(JSON.parse(ev.data).text));
-  src.addEventListener("info", (ev) => {
-    const d = JSON.parse(ev.data);
+  const src = live("/ws/page/" + enc(id), { chat: (d) => chat.append(d.text), gone: () => {
+    say(id + " has ended"); state.textContent = "ended"; src.close();
+  }, info: (d) => {
     const st = d.kind === "job" ? d.status : d.state;
     state.textContent = st;
     state.className = "state" + (busy(st) ? " busy" : "");
@@ -384,9 +410,7 @@ function pageView(kind, id) {
     plan.textContent = d.kind === "job" ? d.spec : (d.plan || "(none)");
     tree.replaceChildren(d.tree.length ? treeList(d.tree) : el("span", { class: "muted" }, "none"));
     say("live");
-  });
-  src.addEventListener("gone", () => { say(id + " has ended"); state.textContent = "ended"; src.close(); });
-  src.onerror = () => say("reconnecting…", true);
+  } });
   return () => src.close();
 }
 
@@ -435,9 +459,7 @@ function jobsView() {
     c[5].textContent = r.prompt;
     tr.dataset.name = r.name;
   };
-  const src = new EventSource("/events/jobs");
-  src.addEventListener("rows", (ev) => {
-    const d = JSON.parse(ev.data);
+  const src = live("/ws/jobs", { rows: (d) => {
     if (d.reset) { rows.clear(); body.replaceChildren(); }
     for (const r of d.rows) {
       let tr = rows.get(r.id);
@@ -451,8 +473,7 @@ function jobsView() {
     for (const id of d.gone || []) { const tr = rows.get(id); if (tr) { tr.remove(); rows.delete(id); } }
     runs.replaceChildren(...runsOf([...rows.keys()]).map((r) => el("option", { value: r })));
     say("live");
-  });
-  src.onerror = () => say("reconnecting…", true);
+  } });
   main.replaceChildren(
     el("table", { id: "jobs" }, el("thead", {}, el("tr", {}, ...["id", "status", "agent", "cost", "time", "prompt"].map((c) => el("th", {}, c)))), body),
     el("h3", {}, "submit a spec (as b/new takes it)"), spec,
