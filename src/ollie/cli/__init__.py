@@ -79,7 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
     models.set_defaults(func=_models)
 
     chat = sub.add_parser("chat", help="the terminal frontend (also `ollie` with no command)")
-    from ..tui import add_arguments
+    from .chat_args import add_arguments
 
     add_arguments(chat)
     chat.set_defaults(func=_chat)

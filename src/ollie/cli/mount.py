@@ -7,9 +7,6 @@ import os
 import sys
 from pathlib import Path
 
-from ..chatfmt import visible
-from ..types import ConfigError
-
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
@@ -32,6 +29,8 @@ def add_token_options(p: argparse.ArgumentParser, help: str) -> None:
 def token(args: argparse.Namespace) -> str:
     """The token from --token-file, else $OLLIE_9P_TOKEN, else "". --token is refused: a token on
     a command line is shown to every user by ps."""
+    from ..types import ConfigError
+
     if args.token is not None:
         raise ConfigError(
             "--token would show the token to every user (ps): put it in a file and give "
@@ -49,6 +48,7 @@ def _mount(args: argparse.Namespace) -> int:
     import asyncio
 
     from .. import config
+    from ..chatfmt import visible
     from ..fs.ninep_client import RemoteError, parse_address
 
     try:

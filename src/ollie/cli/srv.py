@@ -7,7 +7,6 @@ import os
 import sys
 from pathlib import Path
 
-from ..chatfmt import visible
 from .init import first_use
 from .mount import add_token_options, token
 from .web import add_web_options, web_address, web_token
@@ -76,6 +75,7 @@ def _fg(args: argparse.Namespace) -> int:
     import asyncio
     import logging
 
+    from ..chatfmt import visible
     from ..fs.server import serve
 
     opts = _options(args)
@@ -101,6 +101,7 @@ def _start(args: argparse.Namespace) -> int:
     import subprocess
 
     from .. import config
+    from ..chatfmt import visible
 
     opts = _options(args)
     if pid := _running_pid(opts):

@@ -13,8 +13,6 @@ import sys
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from ..chatfmt import visible
-
 
 def register(subparsers: Any) -> None:
     p = subparsers.add_parser("tools", help="list or call an agent's tools directly, without a model")
@@ -63,6 +61,7 @@ def _run(args: argparse.Namespace, action: Callable[[argparse.Namespace, Any], A
 async def _with_env(args: argparse.Namespace, action: Callable[[argparse.Namespace, Any], Awaitable[int]]) -> int:
     from .. import config
     from ..agent.env import build_agent_env
+    from ..chatfmt import visible
     from ..tools import execute, new_dispatcher_func
     from ..types import ConfigError
 
@@ -80,6 +79,7 @@ async def _with_env(args: argparse.Namespace, action: Callable[[argparse.Namespa
 
 
 async def _print_list(args: argparse.Namespace, env: Any) -> int:
+    from ..chatfmt import visible
     from ..tools import format_status
 
     status = await env.dispatcher.server_status()
@@ -107,6 +107,7 @@ async def _print_call(args: argparse.Namespace, env: Any) -> int:
     import tempfile
 
     from .. import config
+    from ..chatfmt import visible
     from ..tools import CallContext
 
     config.tmp_path().mkdir(parents=True, exist_ok=True, mode=0o700)

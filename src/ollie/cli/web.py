@@ -9,8 +9,6 @@ import os
 import sys
 from pathlib import Path
 
-from ..types import ConfigError
-
 DEFAULT_ADDR = "127.0.0.1:5642"
 
 
@@ -27,6 +25,8 @@ def add_web_options(p: argparse.ArgumentParser, flag: str = "--web") -> None:
 
 
 def web_address(text: str) -> tuple[str, int]:
+    from ..types import ConfigError
+
     host, _, port = text.rpartition(":")
     host = host.strip("[]") or "127.0.0.1"
     if not port.isdigit() or not 0 <= int(port) < 65536:
@@ -38,6 +38,7 @@ def web_token(args: argparse.Namespace, host: str) -> str:
     """The token from --web-token-file, else $OLLIE_WEB_TOKEN (how `srv start` hands it to the
     server), else "" (generated). Anything but loopback needs a file: a generated token would be
     known only to this machine's user, and a page open to the network with a weak one is not."""
+    from ..types import ConfigError
     from ..web.app import is_loopback
 
     if args.web_token_file:
