@@ -67,6 +67,18 @@ def web(tmp_path_factory):
     srv.agent("slow", turns=[{"text": "too late", "delay": 60}])
     srv.agent("xss", [{"match": ".", "text": XSS}])
     srv.agent("judge", [{"match": ".", "text": "2\nThe second says it better."}])
+    spawn = (
+        "echo 'new agent=default name=kid' > $OLLIE/ctl && "
+        "printf 'agent=default\\nname=j\\n---\\nhello\\n' > $OLLIE/b/new"
+    )
+    srv.agent(
+        "parent",
+        turns=[
+            {"tool_calls": [{"name": "execute_code", "arguments": {"steps": [{"code": spawn}]}}]},
+            {"text": "spawned"},
+        ],
+        subagents=["default"],
+    )
     out = srv.ollie("srv", "start", "--web", "127.0.0.1:0", check=False)
     assert out.returncode == 0, out.stderr + srv.log()
     try:
@@ -331,3 +343,44 @@ def test_candidates_and_the_judges_pick_side_by_side(web, browser):
     assert [c.get_attribute("data-id") for c in cards] == ["opt-t-0", "opt-t-1"]
     assert "pick" in cards[1].get_attribute("class") and "pick" not in cards[0].get_attribute("class")
     assert "The second says it better." in css(browser, "#cards .judge")[0].text
+
+
+def test_the_new_session_button_makes_one_through_ctl(web, browser):
+    browser.get(web.url.split("?")[0] + "#/")
+    until(lambda: by_id(browser, "new-agent").find_elements("tag name", "option"), what="the agents")
+    from selenium.webdriver.support.ui import Select
+
+    Select(by_id(browser, "new-agent")).select_by_value("tooler")
+    cwd = by_id(browser, "new-cwd")
+    cwd.clear()
+    cwd.send_keys(str(web.work))
+    before = set(os.listdir(web.mnt / "s"))
+    by_id(browser, "new-session").click()
+    until(lambda: "#/s/" in browser.current_url, what="the new session's page")
+    sid = browser.current_url.rsplit("/", 1)[1]
+    assert sid in set(os.listdir(web.mnt / "s")) - before
+    assert "agent=tooler" in (web.mnt / "s" / sid / "cfg").read_text()
+    until(lambda: by_id(browser, "state").text == "idle", what="its page")
+
+
+def test_ollie_web_prints_the_running_servers_address(web):
+    out = web.ollie("web")
+    assert out.stdout.strip() == web.url
+
+
+def test_a_sessions_sub_sessions_and_jobs_open_from_its_tree(web, browser):
+    sid = web.new_session(agent="parent")
+    browser.get(web.url.split("?")[0] + f"#/s/{sid}")
+    until(lambda: by_id(browser, "state").text == "idle", what="the page's info")
+    (web.mnt / "s" / sid / "prompt").write_text("spawn")
+    # the tree is redrawn as its entries change state: read it, and click in it, afresh each time
+    until(lambda: sorted(a.text for a in css(browser, "#tree a")) == [f"{sid}.j-0", f"{sid}.kid"], what="the tree")
+    until(lambda: "spawned" in by_id(browser, "chat").text, what="the answer")
+
+    def open_kid() -> bool:
+        [a for a in css(browser, "#tree a") if a.text == f"{sid}.kid"][0].click()
+        return True
+
+    until(open_kid, what="a click on the sub-session")
+    until(lambda: browser.current_url.endswith(f"#/s/{sid}.kid"), what="the sub-session's page")
+    until(lambda: [a for a in css(browser, "#facts a") if a.text == sid], what="its parent's link")
