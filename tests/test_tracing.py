@@ -219,7 +219,8 @@ async def test_a_failed_tool_call_and_stage_are_errors(h, tmp_path, receiver):
             ]
         )
     )
-    (h.cfg / "agents" / "failing.json").write_text(json.dumps({"backend": "scripted", "model": str(script)}))
+    agent = {"backend": "scripted", "model": str(script), "hooks": {"preTool": "true", "postTool": "exit 1"}}
+    (h.cfg / "agents" / "failing.json").write_text(json.dumps(agent))
     session = await h.new(agent="failing")
     core = await session.wake()
     await core.submit("go")
@@ -228,6 +229,11 @@ async def test_a_failed_tool_call_and_stage_are_errors(h, tmp_path, receiver):
     [stage] = [s for s in receiver.spans if s.name == "stage bash"]
     assert attrs(tool)["error.type"] == "tool_error" and tool.status.code == 2  # STATUS_CODE_ERROR
     assert attrs(stage)["process.exit.code"] == 3 and stage.status.code == 2
+    hooks = {s.name: s for s in receiver.spans if s.name.startswith("hook ")}
+    assert set(hooks) == {"hook preTool", "hook postTool"}
+    assert all(s.parent_span_id == tool.span_id for s in hooks.values())  # the hooks of that call
+    assert attrs(hooks["hook preTool"])["process.exit.code"] == 0 and hooks["hook preTool"].status.code != 2
+    assert attrs(hooks["hook postTool"])["process.exit.code"] == 1 and hooks["hook postTool"].status.code == 2
 
 
 def test_off_unless_asked_and_then_nothing_of_opentelemetry_is_imported():
@@ -303,3 +309,45 @@ def test_a_ray_jobs_turns_are_children_of_the_call_whose_context_its_task_carrie
     assert turn.trace_id == context.trace_id.to_bytes(16, "big")
     assert turn.parent_span_id == context.span_id.to_bytes(8, "big")
     assert attrs(turn)["gen_ai.conversation.id"] == "j-0" and attrs(turn)["gen_ai.usage.output_tokens"] == 2
+
+
+async def test_a_provider_request_is_a_client_span_with_its_server_and_never_its_key(receiver, tmp_path):
+    from ollie import backends
+    from ollie.agent.core import Core, CoreConfig
+    from ollie.agent.env import build_agent_env
+    from ollie.config import AgentConfig
+    from ollie.tools import new_dispatcher_func
+    from wire import WireServer
+    from wire.openai import PATH, text_stream
+
+    with WireServer() as server:
+        server.reply(PATH, text_stream("hello there", prompt_tokens=40))
+        new_dispatcher = new_dispatcher_func({})
+        env = await build_agent_env(AgentConfig(prompt="You are terse."), new_dispatcher(), str(tmp_path))
+        backend = backends.create("openai", "gpt-4o-mini", base_url=server.url + "/v1", api_key=KEY)
+        core = Core(CoreConfig(backend, env, new_dispatcher))
+        await core.submit("hi")
+        await core.close()
+        assert core.reply == "hello there" and server.requests[0].headers["authorization"] == f"Bearer {KEY}"
+    telemetry.flush()
+    [chat] = [s for s in receiver.spans if s.name == "chat gpt-4o-mini"]
+    a = attrs(chat)
+    assert chat.kind == 3  # SPAN_KIND_CLIENT
+    assert a["gen_ai.provider.name"] == "openai" and a["gen_ai.request.model"] == "gpt-4o-mini"
+    assert a["server.address"] == "127.0.0.1" and a["server.port"] == int(server.url.rsplit(":", 1)[1])
+    assert a["gen_ai.usage.input_tokens"] == 40 and a["gen_ai.response.finish_reasons"] == ["stop"]
+    assert KEY.encode() not in b"".join(receiver.raw) and b"Bearer" not in b"".join(receiver.raw)
+
+
+async def test_a_compaction_is_a_span(receiver):
+    from agent_helpers import make_core
+
+    core, *_ = await make_core([{"text": "one"}, {"text": "two"}, {"text": "three"}, {"text": "the summary"}])
+    for prompt in ("a", "b", "c"):
+        await core.submit(prompt)
+    await core.compact()
+    await core.close()
+    telemetry.flush()
+    [compact] = [s for s in receiver.spans if s.name == "compact"]
+    assert attrs(compact)["ollie.compaction.reason"] == "manual" and not compact.parent_span_id
+    assert len([s for s in receiver.spans if s.name.startswith("invoke_agent")]) == 3

@@ -39,7 +39,7 @@ from .. import config, telemetry
 from ..agent.session import check_session_id, new_session_id
 from ..chatfmt import cost_text, usage_text
 from ..types import ConfigError, Cost, InvalidValue, OllieError, Usage
-from . import stores
+from . import stores, worktrees
 from .namespace import Dir, File, FsError, Handle, OpenMode
 from .session_files import ChatFile, WaitHandle, script_file
 from .sessions import Session, Sessions, child_name, errno_of
@@ -50,7 +50,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("ollie.fs.jobs")
 
-SPEC_KEYS = ("name", "cwd", "agent", "backend", "model", "output", "parallel")
+SPEC_KEYS = ("name", "cwd", "agent", "backend", "model", "output", "worktree", "parallel")
 TEMPLATE = "".join(f"{k}=\n" for k in SPEC_KEYS[:-1]) + "parallel=1\n---\n"
 SPEC_MAX = 1 << 20
 PARALLEL_MAX = 64  # jobs one spec makes
@@ -96,6 +96,7 @@ class Spec:
     settings: dict[str, str]  # name cwd agent backend model, as given ("" = default)
     output: str = ""  # "" or "json"
     parallel: int = 1
+    worktree: bool = False  # each job in a git worktree of its own (worktrees.py)
     prompt: str = ""
 
     @property
@@ -123,6 +124,8 @@ def parse_header_line(number: int, line: str, spec: Spec) -> None:
         if not value.isdigit() or not 1 <= int(value) <= PARALLEL_MAX:
             raise FsError(E.EINVAL, f"line {number}: parallel is a whole number from 1 to {PARALLEL_MAX}")
         spec.parallel = int(value)
+    elif key == "worktree":
+        spec.worktree = worktrees.wanted(value, f"line {number}: worktree")
     else:
         if key == "name" and value:
             try:
@@ -182,6 +185,7 @@ class Record:
     cost_last: float = 0.0
     price_known: bool = True
     model: str = ""
+    worktree: dict[str, Any] = field(default_factory=dict)  # worktrees.Worktree's fields, once made
 
 
 class Job:
@@ -326,6 +330,9 @@ class Jobs:
             self._add(job)
         for mine in self._by_parent.values():
             mine.sort(key=lambda j: (j.record.created, j.id))
+        # The worktrees of jobs removed, and of sub-sessions killed, while the server was down.
+        live = {("job", jid) for jid in self._by_id} | {("session", s.id) for s in self.sessions.all()}
+        worktrees.sweep_soon(live)
         return len(self._by_id)
 
     def _add(self, job: Job) -> None:
@@ -368,12 +375,34 @@ class Jobs:
                     E.EACCES, f"{JOBS_KEPT_PER_PARENT} jobs a session at most; rm -r b/<id> the finished ones"
                 )
         self.sessions.check_spec(settings, cwd_here=self._ray is None and parent is None)
+        if spec.worktree:
+            self._check_worktree(spec, settings, parent)
         if spec.settings.get("name"):
             name = self._base(spec, parent)
             for i in range(spec.parallel):
                 jid = f"{name}-{i}"
                 if jid in self._by_id or self.sessions.find(jid) is not None:
                     raise FsError(E.EEXIST, f"the name {name!r} is taken ({jid}); choose another")
+
+    def _check_worktree(self, spec: Spec, settings: dict[str, str], parent: Session | None) -> None:
+        """worktree=1: refused on Ray (a worker's node has no checkout of this repository to make
+        a worktree of, and the worktree must lie in the parent's cwd on this machine), and where
+        the cwd is in no git repository, or in one whose root its parent's sandbox cannot write."""
+        if self._ray is not None:
+            raise FsError(
+                E.EINVAL,
+                "worktree=1: not with OLLIE_BATCH_EXECUTOR=ray (a job runs on another node, where this "
+                "repository's worktree is not); run it on a server with the local executor, or without worktree=1",
+            )
+        self._worktree_plan("x", settings, parent)  # the repository's checks; the id's come below
+        if spec.settings.get("name"):
+            worktrees.check_id(f"{self._base(spec, parent)}-0")
+
+    def _worktree_plan(self, jid: str, settings: dict[str, str], parent: Session | None) -> worktrees.Worktree:
+        cwd = settings.get("cwd") if parent is not None else None  # a sub-agent's: a real path, checked
+        cwd = cwd or os.path.realpath(self.sessions.cwd_of(settings))
+        bound = parent.settings()["cwd"] if parent is not None else None
+        return worktrees.plan(jid, cwd, bound, "job", parent.id if parent is not None else "")
 
     @staticmethod
     def _base(spec: Spec, parent: Session | None) -> str:
@@ -474,12 +503,28 @@ class Jobs:
     async def _turn(self, job: Job, parent: Session | None) -> tuple[str, str]:
         """The job as a session of this server."""
         job.set("running")
-        job.session = await self.sessions.new(job.spec.session, parent=parent, job_id=job.id, store_root=jobs_dir())
+        settings, tree = job.spec.session, None
+        if job.spec.worktree:
+            tree = self._worktree_plan(job.id, self._settings(job.spec, parent), parent)
+            tree = await worktrees.create(tree, parent)
+            job.record.worktree = asdict(tree)
+            job.save()
+            settings = {**settings, "cwd": tree.cwd}
+        job.session = await self.sessions.new(settings, parent=parent, job_id=job.id, store_root=jobs_dir())
         core = await job.session.wake()
         errors: list[str] = []
         core.subscribe(lambda ev: errors.append(ev.text) if ev.kind == "error" else None)
         await core.submit(job.prompt)
-        return outcome(core.reply, errors, job.spec.output)
+        status, result = outcome(core.reply, errors, job.spec.output)
+        if tree is not None:  # its work committed on its branch, whatever the answer
+            tree = await worktrees.finish(tree, self._alive(parent))
+            job.record.worktree = asdict(tree)
+            if job.spec.output != "json":  # a JSON answer stays one: b/<id>/worktree has it
+                result = f"{result.rstrip()}\n\n{tree.section()}"
+        return status, result
+
+    def _alive(self, parent: Session | None) -> Session | None:
+        return parent if parent is not None and self.sessions.find(parent.id) is parent else None
 
     async def _ray_turn(self, job: Job, parent: Session | None) -> tuple[str, str]:
         """The job as a task of the Ray cluster: its log, usage and cost stream into the record."""
@@ -519,6 +564,8 @@ class Jobs:
             if job.held is not None:
                 job.held[0].charge(-job.held[1])
             self._told(job)
+            for tree in worktrees.of_owner("job", jid):  # its worktree and branch go with it
+                await worktrees.remove(tree, self._alive(self.sessions.find(job.record.parent)))
         await asyncio.to_thread(shutil.rmtree, job.dir, True)
 
     def _parent_ended(self, sid: str) -> None:
@@ -649,7 +696,17 @@ JOB_FILES: dict[str, Callable[[Job], File]] = {
     "usage": lambda j: _text(lambda: usage_text(j.usage()) + "\n", sized=False),
     "cost": lambda j: _text(lambda: cost_text(j.cost(), j.record.model) + "\n", sized=False),
     "log": lambda j: ChatFile(lambda: j.log_path, "a job's log is read-only"),
+    "worktree": lambda j: _text(lambda: _worktree_text(j)),
 }
+
+
+def _worktree_text(job: Job) -> str:
+    """b/<id>/worktree: `key: value` lines (branch, path, base) and the diffstat once it ended."""
+    tree = job.record.worktree
+    if not tree:
+        return ""
+    lines = [f"branch: {worktrees.BRANCH.format(tree['id'])}", f"path: {tree['path']}", f"base: {tree['base']}"]
+    return "\n".join(lines) + "\n" + _line(tree.get("diffstat", ""))
 
 
 class JobDir(Dir):
@@ -670,7 +727,11 @@ class JobDir(Dir):
         return make(self.job)
 
     async def list(self) -> list[tuple[str, File | Dir]]:
-        return [(name, make(self.job)) for name, make in JOB_FILES.items()]
+        return [
+            (name, make(self.job))
+            for name, make in JOB_FILES.items()
+            if name != "worktree" or self.job.spec.worktree  # only a worktree=1 job's
+        ]
 
     async def remove(self, name: str) -> None:
         """Removing a job's file does nothing, so that `rm -r b/<id>` reaches the rmdir."""

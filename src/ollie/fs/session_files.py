@@ -83,7 +83,9 @@ def root_ctl(sessions: SessionMaker) -> CtlFile:
                 await sessions.kill(sid)
             return None
         raise FsError(
-            E.EINVAL, f"unknown command {verb!r}; commands: new [agent=] [cwd=] [backend=] [model=] [name=], kill <id>"
+            E.EINVAL,
+            f"unknown command {verb!r}; commands: new [agent=] [cwd=] [backend=] [model=] [name=] [worktree=1], "
+            "kill <id>",
         )
 
     return CtlFile(act)

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from .. import config, sandbox
 from ..agent.context import DEFAULT_WINDOW
-from ..agent.session import SessionMeta, SessionStore, check_session_id, list_stored, sessions_dir
+from ..agent.session import SessionMeta, SessionStore, check_session_id, list_stored, new_session_id, sessions_dir
 from ..agent.state import last_reply, session_cost
 from ..chatfmt import last_prompt_offset
 from ..types import (
@@ -39,7 +39,7 @@ from ..types import (
     OllieError,
     Usage,
 )
-from . import transcripts
+from . import transcripts, worktrees
 from .namespace import FsError
 
 if TYPE_CHECKING:
@@ -47,7 +47,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("ollie.fs")
 
-NEW_KEYS = ("agent", "cwd", "backend", "model", "name")
+NEW_KEYS = ("agent", "cwd", "backend", "model", "name", "worktree")
 FIXED = ("new", "idx", "sh", "ls", "kill")  # the fixed files of s/: no session may take their names
 
 
@@ -361,6 +361,11 @@ class Sessions:
             check_cwd(spec["cwd"])
             if cwd_here and not os.path.isdir(self.cwd_of(spec)):
                 raise FsError(E.ENOENT, f"cwd {self.cwd_of(spec)!r} is not a directory")
+        if worktrees.wanted(spec.get("worktree", "")):
+            if spec.get("name"):
+                worktrees.check_id(spec["name"])
+            if cwd_here:  # a sub-session's repository is checked against its parent's cwd (check_child)
+                worktrees.repository_root(os.path.realpath(self.cwd_of(spec)), None)
         if spec.get("backend") and spec["backend"] not in backends.names():
             known = ", ".join(backends.names())
             raise FsError(E.EINVAL, f"unknown backend {spec['backend']!r}; backends: {known}")
@@ -402,6 +407,14 @@ class Sessions:
                 raise FsError(E.EEXIST, f"session {job_id!r} already exists")
             name = spec.get("name") or ""
             cwd = self.cwd_of(spec)
+            session_id, tree = job_id, None
+            if worktrees.wanted(spec.get("worktree", "")):  # in a git worktree of its own, made first
+                session_id = name or job_id or new_session_id()  # its branch's name: ollie/<id>
+                bound = parent.settings()["cwd"] if parent is not None else None
+                kind, by = ("job", "") if job_id else ("session", parent.id if parent is not None else "")
+                tree = worktrees.plan(session_id, os.path.realpath(cwd), bound, kind, by)
+                tree = await worktrees.create(tree, parent)
+                cwd = tree.cwd
             opened: list[Session] = []  # the view serves the Session, made once the Core is
             view = self.view
             try:
@@ -410,13 +423,15 @@ class Sessions:
                     cwd=cwd,
                     backend=spec.get("backend") or None,
                     model=spec.get("model") or None,
-                    session_id=job_id or None,
+                    session_id=session_id or None,
                     store_root=store_root,
                     view=(lambda fd: view(opened[0], fd)) if view is not None else None,
                     cwd_within=parent.settings()["cwd"] if parent is not None else None,
                     tree_cwd=self.top(parent).settings()["cwd"] if parent is not None else None,
                 )
             except OllieError as e:
+                if tree is not None:
+                    await worktrees.remove(tree, parent)
                 raise FsError(errno_of(e), str(e)) from None
             if name:
                 core.set_session_id(name)
@@ -512,6 +527,8 @@ class Sessions:
             spec["name"] = child_name(parent, spec["name"])
         spec["agent"] = check_child_agent(parent, spec.get("agent") or settings["agent"])
         check_child_backend(parent, spec["agent"], spec.get("backend", ""), spec.get("model", ""))
+        if worktrees.wanted(spec.get("worktree", "")):  # its repository's root within the parent's cwd
+            worktrees.repository_root(spec["cwd"], settings["cwd"])
         if self._depth(parent) + 1 > (limit := depth_max()):
             raise FsError(
                 E.EACCES, f"sub-agents nest {limit} deep at most (OLLIE_SUBAGENT_DEPTH); this one would be deeper"
@@ -551,6 +568,9 @@ class Sessions:
                 continue  # its job was cancelled just now (its parent ended): the job ends it
             await s.close()
             self.roll_up(s, among)
+            if not s.job:  # a sub-session's worktree and branch go with it (a job's with the job)
+                for tree in worktrees.of_owner("session", s.id):
+                    await worktrees.remove(tree, self._by_id.get(s.meta.parent))
             if not s.job:  # a job's files stay with the job
                 if s.core is None:  # asleep: what its children spent is saved here, to go to tr/
                     SessionStore(s.id).save_meta(s.meta)
@@ -575,6 +595,7 @@ class Sessions:
                     SessionStore(child.id).save_meta(child.meta)
             for listener in self.on_rename:
                 listener(old, new)
+            worktrees.renamed(old, new)
 
     async def close(self) -> None:
         await asyncio.gather(*(s.close() for s in self._by_id.values()), return_exceptions=True)

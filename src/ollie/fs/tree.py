@@ -37,13 +37,14 @@ log = logging.getLogger(__name__)
 
 HELP = """ollie file server
 
-ctl           write `new [agent=A] [cwd=DIR] [backend=B] [model=M] [name=N]` to create a session
-              (read the same open file back for its id), `kill <id>` to end one
+ctl           write `new [agent=A] [cwd=DIR] [backend=B] [model=M] [name=N] [worktree=1]` to create a
+              session (read the same open file back for its id), `kill <id>` to end one
 backends      the backends this server knows; the default is marked *
 s/            one directory per session that has an id, in creation order (ids sort by creation); a
               session you named opens by its name, and is listed in s/idx, not here
 b/            batch jobs: write a spec to b/new (cat it for the template); b/<id>/status, result,
-              log, usage, cost, statewait; rm -r b/<id> cancels; b/q b/sched b/job: scripts
+              log, usage, cost, statewait, worktree (worktree=1); rm -r b/<id> cancels (and drops
+              its worktree and branch); b/q b/sched b/job: scripts
 s/new         read: a template; write `k=v` lines to create a session
 s/idx         id, state, cwd, backend, model of every session
 s/sh s/ls s/kill   scripts: a prompt loop, a listing, kill sessions (and yours: $OLLIE_CFG_PATH/scripts/s)

@@ -43,13 +43,15 @@ from .tree import scripts_of, skills_index
 THOUGHT_MAX = 64 << 10
 HELP = """ollie: this session's view of the files ($OLLIE)
 
-    ctl           `new [agent=A] [cwd=DIR] [backend=B] [model=M] [name=N]` starts a sub-session (read
-                  the same open file back for its id); `kill <id>` ends one of them
+    ctl           `new [agent=A] [cwd=DIR] [backend=B] [model=M] [name=N] [worktree=1]` starts a
+                  sub-session (read the same open file back for its id; worktree=1: in a git worktree
+                  of its own, on a branch ollie/<id>); `kill <id>` ends one of them
     help          this text
     s/<own id>/   the session itself, read only (no `prompt` or `fifo.in`), but for `plan` (read
                   and write) and `think` (write: records a thought in its chat)
     s/new         the same: write k=v lines, one per key
-    b/            its batch jobs: b/new (a spec: cat it), b/<id>/status result log …, rm -r cancels;
+    b/            its batch jobs: b/new (a spec: cat it; worktree=1: each in a git worktree of its
+                  own), b/<id>/status result log worktree …, rm -r cancels (and drops the worktree);
                   b/q, b/sched, b/job: scripts to run with sh
     s/<sub id>/   its sub-sessions, and theirs: prompt, chat, reply, state, statewait, ctl, cfg, …
                   bounded: cwd inside the parent's, agent the parent's or one its config lists
