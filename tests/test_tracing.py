@@ -351,3 +351,29 @@ async def test_a_compaction_is_a_span(receiver):
     [compact] = [s for s in receiver.spans if s.name == "compact"]
     assert attrs(compact)["ollie.compaction.reason"] == "manual" and not compact.parent_span_id
     assert len([s for s in receiver.spans if s.name.startswith("invoke_agent")]) == 3
+
+
+async def test_a_batch_jobs_turn_is_a_child_of_the_call_that_submitted_it(h, tmp_path, receiver):
+    submit = """printf 'name=job\\nagent=default\\n---\\nwork\\n' > $OLLIE/b/new
+until [ "$(cat $OLLIE/b/job-0/status)" = done ]; do sleep 0.1; done
+cat $OLLIE/b/job-0/result"""
+    script = tmp_path / "boss.json"
+    script.write_text(
+        json.dumps(
+            [
+                {"tool_calls": [{"name": "execute_code", "arguments": {"steps": [{"code": submit}]}}]},
+                {"text": "the job is done", "expect": "default says ok"},
+            ]
+        )
+    )
+    agent = {"backend": "scripted", "model": str(script), "subagents": ["default"]}
+    (h.cfg / "agents" / "boss.json").write_text(json.dumps(agent))
+    session = await h.new(agent="boss")
+    core = await session.wake()
+    await core.submit("run a job")
+    assert core.reply == "the job is done"
+    telemetry.flush()
+    [call] = [s for s in receiver.spans if s.name == "execute_tool execute_code"]
+    [job] = [s for s in receiver.spans if s.name == "invoke_agent default"]
+    assert job.parent_span_id == call.span_id and job.trace_id == call.trace_id
+    assert attrs(job)["gen_ai.conversation.id"].endswith(".job-0")
