@@ -35,6 +35,7 @@ CHUNK = 256 << 10  # chat bytes sent in one event at most
 SYNC_READ = 64 << 10  # what a stream reads of a chat on the loop (cached: microseconds); more in a thread
 ROW_EVENTS = {"state", "usage", "done", "user", "error"}  # what changes a row of the table
 PROMPT_SHOWN = 200  # characters of the last prompt in a row
+WARM_BATCH = 100  # sessions asleep whose stored history one thread reads at once
 
 
 # What a stream yields: (event, data, id), or None to say it is still there (nothing happened for
@@ -151,11 +152,19 @@ class Feed:
             "parent": s.meta.parent,
         }
 
+    async def rows(self, sessions: list[Session]) -> list[dict[str, Any]]:
+        """Every row; the last prompts of sessions asleep, which are read from their stored
+        histories (once: a session keeps it), read off the loop first, a batch at a time."""
+        asleep = [s for s in sessions if s.core is None]
+        for i in range(0, len(asleep), WARM_BATCH):
+            await asyncio.to_thread(_last_prompts, asleep[i : i + WARM_BATCH])
+        return [self.row(s) for s in sessions]
+
     async def table(self) -> Messages:
         waiter = Waiter()
         self.tables.add(waiter)
         try:
-            yield msg("rows", {"reset": True, "rows": [self.row(s) for s in self.sessions.listed()]})
+            yield msg("rows", {"reset": True, "rows": await self.rows(self.sessions.listed())})
             while not self.closing.is_set():
                 if not await waiter.wait(KEEPALIVE):
                     yield None
@@ -308,6 +317,10 @@ class Feed:
                     yield msg("rows", {"rows": rows, "gone": gone})
         finally:
             self.job_tables.discard(waiter)
+
+
+def _last_prompts(sessions: list[Session]) -> list[str]:
+    return [s.last_prompt for s in sessions]
 
 
 def _updated(s: Session) -> float:
