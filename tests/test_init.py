@@ -190,7 +190,7 @@ def test_ollie_run_on_a_fresh_home_installs_first_with_one_line(user, tmp_path):
     first, session = out.stderr.splitlines()
     n = len(shipped())
     places = ", ".join(sorted({rel.split("/")[0] + ("/" if "/" in rel else "") for rel in shipped()}))
-    assert places.startswith("agents/, sandbox.yaml, scripts/, ") and "utils/" not in places
+    assert places.startswith("agent.schema.json, agents/, sandbox.yaml, scripts/, ") and "utils/" not in places
     assert first == f"ollie: first run: installed {n} files into {cfg} ({places}); `ollie init` lists them"
     assert session.startswith("session: ") and out.stdout == "assistant: hello\n\n"
     assert (cfg / "agents" / "default.json").is_file() and (cfg / ".installed.json").is_file()

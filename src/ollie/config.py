@@ -22,12 +22,19 @@ def _dir(var: str, default: str) -> Path:
     return Path(os.environ.get(var) or os.path.expanduser(default))
 
 
+def _xdg(var: str, fallback: str) -> str:
+    """An XDG base directory: the variable when it holds an absolute path (the specification
+    ignores a relative one), else its default."""
+    value = os.environ.get(var, "")
+    return value if os.path.isabs(value) else fallback
+
+
 def cfg_path() -> Path:
-    return _dir("OLLIE_CFG_PATH", "~/.config/ollie")
+    return _dir("OLLIE_CFG_PATH", os.path.join(_xdg("XDG_CONFIG_HOME", "~/.config"), "ollie"))
 
 
 def data_path() -> Path:
-    return _dir("OLLIE_DATA_PATH", "~/.local/share/ollie")
+    return _dir("OLLIE_DATA_PATH", os.path.join(_xdg("XDG_DATA_HOME", "~/.local/share"), "ollie"))
 
 
 def shared_dirs() -> tuple[Path, Path]:
@@ -134,6 +141,10 @@ def own_environ() -> dict[str, str]:
 
 
 def _parse_env(path: Path, text: str) -> dict[str, str]:
+    """`KEY=VALUE` lines as .env files have them (python-dotenv's and docker's rules): `export`
+    before a key is allowed; a value in single quotes is taken as it is, one in double quotes
+    with `\\n`, `\\t`, `\\"` and `\\\\` escapes; a `#` after a space ends an unquoted value, and
+    after the closing quote a comment may follow. Nothing is expanded."""
     values = {}
     for n, line in enumerate(text.splitlines(), 1):
         line = line.strip()
@@ -143,11 +154,33 @@ def _parse_env(path: Path, text: str) -> dict[str, str]:
         key = key.strip()
         if not sep or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
             raise ConfigError(f"{path}:{n}: expected KEY=VALUE, got {line!r}")
-        value = value.strip()
-        if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
-            value = value[1:-1]
-        values[key] = value
+        try:
+            values[key] = _env_value(value.strip())
+        except ValueError as e:
+            raise ConfigError(f"{path}:{n}: {key}: {e}") from None
     return values
+
+
+_ESCAPES = {"n": "\n", "t": "\t", "r": "\r", '"': '"', "\\": "\\", "$": "$"}
+
+
+def _env_value(raw: str) -> str:
+    if not raw or raw[0] not in "'\"":
+        return re.split(r"\s+#", raw, maxsplit=1)[0].rstrip()
+    quote, out, i = raw[0], [], 1
+    while i < len(raw) and raw[i] != quote:
+        if quote == '"' and raw[i] == "\\" and i + 1 < len(raw):
+            out.append(_ESCAPES.get(raw[i + 1], "\\" + raw[i + 1]))
+            i += 2
+            continue
+        out.append(raw[i])
+        i += 1
+    if i >= len(raw):
+        raise ValueError(f"the value's {quote} is never closed")
+    rest = raw[i + 1 :].strip()
+    if rest and not rest.startswith("#"):
+        raise ValueError(f"{rest!r} follows the quoted value; put a # before a comment")
+    return "".join(out)
 
 
 @dataclass

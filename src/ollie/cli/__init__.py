@@ -11,7 +11,7 @@ if TYPE_CHECKING:
     from ..agent.session import SessionStore
 
 # Subcommands that live in their own module; each module has `register(subparsers)`.
-_MODULES = ("init", "tools", "srv", "mount", "trust", "web")
+_MODULES = ("init", "tools", "srv", "mount", "trust", "web", "completion")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -62,6 +62,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--agent", help="agent config name (agents/<name>.json)")
     run.add_argument("--cwd", help="working directory of the session (default: here)")
     run.add_argument("--session", help="continue a stored session")
+    run.add_argument(
+        "-c", "--continue", dest="cont", action="store_true", help="continue the last session of this directory (--cwd)"
+    )
     run.add_argument("--json", action="store_true", help="print the events as JSON lines")
     run.add_argument(
         "-v", "--verbose", action="store_true", help="log each model request (time, tokens, retries) on stderr"
@@ -122,6 +125,20 @@ def _stored_session(sid: str) -> SessionStore:
     return store
 
 
+def _last_session_of(cwd: str | None) -> str:
+    """The id of the session last used in `cwd` (here by default), for `run --continue`."""
+    import os
+
+    from ..agent.session import list_stored
+    from ..types import ConfigError
+
+    here = os.path.realpath(os.path.expanduser(cwd or "."))
+    mine = [m for m in list_stored() if m.cwd == here and not m.cwd_within]  # not a sub-agent's
+    if not mine:
+        raise ConfigError(f"--continue: no session has worked in {here} yet; leave --continue out to start one")
+    return max(mine, key=lambda m: m.updated).id
+
+
 def _run(args: argparse.Namespace) -> int:
     import asyncio
 
@@ -129,6 +146,8 @@ def _run(args: argparse.Namespace) -> int:
     if not prompt.strip():
         print("ollie run: the prompt is empty", file=sys.stderr)
         return 2
+    if args.cont:
+        args.session = _last_session_of(args.cwd)
     if args.session:
         _stored_session(args.session)  # a typo must not start a new, empty conversation
     from .init import first_use
@@ -144,36 +163,20 @@ def _run(args: argparse.Namespace) -> int:
 
 async def _run_async(args: argparse.Namespace, prompt: str) -> int:
     import asyncio
-    import json
     import signal
 
     from ..agent import commands, open_session
-    from ..chatfmt import ChatRenderer, visible
-    from ..types import Event
+    from ..chatfmt import visible
 
-    renderer = ChatRenderer()
-    errors: list[str] = []
-    out = sys.stdout
-
-    def show(ev: Event) -> None:
-        if ev.kind == "error":
-            errors.append(ev.text)
-        if args.json:  # all but ASCII escaped: JSON leaves DEL and C1 controls (U+009B is a CSI) raw
-            out.write(json.dumps(ev.to_dict()) + "\n")
-        elif ev.kind == "user" and args.session is None:
-            pass  # the user typed it; no need to echo
-        else:
-            out.write(renderer.render(ev))
-        out.flush()
-
-    core = await open_session(
+    output = _Output(args.json, echo_prompt=args.session is not None)
+    core = output.core = await open_session(
         agent=args.agent,
         cwd=args.cwd,
         backend=_backend(args),
         model=args.model,
         session_id=args.session,
         script=args.script,
-        on_event=show,
+        on_event=output.show,
     )
     interrupted = False
 
@@ -185,20 +188,57 @@ async def _run_async(args: argparse.Namespace, prompt: str) -> int:
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(signal.SIGINT, interrupt)
     try:
-        await commands.submit(core, prompt)
-        if not (errors or interrupted):
-            _check_script_consumed(core.backend, errors)
+        if not output.closed:
+            await commands.submit(core, prompt)
+        if not (output.errors or interrupted or output.closed):
+            _check_script_consumed(core.backend, output.errors)
     finally:
         loop.remove_signal_handler(signal.SIGINT)
         await core.close()
+    if output.closed:
+        return 141  # as a program killed by SIGPIPE: the shell's pipeline status says what happened
     print(f"session: {core.session_id}", file=sys.stderr)
     if interrupted:
         print(f"ollie: interrupted; the session is saved (continue with --session {core.session_id})", file=sys.stderr)
         return 130
-    if errors:
-        print(f"ollie: {visible(errors[-1].splitlines()[0])}", file=sys.stderr)
+    if output.errors:
+        print(f"ollie: {visible(output.errors[-1].splitlines()[0])}", file=sys.stderr)
         return 1
     return 0
+
+
+class _Output:
+    """`ollie run`'s stdout: the conversation as it goes (or its events as JSON lines). When the
+    reader goes away (`ollie run … | head`), the turn stops, quietly: what it completed is saved."""
+
+    def __init__(self, as_json: bool, echo_prompt: bool) -> None:
+        from ..chatfmt import ChatRenderer
+
+        self.as_json, self.echo_prompt = as_json, echo_prompt
+        self.renderer = ChatRenderer()
+        self.errors: list[str] = []
+        self.closed = False
+        self.core: Any = None
+
+    def show(self, ev: Any) -> None:
+        import json
+        import os
+
+        if ev.kind == "error":
+            self.errors.append(ev.text)
+        if self.closed:
+            return
+        try:
+            if self.as_json:  # all but ASCII escaped: JSON leaves DEL and C1 controls (U+009B is a CSI) raw
+                sys.stdout.write(json.dumps(ev.to_dict()) + "\n")
+            elif ev.kind != "user" or self.echo_prompt:  # the user typed it: no need to echo it
+                sys.stdout.write(self.renderer.render(ev))
+            sys.stdout.flush()
+        except BrokenPipeError:
+            self.closed = True
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # Python's own flush at exit must not fail
+            if self.core is not None:
+                self.core.interrupt()
 
 
 def _check_script_consumed(backend: Any, errors: list[str]) -> None:
