@@ -109,7 +109,7 @@ def until(check, timeout: float = WAIT, what: str = ""):
             value = None
         if value:
             return value
-        assert time.monotonic() < deadline, f"timed out waiting for {what or check}"
+        assert time.monotonic() < deadline, f"timed out waiting for {(what() if callable(what) else what) or check}"
         time.sleep(0.05)
 
 
@@ -235,6 +235,22 @@ def test_a_turn_streams_with_its_tool_call_and_a_typed_prompt_reaches_the_sessio
     until(lambda: by_id(browser, "state").text == "idle", what="idle after the turn")
     assert box.get_attribute("value") == ""
     shot(browser, "web-session.png")
+
+
+def test_slash_commands_are_offered_and_run_as_in_prompt(web, browser):
+    from selenium.webdriver.common.keys import Keys
+
+    sid = web.new_session(agent="default")
+    browser.get(web.url.split("?")[0] + f"#/s/{sid}")
+    until(lambda: by_id(browser, "state").text == "idle", what="the page's info")
+    by_id(browser, "prompt").send_keys("/co")
+    hints = until(lambda: [b.text for b in css(browser, "#hints button")], what="the commands offered")
+    assert "/compact" in hints and "/stop" not in hints
+    by_id(browser, "prompt").send_keys(*[Keys.BACKSPACE] * 3, "/set temperature 0.25\n")
+    until(
+        lambda: "temperature=0.25" in (web.mnt / "s" / sid / "cfg").read_text(),
+        what=lambda: (web.mnt / "s" / sid / "cfg").read_text() + (web.mnt / "s" / sid / "chat").read_text(),
+    )
 
 
 def test_stop_interrupts_the_turn(web, browser):

@@ -422,13 +422,34 @@ function promptBox(id) {
     try {
       await api("/api/s/" + enc(id) + "/prompt", { text });
       ta.value = "";
+      hints.replaceChildren();
       say("sent");
     } catch (e) { say(e.message, true); }
   };
   ta.addEventListener("keydown", (ev) => {
     if (ev.key === "Enter" && !ev.shiftKey && !ev.isComposing) { ev.preventDefault(); send(); }
   });
-  return el("div", { class: "promptbox" }, ta, el("button", { id: "send", onclick: send }, "send"));
+  // A line starting with "/" is a slash command (the session's commands, as `cat ctl` lists them):
+  // the matching ones are offered under the box.
+  const hints = el("div", { class: "bar hints", id: "hints" });
+  let names = null;
+  let loading = false;
+  const offer = () => {
+    const m = /^\/(\S*)$/.exec(ta.value);
+    if (!m || !names) { hints.replaceChildren(); return; }
+    hints.replaceChildren(...names.filter((n) => n.startsWith(m[1])).map((n) =>
+      el("button", { class: "hint", onclick: () => { ta.value = "/" + n + " "; hints.replaceChildren(); ta.focus(); } }, "/" + n)));
+  };
+  ta.addEventListener("input", async () => {
+    if (ta.value.startsWith("/") && names === null && !loading) {
+      loading = true;
+      try {
+        names = (await api("/api/s/" + enc(id) + "/commands")).text.split(/[,\s]+/).filter(Boolean);
+      } catch (e) { names = []; say(e.message, true); }
+    }
+    offer();  // what the box holds now, whatever was typed while the names came
+  });
+  return el("div", {}, el("div", { class: "promptbox" }, ta, el("button", { id: "send", onclick: send }, "send")), hints);
 }
 
 // ---- batch jobs ---------------------------------------------------------------------------------
