@@ -152,6 +152,8 @@ def test_requests_without_token_foreign_host_or_origin_are_refused(web):
     assert "HttpOnly" in headers["set-cookie"] and "SameSite=Strict" in headers["set-cookie"]
     assert "script-src 'self'" in headers["content-security-policy"]
 
+    status, headers, _ = request(web, "GET", "//evil.example/?" + u.query)  # the redirect stays here
+    assert status == 303 and headers["location"] == "/evil.example/"
     assert request(web, "GET", "/api/meta")[0] == 401  # no token, no cookie
     assert request(web, "GET", "/api/meta", {"Cookie": "ollie_web=forged"})[0] == 401
     assert request(web, "GET", "/?token=wrong" + token[:4])[0] == 401

@@ -139,7 +139,7 @@ class Guard:
             if not hmac.compare_digest(given[0].encode(), self.token.encode()) or scope["method"] not in SAFE_METHODS:
                 return await refuse(send_headed, 401, "refused: wrong token")
             rest = urlencode([(k, v) for k, v in query if k != "token"])
-            location = scope["path"] + (f"?{rest}" if rest else "")
+            location = "/" + scope["path"].lstrip("/") + (f"?{rest}" if rest else "")  # never //elsewhere
             cookie = f"{COOKIE}={self.cookie}; Path=/; HttpOnly; SameSite=Strict"
             await send_headed(
                 {
