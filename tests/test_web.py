@@ -66,6 +66,7 @@ def web(tmp_path_factory):
     srv.agent("tooler", turns=TOOL_TURNS)
     srv.agent("slow", turns=[{"text": "too late", "delay": 60}])
     srv.agent("xss", [{"match": ".", "text": XSS}])
+    srv.agent("queue", turns=[{"text": "first answer", "delay": 1}, {"text": "second answer"}])
     srv.agent("judge", [{"match": ".", "text": "2\nThe second says it better."}])
     spawn = (
         "echo 'new agent=default name=kid' > $OLLIE/ctl && "
@@ -253,6 +254,20 @@ def test_slash_commands_are_offered_and_run_as_in_prompt(web, browser):
         lambda: "temperature=0.25" in (web.mnt / "s" / sid / "cfg").read_text(),
         what=lambda: (web.mnt / "s" / sid / "cfg").read_text() + (web.mnt / "s" / sid / "chat").read_text(),
     )
+
+
+def test_a_prompt_sent_during_a_turn_queues(web, browser):
+    sid = web.new_session(agent="queue")
+    browser.get(web.url.split("?")[0] + f"#/s/{sid}")
+    until(lambda: by_id(browser, "state").text == "idle", what="the page's info")
+    by_id(browser, "prompt").send_keys("one\n")
+    until(lambda: by_id(browser, "state").text == "thinking", what="the turn to start")
+    by_id(browser, "prompt").send_keys("two\n")
+    chat = by_id(browser, "chat")
+    until(lambda: "second answer" in chat.text, what="the queued prompt's answer")
+    text = chat.text
+    assert ":: queued: two" in text  # the chat says so, and it runs after the first
+    assert text.index("first answer") < text.index("\ntwo\n") < text.index("second answer")
 
 
 def test_stop_interrupts_the_turn(web, browser):
