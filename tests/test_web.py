@@ -156,7 +156,9 @@ def test_requests_without_token_foreign_host_or_origin_are_refused(web):
     status, headers, _ = request(web, "GET", "//evil.example/?" + u.query)  # the redirect stays here
     assert status == 303 and headers["location"] == "/evil.example/"
     assert request(web, "GET", "/api/meta")[0] == 401  # no token, no cookie
-    assert request(web, "GET", "/api/meta", {"Cookie": "ollie_web=forged"})[0] == 401
+    assert cookie.startswith(f"ollie_web_{u.port}=")  # one per server: the browser's jar is per host, not port
+    assert request(web, "GET", "/api/meta", {"Cookie": f"ollie_web_{u.port}=forged"})[0] == 401
+    assert request(web, "GET", "/api/meta", {"Cookie": cookie.replace(f"_{u.port}=", "_1=")})[0] == 401
     assert request(web, "GET", "/?token=wrong" + token[:4])[0] == 401
     status, headers, body = request(web, "GET", "/api/meta", {"Cookie": cookie})
     assert status == 200 and '"default"' in body

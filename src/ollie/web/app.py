@@ -103,11 +103,14 @@ def cookie_value(token: str) -> str:
 class Guard:
     """The checks every request passes (module docstring), and the headers every answer gets."""
 
-    def __init__(self, app: ASGIApp, token: str, hosts: set[str]):
+    def __init__(self, app: ASGIApp, token: str, hosts: set[str], port: int = 0):
         self.app = app
         self.token = token
         self.cookie = cookie_value(token)
         self.hosts = hosts
+        # A browser keeps one cookie jar per host, whatever the port: two servers on one machine
+        # must not take each other's cookie.
+        self.cookie_name = f"{COOKIE}_{port}"
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] not in ("http", "websocket"):
@@ -127,7 +130,7 @@ class Guard:
         if host not in self.hosts:
             return await refuse(send_headed, 403, f"refused: this server does not answer to Host {host!r}")
         origin = headers.get("origin")
-        if origin is not None and origin.lower() != f"http://{host}":
+        if origin is not None and origin.lower() not in (f"http://{host}", f"https://{host}"):  # https: a TLS proxy
             return await refuse(send_headed, 403, f"refused: a request from another origin ({origin})")
         if (websocket or scope["method"] not in SAFE_METHODS) and origin is None:
             return await refuse(send_headed, 403, "refused: a request that changes something must say its Origin")
@@ -140,7 +143,7 @@ class Guard:
                 return await refuse(send_headed, 401, "refused: wrong token")
             rest = urlencode([(k, v) for k, v in query if k != "token"])
             location = "/" + scope["path"].lstrip("/") + (f"?{rest}" if rest else "")  # never //elsewhere
-            cookie = f"{COOKIE}={self.cookie}; Path=/; HttpOnly; SameSite=Strict"
+            cookie = f"{self.cookie_name}={self.cookie}; Path=/; HttpOnly; SameSite=Strict"
             await send_headed(
                 {
                     "type": "http.response.start",
@@ -149,17 +152,17 @@ class Guard:
                 }
             )
             return await send_headed({"type": "http.response.body", "body": b""})
-        if not hmac.compare_digest(_cookie(headers.get("cookie", "")).encode(), self.cookie.encode()):
+        if not hmac.compare_digest(_cookie(headers.get("cookie", ""), self.cookie_name).encode(), self.cookie.encode()):
             return await refuse(
                 send_headed, 401, "refused: no token. Open the address `ollie web` prints (it carries the token) once."
             )
         await self.app(scope, receive, send_headed)
 
 
-def _cookie(header: str) -> str:
+def _cookie(header: str, wanted: str) -> str:
     for part in header.split(";"):
         name, _, value = part.strip().partition("=")
-        if name == COOKIE:
+        if name == wanted:
             return value
     return ""
 
@@ -239,7 +242,7 @@ def _field(body: dict[str, Any], key: str) -> str:
 
 
 def build(  # noqa: C901 (one small handler a route)
-    ns: Namespace, sessions: Sessions, jobs: Jobs, token: str, hosts: set[str]
+    ns: Namespace, sessions: Sessions, jobs: Jobs, token: str, hosts: set[str], port: int = 0
 ) -> tuple[ASGIApp, Feed]:
     feed = Feed(sessions, jobs)
 
@@ -426,7 +429,7 @@ def build(  # noqa: C901 (one small handler a route)
         Route("/api/m/{name}", guarded(memory_read)),
         Route("/api/m/{name}/rm", guarded(memory_remove), methods=["POST"]),
     ]
-    return Guard(Starlette(routes=routes), token, hosts), feed
+    return Guard(Starlette(routes=routes), token, hosts, port), feed
 
 
 async def recall(query: str) -> list[dict[str, str]]:
@@ -466,7 +469,7 @@ class Web:
             (host, port), family=socket.AF_INET6 if ":" in host else socket.AF_INET, reuse_port=False
         )
         self.port = self.sock.getsockname()[1]
-        self.app, self.feed = build(ns, sessions, jobs, self.token, allowed_hosts(host, self.port))
+        self.app, self.feed = build(ns, sessions, jobs, self.token, allowed_hosts(host, self.port), self.port)
         self._server: Any = None
         self._task: asyncio.Task[None] | None = None
 
