@@ -1,8 +1,9 @@
 """The serving process: one asyncio loop holding every session, serving one namespace over 9P (a
-Unix socket, TCP when asked) and a FUSE mount.
+Unix socket, TCP when asked), a FUSE mount, and the web page when asked (ollie.web).
 
 Files beside the socket (`$NAMESPACE/ollie`, in a 0700 directory): `ollie.pid`, `ollie.log` (the
-daemon's output), `ollie.token` (0600, when TCP is served).
+daemon's output), `ollie.token` (0600, when TCP is served), `ollie.web` (0600: the web page's
+address with its token, when it is served; see ollie.web).
 
 Killed sessions past their retention are pruned at start and every transcripts.PRUNE_INTERVAL.
 """
