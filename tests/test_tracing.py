@@ -377,3 +377,47 @@ cat $OLLIE/b/job-0/result"""
     [job] = [s for s in receiver.spans if s.name == "invoke_agent default"]
     assert job.parent_span_id == call.span_id and job.trace_id == call.trace_id
     assert attrs(job)["gen_ai.conversation.id"].endswith(".job-0")
+
+
+def test_a_job_on_a_ray_cluster_is_a_child_of_the_call_that_started_it(tmp_path_factory):
+    """End to end: a file server (its own process) whose session's code starts a sub-agent as a job
+    on a Ray cluster; the server and the worker each export to the same receiver, and the job's
+    turn on the worker is a child of the server's tool call (the task carried its context)."""
+    pytest.importorskip("ray", reason="Ray is not installed here (pip install 'ollie-agents[ray]')")
+    import secrets
+    import time
+
+    from test_jobs import _server, _spawn
+    from test_ray_jobs import Cluster
+
+    receiver = Receiver()
+    srv = _server(tmp_path_factory.mktemp("raytrace"))
+    srv.env.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=secrets.token_hex(32))
+    cluster = Cluster(srv.env)
+    srv.env.update(OLLIE_BATCH_EXECUTOR="ray", RAY_ADDRESS=cluster.address)
+    srv.env.update(OTEL_EXPORTER_OTLP_ENDPOINT=receiver.url, OTEL_METRICS_EXPORTER="none", OPENAI_API_KEY=KEY)
+    srv.agent(
+        "lead",
+        turns=[{"tool_calls": [_spawn("one", agent="worker")]}, {"text": "collected", "expect": "first"}],
+        subagents=["worker"],
+    )
+    try:
+        srv.start()
+        sid = srv.new_session(agent="lead")
+        (srv.mnt / "s" / sid / "prompt").write_text("delegate\n")
+        srv.wait_idle(sid, timeout=120)
+        assert (srv.mnt / "s" / sid / "reply").read_text() == "collected"
+        deadline = time.monotonic() + 30  # the server's spans leave within its exporter's 5 s delay
+        while not {"invoke_agent lead", "invoke_agent worker"} <= {s.name for s in receiver.spans}:
+            assert time.monotonic() < deadline, sorted(s.name for s in receiver.spans)
+            time.sleep(0.2)
+    finally:
+        srv.stop()
+        cluster.stop()
+        receiver.close()
+    [lead] = [s for s in receiver.spans if s.name == "invoke_agent lead"]
+    [call] = [s for s in receiver.spans if s.name == "execute_tool execute_code"]
+    [job] = [s for s in receiver.spans if s.name == "invoke_agent worker"]
+    assert call.parent_span_id == lead.span_id
+    assert job.trace_id == lead.trace_id and job.parent_span_id == call.span_id
+    assert KEY.encode() not in b"".join(receiver.raw)
