@@ -396,6 +396,17 @@ def test_the_new_session_button_makes_one_through_ctl(web, browser):
     assert sid in set(os.listdir(web.mnt / "s")) - before
     assert "agent=tooler" in (web.mnt / "s" / sid / "cfg").read_text()
     until(lambda: by_id(browser, "state").text == "idle", what="its page")
+    browser.get(web.url.split("?")[0] + "#/")  # and its row's end button ends it
+    browser.execute_script("window.confirm = () => true")
+
+    def end() -> bool:
+        row = [tr for tr in css(browser, "#sessions tbody tr") if sid in tr.text][0]
+        row.find_element("css selector", "button.danger").click()
+        return True
+
+    until(end, what="a click on end")
+    until(lambda: not [tr for tr in css(browser, "#sessions tbody tr") if sid in tr.text], what="its row to go")
+    assert sid not in os.listdir(web.mnt / "s") and sid in os.listdir(web.mnt / "tr")
 
 
 def test_ollie_web_prints_the_running_servers_address(web):
