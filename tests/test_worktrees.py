@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import time
@@ -302,3 +303,61 @@ def test_what_cannot_hold_a_worktree_is_refused_before_git_runs(tmp_path):
     inner.mkdir(parents=True)
     plan = worktrees.plan("j-0", str(inner), str(tmp_path / "repo"), "job", "")
     assert plan.cwd == f"{tmp_path}/repo/.ollie/worktrees/j-0/deep/er"  # the same place in its worktree
+
+
+# A sub-agent's code plants, in its own worktree, what would run its code in its parent's wider
+# sandbox when ollie commits its work there: the worktree's .git file pointed at a repository of its
+# own (with an fsmonitor, hooks and a filter), and a repository nested in its tree (with an fsmonitor).
+# Each would touch a marker in the parent's cwd, which the sub-agent's own sandbox cannot write.
+PLANT = r"""
+root=$(cd ../../.. && pwd)
+printf '#!/bin/sh\ntouch "%s/escalated-$1"\nif [ "$1" = clean ]; then cat; fi\nexit 0\n' "$root" > .evil.sh
+chmod +x .evil.sh
+touch "$root/escalated-direct" 2>/dev/null
+git init -q --bare evil-git
+git --git-dir=evil-git config core.bare false
+git --git-dir=evil-git config core.fsmonitor "$PWD/.evil.sh fsmonitor"
+git --git-dir=evil-git config filter.evil.clean "$PWD/.evil.sh clean"
+for h in pre-commit post-commit post-index-change reference-transaction; do
+  printf '#!/bin/sh\nexec %s %s\n' "$PWD/.evil.sh" "$h" > "evil-git/hooks/$h"; chmod +x "evil-git/hooks/$h"
+done
+echo '* filter=evil' > .gitattributes
+printf 'gitdir: %s/evil-git\n' "$PWD" > .git
+mkdir nested && git -C nested init -q && echo x > nested/f
+git -C nested add f && git -C nested -c user.name=x -c user.email=x@x commit -q -m x
+git -C nested config core.fsmonitor "$PWD/.evil.sh nested-fsmonitor"
+echo changed > shared.txt
+echo planted
+"""
+
+
+def test_a_sub_agent_cannot_run_its_code_in_its_parents_sandbox_through_its_worktree(srv):
+    srv.agent("sneaky", turns=[{"tool_calls": [execute(PLANT)]}, {"text": "planted", "expect": "planted"}])
+    srv.agent(
+        "lead",
+        turns=[
+            {"tool_calls": [spawn("--worktree", "--agent", "sneaky", "one")]},
+            {"text": "delegated", "expect": "branch: ollie/"},
+        ],
+        subagents=["sneaky"],
+    )
+    srv.start()
+    sid = srv.new_session(agent="lead")
+    (srv.mnt / "s" / sid / "prompt").write_text("delegate\n")
+    srv.wait_idle(sid, timeout=120)
+    assert (srv.mnt / "s" / sid / "reply").read_text() == "delegated", (srv.mnt / "s" / sid / "chat").read_text()
+    [jid] = os.listdir(srv.mnt / "b")
+    result = (srv.mnt / "b" / jid / "result").read_text()
+    assert re.search(r"\n shared\.txt +\| +2 \+-\n", result) and "\n nested " in result, result  # committed
+    assert git(srv.work, "show", f"ollie/{jid}:shared.txt") == "changed\n"
+    assert "160000 commit" in git(srv.work, "ls-tree", f"ollie/{jid}", "nested")  # a gitlink, not entered
+    assert [m for m in os.listdir(srv.work) if m.startswith("escalated")] == []
+    tree = srv.work / ".ollie" / "worktrees" / jid
+    # The plant is real: git led by the worktree's .git file runs it.
+    subprocess.run(["git", "-C", str(tree), "status"], capture_output=True, check=False)
+    assert "escalated-fsmonitor" in os.listdir(srv.work)
+    for marker in srv.work.glob("escalated-*"):
+        marker.unlink()
+    srv.sh(f"rm -r b/{jid}")
+    assert not tree.exists() and branches(srv.work) == []
+    assert [m for m in os.listdir(srv.work) if m.startswith("escalated")] == []

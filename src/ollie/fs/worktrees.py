@@ -110,6 +110,7 @@ class Worktree:
     parent: str = ""  # the session whose sandbox runs git ("" the user's)
     base: str = ""  # the commit it started from
     diffstat: str = ""  # once committed
+    gitdir: str = ""  # its administrative directory in the repository's .git (read when it was made)
 
     @property
     def branch(self) -> str:
@@ -222,6 +223,7 @@ async def _sandboxed(script: str, root: str, parent: Session | None) -> tuple[bo
 
 
 _MARK = re.compile(r"^ollie-base=([0-9a-f]{40,64})$", re.MULTILINE)
+_GITDIR = re.compile(r"^ollie-gitdir=(/.+)$", re.MULTILINE)
 
 
 async def create(wt: Worktree, parent: Session | None) -> Worktree:
@@ -237,28 +239,41 @@ grep -qxF {q(EXCLUDE)} "$exclude" 2>/dev/null || printf '%s\\n' {q(EXCLUDE)} >> 
 git worktree add -q -b {q(wt.branch)} {q(os.path.join(PLACE, wt.id))} HEAD || exit 1
 mkdir -p -- {q(wt.cwd)} || exit 1
 echo "ollie-base=$(git -C {q(os.path.join(PLACE, wt.id))} rev-parse HEAD)"
+echo "ollie-gitdir=$(git -C {q(os.path.join(PLACE, wt.id))} rev-parse --absolute-git-dir)"
 """
     ok, out = await _sandboxed(script, wt.root, parent)
-    found = _MARK.search(out)
-    if not ok or found is None:
+    found, gitdir = _MARK.search(out), _GITDIR.search(out)
+    admin = os.path.join(wt.root, ".git", "worktrees") + "/"
+    if not ok or found is None or gitdir is None or not gitdir.group(1).startswith(admin):
         await remove(wt, parent)
         raise FsError(E.EIO, f"worktree=1: cannot make a git worktree of {wt.root}: {_last_words(out)}")
-    wt.base = found.group(1)
+    wt.base, wt.gitdir = found.group(1), gitdir.group(1)
     _save(wt)
     return wt
 
 
 async def finish(wt: Worktree, parent: Session | None) -> Worktree:
     """Commit what the sub-agent left in its worktree onto its branch, and take the diffstat of the
-    branch against the commit it started from (git in the sandbox)."""
+    branch against the commit it started from (git in the sandbox).
+
+    The worktree is the sub-agent's to write, and this runs in its parent's wider sandbox: so git
+    is told the worktree's administrative directory (in the parent's `.git`, out of the
+    sub-agent's reach) rather than led by the worktree's `.git` file, which the sub-agent may have
+    pointed at a repository of its own (with hooks and an fsmonitor); and a repository it nested
+    in its tree is never entered (added as a gitlink, no submodule looked into; the diffstat compares
+    two commits, which enters none either)."""
     q = shlex.quote
+    gitdir = wt.gitdir or os.path.join(wt.root, ".git", "worktrees", wt.id)
+    message = f"ollie: the work of {wt.owner}"
     script = f"""
-wt={q(wt.path)}
-git -C "$wt" config user.email >/dev/null 2>&1 || export GIT_AUTHOR_NAME=ollie GIT_AUTHOR_EMAIL=ollie@localhost \
+export GIT_DIR={q(gitdir)} GIT_WORK_TREE={q(wt.path)}
+unset GIT_COMMON_DIR GIT_INDEX_FILE GIT_OBJECT_DIRECTORY GIT_ALTERNATE_OBJECT_DIRECTORIES
+cd -- {q(wt.path)} || exit 1
+g() {{ git -c diff.ignoreSubmodules=all -c status.submoduleSummary=false -c submodule.recurse=false "$@"; }}
+g config user.email >/dev/null 2>&1 || export GIT_AUTHOR_NAME=ollie GIT_AUTHOR_EMAIL=ollie@localhost \
 GIT_COMMITTER_NAME=ollie GIT_COMMITTER_EMAIL=ollie@localhost
-git -C "$wt" add -A || exit 1
-git -C "$wt" diff --cached --quiet || git -C "$wt" commit -q --no-verify -m {q(f"ollie: the work of {wt.owner}")} \
-|| exit 1
+g add -A || exit 1
+g diff --cached --quiet || g commit -q --no-verify -m {q(message)} || exit 1
 echo ollie-diffstat:
 git diff --stat {q(wt.base)} {q(wt.branch)} --
 """
