@@ -27,6 +27,7 @@ class Receiver:
     def __init__(self) -> None:
         self.spans: list = []
         self.metrics: list = []
+        self.resources: list = []
         self.raw: list[bytes] = []
         receiver = self
 
@@ -37,6 +38,7 @@ class Receiver:
                 if self.path == "/v1/traces":
                     request = ExportTraceServiceRequest.FromString(body)
                     receiver.spans += [s for r in request.resource_spans for ss in r.scope_spans for s in ss.spans]
+                    receiver.resources += [r.resource for r in request.resource_spans]
                 elif self.path == "/v1/metrics":
                     request = ExportMetricsServiceRequest.FromString(body)
                     receiver.metrics += [
@@ -133,6 +135,7 @@ async def test_a_turn_with_two_tool_calls_and_a_sub_agent_is_one_span_tree(h, tm
     assert names.count("invoke_agent lead") == 1 and names.count("invoke_agent default") == 1
     assert names.count("execute_tool execute_code") == 2 and names.count("stage bash") == 2
     assert len({s.trace_id for s in spans}) == 1  # the sub-agent's spans are in the parent's trace
+    assert {attrs(r)["service.name"] for r in receiver.resources} == {"ollie"}  # when no variable names one
 
     [turn] = [s for s in spans if s.name == "invoke_agent lead"]
     assert not turn.parent_span_id
@@ -421,3 +424,20 @@ def test_a_job_on_a_ray_cluster_is_a_child_of_the_call_that_started_it(tmp_path_
     assert call.parent_span_id == lead.span_id
     assert job.trace_id == lead.trace_id and job.parent_span_id == call.span_id
     assert KEY.encode() not in b"".join(receiver.raw)
+
+
+def test_ollie_run_exports_its_spans_before_it_exits(tmp_path):
+    receiver = Receiver()
+    try:
+        script = tmp_path / "s.json"
+        script.write_text(json.dumps([{"text": "hi", "usage": {"input_tokens": 9, "output_tokens": 2}}]))
+        env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+        env.update(OTEL_EXPORTER_OTLP_ENDPOINT=receiver.url, OTEL_SERVICE_NAME="ollie-test")
+        argv = [sys.executable, "-m", "ollie", "run", "--backend", "scripted", "--script", str(script), "hi"]
+        done = subprocess.run(argv, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+    finally:
+        receiver.close()
+    assert {s.name for s in receiver.spans} == {"invoke_agent default", "chat scripted"}
+    assert {attrs(r)["service.name"] for r in receiver.resources} == {"ollie-test"}  # OTEL_SERVICE_NAME
+    assert {m.name for m in receiver.metrics} >= {"gen_ai.client.token.usage", "ollie.turns"}

@@ -41,7 +41,9 @@ def exporting() -> Telemetry | None:
     protocol = os.environ.get("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf").strip()
     if protocol not in ("http/protobuf", ""):
         log.warning("OTEL_EXPORTER_OTLP_PROTOCOL=%s: ollie exports http/protobuf only; using it", protocol)
-    resource = Resource.create({"service.name": "ollie", "service.version": __version__})  # OTEL_SERVICE_NAME wins
+    resource = Resource.create({"service.version": __version__})  # with OTEL_SERVICE_NAME, OTEL_RESOURCE_ATTRIBUTES
+    if str(resource.attributes.get("service.name", "")).startswith("unknown_service"):
+        resource = resource.merge(Resource({"service.name": "ollie"}))  # when they name no service
     tracer_provider = TracerProvider(resource=resource)
     traces = os.environ.get("OTEL_TRACES_EXPORTER", "otlp").strip().lower()
     span_exporter: SpanExporter | None = None
