@@ -612,7 +612,7 @@ def test_fenced_code_is_drawn_without_its_fences():
     c.feed("assistant: Here:\n```python\nprint('hi')\n```\n````\nraw ``` inside\n````\nafter\n")
     text = render.plain(render.Renderer().render(c.blocks, expanded=False))
     assert "```" not in text.replace("raw ``` inside", "")
-    assert text == "Here:\n── python ──\nprint('hi')\n──\n──\nraw ``` inside\n──\nafter\n"
+    assert text == "Here:\n\n── python ──\nprint('hi')\n──\n\n──\nraw ``` inside\n──\n\nafter\n"  # blocks apart
 
 
 def test_resume_picks_a_session_from_a_list_most_recent_first(server, tmux):

@@ -5,8 +5,8 @@ rendered once and kept (`Renderer` caches by block, length and folding). What it
 
     > the prompt                                    (bold)
     reasoning: the model's reasoning                (dimmed, folded after a few lines)
-    assistant text, **bold**, `code`, # headings    (fenced code highlighted when Pygments is there,
-    ── python ──                                     its fences drawn as rules)
+    assistant text as markdown: headings, emphasis, (fenced code highlighted with Pygments,
+    ── python ──                                     its fences drawn as rules; lists, quotes, tables)
     -> execute_code: ls | wc -l                     (a call on one line; its output folded below it)
          3
     retrying in 2s...   error: ...   :: info        (yellow, red, dimmed)
@@ -15,9 +15,13 @@ rendered once and kept (`Renderer` caches by block, length and folding). What it
 from __future__ import annotations
 
 import json
-import re
+from typing import TYPE_CHECKING
 
 from .model import Block, trimmed
+
+if TYPE_CHECKING:
+    from markdown_it import MarkdownIt
+    from markdown_it.token import Token
 
 Fragments = list[tuple[str, str]]
 
@@ -44,6 +48,11 @@ STYLE = {
     "shell": "bold ansimagenta",
     "md.code": "ansiyellow",
     "md.bold": "bold",
+    "md.italic": "italic",
+    "md.strike": "strike",
+    "md.link": "underline",
+    "md.url": "ansigray",
+    "md.mark": "ansigray",
     "md.heading": "bold underline",
     "md.fence": "ansigray",
     "status": "reverse",
@@ -107,23 +116,6 @@ def output(lines: list[str], expanded: bool, fold_key: str = "Ctrl-O") -> Fragme
     return out
 
 
-_INLINE = re.compile(r"(\*\*[^*\n]+\*\*|`[^`\n]+`)")
-
-
-def _inline(line: str) -> Fragments:
-    out: Fragments = []
-    for part in _INLINE.split(line):
-        if not part:
-            continue
-        if part.startswith("**") and part.endswith("**") and len(part) > 4:
-            out.append(("class:md.bold", part[2:-2]))
-        elif part.startswith("`") and part.endswith("`") and len(part) > 2:
-            out.append(("class:md.code", part[1:-1]))
-        else:
-            out.append(("", part))
-    return out
-
-
 def _highlight(code: list[str], lang: str) -> Fragments:
     text = "\n".join(code) + "\n"
     try:
@@ -140,33 +132,200 @@ def _highlight(code: list[str], lang: str) -> Fragments:
     return [(s, t) for s, t, *_ in to_formatted_text(PygmentsTokens(list(lex(text, lexer))))]
 
 
-_FENCE = re.compile(r"\s{0,3}(`{3,}|~{3,})\s*([^`\s]*)")
-
-
 def markdown(lines: list[str]) -> Fragments:
-    """Markdown, a little of it: headings, bold, inline code, fenced code (highlighted, its fences
-    drawn as dim rules: what is copied from the screen is the code)."""
+    """The assistant's markdown, parsed by markdown-it (CommonMark, with tables and strikethrough):
+    headings, emphasis, inline code, links (their URL shown after the text), lists, quotes,
+    tables (columns aligned), rules, and fenced code (highlighted, its fences drawn as dim rules:
+    what is copied from the screen is the code). HTML in it is shown as the text it is."""
+    return _Markdown().render("\n".join(trimmed(lines)))
+
+
+_PARSER: MarkdownIt | None = None
+
+
+def _parser() -> MarkdownIt:
+    global _PARSER
+    if _PARSER is None:
+        from markdown_it import MarkdownIt
+
+        _PARSER = MarkdownIt("commonmark", {"html": False}).enable(["table", "strikethrough"])
+    return _PARSER
+
+
+_INLINE_STYLE = {"strong": "class:md.bold", "em": "class:md.italic", "s": "class:md.strike", "link": "class:md.link"}
+
+
+class _Markdown:
+    """Tokens to fragments, as the blocks nest: each line starts with the marks of the lists and
+    quotes it is in (an item's later lines aligned under its first)."""
+
+    def __init__(self) -> None:
+        self.out: Fragments = []
+        self.prefixes: list[str] = []  # per open list item or quote: what its first line starts with
+        self.numbers: list[int | None] = []  # per open list: the next item's number (None: bullets)
+        self.table: list[list[Fragments]] | None = None  # rows of cells while a table is read
+        self.style = ""  # the block's own (a heading's)
+        self.at_line_start = True
+        self.item_started = False  # the innermost item's first line is out
+        self.gap = False  # a top-level block ended: a blank line before the next one
+
+    def render(self, text: str) -> Fragments:
+        for token in _parser().parse(text):
+            handler = getattr(self, "_" + token.type, None)
+            if handler is not None:
+                handler(token)
+        return self.out
+
+    # ---- lines ---------------------------------------------------------------------------------
+    def _emit(self, style: str, text: str) -> None:
+        for i, part in enumerate(text.split("\n")):
+            if i:
+                self._newline()
+            if part:
+                self._start_line()
+                self.out.append((style, part))
+
+    def _start_line(self) -> None:
+        if not self.at_line_start:
+            return
+        if self.gap:
+            self.out.append(("", "\n"))
+            self.gap = False
+        self.at_line_start = False
+        for i, prefix in enumerate(self.prefixes):
+            later = i == len(self.prefixes) - 1 and self.item_started or i < len(self.prefixes) - 1
+            self.out.append(("class:md.mark", " " * len(prefix) if later and prefix != "│ " else prefix))
+        self.item_started = True
+
+    def _newline(self) -> None:
+        if not self.at_line_start:
+            self.out.append(("", "\n"))
+            self.at_line_start = True
+
+    def _block_end(self) -> None:
+        self._newline()
+        self.gap = self.gap or not self.prefixes
+
+    # ---- blocks (handlers by token type) --------------------------------------------------------
+    def _inline(self, t: Token) -> None:
+        fragments = inline(t.children or [])
+        if self.table is not None:
+            self.table[-1].append(fragments)
+            return
+        for style, text in fragments:
+            self._emit(style or self.style, text)
+
+    def _heading_open(self, t: Token) -> None:
+        self._newline()
+        self.style = "class:md.heading"
+
+    def _heading_close(self, t: Token) -> None:
+        self._block_end()
+        self.style = ""
+
+    def _paragraph_close(self, t: Token) -> None:
+        self._block_end()
+
+    def _bullet_list_open(self, t: Token) -> None:
+        self.numbers.append(None)
+
+    def _ordered_list_open(self, t: Token) -> None:
+        self.numbers.append(int(t.attrGet("start") or 1))
+
+    def _bullet_list_close(self, t: Token) -> None:
+        self.numbers.pop()
+        self._block_end()
+
+    _ordered_list_close = _bullet_list_close
+
+    def _list_item_open(self, t: Token) -> None:
+        self._newline()
+        number = self.numbers[-1]
+        if number is not None:
+            self.numbers[-1] = number + 1
+        self.prefixes.append(f"{number}. " if number is not None else "• ")
+        self.item_started = False
+
+    def _list_item_close(self, t: Token) -> None:
+        self._newline()
+        self.prefixes.pop()
+        self.item_started = True
+
+    def _blockquote_open(self, t: Token) -> None:
+        self._newline()
+        self.prefixes.append("│ ")
+
+    def _blockquote_close(self, t: Token) -> None:
+        self._newline()
+        self.prefixes.pop()
+        self._block_end()
+
+    def _fence(self, t: Token) -> None:
+        lang = (t.info or "").split()[0] if t.type == "fence" and t.info else ""
+        self._rule(f"── {lang} ──" if lang else "──")
+        code = t.content[:-1] if t.content.endswith("\n") else t.content
+        for style, text in _highlight(code.split("\n"), lang):
+            self._emit(style, text)
+        self._rule("──")
+        self._block_end()
+
+    _code_block = _fence
+
+    def _hr(self, t: Token) -> None:
+        self._rule("───")
+
+    def _rule(self, text: str) -> None:
+        self._newline()
+        self._emit("class:md.fence", text)
+        self._newline()
+
+    def _table_open(self, t: Token) -> None:
+        self.table = []
+
+    def _tr_open(self, t: Token) -> None:
+        if self.table is not None:
+            self.table.append([])
+
+    def _table_close(self, t: Token) -> None:
+        rows, self.table = self.table or [], None
+        texts = [["".join(text for _, text in cell).replace("\n", " ") for cell in row] for row in rows]
+        columns = max(map(len, texts), default=0)
+        widths = [max((len(r[i]) for r in texts if i < len(r)), default=0) for i in range(columns)]
+        self._newline()
+        for n, row in enumerate(rows):
+            for i, cell in enumerate(row):
+                self._emit("class:md.mark", " │ " if i else "")
+                for style, text in cell:
+                    self._emit(style or ("class:md.bold" if n == 0 else ""), text.replace("\n", " "))
+                self._emit("", " " * (widths[i] - len(texts[n][i])))
+            self._newline()
+            if n == 0:
+                self._emit("class:md.mark", "─┼─".join("─" * w for w in widths))
+                self._newline()
+
+
+def inline(children: list[Token]) -> Fragments:
+    """An inline token's children as fragments: emphasis styled, a link's URL after its text."""
     out: Fragments = []
-    code: list[str] | None = None
-    fence, lang = "", ""
-    for line in trimmed(lines):
-        m = _FENCE.match(line)
-        if code is None and m:
-            code, fence, lang = [], m[1], m[2]
-            out.append(("class:md.fence", f"── {lang} ──\n" if lang else "──\n"))
-        elif code is not None and m and m[1].startswith(fence) and line.strip() == m[1]:
-            out += _highlight(code, lang)
-            out.append(("class:md.fence", "──\n"))
-            code = None
-        elif code is not None:
-            code.append(line)
-        elif line.startswith("#"):
-            out.append(("class:md.heading", line.lstrip("#").strip() + "\n"))
-        else:
-            out += _inline(line)
+    styles: list[str] = []
+    links: list[str] = []
+    for c in children:
+        if c.type in ("text", "html_inline"):
+            out.append((styles[-1] if styles else "", c.content))
+        elif c.type == "code_inline":
+            out.append(("class:md.code", c.content))
+        elif c.type in ("softbreak", "hardbreak"):
             out.append(("", "\n"))
-    if code is not None:  # still streaming
-        out += _highlight(code, lang)
+        elif c.type == "image":
+            out.append(("class:md.link", f"[image: {c.content or c.attrGet('src')}]"))
+        elif c.tag in ("strong", "em", "s", "a") and c.type.endswith("_open"):
+            styles.append(_INLINE_STYLE["link" if c.tag == "a" else c.tag])
+            if c.tag == "a":
+                links.append(str(c.attrGet("href") or ""))
+        elif c.tag in ("strong", "em", "s", "a") and c.type.endswith("_close"):
+            styles.pop()
+            if c.tag == "a" and (href := links.pop()) and href not in "".join(text for _, text in out[-2:]):
+                out.append(("class:md.url", f" ({href})"))
     return out
 
 
