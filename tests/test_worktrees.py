@@ -159,10 +159,21 @@ def test_a_cwd_in_no_repository_or_above_the_parents_is_refused_saying_why(srv):
     assert os.listdir(srv.mnt / "b") == [] and branches(srv.work) == []
 
 
-def test_a_sub_session_made_with_worktree_1_works_in_its_own_until_killed(srv):
+def test_a_sub_session_made_with_worktree_1_works_in_its_own_and_its_parent_merges_it(srv):
+    """`new worktree=1` through the view; the parent reads the sub-session's `worktree` (which
+    commits its work on its branch) and merges the branch; killing it removes worktree and branch."""
+    merge_child = (
+        'c=$(ls "$OLLIE/s" | grep -vx -e "$OLLIE_SESSION_ID" -e new -e idx); cat "$OLLIE/s/$c/worktree" && '
+        'git merge -q --no-edit "ollie/$c" && echo "merged $c"'
+    )
     srv.agent(
         "lead",
-        turns=[{"tool_calls": [execute("echo 'new worktree=1 agent=editor' > $OLLIE/ctl")]}, {"text": "started"}],
+        turns=[
+            {"tool_calls": [execute("echo 'new worktree=1 agent=editor' > $OLLIE/ctl")]},
+            {"text": "started"},
+            {"tool_calls": [execute(merge_child)]},
+            {"text": "merged", "expect": "merged "},
+        ],
         subagents=["editor"],
     )
     srv.start()
@@ -173,13 +184,26 @@ def test_a_sub_session_made_with_worktree_1_works_in_its_own_until_killed(srv):
     [child] = [line.split("\t")[0] for line in (srv.mnt / "s" / "idx").read_text().splitlines()][1:]
     tree = srv.work / ".ollie" / "worktrees" / child
     assert (srv.mnt / "s" / child / "cfg").read_text().count(f"cwd={tree}\n") == 1
+    assert "worktree" not in os.listdir(srv.mnt / "s" / child)  # reading it commits: found by name only
     (srv.mnt / "s" / child / "prompt").write_text("edit\n")
     srv.wait_idle(child, timeout=60)
     assert (tree / "shared.txt").read_text() == f"edit by {child}\n"
     assert (srv.work / "shared.txt").read_text() == "base\n"
     assert branches(srv.work) == [f"ollie/{child}"]
-    srv.sh(f"rm -r s/{child}")
+
+    (srv.mnt / "s" / sid / "prompt").write_text("merge it\n")
+    srv.wait_idle(sid, timeout=60)
+    chat = (srv.mnt / "s" / sid / "chat").read_text()
+    assert (srv.mnt / "s" / sid / "reply").read_text() == "merged", chat
+    assert f"## worktree\nbranch: ollie/{child}\n" in chat and f"kill {child} drops it" in chat
+    assert (srv.work / "shared.txt").read_text() == f"edit by {child}\n"  # merged into the parent's
+    with pytest.raises(OSError):  # a session made without worktree=1 has none
+        (srv.mnt / "s" / sid / "worktree").read_text()
+
+    srv.sh(f"mv s/{child} s/renamed-child")  # its worktree stays its own under its new name
+    srv.sh("rm -r s/renamed-child")
     assert not tree.exists() and branches(srv.work) == []
+    assert (srv.work / "shared.txt").read_text() == f"edit by {child}\n"
 
 
 @pytest.mark.parametrize("whose", ["a sub-agent's", "the user's"])

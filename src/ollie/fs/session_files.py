@@ -536,6 +536,26 @@ def _checkpoints(s: Session, _: Sessions) -> File:
     return TextFile(read)
 
 
+def _worktree(s: Session, sessions: Sessions) -> File:
+    """`worktree` of a session made with worktree=1: reading it commits what the session left in
+    its worktree onto its branch (git in its parent's sandbox, as worktrees.finish does), then gives
+    the branch, path, base and diffstat; refused while a turn runs (its work is half done)."""
+
+    async def read() -> str:
+        from . import worktrees
+
+        trees = worktrees.of_owner("session", s.id)
+        if not trees:
+            raise FsError(E.ENOENT, f"session {s.id} has no worktree (it was made without worktree=1)")
+        if s.state != "idle":
+            raise FsError(E.EBUSY, f"session {s.id} is {s.state}: read its worktree once it is idle")
+        parent = sessions.find(s.meta.parent) if s.meta.parent else None
+        tree = await worktrees.finish(trees[0], parent)
+        return tree.section().replace(f"rm -r b/{tree.owner}", f"kill {s.id}")
+
+    return TextFile(read)
+
+
 SESSION_FILES: dict[str, SessionFileMaker] = {
     "prompt": lambda s, _: OnCloseFile(lambda: "", s.submit, PROMPT_MAX, mode=0o622),
     "chat": lambda s, _: ChatFile(lambda: s.chat_path),
@@ -564,4 +584,5 @@ ACTIVE_FILES: dict[str, SessionFileMaker] = {
     "fifo.out": _core_text(_pop),
     "models": _core_text(_models),
     "mcp": _core_text(_mcp),
+    "worktree": _worktree,
 }
