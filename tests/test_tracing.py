@@ -441,3 +441,42 @@ def test_ollie_run_exports_its_spans_before_it_exits(tmp_path):
     assert {s.name for s in receiver.spans} == {"invoke_agent default", "chat scripted"}
     assert {attrs(r)["service.name"] for r in receiver.resources} == {"ollie-test"}  # OTEL_SERVICE_NAME
     assert {m.name for m in receiver.metrics} >= {"gen_ai.client.token.usage", "ollie.turns"}
+
+
+EMBEDDED = """
+import asyncio, sys
+sys.path.insert(0, sys.argv[1])
+from opentelemetry import trace
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+exporter = InMemorySpanExporter()
+provider = TracerProvider()
+provider.add_span_processor(SimpleSpanProcessor(exporter))
+trace.set_tracer_provider(provider)  # the embedding program's own, before any session
+
+from agent_helpers import make_core
+
+async def main():
+    core, *_ = await make_core([{"text": "hi"}])
+    with trace.get_tracer("app").start_as_current_span("app request"):
+        await core.submit("go")
+    await core.close()
+
+asyncio.run(main())
+spans = {s.name: s for s in exporter.get_finished_spans()}
+turn = spans["invoke_agent default"]
+assert turn.parent.span_id == spans["app request"].context.span_id, "under the program's own span"
+print(sorted(spans))
+"""
+
+
+def test_a_program_that_set_up_its_own_provider_gets_ollies_spans_under_its_own(tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    tests = os.path.dirname(__file__)
+    done = subprocess.run(
+        [sys.executable, "-c", EMBEDDED, tests], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "['app request', 'chat scripted', 'invoke_agent default']"
