@@ -58,7 +58,8 @@ s/<id>/ctl        the session commands (stop, inject, queue, backend, model, age
 s/<id>/cfg        state backend model agent cwd and generation parameters; write k=v lines
 s/<id>/fifo.in    queue a prompt (starts it when idle);  fifo.out: pop the next queued prompt
 s/<id>/usage cost ctxsz systemprompt env context offset plan prompt.prev (models, mcp,
-                  statewait, fifo.out open by name: reading them acts, so they are not listed)
+                  statewait, fifo.out, worktree open by name: reading them acts, so they are not
+                  listed; worktree commits a worktree=1 session's work on its branch ollie/<id>)
 rm -r s/<id>      kill a session (kept read-only in tr/<id>/ for $OLLIE_TRANSCRIPT_DAYS days);
                   mv s/<id> s/<name>  rename it (not while it runs)
 a/ p/ sk/ t/ u/ m/ pl/ tr/ tmp/   agent configs (a refused one says why in a/<name>.json.err), system

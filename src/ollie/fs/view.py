@@ -55,7 +55,8 @@ HELP = """ollie: this session's view of the files ($OLLIE)
                   b/q, b/sched, b/job: scripts to run with sh
     s/<sub id>/   its sub-sessions, and theirs: prompt, chat, reply, state, statewait, ctl, cfg, …
                   bounded: cwd inside the parent's, agent the parent's or one its config lists
-                  under "subagents", no rename or save; `rm -r` or `kill` ends one (and its own)
+                  under "subagents", no rename or save; `rm -r` or `kill` ends one (and its own);
+                  worktree (by name): commits a worktree=1 one's work on its branch, names it
     m/ pl/        the memory and the plans, shared by the user's sessions (read and write)
     t/ sk/ p/     tool scripts (t/idx), skills, prompts: read only
 """
