@@ -102,6 +102,7 @@ async def turn_failed(rt: Runtime, e: Exception) -> str | None:
 def check_spending_cap(rt: Runtime) -> None:
     """Before every request: a session that spent OLLIE_MAX_SESSION_COST makes no more.
     (The answer that crossed the cap is kept: it is paid for.)"""
+    cost.warm(rt.backend.name)  # the price list, loaded while the first request is on its way
     cap = os.environ.get("OLLIE_MAX_SESSION_COST")
     if not cap:
         return
@@ -113,7 +114,6 @@ def check_spending_cap(rt: Runtime) -> None:
             "set it like OLLIE_MAX_SESSION_COST=5, or unset it"
         ) from None
     backend, model = rt.backend.name, rt.backend.model
-    cost.warm(backend)
     if not os.environ.get(cost.ALLOW_UNPRICED) and not cost.price_known(model, backend):
         raise TurnError(cost.unpriced_message(model, backend, cap))
     spent = rt.state.meta.cost_session
