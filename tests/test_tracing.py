@@ -480,3 +480,20 @@ def test_a_program_that_set_up_its_own_provider_gets_ollies_spans_under_its_own(
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "['app request', 'chat scripted', 'invoke_agent default']"
+
+
+async def test_a_failure_to_record_never_fails_the_turn(receiver, monkeypatch):
+    from agent_helpers import make_core
+    from ollie import _spans
+
+    def broken(*args):
+        raise RuntimeError("a bug in recording")
+
+    monkeypatch.setattr(_spans, "_usage_attributes", broken)  # every span's end
+    monkeypatch.setattr(_spans.Tool, "__init__", broken)  # a span's start
+    core, *_ = await make_core([{"tool_calls": [{"name": "echo", "arguments": {"text": "x"}}]}, {"text": "fine"}])
+    await core.submit("go")
+    await core.close()
+    assert core.reply == "fine"
+    telemetry.flush()
+    assert {s.name for s in receiver.spans} == {"invoke_agent default", "chat scripted"}

@@ -222,6 +222,8 @@ class Recorder:
     def __exit__(self, *exc: Any) -> None:
         try:
             self.ended(exc[1])
+        except Exception:  # what a span records never fails the turn
+            log.exception("telemetry: recording the end of a span failed")
         finally:
             self._cm.__exit__(*exc)
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -113,13 +114,22 @@ def _asked_for_export() -> bool:
     )
 
 
+def _safely(make: Callable[[], Any]) -> Any:
+    """A span to record, or nothing when it cannot be started: tracing never fails a turn."""
+    try:
+        return make()
+    except Exception:
+        log.exception("telemetry: a span could not be started; it is left out")
+        return OFF
+
+
 def turn(rt: Runtime, prompt: str) -> Recorder | _Off:
     on = _on if _decided else active()
     if on is None:
         return OFF
     from ._spans import Turn
 
-    return Turn(on, rt, prompt)
+    return _safely(lambda: Turn(on, rt, prompt))
 
 
 def chat(rt: Runtime, attempt: int = 0) -> Recorder | RequestLog | _Off:
@@ -133,7 +143,7 @@ def chat(rt: Runtime, attempt: int = 0) -> Recorder | RequestLog | _Off:
     if on is None:
         assert request is not None
         return request
-    return Chat(on, rt, attempt, request)
+    return _safely(lambda: Chat(on, rt, attempt, request))
 
 
 def tool(rt: Runtime, call: ToolCall) -> Recorder | _Off:
@@ -142,7 +152,7 @@ def tool(rt: Runtime, call: ToolCall) -> Recorder | _Off:
         return OFF
     from ._spans import Tool
 
-    return Tool(on, rt, call)
+    return _safely(lambda: Tool(on, rt, call))
 
 
 def stage(where: str, program: str) -> Recorder | _Off:
@@ -151,7 +161,7 @@ def stage(where: str, program: str) -> Recorder | _Off:
         return OFF
     from ._spans import Stage
 
-    return Stage(on, where, program)
+    return _safely(lambda: Stage(on, where, program))
 
 
 def hook(event: str, index: int) -> Recorder | _Off:
@@ -160,7 +170,7 @@ def hook(event: str, index: int) -> Recorder | _Off:
         return OFF
     from ._spans import Hook
 
-    return Hook(on, event, index)
+    return _safely(lambda: Hook(on, event, index))
 
 
 def compaction(reason: str) -> Any:
