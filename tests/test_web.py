@@ -27,7 +27,7 @@ TOOL_TURNS = [
         "reasoning": "The user wants a listing.\nI will run a command.",
         "tool_calls": [{"name": "execute_code", "arguments": {"steps": [{"code": DIFF}]}}],
     },
-    {"text": "The command said **tool-output-42**.\n\n- one\n- two", "chunk": 4, "delay": 0.2},
+    {"text": "The command said **tool-output-42**.\n\n- one\n- two", "chunk": 4, "delay": 0.6},
 ]
 XSS = (
     'look: <img src=x onerror="window.__pwned=1"> and <script>window.__pwned=2</script> '
@@ -223,6 +223,8 @@ def test_a_turn_streams_with_its_tool_call_and_a_typed_prompt_reaches_the_sessio
     box.send_keys("what is here?", Keys.SHIFT, Keys.ENTER, Keys.SHIFT, "second line", Keys.ENTER)
     chat = by_id(browser, "chat")
     until(lambda: css(browser, "#chat details.call"), what="the tool call")
+    # live: the call shows while the turn runs, before the answer (the model takes 0.6 s for it)
+    assert "tool-output-42." not in chat.text and by_id(browser, "state").text != "idle"
     until(lambda: "tool-output-42." in chat.text, what="the streamed answer")
     assert (web.mnt / "s" / sid / "prompt.prev").read_text().strip() == "what is here?\nsecond line"
     assert "user: what is here?\n" in (web.mnt / "s" / sid / "chat").read_text()
