@@ -300,6 +300,10 @@ def test_a_job_submitted_in_the_page_shows_up_in_b(web, browser):
     row = until(lambda: [tr for tr in css(browser, "#jobs tbody tr") if jid in tr.text], what="its row")[0]
     until(lambda: "done" in row.text, what="the job to finish")
     assert (web.mnt / "b" / jid / "result").read_text().strip() == "ok, done"
+    browser.get(web.url.split("?")[0] + f"#/b/{jid}")  # its page: the spec, the result, the log
+    until(lambda: by_id(browser, "state").text == "done", what="the job's page")
+    assert "summarise nothing" in by_id(browser, "plan").text and "ok, done" in by_id(browser, "facts").text
+    until(lambda: "ok, done" in by_id(browser, "chat").text and "summarise nothing" in by_id(browser, "chat").text)
 
 
 def test_model_output_with_markup_is_text_and_runs_nothing(web, browser):
