@@ -195,12 +195,26 @@ def _real(path: str) -> str:
         return ""
 
 
+def jail_idle() -> float:
+    """Seconds a jail may sit idle (no program of it running) before it is closed:
+    `OLLIE_JAIL_IDLE`, 600 by default (and when it is no number); 0 keeps jails for their owner's life."""
+    try:
+        return max(0.0, float(os.environ.get("OLLIE_JAIL_IDLE") or 600))
+    except ValueError:
+        return 600.0
+
+
 class Jails:
     """The jails of one owner (a session's execute server, its hooks): one per network setting and
-    limits, started on first use, restarted if one dies."""
+    limits, started on first use, restarted if one dies, closed once idle for `idle` seconds
+    (`jail_idle()`; 0: never) and started again on the next use (its private /tmp goes with it)."""
 
-    def __init__(self, view: Callable[[int], None] | None = None) -> None:
+    def __init__(self, view: Callable[[int], None] | None = None, idle: float | None = None) -> None:
         self._jails: dict[JailSetup, Jail] = {}
+        self._idle = jail_idle() if idle is None else idle
+        self._timer: asyncio.TimerHandle | None = None
+        self._closing: set[asyncio.Task[None]] = set()
+        self._starting: dict[JailSetup, asyncio.Future[Jail]] = {}
         self._hide = hidden_paths()
         self._read_only = read_only_dirs()
         self._uv_cache = _uv_cache()
@@ -227,17 +241,13 @@ class Jails:
         jail = self._jails.get(setup)
         if jail is None or not jail.alive:
             _refuse_replaceable_links(policy)
-            if view:
-                _make_mount_point(view)
-            jail = self._jails[setup] = await Jail.start(setup)
-            if jail.view_fd >= 0 and self._view is not None:
-                fd, jail.view_fd = jail.view_fd, -1
-                try:
-                    self._view(fd)
-                except BaseException:
-                    os.close(fd)  # the mount then fails every access instead of waiting on nobody
-                    raise
-                jail.has_view = True
+            starting = self._starting.get(setup)
+            if starting is None:  # one start for the calls that come meanwhile (none left running unowned)
+                starting = self._starting[setup] = asyncio.ensure_future(self._start(setup))
+                starting.add_done_callback(lambda _: self._starting.pop(setup, None))
+            jail = await asyncio.shield(starting)
+        jail.touch()
+        self._watch()
         if jail.namespaces_refused and not policy.best_effort:
             allow = userns_hint() or "; allow user namespaces (sysctl user.max_user_namespaces)"
             raise SandboxError(
@@ -245,6 +255,20 @@ class Jails:
                 f"true in {config.cfg_path() / 'sandbox.yaml'} to run with Landlock and seccomp alone "
                 "(no process, network, /tmp or terminal isolation)"
             )
+        return jail
+
+    async def _start(self, setup: JailSetup) -> Jail:
+        if setup.view:
+            _make_mount_point(setup.view)
+        jail = self._jails[setup] = await Jail.start(setup)
+        if jail.view_fd >= 0 and self._view is not None:
+            fd, jail.view_fd = jail.view_fd, -1
+            try:
+                self._view(fd)
+            except BaseException:
+                os.close(fd)  # the mount then fails every access instead of waiting on nobody
+                raise
+            jail.has_view = True
         return jail
 
     def _link_sources(self, policy: Policy) -> tuple[str, ...]:
@@ -258,9 +282,39 @@ class Jails:
             return ()
         return (cache,)
 
+    def _watch(self, delay: float | None = None) -> None:
+        if self._timer is None and self._idle > 0:
+            loop = asyncio.get_running_loop()
+            self._timer = loop.call_later(self._idle if delay is None else delay, self._close_idle)
+
+    def _close_idle(self) -> None:
+        """Close the jails idle for `idle` seconds; look again when the next one would be."""
+        self._timer = None
+        loop = asyncio.get_running_loop()
+        now, soonest = loop.time(), self._idle
+        for setup, jail in list(self._jails.items()):
+            if not jail.alive:
+                del self._jails[setup]
+            elif jail.busy:
+                continue
+            elif (left := jail.last_used + self._idle - now) > 0:
+                soonest = min(soonest, left)
+            else:
+                del self._jails[setup]  # the next get starts another
+                task = loop.create_task(jail.close())
+                self._closing.add(task)
+                task.add_done_callback(self._closing.discard)
+        if self._jails:
+            self._watch(max(soonest, 0.05))
+
     async def close(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self._starting:  # what starts now is closed with the rest (a failure is its callers' to see)
+            await asyncio.wait(list(self._starting.values()))
         jails, self._jails = list(self._jails.values()), {}
-        await asyncio.gather(*(j.close() for j in jails))
+        await asyncio.gather(*(j.close() for j in jails), *self._closing)
 
 
 def _make_mount_point(path: str) -> None:

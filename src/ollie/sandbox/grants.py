@@ -65,10 +65,11 @@ def decide(policy: Policy, hidden: dict[Identity, str], read_only: dict[Identity
     # Where sandboxed code may have planted a symlink: the session's cwd, $HOME (another session's
     # may work there), and what this policy lets code write (opened first, to be known here).
     planted = identities([p for p in (policy.cwd, os.path.expanduser("~")) if p])
+    mount = config.mount_point()  # once for all the grants: it walks the mount's parent
     try:
         for key in sorted(policy.paths, key=lambda k: k not in WRITABLE):
             for path in policy.paths[key]:
-                opened = _open(policy, path, planted)
+                opened = _open(policy, path, planted, mount)
                 if opened is None:
                     continue
                 own = path in policy.own and path != policy.cwd  # the cwd is never ollie's own
@@ -135,11 +136,10 @@ def close(grants: list[Grant]) -> None:
     grants.clear()
 
 
-def _open(policy: Policy, path: str, planted: dict[Identity, str]) -> Opened | None:
+def _open(policy: Policy, path: str, planted: dict[Identity, str], mount: str) -> Opened | None:
     """`path` opened, following no symlink in `planted` (never looked up beyond it: it could lead
     anywhere, the server's own mount included); None if it is gone, or is an optional grant reached
-    through such a link."""
-    mount = config.mount_point()
+    through such a link. `mount` is ollie's mount point (`config.mount_point()`)."""
     if path == mount or path.startswith(mount.rstrip("/") + "/"):
         raise SandboxError(
             f"sandbox policy {policy.name!r} grants {path}, on ollie's file server's mount {mount}: "

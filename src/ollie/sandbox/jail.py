@@ -16,6 +16,8 @@ import os
 import socket
 import subprocess
 import sys
+import threading
+import weakref
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -183,19 +185,29 @@ class Jail:
         self.has_view = False  # its view is mounted and served (set by its owner)
         self._control = _Channel(sock)
         self._spawners: dict[Confinement, _Channel] = {}
+        self.last_used = asyncio.get_running_loop().time()  # a program's start or end, the owner's get
+
+    def touch(self) -> None:
+        self.last_used = asyncio.get_running_loop().time()
+
+    @property
+    def busy(self) -> bool:
+        """A program of it runs (a stage, a tool server)."""
+        return any(s.stages for s in self._spawners.values() if not s.gone.done())
 
     @classmethod
     async def start(cls, setup: JailSetup) -> Jail:
+        """A new jail, forked by the fork server: at most `_STARTS` start at once on a loop (the
+        others wait their turn, which the start's timeout does not count)."""
+        async with _start_slot():
+            return await cls._start(setup)
+
+    @classmethod
+    async def _start(cls, setup: JailSetup) -> Jail:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        config = {**asdict(setup), "fd": theirs.fileno()}
         try:
-            # A clean environment: the helper needs nothing from ollie's, least of all its API keys.
-            helper = subprocess.Popen(
-                [sys.executable, "-I", "-S", "-c", _JAILD, json.dumps(config)],
-                env={},
-                stdin=subprocess.DEVNULL,
-                pass_fds=(theirs.fileno(),),
-            )
+            ours.send(json.dumps(asdict(setup)).encode())  # the jail's first read: to it alone
+            await _FORK_SERVER.fork(theirs)
         except OSError as e:
             ours.close()
             raise JailError(f"cannot start the sandbox helper: {e.strerror}") from None
@@ -214,8 +226,6 @@ class Jail:
         except BaseException:
             await jail.close()
             raise
-        finally:
-            await asyncio.to_thread(helper.wait)  # the first process exits once the jail's server runs
         if not message.get("ready"):
             await jail.close()
             raise JailError(f"the sandbox could not set up its namespaces: {message.get('error')}{userns_hint()}")
@@ -241,9 +251,11 @@ class Jail:
     ) -> Stage:
         """Start `argv` under `confinement`; the fds are sent to the jail, and the caller keeps
         (and closes) its own. A failure to start comes as the stage's exit: JailError."""
+        self.touch()
         spawner = await self._spawner(confinement)
         rid = spawner.next_id()
         stage = spawner.stages[rid] = Stage(spawner, rid)
+        stage.exited.add_done_callback(lambda _: self.touch())
         request: dict[str, Any] = {"op": "spawn", "id": rid, "fds": ["stdin", "stdout", "stderr"]}
         spec = {"argv": argv, "cwd": cwd, "env": env}
         fds = [stdin, stdout, stderr]
@@ -312,6 +324,90 @@ class Jail:
     @property
     def alive(self) -> bool:
         return not self._control.gone.done()
+
+
+class _ForkServer:
+    """The process that forks every jail of this ollie process: `jaild.py` run once, in a session
+    of its own (a terminal's ^C is ollie's to handle, not its jails'), with an empty environment
+    (it needs nothing of ollie's, least of all its API keys). It has imported what a jail needs,
+    so a jail starts as a fork of a small process, not as a new interpreter; and it is asked by a
+    packet sent without blocking, so a start costs ollie's loop no fork of its own (large) process.
+    It holds nothing of any session: a request is the new jail's socket alone, and the jail reads
+    its setup from that socket. It exits when ollie's end of its socket closes."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._sock: socket.socket | None = None
+        self._process: subprocess.Popen[bytes] | None = None
+        self._owner = 0  # the pid that started it: a forked ollie starts its own
+
+    def _running(self) -> socket.socket | None:
+        return self._sock if self._owner == os.getpid() else None
+
+    def _ensure(self) -> socket.socket:
+        """The server's socket, the server started first if it is not running (blocking: in a thread)."""
+        with self._lock:
+            if (sock := self._running()) is not None:
+                return sock
+            if self._process is not None and self._owner == os.getpid():
+                self._process.kill()
+                self._process.wait()
+            ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+            try:
+                self._process = subprocess.Popen(
+                    [sys.executable, "-I", "-S", "-c", _JAILD, str(theirs.fileno())],
+                    env={},
+                    stdin=subprocess.DEVNULL,
+                    pass_fds=(theirs.fileno(),),
+                    start_new_session=True,
+                )
+            except OSError:
+                ours.close()
+                raise
+            finally:
+                theirs.close()
+            ours.setblocking(False)
+            self._sock, self._owner = ours, os.getpid()
+            return ours
+
+    async def fork(self, jail: socket.socket) -> None:
+        """Ask for a jail on the socket `jail` (the caller closes its copy)."""
+        for attempt in range(2):
+            sock = self._running()
+            if sock is None:
+                sock = await asyncio.to_thread(self._ensure)
+            while True:
+                try:
+                    with self._lock:
+                        socket.send_fds(sock, [b"jail"], [jail.fileno()])
+                    return
+                except BlockingIOError:  # its queue is full: it forks as fast as it can
+                    await asyncio.sleep(0.005)
+                except OSError:
+                    if attempt:
+                        raise
+                    with self._lock:
+                        if self._sock is sock:
+                            self._sock = None  # it died: start another
+                            sock.close()
+                    break
+
+    @property
+    def pid(self) -> int | None:
+        return self._process.pid if self._process is not None and self._running() else None
+
+
+_FORK_SERVER = _ForkServer()
+_STARTS = 2 * max(2, os.cpu_count() or 1)  # jails starting at once on one event loop
+_start_slots: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] = weakref.WeakKeyDictionary()
+
+
+def _start_slot() -> asyncio.Semaphore:
+    loop = asyncio.get_running_loop()
+    slots = _start_slots.get(loop)
+    if slots is None:
+        slots = _start_slots[loop] = asyncio.Semaphore(_STARTS)
+    return slots
 
 
 # Ubuntu 23.10+ (24.04 by default): a user namespace without capabilities, unless an AppArmor

@@ -1,12 +1,13 @@
 """The jail helper: a small process that starts sandboxed programs inside fresh namespaces.
 
-Run by `ollie.sandbox.jail` as `python -I -S -c SOURCE SETUP_JSON` (its source read once, when ollie started:
-a file a sandbox could rewrite is never run again), the setup naming its SOCK_SEQPACKET socket's fd.
-It imports nothing of ollie (stdlib only, so it starts lean and trusts no package directory) and
-decides nothing: the parent sends the finished Landlock ruleset, seccomp program and resource
-limits; this process only applies them.
+Run by `ollie.sandbox.jail` once, as `python -I -S -c SOURCE FD` (its source read once, when ollie
+started: a file a sandbox could rewrite is never run again): a fork server (`fork_server`) that
+has imported what a jail needs and forks a jail for each SOCK_SEQPACKET socket ollie sends it on
+`FD`; the jail reads its setup from that socket. It imports nothing of ollie (stdlib only, so it
+starts lean and trusts no package directory) and decides nothing: the parent sends the finished
+Landlock ruleset, seccomp program and resource limits; this process only applies them.
 
-The first process enters new user, mount, IPC, PID (and, unless the setup grants network) network
+The jail's first process enters new user, mount, IPC, PID (and, unless the setup grants network) network
 namespaces, then forks the jail's PID 1 and exits. PID 1 mounts a fresh /proc, a private tmpfs on
 /tmp, a new /dev/pts instance, hides the setup's `hide` directories under empty tmpfs mounts, caps
 the number of PIDs, and serves its socket until it closes, when everything in the jail dies.
@@ -23,6 +24,7 @@ packet (a spawner's spec, a long argv or env) travels in a memfd whose descripto
 
 import ctypes
 import errno
+import gc
 import json
 import os
 import re
@@ -741,17 +743,70 @@ def describe(error):
     return str(error)
 
 
-def main():
-    setup = json.loads(sys.argv[1])
-    sock = socket.socket(fileno=setup["fd"])
+def fork_server(fd):
+    """Serve ollie's requests for jails on socket `fd` until it closes: each request is one
+    descriptor (the new jail's socket, its payload nothing) and is answered by a fork, whose child
+    becomes the jail (`start`), reading its setup from that socket itself.
+
+    Nothing of a session ever passes through this process, so nothing of one can reach another's
+    jail: no setup, path or grant (those travel on the jail's own socket, to the child alone), no
+    Landlock ruleset (sent later to the jail's PID 1, over that same socket). The child keeps none
+    of this process's descriptors but the jail's socket and the standard three (its /dev/null
+    stdin, ollie's stdout and stderr, as a helper started directly had): its first act is
+    close_range. Its memory is this process's: the standard library and the empty requests, no
+    secret (started with an empty environment, no site directory, no package of ollie)."""
+    sock = socket.socket(fileno=fd)
+    sock.settimeout(1.0)  # a look for exited children at least every second
+    gc.collect()
+    gc.freeze()  # what is imported stays in pages the jails share (no reference count writes them)
+    while True:
+        try:
+            data, fds, _, _ = socket.recv_fds(sock, 16, 4)
+        except TimeoutError:
+            data, fds = b"-", []
+        except OSError:
+            return
+        if not data:
+            return  # ollie is gone; its jails live on until their own sockets close
+        for jail_fd in fds:
+            if len(fds) == 1 and data == b"jail":
+                try:
+                    pid = os.fork()
+                except OSError:
+                    pid = -1  # the jail's socket closes unanswered: its start fails, saying the helper exited
+                if pid == 0:
+                    status = 1
+                    try:
+                        sock.detach()  # closed below with the rest; no object left to close its number again
+                        status = start(close_all_but(jail_fd))
+                    finally:
+                        os._exit(status)
+            os.close(jail_fd)
+        while True:  # the first process of each jail exits once its PID 1 is forked
+            try:
+                if os.waitpid(-1, os.WNOHANG)[0] == 0:
+                    break
+            except ChildProcessError:
+                break
+
+
+def start(fd):
+    """Become a jail: read the setup from socket `fd` (the only descriptor left beside 0-2), enter
+    the namespaces, fork PID 1 and exit; PID 1 serves the socket."""
+    sock = socket.socket(fileno=fd)
+    sock.setblocking(True)
+    data = sock.recv(1 << 20)
+    if not data:
+        return 0
+    setup = json.loads(data)
     refused = enter_namespaces(setup["network"])
     if os.fork():
-        os._exit(0)  # the server lives on (in a jail, as its PID 1); the parent watches it through the socket
+        return 0  # the server lives on (in a jail, as its PID 1); the parent watches it through the socket
     if refused:
         check(libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0), "subreaper")  # orphans come to us to reap
         sock.send(json.dumps({"id": 0, "ready": True, "namespaces": refused}).encode())
         Jail(sock, None, pid_one=False).serve()
-        return
+        return 0
     fuse, view_error = [], ""
     try:
         mounts = Mounts(setup["hide"], setup["protect"], setup["tmp_size"])
@@ -759,7 +814,7 @@ def main():
             f.write(str(setup["processes"] + 1))  # PIDs run from 1 (this process) to pid_max - 1
     except OSError as e:
         sock.send(json.dumps({"id": 0, "ready": False, "error": describe(e)}).encode())
-        return
+        return 1
     if setup["view"]:
         try:
             fuse.append(mounts.mount_view(setup["view"]))
@@ -770,7 +825,8 @@ def main():
     for fd in fuse:
         os.close(fd)
     Jail(sock, mounts, pid_one=True, view_rights=setup["view_rights"]).serve()
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    fork_server(int(sys.argv[1]))

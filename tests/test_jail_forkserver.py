@@ -1,0 +1,282 @@
+"""Jails forked from one server: what one jail's start leaves in the server (nothing of a session),
+what a jail keeps of the server (nothing but its own socket), starts off the event loop and bounded,
+and idle jails closed and started again. Every other sandbox test runs its jails through the same
+fork server: the attack suites (test_sandbox*.py, test_view_attacks.py) are its confinement tests."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from ollie import sandbox
+from ollie.sandbox import jail as jail_mod
+from ollie.sandbox.jail import Jail, JailSetup
+from ollie.tools import CallContext, execute
+
+pytestmark = pytest.mark.skipif(sandbox.landlock_abi() < 6, reason="needs Landlock ABI 6 (Linux 6.12)")
+
+MARKER = "ollie-secret-marker-7f3a9c"
+
+
+def _setup(hide: tuple[str, ...] = ()) -> JailSetup:
+    return JailSetup(network=False, processes=512, tmp_size=1 << 24, hide=hide)
+
+
+def _session_of(pid: int) -> int:
+    with open(f"/proc/{pid}/stat", "rb") as f:
+        return int(f.read().rsplit(b")", 1)[1].split()[3])
+
+
+def _jail_processes(server: int) -> set[int]:
+    """The processes forked from the fork server (its session: jails never leave it; stages do)."""
+    found = set()
+    for name in os.listdir("/proc"):
+        if name.isdigit() and int(name) != server:
+            try:
+                if _session_of(int(name)) == server:
+                    found.add(int(name))
+            except (OSError, ValueError, IndexError):
+                continue
+    return found
+
+
+def _memory_holds(pid: int, needle: bytes) -> bool | None:
+    """Whether the writable memory of `pid` (heap, anonymous and data mappings) holds `needle`;
+    None if the process is gone (a jail's first process exits once its PID 1 runs)."""
+    try:
+        return _scan(pid, needle)
+    except (ProcessLookupError, FileNotFoundError):
+        return None
+
+
+def _scan(pid: int, needle: bytes) -> bool:
+    with open(f"/proc/{pid}/maps") as maps, open(f"/proc/{pid}/mem", "rb", 0) as mem:
+        for line in maps:
+            fields = line.split()
+            if "w" not in fields[1] or (len(fields) > 5 and fields[5].startswith("[v")):
+                continue
+            start, end = (int(x, 16) for x in fields[0].split("-"))
+            try:
+                mem.seek(start)
+                if needle in mem.read(end - start):
+                    return True
+            except OSError:
+                continue
+    return False
+
+
+async def test_the_fork_server_keeps_nothing_of_a_jail_and_a_jail_nothing_of_another(tmp_path):
+    """A jail's setup (what it hides: paths of the user's) goes to that jail alone: the server never
+    reads it, so neither it nor a jail forked after holds it in memory, and the server keeps no
+    descriptor of any jail."""
+    secret_dir = tmp_path / MARKER
+    secret_dir.mkdir()
+    first = await Jail.start(_setup((str(secret_dir),)))
+    server = jail_mod._FORK_SERVER.pid
+    assert server is not None
+    first_procs = _jail_processes(server)
+    assert first_procs, "the jail's PID 1 runs in the fork server's session"
+    assert any(_memory_holds(p, MARKER.encode()) for p in first_procs), "the scan finds what a jail holds"
+    second = await Jail.start(_setup())
+    second_procs = _jail_processes(server) - first_procs
+    assert second_procs
+    await first.close()
+    scanned = {pid: _memory_holds(pid, MARKER.encode()) for pid in [server, *second_procs]}
+    assert scanned[server] is False
+    assert [pid for pid in second_procs if scanned[pid] is False], "the second jail's PID 1 was scanned"
+    assert not [pid for pid, held in scanned.items() if held], "a process holds another jail's setup"
+    # The server holds its socket to ollie and the standard three, nothing of a jail; no jail
+    # process holds the server's socket.
+    server_fds = {fd: os.readlink(f"/proc/{server}/fd/{fd}") for fd in os.listdir(f"/proc/{server}/fd")}
+    assert sorted(map(int, server_fds)) == [0, 1, 2, max(map(int, server_fds))]
+    server_socket = server_fds[str(max(map(int, server_fds)))]
+    assert server_socket.startswith("socket:")
+    for pid in second_procs:
+        links = {os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")}
+        assert server_socket not in links
+    await second.close()
+
+
+async def test_a_stage_sees_no_descriptor_and_no_process_of_another_jail(run, tmp_path):
+    other = execute.Decl(str(tmp_path / "cwd"))()
+    ctx = CallContext(cwd=str(tmp_path / "cwd"), session_id="other", tmpdir="")
+    try:
+        assert not (
+            await other.call_tool("execute_code", {"steps": [{"code": "echo theirs > /tmp/mine"}]}, ctx)
+        ).is_error
+        result = await run("echo fds: $(ls /proc/self/fd | tr '\\n' ' '); cat /tmp/mine")
+        assert "theirs" not in result.text() and "No such file" in result.text()
+        assert "fds: 0 1 2 3\n" in result.text()  # 3: the directory ls reads
+    finally:
+        await other.close()
+
+
+async def test_a_stage_started_from_the_fork_server_is_confined(run, home):
+    """The confinement as the attack suites test it, in brief: no secret, no network, no host /tmp."""
+    result = await run(f"cat {home}/.ssh/id_rsa; exec 3<>/dev/tcp/1.1.1.1/80 && echo connected")
+    assert result.is_error and "s3cr3t" not in result.text() and "connected" not in result.text()
+
+
+async def test_jail_starts_never_fork_on_the_event_loop(monkeypatch, tmp_path):
+    """The loop's thread forks nothing to start a jail: the fork server does (its own start, once,
+    runs in a thread); many starts at once all succeed."""
+    loop_thread = threading.get_ident()
+    forked_on_loop: list[str] = []
+    real_popen_init = subprocess.Popen.__init__
+    real_fork = os.fork
+
+    def popen_init(self, *args, **kwargs):
+        if threading.get_ident() == loop_thread:
+            forked_on_loop.append("Popen")
+        real_popen_init(self, *args, **kwargs)
+
+    def fork():
+        if threading.get_ident() == loop_thread:
+            forked_on_loop.append("fork")
+        return real_fork()
+
+    monkeypatch.setattr(subprocess.Popen, "__init__", popen_init)
+    monkeypatch.setattr(os, "fork", fork)
+    ticks = 0
+    done = asyncio.Event()
+
+    async def ticker():
+        nonlocal ticks
+        while not done.is_set():
+            ticks += 1
+            await asyncio.sleep(0)
+
+    ticking = asyncio.create_task(ticker())
+    jails = await asyncio.gather(*(Jail.start(_setup()) for _ in range(24)))
+    between = ticks
+    done.set()
+    await ticking
+    try:
+        assert all(j.alive for j in jails)
+        assert not forked_on_loop
+        assert between > len(jails), "the loop ran other tasks while the jails started"
+    finally:
+        await asyncio.gather(*(j.close() for j in jails))
+
+
+async def test_concurrent_starts_are_bounded(monkeypatch):
+    monkeypatch.setattr(jail_mod, "_STARTS", 3)
+    monkeypatch.setattr(jail_mod, "_start_slots", jail_mod.weakref.WeakKeyDictionary())
+    running = most = 0
+    real_start = Jail._start.__func__  # type: ignore[attr-defined]
+
+    async def counted(cls, setup):
+        nonlocal running, most
+        running += 1
+        most = max(most, running)
+        try:
+            return await real_start(cls, setup)
+        finally:
+            running -= 1
+
+    monkeypatch.setattr(Jail, "_start", classmethod(counted))
+    jails = await asyncio.gather(*(Jail.start(_setup()) for _ in range(12)))
+    try:
+        assert most == 3 and all(j.alive for j in jails)
+    finally:
+        await asyncio.gather(*(j.close() for j in jails))
+
+
+async def test_calls_that_come_while_a_jail_starts_share_it(monkeypatch, tmp_path, home):
+    starts = 0
+    real_start = Jail.start.__func__  # type: ignore[attr-defined]
+
+    async def counted(cls, setup):
+        nonlocal starts
+        starts += 1
+        return await real_start(cls, setup)
+
+    monkeypatch.setattr(Jail, "start", classmethod(counted))
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    server = execute.Decl(str(cwd))()
+    ctx = CallContext(cwd=str(cwd), session_id="s", tmpdir="")
+    try:
+        results = await asyncio.gather(
+            *(server.call_tool("execute_code", {"steps": [{"code": "true"}]}, ctx) for _ in range(4))
+        )
+        assert not any(r.is_error for r in results) and starts == 1
+    finally:
+        await server.close()
+
+
+async def test_a_dead_fork_server_is_started_again():
+    first = await Jail.start(_setup())
+    server = jail_mod._FORK_SERVER.pid
+    assert server is not None
+    os.kill(server, 9)
+    await asyncio.sleep(0.1)
+    second = await Jail.start(_setup())
+    try:
+        assert second.alive and first.alive  # a running jail does not depend on the server
+        assert jail_mod._FORK_SERVER.pid not in (None, server)
+    finally:
+        await first.close()
+        await second.close()
+
+
+async def test_an_idle_jail_is_closed_and_started_again_on_the_next_call(monkeypatch, tmp_path, home):
+    monkeypatch.setenv("OLLIE_JAIL_IDLE", "0.5")
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    server = execute.Decl(str(cwd))()
+    ctx = CallContext(cwd=str(cwd), session_id="s", tmpdir="")
+
+    async def call(code: str) -> str:
+        result = await server.call_tool("execute_code", {"steps": [{"code": code}]}, ctx)
+        assert not result.is_error, result.text()
+        return result.text()
+
+    try:
+        await call("echo kept > /tmp/x")
+        assert await call("cat /tmp/x") == "kept\n"  # the same jail while in use
+        await call("sleep 1.2")  # a running stage keeps its jail, however long
+        assert await call("cat /tmp/x") == "kept\n"
+        await asyncio.sleep(1.5)
+        assert not server._jails._jails, "the idle jail was closed"
+        assert (await call("cat /tmp/x 2>&1 || echo gone")).endswith("gone\n")  # a new jail, a new /tmp
+    finally:
+        await server.close()
+
+
+def test_jail_idle_reads_the_variable(monkeypatch):
+    monkeypatch.setenv("OLLIE_JAIL_IDLE", "30")
+    assert sandbox.jail_idle() == 30
+    monkeypatch.setenv("OLLIE_JAIL_IDLE", "0")
+    assert sandbox.jail_idle() == 0
+    monkeypatch.setenv("OLLIE_JAIL_IDLE", "soon")
+    assert sandbox.jail_idle() == 600
+    monkeypatch.delenv("OLLIE_JAIL_IDLE")
+    assert sandbox.jail_idle() == 600
+
+
+async def test_the_fork_server_exits_with_its_owner(tmp_path):
+    """Its socket's other end closed (ollie gone), the server exits; its jails' own sockets decide theirs."""
+    code = (
+        "import asyncio, os\n"
+        "from ollie.sandbox.jail import Jail, JailSetup, _FORK_SERVER\n"
+        "async def main():\n"
+        "    await Jail.start(JailSetup(False, 512, 1 << 24, ()))\n"
+        "    print(_FORK_SERVER.pid, flush=True)\n"
+        "asyncio.run(main())\n"
+        "os._exit(0)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    pid = int(out.stdout.split()[0])
+    for _ in range(100):
+        if not Path(f"/proc/{pid}").exists() or Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z":
+            break
+        await asyncio.sleep(0.05)
+    else:
+        pytest.fail("the fork server outlived its owner")
