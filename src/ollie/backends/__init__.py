@@ -17,6 +17,8 @@ from ..types import (
     GenerationParams,
     Message,
     RateLimitError,
+    ReasoningDelta,
+    TextDelta,
     ToolSpec,
     ToolUnsupportedError,
     TransientError,
@@ -55,6 +57,30 @@ _REGISTRY: dict[str, str] = {
     "vllm": ".presets:vllm",
     "lmstudio": ".presets:lmstudio",
 }
+
+
+def coalesce(chunks: list[Chunk]) -> list[Chunk]:
+    """`chunks` with each run of text pieces (or of reasoning pieces) joined into one: what one
+    read of a stream brought is then one chunk for the loop to handle (an event, a write to the
+    chat log), not one per token; the pieces arrive as fast, and a loop that is behind reads more
+    of them at once, so its work per chunk shrinks as its load grows."""
+    if len(chunks) < 2:
+        return chunks
+    out: list[Chunk] = []
+    for chunk in chunks:
+        last = out[-1] if out else None
+        if isinstance(chunk, TextDelta) and isinstance(last, TextDelta) and _texts(last, chunk):
+            out[-1] = TextDelta(last.text + chunk.text)
+        elif isinstance(chunk, ReasoningDelta) and isinstance(last, ReasoningDelta) and _texts(last, chunk):
+            out[-1] = ReasoningDelta(last.text + chunk.text)
+        else:
+            out.append(chunk)
+    return out
+
+
+def _texts(a: TextDelta | ReasoningDelta, b: TextDelta | ReasoningDelta) -> bool:
+    """Both pieces are text (one that is not is the loop's to refuse, as it came)."""
+    return isinstance(a.text, str) and isinstance(b.text, str)
 
 
 def register(name: str, target: str | Callable[..., Backend]) -> None:

@@ -1010,6 +1010,13 @@ class Response:
         """The body as server-sent events: (event name or None, data), the data lines joined by
         newlines. Events without data are skipped; the last event is kept even if the body ends
         without the blank line after it."""
+        async for batch in self.event_batches():
+            for event in batch:
+                yield event
+
+    async def event_batches(self) -> AsyncIterator[list[tuple[str | None, str]]]:
+        """The events as `events` gives them, in lists: those that one read completed (what came
+        meanwhile, when the reader is behind), so that a reader can do its work once a list."""
         buf = self._take_pending()
         next_piece = self._next
         while True:
@@ -1022,16 +1029,21 @@ class Response:
                 buf = blocks.pop()
             else:
                 blocks = _lf(buf, final=True).split(b"\n\n")
-            for block in blocks:
-                event = _event(block)
-                if event is not None:
-                    yield event
+            batch = [event for event in map(_event, blocks) if event is not None]
+            if batch:
+                yield batch
             if not data:
                 return
 
     async def lines(self) -> AsyncIterator[str]:
         """The body as lines (JSON lines, say), without their line ends; a last line without
         one is kept."""
+        async for batch in self.line_batches():
+            for line in batch:
+                yield line
+
+    async def line_batches(self) -> AsyncIterator[list[str]]:
+        """The lines as `lines` gives them, in lists: those that one read completed."""
         buf = self._take_pending()
         next_piece = self._next
         while True:
@@ -1041,11 +1053,10 @@ class Response:
             buf += data
             if b"\n" in buf:
                 *lines, buf = buf.split(b"\n")
-                for line in lines:
-                    yield line.rstrip(b"\r").decode("utf-8", "replace")
-        for line in buf.split(b"\n"):
-            if line:
-                yield line.rstrip(b"\r").decode("utf-8", "replace")
+                yield [line.rstrip(b"\r").decode("utf-8", "replace") for line in lines]
+        last = [line.rstrip(b"\r").decode("utf-8", "replace") for line in buf.split(b"\n") if line]
+        if last:
+            yield last
 
     async def expect(self, kind: str) -> None:
         """Make sure a 2xx answer is the stream asked for, `"events"` (server-sent events) or

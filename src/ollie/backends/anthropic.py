@@ -38,7 +38,7 @@ from ..types import (
     Usage,
     UsageChunk,
 )
-from . import ERROR_TYPE_STATUS, http_error, object_arguments, status_error, transport_error, url_setting
+from . import ERROR_TYPE_STATUS, coalesce, http_error, object_arguments, status_error, transport_error, url_setting
 
 if TYPE_CHECKING:
     from . import _http
@@ -131,18 +131,20 @@ class AnthropicBackend:
             if response.status >= 300:
                 raise await status_error(PROVIDER, response)
             await response.expect("events")
-            async for _, data in response.events():
-                if ended:
-                    continue
-                event = _loads(data)
-                try:
-                    if event.get("type") == "message_stop":
-                        ended = True
+            async for batch in response.event_batches():  # what one read brought, handled as one
+                chunks: list[Chunk] = []
+                for _, data in batch:
+                    if ended:
                         continue
-                    chunks = list(answer.read(event))
-                except (AttributeError, KeyError, TypeError, ValueError, IndexError):  # not shaped as the API's
-                    raise BackendError(f"malformed stream event: {data[:200]}", provider=PROVIDER) from None
-                for chunk in chunks:
+                    event = _loads(data)
+                    try:
+                        if event.get("type") == "message_stop":
+                            ended = True
+                            continue
+                        chunks.extend(answer.read(event))
+                    except (AttributeError, KeyError, TypeError, ValueError, IndexError):  # not shaped as the API's
+                        raise BackendError(f"malformed stream event: {data[:200]}", provider=PROVIDER) from None
+                for chunk in coalesce(chunks):
                     yield chunk
         except http.HTTPError as e:
             raise transport_error(PROVIDER, e, self._setting) from None

@@ -34,7 +34,7 @@ from ..types import (
     Usage,
     UsageChunk,
 )
-from . import http_error, object_arguments, status_error, transport_error, url_setting
+from . import coalesce, http_error, object_arguments, status_error, transport_error, url_setting
 from .openai import _tools_json
 
 if TYPE_CHECKING:
@@ -129,7 +129,7 @@ class OllamaBackend:
             if response.status >= 300:
                 raise await status_error(PROVIDER, response)
             await response.expect("lines")
-            async for chunk in _chunks(response.lines(), turn):
+            async for chunk in _chunks(response.line_batches(), turn):
                 yield chunk
         except http.HTTPError as e:
             raise transport_error(PROVIDER, e, self._setting) from None
@@ -240,26 +240,31 @@ def _arguments(text: str) -> dict[str, Any]:
 # ---- the answer ---------------------------------------------------------------------------------
 
 
-async def _chunks(lines: AsyncIterator[str], turn: int) -> AsyncIterator[Chunk]:
+async def _chunks(batches: AsyncIterator[list[str]], turn: int) -> AsyncIterator[Chunk]:
+    """The answer's chunks from its lines, as one read brought them: handled as one (`coalesce`)."""
     calls = 0
     done = False  # after the done line the rest of the body is read (the connection is reused), not parsed
-    async for line in lines:
-        if done or not line.strip():
-            continue
-        try:
-            chunks = list(_line_chunks(json.loads(line), turn, calls))
-        except RecursionError:  # the JSON decoder gave up on it
-            raise BackendError(
-                f"malformed stream line, nested too deeply to read: {line[:100]!r}…", provider=PROVIDER
-            ) from None
-        except (ValueError, AttributeError, TypeError):  # not JSON, or not shaped as Ollama's lines
-            raise BackendError(f"malformed stream line: {line[:200]!r}", provider=PROVIDER) from None
-        for chunk in chunks:
+    async for lines in batches:
+        out: list[Chunk] = []
+        for line in lines:
+            if done or not line.strip():
+                continue
+            try:
+                chunks = list(_line_chunks(json.loads(line), turn, calls))
+            except RecursionError:  # the JSON decoder gave up on it
+                raise BackendError(
+                    f"malformed stream line, nested too deeply to read: {line[:100]!r}…", provider=PROVIDER
+                ) from None
+            except (ValueError, AttributeError, TypeError):  # not JSON, or not shaped as Ollama's lines
+                raise BackendError(f"malformed stream line: {line[:200]!r}", provider=PROVIDER) from None
+            for chunk in chunks:
+                out.append(chunk)
+                if isinstance(chunk, Done):
+                    done = True
+                    break
+                calls += isinstance(chunk, ToolCallDelta)
+        for chunk in coalesce(out):
             yield chunk
-            if isinstance(chunk, Done):
-                done = True
-                break
-            calls += isinstance(chunk, ToolCallDelta)
     if not done:
         raise TransientError("the stream ended before its final (done) line", provider=PROVIDER)
 

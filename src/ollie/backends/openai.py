@@ -33,7 +33,7 @@ from ..types import (
     Usage,
     UsageChunk,
 )
-from . import http_error, status_error, transport_error, url_setting
+from . import coalesce, http_error, status_error, transport_error, url_setting
 
 if TYPE_CHECKING:
     from . import _http
@@ -192,17 +192,21 @@ class OpenAIBackend:
                 raise await status_error(self.name, response)
             await response.expect("events")
             ended = False  # after `data: [DONE]` the rest of the body is read (the connection is reused), not parsed
-            async for _, data in response.events():
-                if ended:
-                    continue
-                if data.startswith("[DONE]"):
-                    ended = True
-                    continue
-                for chunk in self._parse(_loads(data, self.name)):
-                    if isinstance(chunk, Done):
-                        done = chunk
-                    else:
-                        yield chunk
+            async for batch in response.event_batches():  # what one read brought, handled as one
+                chunks: list[Chunk] = []
+                for _, data in batch:
+                    if ended:
+                        continue
+                    if data.startswith("[DONE]"):
+                        ended = True
+                        continue
+                    for chunk in self._parse(_loads(data, self.name)):
+                        if isinstance(chunk, Done):
+                            done = chunk
+                        else:
+                            chunks.append(chunk)
+                for chunk in coalesce(chunks):
+                    yield chunk
         except http.HTTPError as e:
             raise self._unreachable(e) from None
         finally:
