@@ -5,7 +5,8 @@ of its own.
 
 It answers `GET /v1/models` (one model, "bench", with its context length, as vLLM and llama.cpp say
 it) and `POST /v1/chat/completions` with a streamed answer: a call of the tool `--tool` (default
-`noop`) until the request's history holds `steps` tool results, then the text "done". Keep-alive
+`noop`) until the turn (the history since its last user message) holds `steps` tool results,
+then the text "done"; with a delay, each answer streams its events over that time. Keep-alive
 HTTP/1.1, no chunked encoding. Anything else gets a 404; a client that hangs up mid-request is
 just forgotten (no traceback).
 """
@@ -26,24 +27,38 @@ def _sse(obj: Any) -> bytes:
     return b"data: " + json.dumps(obj).encode() + b"\n\n"
 
 
-def answer(body: dict, steps: int, tool: str = "noop", arguments: str = "{}") -> bytes:
-    """A tool call until the history holds `steps` tool results, then a text answer."""
-    done = sum(1 for m in body.get("messages", ()) if m.get("role") == "tool")
+def answer(body: dict, steps: int, tool: str = "noop", arguments: str = "{}", chunks: int = 0) -> bytes:
+    """A tool call until the turn (the history since the last user message) holds `steps` tool
+    results, then a text answer."""
+    return b"".join(events(body, steps, tool, arguments, chunks))
+
+
+def events(body: dict, steps: int, tool: str = "noop", arguments: str = "{}", chunks: int = 0) -> list[bytes]:
+    """The answer's server-sent events: with `chunks`, text deltas ("t ") lead the tool call (or
+    make up the answer, "done" its last) so that the answer comes in about that many events."""
+    messages = list(body.get("messages", ()))
+    last_user = max((i for i, m in enumerate(messages) if m.get("role") == "user"), default=-1)
+    done = sum(1 for m in messages[last_user + 1 :] if m.get("role") == "tool")  # this turn's
     base = {"id": "c", "object": "chat.completion.chunk", "created": 0, "model": body.get("model", "bench")}
+    text = [{"choices": [{"index": 0, "delta": {"role": "assistant", "content": "t "}, "finish_reason": None}]}] * max(
+        0, chunks - 3
+    )
     if done < steps:
         fn = {"name": tool, "arguments": arguments}
         call = {"index": 0, "id": f"call_{done}", "type": "function", "function": fn}
-        chunks = [
+        parts = [
+            *text,
             {"choices": [{"index": 0, "delta": {"role": "assistant", "tool_calls": [call]}, "finish_reason": None}]},
             {"choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]},
         ]
     else:
-        chunks = [
+        parts = [
+            *text,
             {"choices": [{"index": 0, "delta": {"role": "assistant", "content": "done"}, "finish_reason": None}]},
             {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]},
         ]
-    chunks.append({"choices": [], "usage": {"prompt_tokens": 10, "completion_tokens": 2, "total_tokens": 12}})
-    return b"".join(_sse({**base, **c}) for c in chunks) + b"data: [DONE]\n\n"
+    parts.append({"choices": [], "usage": {"prompt_tokens": 10, "completion_tokens": 2, "total_tokens": 12}})
+    return [_sse({**base, **c}) for c in parts] + [b"data: [DONE]\n\n"]
 
 
 def _response(status: str, ctype: str, payload: bytes) -> bytes:
@@ -55,7 +70,7 @@ def _response(status: str, ctype: str, payload: bytes) -> bytes:
     )
 
 
-async def _handle(reader, writer, steps: int, tool: str, arguments: str) -> None:
+async def _handle(reader, writer, steps: int, tool: str, arguments: str, delay: float = 0, chunks: int = 0) -> None:
     try:
         while True:
             head = await reader.readuntil(b"\r\n\r\n")
@@ -75,7 +90,19 @@ async def _handle(reader, writer, steps: int, tool: str, arguments: str) -> None
                 except ValueError:
                     out = _response("400 Bad Request", "application/json", b'{"error": {"message": "bad JSON"}}')
                 else:
-                    out = _response("200 OK", "text/event-stream", answer(body, steps, tool, arguments))
+                    parts = events(body, steps, tool, arguments, chunks)
+                    if delay <= 0:
+                        out = _response("200 OK", "text/event-stream", b"".join(parts))
+                    else:  # the answer spread over `delay`, one event at a time, as a model streams it
+                        writer.write(
+                            _response("200 OK", "text/event-stream", b"").replace(
+                                b"content-length: 0", b"content-length: %d" % sum(map(len, parts))
+                            )
+                        )
+                        for part in parts:
+                            await asyncio.sleep(delay / len(parts))
+                            writer.write(part)
+                        out = b""
             else:
                 out = _response("404 Not Found", "application/json", b'{"error": {"message": "not found"}}')
             writer.write(out)
@@ -86,9 +113,11 @@ async def _handle(reader, writer, steps: int, tool: str, arguments: str) -> None
         writer.close()
 
 
-async def _serve(port: int, steps: int, tool: str, arguments: str, ready=None) -> None:
+async def _serve(
+    port: int, steps: int, tool: str, arguments: str, ready=None, delay: float = 0, chunks: int = 0
+) -> None:
     server = await asyncio.start_server(
-        lambda r, w: _handle(r, w, steps, tool, arguments), "127.0.0.1", port, backlog=4096
+        lambda r, w: _handle(r, w, steps, tool, arguments, delay, chunks), "127.0.0.1", port, backlog=4096
     )
     bound = server.sockets[0].getsockname()[1]
     if ready is None:
@@ -98,9 +127,9 @@ async def _serve(port: int, steps: int, tool: str, arguments: str, ready=None) -
     await server.serve_forever()
 
 
-def _run(ready, port: int, steps: int, tool: str, arguments: str) -> None:
+def _run(ready, port: int, steps: int, tool: str, arguments: str, delay: float = 0, chunks: int = 0) -> None:
     try:
-        asyncio.run(_serve(port, steps, tool, arguments, ready))
+        asyncio.run(_serve(port, steps, tool, arguments, ready, delay, chunks))
     except KeyboardInterrupt:
         pass
 
@@ -108,8 +137,11 @@ def _run(ready, port: int, steps: int, tool: str, arguments: str) -> None:
 class WireServer:
     """The server in a child process: `with WireServer(steps) as port: ...`."""
 
-    def __init__(self, steps: int, tool: str = "noop", arguments: str = "{}", port: int = 0):
-        self.args = (port, steps, tool, arguments)
+    def __init__(
+        self, steps: int, tool: str = "noop", arguments: str = "{}", port: int = 0, delay: float = 0, chunks: int = 0
+    ):
+        """`delay`: seconds each answer takes, streamed in about `chunks` events (0: at once)."""
+        self.args = (port, steps, tool, arguments, delay, chunks)
         self.proc: multiprocessing.Process | None = None
 
     def __enter__(self) -> int:

@@ -1,0 +1,220 @@
+"""N agents at work on one server, each turn running sandboxed tool calls, against a model whose
+every answer takes a set time, streamed in a set number of chunks.
+
+    .venv/bin/python bench/agents.py [-n 500] [--delay 1] [--chunks 50] [--tools 4]
+
+Runs `ollie srv` on a temporary mount (bench/fs.py) against the OpenAI-wire mock (bench/wire.py,
+in a process of its own) and drives N sessions through the file interface: each gets a prompt
+(written by 8 threads, all within about a second) and answers it in a turn of `--tools` requests
+that call `execute_code` (`true`, sandboxed) and a last one that answers; the ideal turn is
+(tools + 1) x delay. Two turns: the cold one (every session's jail starts on its first call) and a
+warm one (the jails run). Meanwhile one thread reads `s/<id>/state` of each session in turn (open,
+read, close), to see each turn end: those reads' latency is what a user's `cat state` waits.
+Then the same with a tool that needs no sandbox (the A/B): `noop`, a tool the agent lacks,
+answered at once with an error.
+
+Printed per turn: the turn's time against the ideal (median and p99 of the sessions', and the
+whole turn's wall), steps (requests) per second against the ideal (N / delay), `state` latency
+(p50, p99, max), the server's CPU per step and the jails' (every process of the fork server's
+session: PID 1s, spawners, their stages), and after the warm turn the memory per live session (the
+proportional set size of the server and of every jail process, less the server's before the
+sessions, over N). Issue 31's targets at 500 agents (1 s answers in 50 chunks, 4 tool calls a
+turn): warm steps/s >= 0.9x ideal, turn <= 1.1x ideal, `state` p99 <= 20 ms in both turns,
+<= 2 MiB per live session. `uptime` is printed before and after: the machine's load is the figures'.
+Checkpoints (a git snapshot of the cwd each turn) are off unless `--checkpoints`: their cost is
+git's, not the loop's or the sandbox's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from sys import path as sys_path
+
+sys_path.insert(0, str(Path(__file__).resolve().parent))
+from fs import Server  # noqa: E402 (a server on a temporary mount)
+
+from wire import WireServer  # noqa: E402 (the OpenAI-wire mock)
+
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def stat_fields(pid: int) -> list[str]:
+    return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+
+
+def cpu_of(pid: int, children: bool = False) -> float:
+    f = stat_fields(pid)
+    return (sum(int(x) for x in f[11:13]) + (sum(int(x) for x in f[13:15]) if children else 0)) / TICK
+
+
+def jail_processes() -> dict[int, float]:
+    """Every process of a fork server's session (jails and what they run), with its CPU and its
+    reaped children's: pid -> seconds."""
+    servers, found = set(), {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            argv = Path(f"/proc/{name}/cmdline").read_bytes().split(b"\0")
+            if len(argv) > 4 and argv[1:4] == [b"-I", b"-S", b"-c"] and b"The jail helper" in argv[4]:
+                servers.add(int(name))
+        except OSError:
+            continue
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            f = stat_fields(int(name))
+            if int(f[3]) in servers:
+                found[int(name)] = cpu_of(int(name), children=True)
+        except (OSError, ValueError, IndexError):
+            continue
+    return found
+
+
+def pss_kib(pids: list[int]) -> int:
+    total = 0
+    for pid in pids:
+        try:
+            for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+                if line.startswith("Pss:"):
+                    total += int(line.split()[1])
+        except OSError:
+            continue
+    return total
+
+
+def q(values: list[float]) -> tuple[float, float, float]:
+    s = sorted(values) or [0.0]
+    return statistics.median(s), s[min(len(s) - 1, int(len(s) * 0.99))], s[-1]
+
+
+def turn(s: Server, sids: list[str], ideal: float) -> dict[str, float | list[float]]:
+    """Prompt every session, then read their states until every one is idle."""
+    reads: list[float] = []
+    ended: dict[str, float] = {}
+    started: dict[str, float] = {}
+    jails_before = jail_processes()
+    server_cpu = cpu_of(s.pid())
+    t0 = time.perf_counter()
+
+    def prompt(sid: str) -> None:
+        started[sid] = time.perf_counter()
+        (s.mnt / "s" / sid / "prompt").write_text("go")
+
+    with ThreadPoolExecutor(8) as pool:
+        writing = pool.map(prompt, sids)
+        pending = list(sids)
+        time.sleep(0.2)
+        while pending:
+            still = []
+            for sid in pending:
+                t = time.perf_counter()
+                with open(s.mnt / "s" / sid / "state") as f:
+                    state = f.read()
+                now = time.perf_counter()
+                reads.append((now - t) * 1000)
+                if state == "idle\n" and sid in started and now - started[sid] > ideal * 0.5:
+                    ended[sid] = now
+                else:
+                    still.append(sid)
+            pending = still
+            time.sleep(0.005)
+        list(writing)
+    wall = time.perf_counter() - t0
+    jails_after = jail_processes()
+    jail_cpu = sum(jails_after.values()) - sum(v for p, v in jails_before.items() if p in jails_after)
+    bad = [sid for sid in sids if not (s.mnt / "s" / sid / "reply").read_text().endswith("done")]
+    assert not bad, f"{len(bad)} sessions did not answer 'done', e.g. {(s.mnt / 's' / bad[0] / 'chat').read_text()}"
+    return {
+        "wall": wall,
+        "turns": [ended[sid] - started[sid] for sid in sids],
+        "reads": reads,
+        "server_cpu": cpu_of(s.pid()) - server_cpu,
+        "jail_cpu": jail_cpu,
+        "jail_pids": list(jails_after),
+    }
+
+
+def new(s: Server) -> str:
+    """A session working in a directory of its own: not one holding the server's mount (a session
+    that snapshots its cwd with git would read the mount its own server serves)."""
+    work = s.root / "work"
+    work.mkdir(exist_ok=True)
+    with open(s.mnt / "ctl", "r+") as f:
+        f.write(f"new cwd={work}\n")
+        f.flush()
+        f.seek(0)
+        return f.read().strip()
+
+
+def run(n: int, delay: float, chunks: int, tools: int, sandboxed: bool, checkpoints: bool = False) -> None:
+    tool, arguments = ("execute_code", json.dumps({"steps": [{"code": "true"}]})) if sandboxed else ("noop", "{}")
+    ideal = (tools + 1) * delay
+    with (
+        WireServer(tools, tool, arguments, delay=delay, chunks=chunks) as port,
+        tempfile.TemporaryDirectory(prefix="ollie-bench-agents-", dir="/var/tmp") as tmp,
+    ):
+        s = Server(Path(tmp))
+        cfg = {"backend": "openai", "model": "bench", "prompt": "You are a benchmark.\n"}
+        (s.root / "cfg" / "agents" / "default.json").write_text(json.dumps(cfg))
+        s.env.update(OLLIE_OPENAI_URL=f"http://127.0.0.1:{port}", OLLIE_OPENAI_KEY="k")
+        s.env["OLLIE_CHECKPOINTS"] = "on" if checkpoints else "off"
+        s.srv("start")
+        try:
+            base_pss = pss_kib([s.pid()])
+            sids = [new(s) for _ in range(n)]
+            what = "sandboxed execute_code" if sandboxed else "noop (no sandbox)"
+            print(f"{n} agents, {tools} calls of {what} a turn, answers of {delay:g} s in {chunks} chunks")
+            for name in ("cold", "warm"):
+                r = turn(s, sids, ideal)
+                steps = n * (tools + 1)
+                tq, rq = q(r["turns"]), q(r["reads"])  # type: ignore[arg-type]
+                wall = float(r["wall"])  # type: ignore[arg-type]
+                print(
+                    f"  {name}: turn p50 {tq[0]:.2f} s ({tq[0] / ideal:.2f}x ideal), p99 {tq[1]:.2f} s "
+                    f"({tq[1] / ideal:.2f}x), all {wall:.2f} s; {steps / wall:.0f} steps/s "
+                    f"({steps / wall / (n / delay):.2f}x ideal {n / delay:.0f})"
+                )
+                print(
+                    f"        state: p50 {rq[0]:.2f} ms, p99 {rq[1]:.2f} ms, max {rq[2]:.1f} ms "
+                    f"({len(r['reads'])} reads)"
+                )
+                print(
+                    f"        CPU per step: server {1000 * float(r['server_cpu']) / steps:.2f} ms, "  # type: ignore[arg-type]
+                    f"jails {1000 * float(r['jail_cpu']) / steps:.2f} ms"  # type: ignore[arg-type]
+                )
+            pss = pss_kib([s.pid()]) - base_pss + pss_kib(r["jail_pids"])  # type: ignore[arg-type]
+            print(f"  memory per live session: {pss / n / 1024:.2f} MiB (server and jails, PSS)")
+        finally:
+            s.srv("stop")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("-n", type=int, default=500, help="agents, all at work at once (default 500)")
+    ap.add_argument("--delay", type=float, default=1.0, help="seconds each answer takes (default 1)")
+    ap.add_argument("--chunks", type=int, default=50, help="events each answer streams in (default 50)")
+    ap.add_argument("--tools", type=int, default=4, help="tool calls a turn (default 4)")
+    ap.add_argument("--no-ab", action="store_true", help="skip the run without the sandbox")
+    ap.add_argument("--checkpoints", action="store_true", help="snapshot each turn's cwd (off by default: git's cost)")
+    args = ap.parse_args()
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    print(f"uptime before: {os.popen('uptime').read().strip()}")
+    run(args.n, args.delay, args.chunks, args.tools, True, args.checkpoints)
+    if not args.no_ab:
+        run(args.n, args.delay, args.chunks, args.tools, False, args.checkpoints)
+    print(f"uptime after: {os.popen('uptime').read().strip()}")
+
+
+if __name__ == "__main__":
+    main()
