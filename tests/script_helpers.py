@@ -2,18 +2,20 @@
 
 from __future__ import annotations
 
-import re
+import importlib.util
 from pathlib import Path
+from types import ModuleType
 
 import ollie
 
 DEFAULTS = Path(ollie.__file__).parent / "defaults" / "tools"
+TOOLKIT = DEFAULTS / "_toolkit.py"  # the code the default scripts share: no tool itself
 
 
-def shared_block(name: str, title: str) -> str:
-    """The block `# ---- {title}` … `# ---- end of the {title}` of a default script: scripts that
-    stand alone carry copies of the same code, which must not drift apart."""
-    text = (DEFAULTS / name).read_text()
-    found = re.search(rf"^# ---- {title}.*?^# ---- end of the {title}", text, re.S | re.M)
-    assert found, (name, title)
-    return re.sub(r"^# ---- .*\n", "", found.group(0), count=1, flags=re.M)
+def toolkit() -> ModuleType:
+    """The scripts' shared module, loaded in this process (as the scripts import it, by its name)."""
+    spec = importlib.util.spec_from_file_location("_toolkit_under_test", TOOLKIT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

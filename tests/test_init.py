@@ -162,6 +162,30 @@ def test_a_package_update_updates_the_files_you_did_not_change(user):
     assert manifest(cfg)["agents/tester.json"] == sha((DEFAULTS / "agents" / "tester.json").read_bytes())
 
 
+def test_the_code_the_tool_scripts_share_is_installed_and_updated_with_them(user, tmp_path):
+    env, cfg = user
+    assert "installed  tools/_toolkit.py" in lines_of(ollie(env, "init"))
+    toolkit = cfg / "tools" / "_toolkit.py"
+    assert toolkit.read_bytes() == (DEFAULTS / "tools" / "_toolkit.py").read_bytes()
+    # an installed script runs with the installed copy beside it
+    (tmp_path / "a.txt").write_text("alpha\n")
+    read = [sys.executable, str(cfg / "tools" / "file_read"), str(tmp_path / "a.txt")]
+    out = subprocess.run(read, env={**env, "TMPDIR": str(tmp_path)}, capture_output=True, text=True, timeout=60)
+    assert (out.returncode, out.stdout, out.stderr) == (0, "     1\talpha\n", "")
+    # As if an older ollie had installed an older one: it is updated like the scripts ...
+    old = b"# an older _toolkit.py\n"
+    recorded = manifest(cfg)
+    toolkit.write_bytes(old)
+    recorded["tools/_toolkit.py"] = sha(old)
+    (cfg / ".installed.json").write_text(json.dumps({"files": recorded}))
+    assert "updated    tools/_toolkit.py" in lines_of(ollie(env, "init"))
+    assert toolkit.read_bytes() == (DEFAULTS / "tools" / "_toolkit.py").read_bytes()
+    # ... and kept when you changed it
+    toolkit.write_bytes(toolkit.read_bytes() + b"# mine\n")
+    assert "kept       tools/_toolkit.py (changed by you)" in lines_of(ollie(env, "init"))
+    assert toolkit.read_bytes().endswith(b"# mine\n")
+
+
 def test_removed_files_come_back_and_files_ollie_no_longer_ships_go_unless_changed(user):
     env, cfg = user
     ollie(env, "init")

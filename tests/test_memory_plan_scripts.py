@@ -14,9 +14,8 @@ from pathlib import Path
 import pytest
 
 from ollie.tools import CallContext, ToolResult, execute
-from script_helpers import DEFAULTS, shared_block
+from script_helpers import DEFAULTS
 
-NAMES = ("memory_forget", "memory_recall", "memory_remember", "task_complete", "task_plan")
 STAMP = r"\d{8}T\d{6}Z"
 
 
@@ -88,11 +87,6 @@ def _index_is_sound(memory: Path, complete: bool = True) -> None:
 
 
 # ---- the scripts as shipped -------------------------------------------------------------------
-
-
-def test_the_blocks_the_scripts_share_are_the_same_in_each():
-    assert len({shared_block(name, "shared dirs") for name in NAMES}) == 1
-    assert shared_block("memory_recall", "memory file") == shared_block("memory_forget", "memory file")
 
 
 async def test_stages_find_the_users_memory_and_plans_without_being_told(tools, ollie_dirs):

@@ -14,10 +14,13 @@ import pytest
 from agent_helpers import make_core
 from ollie.agent import plans
 from ollie.tools import CallContext, ToolResult, execute, scripts
-from script_helpers import DEFAULTS, shared_block
+from script_helpers import DEFAULTS, TOOLKIT, toolkit
 
 NAMES = ("file_edit", "file_glob", "file_grep", "file_read", "file_write")  # this file's scripts
-SHIPPED = sorted(p.name for p in DEFAULTS.iterdir() if p.is_file() and not p.name.startswith("."))
+SHIPPED = sorted(p.name for p in DEFAULTS.iterdir() if p.is_file() and p.name[0] != "." and p != TOOLKIT)
+# The scripts that import _toolkit.py, the code they share (the others stand alone).
+SHARING = ("file_edit", "file_read", "file_write", "memory_forget", "memory_recall", "memory_remember")
+SHARING += ("task_complete", "task_plan")
 READ_ONLY = ("file_glob", "file_grep", "file_read")
 
 
@@ -85,11 +88,57 @@ def test_each_shipped_script_is_executable_with_a_description_args_and_the_right
         assert execute._marked_read_safe(str(path)) == (name in read_only), name
 
 
-def test_the_blocks_the_scripts_share_are_the_same_in_each():
-    block = shared_block
-    assert block("file_read", "read") == block("file_write", "read") == block("file_edit", "read")
-    assert block("file_write", "diff") == block("file_edit", "diff")
-    assert block("file_write", "plans") == block("file_edit", "plans")
+# ---- _toolkit.py: the code the scripts share, beside them ----------------------------------------
+
+
+def test_the_shared_module_is_no_tool_and_the_scripts_import_it_from_their_own_directory():
+    assert TOOLKIT.stat().st_mode & 0o777 == 0o755  # run as a tool, its shebang's python3 runs it
+    assert "description" not in scripts.read_header(TOOLKIT)  # so no listing shows it
+    idiom = "sys.path.insert(0, os.path.dirname(os.path.realpath(__file__)))"
+    for name in SHIPPED:
+        text = (DEFAULTS / name).read_text()
+        if name not in SHARING:
+            assert "_toolkit" not in text, name
+            continue
+        # its own directory first on the path, then the import, and its name for its errors
+        assert text.index(idiom) < text.index("\nimport _toolkit\n"), name
+        assert f'\n_toolkit.NAME = "{name}"\n' in text, name
+
+
+async def test_a_toolkit_planted_elsewhere_is_not_the_one_a_shipped_script_runs(ollie_dirs, tmp_path):
+    # A project's tools directory earlier on OLLIE_TOOLS_PATH, the cwd and $PYTHONPATH each hold a
+    # _toolkit.py; so does a directory whose link to a shipped script is run by name.
+    planted = 'import sys\nsys.stdout.write("PLANTED\\n")\nsys.exit(9)\n'
+    project, linked = tmp_path / "project-tools", tmp_path / "linked"
+    cwd, tmpdir = tmp_path / "cwd", tmp_path / "session-tmp"
+    pythonpath = cwd / "lib"  # where the sandbox lets Python read it
+    for d in (project, linked, cwd, pythonpath, tmpdir):
+        d.mkdir()
+    for d in (project, pythonpath, linked, cwd):
+        (d / "_toolkit.py").write_text(planted)
+    (linked / "read_linked").symlink_to(DEFAULTS / "file_read")
+    (cwd / "a.txt").write_text("alpha\n")
+    # PYTHONSAFEPATH: Python itself puts no script's directory on sys.path; the script does, first.
+    env = {"PYTHONPATH": str(pythonpath), "PYTHONSAFEPATH": "1"}
+    t = _tools(cwd, tmpdir, OLLIE_TOOLS_PATH=f"{project}:{linked}:{DEFAULTS}", **env)
+    try:
+        out = await t.steps({"code": 'echo "$PYTHONPATH"'})
+        assert out.text() == f"{pythonpath}\n"  # the stages do get it
+        assert await t.ok("file_read", "a.txt") == "     1\talpha\n"
+        assert await t.ok("read_linked", "a.txt") == "     1\talpha\n"
+        for name in SHARING:  # each one's own usage error, from the shipped fail()
+            out = await t.fails(name)
+            assert "PLANTED" not in out and f"{name}: usage: {name} " in out, out
+        out = await t.steps({"code": f'cd {project} && python3 "{DEFAULTS}/file_write"'})
+        assert "PLANTED" not in out.text() and "file_write: usage: file_write " in out.text()
+    finally:
+        await t.server.close()
+
+
+async def test_the_shared_module_run_as_a_tool_says_it_is_none(tools):
+    out = await tools.fails("_toolkit.py")
+    assert "_toolkit.py: a module the tool scripts import, not a tool; t/idx lists the tools" in out
+    assert "no tool script '_toolkit'" in await tools.fails("_toolkit")
 
 
 # ---- file_read --------------------------------------------------------------------------------
@@ -397,6 +446,86 @@ async def test_plans_not_the_sessions_own_are_edited_as_they_are_never_signed(pl
         assert taken(path.read_text()) is None
     finally:
         await keyless.server.close()
+
+
+# ---- the plan signature: computed by _toolkit.py (the scripts) and by plans.py (the session) ----
+
+# (stem, session, goal line, step lines as the file has them, dependencies)
+SIGNED_PLANS = [
+    ("20250101T000000Z_abcdef--ship", "s1", "# ship", ["- [ ] write", "- [x] test (after: write)"], ";0"),
+    (  # unicode everywhere, descriptions, a title holding ", ", several dependencies
+        "20251231T235959Z_0a1b2c--café-日本語",
+        "sess.1-a_b",
+        "# Café ☕ — 日本語 ",
+        [
+            "- [ ] naïve, first — ünïcödé 🎉",
+            "- [X] Ωmega",
+            "- [ ] last — zero\u200bwidth (after: naïve, first, Ωmega)",
+        ],
+        ";;0,1",
+    ),
+    ("20250101T000000Z_abcdef--x", "s", "# a byte not UTF-8: \udcff", ["- [ ] \udcfe step"], ""),
+    ("20250101T000000Z_ffffff--", "s", "# no steps", [], ""),  # no plan to take, but signed the same
+    ("20250101T000000Z_abcdef--e", "s", "# empty titles", ["- [ ] ", "- [ ]  — only a description"], ";"),
+]
+
+
+def test_the_scripts_and_the_session_compute_the_same_plan_signatures(monkeypatch):
+    import random
+
+    tk = toolkit()
+    # What both know of a plan is the same: its bounds, its file name, its signature line, its steps.
+    assert (tk.PLAN_MAX_STEPS, tk.PLAN_MAX_TITLE, tk.PLAN_MAX_DESCRIPTION, tk.PLAN_MAX_GOAL) == (
+        plans.MAX_STEPS,
+        plans.MAX_TITLE,
+        plans.MAX_DESCRIPTION,
+        plans.MAX_GOAL,
+    )
+    assert (tk.PLAN_NAME, tk.PLAN_SIGNATURE) == (plans._NAME.pattern, plans._SIGNATURE.pattern)
+    for line in ("- [ ] a", "- [x] a", "- [X] a", "- [y] a", "-  [ ] a", " - [ ] a", "- [ ]a", "- [", ""):
+        assert tk.plan_step(line) == bool(plans._STEP.match(line)), line
+    key = bytes(range(32))
+    for stem, sid, goal, steps, deps in SIGNED_PLANS:
+        unchecked = ["- [ ] " + line[6:] for line in steps]
+        mac = plans.signature(key, stem, sid, deps, goal, unchecked)
+        assert tk.plan_mac(key, stem, sid, deps, goal, unchecked) == mac, stem
+        head = plans._SIGNATURE.fullmatch(tk.plan_signature(key, stem, sid, deps, goal, unchecked))
+        assert head is not None and (head["sid"], head["deps"], head["mac"]) == (sid, deps, mac)
+    rng = random.Random(30)
+    alphabet = "aZ09 -_,;()—é日🎉\udcff\n\t[]x"
+    for _ in range(300):
+        words = ["".join(rng.choices(alphabet, k=rng.randrange(12))) for _ in range(rng.randrange(8))]
+        stem, sid, deps, goal, *steps = [*words, "", "", "", ""]
+        k = rng.randbytes(32)
+        assert tk.plan_mac(k, stem, sid, deps, goal, steps) == plans.signature(k, stem, sid, deps, goal, steps)
+
+
+def test_a_plan_the_scripts_sign_anew_is_one_the_session_takes(monkeypatch):
+    tk = toolkit()
+    key = bytes(range(32))
+    for stem, sid, goal, steps, deps in SIGNED_PLANS:
+        monkeypatch.setenv("OLLIE_PLAN_KEY", key.hex())
+        monkeypatch.setenv("OLLIE_SESSION_ID", sid)
+        unchecked = ["- [ ] " + line[6:] for line in steps]
+        mac = plans.signature(key, stem, sid, deps, goal, unchecked)
+        text = "\n".join([goal, f"<!-- ollie-plan v1 session={sid} deps={deps} mac={mac} -->", "", *steps, ""])
+        # the scripts verify what the session's key signed ...
+        assert tk.plan_signer(f"/pl/{stem}__wip.md", text.encode("utf-8", "surrogateescape")) == (key, stem, sid)
+        signed = plans._read_signed(text)
+        assert signed is not None and signed.mac == mac
+        try:
+            before = plans._steps_of(signed)
+        except ValueError:  # not a plan the session takes (no steps, empty titles): nor do the scripts
+            assert tk.plan_signed((key, stem, sid), text)[0] is None, stem
+            continue
+        # ... and the session takes what the scripts sign anew, with the same goal and steps
+        again, count = tk.plan_signed((key, stem, sid), text)
+        assert count == len(steps), (stem, again, count)
+        resigned = plans._read_signed(again)
+        assert resigned is not None and resigned.sid == sid
+        mac = plans.signature(key, stem, sid, resigned.deps, resigned.goal_line, resigned.step_lines)
+        assert mac == resigned.mac and resigned.deps == deps, stem
+        assert plans._steps_of(resigned) == before, stem
 
 
 # ---- file_glob --------------------------------------------------------------------------------
