@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import os
 import select
+import time
 from pathlib import Path
 
 import pytest
@@ -85,14 +86,15 @@ async def test_decl_builds_a_server_offering_execute_code(tmp_path, monkeypatch)
 async def test_decl_cwd_is_used_when_the_context_has_none(work):
     cwd, _, _ = work
     server = execute.Decl(str(cwd))()
+    name = f"kept-{os.getpid()}-{time.monotonic_ns()}"  # a name no other program has in the host's /tmp
     result = await server.call_tool(
-        "execute_code", {"steps": [{"code": "pwd; echo $TMPDIR; echo kept > $TMPDIR/x"}]}, CallContext()
+        "execute_code", {"steps": [{"code": f"pwd; echo $TMPDIR; echo kept > $TMPDIR/{name}"}]}, CallContext()
     )
     pwd, tmp = result.text().split()
     assert not result.is_error and pwd == str(cwd)
     # $TMPDIR is the jail's private /tmp: it lasts across calls and is not the host's.
-    assert tmp == "/tmp" and not Path(tmp, "x").exists()
-    result = await server.call_tool("execute_code", {"steps": [{"code": "cat $TMPDIR/x"}]}, CallContext())
+    assert tmp == "/tmp" and not Path(tmp, name).exists()
+    result = await server.call_tool("execute_code", {"steps": [{"code": f"cat $TMPDIR/{name}"}]}, CallContext())
     assert result.text() == "kept\n"
     await server.close()
 
