@@ -280,3 +280,13 @@ async def test_the_fork_server_exits_with_its_owner(tmp_path):
         await asyncio.sleep(0.05)
     else:
         pytest.fail("the fork server outlived its owner")
+
+
+async def test_an_idle_jail_with_the_view_is_closed_and_its_successor_serves_the_view(h, monkeypatch):
+    """The view of a jail closed for idleness goes with it; the next call's jail mounts its own."""
+    monkeypatch.setenv("OLLIE_JAIL_IDLE", "0.3")
+    me = await h.new()
+    assert (await h.ok(me, "echo kept > /tmp/x; cat $OLLIE/s/$OLLIE_SESSION_ID/state")).strip()
+    await asyncio.sleep(1.0)
+    out = await h.ok(me, "cat /tmp/x 2>/dev/null || echo gone; ls $OLLIE/s")
+    assert out.split() == ["gone", me.id]
