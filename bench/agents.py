@@ -97,13 +97,13 @@ def q(values: list[float]) -> tuple[float, float, float]:
     return statistics.median(s), s[min(len(s) - 1, int(len(s) * 0.99))], s[-1]
 
 
-def turn(s: Server, sids: list[str], ideal: float) -> dict[str, float | list[float]]:
+def turn(s: Server, sids: list[str], ideal: float, mock: int) -> dict[str, float | list[float]]:
     """Prompt every session, then read their states until every one is idle."""
     reads: list[float] = []
     ended: dict[str, float] = {}
     started: dict[str, float] = {}
     jails_before = jail_processes()
-    server_cpu = cpu_of(s.pid())
+    server_cpu, mock_cpu = cpu_of(s.pid()), cpu_of(mock)
     t0 = time.perf_counter()
 
     def prompt(sid: str) -> None:
@@ -139,6 +139,7 @@ def turn(s: Server, sids: list[str], ideal: float) -> dict[str, float | list[flo
         "turns": [ended[sid] - started[sid] for sid in sids],
         "reads": reads,
         "server_cpu": cpu_of(s.pid()) - server_cpu,
+        "mock_cpu": cpu_of(mock) - mock_cpu,
         "jail_cpu": jail_cpu,
         "jail_pids": list(jails_after),
     }
@@ -159,8 +160,9 @@ def new(s: Server) -> str:
 def run(n: int, delay: float, chunks: int, tools: int, sandboxed: bool, checkpoints: bool = False) -> None:
     tool, arguments = ("execute_code", json.dumps({"steps": [{"code": "true"}]})) if sandboxed else ("noop", "{}")
     ideal = (tools + 1) * delay
+    mock = WireServer(tools, tool, arguments, delay=delay, chunks=chunks)
     with (
-        WireServer(tools, tool, arguments, delay=delay, chunks=chunks) as port,
+        mock as port,
         tempfile.TemporaryDirectory(prefix="ollie-bench-agents-", dir="/var/tmp") as tmp,
     ):
         s = Server(Path(tmp))
@@ -175,7 +177,7 @@ def run(n: int, delay: float, chunks: int, tools: int, sandboxed: bool, checkpoi
             what = "sandboxed execute_code" if sandboxed else "noop (no sandbox)"
             print(f"{n} agents, {tools} calls of {what} a turn, answers of {delay:g} s in {chunks} chunks")
             for name in ("cold", "warm"):
-                r = turn(s, sids, ideal)
+                r = turn(s, sids, ideal, mock.pid or 0)
                 steps = n * (tools + 1)
                 tq, rq = q(r["turns"]), q(r["reads"])  # type: ignore[arg-type]
                 wall = float(r["wall"])  # type: ignore[arg-type]
@@ -190,7 +192,8 @@ def run(n: int, delay: float, chunks: int, tools: int, sandboxed: bool, checkpoi
                 )
                 print(
                     f"        CPU per step: server {1000 * float(r['server_cpu']) / steps:.2f} ms, "  # type: ignore[arg-type]
-                    f"jails {1000 * float(r['jail_cpu']) / steps:.2f} ms"  # type: ignore[arg-type]
+                    f"jails {1000 * float(r['jail_cpu']) / steps:.2f} ms, "  # type: ignore[arg-type]
+                    f"the mock model {1000 * float(r['mock_cpu']) / steps:.2f} ms"  # type: ignore[arg-type]
                 )
             pss = pss_kib([s.pid()]) - base_pss + pss_kib(r["jail_pids"])  # type: ignore[arg-type]
             print(f"  memory per live session: {pss / n / 1024:.2f} MiB (server and jails, PSS)")

@@ -99,8 +99,9 @@ async def _handle(reader, writer, steps: int, tool: str, arguments: str, delay: 
                                 b"content-length: 0", b"content-length: %d" % sum(map(len, parts))
                             )
                         )
-                        for part in parts:
-                            await asyncio.sleep(delay / len(parts))
+                        start = asyncio.get_running_loop().time()
+                        for i, part in enumerate(parts, 1):  # on a schedule: late wakeups do not add up
+                            await asyncio.sleep(start + delay * i / len(parts) - asyncio.get_running_loop().time())
                             writer.write(part)
                         out = b""
             else:
