@@ -136,6 +136,13 @@ def test_a_cwd_in_no_repository_or_above_the_parents_is_refused_saying_why(srv):
     assert answer.startswith("error: worktree=1: ") and "is not in a git repository" in answer, answer
     assert "git init" in answer
     assert _submit(srv, "worktree=yes\n---\nhi\n").startswith("error: line 1: worktree is 1")
+    empty = srv.root / "empty"  # a repository with no commit yet: the job fails, saying so, and leaves nothing
+    empty.mkdir()
+    git(empty, "init", "-q")
+    [jid] = _submit(srv, f"agent=editor\ncwd={empty}\nworktree=1\n---\nedit\n").split()
+    status = Jobs(srv).wait(jid)
+    assert status.startswith("failed: worktree=1: cannot make a git worktree of ") and "no commit yet" in status
+    assert not (empty / ".ollie" / "worktrees" / jid).exists() and not list((srv.data / "worktrees").glob("*.json"))
 
     refusal = "Invalid argument"
     srv.agent(
@@ -156,7 +163,7 @@ def test_a_cwd_in_no_repository_or_above_the_parents_is_refused_saying_why(srv):
     chat = (s / "chat").read_text()
     assert (s / "reply").read_text() == "refused too", chat
     assert chat.count(f"the repository's root {srv.work} lies above {srv.work}/sub") == 2, chat
-    assert os.listdir(srv.mnt / "b") == [] and branches(srv.work) == []
+    assert os.listdir(srv.mnt / "b") == [jid] and branches(srv.work) == []  # the empty repository's job alone
 
 
 def test_a_sub_session_made_with_worktree_1_works_in_its_own_and_its_parent_merges_it(srv):

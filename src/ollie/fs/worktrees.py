@@ -207,7 +207,7 @@ async def _sandboxed(script: str, root: str, parent: Session | None) -> tuple[bo
     if server is None:
         server = own = execute.Server(root)
     policy = "default" if "default" in ctx.policies else ctx.policies[0]
-    code = f"cd -- {shlex.quote(root)} || exit 1\n{script}"
+    code = f"{_UNSET}\ncd -- {shlex.quote(root)} || exit 1\n{script}"
     try:
         result = await server.call_tool(
             "execute_code", {"steps": [{"code": code, "language": "sh"}], "timeout": TIMEOUT, "sandbox": policy}, ctx
@@ -222,6 +222,11 @@ async def _sandboxed(script: str, root: str, parent: Session | None) -> tuple[bo
     return not result.is_error, result.text()
 
 
+# What a session's env could set to lead git to another repository than the one at the root.
+_UNSET = (
+    "unset GIT_DIR GIT_WORK_TREE GIT_COMMON_DIR GIT_INDEX_FILE GIT_OBJECT_DIRECTORY "
+    "GIT_ALTERNATE_OBJECT_DIRECTORIES GIT_NAMESPACE GIT_CEILING_DIRECTORIES GIT_DISCOVERY_ACROSS_FILESYSTEM"
+)
 _MARK = re.compile(r"^ollie-base=([0-9a-f]{40,64})$", re.MULTILINE)
 _GITDIR = re.compile(r"^ollie-gitdir=(/.+)$", re.MULTILINE)
 
