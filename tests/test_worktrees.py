@@ -275,7 +275,7 @@ def test_git_on_the_projects_repository_runs_only_sandboxed(srv, tmp_path, whose
 def test_a_removed_jobs_worktree_left_behind_is_removed_at_the_next_start(srv):
     """A worktree whose job went while the server was down (its record outlived it) goes at start."""
     srv.start()
-    answer = _submit(srv, f"name=orphan\nagent=editor\ncwd={srv.work}\nworktree=1\n---\nedit\n")
+    answer = srv.sh(f"b/sched name=orphan agent=editor cwd={srv.work} worktree=1 edit").stdout  # the b/ scripts
     assert answer == "orphan-0\n", answer
     assert Jobs(srv).wait("orphan-0") == "done"
     assert branches(srv.work) == ["ollie/orphan-0"]
