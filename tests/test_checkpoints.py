@@ -277,3 +277,17 @@ async def test_a_slow_first_snapshot_is_not_waited_for_and_the_next_turn_has_one
     await commands.run(core, "undo")
     assert (cwd / "a.txt").read_text() == "1\n"  # back to where the second turn started
     await core.close()
+
+
+async def test_a_mount_below_the_cwd_is_left_out_of_snapshots(fs_server):
+    """ollie's own mount below a session's cwd: reading its files acts (fifo.out pops a prompt,
+    statewait blocks), and a server whose snapshot walked its own mount waited on itself."""
+    from ollie.agent.checkpoints import Shadow
+
+    home = fs_server.home  # holds the server's mount at mnt/ollie
+    (home / "notes.txt").write_text("mine\n")
+    shadow = Shadow(str(home))
+    tree = await shadow.snapshot()
+    listed = await shadow._git("ls-tree", "-r", "--name-only", tree)
+    assert b"notes.txt" in listed and b"mnt/" not in listed
+    assert b"/mnt/ollie/" in (shadow.repo / "info" / "exclude").read_bytes()

@@ -28,6 +28,7 @@ import fcntl
 import hashlib
 import json
 import os
+import re
 import shutil
 import stat
 import time
@@ -275,9 +276,11 @@ class Shadow:
             "GIT_TERMINAL_PROMPT": "0",
             "GIT_NO_REPLACE_OBJECTS": "1",
             # A cwd another user owns is no risk here: nothing of the work tree's configures git.
-            "GIT_CONFIG_COUNT": "1",
+            "GIT_CONFIG_COUNT": "2",
             "GIT_CONFIG_KEY_0": "safe.directory",
             "GIT_CONFIG_VALUE_0": "*",
+            "GIT_CONFIG_KEY_1": "core.excludesFile",  # the files too large to keep (info/exclude: mounts)
+            "GIT_CONFIG_VALUE_1": str(self.repo / "large-files"),
             "GIT_AUTHOR_NAME": "ollie",
             "GIT_AUTHOR_EMAIL": "ollie@localhost",
             "GIT_COMMITTER_NAME": "ollie",
@@ -346,6 +349,7 @@ class Shadow:
         """`git status` names what changed since the last snapshot (its index and untracked cache
         make an unchanged file cost a stat, an unchanged directory too); only that is added, and a
         new tree is committed only when it differs."""
+        await asyncio.to_thread(self._exclude_mounts)
         out = await self._git(
             "status", "--porcelain=v2", "-z", "--untracked-files=normal", "--no-renames", "--ignore-submodules=all"
         )
@@ -357,9 +361,7 @@ class Shadow:
                 (gone if entry[3:4] == b"D" else changed).append(entry.split(b" ", 8)[8])
             elif entry[:1] == b"?":
                 new.append(entry[2:])
-        if big := [p for n in new for p in _large_files(self.cwd, os.fsdecode(n))]:
-            with open(self.repo / "info" / "exclude", "a") as f:
-                f.write("".join("/" + _escape(p) + "\n" for p in big))
+        big = await asyncio.to_thread(self._exclude_large, new)
         new = [n for n in new if os.fsdecode(n) not in big]
         last_tree = _read(self.repo / "last-tree")
         if not changed and not gone and not new and last_tree:
@@ -380,6 +382,22 @@ class Shadow:
             )  # HEAD: status compares with it
             _write(self.repo / "last-tree", tree)
         return tree
+
+    def _exclude_mounts(self) -> None:
+        """Keep what is mounted below the cwd out (another file system; ollie's own mount, whose
+        files act when read): info/exclude names them, rewritten only when they change, since
+        git's untracked cache starts again when it does."""
+        text = "".join("/" + _escape(m) + "/\n" for m in _mounts_below(self.cwd))
+        if _read(self.repo / "info" / "exclude") != text.strip():
+            _write(self.repo / "info" / "exclude", text.rstrip("\n"))
+
+    def _exclude_large(self, new: list[bytes]) -> list[str]:
+        """The new files over MAX_FILE (in new directories too), added to the excluded ones."""
+        big = [p for n in new for p in _large_files(self.cwd, os.fsdecode(n))]
+        if big:
+            with open(self.repo / "large-files", "a") as f:
+                f.write("".join("/" + _escape(p) + "\n" for p in big))
+        return big
 
     async def shortstat(self, a: str, b: str) -> str:
         if a == b:
@@ -457,9 +475,29 @@ def _large_files(cwd: str, rel: str) -> list[str]:
     if not rel.endswith("/"):
         return [rel] if _size(top) > MAX_FILE else []
     found = []
-    for here, _, names in os.walk(top):
+    for here, dirs, names in os.walk(top):
+        dirs[:] = [d for d in dirs if not os.path.ismount(os.path.join(here, d))]
         found += [os.path.relpath(os.path.join(here, n), cwd) for n in names if _size(os.path.join(here, n)) > MAX_FILE]
     return found
+
+
+def _mounts_below(cwd: str) -> list[str]:
+    """The mount points below `cwd` (relative to it), from /proc/self/mountinfo."""
+    below = []
+    try:
+        with open("/proc/self/mountinfo", "rb") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return []
+    prefix = cwd.rstrip("/") + "/"
+    for line in lines:
+        fields = line.split(b" ")
+        if len(fields) > 4:
+            point = re.sub(rb"\\([0-7]{3})", lambda m: bytes([int(m[1], 8)]), fields[4])  # \040 is a space
+            path = os.fsdecode(point)
+            if path.startswith(prefix):
+                below.append(path[len(prefix) :])
+    return sorted(set(below))
 
 
 def _size(path: str) -> int:
