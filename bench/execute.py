@@ -47,7 +47,7 @@ async def first_call_ms(cwd: str, ctx: CallContext) -> float:
     """A new session's first call: the jail starts, the policy is built."""
     samples = []
     for _ in range(5):
-        server = execute.Decl(cwd)()
+        server = execute.factory(cwd)()
         t = time.perf_counter()
         await server.call_tool("execute_code", {"steps": [{"code": "true"}]}, ctx)
         samples.append(time.perf_counter() - t)
@@ -70,7 +70,7 @@ async def hook_ms(cwd: str, runs: int) -> float:
 async def main(runs: int) -> None:
     with tempfile.TemporaryDirectory() as cwd:
         ctx = CallContext(cwd=cwd, session_id="bench", tmpdir=cwd)
-        server = execute.Decl(cwd)()
+        server = execute.factory(cwd)()
         await server.call_tool("execute_code", {"steps": [{"code": "true"}]}, ctx)  # start the jail
         lean_base, lean_box = await true_stages(server, ctx, runs)
 

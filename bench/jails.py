@@ -94,7 +94,7 @@ async def main(n: int, rounds: int) -> None:
         cwds = [os.path.join(top, f"s{i}") for i in range(n)]
         for d in cwds:
             os.mkdir(d)
-        servers = [execute.Decl(d)() for d in cwds]
+        servers = [execute.factory(d)() for d in cwds]
         ctxs = [CallContext(cwd=d, session_id=f"s{i}", tmpdir="") for i, d in enumerate(cwds)]
         call = {"steps": [{"code": "true"}]}
 

@@ -241,7 +241,7 @@ async def run_ollie(name: str, port: int) -> tuple[float, float]:
     from ollie.agent.core import Core, CoreConfig
     from ollie.agent.env import build_agent_env
     from ollie.config import AgentConfig
-    from ollie.tools import Tool, ToolResult, new_dispatcher_func
+    from ollie.tools import Tool, ToolResult, dispatcher_factory
 
     class Noop:
         async def list_tools(self):
@@ -253,7 +253,7 @@ async def run_ollie(name: str, port: int) -> tuple[float, float]:
         async def close(self):
             pass
 
-    nd = new_dispatcher_func({"noop": Noop})
+    nd = dispatcher_factory({"noop": Noop})
     env = await build_agent_env(AgentConfig(prompt="You are a benchmark.\n"), nd(), os.getcwd())
     core = Core(CoreConfig(_backend(name, port), env, nd))
     t, c = time.perf_counter(), time.process_time()

@@ -14,7 +14,7 @@ async def time_calls(
     cwd: str, ctx: CallContext, calls: dict[str, list[dict[str, Any]]], runs: int
 ) -> dict[str, list[float]]:
     """Seconds each named call (a list of steps) took, `runs` samples apiece, on one execute server."""
-    server = execute.Decl(cwd)()
+    server = execute.factory(cwd)()
     samples: dict[str, list[float]] = {name: [] for name in calls}
     try:
         for steps in calls.values():

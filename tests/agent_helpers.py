@@ -12,7 +12,7 @@ from ollie.agent.env import build_agent_env
 from ollie.agent.session import SessionMeta, SessionStore, new_session_id
 from ollie.backends.scripted import ScriptedBackend
 from ollie.config import AgentConfig
-from ollie.tools import Tool, ToolResult, new_dispatcher_func
+from ollie.tools import Tool, ToolResult, dispatcher_factory
 from ollie.types import Event, Message
 
 
@@ -84,7 +84,7 @@ async def make_core(
         session_id = seed_history(history, session_id)
     server = server or ToyServer()
     backend = ScriptedBackend(script)
-    new_dispatcher = new_dispatcher_func({"toy": lambda: server, **(extra_servers or {})})
+    new_dispatcher = dispatcher_factory({"toy": lambda: server, **(extra_servers or {})})
     env = await build_agent_env(cfg or AgentConfig(), new_dispatcher(), os.getcwd())
     core = Core(CoreConfig(backend, env, new_dispatcher, session_id=session_id))
     events: list[Event] = []

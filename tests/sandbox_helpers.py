@@ -41,7 +41,7 @@ async def run(home, tmp_path):
     cwd, tmpdir = tmp_path / "cwd", tmp_path / "session-tmp"
     cwd.mkdir()
     tmpdir.mkdir()
-    server = execute.Decl(str(cwd))()
+    server = execute.factory(str(cwd))()
     ctx = CallContext(cwd=str(cwd), session_id="s", tmpdir=str(tmpdir), policies=POLICIES)
 
     async def call(code: str, language: str = "bash", **extra):

@@ -395,7 +395,7 @@ async def test_commands_refused_during_a_turn_and_unknown_slash_is_a_prompt():
 async def test_bang_runs_sandboxed_in_the_session_cwd_with_the_session_env(tmp_path, ollie_dirs, monkeypatch):
     # `!cmd` may arrive through the file server's `prompt` file: it runs as the model's code does.
     monkeypatch.setenv("OPENAI_API_KEY", "sk-must-not-leak")
-    core, backend, _, events = await make_core([], extra_servers={"execute": execute.Decl(str(tmp_path))})
+    core, backend, _, events = await make_core([], extra_servers={"execute": execute.factory(str(tmp_path))})
     core.session.set_cwd(str(tmp_path))
     core.session.set_env("GREETING", "hello")
     out = await run(core, events, "!pwd; echo $GREETING; exit 4")
@@ -645,7 +645,7 @@ async def test_bang_uses_ollies_execute_server_whatever_else_offers_execute_code
             pass
 
     core, backend, _, events = await make_core(
-        [], extra_servers={"execute": execute.Decl(str(tmp_path)), "other": Impostor}
+        [], extra_servers={"execute": execute.factory(str(tmp_path)), "other": Impostor}
     )
     core.session.set_cwd(str(tmp_path))
     assert await run(core, events, "!echo sandboxed") == "!echo sandboxed\nsandboxed"

@@ -425,7 +425,7 @@ async def test_execute_calls_of_read_safe_tool_scripts_run_together(ollie_dirs, 
     from ollie.agent.core import Core, CoreConfig
     from ollie.agent.env import build_agent_env
     from ollie.backends.scripted import ScriptedBackend
-    from ollie.tools import execute, new_dispatcher_func
+    from ollie.tools import dispatcher_factory, execute
 
     script = ollie_dirs / "cfg" / "tools" / "meet"
     script.write_text(
@@ -438,7 +438,7 @@ async def test_execute_calls_of_read_safe_tool_scripts_run_together(ollie_dirs, 
         for a, b in (("a", "b"), ("b", "a"))
     ]
     backend = ScriptedBackend([{"tool_calls": calls}, {"text": "done"}])
-    nd = new_dispatcher_func({"execute": execute.Decl(str(tmp_path))})
+    nd = dispatcher_factory({"execute": execute.factory(str(tmp_path))})
     core = Core(CoreConfig(backend, await build_agent_env(AgentConfig(), nd(), str(tmp_path)), nd))
     await core.submit("go")
     assert [m.content.strip() for m in core.session.messages if m.role == "tool"] == ["met", "met"]

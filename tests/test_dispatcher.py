@@ -2,7 +2,7 @@
 
 import asyncio
 
-from ollie.tools import CallContext, Dispatcher, Tool, ToolResult, format_status, new_dispatcher_func
+from ollie.tools import CallContext, Dispatcher, Tool, ToolResult, dispatcher_factory, format_status
 
 CTX = CallContext(cwd="/")
 NUMBERS = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}, "required": ["a", "b"]}
@@ -112,7 +112,7 @@ async def test_server_status_shows_each_server_its_tools_and_why_it_is_unavailab
 
 
 async def test_the_factory_builds_fresh_servers_and_close_closes_them_all():
-    factory = new_dispatcher_func({"local": lambda: Local(Tool("echo"))})
+    factory = dispatcher_factory({"local": lambda: Local(Tool("echo"))})
     first, second = factory(), factory()
     old = first.get_server("local")
     assert old is not second.get_server("local")

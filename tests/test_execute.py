@@ -27,7 +27,7 @@ def work(ollie_dirs, tmp_path):
 @pytest.fixture
 async def run(work):
     cwd, tmpdir, _ = work
-    server = execute.Decl(str(cwd))()
+    server = execute.factory(str(cwd))()
     ctx = CallContext(cwd=str(cwd), session_id="sess-1", tmpdir=str(tmpdir), env={"GREETING": "hello"})
 
     async def call(*steps, **extra):
@@ -69,7 +69,7 @@ def script(tools: Path, name: str, text: str, executable: bool = True) -> None:
 
 async def test_decl_builds_a_server_offering_execute_code(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    server = execute.Decl("")()
+    server = execute.factory("")()
     assert isinstance(server, ServerProtocol)
     assert server.cwd == str(tmp_path)
     [tool] = await server.list_tools()
@@ -85,7 +85,7 @@ async def test_decl_builds_a_server_offering_execute_code(tmp_path, monkeypatch)
 
 async def test_decl_cwd_is_used_when_the_context_has_none(work):
     cwd, _, _ = work
-    server = execute.Decl(str(cwd))()
+    server = execute.factory(str(cwd))()
     name = f"kept-{os.getpid()}-{time.monotonic_ns()}"  # a name no other program has in the host's /tmp
     result = await server.call_tool(
         "execute_code", {"steps": [{"code": f"pwd; echo $TMPDIR; echo kept > $TMPDIR/{name}"}]}, CallContext()
@@ -207,7 +207,7 @@ async def test_language_runs_in_the_sandbox(run, language):
 
 async def test_missing_interpreter_is_named(work):
     cwd, tmpdir, _ = work
-    server = execute.Decl(str(cwd))()
+    server = execute.factory(str(cwd))()
     ctx = CallContext(cwd=str(cwd), tmpdir=str(tmpdir), env={"PATH": str(cwd)})  # nothing to find there
     result = await server.call_tool("execute_code", {"steps": [{"code": "print(1)", "language": "lua"}]}, ctx)
     assert result.is_error and result.text() == "steps[0]: language lua needs lua, which is not installed"
@@ -265,7 +265,7 @@ async def test_tool_with_an_uninstalled_interpreter(run, work):
 
 async def test_an_unreadable_tool_script_is_an_error_naming_it(work):
     cwd, tmpdir, _ = work
-    server = execute.Decl(str(cwd))()
+    server = execute.factory(str(cwd))()
     ctx = CallContext(cwd=str(cwd), tmpdir=str(tmpdir), env={"OLLIE_TOOLS_PATH": "/proc/self"})
     result = await server.call_tool("execute_code", {"steps": [{"tool": "mem"}]}, ctx)  # a file whose read fails
     assert result.is_error and result.text() == "steps[0].tool: cannot read /proc/self/mem: Input/output error"
@@ -386,7 +386,7 @@ BAD = [
 @pytest.mark.parametrize("arguments,message", BAD)
 async def test_malformed_calls_fail_before_anything_runs(work, arguments, message):
     cwd, tmpdir, _ = work
-    server = execute.Decl(str(cwd))()
+    server = execute.factory(str(cwd))()
     result = await server.call_tool("execute_code", arguments, CallContext(cwd=str(cwd), tmpdir=str(tmpdir)))
     assert result.is_error and message in result.text(), result.text()
     assert not (cwd / "ran").exists()
@@ -410,7 +410,7 @@ def test_read_safe_refuses_malformed_steps_without_raising():
 
 
 async def test_missing_cwd_is_reported(work, tmp_path):
-    server = execute.Decl(str(tmp_path / "gone"))()
+    server = execute.factory(str(tmp_path / "gone"))()
     result = await server.call_tool("execute_code", {"steps": [{"code": "ls"}]}, CallContext())
     assert result.is_error and result.text() == f"working directory {tmp_path / 'gone'} does not exist"
     await server.close()

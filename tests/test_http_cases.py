@@ -404,9 +404,9 @@ async def test_the_core_does_not_retry_a_refused_connection(wire):
     from ollie.agent.core import Core, CoreConfig
     from ollie.agent.env import build_agent_env
     from ollie.config import AgentConfig
-    from ollie.tools import new_dispatcher_func
+    from ollie.tools import dispatcher_factory
 
-    nd = new_dispatcher_func({})
+    nd = dispatcher_factory({})
     backend = wire.backend(f"http://127.0.0.1:{free_port()}")
     core = Core(CoreConfig(backend, await build_agent_env(AgentConfig(), nd(), os.getcwd()), nd))
     events: list[Any] = []

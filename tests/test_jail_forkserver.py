@@ -104,7 +104,7 @@ async def test_the_fork_server_keeps_nothing_of_a_jail_and_a_jail_nothing_of_ano
 
 
 async def test_a_stage_sees_no_descriptor_and_no_process_of_another_jail(run, tmp_path):
-    other = execute.Decl(str(tmp_path / "cwd"))()
+    other = execute.factory(str(tmp_path / "cwd"))()
     ctx = CallContext(cwd=str(tmp_path / "cwd"), session_id="other", tmpdir="")
     try:
         assert not (
@@ -200,7 +200,7 @@ async def test_calls_that_come_while_a_jail_starts_share_it(monkeypatch, tmp_pat
     monkeypatch.setattr(Jail, "start", classmethod(counted))
     cwd = tmp_path / "cwd"
     cwd.mkdir()
-    server = execute.Decl(str(cwd))()
+    server = execute.factory(str(cwd))()
     ctx = CallContext(cwd=str(cwd), session_id="s", tmpdir="")
     try:
         results = await asyncio.gather(
@@ -230,7 +230,7 @@ async def test_an_idle_jail_is_closed_and_started_again_on_the_next_call(monkeyp
     monkeypatch.setenv("OLLIE_JAIL_IDLE", "0.5")
     cwd = tmp_path / "cwd"
     cwd.mkdir()
-    server = execute.Decl(str(cwd))()
+    server = execute.factory(str(cwd))()
     ctx = CallContext(cwd=str(cwd), session_id="s", tmpdir="")
 
     async def call(code: str) -> str:

@@ -18,7 +18,7 @@ from ollie.backends import anthropic, ollama
 from ollie.backends.scripted import ScriptedBackend
 from ollie.config import AgentConfig
 from ollie.textcalls import MAX_DEPTH
-from ollie.tools import new_dispatcher_func
+from ollie.tools import dispatcher_factory
 from ollie.types import ConfigError, GenerationParams, ToolSpec
 from wire import WireServer, sse, stream_reply
 from wire import anthropic as anthropic_wire
@@ -217,7 +217,7 @@ def server():
 
 async def wire_core(backend):
     toy = ToyServer()
-    nd = new_dispatcher_func({"toy": lambda: toy})
+    nd = dispatcher_factory({"toy": lambda: toy})
     core = Core(CoreConfig(backend, await build_agent_env(AgentConfig(), nd(), os.getcwd()), nd))
     events = []
     core.subscribe(events.append)

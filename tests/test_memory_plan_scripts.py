@@ -63,7 +63,7 @@ async def tools(ollie_dirs, tmp_path):
     tmpdir.mkdir()
     # No OLLIE_MEMORY_DIR or OLLIE_PLANS_DIR here: execute_code sets them, to the user's own.
     ctx = CallContext(cwd=str(cwd), session_id="s1", tmpdir=str(tmpdir), env={"OLLIE_TOOLS_PATH": str(DEFAULTS)})
-    t = Tools(execute.Decl(str(cwd))(), ctx, cwd, ollie_dirs / "data")
+    t = Tools(execute.factory(str(cwd))(), ctx, cwd, ollie_dirs / "data")
     yield t
     await t.server.close()
 
@@ -393,7 +393,7 @@ async def test_two_sessions_share_the_memory(tools, tmp_path):
     memory_id = await tools.remember("Shared", "sessions", "Seen by the other session.")
     (tmp_path / "other-tmp").mkdir()
     ctx = CallContext(cwd=str(tools.cwd), session_id="s2", tmpdir=str(tmp_path / "other-tmp"), env=tools.ctx.env)
-    other = Tools(execute.Decl(str(tools.cwd))(), ctx, tools.cwd, tools.memory.parent)
+    other = Tools(execute.factory(str(tools.cwd))(), ctx, tools.cwd, tools.memory.parent)
     try:
         assert await other.recalled_ids("shared") == [memory_id]
     finally:
@@ -593,7 +593,7 @@ async def test_an_agent_plans_completes_and_remembers_and_another_session_recall
         },
         {"text": "Planned, one step done, remembered.", "expect": "parser-quirk"},
     ]
-    core, backend, _, _ = await make_core(first, extra_servers={"execute": execute.Decl(str(work))})
+    core, backend, _, _ = await make_core(first, extra_servers={"execute": execute.factory(str(work))})
     try:
         await core.submit("plan the fix and remember what you learn")
         backend.assert_consumed()
@@ -607,7 +607,7 @@ async def test_an_agent_plans_completes_and_remembers_and_another_session_recall
         {"tool_calls": [call("memory_recall", "trailing commas")]},
         {"text": "Recalled it.", "expect": "Trailing commas break it."},
     ]
-    core, backend, _, _ = await make_core(second, extra_servers={"execute": execute.Decl(str(work))})
+    core, backend, _, _ = await make_core(second, extra_servers={"execute": execute.factory(str(work))})
     try:
         await core.submit("what do we know about the parser?")
         backend.assert_consumed()

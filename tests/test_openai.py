@@ -11,7 +11,7 @@ from ollie import backends
 from ollie.agent.core import Core, CoreConfig
 from ollie.agent.env import build_agent_env
 from ollie.config import AgentConfig
-from ollie.tools import new_dispatcher_func
+from ollie.tools import dispatcher_factory
 from ollie.types import (
     BackendError,
     ConfigError,
@@ -283,7 +283,7 @@ async def test_full_loop_over_the_wire_with_retries(server):
     )
     be = backend(server)
     toy = ToyServer()
-    nd = new_dispatcher_func({"toy": lambda: toy})
+    nd = dispatcher_factory({"toy": lambda: toy})
     core = Core(CoreConfig(be, await build_agent_env(AgentConfig(), nd(), os.getcwd()), nd))
     events = []
     core.subscribe(events.append)

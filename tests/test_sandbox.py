@@ -63,7 +63,7 @@ async def test_a_call_stays_confined_when_its_policy_leaves_the_cache(home, tmp_
     # while a call may still be running under it: its next stage must still be confined.
     cwd = tmp_path / "cwd"
     cwd.mkdir()
-    server = execute.Decl(str(cwd))()
+    server = execute.factory(str(cwd))()
     ctx = CallContext(cwd=str(cwd), tmpdir=str(tmp_path))
     outside = home / "escaped"
     call = asyncio.create_task(
@@ -316,7 +316,7 @@ def test_a_kernel_that_forbids_user_namespaces_is_named_with_the_fix(tmp_path, m
 async def test_best_effort_without_a_seccomp_filter_says_so_in_the_first_result(run, monkeypatch):
     write_policy(None, "general:\n  best_effort: true\n")
     monkeypatch.setattr("platform.machine", lambda: "riscv64")
-    server = execute.Decl(run.ctx.cwd)()
+    server = execute.factory(run.ctx.cwd)()
     try:
         first = await server.call_tool("execute_code", {"steps": [{"code": "echo hi"}]}, run.ctx)
         second = await server.call_tool("execute_code", {"steps": [{"code": "echo hi"}]}, run.ctx)

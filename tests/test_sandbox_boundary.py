@@ -41,7 +41,7 @@ async def call(
     cwd: Path, code: str, tmpdir: Path, policies: tuple[str, ...] = ("default",), language: str = "bash", **extra
 ):
     """One stage in a fresh execute server (a fresh sandbox: as after a restart)."""
-    server = execute.Decl(str(cwd))()
+    server = execute.factory(str(cwd))()
     ctx = CallContext(cwd=str(cwd), session_id="s", tmpdir=str(tmpdir), policies=policies)
     try:
         steps = [{"code": code, "language": language}]
@@ -329,7 +329,7 @@ async def test_the_jails_mounts_are_made_by_descriptor_whatever_is_swapped_meanw
             os.symlink("/", work / f"l{n}")
         (work / "cur").write_text("0")
         # The swapping in one jail (in its own, a directory a jail mounted cannot be renamed).
-        racing, server = execute.Decl(str(work))(), execute.Decl(str(work))()
+        racing, server = execute.factory(str(work))(), execute.factory(str(work))()
         ctx = CallContext(cwd=str(work), session_id="s", tmpdir=str(tmp_path))
         swap = {"steps": [{"code": SWAPPER, "language": "python3"}], "timeout": 120}
         racer = asyncio.ensure_future(racing.call_tool("execute_code", swap, ctx))

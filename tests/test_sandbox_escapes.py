@@ -109,7 +109,7 @@ async def test_the_python_that_runs_the_jail_is_read_only_even_inside_a_writable
     # A session whose cwd holds ollie's own virtualenv (or pyenv under $HOME) could otherwise
     # rewrite the interpreter or library the next jail starts with, outside the sandbox.
     prefix = Path(sys.prefix)
-    server = execute.Decl(str(prefix.parent))()
+    server = execute.factory(str(prefix.parent))()
     marker, other = prefix / "bin" / f"planted-{os.getpid()}", prefix / f"planted-{os.getpid()}"
     code = f"echo x > {marker}; echo x > {other}"  # (a real attack would edit bin/python or the library)
     try:
@@ -130,7 +130,7 @@ async def test_uvs_cache_is_read_only_unless_granted_itself(home, tmp_path, monk
     cache.mkdir(parents=True)
     monkeypatch.setenv("UV_CACHE_DIR", str(cache))
     write_policy("uv", f"filesystem:\n  rw: [{cache}]\n")
-    server = execute.Decl(str(home))()
+    server = execute.factory(str(home))()
     ctx = CallContext(cwd=str(home), policies=("default", "uv"))
     try:
         result = await server.call_tool("execute_code", {"steps": [{"code": "echo x > .cache/uv/planted"}]}, ctx)
@@ -247,7 +247,7 @@ async def test_ollies_files_are_hidden_even_inside_a_granted_cwd(home, tmp_path,
     cfg, data = Path(os.environ["OLLIE_CFG_PATH"]), stored_session_in_home(home, monkeypatch)
     (cfg / "agents").mkdir()
     (cfg / "agents" / "default.json").write_text("{}")
-    server = execute.Decl(str(home))()
+    server = execute.factory(str(home))()
     ctx = CallContext(cwd=str(home), tmpdir=str(tmp_path))
     code = (
         f"cat {cfg}/env; ls {cfg}; echo '{{\"hooks\": {{}}}}' > {cfg}/agents/default.json; "
@@ -264,7 +264,7 @@ async def test_renaming_a_parent_of_ollies_files_does_not_unhide_them(home, tmp_
     # The jail hides by path: were `.config` renamed, the next jail would not find ollie's
     # configuration to hide. A stopped spawner makes the session start a new jail.
     cfg = Path(os.environ["OLLIE_CFG_PATH"])
-    server = execute.Decl(str(home))()
+    server = execute.factory(str(home))()
     ctx = CallContext(cwd=str(home), tmpdir=str(tmp_path))
     moves = "mv .config .moved; mv .config/ollie .config/moved; mv .ssh .ssh2; kill -STOP $PPID"
     result = await server.call_tool("execute_code", {"steps": [{"code": moves}], "timeout": 1}, ctx)
@@ -279,7 +279,7 @@ async def test_the_file_servers_mount_is_hidden_wherever_it_is(fs_server):
     # Through the mount, `a/` holds agent configs (whose hooks may run unsandboxed) and `s/` every
     # session: a jail hides every mount of ollie's file server, not only the one at $OLLIE.
     assert (fs_server.mnt / "ctl").exists()
-    server = execute.Decl(str(fs_server.root))()
+    server = execute.factory(str(fs_server.root))()
     ctx = CallContext(cwd=str(fs_server.root))
     result = await server.call_tool("execute_code", {"steps": [{"code": f"ls -A {fs_server.mnt}; echo listed"}]}, ctx)
     await server.close()
@@ -489,7 +489,7 @@ async def test_call_shape_is_bounded(run):
 
 async def test_the_model_picks_only_the_policies_its_agent_allows(home, tmp_path):
     write_policy("wide", "filesystem:\n  rw: [/var/tmp]\n")
-    server = execute.Decl(str(tmp_path))()
+    server = execute.factory(str(tmp_path))()
     call = {"steps": [{"code": "touch ran"}], "sandbox": "wide"}
     result = await server.call_tool("execute_code", call, CallContext(cwd=str(tmp_path)))
     assert result.is_error and "policy 'wide' is not allowed for this agent; it may use default" in result.text()
@@ -537,7 +537,7 @@ assert libc.prctl(22, 2, ctypes.byref(Fprog(len(code), ctypes.addressof(buf)))) 
 from ollie.tools import CallContext, execute
 async def main():
     cwd = sys.argv[1]
-    server = execute.Decl(cwd)()
+    server = execute.factory(cwd)()
     ctx = CallContext(cwd=cwd, tmpdir=sys.argv[2])
     for code in ("echo confined", f"echo confined; cat {sys.argv[3]}"):
         result = await server.call_tool("execute_code", {"steps": [{"code": code}]}, ctx)
@@ -575,7 +575,7 @@ async def test_a_cwd_that_another_session_swapped_for_a_symlink_is_refused(home,
     (tmp_path / "tmp-y").mkdir()
 
     async def stage(cwd, tmpdir, code):
-        server = execute.Decl(str(cwd))()  # a fresh server: a fresh sandbox, as after a restart
+        server = execute.factory(str(cwd))()  # a fresh server: a fresh sandbox, as after a restart
         ctx = CallContext(cwd=str(cwd), session_id=tmpdir.name, tmpdir=str(tmpdir))
         try:
             return await server.call_tool("execute_code", {"steps": [{"code": code}]}, ctx)
@@ -596,7 +596,7 @@ async def test_the_memory_and_the_plans_are_the_only_data_shown_and_writable(hom
     # on the mount); the rest of ollie's data (stored sessions, transcripts) stays hidden, even from
     # a session whose cwd holds it.
     data = stored_session_in_home(home, monkeypatch)
-    server = execute.Decl(str(home))()
+    server = execute.factory(str(home))()
     ctx = CallContext(cwd=str(home), tmpdir=str(tmp_path))
     code = (
         'echo remembered > "$OLLIE_MEMORY_DIR/m.md" && echo planned > "$OLLIE_PLANS_DIR/p.md" && echo wrote; '
@@ -619,7 +619,7 @@ async def test_a_link_one_session_plants_in_the_shared_dirs_leads_no_other_sessi
         d.mkdir()
 
     async def stage(cwd, tmpdir, code):
-        server = execute.Decl(str(cwd))()
+        server = execute.factory(str(cwd))()
         ctx = CallContext(cwd=str(cwd), session_id=tmpdir.name, tmpdir=str(tmpdir))
         try:
             return await server.call_tool("execute_code", {"steps": [{"code": code}]}, ctx)

@@ -150,7 +150,7 @@ def test_a_name_resolves_through_the_systems_resolver_in_a_connect_tcp_policy(ho
         from ollie.tools import CallContext, execute
         code = "import socket; print(socket.getaddrinfo('pypi.example.test', 443)[0][4][0])"
         async def main():
-            server = execute.Decl({str(tmp_path / "cwd")!r})()
+            server = execute.factory({str(tmp_path / "cwd")!r})()
             ctx = CallContext(cwd={str(tmp_path / "cwd")!r}, session_id="s", policies=("net",))
             arguments = {{"steps": [{{"code": code, "language": "python3"}}], "sandbox": "net"}}
             print((await server.call_tool("execute_code", arguments, ctx)).text(), end="")

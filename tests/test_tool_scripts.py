@@ -55,7 +55,7 @@ def _sh_quote(text: str) -> str:
 
 
 def _tools(cwd: Path, tmpdir: Path, session: str = "s1", **env: str) -> Tools:
-    server = execute.Decl(str(cwd))()
+    server = execute.factory(str(cwd))()
     ctx = CallContext(
         cwd=str(cwd), session_id=session, tmpdir=str(tmpdir), env={"OLLIE_TOOLS_PATH": str(DEFAULTS), **env}
     )
@@ -604,7 +604,7 @@ async def test_file_grep_without_ripgrep_says_so(tools, tmp_path):
 
 async def test_execute_codes_description_lists_the_scripts_from_their_headers(ollie_dirs, monkeypatch):
     monkeypatch.setenv("OLLIE_TOOLS_PATH", str(DEFAULTS))
-    server = execute.Decl("")()
+    server = execute.factory("")()
     [tool] = await server.list_tools()
     await server.close()
     assert tool.description.startswith(execute.DESCRIPTION + "\n" + execute.SCRIPTS_HEADING + "\n")
@@ -623,7 +623,7 @@ async def test_the_listing_is_capped_and_points_at_t_idx(ollie_dirs, tmp_path, m
     for i in range(40):
         (many / f"tool_{i:02}").write_text(f"#!/bin/sh\n# description: {'does a great many things ' * 3}\n# args: X\n")
     monkeypatch.setenv("OLLIE_TOOLS_PATH", f"{DEFAULTS}:{many}")
-    server = execute.Decl("")()
+    server = execute.factory("")()
     [tool] = await server.list_tools()
     await server.close()
     listing = tool.description.split(execute.SCRIPTS_HEADING + "\n", 1)[1]
@@ -637,7 +637,7 @@ async def test_the_listing_is_capped_and_points_at_t_idx(ollie_dirs, tmp_path, m
 
 async def test_without_scripts_the_description_is_the_plain_one(ollie_dirs, tmp_path, monkeypatch):
     monkeypatch.setenv("OLLIE_TOOLS_PATH", str(tmp_path / "none"))
-    server = execute.Decl("")()
+    server = execute.factory("")()
     [tool] = await server.list_tools()
     await server.close()
     assert tool.description == execute.DESCRIPTION
@@ -662,7 +662,7 @@ async def test_a_scripted_agent_reads_edits_and_greps_a_file_through_tool_stages
         {"tool_calls": [call("file_grep", "hello")], "expect": "+    return 'hello'"},
         {"text": "Changed the greeting.", "expect": "app.py:2:    return 'hello'"},
     ]
-    core, backend, _, events = await make_core(script, extra_servers={"execute": execute.Decl(str(work))})
+    core, backend, _, events = await make_core(script, extra_servers={"execute": execute.factory(str(work))})
     try:
         await core.submit("say hello instead of hi")
         backend.assert_consumed()

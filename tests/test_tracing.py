@@ -319,13 +319,13 @@ async def test_a_provider_request_is_a_client_span_with_its_server_and_never_its
     from ollie.agent.core import Core, CoreConfig
     from ollie.agent.env import build_agent_env
     from ollie.config import AgentConfig
-    from ollie.tools import new_dispatcher_func
+    from ollie.tools import dispatcher_factory
     from wire import WireServer
     from wire.openai import PATH, text_stream
 
     with WireServer() as server:
         server.reply(PATH, text_stream("hello there", prompt_tokens=40))
-        new_dispatcher = new_dispatcher_func({})
+        new_dispatcher = dispatcher_factory({})
         env = await build_agent_env(AgentConfig(prompt="You are terse."), new_dispatcher(), str(tmp_path))
         backend = backends.create("openai", "gpt-4o-mini", base_url=server.url + "/v1", api_key=KEY)
         core = Core(CoreConfig(backend, env, new_dispatcher))

@@ -51,7 +51,7 @@ def open_session(
     switch closes them and builds new ones). `script` (a list of turns, or a file) is for the
     scripted backend. `on_event` is subscribed before the start-up notices (e.g. an MCP server
     that failed) are emitted. `view` serves the session's own view of ollie's files to its
-    sandboxed code (the file server gives one; see `tools.execute.Decl`). The steps of the plans
+    sandboxed code (the file server gives one; see `tools.execute.factory`). The steps of the plans
     the agent makes (`task_plan`) are committed as tasks to a tool server with `task_create` if
     the agent has one, else to `plan_backend` (an `ollie.agent.plans.PlanBackend`) if given.
     `cwd_within` (a sub-agent's: its parent's cwd) is where the cwd must stay, now and whenever it
@@ -114,7 +114,7 @@ async def _open(
     tree_cwd: str,
 ) -> Core:
     from .. import backends, config, sandbox
-    from ..tools import execute, new_dispatcher_func
+    from ..tools import dispatcher_factory, execute
     from ..types import ConfigError
     from .env import build_agent_env
     from .session import SessionStore
@@ -150,7 +150,7 @@ async def _open(
     )
     options = {"script": script} if script is not None else {}
     be = backends.create(name, model or None, **options)
-    new_dispatcher = new_dispatcher_func({"execute": execute.Decl(cwd, view), **servers})
+    new_dispatcher = dispatcher_factory({"execute": execute.factory(cwd, view), **servers})
     env = await build_agent_env(cfg, new_dispatcher(), cwd, tuple(p for p in (cwd, tree_cwd) if p))
     core = Core(
         CoreConfig(

@@ -62,14 +62,14 @@ async def _with_env(args: argparse.Namespace, action: Callable[[argparse.Namespa
     from .. import config
     from ..agent.env import build_agent_env
     from ..chatfmt import visible
-    from ..tools import execute, new_dispatcher_func
+    from ..tools import dispatcher_factory, execute
     from ..types import ConfigError
 
     cwd = os.path.realpath(os.path.expanduser(args.cwd or os.getcwd()))
     if not os.path.isdir(cwd):
         raise ConfigError(f"--cwd {cwd!r} is not a directory")
     cfg = config.load_agent(args.agent)
-    env = await build_agent_env(cfg, new_dispatcher_func({"execute": execute.Decl(cwd)})(), cwd)
+    env = await build_agent_env(cfg, dispatcher_factory({"execute": execute.factory(cwd)})(), cwd)
     try:
         for info in env.infos:
             print(visible(f":: {info}"), file=sys.stderr)  # a server's failure, in its words

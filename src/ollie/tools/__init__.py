@@ -1,8 +1,9 @@
 """Tool servers and the dispatcher that routes every tool call.
 
 All servers are equal: the built-in `execute` server and MCP-backed ones implement the same
-`Server` protocol and are registered by name. A `Decl` is a zero-argument factory returning a
-fresh server; `new_dispatcher_func` turns a map of name → Decl into a dispatcher factory.
+`Server` protocol and are registered by name. A `ServerFactory` is a zero-argument callable
+returning a fresh server; `dispatcher_factory` turns a map of name → ServerFactory into a
+dispatcher factory.
 """
 
 from __future__ import annotations
@@ -72,7 +73,7 @@ class Server(Protocol):
     async def close(self) -> None: ...
 
 
-Decl = Callable[[], Server]
+ServerFactory = Callable[[], Server]
 
 
 @dataclass(slots=True)
@@ -214,13 +215,13 @@ def format_status(status: dict[str, ServerStatus]) -> str:
     return "\n".join(lines) or "(no tool servers)"
 
 
-def new_dispatcher_func(decls: Mapping[str, Decl]) -> Callable[[], Dispatcher]:
+def dispatcher_factory(factories: Mapping[str, ServerFactory]) -> Callable[[], Dispatcher]:
     """A factory that builds a fresh dispatcher with fresh servers on every call."""
 
     def build() -> Dispatcher:
         d = Dispatcher()
-        for name, decl in decls.items():
-            d.add_server(name, decl())
+        for name, make in factories.items():
+            d.add_server(name, make())
         return d
 
     return build

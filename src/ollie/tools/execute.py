@@ -24,8 +24,7 @@ from typing import Any
 from .. import config, sandbox, telemetry
 from ..sandbox import jail as _jail
 from ..types import ConfigError, InvalidValue
-from . import CallContext, Tool, ToolResult, scripts
-from . import Decl as DeclType
+from . import CallContext, ServerFactory, Tool, ToolResult, scripts
 
 DEFAULT_TIMEOUT = 30.0
 
@@ -117,7 +116,7 @@ class StepError(InvalidValue):
     InvalidValue, so still a ValueError)."""
 
 
-def Decl(cwd: str = "", view: Callable[[int], None] | None = None) -> DeclType:  # noqa: N802 (the seed's name)
+def factory(cwd: str = "", view: Callable[[int], None] | None = None) -> ServerFactory:
     """A factory of execute servers running code in `cwd` ("" = the current directory) unless
     a call's context names another. `view`, given a jail's /dev/fuse descriptor, serves the
     session's own view of ollie's files on it (the file server gives one), mounted at $OLLIE in
