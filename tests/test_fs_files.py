@@ -456,3 +456,17 @@ def test_memory_and_plans_never_follow_a_symlink_sandboxed_code_planted(fs_serve
         assert (fs_server.mnt / d / "note.md").read_text() == "kept\n"
         out = fs_server.sh(f"cat {d}/leak.md", check=False)
         assert out.returncode != 0 and "s3cr3t" not in out.stdout
+
+
+def test_a_cwd_on_the_servers_own_mount_is_refused_and_the_server_goes_on(fs_server):
+    """A cwd on a mount of ollie's file server is refused by its name, before any lookup: through
+    a 9P mount of the server (`ollie mount`), a lookup there waits on the server itself, which then
+    answers no one; on its own FUSE mount it failed as "not a directory", saying nothing of why."""
+    inside = fs_server.mnt / "tmp"
+    out = fs_server.sh(f"echo 'new cwd={inside}' > ctl", check=False, timeout=20)
+    assert out.returncode != 0
+    sid = fs_server.new_session()
+    out = fs_server.sh(f"echo 'cwd {inside}' > s/{sid}/ctl", check=False, timeout=20)
+    assert out.returncode != 0
+    assert f"is on ollie's file server's mount {fs_server.mnt}" in (fs_server.mnt / "s" / sid / "chat").read_text()
+    assert sid in fs_server.sh("cat s/idx", timeout=20).stdout  # the server answers on

@@ -112,6 +112,34 @@ def mount_point() -> str:
     return os.path.join(os.path.realpath(path.parent), path.name)
 
 
+def mounts() -> list[tuple[str, str]]:
+    """This process's mounts, from /proc/self/mountinfo: (mount point, file system type)."""
+    found = []
+    try:
+        with open("/proc/self/mountinfo", "rb") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return []
+    for line in lines:
+        fields = line.split(b" ")
+        dash = fields.index(b"-") if b"-" in fields else -1
+        if dash > 4:  # \040 is a space in a mount point, \012 a newline
+            point = re.sub(rb"\\([0-7]{3})", lambda m: bytes([int(m[1], 8)]), fields[4])
+            found.append((os.fsdecode(point), os.fsdecode(fields[dash + 1])))
+    return found
+
+
+def ollie_mount_of(path: str) -> str:
+    """The mount of an ollie file server that `path` (absolute) lies on, judged by its name alone,
+    or "". Nothing is looked up: a stat there is a request to the file server, which may be this
+    very process, waiting on itself. A path that only leads there through a symlink is not seen."""
+    path = os.path.normpath(path)
+    for mount in [mount_point(), *(point for point, kind in mounts() if kind == "fuse.ollie")]:
+        if path == mount or path.startswith(mount.rstrip("/") + "/"):
+            return mount
+    return ""
+
+
 # The variables the env file set, and to what: loading it again (a server does, for each new
 # session) follows its changes (`ollie keys set`), and never what the environment set itself.
 _FROM_FILE: dict[str, str] = {}

@@ -28,7 +28,6 @@ import fcntl
 import hashlib
 import json
 import os
-import re
 import shutil
 import stat
 import time
@@ -482,22 +481,9 @@ def _large_files(cwd: str, rel: str) -> list[str]:
 
 
 def _mounts_below(cwd: str) -> list[str]:
-    """The mount points below `cwd` (relative to it), from /proc/self/mountinfo."""
-    below = []
-    try:
-        with open("/proc/self/mountinfo", "rb") as f:
-            lines = f.read().splitlines()
-    except OSError:
-        return []
+    """The mount points below `cwd`, relative to it."""
     prefix = cwd.rstrip("/") + "/"
-    for line in lines:
-        fields = line.split(b" ")
-        if len(fields) > 4:
-            point = re.sub(rb"\\([0-7]{3})", lambda m: bytes([int(m[1], 8)]), fields[4])  # \040 is a space
-            path = os.fsdecode(point)
-            if path.startswith(prefix):
-                below.append(path[len(prefix) :])
-    return sorted(set(below))
+    return sorted({point[len(prefix) :] for point, _ in config.mounts() if point.startswith(prefix)})
 
 
 def _size(path: str) -> int:

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from .. import sandbox
+from .. import config, sandbox
 from ..types import Busy, Cost, GenerationParams, InvalidValue, Message, Usage, valid_text, valid_value
 from .session import SessionMeta, SessionStore
 
@@ -101,6 +101,8 @@ class SessionState:
         in its `cwd_within`, resolved there once, by descriptor, following no symlink."""
         self.require_idle("change the working directory")
         path = os.path.join(self._cwd, os.path.expanduser(path))
+        if mount := config.ollie_mount_of(path):
+            raise InvalidValue(f"cwd: {path} is on ollie's file server's mount {mount}; a session works elsewhere")
         if self.meta.cwd_within:
             try:
                 path = sandbox.directory_within(path, self.meta.cwd_within)

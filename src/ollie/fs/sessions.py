@@ -359,6 +359,10 @@ class Sessions:
             self.check_name(spec["name"])
         if spec.get("cwd"):
             check_cwd(spec["cwd"])
+            if mount := config.ollie_mount_of(os.path.expanduser(spec["cwd"])):
+                raise FsError(
+                    E.EINVAL, f"cwd {spec['cwd']!r} is on ollie's file server's mount {mount}: work elsewhere"
+                )
             if cwd_here and not os.path.isdir(self.cwd_of(spec)):
                 raise FsError(E.ENOENT, f"cwd {self.cwd_of(spec)!r} is not a directory")
         if worktrees.wanted(spec.get("worktree", "")):
