@@ -10,7 +10,7 @@ import sys
 import time
 from typing import TYPE_CHECKING, Any
 
-from .telemetry import _requests, capture_content, log
+from .telemetry import Off, _requests, capture_content, log
 
 if TYPE_CHECKING:
     from .agent.runtime import Runtime
@@ -208,7 +208,7 @@ def _messages_json(messages: list[Message]) -> str:
     return json.dumps(out, ensure_ascii=False)
 
 
-class Recorder:
+class Recorder(Off):
     """One open span and what its end records."""
 
     def __init__(self, on: Telemetry, cm: Any):
@@ -234,15 +234,6 @@ class Recorder:
     def fail(self, kind: str, description: str = "") -> None:
         self.span.set_attribute("error.type", kind)
         self.span.set_status(self.on.status(self.on.code.ERROR, description[:500] or None))
-
-    def answered(self, message: Message, done: Done) -> None:
-        pass
-
-    def result(self, result: ToolResult) -> None:
-        pass
-
-    def exited(self, status: int | None, error: str = "") -> None:
-        pass
 
 
 class Turn(Recorder):

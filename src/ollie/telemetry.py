@@ -38,13 +38,14 @@ _EXPORT_VARS = (
 )
 
 
-class _Off:
+class Off:
     """What every instrument point gets when telemetry is off: a context manager that records
-    nothing (one shared object: no allocation per call)."""
+    nothing (one shared object: no allocation per call). A recorder's (`_spans.Recorder`) base:
+    what a kind of span does not record, it takes from here."""
 
     __slots__ = ()
 
-    def __enter__(self) -> _Off:
+    def __enter__(self) -> Off:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -60,7 +61,7 @@ class _Off:
         pass
 
 
-OFF = _Off()
+OFF = Off()
 _on: Telemetry | None = None
 _decided = False
 
@@ -123,7 +124,7 @@ def _safely(make: Callable[[], Any]) -> Any:
         return OFF
 
 
-def turn(rt: Runtime, prompt: str) -> Recorder | _Off:
+def turn(rt: Runtime, prompt: str) -> Recorder | Off:
     on = _on if _decided else active()
     if on is None:
         return OFF
@@ -132,7 +133,7 @@ def turn(rt: Runtime, prompt: str) -> Recorder | _Off:
     return _safely(lambda: Turn(on, rt, prompt))
 
 
-def chat(rt: Runtime, attempt: int = 0) -> Recorder | RequestLog | _Off:
+def chat(rt: Runtime, attempt: int = 0) -> Recorder | RequestLog | Off:
     on = _on if _decided else active()
     logged = _requests.isEnabledFor(logging.INFO)
     if on is None and not logged:
@@ -146,7 +147,7 @@ def chat(rt: Runtime, attempt: int = 0) -> Recorder | RequestLog | _Off:
     return _safely(lambda: Chat(on, rt, attempt, request))
 
 
-def tool(rt: Runtime, call: ToolCall) -> Recorder | _Off:
+def tool(rt: Runtime, call: ToolCall) -> Recorder | Off:
     on = _on if _decided else active()
     if on is None:
         return OFF
@@ -155,7 +156,7 @@ def tool(rt: Runtime, call: ToolCall) -> Recorder | _Off:
     return _safely(lambda: Tool(on, rt, call))
 
 
-def stage(where: str, program: str) -> Recorder | _Off:
+def stage(where: str, program: str) -> Recorder | Off:
     on = _on if _decided else active()
     if on is None:
         return OFF
@@ -164,7 +165,7 @@ def stage(where: str, program: str) -> Recorder | _Off:
     return _safely(lambda: Stage(on, where, program))
 
 
-def hook(event: str, index: int) -> Recorder | _Off:
+def hook(event: str, index: int) -> Recorder | Off:
     on = _on if _decided else active()
     if on is None:
         return OFF
