@@ -609,3 +609,11 @@ async def test_a_proxy_of_a_scheme_ollie_does_not_speak_is_named(wire, monkeypat
     error = await fails_at_once(wire.backend("https://origin.test"))
     assert "the proxy ftp://user:***@proxy.example:21 (HTTPS_PROXY) is not one ollie can use" in str(error)
     assert "secret" not in str(error)
+
+
+async def test_a_url_that_is_no_http_url_is_named_in_one_wording(wire):
+    from ollie.types import ConfigError
+
+    with pytest.raises(ConfigError, match=rf"^{wire.name}: URL 'ftp://x[^']*': not an http\(s\) URL"):
+        async for _ in wire.backend("ftp://x").stream([Message("user", "hi")], [], GenerationParams()):
+            pass

@@ -228,6 +228,17 @@ def object_arguments(text: str) -> dict[str, Any]:
     return value
 
 
+def parse_url(provider: str, url: str, setting: str = "") -> Any:
+    """A backend's base URL, parsed (an `_http.URL`); a ConfigError naming the backend, the URL and
+    where it came from when it is no http(s) URL."""
+    from . import _http
+
+    try:
+        return _http.URL.parse(url)
+    except ValueError as e:
+        raise ConfigError(f"{provider}: URL {url!r}: {e}" + (f" ({setting})" if setting else "")) from None
+
+
 def url_setting(variables: tuple[str, ...]) -> str:
     """Where a backend's URL came from, for a message whose fix is in it: the first of `variables`
     that is set, else the default."""

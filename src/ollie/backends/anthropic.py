@@ -38,7 +38,16 @@ from ..types import (
     Usage,
     UsageChunk,
 )
-from . import ERROR_TYPE_STATUS, coalesce, http_error, object_arguments, status_error, transport_error, url_setting
+from . import (
+    ERROR_TYPE_STATUS,
+    coalesce,
+    http_error,
+    object_arguments,
+    parse_url,
+    status_error,
+    transport_error,
+    url_setting,
+)
 
 if TYPE_CHECKING:
     from . import _http
@@ -104,10 +113,7 @@ class AnthropicBackend:
         from . import _http
 
         if self._url is None:
-            try:
-                self._url = _http.URL.parse(self.base_url)
-            except ValueError as e:
-                raise ConfigError(f"anthropic: base URL {self.base_url!r}: {e} ({self._setting})") from None
+            self._url = parse_url("anthropic", self.base_url, self._setting)
             self._messages_url = self._url.join("/v1/messages")
             self._send_headers = _http.json_headers({"x-api-key": self._api_key, "anthropic-version": API_VERSION})
         return _http, self._url

@@ -22,7 +22,6 @@ from ..textcalls import arguments_text, stable_call_id
 from ..types import (
     BackendError,
     Chunk,
-    ConfigError,
     Done,
     GenerationParams,
     Message,
@@ -34,7 +33,7 @@ from ..types import (
     Usage,
     UsageChunk,
 )
-from . import coalesce, http_error, object_arguments, status_error, transport_error, url_setting
+from . import coalesce, http_error, object_arguments, parse_url, status_error, transport_error, url_setting
 from .openai import _tools_json
 
 if TYPE_CHECKING:
@@ -102,10 +101,7 @@ class OllamaBackend:
         from . import _http
 
         if self._url is None:
-            try:
-                self._url = _http.URL.parse(self.base_url)
-            except ValueError as e:
-                raise ConfigError(f"ollama: URL {self.base_url!r}: {e} ({self._setting})") from None
+            self._url = parse_url("ollama", self.base_url, self._setting)
             self._chat_url = self._url.join("/api/chat")
             self._send_headers = _http.json_headers({"accept": "application/x-ndjson, application/json"})
         return _http, self._url

@@ -33,7 +33,7 @@ from ..types import (
     Usage,
     UsageChunk,
 )
-from . import coalesce, http_error, status_error, transport_error, url_setting
+from . import coalesce, http_error, parse_url, status_error, transport_error, url_setting
 
 if TYPE_CHECKING:
     from . import _http
@@ -139,10 +139,7 @@ class OpenAIBackend:
         from . import _http
 
         if self._url is None:
-            try:
-                self._url = _http.URL.parse(self.base_url)
-            except ValueError as e:
-                raise ConfigError(f"{self.name}: base URL {self.base_url!r}: {e}") from None
+            self._url = parse_url(self.name, self.base_url, self._setting)
             self._chat_url = self._url.join("/chat/completions")
             self._send_headers = _http.json_headers({"authorization": f"Bearer {self._api_key}", **self._headers})
         return _http, self._url
