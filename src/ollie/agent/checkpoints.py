@@ -57,6 +57,7 @@ class Checkpoint:
     after: str = ""  # the tree when it ended ("" while it runs, or if that snapshot failed)
     history: int = 0  # messages in the history when the turn started
     undone: bool = False
+    changes: str = ""  # what the turn changed (git's --shortstat), found once, when it ended
 
 
 _SKIPPED = Checkpoint(0, "", 0.0, "", "")  # a turn whose first snapshot was not waited for
@@ -156,7 +157,9 @@ class Checkpoints:
             await self._taken()
             return
         try:
-            turn.after = await Shadow(turn.cwd).snapshot()
+            shadow = Shadow(turn.cwd)
+            turn.after = await shadow.snapshot()
+            turn.changes = await shadow.shortstat(turn.before, turn.after)
         except (CheckpointError, OSError) as e:
             self._emit(f"checkpoints: the end of this turn was not recorded: {e}")
         self._append(asdict(turn))
@@ -172,15 +175,13 @@ class Checkpoints:
         """The checkpoints not undone, oldest first."""
         return [c for c in self.records() if not c.undone and c.after]
 
-    async def listing(self) -> str:
-        """One line per checkpoint, newest first: its number for /rewind, its turn, time, prompt and
-        what the turn changed."""
-        live = self.live()
+    def listing(self) -> str:
+        """One line per checkpoint, newest first: its number for /rewind, its turn, time, what the
+        turn changed and its prompt (from the records alone: reading it runs nothing)."""
         lines = []
-        for back, c in enumerate(reversed(live), 1):
-            stat_line = await Shadow(c.cwd).shortstat(c.before, c.after)
+        for back, c in enumerate(reversed(self.live()), 1):
             when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(c.time))
-            lines.append(f"{back}\tturn {c.turn}\t{when}\t{stat_line or 'no file changed'}\t{c.prompt!r}")
+            lines.append(f"{back}\tturn {c.turn}\t{when}\t{c.changes or 'no file changed'}\t{c.prompt!r}")
         return "\n".join(lines) + "\n" if lines else ""
 
     async def plan(self, back: int) -> Plan:

@@ -198,7 +198,7 @@ async def _clear(core: Core, arg: str) -> str:
 @command("checkpoints", "list the checkpoints (what each turn changed in the cwd), newest first")
 async def _checkpoints(core: Core, arg: str) -> str:
     checkpoints = core.checkpoints
-    return (await checkpoints.listing() if checkpoints else "").rstrip() or "(no checkpoints)"
+    return (checkpoints.listing() if checkpoints else "").rstrip() or "(no checkpoints)"
 
 
 @command("undo", "take back what the last turn changed in the cwd: undo [--force] [--chat]")
