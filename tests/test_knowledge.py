@@ -301,3 +301,15 @@ def test_the_mount_shows_each_skill_and_its_files_read_only(fs_server):
             (sk / "new.md").write_text("x")
     finally:
         shutil.rmtree(skill.parent)
+
+
+def test_a_projects_skills_directory_that_is_a_link_is_not_listed(tmp_path, ollie_dirs):
+    """A planted `.claude -> ~/.config/ollie` would list ollie's hidden directories by name (in the
+    notices the session's own chat shows); a link there is passed over whole."""
+    _, cwd = _repo(tmp_path)
+    _skill(ollie_dirs / "cfg" / "skills", "mine", "The user's own")
+    (cwd / ".claude").symlink_to(ollie_dirs / "cfg")
+    (cwd / ".ollie").mkdir()
+    (cwd / ".ollie" / "skills").symlink_to(ollie_dirs / "cfg" / "skills")
+    found, notices = skills.list_skills(str(cwd))
+    assert [(s.name, s.project) for s in found] == [("mine", False)] and notices == []

@@ -49,6 +49,8 @@ def list_skills(cwd: str | None = None) -> tuple[list[Skill], list[str]]:
     found: dict[str, Skill] = {}
     notices: list[str] = []
     for root, in_project in skill_dirs(cwd):
+        if in_project and (root.is_symlink() or root.parent.is_symlink()):
+            continue  # planted (`.claude -> ~/.config/ollie`): its listing would name what ollie hides
         try:
             names = sorted(os.listdir(root))
         except OSError:
