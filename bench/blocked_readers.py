@@ -77,8 +77,8 @@ def fuse_waiters(paths: list[str], per_path: int) -> None:
 async def ninep_waiters(addr: str, statewaits: list[str], chats: list[str], per_path: int, tails: int) -> None:
     """Over 9P: `per_path` concurrent statewait readers per path, and `tails` followers of chat
     re-reading its end each second; connections of at most 500 requests each."""
-    from ollie.fs import ninep as P
-    from ollie.fs.ninep_client import Client
+    from ollie.vfs import ninep as P
+    from ollie.vfs.ninep_client import Client
 
     clients: list[Client] = []
 
@@ -133,7 +133,7 @@ def time_fuse_reads(path: Path, n: int) -> list[float]:
 
 
 async def time_9p_reads(addr: str, path: str, n: int) -> list[float]:
-    from ollie.fs.ninep_client import Client
+    from ollie.vfs.ninep_client import Client
 
     c = await Client.connect(addr)
     try:

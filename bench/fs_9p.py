@@ -20,14 +20,14 @@ import tempfile
 import time
 from pathlib import Path
 
-from ollie.fs import ninep as P
-from ollie.fs.ninep_client import Client
+from ollie.vfs import ninep as P
+from ollie.vfs.ninep_client import Client
 
 SERVER = """
 import asyncio, sys
 from ollie.fs import tree
 from ollie.fs.sessions import Sessions
-from ollie.fs.ninep_server import serve_unix
+from ollie.vfs.ninep_server import serve_unix
 
 async def main():
     srv = await serve_unix(tree.build(Sessions()), sys.argv[1])

@@ -134,7 +134,7 @@ def cpu_s(pid: int, tid: int | None = None) -> tuple[float, float]:
 # Imported by every Python process the server's environment starts (PYTHONPATH); in `ollie srv fg`,
 # the server itself, SIGRTMIN+1 starts cProfile on the main thread (the event loop's; signal handlers
 # run there) and SIGRTMIN+2 stops it and writes the stats: the bench sends them around the turns
-# (not SIGUSR1: libfuse interrupts requests with it, fs/fuse.py).
+# (not SIGUSR1: libfuse interrupts requests with it, vfs/fuse.py).
 _SITECUSTOMIZE = """
 import os, signal, sys
 if sys.argv[1:3] == ["srv", "fg"] and os.environ.get("OLLIE_BENCH_PROFILE"):

@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from ollie.fs import ninep as P
-from ollie.fs.fuse import Mount
-from ollie.fs.namespace import File, Handle, Namespace, OpenMode, StaticDir
-from ollie.fs.ninep_client import Client
-from ollie.fs.stores import TextFile
+from ollie.vfs import ninep as P
+from ollie.vfs.fuse import Mount
+from ollie.vfs.namespace import File, Handle, Namespace, OpenMode, StaticDir
+from ollie.vfs.ninep_client import Client
+from ollie.vfs.stores import TextFile
 
 READERS = 600  # past the old cap of 256 FUSE threads, which stalled the mount at about 250
 STATES = {"idle", "thinking"}

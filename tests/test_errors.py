@@ -5,11 +5,11 @@ import errno as E
 
 import pytest
 
-from ollie.fs.namespace import FsError
-from ollie.fs.ninep_client import RemoteError
 from ollie.mcp import Unavailable
 from ollie.tools.execute import StepError
 from ollie.types import InvalidValue, OllieError
+from ollie.vfs.namespace import FsError
+from ollie.vfs.ninep_client import RemoteError
 
 
 def test_a_bad_execute_code_argument_is_an_invalid_value_and_still_a_value_error():

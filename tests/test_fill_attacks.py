@@ -17,9 +17,9 @@ import pytest
 from ollie import config
 from ollie.agent import plans
 from ollie.fs import jobs as jobs_module
-from ollie.fs import stores
 from ollie.fs.sessions import Sessions
-from ollie.fs.stores import DiskDir
+from ollie.vfs import stores
+from ollie.vfs.stores import DiskDir
 from script_helpers import DEFAULTS
 from view_helpers import Harness, start_child
 

@@ -12,7 +12,7 @@ import pytest
 
 from fs_helpers import FsServer
 from ollie.fs import tree
-from ollie.fs.fuse import ENTRY_TIMEOUT
+from ollie.vfs.fuse import ENTRY_TIMEOUT
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -12,7 +12,7 @@ import threading
 import time
 
 from ollie import config
-from ollie.fs.fuse import VIEW_OPEN_MAX
+from ollie.vfs.fuse import VIEW_OPEN_MAX
 
 RACE = r"""
 import os, sys, time

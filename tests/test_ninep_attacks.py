@@ -14,11 +14,11 @@ import py9p
 import pytest
 
 import test_ninep_server
-from ollie.fs import ninep as P
-from ollie.fs import ninep_server
-from ollie.fs.namespace import File, Handle, Namespace, StaticDir
-from ollie.fs.ninep_client import Client, RemoteError
-from ollie.fs.ninep_server import (
+from ollie.vfs import ninep as P
+from ollie.vfs import ninep_server
+from ollie.vfs.namespace import File, Handle, Namespace, StaticDir
+from ollie.vfs.ninep_client import Client, RemoteError
+from ollie.vfs.ninep_server import (
     _REFUSALS,
     BAD_TOKENS,
     MAX_REQUESTS,

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ollie.fs import ninep as n
+from ollie.vfs import ninep as n
 
 STAT = n.Stat(
     type=1,

@@ -12,10 +12,10 @@ import py9p
 import pytest
 
 import test_ninep_server
-from ollie.fs import ninep as P
-from ollie.fs import ninep_server
-from ollie.fs.ninep_client import Client, RemoteError
-from ollie.fs.ninep_server import (
+from ollie.vfs import ninep as P
+from ollie.vfs import ninep_server
+from ollie.vfs.ninep_client import Client, RemoteError
+from ollie.vfs.ninep_server import (
     BAD_TOKEN_DELAY,
     BAD_TOKENS,
     FRAMES_PER_TURN,
@@ -26,7 +26,7 @@ from ollie.fs.ninep_server import (
     client_of,
     serve_tcp,
 )
-from ollie.fs.stores import LINE_MAX
+from ollie.vfs.stores import LINE_MAX
 from test_ninep_server import in_thread, raw_attach_wait, raw_connect
 
 world = test_ninep_server.world  # the fixture: these tests serve the same namespace

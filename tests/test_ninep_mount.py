@@ -13,8 +13,8 @@ import pytest
 
 from ollie import config
 from ollie.fs import tree
-from ollie.fs.ninep_server import serve_tcp, serve_unix
 from ollie.fs.sessions import Sessions
+from ollie.vfs.ninep_server import serve_tcp, serve_unix
 
 pytestmark = pytest.mark.skipif(
     not shutil.which("fusermount3") or not os.path.exists("/dev/fuse"), reason="needs FUSE (fusermount3, /dev/fuse)"

@@ -11,12 +11,13 @@ from pathlib import Path
 import py9p
 import pytest
 
-from ollie.fs import ninep as P
-from ollie.fs.namespace import File, FsError, Handle, Namespace, StaticDir
-from ollie.fs.ninep_client import Client, RemoteError, parse_address
-from ollie.fs.ninep_server import default_socket_path, serve_tcp, serve_unix
-from ollie.fs.stores import CtlFile, DiskDir, OnCloseFile, TextFile
+from ollie.config import socket_path
 from ollie.types import ConfigError
+from ollie.vfs import ninep as P
+from ollie.vfs.namespace import File, FsError, Handle, Namespace, StaticDir
+from ollie.vfs.ninep_client import Client, RemoteError, parse_address
+from ollie.vfs.ninep_server import serve_tcp, serve_unix
+from ollie.vfs.stores import CtlFile, DiskDir, OnCloseFile, TextFile
 
 
 class WaitFile(File):
@@ -96,15 +97,15 @@ async def in_thread(fn):
     return await asyncio.wait_for(asyncio.to_thread(fn), 10)
 
 
-def test_default_socket_path(monkeypatch):
+def test_socket_path(monkeypatch):
     monkeypatch.setenv("NAMESPACE", "/run/ns")
-    assert default_socket_path() == Path("/run/ns/ollie")
+    assert socket_path() == Path("/run/ns/ollie")
     monkeypatch.delenv("NAMESPACE")
     monkeypatch.setenv("USER", "glenda")
     monkeypatch.setenv("DISPLAY", ":1.0")
-    assert default_socket_path() == Path("/tmp/ns.glenda.:1/ollie")
+    assert socket_path() == Path("/tmp/ns.glenda.:1/ollie")
     monkeypatch.delenv("DISPLAY")
-    assert default_socket_path() == Path("/tmp/ns.glenda.:0/ollie")
+    assert socket_path() == Path("/tmp/ns.glenda.:0/ollie")
 
 
 async def test_socket_is_private_and_removed_on_close(tmp_path):

@@ -674,10 +674,10 @@ async def test_a_scripted_agent_reads_edits_and_greps_a_file_through_tool_stages
 
 
 def test_t_idx_lists_every_tools_directory_the_first_one_winning(tmp_path):
-    from ollie.fs.stores import tools_index
+    from ollie.tools.scripts import index_text
 
     for d, name, what in (("a", "x", "x from a"), ("b", "x", "x from b"), ("b", "y", "y from b")):
         (tmp_path / d).mkdir(exist_ok=True)
         (tmp_path / d / name).write_text(f"#!/bin/sh\n# description: {what}\n# args: ARG\n")
-    index = tools_index([tmp_path / "a", tmp_path / "b"])
+    index = index_text([tmp_path / "a", tmp_path / "b"])
     assert index == "## x\ndescription: x from a\nargs: ARG\n\n## y\ndescription: y from b\nargs: ARG\n\n"

@@ -308,8 +308,8 @@ def _submit(srv: FsServer, spec: str) -> str:
 
 def test_worktree_1_is_refused_on_the_ray_executor(ollie_dirs, tmp_path):
     from ollie.fs import jobs as jobs_module
-    from ollie.fs.namespace import FsError
     from ollie.fs.sessions import Sessions
+    from ollie.vfs.namespace import FsError
 
     make_repo(tmp_path / "repo")
     jobs = jobs_module.Jobs(Sessions(default_cwd=str(tmp_path / "repo")), slots=1, executor="ray")
@@ -320,7 +320,7 @@ def test_worktree_1_is_refused_on_the_ray_executor(ollie_dirs, tmp_path):
 
 def test_what_cannot_hold_a_worktree_is_refused_before_git_runs(tmp_path):
     from ollie.fs import worktrees
-    from ollie.fs.namespace import FsError
+    from ollie.vfs.namespace import FsError
 
     make_repo(tmp_path / "repo")
     linked = tmp_path / "linked"

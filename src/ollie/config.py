@@ -58,6 +58,11 @@ def namespace_path() -> Path:
     return Path(ns)
 
 
+def socket_path() -> Path:
+    """Where the file server listens by default: `ollie` in the namespace directory."""
+    return namespace_path() / "ollie"
+
+
 def private_dir(path: Path) -> Path:
     """`path` as a directory only this user can enter: created 0700 (parents too) if missing, and
     refused when another user owns it or can write to it (under a shared /tmp, whoever creates a

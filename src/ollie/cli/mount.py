@@ -49,7 +49,7 @@ def _mount(args: argparse.Namespace) -> int:
 
     from .. import config
     from ..chatfmt import visible
-    from ..fs.ninep_client import RemoteError, parse_address
+    from ..vfs.ninep_client import RemoteError, parse_address
 
     try:
         parse_address(args.addr)
@@ -68,17 +68,29 @@ def _mount(args: argparse.Namespace) -> int:
 
 
 async def _run(addr: str, mnt: str, token: str) -> str:
+    """Mount the server at `addr` on `mnt` until a signal or the connection is lost; why it ended."""
     import asyncio
     import signal
 
-    from ..fs.remote import mount
+    from ..vfs.fuse import Mount
+    from ..vfs.remote import RemoteNamespace
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         loop.add_signal_handler(sig, stop.set)
-
-    def ready() -> None:
-        print(f"ollie mount: {addr} mounted on {mnt}", file=sys.stderr, flush=True)
-
-    return await mount(addr, mnt, token, stop=stop, ready=ready)
+    ns = await RemoteNamespace.connect(addr, token)
+    try:
+        m = Mount(ns, mnt)
+        await m.start()
+        try:
+            print(f"ollie mount: {addr} mounted on {mnt}", file=sys.stderr, flush=True)
+            waits = [asyncio.ensure_future(ns.wait_lost()), asyncio.ensure_future(stop.wait())]
+            _, pending = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+            for w in pending:
+                w.cancel()
+            return "stopped" if stop.is_set() else "connection to the server lost"
+        finally:
+            await m.unmount()
+    finally:
+        await ns.close()

@@ -185,7 +185,7 @@ def _recorded_mount(opts) -> str:
 
 
 def _clean_after_kill(opts) -> None:
-    from ..fs.fuse import fusermount_u
+    from ..vfs.fuse import fusermount_u
 
     if mount := _recorded_mount(opts):
         fusermount_u(mount)

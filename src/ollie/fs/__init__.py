@@ -1,5 +1,6 @@
-"""The file server: sessions and ollie's directories as files, over FUSE and 9P.
+"""The file server: sessions and ollie's directories as files, built with `ollie.vfs`.
 
-`namespace` is the protocol-independent tree; `stores` fills it; `fuse` and `ninep_server` serve
-it; `server` is the serving process behind `ollie srv`.
+`tree` is the whole tree and `view` a session's own; `sessions` and `session_files` are the
+sessions and their files, `jobs` (with `ray_jobs`) batch jobs, `transcripts` the stored chats,
+`worktrees` a sub-agent's git worktree; `server` is the serving process behind `ollie srv`.
 """

@@ -39,11 +39,12 @@ from .. import config, telemetry
 from ..agent.session import check_session_id, new_session_id
 from ..chatfmt import cost_text, usage_text
 from ..types import ConfigError, Cost, InvalidValue, OllieError, Usage
-from . import stores, worktrees
-from .namespace import Dir, File, FsError, Handle, OpenMode
+from ..vfs import stores
+from ..vfs.namespace import Dir, File, FsError, Handle, OpenMode
+from ..vfs.stores import Held, OnCloseHandle, TextFile, text_size
+from . import worktrees
 from .session_files import ChatFile, WaitHandle, script_file
 from .sessions import Session, Sessions, child_name, errno_of
-from .stores import Held, OnCloseHandle, TextFile, text_size
 
 if TYPE_CHECKING:
     from .ray_jobs import RayExecutor

@@ -23,8 +23,8 @@ from typing import TYPE_CHECKING
 from .. import config
 
 if TYPE_CHECKING:
+    from ..vfs.fuse import Mount
     from ..web.app import Web
-    from .fuse import Mount
     from .jobs import Jobs
     from .sessions import Sessions
 
@@ -59,9 +59,7 @@ class Options:
 
 
 def default_options() -> Options:
-    from .ninep_server import default_socket_path
-
-    return Options(socket=default_socket_path(), mount=config.mount_path())
+    return Options(socket=config.socket_path(), mount=config.mount_path())
 
 
 class Server:
@@ -77,10 +75,10 @@ class Server:
         self.web: Web | None = None
 
     async def start(self) -> None:
+        from ..vfs.fuse import Mount
+        from ..vfs.ninep_server import serve_tcp, serve_unix
         from . import transcripts, tree, view
-        from .fuse import Mount
         from .jobs import Jobs
-        from .ninep_server import serve_tcp, serve_unix
         from .sessions import Sessions
 
         _raise_fd_limit()

@@ -29,9 +29,8 @@ from typing import TYPE_CHECKING, Protocol
 from .. import config
 from ..chatfmt import context_text, cost_text, usage_text
 from ..types import GENERATION_PARAM_TYPES, OllieError
-from .namespace import Dir, File, FsError, Handle, OpenMode, Stat, check_name
-from .sessions import FIXED, Session, Sessions, check_cwd, errno_of, parse_kv
-from .stores import (
+from ..vfs.namespace import Dir, File, FsError, Handle, OpenMode, Stat, check_name
+from ..vfs.stores import (
     CtlFile,
     CtlHandle,
     Getter,
@@ -42,6 +41,7 @@ from .stores import (
     TextFile,
     text_size,
 )
+from .sessions import FIXED, Session, Sessions, check_cwd, errno_of, parse_kv
 
 if TYPE_CHECKING:
     from ..agent import Core

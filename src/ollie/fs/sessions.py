@@ -39,8 +39,8 @@ from ..types import (
     OllieError,
     Usage,
 )
+from ..vfs.namespace import FsError
 from . import transcripts, worktrees
-from .namespace import FsError
 
 if TYPE_CHECKING:
     from ..agent import Core

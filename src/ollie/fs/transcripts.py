@@ -22,8 +22,8 @@ from pathlib import Path
 
 from .. import config
 from ..types import ConfigError
-from .namespace import Dir, File, FsError, check_name
-from .stores import DiskDir
+from ..vfs.namespace import Dir, File, FsError, check_name
+from ..vfs.stores import DiskDir
 
 log = logging.getLogger("ollie.fs")
 

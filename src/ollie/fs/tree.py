@@ -20,17 +20,20 @@ b/    batch jobs         see jobs.py; its scripts from $OLLIE_CFG_PATH/scripts/b
 
 from __future__ import annotations
 
+import errno as E
+import json
 import logging
 import os
 from pathlib import Path
 
 from .. import config
+from ..tools.scripts import index_text
 from ..types import ConfigError
+from ..vfs.namespace import Dir, File, FsError, Handle, Namespace, StaticDir
+from ..vfs.stores import ConfigDir, DiskDir, TextFile, text_size
 from .jobs import Jobs, JobsDir
-from .namespace import Dir, File, FsError, Handle, Namespace, StaticDir
 from .session_files import SessionsDir, root_ctl, script_file
 from .sessions import Sessions
-from .stores import ConfigDir, DiskDir, TextFile, text_size, tools_index, validate_agent
 from .transcripts import TranscriptsDir
 
 log = logging.getLogger(__name__)
@@ -183,7 +186,7 @@ def build(sessions: Sessions, jobs: Jobs | None = None) -> Namespace:
             "sk": DiskDir(
                 config.skills_path()[0], writable=False, nested=True, synthetic={"idx": TextFile(skills_index)}
             ),
-            "t": DiskDir(tools, synthetic={"idx": TextFile(lambda: tools_index(config.tools_path()))}),
+            "t": DiskDir(tools, synthetic={"idx": TextFile(lambda: index_text(config.tools_path()))}),
             "u": UtilsDir(cfg / "scripts" / "u", shipped_scripts("u")),
             "m": DiskDir(data / "memory", shared=True),
             "pl": DiskDir(data / "plans", shared=True),
@@ -194,3 +197,17 @@ def build(sessions: Sessions, jobs: Jobs | None = None) -> Namespace:
         }
     )
     return Namespace(root)
+
+
+def validate_agent(name: str, text: str) -> None:
+    """Agent configs (a/<name>.json) must parse and validate before they replace anything. Other
+    names are plain files, ignored by the agent loader: the temporary file that `sed -i` or an
+    editor writes before renaming it over a config (the rename validates)."""
+    stem, dot, ext = name.rpartition(".")
+    if not dot or ext != "json" or not stem:
+        return
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise FsError(E.EINVAL, f"{name}: invalid JSON at line {e.lineno} column {e.colno}: {e.msg}") from None
+    config.parse_agent(stem, data, name)

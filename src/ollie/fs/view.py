@@ -21,10 +21,12 @@ from pathlib import Path
 
 from .. import config
 from ..agent import commands
+from ..tools.scripts import index_text
 from ..types import Event
-from .fuse import serve_connection
+from ..vfs.fuse import serve_connection
+from ..vfs.namespace import Dir, File, FsError, Handle, Namespace, OpenMode, Stat, StaticDir
+from ..vfs.stores import HELD, DiskDir, OnCloseFile, TextFile, text_size
 from .jobs import Jobs, JobsDir, tree_held
-from .namespace import Dir, File, FsError, Handle, Namespace, OpenMode, Stat, StaticDir
 from .session_files import (
     ACTIVE_FILES,
     PROMPT_MAX,
@@ -37,7 +39,6 @@ from .session_files import (
     root_ctl,
 )
 from .sessions import Session, Sessions, check_child_agent, check_child_backend, check_child_cwd, child_name
-from .stores import HELD, DiskDir, OnCloseFile, TextFile, text_size, tools_index
 from .tree import scripts_of, skills_index
 
 THOUGHT_MAX = 64 << 10
@@ -90,7 +91,7 @@ def build(sessions: Sessions, jobs: Jobs, session: Session) -> Namespace:
                 "b": JobsDir(jobs, scripts_of("b"), owner=session),
                 "m": DiskDir(data / "memory", shared=True),
                 "pl": DiskDir(data / "plans", shared=True),
-                "t": _tools_dir(tools, TextFile(lambda: tools_index(config.tools_path()))),
+                "t": _tools_dir(tools, TextFile(lambda: index_text(config.tools_path()))),
                 "sk": DiskDir(
                     config.skills_path()[0],
                     writable=False,

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .. import config
-from .namespace import FsError
+from ..vfs.namespace import FsError
 
 if TYPE_CHECKING:
     from .sessions import Session

@@ -21,8 +21,8 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from ..chatfmt import PROMPT_PREFIX
-from ..fs import ninep as P
-from ..fs.ninep_client import Client, RemoteError
+from ..vfs import ninep as P
+from ..vfs.ninep_client import Client, RemoteError
 
 START_TIMEOUT = 90.0  # `ollie srv start` waits up to 60 s for the server itself
 
@@ -52,9 +52,9 @@ def parse_index(text: str) -> list[SessionInfo]:
 
 
 def default_socket() -> str:
-    from ..fs.ninep_server import default_socket_path
+    from .. import config
 
-    return str(default_socket_path())
+    return str(config.socket_path())
 
 
 class Namespace:

@@ -42,7 +42,7 @@ from starlette.routing import Route, WebSocketRoute
 from starlette.websockets import WebSocket
 
 from .. import config
-from ..fs.namespace import FsError, Namespace, OpenMode
+from ..vfs.namespace import FsError, Namespace, OpenMode
 from .feed import Feed, Messages, sse
 
 if TYPE_CHECKING:

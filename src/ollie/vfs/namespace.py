@@ -57,6 +57,7 @@ import os
 import stat as S
 import time
 from dataclasses import dataclass
+from typing import Protocol
 
 from ..types import OllieError
 
@@ -205,6 +206,19 @@ def split(path: str) -> list[str]:
     if any(p in (".", "..") for p in parts):
         raise FsError(E.EINVAL, f"{path}: '.' and '..' are not allowed in paths")
     return parts
+
+
+class Tree(Protocol):
+    """What a mount serves: a Namespace in this process, or one reached over 9P (remote.py)."""
+
+    async def stat(self, path: str) -> Stat: ...
+    async def list(self, path: str) -> list[Stat]: ...
+    async def open(self, path: str, mode: OpenMode) -> Handle: ...
+    async def create(self, path: str, mode: int = 0o644) -> Handle: ...
+    async def mkdir(self, path: str, mode: int = 0o755) -> None: ...
+    async def remove(self, path: str) -> None: ...
+    async def rename(self, old: str, new: str) -> None: ...
+    async def truncate(self, path: str, size: int) -> None: ...
 
 
 class Namespace:

@@ -1,6 +1,6 @@
 """A 9P2000 server over a Namespace, on asyncio.
 
-    srv = await serve_unix(namespace)                  # $NAMESPACE/ollie, socket 0600 in a 0700 dir
+    srv = await serve_unix(namespace, path)            # socket 0600 in a 0700 dir
     srv = await serve_tcp(namespace, port=5640, token=t)  # loopback unless told otherwise
     await srv.close()
 
@@ -72,11 +72,6 @@ BAD_TOKENS = 3  # wrong tokens on one connection, then it is closed
 _SHORT_TOKEN = 20  # characters; a shorter token is logged as guessable (the generated one has 32)
 _REFUSE_TIMEOUT = 5.0  # how long a refused connection may take to send the request its answer goes to
 _REFUSALS = 16  # connections refused with an answer at once, in all; more are closed unanswered
-
-
-def default_socket_path() -> Path:
-    """`$NAMESPACE/ollie`, else in plan9port's default namespace directory `/tmp/ns.$USER.$DISPLAY`."""
-    return config.namespace_path() / "ollie"
 
 
 @dataclass(slots=True)
@@ -777,9 +772,9 @@ async def _clear_stale_socket(path: Path) -> None:
     raise OSError(E.EADDRINUSE, f"{path}: a server is already listening")
 
 
-async def serve_unix(namespace: Namespace, path: str | os.PathLike | None = None) -> NinePServer:
-    """Serve `namespace` on a Unix socket (0600, in a 0700 directory); default `default_socket_path()`."""
-    path = Path(path) if path is not None else default_socket_path()
+async def serve_unix(namespace: Namespace, path: str | os.PathLike) -> NinePServer:
+    """Serve `namespace` on a Unix socket (0600, in a 0700 directory)."""
+    path = Path(path)
     config.private_dir(path.parent)  # under a shared /tmp: refused if another user made it first
     await _clear_stale_socket(path)
     srv = NinePServer(namespace, None, MAX_UNIX_CONNECTIONS, MAX_UNIX_CONNECTIONS)

@@ -34,15 +34,12 @@ import subprocess
 import threading
 import time
 from collections.abc import Awaitable, Callable, Coroutine
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from . import fuse_kernel as K
-from .namespace import FsError, Handle, Namespace, OpenMode, Stat
+from .namespace import FsError, Handle, Namespace, OpenMode, Stat, Tree
 
-if TYPE_CHECKING:
-    from .remote import RemoteNamespace
-
-log = logging.getLogger("ollie.fs.fuse")
+log = logging.getLogger("ollie.vfs.fuse")
 
 # Names may be cached briefly (the kernel updates its cache on rm and mv through the mount; a
 # session killed through ctl answers ENOENT at its next getattr); attributes never are, so sizes
@@ -87,7 +84,7 @@ class Connection:
 
     def __init__(
         self,
-        ns: Namespace | RemoteNamespace,
+        ns: Tree,
         fd: int,
         loop: asyncio.AbstractEventLoop,
         name: str,
@@ -107,7 +104,8 @@ class Connection:
         # callers' ids there, which say nothing of ours: a caller from outside it shows as pid 0.
         self.same_pids = same_pids
         self.loop_tid = threading.get_native_id() if same_pids else -1
-        self.local = isinstance(ns, Namespace)  # its stat only reads: answered without a task
+        # A tree in this process: its stat only reads, so it is answered without a task.
+        self.local = ns if isinstance(ns, Namespace) else None
         self.ready: asyncio.Future[None] = loop.create_future()
         self.done: asyncio.Future[None] = loop.create_future()
         self._paths: dict[int, str] = {1: "/"}
@@ -146,7 +144,7 @@ class Connection:
             K.RELEASEDIR: self._releasedir,
             K.STATFS: self._statfs,
         }
-        if self.local:
+        if self.local is not None:
             self._sync[K.LOOKUP] = self._lookup_now
             self._sync[K.GETATTR] = self._getattr_now
         self._async: dict[int, Callable[[int, bytes], Coroutine[Any, Any, bytes | tuple[bytes, int]]]] = {
@@ -449,7 +447,7 @@ class Connection:
         return K.ENTRY_OUT.pack(nodeid, 0, ENTRY_TIMEOUT, 0, 0, 0) + self._attr(nodeid, st)
 
     async def _stat(self, path: str) -> Stat:
-        return self.ns.stat_now(path) if isinstance(self.ns, Namespace) else await self.ns.stat(path)
+        return self.local.stat_now(path) if self.local is not None else await self.ns.stat(path)
 
     def _handle(self, fh: int) -> Handle:
         try:
@@ -540,10 +538,10 @@ class Connection:
 
     def _lookup_now(self, unique: int, nodeid: int, arg: bytes) -> None:
         path = self._child(nodeid, _name(arg))
-        self._reply(unique, 0, self._entry(path, self.ns.stat_now(path)))  # type: ignore[union-attr]
+        self._reply(unique, 0, self._entry(path, self.local.stat_now(path)))  # type: ignore[union-attr]
 
     def _getattr_now(self, unique: int, nodeid: int, arg: bytes) -> None:
-        st = self.ns.stat_now(self._path(nodeid))  # type: ignore[union-attr]
+        st = self.local.stat_now(self._path(nodeid))  # type: ignore[union-attr]
         self._reply(unique, 0, K.ATTR_OUT.pack(0, 0, 0) + self._attr(nodeid, st))
 
     # ---- requests served by a task ------------------------------------------------------------
@@ -664,7 +662,7 @@ def serve_connection(ns: Namespace, fd: int, name: str) -> Connection:
 class Mount:
     """A namespace (local, or another server's over 9P) mounted at `path`; `unmount()` ends it."""
 
-    def __init__(self, ns: Namespace | RemoteNamespace, path: str):
+    def __init__(self, ns: Tree, path: str):
         self.ns = ns
         self.path = os.path.abspath(path)
         self._conn: Connection | None = None

@@ -11,7 +11,6 @@ clunks the fid, and a later use of the same open file reopens it.
 
 from __future__ import annotations
 
-import asyncio
 import errno as E
 import functools
 
@@ -217,28 +216,3 @@ class RemoteNamespace:
             await self.client.wstat(fid, P.Stat.unchanged(length=size))
         finally:
             await self.client.clunk(fid)
-
-
-async def mount(addr: str, mountpoint: str, token: str = "", stop: asyncio.Event | None = None, ready=None) -> str:
-    """Mount the server at `addr` on `mountpoint` until `stop` is set or the connection is lost.
-    Calls `ready()` once mounted. Returns why it ended."""
-    from .fuse import Mount
-
-    ns = await RemoteNamespace.connect(addr, token)
-    try:
-        m = Mount(ns, mountpoint)
-        await m.start()
-        try:
-            if ready:
-                ready()
-            waits: list[asyncio.Future[object]] = [asyncio.ensure_future(ns.wait_lost())]
-            if stop is not None:
-                waits.append(asyncio.ensure_future(stop.wait()))
-            done, pending = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
-            for w in pending:
-                w.cancel()
-            return "stopped" if stop is not None and stop.is_set() else "connection to the server lost"
-        finally:
-            await m.unmount()
-    finally:
-        await ns.close()

@@ -1,6 +1,6 @@
 """Generic stores and files: synthetic text, control files, write-on-close files, disk directories.
 
-Session-specific files are in `sessions.py`; everything here knows nothing about sessions.
+Everything here knows nothing of sessions: ollie's tree (`ollie.fs`) fills a namespace with these.
 
 Whatever a writer sends is held in memory until it is acted on, so every such file has a cap: a
 control line LINE_MAX, an agent config CONFIG_MAX, and what its maker gives an OnCloseFile. Past
@@ -16,7 +16,6 @@ import asyncio
 import contextvars
 import errno as E
 import itertools
-import json
 import logging
 import os
 import secrets
@@ -24,10 +23,9 @@ import stat
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-from ..tools.scripts import index_text
 from .namespace import Dir, File, FsError, Handle, OpenMode, Stat, check_name
 
-log = logging.getLogger("ollie.fs")
+log = logging.getLogger("ollie.vfs")
 
 Getter = Callable[[], str | Awaitable[str]]
 
@@ -642,25 +640,3 @@ def refusal_text(directory: str, name: str, why: str) -> str:
         f"{name} keeps what it held (nothing, if it is new). Fix it and write it again: this file "
         f"goes when a write of {name} is taken, or with `rm {name}.err`.\n"
     )
-
-
-def validate_agent(name: str, text: str) -> None:
-    """Agent configs (a/<name>.json) must parse and validate before they replace anything. Other
-    names are plain files, ignored by the agent loader: the temporary file that `sed -i` or an
-    editor writes before renaming it over a config (the rename validates)."""
-    from .. import config
-
-    stem, dot, ext = name.rpartition(".")
-    if not dot or ext != "json" or not stem:
-        return
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise FsError(E.EINVAL, f"{name}: invalid JSON at line {e.lineno} column {e.colno}: {e.msg}") from None
-    config.parse_agent(stem, data, name)
-
-
-def tools_index(paths: list[Path]) -> str:
-    """t/idx: `## name`, `description: …`, `args: …` per script with a leading `# description:`,
-    from every directory of OLLIE_TOOLS_PATH (an earlier one's script hides a later one's)."""
-    return index_text(paths)
