@@ -486,7 +486,7 @@ def test_a_program_that_set_up_its_own_provider_gets_ollies_spans_under_its_own(
 
 async def test_a_failure_to_record_never_fails_the_turn(receiver, monkeypatch):
     from agent_helpers import make_core
-    from ollie import _spans
+    from ollie.telemetry import spans as _spans
 
     def broken(*args):
         raise RuntimeError("a bug in recording")

@@ -10,12 +10,12 @@ import sys
 import time
 from typing import TYPE_CHECKING, Any
 
-from .telemetry import Off, _requests, capture_content, log
+from .off import Off, capture_content, log, requests_log
 
 if TYPE_CHECKING:
-    from .agent.runtime import Runtime
-    from .tools import ToolResult
-    from .types import Done, Message, ToolCall, Usage
+    from ..agent.runtime import Runtime
+    from ..tools import ToolResult
+    from ..types import Done, Message, ToolCall, Usage
 
 # The conventions' provider names, where ollie's backend name differs or says less.
 _PROVIDER_NAMES = {"local": "llama_cpp", "llamacpp": "llama_cpp", "copilot": "github_copilot"}
@@ -36,7 +36,7 @@ def exporting() -> Telemetry | None:
             "pip install 'ollie-agents[otel]'; not tracing"
         )
         return None
-    from . import __version__
+    from .. import __version__
 
     protocol = os.environ.get("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf").strip()
     if protocol not in ("http/protobuf", ""):
@@ -87,7 +87,7 @@ class Telemetry:
         from opentelemetry import context, trace
         from opentelemetry.trace import SpanKind, Status, StatusCode
 
-        from . import __version__
+        from .. import __version__
 
         self._providers = (tracer_provider, meter_provider)
         self._owned = owned
@@ -177,7 +177,7 @@ def _usage_attributes(usage: Usage) -> dict[str, int]:
 
 
 def _usage_since(rt: Runtime, before: tuple[int, int, int, int]) -> Usage:
-    from .types import Usage
+    from ..types import Usage
 
     u = rt.state.usage
     return Usage(
@@ -290,13 +290,13 @@ class RequestLog:
         try_ = f" (try {self.attempt + 1})" if self.attempt else ""
         head = f"{rt.backend.name} {rt.backend.model}{try_}: {seconds:.2f} s"
         if error is not None:
-            _requests.info("%s, failed: %s", head, str(error)[:300] or type(error).__name__)
+            requests_log.info("%s, failed: %s", head, str(error)[:300] or type(error).__name__)
             return
         u = _usage_since(rt, self.before)
         cached = f" ({u.cache_read_tokens} cached)" if u.cache_read_tokens else ""
         made = f", {u.cache_write_tokens} to cache" if u.cache_write_tokens else ""
         est = " [estimated]" if rt.state.usage.estimated else ""
-        _requests.info(
+        requests_log.info(
             "%s, %d in%s%s / %d out%s%s, session $%.4f",
             head,
             u.input_tokens + u.cache_read_tokens + u.cache_write_tokens,

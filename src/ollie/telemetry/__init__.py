@@ -22,14 +22,13 @@ import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-if TYPE_CHECKING:
-    from ._spans import Recorder, RequestLog, Telemetry
-    from .agent.runtime import Runtime
-    from .tools import ToolResult
-    from .types import Done, Message, ToolCall
+from .off import OFF, Off, log, requests_log
 
-log = logging.getLogger(__name__)
-_requests = logging.getLogger("ollie.requests")  # a line per model request: `ollie run --verbose`
+if TYPE_CHECKING:
+    from ..agent.runtime import Runtime
+    from ..types import ToolCall
+    from .spans import Recorder, RequestLog, Telemetry
+
 
 _EXPORT_VARS = (
     "OTEL_EXPORTER_OTLP_ENDPOINT",
@@ -38,30 +37,6 @@ _EXPORT_VARS = (
 )
 
 
-class Off:
-    """What every instrument point gets when telemetry is off: a context manager that records
-    nothing (one shared object: no allocation per call). A recorder's (`_spans.Recorder`) base:
-    what a kind of span does not record, it takes from here."""
-
-    __slots__ = ()
-
-    def __enter__(self) -> Off:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        return None
-
-    def answered(self, message: Message, done: Done) -> None:
-        pass
-
-    def result(self, result: ToolResult) -> None:
-        pass
-
-    def exited(self, status: int | None, error: str = "") -> None:
-        pass
-
-
-OFF = Off()
 _on: Telemetry | None = None
 _decided = False
 
@@ -85,11 +60,11 @@ def setup(force: bool = False) -> Telemetry | None:
     if os.environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
         return None
     if _asked_for_export():
-        from ._spans import exporting
+        from .spans import exporting
 
         _on = exporting()
     elif "opentelemetry.trace" in sys.modules:  # the embedding program may have set a provider up
-        from ._spans import embedded
+        from .spans import embedded
 
         _on = embedded()
     return _on
@@ -99,11 +74,6 @@ def flush() -> None:
     """Export what is buffered now (the server's stop, tests)."""
     if _on is not None:
         _on.flush()
-
-
-def capture_content() -> bool:
-    value = os.environ.get("OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT", "").strip().lower()
-    return value in ("true", "1", "yes", "span_only", "span_and_event")
 
 
 def _asked_for_export() -> bool:
@@ -128,17 +98,17 @@ def turn(rt: Runtime, prompt: str) -> Recorder | Off:
     on = _on if _decided else active()
     if on is None:
         return OFF
-    from ._spans import Turn
+    from .spans import Turn
 
     return _safely(lambda: Turn(on, rt, prompt))
 
 
 def chat(rt: Runtime, attempt: int = 0) -> Recorder | RequestLog | Off:
     on = _on if _decided else active()
-    logged = _requests.isEnabledFor(logging.INFO)
+    logged = requests_log.isEnabledFor(logging.INFO)
     if on is None and not logged:
         return OFF
-    from ._spans import Chat, RequestLog
+    from .spans import Chat, RequestLog
 
     request = RequestLog(rt, attempt) if logged else None
     if on is None:
@@ -151,7 +121,7 @@ def tool(rt: Runtime, call: ToolCall) -> Recorder | Off:
     on = _on if _decided else active()
     if on is None:
         return OFF
-    from ._spans import Tool
+    from .spans import Tool
 
     return _safely(lambda: Tool(on, rt, call))
 
@@ -160,7 +130,7 @@ def stage(where: str, program: str) -> Recorder | Off:
     on = _on if _decided else active()
     if on is None:
         return OFF
-    from ._spans import Stage
+    from .spans import Stage
 
     return _safely(lambda: Stage(on, where, program))
 
@@ -169,7 +139,7 @@ def hook(event: str, index: int) -> Recorder | Off:
     on = _on if _decided else active()
     if on is None:
         return OFF
-    from ._spans import Hook
+    from .spans import Hook
 
     return _safely(lambda: Hook(on, event, index))
 
