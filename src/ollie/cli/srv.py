@@ -9,10 +9,10 @@ from pathlib import Path
 
 from .init import first_use
 from .mount import add_token_options, token
-from .web import add_web_options, web_address, web_token
 
 START_TIMEOUT = 60.0
 STOP_TIMEOUT = 30.0
+DEFAULT_WEB_ADDR = "127.0.0.1:5642"  # the web page's, for `srv start --web` and `ollie web`
 
 
 def register(sub) -> None:
@@ -38,6 +38,48 @@ def register(sub) -> None:
             add_web_options(a)
         # A broken env file must not keep a server from being stopped or asked after.
         a.set_defaults(func=func, env_optional=name in ("stop", "status"))
+
+
+def add_web_options(p: argparse.ArgumentParser, flag: str = "--web") -> None:
+    p.add_argument(
+        flag,
+        metavar="[HOST:]PORT",
+        nargs="?" if flag == "--web" else None,
+        const=DEFAULT_WEB_ADDR,
+        default=None if flag == "--web" else DEFAULT_WEB_ADDR,
+        help=f"serve the web page (default {DEFAULT_WEB_ADDR}; a host other than loopback needs --web-token-file)",
+    )
+    p.add_argument("--web-token-file", metavar="PATH", help="a file holding the web page's token (else generated)")
+
+
+def web_address(text: str) -> tuple[str, int]:
+    from ..types import ConfigError
+
+    host, _, port = text.rpartition(":")
+    host = host.strip("[]") or "127.0.0.1"
+    if not port.isdigit() or not 0 <= int(port) < 65536:
+        raise ConfigError(f"--web {text!r}: give [HOST:]PORT, a port from 0 to 65535")
+    return host, int(port)
+
+
+def web_token(args: argparse.Namespace, host: str) -> str:
+    """The token from --web-token-file, else $OLLIE_WEB_TOKEN (how `srv start` hands it to the
+    server), else "" (generated). Anything but loopback needs a file: a generated token would be
+    known only to this machine's user, and a page open to the network with a weak one is not."""
+    from ..types import ConfigError
+    from ..web.app import is_loopback
+
+    if args.web_token_file:
+        text = Path(args.web_token_file).expanduser().read_text().strip()
+        if len(text) < 16:
+            raise ConfigError(f"{args.web_token_file}: a web token must be 16 characters at least, and random")
+        return text
+    if not is_loopback(host) and not os.environ.get("OLLIE_WEB_TOKEN"):
+        raise ConfigError(
+            f"--web {host}: a web page reachable from other machines needs a token you chose: "
+            "give --web-token-file PATH (a file holding a long random token)"
+        )
+    return os.environ.get("OLLIE_WEB_TOKEN", "")
 
 
 def _options(args: argparse.Namespace):
