@@ -11,6 +11,7 @@ Names are imported on first use, so `import ollie` stays cheap.
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
 __version__ = "0.1.0"  # the version's one source: the package metadata (pyproject.toml) and `ollie --version` read it
@@ -38,7 +39,6 @@ def __getattr__(name: str) -> Any:
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'ollie' has no attribute {name!r}")
-    import importlib
 
     return getattr(importlib.import_module(module), name)
 

@@ -19,9 +19,12 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
+from datetime import UTC, datetime
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
+from .config import cfg_path
 from .types import ConfigError, Usage
 
 # Backends that bill nothing per token: the embedded model, servers on the user's own machines, and
@@ -92,8 +95,6 @@ def unknown_notice(model: str, backend: str) -> str:
 
 
 def prices_path() -> Path:
-    from .config import cfg_path
-
     return cfg_path() / "prices.yaml"
 
 
@@ -217,8 +218,6 @@ def _look_up(model: str, provider: str | None) -> Price | Any | None:
     prices = _import_prices()
     if prices is None:
         return None
-    from datetime import UTC, datetime
-    from decimal import Decimal
 
     from genai_prices import data_snapshot
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import json
 import logging
 import os
 import re
@@ -34,7 +35,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .config import data_path
+from . import __version__, sandbox
+from .config import data_path, private_dir
 from .tools import CallContext, Server, Tool, ToolResult
 from .types import ConfigError, OllieError
 
@@ -232,8 +234,6 @@ class Client:
         result = await self._submit(lambda c: c.call_tool(name, arguments))
         blocks = [b.model_dump(mode="json", by_alias=True, exclude_none=True) for b in result.content]
         if not blocks and result.structured_content is not None:
-            import json
-
             blocks = [{"type": "text", "text": json.dumps(result.structured_content)}]
         return ToolResult(blocks, bool(result.is_error))
 
@@ -269,8 +269,6 @@ class Client:
         import anyio
         from mcp import Client as SdkClient
         from mcp import Implementation
-
-        from . import __version__
 
         try:
             with anyio.CancelScope() as scope:
@@ -415,8 +413,6 @@ async def _jailed_stdio(spec: ServerSpec, stderr: int) -> AsyncIterator[Any]:
     import mcp_types
     from mcp.shared.message import SessionMessage
 
-    from . import sandbox
-
     program = _program(spec)
     cache = str(tool_cache(spec.name))
     policy = sandbox.load_policy(
@@ -504,7 +500,6 @@ async def _jailed_stdio(spec: ServerSpec, stderr: int) -> AsyncIterator[Any]:
 def tool_cache(name: str) -> Path:
     """The directory a stdio server keeps its caches in (npm's, uv's, pip's) from one start to the
     next: its own, in ollie's data, which sandboxed code never sees."""
-    from .config import private_dir
 
     return private_dir(data_path() / "tool-cache" / name)
 

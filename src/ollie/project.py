@@ -15,6 +15,7 @@ import os
 from dataclasses import dataclass
 
 from . import config
+from .sandbox import hidden_dirs, paths
 
 INSTRUCTION_FILES = ("AGENTS.md", "CLAUDE.md")  # in each directory, the first one found
 INSTRUCTIONS_MAX = 32 * 1024  # bytes of instructions in all, as Codex bounds them
@@ -46,7 +47,6 @@ def read_text(directory: str, name: str, limit: int, trusted: bool = False) -> t
     and the file's size; None if there is no such file. Raises OSError naming why a file that is
     there cannot be read. `trusted`: a directory of ollie's own (hidden from the sandbox), whose
     files may lie in it."""
-    from .sandbox import hidden_dirs, paths
 
     hidden = {} if trusted else paths.identities(hidden_dirs())
     try:

@@ -24,6 +24,7 @@ import hashlib
 import json
 import os
 import re
+import shlex
 import stat
 import time
 from collections.abc import Collection, Iterator
@@ -33,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from .config import data_path, private_dir
+from .sandbox import paths
 from .types import ConfigError
 
 FILE_NAME = ".mcp.json"
@@ -95,7 +97,6 @@ def read(directory: str) -> ProjectFile | None:
     refused (the trust is given to a file in the project, and a link there is the project's
     to re-point), as are what is not a regular file (a FIFO is not waited on) and a file over
     MAX_BYTES; `error` says which."""
-    from .sandbox import paths
 
     path = os.path.join(directory, FILE_NAME)
     try:
@@ -191,7 +192,6 @@ def _untrusted(found: ProjectFile, changed: bool) -> str:
     else:
         if not names:
             return ""  # nothing to start, nothing to say
-    import shlex
 
     listed = ", ".join(shown(n[:40]) for n in names[:5]) + (", ..." if len(names) > 5 else "")
     what = f"its MCP servers ({listed})" if listed else "its MCP servers"

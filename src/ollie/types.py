@@ -5,6 +5,7 @@ Nothing here imports anything heavy; every other module of ollie may import this
 
 from __future__ import annotations
 
+import json
 import re
 from copy import deepcopy
 from dataclasses import dataclass, field, fields
@@ -225,8 +226,6 @@ class GenerationParams:
             if kind is list and isinstance(value, str):
                 value = [s for s in value.split(",") if s]
             elif kind is dict and isinstance(value, str):
-                import json
-
                 value = json.loads(value)
             elif kind in (int, float, str):
                 value = kind(value)

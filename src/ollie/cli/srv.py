@@ -83,7 +83,7 @@ def web_token(args: argparse.Namespace, host: str) -> str:
 
 
 def _options(args: argparse.Namespace):
-    from ..fs.server import default_options
+    from ..fs.options import default_options
 
     opts = default_options()
     if args.socket:

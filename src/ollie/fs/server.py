@@ -16,50 +16,21 @@ import os
 import resource
 import secrets
 import signal
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .. import config
+from ..vfs.fuse import Mount
+from ..vfs.ninep_server import serve_tcp, serve_unix
+from . import transcripts, tree, view
+from .jobs import Jobs
+from .options import Options
+from .sessions import Sessions
 
 if TYPE_CHECKING:
-    from ..vfs.fuse import Mount
     from ..web.app import Web
-    from .jobs import Jobs
-    from .sessions import Sessions
 
 log = logging.getLogger("ollie.fs.server")
-
-
-@dataclass
-class Options:
-    socket: Path
-    mount: Path | None  # None: no FUSE mount
-    tcp: tuple[str, int] | None = None
-    token: str = ""
-    web: tuple[str, int] | None = None  # the web page's address (ollie.web), off when None
-    web_token: str = ""  # its token; generated when empty
-
-    @property
-    def pid_file(self) -> Path:
-        return self.socket.with_name(self.socket.name + ".pid")
-
-    @property
-    def log_file(self) -> Path:
-        return self.socket.with_name(self.socket.name + ".log")
-
-    @property
-    def token_file(self) -> Path:
-        return self.socket.with_name(self.socket.name + ".token")
-
-    @property
-    def web_file(self) -> Path:
-        """The web page's address with its token (0600): what `ollie web` prints."""
-        return self.socket.with_name(self.socket.name + ".web")
-
-
-def default_options() -> Options:
-    return Options(socket=config.socket_path(), mount=config.mount_path())
 
 
 class Server:
@@ -75,12 +46,6 @@ class Server:
         self.web: Web | None = None
 
     async def start(self) -> None:
-        from ..vfs.fuse import Mount
-        from ..vfs.ninep_server import serve_tcp, serve_unix
-        from . import transcripts, tree, view
-        from .jobs import Jobs
-        from .sessions import Sessions
-
         _raise_fd_limit()
         if pruned := transcripts.prune():  # a bad OLLIE_TRANSCRIPT_DAYS fails the start here
             log.info("pruned %d expired transcripts", pruned)
@@ -145,8 +110,6 @@ class Server:
 
 
 async def _prune_periodically() -> None:
-    from . import transcripts
-
     while True:
         await asyncio.sleep(transcripts.PRUNE_INTERVAL)
         await asyncio.to_thread(transcripts.prune)  # rmtree of large sessions: off the loop

@@ -26,7 +26,7 @@ import logging
 import os
 from pathlib import Path
 
-from .. import config
+from .. import backends, config, skills
 from ..tools.scripts import index_text
 from ..types import ConfigError
 from ..vfs.namespace import Dir, File, FsError, Handle, Namespace, StaticDir
@@ -147,8 +147,6 @@ def help_text(yours: dict[str, list[str]]) -> str:
 
 
 def backends_text() -> str:
-    from .. import backends
-
     try:
         config.load_env_file()  # the default as a new session would get it (keys set since start)
     except ConfigError as e:
@@ -160,7 +158,6 @@ def backends_text() -> str:
 def skills_index(cwd: str | None = None) -> str:
     """sk/idx: the user's skills (OLLIE_SKILLS_PATH), and with `cwd` the project's, as the model is
     offered them."""
-    from .. import skills
 
     return skills.index(skills.list_skills(cwd)[0])
 

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .. import config
+from ..tools import CallContext, execute
 from ..vfs.namespace import FsError
 
 if TYPE_CHECKING:
@@ -196,7 +197,6 @@ def renamed(old: str, new: str) -> None:
 async def _sandboxed(script: str, root: str, parent: Session | None) -> tuple[bool, str]:
     """Run `script` (sh) as an execute_code stage: in `parent`'s sandbox when it is alive and its
     cwd holds `root`, else in one of its own whose cwd is `root`. (succeeded, output)"""
-    from ..tools import CallContext, execute
 
     server, ctx, own = None, CallContext(cwd=root), None
     if parent is not None and parent.core is not None:  # the callers pass a parent still registered

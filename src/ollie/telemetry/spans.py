@@ -9,7 +9,10 @@ import os
 import sys
 import time
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
+from .. import __version__
+from ..types import Usage
 from .off import Off, capture_content, log, requests_log
 
 if TYPE_CHECKING:
@@ -36,7 +39,6 @@ def exporting() -> Telemetry | None:
             "pip install 'ollie-agents[otel]'; not tracing"
         )
         return None
-    from .. import __version__
 
     protocol = os.environ.get("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf").strip()
     if protocol not in ("http/protobuf", ""):
@@ -86,8 +88,6 @@ class Telemetry:
     def __init__(self, tracer_provider: Any, meter_provider: Any, owned: bool):
         from opentelemetry import context, trace
         from opentelemetry.trace import SpanKind, Status, StatusCode
-
-        from .. import __version__
 
         self._providers = (tracer_provider, meter_provider)
         self._owned = owned
@@ -153,7 +153,6 @@ def _server(rt: Runtime) -> dict[str, Any]:
     url = getattr(rt.backend, "base_url", "")
     if not isinstance(url, str) or not url:
         return {}
-    from urllib.parse import urlsplit
 
     try:
         parts = urlsplit(url)
@@ -177,8 +176,6 @@ def _usage_attributes(usage: Usage) -> dict[str, int]:
 
 
 def _usage_since(rt: Runtime, before: tuple[int, int, int, int]) -> Usage:
-    from ..types import Usage
-
     u = rt.state.usage
     return Usage(
         input_tokens=u.input_tokens - before[0],

@@ -21,12 +21,11 @@ import argparse
 import asyncio
 import os
 import sys
-from typing import TYPE_CHECKING
 
 from ..chatfmt import visible
-
-if TYPE_CHECKING:
-    from .client import Namespace
+from .client import Connection, Namespace, Unreachable
+from .firstrun import first_run, stale_server
+from .plain import run_plain
 
 
 def main(args: argparse.Namespace) -> int:
@@ -41,8 +40,6 @@ def _token(args: argparse.Namespace) -> str:
 
 
 async def _main(args: argparse.Namespace) -> int:
-    from .client import Connection, Unreachable
-
     interactive = sys.stdout.isatty() and sys.stdin.isatty()
     if args.resume and not interactive:
         print("ollie: --resume needs a terminal to pick in; give --session ID", file=sys.stderr)
@@ -60,7 +57,6 @@ async def _main(args: argparse.Namespace) -> int:
             return 1
         if interactive:
             from .app import TuiApp, history_for
-            from .firstrun import stale_server
 
             app = TuiApp(conn, ns, sid, history_for(cwd), home=cwd)
             if stale := await stale_server(ns):
@@ -69,7 +65,6 @@ async def _main(args: argparse.Namespace) -> int:
             sid, ns = app.sid, app.ns
             print(visible(f"session: {sid} (`ollie` here resumes it)"))  # a remote server names it
             return 0
-        from .plain import run_plain
 
         return await run_plain(ns, sid, sys.stdin, sys.stdout)
     finally:
@@ -94,8 +89,6 @@ async def choose_session(ns: Namespace, args: argparse.Namespace, cwd: str, inte
     if sid is None:
         backend = args.backend
         if backend is None and ns.is_local and interactive and not args.agent:
-            from .firstrun import first_run
-
             backend = await first_run()
         return await ns.new_session(cwd=cwd, agent=args.agent, backend=backend, model=args.model)
     for key in ("agent", "backend", "model"):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import os
 import time
 from collections.abc import Iterable
@@ -31,6 +32,7 @@ from prompt_toolkit.layout.menus import CompletionsMenu
 from prompt_toolkit.styles import Style
 from prompt_toolkit.widgets import TextArea
 
+from .. import config
 from ..chatfmt import visible
 from . import render
 from .client import ChatReader, Connection, Namespace, RemoteError, Unreachable
@@ -496,9 +498,6 @@ class TuiApp:
 
 def history_for(cwd: str) -> History:
     """The input history of this directory, kept under $OLLIE_DATA_PATH/tui-history."""
-    import hashlib
-
-    from .. import config
 
     try:
         d = config.private_dir(config.data_path() / "tui-history")

@@ -20,6 +20,7 @@ import sys
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
+from .. import config
 from ..chatfmt import PROMPT_PREFIX
 from ..vfs import ninep as P
 from ..vfs.ninep_client import Client, RemoteError
@@ -52,8 +53,6 @@ def parse_index(text: str) -> list[SessionInfo]:
 
 
 def default_socket() -> str:
-    from .. import config
-
     return str(config.socket_path())
 
 

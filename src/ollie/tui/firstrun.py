@@ -10,6 +10,12 @@ import sys
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
+from .. import backends, config
+from ..backends.ollama import base_url_from_env
+from ..backends.openai import with_v1
+from ..types import ConfigError
+from .keys import set_var
+
 if TYPE_CHECKING:
     from .client import Namespace
 
@@ -31,8 +37,6 @@ EMBEDDED = (
 
 def configured() -> bool:
     """A backend is set (OLLIE_BACKEND, a provider's key), or the default agent names one."""
-    from .. import backends, config
-    from ..types import ConfigError
 
     if backends.default_name() != "local":
         return True
@@ -46,10 +50,7 @@ def where(name: str, var: str, port: int) -> str:
     """The URL to ask whether the server is there: the one its backend would use (Ollama's
     OLLAMA_HOST counts too), at a path that answers 200 without a model."""
     if name == "ollama":
-        from ..backends.ollama import base_url_from_env
-
         return base_url_from_env() + "/api/tags"
-    from ..backends.openai import with_v1
 
     return with_v1(os.environ.get(var) or f"http://127.0.0.1:{port}") + "/models"
 
@@ -94,8 +95,6 @@ async def first_run() -> str | None:
         at = urlsplit(url).netloc
         answer = await asyncio.to_thread(input, f"No backend is configured; {label} answers at {at}. Use it? [Y/n] ")
         if answer.strip().lower() in ("", "y", "yes"):
-            from .keys import set_var
-
             path = set_var("OLLIE_BACKEND", name)
             os.environ["OLLIE_BACKEND"] = name
             print(f"OLLIE_BACKEND={name} saved in {path}")
@@ -108,7 +107,6 @@ async def stale_server(ns: Namespace) -> str:
     """Why new sessions will not get the backend configured now, if so: the local server reads the
     env file for each new session, but a variable of its own environment (set when it started)
     wins over the file."""
-    from .. import backends
 
     if not ns.is_local:
         return ""

@@ -13,6 +13,8 @@ import os
 import re
 from pathlib import Path
 
+from .. import config
+
 PROVIDERS = {
     "anthropic": "ANTHROPIC_API_KEY",
     "openai": "OPENAI_API_KEY",
@@ -22,8 +24,6 @@ PROVIDERS = {
 
 
 def env_file() -> Path:
-    from .. import config
-
     return config.cfg_path() / "env"
 
 

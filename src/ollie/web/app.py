@@ -19,6 +19,7 @@ What changes a session is written to its files (`s/<id>/prompt`, `s/<id>/ctl`, `
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno as E
 import hashlib
 import hmac
@@ -484,7 +485,6 @@ class Web:
 
         class Server(uvicorn.Server):
             def capture_signals(self) -> Any:  # the file server handles them
-                import contextlib
 
                 return contextlib.nullcontext()
 
