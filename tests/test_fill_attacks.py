@@ -15,9 +15,9 @@ import threading
 import pytest
 
 from ollie import config
-from ollie.agent import plans
 from ollie.fs import jobs as jobs_module
 from ollie.fs.sessions import Sessions
+from ollie.plans import files as plan_files
 from ollie.vfs import stores
 from ollie.vfs.stores import DiskDir
 from script_helpers import DEFAULTS
@@ -157,7 +157,7 @@ async def test_a_flood_of_plans_costs_a_tool_round_no_more_than_plans_max(h, mon
     """Another session's code writes plan files claiming a session, newer than its own: each tool
     round of that session read and verified every one of them (and said so, one line each). A sync
     looks at the PLANS_MAX newest and at the session's own, which it still finds and follows."""
-    monkeypatch.setattr(plans, "PLANS_MAX", 8, raising=False)
+    monkeypatch.setattr(plan_files, "PLANS_MAX", 8)
     monkeypatch.setenv("OLLIE_TOOLS_PATH", str(DEFAULTS))
     plan = {"name": "execute_code", "arguments": {"steps": [{"tool": "task_plan", "args": ["ship", '["write"]']}]}}
     check = execute('cd "$OLLIE_PLANS_DIR" && "${OLLIE_TOOLS_PATH%%:*}/task_complete" *--ship__todo.md write')

@@ -1,4 +1,4 @@
-"""Plans committed where the user keeps tasks (ollie.agent.plans): a scripted agent makes a plan
+"""Plans committed where the user keeps tasks (ollie.plans): a scripted agent makes a plan
 with task_plan in the real sandbox, checks a step, finishes it; the session commits the steps to
 an MCP task server written for these tests (tests/mcp_servers/tasks.py, its tasks in a JSON file
 read here), to a fallback backend, or nowhere. A task server without the optional tools, one
@@ -16,9 +16,9 @@ import pytest
 
 import ollie
 from agent_helpers import children
-from ollie.agent import plans
-from ollie.agent.plans import KEY_FILE, MAP_FILE, Task, signature
 from ollie.config import AgentConfig
+from ollie.plans import KEY_FILE, MAP_FILE, Task, signature
+from ollie.plans import backends as plan_backends
 from ollie.types import Event
 from sandbox_helpers import write_policy
 from script_helpers import DEFAULTS
@@ -302,7 +302,7 @@ async def test_a_server_dying_mid_plan_leaves_the_reason_and_a_restart_commits_t
 
 
 async def test_a_server_that_hangs_costs_one_wait_not_one_per_round(ollie_dirs, tmp_path, monkeypatch):
-    monkeypatch.setattr(plans, "CALL_TIMEOUT", 0.5)
+    monkeypatch.setattr(plan_backends, "CALL_TIMEOUT", 0.5)
     s = await open_session(SHIP_IT, tmp_path / "tasks.json", ("--hang-create", "2"))
     try:
         await s.turn()

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from agent_helpers import make_core
-from ollie.agent import plans
+from ollie.plans import files as plan_files
 from ollie.tools import CallContext, ToolResult, execute, scripts
 from script_helpers import DEFAULTS, TOOLKIT, toolkit
 
@@ -352,20 +352,20 @@ PLAN_STEPS = ["- [x] write, then test — both", "- [ ] release (after: write, t
 def signed_plan(steps: list[str], deps: str, sid: str = "s1", key: str = PLAN_KEY) -> str:
     """A plan as task_plan writes it for session `sid`."""
     unchecked = ["- [ ] " + line[6:] for line in steps]
-    mac = plans.signature(bytes.fromhex(key), PLAN.split("__")[0], sid, deps, "# ship", unchecked)
+    mac = plan_files.signature(bytes.fromhex(key), PLAN.split("__")[0], sid, deps, "# ship", unchecked)
     return f"# ship\n<!-- ollie-plan v1 session={sid} deps={deps} mac={mac} -->\n\n" + "".join(f"{s}\n" for s in steps)
 
 
 def taken(text: str) -> list[tuple[str, tuple[int, ...], bool]] | None:
-    """The steps of `text` as session s1 takes them (plans.py's checks), or None: not its plan."""
-    signed = plans._read_signed(text)
+    """The steps of `text` as session s1 takes them (ollie.plans.files' checks), or None: not its plan."""
+    signed = plan_files.read_signed(text)
     if signed is None or signed.sid != "s1":
         return None
     stem = PLAN.split("__")[0]
-    mac = plans.signature(bytes.fromhex(PLAN_KEY), stem, "s1", signed.deps, signed.goal_line, signed.step_lines)
+    mac = plan_files.signature(bytes.fromhex(PLAN_KEY), stem, "s1", signed.deps, signed.goal_line, signed.step_lines)
     if mac != signed.mac:
         return None
-    return [(s.title, s.after, s.checked) for s in plans._steps_of(signed)[1]]
+    return [(s.title, s.after, s.checked) for s in plan_files.steps_of(signed)[1]]
 
 
 @pytest.fixture
@@ -448,7 +448,7 @@ async def test_plans_not_the_sessions_own_are_edited_as_they_are_never_signed(pl
         await keyless.server.close()
 
 
-# ---- the plan signature: computed by _toolkit.py (the scripts) and by plans.py (the session) ----
+# ---- the plan signature: computed by _toolkit.py (the scripts) and by ollie.plans.files (the session) ----
 
 # (stem, session, goal line, step lines as the file has them, dependencies)
 SIGNED_PLANS = [
@@ -476,20 +476,20 @@ def test_the_scripts_and_the_session_compute_the_same_plan_signatures(monkeypatc
     tk = toolkit()
     # What both know of a plan is the same: its bounds, its file name, its signature line, its steps.
     assert (tk.PLAN_MAX_STEPS, tk.PLAN_MAX_TITLE, tk.PLAN_MAX_DESCRIPTION, tk.PLAN_MAX_GOAL) == (
-        plans.MAX_STEPS,
-        plans.MAX_TITLE,
-        plans.MAX_DESCRIPTION,
-        plans.MAX_GOAL,
+        plan_files.MAX_STEPS,
+        plan_files.MAX_TITLE,
+        plan_files.MAX_DESCRIPTION,
+        plan_files.MAX_GOAL,
     )
-    assert (tk.PLAN_NAME, tk.PLAN_SIGNATURE) == (plans._NAME.pattern, plans._SIGNATURE.pattern)
+    assert (tk.PLAN_NAME, tk.PLAN_SIGNATURE) == (plan_files.NAME.pattern, plan_files.SIGNATURE.pattern)
     for line in ("- [ ] a", "- [x] a", "- [X] a", "- [y] a", "-  [ ] a", " - [ ] a", "- [ ]a", "- [", ""):
-        assert tk.plan_step(line) == bool(plans._STEP.match(line)), line
+        assert tk.plan_step(line) == bool(plan_files.STEP.match(line)), line
     key = bytes(range(32))
     for stem, sid, goal, steps, deps in SIGNED_PLANS:
         unchecked = ["- [ ] " + line[6:] for line in steps]
-        mac = plans.signature(key, stem, sid, deps, goal, unchecked)
+        mac = plan_files.signature(key, stem, sid, deps, goal, unchecked)
         assert tk.plan_mac(key, stem, sid, deps, goal, unchecked) == mac, stem
-        head = plans._SIGNATURE.fullmatch(tk.plan_signature(key, stem, sid, deps, goal, unchecked))
+        head = plan_files.SIGNATURE.fullmatch(tk.plan_signature(key, stem, sid, deps, goal, unchecked))
         assert head is not None and (head["sid"], head["deps"], head["mac"]) == (sid, deps, mac)
     rng = random.Random(30)
     alphabet = "aZ09 -_,;()—é日🎉\udcff\n\t[]x"
@@ -497,7 +497,7 @@ def test_the_scripts_and_the_session_compute_the_same_plan_signatures(monkeypatc
         words = ["".join(rng.choices(alphabet, k=rng.randrange(12))) for _ in range(rng.randrange(8))]
         stem, sid, deps, goal, *steps = [*words, "", "", "", ""]
         k = rng.randbytes(32)
-        assert tk.plan_mac(k, stem, sid, deps, goal, steps) == plans.signature(k, stem, sid, deps, goal, steps)
+        assert tk.plan_mac(k, stem, sid, deps, goal, steps) == plan_files.signature(k, stem, sid, deps, goal, steps)
 
 
 def test_a_plan_the_scripts_sign_anew_is_one_the_session_takes(monkeypatch):
@@ -507,25 +507,25 @@ def test_a_plan_the_scripts_sign_anew_is_one_the_session_takes(monkeypatch):
         monkeypatch.setenv("OLLIE_PLAN_KEY", key.hex())
         monkeypatch.setenv("OLLIE_SESSION_ID", sid)
         unchecked = ["- [ ] " + line[6:] for line in steps]
-        mac = plans.signature(key, stem, sid, deps, goal, unchecked)
+        mac = plan_files.signature(key, stem, sid, deps, goal, unchecked)
         text = "\n".join([goal, f"<!-- ollie-plan v1 session={sid} deps={deps} mac={mac} -->", "", *steps, ""])
         # the scripts verify what the session's key signed ...
         assert tk.plan_signer(f"/pl/{stem}__wip.md", text.encode("utf-8", "surrogateescape")) == (key, stem, sid)
-        signed = plans._read_signed(text)
+        signed = plan_files.read_signed(text)
         assert signed is not None and signed.mac == mac
         try:
-            before = plans._steps_of(signed)
+            before = plan_files.steps_of(signed)
         except ValueError:  # not a plan the session takes (no steps, empty titles): nor do the scripts
             assert tk.plan_signed((key, stem, sid), text)[0] is None, stem
             continue
         # ... and the session takes what the scripts sign anew, with the same goal and steps
         again, count = tk.plan_signed((key, stem, sid), text)
         assert count == len(steps), (stem, again, count)
-        resigned = plans._read_signed(again)
+        resigned = plan_files.read_signed(again)
         assert resigned is not None and resigned.sid == sid
-        mac = plans.signature(key, stem, sid, resigned.deps, resigned.goal_line, resigned.step_lines)
+        mac = plan_files.signature(key, stem, sid, resigned.deps, resigned.goal_line, resigned.step_lines)
         assert mac == resigned.mac and resigned.deps == deps, stem
-        assert plans._steps_of(resigned) == before, stem
+        assert plan_files.steps_of(resigned) == before, stem
 
 
 # ---- file_glob --------------------------------------------------------------------------------

@@ -21,8 +21,8 @@ from .core import Core, CoreConfig
 
 if TYPE_CHECKING:
     from ..config import AgentConfig
+    from ..plans import PlanBackend
     from ..tools import Server
-    from .plans import PlanBackend
 
 
 def open_session(
@@ -53,7 +53,7 @@ def open_session(
     that failed) are emitted. `view` serves the session's own view of ollie's files to its
     sandboxed code (the file server gives one; see `tools.execute.factory`). The steps of the plans
     the agent makes (`task_plan`) are committed as tasks to a tool server with `task_create` if
-    the agent has one, else to `plan_backend` (an `ollie.agent.plans.PlanBackend`) if given.
+    the agent has one, else to `plan_backend` (an `ollie.plans.PlanBackend`) if given.
     `cwd_within` (a sub-agent's: its parent's cwd) is where the cwd must stay, now and whenever it
     changes: it is resolved beneath that directory by descriptor, following no symlink; `tree_cwd`
     (a sub-agent's) is the cwd its tree of sessions starts from, whose files its tree's code may

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .. import config, telemetry
+from ..plans import Plans
 from ..tools import CallContext, Dispatcher, Tool
 from ..types import (
     ContextSize,
@@ -35,15 +36,14 @@ from .checkpoints import Checkpoints
 from .context import DEFAULT_WINDOW, Window
 from .events import Bus
 from .hooks import Hooks
-from .plans import Plans
 from .runtime import Runtime
 from .session import SessionStore, new_session_id
 from .state import SessionState, session_cost
 
 if TYPE_CHECKING:
     from ..backends import Backend
+    from ..plans import PlanBackend
     from .env import AgentEnv
-    from .plans import PlanBackend
 
 log = logging.getLogger("ollie.core")
 

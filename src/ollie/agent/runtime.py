@@ -21,9 +21,9 @@ from .state import SessionState
 
 if TYPE_CHECKING:
     from ..backends import Backend
+    from ..plans import Plans
     from .checkpoints import Checkpoints
     from .env import AgentEnv
-    from .plans import Plans
 
 
 @dataclass

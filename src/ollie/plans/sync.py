@@ -1,463 +1,40 @@
-"""Plans that persist where the user keeps tasks.
-
-`task_plan` runs sandboxed and writes a plan into the plans directory (pl/ on the mount), which
-every session of the user shares. After each tool round the session looks there (`Plans.sync`):
-its own plans become its `plan`, and their steps are committed to a task backend as tasks, one
-per step, with their dependencies; a step checked (`task_complete`), or the whole plan renamed
-`__done`, marks its task done. While a plan is `__wip`, its next step (the first unchecked one)
-is claimed: its task is set in progress. A plan revised (the file_* tool scripts sign the
-session's own plan anew, see below) has its tasks revised with it: a step added is a new task, a
-step whose title or description changed has its task edited, a step removed has its task deleted;
-a step is followed across a revision by its title, or, where titles changed, by the place and
-likeness of its title. A plan removed from pl/ has its tasks deleted. Tasks done are never
-deleted: they are what was done.
-
-The backend is, in this order:
-- an MCP server (any tool server of the agent) whose tools include `task_create`, which must
-  answer a plain-text id; `task_dep` (dependencies), `task_update` (status in progress, done),
-  `task_edit` (title, description) and `task_delete` are used when present (each one missing is
-  told once, and what it would do is left undone), and a step's dependencies are in its task's
-  description either way;
-- the `PlanBackend` a program passed to `open_session(plan_backend=...)`;
-- none: the plan lives in pl/ and in the session's `plan` only.
-It is chosen again whenever the agent's tool servers change (an agent switch).
-
-Which plans are the session's own. pl/ is writable by the code of every session, so a plan file
-proves nothing by being there. Each session has a secret key (`plan.key` in its store, which the
-sandbox hides), handed to its own stages as $OLLIE_PLAN_KEY. `task_plan` signs what it wrote: an
-HMAC over the plan's file stem, the session id, the goal, the steps and their dependencies (not
-the check marks), on the plan's second line. A session commits only plans its own key signed: a
-plan another session's code wrote, copied or edited is never committed (one that claims this
-session is reported). Check marks are not signed, so another session's code can mark steps done;
-it cannot create tasks.
-
-Revisions. The agent revises its plan with file_edit and file_write, as the seed has it. Those
-scripts, run by the session's own code (which holds the key), sign a plan anew after writing it,
-but only when the plan was this session's and its signature verified before the edit: the key
-proves that the edit is the session's own code, the old signature that the plan is the session's
-and that no other code changed it since. So a revision of the session's own plan stays its plan,
-while a plan another session's code wrote or changed stays refused, even once this session's code
-edits it too: the key never signs what others wrote. (The session's code could always sign any
-plan, with task_plan's code or its own; signing revisions gives it nothing it did not have.) An
-edit made another way (sed, an editor) breaks the signature, and the plan stays as it was signed.
-
-What was committed is kept in the session's store (`plan-tasks.json`: per backend and plan, each
-step's task id, dependencies linked, done, claimed, the title and description the task was given;
-the tasks of removed steps still to delete), written after every call, so a restart or a failure
-half-way creates no task twice. A backend that fails leaves the plan as it is: the user sees why
-(an info event), and the rest is committed at a later sync. Plan text is the sandbox's: its size
-is bounded, and it only ever travels as data (tool arguments, the session's plan).
+"""A session's side of its plans (`Plans`): after each tool round it reads its plans in pl/,
+shows the newest as the session's plan, and commits their steps to the task backend, keeping what
+was committed in the session's store. See the package's docstring for what it does and why.
 """
 
 from __future__ import annotations
 
 import asyncio
 import difflib
-import hashlib
 import heapq
 import hmac
-import itertools
 import json
 import logging
 import os
-import re
 import secrets
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any
 
-from .. import config
-from ..tools import CallContext, Server, Tool, ToolResult
-from ..types import Event, OllieError
+from ..tools import Dispatcher
+from ..types import Event
+from . import backends, files
+from .backends import PlanBackend, Task
+from .files import PlanFile, Step
 
 if TYPE_CHECKING:
-    from ..tools import Dispatcher
-    from .state import SessionState
+    from ..agent.state import SessionState
 
 log = logging.getLogger("ollie.plans")
 
 KEY_VAR = "OLLIE_PLAN_KEY"  # the session's key, in its stages' environment
 KEY_FILE = "plan.key"  # in the session's store
 MAP_FILE = "plan-tasks.json"  # in the session's store: plan step → task id
-SIGNATURE_TAG = "ollie-plan v1"
-
-# Bounds on what a plan may hold (task_plan refuses more; a plan beyond them is not committed).
-MAX_PLAN_BYTES = 128 * 1024
-MAX_STEPS = 64
-MAX_TITLE = 200
-MAX_DESCRIPTION = 1000
-MAX_GOAL = 200
-MAX_TASK_ID = 200
-
-CALL_TIMEOUT = 20.0  # seconds for one call to the backend
 SYNC_BUDGET = 30.0  # seconds one sync may spend with the backend; the rest waits for a later one
 REST = 120.0  # seconds without commits after the backend was that slow (else every tool round would wait)
-MAX_REASON = 300  # characters of a backend's error shown
-
-_NAME = re.compile(r"(?P<stem>\d{8}T\d{6}Z_[0-9a-f]{6}--[^_/]*)__(?P<status>todo|wip|done)\.md")
-_SIGNATURE = re.compile(
-    r"<!-- ollie-plan v1 session=(?P<sid>[A-Za-z0-9._-]{1,128}) deps=(?P<deps>[0-9,;]*) "
-    r"mac=(?P<mac>[0-9a-f]{64}) -->"
-)
-_STEP = re.compile(r"- \[([ xX])\] ")
-_STATUS_ORDER = {"todo": 0, "wip": 1, "done": 2}
-
-
-# ---- the backend protocol -------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class Task:
-    """A plan's step, as it is committed: a task."""
-
-    title: str
-    description: str  # the step's description, then its dependencies and the plan it is part of
-    goal: str  # the plan's goal
-    plan: str  # the plan's file stem (its name without __todo.md), the same in every state
-
-
-class PlanBackendError(OllieError):
-    """A backend could not do what was asked; the message says why."""
-
-
-class _Slow(PlanBackendError):
-    """A call gave no answer in time."""
-
-
-@runtime_checkable
-class PlanBackend(Protocol):
-    """Where a session's plans are committed. Pass one to `open_session(plan_backend=...)`: it is
-    used when no tool server of the agent offers `task_create`. Raise to say a call failed (it is
-    tried again at a later sync); return False to say the backend does not do that at all (it is
-    not asked again). An optional `name` attribute names it in what the user sees.
-
-    Optional methods, used when the backend has them (as `MCPTaskBackend` has):
-    `async start(task_id) -> bool` (the step is being worked on: in progress),
-    `async edit(task_id, task: Task) -> bool` (the step's title or description changed),
-    `async delete(task_id) -> bool` (the step, or its plan, was removed before it was done)."""
-
-    async def create(self, task: Task) -> str:
-        """Create the task; return its id (a line of text)."""
-        ...
-
-    async def link(self, task_id: str, depends_on: str) -> bool:
-        """Record that task `task_id` waits on task `depends_on` (both made by `create`)."""
-        ...
-
-    async def complete(self, task_id: str) -> bool:
-        """Mark the task done."""
-        ...
-
-
-# ---- an MCP task server as a backend ------------------------------------------------------------
-
-# The names a task server's tool may give each argument (its input schema decides which).
-_ROLES: dict[str, tuple[str, ...]] = {
-    "title": ("title", "name", "summary", "subject"),
-    "body": ("description", "body", "details", "content", "notes", "text"),
-    "id": ("id", "task_id", "taskId", "task", "issue", "child", "blocked"),
-    "dep": ("depends_on", "dependsOn", "blocker", "blocker_id", "blocked_by", "blockedBy", "dependency", "dep", "on"),
-    "status": ("status", "state"),
-    "action": ("action", "op", "operation", "mode"),
-}
-_DONE_WORDS = ("done", "closed", "completed", "complete", "finished", "resolved")
-_STARTED_WORDS = ("in_progress", "in-progress", "inprogress", "in progress", "started", "doing", "active", "wip")
-
-
-class MCPTaskBackend:
-    """A tool server with `task_create` (and maybe `task_dep`, `task_update`, `task_edit`,
-    `task_delete`), called directly: these calls are the session's own, not the model's, so no
-    hooks run for them. The arguments follow each tool's input schema; a tool whose schema asks
-    for what we cannot fill counts as absent."""
-
-    def __init__(self, server_name: str, server: Server, tools: dict[str, Tool]):
-        self.name = f"task server {server_name}"
-        self.key = f"mcp:{server_name}"
-        self._server = server
-        self._tools = tools
-
-    async def create(self, task: Task) -> str:
-        tool = self._tools["task_create"]
-        args = _arguments(tool, {"title": task.title, "body": task.description}, required=("title",))
-        if args is None:
-            raise PlanBackendError(f"its task_create takes no title we can give (schema: {_props(tool)})")
-        return _task_id(await self._call("task_create", args))
-
-    async def link(self, task_id: str, depends_on: str) -> bool:
-        tool = self._tools.get("task_dep")
-        args = tool and _arguments(tool, {"id": task_id, "dep": depends_on, "action": "add"}, required=("id", "dep"))
-        if not args:
-            return False
-        await self._call("task_dep", args)
-        return True
-
-    async def complete(self, task_id: str) -> bool:
-        tool = self._tools.get("task_update")
-        if tool is None:
-            return False
-        args = _arguments(tool, {"id": task_id, "status": _done_word(tool)}, required=("id", "status"))
-        if args is None:
-            return False
-        await self._call("task_update", args)
-        return True
-
-    async def start(self, task_id: str) -> bool:
-        """Claim the task: its status in progress (when task_update has a word for that)."""
-        tool = self._tools.get("task_update")
-        word = _status_word(tool, _STARTED_WORDS) if tool else None
-        args = _arguments(tool, {"id": task_id, "status": word}, required=("id", "status")) if tool and word else None
-        if not args:
-            return False
-        await self._call("task_update", args)
-        return True
-
-    async def edit(self, task_id: str, task: Task) -> bool:
-        """Give the task the step's title and description as they are now."""
-        tool = self._tools.get("task_edit")
-        args = tool and _arguments(tool, {"id": task_id, "title": task.title, "body": task.description}, ("id",))
-        if not args or len(args) < 2:  # an id alone changes nothing
-            return False
-        await self._call("task_edit", args)
-        return True
-
-    async def delete(self, task_id: str) -> bool:
-        tool = self._tools.get("task_delete")
-        args = tool and _arguments(tool, {"id": task_id}, required=("id",))
-        if not args:
-            return False
-        await self._call("task_delete", args)
-        return True
-
-    async def _call(self, name: str, args: dict[str, Any]) -> ToolResult:
-        try:
-            async with asyncio.timeout(CALL_TIMEOUT):
-                result = await self._server.call_tool(name, args, CallContext())
-        except TimeoutError:
-            raise _Slow(f"{name} gave no answer within {CALL_TIMEOUT:g} s") from None
-        except OllieError as e:
-            raise PlanBackendError(f"{name} failed: {e}") from None
-        if result.is_error:
-            raise PlanBackendError(f"{name} answered an error: {_short(result.text())}")
-        return result
-
-
-def _props(tool: Tool) -> dict[str, Any]:
-    props = tool.input_schema.get("properties") if isinstance(tool.input_schema, dict) else None
-    return props if isinstance(props, dict) else {}
-
-
-def _arguments(tool: Tool, values: dict[str, str], required: tuple[str, ...]) -> dict[str, Any] | None:
-    """`values` by role, under the names the tool's schema uses; None when a role in `required`
-    has no property, or the schema requires a property we have nothing for. A tool that declares
-    no properties at all gets the first name of each role."""
-    props = _props(tool)
-    schema = tool.input_schema if isinstance(tool.input_schema, dict) else {}
-    if not props:
-        return {_ROLES[role][0]: value for role, value in values.items() if role != "action"}
-    args: dict[str, Any] = {}
-    for role, value in values.items():
-        name = next((n for n in _ROLES[role] if n in props), None)
-        if name is None:
-            if role in required:
-                return None
-            continue
-        if role == "action":
-            enum = props[name].get("enum") if isinstance(props[name], dict) else None
-            if enum is not None and value not in enum:
-                continue
-        args[name] = value
-    needed = schema.get("required")
-    if isinstance(needed, list) and any(n not in args for n in needed):
-        return None
-    return args
-
-
-def _done_word(tool: Tool) -> str:
-    return _status_word(tool, _DONE_WORDS) or "done"
-
-
-def _status_word(tool: Tool, words: tuple[str, ...]) -> str | None:
-    """The first of `words` the tool's status takes (its enum's spelling); the first word when the
-    schema lists no values; None when it lists values and none of these."""
-    status = next((p for n, p in _props(tool).items() if n in _ROLES["status"]), None)
-    enum = status.get("enum") if isinstance(status, dict) else None
-    if not isinstance(enum, list):
-        return words[0]
-    by_word = {str(v).casefold(): v for v in enum if isinstance(v, str)}
-    return next((str(by_word[w]) for w in words if w in by_word), None)
-
-
-def _task_id(result: ToolResult) -> str:
-    """The id task_create answered: its text (or the "id" of a JSON object), one short line."""
-    text = result.text().strip()
-    if text.startswith("{"):
-        try:
-            found = json.loads(text).get("id")
-            text = str(found).strip() if found is not None else text
-        except (ValueError, AttributeError):
-            pass
-    if not text or len(text) > MAX_TASK_ID or not text.isprintable():
-        raise PlanBackendError(f"task_create answered {_short(text)!r}, not a task id (one short line of text)")
-    return text
-
-
-def _short(text: str) -> str:
-    text = " ".join(text.split())
-    return text if len(text) <= MAX_REASON else text[: MAX_REASON - 1] + "…"
-
-
-# ---- plan files ---------------------------------------------------------------------------------
-
-
-@dataclass(slots=True)
-class Step:
-    title: str
-    description: str
-    after: tuple[int, ...]  # the steps it depends on, by index (always earlier ones)
-    checked: bool
-
-
-@dataclass(slots=True)
-class PlanFile:
-    """A plan this session's key signed, as read from pl/."""
-
-    name: str
-    stem: str
-    status: str  # todo, wip or done
-    goal: str
-    steps: list[Step]
-    text: str  # the file without its signature line: the session's plan
-    mtime: float
-
-
-def signature(key: bytes, stem: str, sid: str, deps: str, goal_line: str, step_lines: list[str]) -> str:
-    """What task_plan writes as mac=: the same computation in both (the steps with their boxes
-    unchecked, so checking one keeps the signature)."""
-    message = "\n".join([SIGNATURE_TAG, stem, sid, deps, goal_line, *step_lines])
-    return hmac.new(key, message.encode("utf-8", "surrogateescape"), hashlib.sha256).hexdigest()
-
-
-@dataclass(slots=True)
-class _Signed:
-    """What a file in pl/ says of itself, before its signature is checked."""
-
-    sid: str
-    deps: str
-    mac: str
-    goal_line: str
-    step_lines: list[str]  # unchecked form
-    checked: list[bool]
-    text: str
-
-
-def _read_signed(text: str) -> _Signed | None:
-    lines = text.split("\n")
-    if len(lines) < 3 or not lines[0].startswith("# "):
-        return None
-    found = _SIGNATURE.fullmatch(lines[1])
-    if found is None:
-        return None
-    step_lines, checked = [], []
-    for line in lines[2:]:
-        if m := _STEP.match(line):
-            step_lines.append("- [ ] " + line[m.end() :])
-            checked.append(m.group(1) != " ")
-    rest = "\n".join([lines[0], *lines[2:]])
-    return _Signed(found["sid"], found["deps"], found["mac"], lines[0], step_lines, checked, rest)
-
-
-def _steps_of(signed: _Signed) -> tuple[str, list[Step]]:
-    """The goal and the steps of a signed plan (raises ValueError when it breaks the bounds or
-    its own structure): each line is "- [ ] title — description (after: titles)"."""
-    goal = signed.goal_line[2:].strip()
-    if not goal or len(goal) > MAX_GOAL:
-        raise ValueError(f"its goal is {'empty' if not goal else f'longer than {MAX_GOAL} characters'}")
-    deps = signed.deps.split(";")
-    if not signed.step_lines or len(signed.step_lines) > MAX_STEPS or len(deps) != len(signed.step_lines):
-        raise ValueError(f"it has {len(signed.step_lines)} steps for {len(deps)} dependency lists (1 to {MAX_STEPS})")
-    steps: list[Step] = []
-    for i, (line, dep) in enumerate(zip(signed.step_lines, deps, strict=True)):
-        after = tuple(int(j) for j in dep.split(",")) if dep else ()
-        if any(j >= i for j in after):
-            raise ValueError(f"step {i + 1} depends on a step after it")
-        body = line[len("- [ ] ") :]
-        if after:
-            suffix = " (after: " + ", ".join(steps[j].title for j in after) + ")"
-            if not body.endswith(suffix):
-                raise ValueError(f"step {i + 1} does not end with its dependencies")
-            body = body[: -len(suffix)]
-        title, _, description = body.partition(" — ")
-        title, description = title.strip(), description.strip()
-        if not title or len(title) > MAX_TITLE or len(description) > MAX_DESCRIPTION:
-            raise ValueError(f"step {i + 1}'s title or description is empty or too long")
-        steps.append(Step(title, description, after, signed.checked[i]))
-    return goal, steps
-
-
-_TICK_NS = 2_000_000_000  # a file or directory changed less than this ago may change again unseen
-# Every session's code writes pl/, so what a sync does there is bounded, and done in a thread: a
-# listing reads at most PLANS_READ_MAX entries, and a sync looks at PLANS_MAX plans at most (the
-# newest by name, a name beginning with its UTC time), and at the plans it knows as its own.
-PLANS_READ_MAX = 10_000
-PLANS_MAX = 256
-# The plans directory (pl/), found once per data path: config.shared_dirs() resolves the path and
-# makes the directories (a realpath, two mkdirs and their checks), too much for every tool round of
-# every session; it is found again if the directory goes missing.
-_PLANS_DIR: tuple[str, str] | None = None  # (the settings it was found for, the directory)
-# Its plan files, listed once per change of the directory (shared by every session of the process):
-# (the directory's (inode, mtime), when listed, the newest plans' names, whether there were more).
-_LISTING: tuple[tuple[int, int], int, list[str], bool] | None = None
-
-
-def _plan_entries() -> tuple[str, list[str], bool]:
-    """pl/, the names of its PLANS_MAX newest plan files, and whether it held more (or more than
-    PLANS_READ_MAX entries, past which nothing is read); ("", [], False) when it cannot be listed.
-    A listing is reused while the directory's inode and mtime stay what they were, and was taken
-    more than a clock tick (2 s) after that mtime (a file added in the same tick would leave it
-    unchanged)."""
-    global _PLANS_DIR, _LISTING
-    data = f"{os.environ.get('OLLIE_DATA_PATH')}\0{os.environ.get('HOME')}"  # what config.data_path() reads
-    if _PLANS_DIR is None or _PLANS_DIR[0] != data:
-        _PLANS_DIR, _LISTING = (data, str(config.shared_dirs()[1])), None  # its errors are sync's to tell
-    directory = _PLANS_DIR[1]
-    try:
-        st = os.stat(directory)
-        key, listing = (st.st_ino, st.st_mtime_ns), _LISTING  # read once: syncs of other sessions list too
-        if listing is not None and listing[0] == key and listing[1] - st.st_mtime_ns > _TICK_NS:
-            return directory, listing[2], listing[3]
-        now = time.time_ns()
-        with os.scandir(directory) as it:
-            read = list(itertools.islice((e.name for e in it), PLANS_READ_MAX + 1))
-    except OSError:
-        _PLANS_DIR = _LISTING = None  # found (and made) again next time
-        return "", [], False
-    names = [name for name in read[:PLANS_READ_MAX] if _NAME.fullmatch(name)]
-    newest, cut = heapq.nlargest(PLANS_MAX, names), len(read) > PLANS_READ_MAX or len(names) > PLANS_MAX
-    _LISTING = (key, now, newest, cut)
-    return directory, newest, cut
-
-
-def _read_file(path: str) -> str | None:
-    """A regular file's text, never through a link nor blocking on a FIFO, within the bound."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError:
-        return None
-    try:
-        st = os.fstat(fd)
-        if not (st.st_mode & 0o170000 == 0o100000) or st.st_size > MAX_PLAN_BYTES:
-            return None
-        data = os.read(fd, MAX_PLAN_BYTES + 1)
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
-    return data[:MAX_PLAN_BYTES].decode("utf-8", "surrogateescape")
-
-
-# ---- the session's side -------------------------------------------------------------------------
 
 
 @dataclass(slots=True)
@@ -534,7 +111,7 @@ class Plans:
             except TimeoutError:
                 self._rest_until = time.monotonic() + REST
                 self._tell(
-                    f"{_name(backend)}: plans not committed within {SYNC_BUDGET:g} s; what was done is "
+                    f"{backends.name_of(backend)}: plans not committed within {SYNC_BUDGET:g} s; what was done is "
                     f"kept, the rest follows at a tool round {REST:g} s from now or later"
                 )
         except asyncio.CancelledError:
@@ -561,8 +138,8 @@ class Plans:
         self._seen = seen
         if cut:
             self._tell(
-                f"pl/ holds more than {PLANS_MAX} plans (or {PLANS_READ_MAX} files): this session looks "
-                f"at the {PLANS_MAX} newest by name, and at its own it found before"
+                f"pl/ holds more than {files.PLANS_MAX} plans (or {files.PLANS_READ_MAX} files): this session looks "
+                f"at the {files.PLANS_MAX} newest by name, and at its own it found before"
             )
         for name, s in seen.items():
             if s.problem:
@@ -586,14 +163,14 @@ class Plans:
         """What the plans a sync looks at are (read anew only when changed), and whether pl/ held
         more: the newest ones, and the session's own it found before or committed, in each of their
         states. And which of the `watched` plans is in no state at all: gone."""
-        directory, names, cut = _plan_entries()
+        directory, names, cut = files.plan_entries()
         if not directory:
             return {}, cut, set()
-        own = heapq.nlargest(PLANS_MAX, {s.plan.stem for s in self._seen.values() if s.plan is not None})
-        stems = dict.fromkeys([*own, *heapq.nlargest(PLANS_MAX, watched)])
+        own = heapq.nlargest(files.PLANS_MAX, {s.plan.stem for s in self._seen.values() if s.plan is not None})
+        stems = dict.fromkeys([*own, *heapq.nlargest(files.PLANS_MAX, watched)])
         seen: dict[str, _Seen] = {}
         missing: set[str] = set()
-        for name in dict.fromkeys([*names, *(f"{stem}__{status}.md" for stem in stems for status in _STATUS_ORDER)]):
+        for name in dict.fromkeys([*names, *(name for stem in stems for name in files.names_of(stem))]):
             path = os.path.join(directory, name)
             try:
                 st = os.stat(path, follow_symlinks=False)
@@ -606,29 +183,29 @@ class Plans:
             old = self._seen.get(name)
             # A reading within 2 s of the file's change may have missed a second change of the same
             # size in the same clock tick: such a file is read again next time.
-            if old is not None and old.stat == stat and time.time_ns() - st.st_mtime_ns > _TICK_NS:
+            if old is not None and old.stat == stat and time.time_ns() - st.st_mtime_ns > files.TICK_NS:
                 seen[name] = old
                 continue
             seen[name] = self._read(name, path, stat, st.st_mtime)
-        gone = {stem for stem in stems if stem in watched and _names_of(stem) <= missing}
+        gone = {stem for stem in stems if stem in watched and files.names_of(stem) <= missing}
         # Looked at again: a plan renamed between two of those looks (say __wip back to __todo)
         # was in no state for a moment.
-        return seen, cut, {stem for stem in gone if not any(_lexists(directory, n) for n in _names_of(stem))}
+        return seen, cut, {stem for stem in gone if not any(files.lexists(directory, n) for n in files.names_of(stem))}
 
     def _read(self, name: str, path: str, stat: tuple[int, int, int], mtime: float) -> _Seen:
-        found = _NAME.fullmatch(name)
-        text = _read_file(path)
-        signed = _read_signed(text) if text is not None and found else None
+        found = files.NAME.fullmatch(name)
+        text = files.read_file(path)
+        signed = files.read_signed(text) if text is not None and found else None
         if signed is None or found is None:
             return _Seen(stat, None)
-        mac = signature(self.key(), found["stem"], signed.sid, signed.deps, signed.goal_line, signed.step_lines)
+        mac = files.signature(self.key(), found["stem"], signed.sid, signed.deps, signed.goal_line, signed.step_lines)
         if not hmac.compare_digest(mac, signed.mac):
             if signed.sid != self.state.id:
                 return _Seen(stat, None)  # another session's plan
             why = "it claims this session, but its signature does not verify (written, copied or changed by other code)"
             return _Seen(stat, None, why)
         try:
-            goal, steps = _steps_of(signed)
+            goal, steps = files.steps_of(signed)
         except ValueError as e:
             return _Seen(stat, None, f"signed by this session, but {e}")
         return _Seen(stat, PlanFile(name, found["stem"], found["status"], goal, steps, signed.text, mtime))
@@ -640,7 +217,7 @@ class Plans:
         best: dict[str, PlanFile] = {}
         for p in plans:
             old = best.get(p.stem)
-            if old is None or _STATUS_ORDER[p.status] > _STATUS_ORDER[old.status]:
+            if old is None or files.STATUS_ORDER[p.status] > files.STATUS_ORDER[old.status]:
                 best[p.stem] = p
         return list(best.values())
 
@@ -662,18 +239,8 @@ class Plans:
             return self._backend
         self._wired_for, self._cannot = dispatcher, set()
         self._backend, self._backend_key = self.fallback, _fallback_key(self.fallback)
-        for server_name, server in dispatcher.servers().items():
-            try:
-                async with asyncio.timeout(CALL_TIMEOUT):
-                    tools = {t.name: t for t in await server.list_tools()}
-            except asyncio.CancelledError:
-                raise
-            except Exception:  # noqa: BLE001 - a server that is down offers nothing
-                continue
-            if "task_create" in tools:
-                mcp = MCPTaskBackend(server_name, server, tools)
-                self._backend, self._backend_key = mcp, mcp.key
-                break
+        if mcp := await backends.task_server(dispatcher):
+            self._backend, self._backend_key = mcp, mcp.key
         return self._backend
 
     async def _commit(self, plan: PlanFile, backend: PlanBackend) -> bool:
@@ -693,18 +260,18 @@ class Plans:
         except asyncio.CancelledError:
             raise
         except Exception as e:  # noqa: BLE001 - any backend's failure is told, and tried again later
-            if isinstance(e, _Slow):
+            if isinstance(e, backends.Slow):
                 self._rest_until = time.monotonic() + REST
             n, have = len(plan.steps), sum(1 for t in tasks if t["id"] is not None)
             what = done.item or f"step {done.step + 1} of {n} ({plan.steps[done.step].title!r})"
             self._tell(
-                f"plan {plan.name}: {_name(backend)} failed {done.doing} {what}: "
-                f"{_short(str(e) or type(e).__name__)}; {have} of {n} tasks exist and are kept (the session's "
+                f"plan {plan.name}: {backends.name_of(backend)} failed {done.doing} {what}: "
+                f"{backends.short(str(e) or type(e).__name__)}; {have} of {n} tasks exist and are kept (the session's "
                 "plan-tasks.json); the rest is committed at a later tool round"
             )
             return False
         if news := done.news():
-            self.emit(Event("info", f"plan {plan.name} → {_name(backend)}: {news}"))
+            self.emit(Event("info", f"plan {plan.name} → {backends.name_of(backend)}: {news}"))
         return True
 
     async def _drop(self, stem: str, backend: PlanBackend) -> bool:
@@ -729,15 +296,15 @@ class Plans:
         except asyncio.CancelledError:
             raise
         except Exception as e:  # noqa: BLE001 - any backend's failure is told, and tried again later
-            if isinstance(e, _Slow):
+            if isinstance(e, backends.Slow):
                 self._rest_until = time.monotonic() + REST
             self._tell(
-                f"plan {stem}: removed from pl/; {_name(backend)} failed {done.doing} {done.item}: "
-                f"{_short(str(e) or type(e).__name__)}; the rest is deleted at a later tool round"
+                f"plan {stem}: removed from pl/; {backends.name_of(backend)} failed {done.doing} {done.item}: "
+                f"{backends.short(str(e) or type(e).__name__)}; the rest is deleted at a later tool round"
             )
             return False
         if news := done.news():
-            self.emit(Event("info", f"plan {stem}: removed from pl/ → {_name(backend)}: {news}"))
+            self.emit(Event("info", f"plan {stem}: removed from pl/ → {backends.name_of(backend)}: {news}"))
         return True
 
     async def _retire(self, backend: PlanBackend, record: dict[str, Any], done: _Progress) -> None:
@@ -800,7 +367,7 @@ class Plans:
                 if not await backend.link(tasks[i]["id"], tasks[j]["id"]):
                     self._cannot.add("link")
                     self._tell(
-                        f"{_name(backend)} records no dependencies (no usable task_dep): "
+                        f"{backends.name_of(backend)} records no dependencies (no usable task_dep): "
                         "a step's dependencies are written into its task's description only"
                     )
                     return
@@ -819,7 +386,7 @@ class Plans:
             if not await backend.complete(tasks[i]["id"]):
                 self._cannot.add("complete")
                 self._tell(
-                    f"{_name(backend)} cannot mark tasks done (no usable task_update): "
+                    f"{backends.name_of(backend)} cannot mark tasks done (no usable task_update): "
                     "steps checked in the plan stay open there"
                 )
                 return
@@ -848,7 +415,7 @@ class Plans:
         if what in self._cannot:
             return
         self._cannot.add(what)
-        self._tell(f"{_name(backend)} cannot {_CANNOT[what]}")
+        self._tell(f"{backends.name_of(backend)} cannot {_CANNOT[what]}")
 
     # ---- what was committed, on disk ----
     def _record(self, plan: PlanFile) -> dict[str, Any]:
@@ -979,31 +546,12 @@ async def _optional(backend: PlanBackend, name: str, *args: Any) -> bool:
     return callable(method) and bool(await method(*args))
 
 
-def _names_of(stem: str) -> set[str]:
-    return {f"{stem}__{status}.md" for status in _STATUS_ORDER}
-
-
-def _lexists(directory: str, name: str) -> bool:
-    try:
-        os.stat(os.path.join(directory, name), follow_symlinks=False)
-    except FileNotFoundError:
-        return False
-    except OSError:
-        return True  # there, but unreadable: not gone
-    return True
-
-
 def _task(plan: PlanFile, step: Step) -> Task:
     parts = [step.description] if step.description else []
     if step.after:
         parts.append("After: " + "; ".join(plan.steps[j].title for j in step.after))
     parts.append(f"Plan: {plan.goal} (pl/{plan.stem})")
     return Task(step.title, "\n\n".join(parts), plan.goal, plan.stem)
-
-
-def _name(backend: PlanBackend) -> str:
-    name = getattr(backend, "name", "")
-    return name if isinstance(name, str) and name else f"plan backend {type(backend).__name__}"
 
 
 def _fallback_key(backend: PlanBackend | None) -> str:

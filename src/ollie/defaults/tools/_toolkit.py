@@ -21,7 +21,7 @@ Standard library only. In a jail the directory is read-only, so no bytecode is c
 is compiled at each run (about 2 ms); re, json, hashlib, hmac and difflib, which cost more, are
 imported where they are used, not here.
 
-The plan signature (`plan_mac`) is also computed by ollie/agent/plans.py (`signature`), which the
+The plan signature (`plan_mac`) is also computed by ollie/plans/files.py (`signature`), which the
 sandboxed scripts cannot import; tests/test_tool_scripts.py computes both on the same plans."""
 
 import os
@@ -153,16 +153,16 @@ def write(real, data):
 # ---- plans: file_write, file_edit, task_plan -----------------------------------------------------
 # A plan task_plan wrote (pl/<stem>__todo.md, later __wip and __done) carries a signature on its
 # second line: an HMAC with the session's key ($OLLIE_PLAN_KEY) over the plan's stem, the session,
-# the goal, the steps and their dependencies (task_plan makes it; ollie/agent/plans.py checks it).
+# the goal, the steps and their dependencies (task_plan makes it; ollie/plans/files.py checks it).
 # The session takes only plans its own key signed, so that another session's code, which can write
 # pl/ too, cannot hand it steps. An edit breaks the signature: so a revision of a plan this
 # session signed and no other code changed since (its signature still verifies) is signed anew
 # here, its dependencies read from the "(after: …)" ends of its steps. A plan that is not the
 # session's, or that other code changed, is written as given and stays unsigned for this session.
-# What plans.py also knows (the bounds, the signature line and its MAC, a plan's file name and its
+# What plans/files.py also knows (the bounds, the signature line and its MAC, a plan's file name and its
 # step lines) is checked against it by tests/test_tool_scripts.py.
 
-PLAN_MAX_STEPS, PLAN_MAX_TITLE, PLAN_MAX_DESCRIPTION, PLAN_MAX_GOAL = 64, 200, 1000, 200  # as plans.py
+PLAN_MAX_STEPS, PLAN_MAX_TITLE, PLAN_MAX_DESCRIPTION, PLAN_MAX_GOAL = 64, 200, 1000, 200  # as plans/files.py
 PLAN_SIGNATURE = (
     r"<!-- ollie-plan v1 session=(?P<sid>[A-Za-z0-9._-]{1,128}) deps=(?P<deps>[0-9,;]*) "
     r"mac=(?P<mac>[0-9a-f]{64}) -->"
@@ -171,13 +171,13 @@ PLAN_NAME = r"(?P<stem>\d{8}T\d{6}Z_[0-9a-f]{6}--[^_/]*)__(?P<status>todo|wip|do
 
 
 def plan_step(line):
-    """Whether `line` is a step of a plan ("- [ ] …", "- [x] …"), as plans.py reads them."""
+    """Whether `line` is a step of a plan ("- [ ] …", "- [x] …"), as plans/files.py reads them."""
     return line[:3] == "- [" and line[3:4] in (" ", "x", "X") and line[4:6] == "] "
 
 
 def plan_mac(key, stem, sid, deps, goal_line, step_lines):
     """The plan's signature: an HMAC-SHA256 with the session's key over its stem, the session, the
-    dependencies, the goal line and the step lines (each with its box unchecked), as plans.py's
+    dependencies, the goal line and the step lines (each with its box unchecked), as plans/files.py's
     `signature` computes it."""
     import hashlib
     import hmac
