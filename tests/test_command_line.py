@@ -15,7 +15,7 @@ import jsonschema
 import pytest
 
 from ollie import config
-from ollie.cli.init import PACKAGE_DEFAULTS
+from ollie.cli.install import PACKAGE_DEFAULTS
 from ollie.types import ConfigError
 
 OLLIE = [sys.executable, "-m", "ollie"]

@@ -23,28 +23,34 @@ def main(argv: list[str] | None = None) -> int:
     if not hasattr(args, "func"):
         parser.print_help()
         return 2
-    from ..chatfmt import visible
+    from .. import config
     from ..types import OllieError
 
     try:
-        from .. import config
-
         try:
             config.load_env_file()
         except OllieError as e:
             if not getattr(args, "env_optional", False):
                 raise
-            print(f"ollie: {visible(str(e))}; going on without it", file=sys.stderr)
+            _say(f"ollie: {e}; going on without it")
         return args.func(args)
     except OllieError as e:  # the message may quote a server's reply or a file
-        print(f"ollie: {visible(str(e))}", file=sys.stderr)
+        _say(f"ollie: {e}")
         return 1
     except OSError as e:  # e.g. a data directory that cannot be created
-        print(visible(f"ollie: {e.filename}: {e.strerror}" if e.filename else f"ollie: {e}"), file=sys.stderr)
+        _say(f"ollie: {e.filename}: {e.strerror}" if e.filename else f"ollie: {e}")
         return 1
     except KeyboardInterrupt:
         print("ollie: interrupted", file=sys.stderr)
         return 130
+
+
+def _say(message: str) -> None:
+    """A failure on stderr, its control characters made visible (it may quote a file or a server);
+    chatfmt is imported only then: a command that succeeds need not pay for it."""
+    from ..chatfmt import visible
+
+    print(visible(message), file=sys.stderr)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -150,7 +156,7 @@ def _run(args: argparse.Namespace) -> int:
         args.session = _last_session_of(args.cwd)
     if args.session:
         _stored_session(args.session)  # a typo must not start a new, empty conversation
-    from .init import first_use
+    from .install import first_use
 
     first_use()  # a fresh machine gets the default agents and tool scripts before its first run
     if args.verbose:  # a line per request (ollie.requests) and whatever else ollie logs, on stderr
@@ -251,7 +257,7 @@ def _check_script_consumed(backend: Any, errors: list[str]) -> None:
 
 def _chat(args: argparse.Namespace) -> int:
     from .. import tui
-    from .init import first_use
+    from .install import first_use
 
     first_use()
     return tui.main(args)

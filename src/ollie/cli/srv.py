@@ -7,7 +7,6 @@ import os
 import sys
 from pathlib import Path
 
-from .init import first_use
 from .mount import add_token_options, token
 
 START_TIMEOUT = 60.0
@@ -119,6 +118,7 @@ def _fg(args: argparse.Namespace) -> int:
 
     from ..chatfmt import visible
     from ..fs.server import serve
+    from .install import first_use
 
     opts = _options(args)
     os.environ.pop("OLLIE_9P_TOKEN", None)  # read: the sessions' hooks and tools need not inherit it
@@ -144,6 +144,7 @@ def _start(args: argparse.Namespace) -> int:
 
     from .. import config
     from ..chatfmt import visible
+    from .install import first_use
 
     opts = _options(args)
     if pid := _running_pid(opts):
