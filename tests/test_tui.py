@@ -19,7 +19,8 @@ from pathlib import Path
 import pytest
 
 from fs_helpers import OLLIE, FsServer
-from ollie.tui import keys, render
+from ollie import keys
+from ollie.tui import render
 from ollie.tui.model import Conversation
 from tui_helpers import Tmux
 

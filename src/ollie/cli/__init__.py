@@ -266,7 +266,7 @@ def _chat(args: argparse.Namespace) -> int:
 def _keys(args: argparse.Namespace) -> int:
     import getpass
 
-    from ..tui import keys
+    from .. import keys
 
     if args.action == "list":
         for key, masked in keys.list_vars():

@@ -12,7 +12,6 @@ other agents see on the mount, and it outlives the terminal and the server.
     client.py   the namespace over 9P
     shell.py    `!cmd` in the user's shell
     firstrun.py no backend configured: find a local server, or say what the embedded model is
-    keys.py     `ollie keys`: provider keys in $OLLIE_CFG_PATH/env
 """
 
 from __future__ import annotations

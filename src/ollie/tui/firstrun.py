@@ -13,8 +13,8 @@ from urllib.parse import urlsplit
 from .. import backends, config
 from ..backends.ollama import base_url_from_env
 from ..backends.openai import with_v1
+from ..keys import set_var
 from ..types import ConfigError
-from .keys import set_var
 
 if TYPE_CHECKING:
     from .client import Namespace

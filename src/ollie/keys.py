@@ -1,6 +1,7 @@
 """`ollie keys`: a provider's API key kept in `$OLLIE_CFG_PATH/env` (0600), which every ollie
 command reads at start, and a running server again for each new session (`config.load_env_file`:
-variables already set in the environment win).
+variables already set in the environment win). The terminal UI's first run writes there the
+backend it found.
 
     ollie keys set anthropic     # asks for the key (never on the command line, which `ps` shows)
     ollie keys list              # which keys the file holds, masked
@@ -13,7 +14,7 @@ import os
 import re
 from pathlib import Path
 
-from .. import config
+from . import config
 
 PROVIDERS = {
     "anthropic": "ANTHROPIC_API_KEY",
