@@ -16,7 +16,8 @@ top-level session with every sub-session and job under it: `tree_held`), which t
 files share: a bound per session would let a tree of 64 sub-sessions hold 64 times as much.
 
 Where a job runs is the executor's choice (OLLIE_BATCH_EXECUTOR): `local`, a session of this
-server, or `ray`, a task on a Ray cluster (`ray_jobs`); `b/` shows both alike.
+server, or `ray`, a task on a Ray cluster (`ray_jobs`); `b/` shows both alike. `b/` as files is
+`job_files`.
 """
 
 from __future__ import annotations
@@ -30,21 +31,19 @@ import shutil
 import sys
 import time
 import weakref
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .. import config, telemetry
 from ..agent.session import check_session_id, new_session_id
-from ..chatfmt import cost_text, usage_text
 from ..types import ConfigError, Cost, InvalidValue, OllieError, Usage
 from ..vfs import stores
-from ..vfs.namespace import Dir, File, FsError, Handle, OpenMode
-from ..vfs.stores import Held, OnCloseHandle, TextFile, text_size
+from ..vfs.namespace import FsError
+from ..vfs.stores import Held
 from . import worktrees
-from .session_files import ChatFile, WaitHandle, script_file
-from .sessions import Session, Sessions, child_name, errno_of
+from .sessions import Session, Sessions, child_name
 
 if TYPE_CHECKING:
     from .ray_jobs import RayExecutor
@@ -53,7 +52,6 @@ log = logging.getLogger("ollie.fs.jobs")
 
 SPEC_KEYS = ("name", "cwd", "agent", "backend", "model", "output", "worktree", "parallel")
 TEMPLATE = "".join(f"{k}=\n" for k in SPEC_KEYS[:-1]) + "parallel=1\n---\n"
-SPEC_MAX = 1 << 20
 PARALLEL_MAX = 64  # jobs one spec makes
 JOBS_PER_PARENT = 64  # queued and running jobs of one session's code at once
 JOBS_KEPT_PER_PARENT = 256  # jobs of one session's code, finished ones included, until removed
@@ -592,204 +590,3 @@ class Jobs:
         await asyncio.gather(*tasks, return_exceptions=True)
         if self._ray is not None:
             await self._ray.close()
-
-    def index(self, jobs: list[Job] | None = None) -> str:
-        return "".join(
-            f"{j.id}\t{j.status}\t{j.spec.settings.get('agent') or 'default'}\t{_first_line(j.spec.prompt)}\n"
-            for j in (self.all() if jobs is None else jobs)
-        )
-
-
-def _first_line(text: str, width: int = 60) -> str:
-    line = text.strip().split("\n", 1)[0]
-    return line if len(line) <= width else line[: width - 1] + "…"
-
-
-# ---- b/ as files ---------------------------------------------------------------------------------
-
-
-class NewJobHandle(OnCloseHandle):
-    """b/new: the spec's header lines are checked as they are written (a bad one fails its write,
-    and then nothing is made at close); at close the jobs are made. Reading gives the template, or
-    the new jobs' ids, one a line (reading after writing makes them at once), or why it failed."""
-
-    def __init__(self, submit: Callable[[str], Any], ready: Callable[[], Awaitable[None]]):
-        super().__init__(lambda: self._answer or TEMPLATE, self._make, SPEC_MAX)
-        self._submit = submit
-        self._ready = ready
-        self._answer = ""
-        self._error: FsError | None = None
-
-    async def write(self, offset: int, data: bytes) -> int:
-        if self._error is not None:  # every later write of this open file fails alike
-            raise self._error
-        if offset == 0:
-            try:  # a cluster that cannot be reached fails the first write, which a shell reports
-                await self._ready()
-            except FsError as e:
-                self._refuse(e)
-                raise
-        n = await super().write(offset, data)
-        header = bytes(self._buf).decode(errors="replace").split("\n")[:-1]  # complete lines
-        spec = Spec({})
-        try:
-            for number, line in enumerate(header, 1):
-                if line.strip() == "---":
-                    break
-                parse_header_line(number, line, spec)
-        except FsError as e:
-            self._refuse(e)
-            raise
-        return n
-
-    def _refuse(self, e: FsError) -> None:
-        self._refused, self._dirty, self._answer, self._error = True, False, f"error: {e}\n", e
-        self.clear()
-
-    async def read(self, offset: int, count: int) -> bytes:
-        if offset == 0:
-            await self.flush()
-        return await super().read(offset, count)
-
-    async def _make(self, text: str) -> None:
-        try:
-            jobs = await self._submit(text)
-        except OllieError as e:
-            self._answer = f"error: {e}\n"
-            raise FsError(errno_of(e), str(e)) from None
-        self._answer = "".join(j.id + "\n" for j in jobs)
-
-
-class NewJobFile(File):
-    mode = 0o644
-
-    def __init__(self, submit: Callable[[str], Any], ready: Callable[[], Awaitable[None]]):
-        self._submit = submit
-        self._ready = ready
-
-    def size(self) -> int:
-        return len(TEMPLATE)
-
-    async def open(self, mode: OpenMode) -> Handle:
-        return NewJobHandle(self._submit, self._ready)
-
-
-class StatusWaitFile(File):
-    def __init__(self, job: Job):
-        self.job = job
-
-    async def open(self, mode: OpenMode) -> Handle:
-        return WaitHandle(self.job.status, self.job.wait_change)
-
-
-def _line(text: str) -> str:
-    return text if not text or text.endswith("\n") else text + "\n"
-
-
-def _text(get: Callable[[], str], sized: bool = True) -> TextFile:
-    return TextFile(get, text_size(get) if sized else None)
-
-
-JOB_FILES: dict[str, Callable[[Job], File]] = {
-    "spec": lambda j: _text(lambda: _line(j.record.spec)),
-    "status": lambda j: _text(lambda: j.status + "\n"),
-    "result": lambda j: _text(lambda: _line(j.record.result)),
-    "usage": lambda j: _text(lambda: usage_text(j.usage()) + "\n", sized=False),
-    "cost": lambda j: _text(lambda: cost_text(j.cost(), j.record.model) + "\n", sized=False),
-    "log": lambda j: ChatFile(lambda: j.log_path, "a job's log is read-only"),
-    "worktree": lambda j: _text(lambda: _worktree_text(j)),
-}
-
-
-def _worktree_text(job: Job) -> str:
-    """b/<id>/worktree: `key: value` lines (branch, path, base) and the diffstat once it ended."""
-    tree = job.record.worktree
-    if not tree:
-        return ""
-    lines = [f"branch: {worktrees.BRANCH.format(tree['id'])}", f"path: {tree['path']}", f"base: {tree['base']}"]
-    return "\n".join(lines) + "\n" + _line(tree.get("diffstat", ""))
-
-
-class JobDir(Dir):
-    mode = 0o555
-
-    def __init__(self, job: Job):
-        self.job = job
-
-    def mtime(self) -> float:
-        return self.job.record.finished or self.job.record.created
-
-    def lookup(self, name: str) -> File | Dir:
-        if name == "statewait":  # blocks: found by name, never listed
-            return StatusWaitFile(self.job)
-        make = JOB_FILES.get(name)
-        if make is None:
-            raise FsError(E.ENOENT, f"{name}: no such file in a job directory")
-        return make(self.job)
-
-    async def list(self) -> list[tuple[str, File | Dir]]:
-        return [
-            (name, make(self.job))
-            for name, make in JOB_FILES.items()
-            if name != "worktree" or self.job.spec.worktree  # only a worktree=1 job's
-        ]
-
-    async def remove(self, name: str) -> None:
-        """Removing a job's file does nothing, so that `rm -r b/<id>` reaches the rmdir."""
-
-
-class JobsDir(Dir):
-    """b/: a directory per job (creation order), `new`, `idx` and the scripts (not listed). In a
-    session's view, `owner` is that session: only its own jobs are there, and new ones are its."""
-
-    mode = 0o755
-
-    def __init__(self, jobs: Jobs, scripts: dict[str, str], owner: Session | None = None):
-        self.jobs = jobs
-        self.owner = owner
-        self.fixed: dict[str, File] = {
-            "new": NewJobFile(self._submit, self._ready),
-            "idx": TextFile(lambda: jobs.index(self._mine())),
-            **{name: script_file(text) for name, text in scripts.items()},
-        }
-
-    async def _submit(self, text: str) -> list[Job]:
-        try:
-            return await self.jobs.submit(text, self.owner)
-        except FsError as e:
-            if self.owner is not None:
-                self.owner.error(f"job refused: {e}")
-            raise
-
-    async def _ready(self) -> None:
-        try:
-            await self.jobs.ready()
-        except FsError as e:
-            if self.owner is not None:
-                self.owner.error(f"job refused: {e}")
-            raise
-
-    def _mine(self) -> list[Job]:
-        return self.jobs.all() if self.owner is None else self.jobs.of(self.owner)
-
-    def _job(self, name: str) -> Job:
-        """A job by id; in a view, by the name its code gave too (`child_name`)."""
-        if self.owner is None:
-            return self.jobs.get(name)
-        job = self.jobs.find(name) or self.jobs.find(child_name(self.owner, name))
-        if job is None or job.record.parent != self.owner.id:
-            raise FsError(E.ENOENT, f"no job {name!r} in this view")
-        return job
-
-    def lookup(self, name: str) -> File | Dir:
-        if name in self.fixed:
-            return self.fixed[name]
-        return JobDir(self._job(name))
-
-    async def list(self) -> list[tuple[str, File | Dir]]:
-        return [(j.id, JobDir(j)) for j in self._mine()]
-
-    async def remove(self, name: str) -> None:
-        if name in self.fixed:
-            raise FsError(E.EACCES, f"{name}: a fixed file of b/")
-        await self.jobs.cancel(self._job(name).id)

@@ -31,7 +31,8 @@ from ..tools.scripts import index_text
 from ..types import ConfigError
 from ..vfs.namespace import Dir, File, FsError, Handle, Namespace, StaticDir
 from ..vfs.stores import ConfigDir, DiskDir, TextFile, text_size
-from .jobs import Jobs, JobsDir
+from .job_files import JobsDir
+from .jobs import Jobs
 from .session_files import SessionsDir, root_ctl, script_file
 from .sessions import Sessions
 from .transcripts import TranscriptsDir

@@ -26,7 +26,8 @@ from ..types import Event
 from ..vfs.fuse import serve_connection
 from ..vfs.namespace import Dir, File, FsError, Handle, Namespace, OpenMode, Stat, StaticDir
 from ..vfs.stores import HELD, DiskDir, OnCloseFile, TextFile, text_size
-from .jobs import Jobs, JobsDir, tree_held
+from .job_files import JobsDir
+from .jobs import Jobs, tree_held
 from .session_files import (
     ACTIVE_FILES,
     PROMPT_MAX,
