@@ -6,7 +6,8 @@
 
 Where things are: `core.Core` (the API frontends drive), `loop` (one turn), `state` (the session's
 state and its rules), `commands` (the command table), `compaction`, `hooks`, `env` (an agent's
-tool servers and prompt).
+tool servers and prompt), `extensions` (what a program adds to each session; `open_session`
+adds the plans, `ollie.plans`).
 """
 
 from __future__ import annotations
@@ -114,6 +115,7 @@ async def _open(
     tree_cwd: str,
 ) -> Core:
     from .. import backends, config, sandbox
+    from ..plans import Plans
     from ..tools import dispatcher_factory, execute
     from ..types import ConfigError
     from .env import build_agent_env
@@ -159,7 +161,7 @@ async def _open(
             new_dispatcher=new_dispatcher,
             session_id=session_id or "",
             store_root=store_root,
-            plan_backend=plan_backend,
+            extensions=(lambda session: Plans(session, plan_backend),),
             cwd_within=cwd_within,
             tree_cwd=tree_cwd,
         )

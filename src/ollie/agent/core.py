@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .. import config, telemetry
-from ..plans import Plans
 from ..tools import CallContext, Dispatcher, Tool
 from ..types import (
     ContextSize,
@@ -35,6 +34,7 @@ from . import compaction, loop
 from .checkpoints import Checkpoints
 from .context import DEFAULT_WINDOW, Window
 from .events import Bus
+from .extensions import ExtensionFactory, SessionHandle
 from .hooks import Hooks
 from .runtime import Runtime
 from .session import SessionStore, new_session_id
@@ -42,7 +42,6 @@ from .state import SessionState, session_cost
 
 if TYPE_CHECKING:
     from ..backends import Backend
-    from ..plans import PlanBackend
     from .env import AgentEnv
 
 log = logging.getLogger("ollie.core")
@@ -58,7 +57,7 @@ class CoreConfig:
     new_dispatcher: Callable[[], Dispatcher] | None = None  # for /agent switches
     session_id: str = ""  # restore this stored session; "" starts a new one
     store_root: Path | None = None  # default $OLLIE_DATA_PATH/sessions
-    plan_backend: PlanBackend | None = None  # where plans are committed when no tool server has task_create
+    extensions: tuple[ExtensionFactory, ...] = ()  # called after each tool round; open_session's: the plans
     # A sub-agent's: the directory its cwd stays in; env.cwd was resolved beneath it (taken as it is)
     cwd_within: str = ""
     tree_cwd: str = ""  # a sub-agent's: the cwd its tree starts from
@@ -90,7 +89,8 @@ class Core:
             Window(lambda: state.messages, lambda: self._rt.system_prompt()),
             tmpdir,
         )
-        self._rt.plans = Plans(state, bus.emit, cfg.plan_backend)
+        handle = SessionHandle(state, bus.emit)
+        self._rt.extensions = [make(handle) for make in cfg.extensions]
         self._rt.checkpoints = Checkpoints(
             lambda: state.store.dir / "checkpoints.jsonl", lambda text: bus.emit(Event("info", text))
         )

@@ -146,7 +146,7 @@ async def _steps(rt: Runtime) -> None:
             raise TurnError(f"{FAIL_AFTER} consecutive tool rounds failed; stopping the turn")
         _add_notes(rt, results[-1], failing, steps)
         rt.commit([assistant, *results])
-        await rt.sync_plans()
+        await rt.after_tools()
 
 
 async def _last_answer(rt: Runtime, max_steps: int) -> None:

@@ -21,9 +21,9 @@ from .state import SessionState
 
 if TYPE_CHECKING:
     from ..backends import Backend
-    from ..plans import Plans
     from .checkpoints import Checkpoints
     from .env import AgentEnv
+    from .extensions import Extension
 
 
 @dataclass
@@ -36,7 +36,7 @@ class Runtime:
     window: Window
     tmpdir: Path  # the session's scratch directory (whole tool results are kept there)
     inject: str | None = None  # a message for the running turn, delivered with the next tool result
-    plans: Plans | None = None  # the session's plans in pl/, and where they are committed
+    extensions: list[Extension] = field(default_factory=list)  # called after each tool round (the plans)
     checkpoints: Checkpoints | None = None  # what each turn changed in the cwd, for /undo
 
     _knowledge: tuple[str, AgentEnv, Knowledge] | None = None  # for which cwd and agent
@@ -98,19 +98,25 @@ class Runtime:
         meta.cost_session += last
         self.bus.emit(Event("usage", data=self.state.usage.to_dict()))
 
-    async def sync_plans(self) -> None:
-        """After a tool round: the session's new or changed plans become its plan and are
-        committed to its task backend (never failing the turn; problems are info events)."""
-        if self.plans is not None:
-            await self.plans.sync(self.env.dispatcher)
+    async def after_tools(self) -> None:
+        """After a tool round, its results committed: each extension's turn (never failing the
+        turn; what goes wrong is theirs to tell as events)."""
+        for extension in self.extensions:
+            await extension.after_tools(self.env.dispatcher)
 
     def call_context(self) -> CallContext:
-        """What a tool call of this session runs with: its cwd, env (with the key its plans are
-        signed with), scratch dir, allowed policies."""
+        """What a tool call of this session runs with: its cwd, env (with what its extensions add:
+        the key its plans are signed with), scratch dir, allowed policies."""
         return CallContext(
             cwd=self.state.cwd,
             session_id=self.state.id,
-            env={**self.state.env, **(self.plans.stage_env() if self.plans else {})},
+            env=self._stage_env(),
             tmpdir=str(self.tmpdir),
             policies=tuple(self.env.config.sandboxes),
         )
+
+    def _stage_env(self) -> dict[str, str]:
+        env = dict(self.state.env)
+        for extension in self.extensions:
+            env.update(extension.stage_env())
+        return env

@@ -1,7 +1,7 @@
 """Plans that persist where the user keeps tasks.
 
 `task_plan` runs sandboxed and writes a plan into the plans directory (pl/ on the mount), which
-every session of the user shares. After each tool round the session looks there (`Plans.sync`):
+every session of the user shares. After each tool round the session looks there (`Plans.after_tools`):
 its own plans become its `plan`, and their steps are committed to a task backend as tasks, one
 per step, with their dependencies; a step checked (`task_complete`), or the whole plan renamed
 `__done`, marks its task done. While a plan is `__wip`, its next step (the first unchecked one)
@@ -47,6 +47,11 @@ the tasks of removed steps still to delete), written after every call, so a rest
 half-way creates no task twice. A backend that fails leaves the plan as it is: the user sees why
 (an info event), and the rest is committed at a later sync. Plan text is the sandbox's: its size
 is bounded, and it only ever travels as data (tool arguments, the session's plan).
+
+Plans are an extension of the agent (`ollie.agent.extensions`), which `open_session` installs: the
+loop calls `Plans.after_tools` after each tool round, and each tool call's env gets the key
+(`Plans.stage_env`). They import nothing of the agent: what they need of their session (its id,
+store, plan, events) is handed to them (`PlanSession`).
 
 Where things are: `files` (a plan file: its name, its signature, its bounds, reading pl/),
 `backends` (the `PlanBackend` protocol, and an MCP task server as one), `sync` (`Plans`, a

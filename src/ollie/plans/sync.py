@@ -15,18 +15,15 @@ import os
 import secrets
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import Any, Protocol
 
 from ..tools import Dispatcher
 from ..types import Event
 from . import backends, files
 from .backends import PlanBackend, Task
 from .files import PlanFile, Step
-
-if TYPE_CHECKING:
-    from ..agent.state import SessionState
 
 log = logging.getLogger("ollie.plans")
 
@@ -46,14 +43,32 @@ class _Seen:
     problem: str = ""  # why a file that claims this session is not taken
 
 
-class Plans:
-    """One session's plans: it finds them in pl/, shows the newest as the session's plan and
-    commits them to the task backend. `sync` never raises but for cancellation: what goes wrong
-    is told to the user with `emit`."""
+class PlanSession(Protocol):
+    """What plans need of their session (the agent's `extensions.SessionHandle` is one): its id and
+    store directory, as they are now (a rename changes both), its plan, and a way to tell the user."""
 
-    def __init__(self, state: SessionState, emit: Callable[[Event], None], fallback: PlanBackend | None = None):
-        self.state = state
-        self.emit = emit
+    @property
+    def id(self) -> str: ...
+
+    @property
+    def store_dir(self) -> Path: ...
+
+    @property
+    def plan(self) -> str: ...
+
+    def set_plan(self, text: str) -> None: ...
+
+    def emit(self, event: Event) -> None: ...
+
+
+class Plans:
+    """One session's plans, an extension of the agent's (`ollie.agent.extensions.Extension`): after
+    each tool round it finds them in pl/, shows the newest as the session's plan and commits them to
+    the task backend; each tool call gets the key its plans are signed with. `after_tools` never
+    raises but for cancellation: what goes wrong is told to the user as an info event."""
+
+    def __init__(self, session: PlanSession, fallback: PlanBackend | None = None):
+        self.session = session
         self.fallback = fallback
         self._key = b""
         self._key_lock = threading.Lock()  # made by a stage's start (the loop) or a sync (its thread)
@@ -79,7 +94,7 @@ class Plans:
     def key(self) -> bytes:
         with self._key_lock:
             if not self._key:
-                path = self.state.store.dir / KEY_FILE
+                path = self.session.store_dir / KEY_FILE
                 try:
                     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
                 except FileExistsError:
@@ -92,7 +107,7 @@ class Plans:
             return self._key
 
     # ---- one sync ----
-    async def sync(self, dispatcher: Dispatcher) -> None:
+    async def after_tools(self, dispatcher: Dispatcher) -> None:
         """After a tool round: read the session's plans, show the newest, commit what is new."""
         try:
             mine, gone = await self._scan()
@@ -127,7 +142,7 @@ class Plans:
         if len(self._told) > 1000:
             self._told.clear()
         self._told.add(text)
-        self.emit(Event("info", text))
+        self.session.emit(Event("info", text))
 
     # ---- finding the session's plans ----
     async def _scan(self) -> tuple[list[PlanFile], set[str]]:
@@ -200,7 +215,7 @@ class Plans:
             return _Seen(stat, None)
         mac = files.signature(self.key(), found["stem"], signed.sid, signed.deps, signed.goal_line, signed.step_lines)
         if not hmac.compare_digest(mac, signed.mac):
-            if signed.sid != self.state.id:
+            if signed.sid != self.session.id:
                 return _Seen(stat, None)  # another session's plan
             why = "it claims this session, but its signature does not verify (written, copied or changed by other code)"
             return _Seen(stat, None, why)
@@ -228,8 +243,8 @@ class Plans:
         newest = max(mine, key=lambda p: (p.mtime, p.stem))
         if (newest.name, newest.text) != self._shown:
             self._shown = (newest.name, newest.text)
-            if self.state.plan != newest.text:
-                self.state.set_plan(newest.text)
+            if self.session.plan != newest.text:
+                self.session.set_plan(newest.text)
 
     # ---- the backend ----
     async def _choose(self, dispatcher: Dispatcher) -> PlanBackend | None:
@@ -271,7 +286,7 @@ class Plans:
             )
             return False
         if news := done.news():
-            self.emit(Event("info", f"plan {plan.name} → {backends.name_of(backend)}: {news}"))
+            self.session.emit(Event("info", f"plan {plan.name} → {backends.name_of(backend)}: {news}"))
         return True
 
     async def _drop(self, stem: str, backend: PlanBackend) -> bool:
@@ -304,7 +319,7 @@ class Plans:
             )
             return False
         if news := done.news():
-            self.emit(Event("info", f"plan {stem}: removed from pl/ → {backends.name_of(backend)}: {news}"))
+            self.session.emit(Event("info", f"plan {stem}: removed from pl/ → {backends.name_of(backend)}: {news}"))
         return True
 
     async def _retire(self, backend: PlanBackend, record: dict[str, Any], done: _Progress) -> None:
@@ -435,7 +450,7 @@ class Plans:
 
     def _load(self) -> dict[str, Any]:
         if self._map is None:
-            path = self.state.store.dir / MAP_FILE
+            path = self.session.store_dir / MAP_FILE
             try:
                 loaded = json.loads(path.read_text())
                 self._map = loaded if isinstance(loaded, dict) else {}
@@ -449,7 +464,7 @@ class Plans:
         return self._map
 
     def _save(self) -> None:
-        path = self.state.store.dir / MAP_FILE
+        path = self.session.store_dir / MAP_FILE
         tmp = path.with_name(f".{MAP_FILE}.{secrets.token_hex(4)}.tmp")
         with open(tmp, "w") as f:
             json.dump(self._load(), f, indent=1)
