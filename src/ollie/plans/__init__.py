@@ -1,15 +1,15 @@
 """Plans that persist where the user keeps tasks.
 
 `task_plan` runs sandboxed and writes a plan into the plans directory (pl/ on the mount), which
-every session of the user shares. After each tool round the session looks there (`Plans.after_tools`):
-its own plans become its `plan`, and their steps are committed to a task backend as tasks, one
-per step, with their dependencies; a step checked (`task_complete`), or the whole plan renamed
-`__done`, marks its task done. While a plan is `__wip`, its next step (the first unchecked one)
-is claimed: its task is set in progress. A plan revised (the file_* tool scripts sign the
-session's own plan anew, see below) has its tasks revised with it: a step added is a new task, a
-step whose title or description changed has its task edited, a step removed has its task deleted;
-a step is followed across a revision by its title, or, where titles changed, by the place and
-likeness of its title. A plan removed from pl/ has its tasks deleted. Tasks done are never
+every session of the user shares. After each tool round the session looks there
+(`Plans.after_tools`): its own plans become its `plan`, and their steps are committed to a task
+backend as tasks, one per step, with their dependencies; a step checked (`task_complete`), or the
+whole plan renamed `__done`, marks its task done. While a plan is `__wip`, its next step (the first
+unchecked one) is claimed: its task is set in progress. A plan revised (the file_* tool scripts
+sign the session's own plan anew, see below) has its tasks revised with it: a step added is a new
+task, a step whose title or description changed has its task edited, a step removed has its task
+deleted; a step is followed across a revision by its title, or, where titles changed, by the place
+and likeness of its title. A plan removed from pl/ has its tasks deleted. Tasks done are never
 deleted: they are what was done.
 
 The backend is, in this order:

@@ -1,10 +1,7 @@
-"""Where a plan's steps are committed as tasks: the `PlanBackend` protocol, and a tool server
-offering `task_create` (an MCP task server) as one.
-
-The backend is, in this order: a tool server of the agent whose tools include `task_create`
-(`task_server`), which must answer a plain-text id; `task_dep` (dependencies), `task_update`
-(status in progress, done), `task_edit` (title, description) and `task_delete` are used when
-present; else the `PlanBackend` a program passed to `open_session(plan_backend=...)`; else none.
+"""Where a plan's steps are committed as tasks: the `PlanBackend` protocol a program's backend
+follows, `MCPTaskBackend` (a tool server offering `task_create`, called by its input schemas), and
+`task_server`, which finds one among the agent's tool servers. Which backend a session uses, and
+when, is the package docstring's to say.
 """
 
 from __future__ import annotations
