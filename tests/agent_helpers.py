@@ -1,11 +1,15 @@
-"""Building Cores for tests: a scripted backend and small in-process tool servers."""
+"""Building Cores for tests: a scripted backend and small in-process tool servers, and the `cores`
+fixture that opens them and closes them after the test."""
 
 from __future__ import annotations
 
 import asyncio
 import os
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from ollie.agent.core import Core, CoreConfig
 from ollie.agent.env import build_agent_env
@@ -90,6 +94,37 @@ async def make_core(
     events: list[Event] = []
     core.subscribe(events.append)
     return core, backend, server, events
+
+
+class Cores:
+    """The Cores a test opens (`make_core`'s arguments and answer), each closed when the test ends,
+    whatever it asserted: a failed assertion leaves no turn, tool server or tmpdir behind. A test
+    that must close one before it ends (to open its session again) closes it here, and only once."""
+
+    def __init__(self) -> None:
+        self.open_cores: list[Core] = []
+
+    async def open(self, script: Any, **options: Any) -> tuple[Core, ScriptedBackend, ToyServer, list[Event]]:
+        made = await make_core(script, **options)
+        self.open_cores.append(made[0])
+        return made
+
+    async def close(self, core: Core) -> None:
+        self.open_cores.remove(core)
+        await core.close()
+
+    async def close_all(self) -> None:
+        while self.open_cores:  # in the order they were opened
+            await self.close(self.open_cores[0])
+
+
+@pytest.fixture
+async def cores() -> AsyncIterator[Cores]:
+    """The Core set-up of the core and command tests: `core, backend, server, events = await
+    cores.open(script, cfg=..., history=...)`, closed after the test."""
+    opened = Cores()
+    yield opened  # pytest comes back here whether the test passed or not
+    await opened.close_all()
 
 
 def kinds(events: list[Event]) -> list[str]:

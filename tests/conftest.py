@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-pytest_plugins = ["fs_helpers", "sandbox_helpers", "view_helpers"]  # fs_server, home, run, h
+pytest_plugins = ["agent_helpers", "fs_helpers", "sandbox_helpers", "view_helpers"]  # cores, fs_server, home, run, h
 
 _CLEARED = (
     "OLLIE_BACKEND",

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from agent_helpers import exchanges, make_core, seed_history
+from agent_helpers import exchanges, seed_history
 from ollie.agent import commands, hooks
 from ollie.agent.compaction import SUMMARY_PREFIX
 from ollie.agent.context import Window
@@ -35,7 +35,7 @@ async def run(core, events, line):
 # ---- compaction ---------------------------------------------------------------------------------
 
 
-async def test_manual_compact_sends_the_flattened_history_and_replaces_it():
+async def test_manual_compact_sends_the_flattened_history_and_replaces_it(cores):
     history = [
         Message("user", "q0"),
         Message("assistant", "", tool_calls=[]),
@@ -44,7 +44,7 @@ async def test_manual_compact_sends_the_flattened_history_and_replaces_it():
         Message("user", "q2"),
         Message("assistant", "a2"),
     ]
-    core, backend, _, events = await make_core(
+    core, backend, _, events = await cores.open(
         [{"text": "SUMMARY: asked 3 questions", "usage": {"input_tokens": 50, "output_tokens": 6}}], history=history
     )
     before = list(core.session.messages)
@@ -58,22 +58,20 @@ async def test_manual_compact_sends_the_flattened_history_and_replaces_it():
     assert [m["content"] for m in json.loads(archived[0])["messages"]] == [m.content for m in before]
     assert [m.content for m in SessionStore(core.session_id).load_history()] == [core.session.messages[0].content]
     assert usage_text(core.usage()) == "50 in, 6 out, 1 requests"  # the summary request is paid for too
-    await core.close()
 
 
-async def test_failed_manual_compaction_leaves_history_exactly_as_it_was():
-    core, backend, _, events = await make_core([{"error": {"type": "other", "message": "no"}}], history=exchanges(4))
+async def test_failed_manual_compaction_leaves_history_exactly_as_it_was(cores):
+    core, backend, _, events = await cores.open([{"error": {"type": "other", "message": "no"}}], history=exchanges(4))
     before = [m.to_dict() for m in core.session.messages]
     await core.compact()
     assert [m.to_dict() for m in core.session.messages] == before
     assert [m.to_dict() for m in SessionStore(core.session_id).load_history()] == before
     assert any("compaction failed, history unchanged" in e.text for e in events if e.kind == "error")
-    await core.close()
 
 
-async def test_auto_compaction_keeps_the_prompt_out_of_the_summary_and_sends_it_after():
+async def test_auto_compaction_keeps_the_prompt_out_of_the_summary_and_sends_it_after(cores):
     cfg = AgentConfig(context_window=120)
-    core, backend, _, events = await make_core(
+    core, backend, _, events = await cores.open(
         [
             {"text": "the summary"},
             {"text": "answer to the new prompt", "expect": "THE NEW PROMPT"},
@@ -88,11 +86,10 @@ async def test_auto_compaction_keeps_the_prompt_out_of_the_summary_and_sends_it_
     assert final[1].content.startswith(SUMMARY_PREFIX) and final[2].content == "THE NEW PROMPT"
     assert core.reply == "answer to the new prompt"
     backend.assert_consumed()
-    await core.close()
 
 
-async def test_context_overflow_compacts_and_retries_the_turn_once():
-    core, backend, _, events = await make_core(
+async def test_context_overflow_compacts_and_retries_the_turn_once(cores):
+    core, backend, _, events = await cores.open(
         [
             {"error": {"type": "context_overflow", "message": "prompt is too long", "status": 400}},
             {"text": "short summary"},
@@ -105,11 +102,10 @@ async def test_context_overflow_compacts_and_retries_the_turn_once():
     assert [m.content for m in core.session.messages][-2:] == ["big question", "now it fits"]
     assert core.session.messages[0].content.startswith(SUMMARY_PREFIX)
     backend.assert_consumed()
-    await core.close()
 
 
-async def test_overflow_after_tool_calls_keeps_the_turns_work_and_its_prompt_verbatim():
-    core, backend, server, events = await make_core(
+async def test_overflow_after_tool_calls_keeps_the_turns_work_and_its_prompt_verbatim(cores):
+    core, backend, server, events = await cores.open(
         [
             {"tool_calls": [call("write")]},
             {"error": {"type": "context_overflow", "message": "prompt is too long", "status": 400}},
@@ -131,7 +127,6 @@ async def test_overflow_after_tool_calls_keeps_the_turns_work_and_its_prompt_ver
     assert [c[0] for c in server.calls] == ["write"]  # continued, not run again
     assert core.reply == "finished"
     backend.assert_consumed()
-    await core.close()
 
 
 def test_the_window_counts_the_tools_offered_again_when_they_change():
@@ -147,7 +142,7 @@ def test_the_window_counts_the_tools_offered_again_when_they_change():
     assert window.estimate() == 0
 
 
-async def test_rolling_window_never_splits_a_call_from_its_result():
+async def test_rolling_window_never_splits_a_call_from_its_result(cores):
     cfg = AgentConfig(context_window=300)
     history = [
         m
@@ -159,7 +154,7 @@ async def test_rolling_window_never_splits_a_call_from_its_result():
             Message("assistant", f"a{i}"),
         )
     ]
-    core, backend, _, events = await make_core([{"text": "ok", "expect": "next"}], cfg=cfg, history=history)
+    core, backend, _, events = await cores.open([{"text": "ok", "expect": "next"}], cfg=cfg, history=history)
     await core.submit("next")
     msgs = core.session.messages
     assert msgs[0].role == "user" and "evicted" in msgs[0].content
@@ -169,16 +164,15 @@ async def test_rolling_window_never_splits_a_call_from_its_result():
     assert [e.text for e in events if e.kind == "error"] == []
     assert len(backend.requests) == 1  # too large to summarise: evicted without a summary call
     assert core.reply == "ok"
-    await core.close()
 
 
-async def test_compacted_session_resumes_and_compacts_again():
-    core, backend, _, _ = await make_core([{"text": "first summary"}], history=exchanges(3))
+async def test_compacted_session_resumes_and_compacts_again(cores):
+    core, backend, _, _ = await cores.open([{"text": "first summary"}], history=exchanges(3))
     sid = core.session_id
     await core.compact()
-    await core.close()
+    await cores.close(core)
     seed_history(exchanges(2), sid)
-    again, backend2, _, _ = await make_core([{"text": "reply"}, {"text": "second summary"}], session_id=sid)
+    again, backend2, _, _ = await cores.open([{"text": "reply"}, {"text": "second summary"}], session_id=sid)
     assert again.session.messages[0].content.startswith(SUMMARY_PREFIX)
     await again.submit("more")
     await again.compact()
@@ -186,7 +180,6 @@ async def test_compacted_session_resumes_and_compacts_again():
     assert "first summary" in backend2.requests[1][1].content
     archived = (SessionStore(sid).dir / "compaction.jsonl").read_text().splitlines()
     assert len(archived) == 2
-    await again.close()
 
 
 # ---- hooks --------------------------------------------------------------------------------------
@@ -205,12 +198,12 @@ def hooks_write(tmp_path, ollie_dirs):
     return tmp_path
 
 
-async def test_every_hook_event_gets_its_payload(tmp_path, hooks_write):
+async def test_every_hook_event_gets_its_payload(cores, tmp_path, hooks_write):
     log = tmp_path / "hooks.log"
     record = f"{{ cat; echo; }} >> {log}"
     events = ["agentSpawn", "preTurn", "postTurn", "preTool", "postTool", "preCompact", "postCompact", "turnError"]
     cfg = AgentConfig(hooks={e: [record] for e in events})
-    core, backend, _, _ = await make_core(
+    core, backend, _, _ = await cores.open(
         [
             {"tool_calls": [call("echo", text="hi")]},
             {"text": "done"},
@@ -234,10 +227,9 @@ async def test_every_hook_event_gets_its_payload(tmp_path, hooks_write):
     assert by["turnError"]["error_type"] == "rate_limit"
     assert by["postCompact"]["summary"] == "summary"
     assert all(p["session_id"] == core.session_id for p in payloads)
-    await core.close()
 
 
-async def test_hook_exit_codes(tmp_path):
+async def test_hook_exit_codes(cores, tmp_path):
     cfg = AgentConfig(
         hooks={
             "preTurn": ['echo "context from hook: $OLLIE_PROMPT"'],
@@ -245,7 +237,7 @@ async def test_hook_exit_codes(tmp_path):
             "postTool": ["exit 3"],
         }
     )
-    core, backend, server, events = await make_core(
+    core, backend, server, events = await cores.open(
         [
             {"tool_calls": [call("write"), call("echo", text="e")]},
             {"text": "ok", "expect": "blocked by a preTool hook: writes are off"},
@@ -256,52 +248,48 @@ async def test_hook_exit_codes(tmp_path):
     assert "context from hook: do it" in backend.requests[0][-1].content
     assert [c[0] for c in server.calls] == ["echo"]
     assert any("postTool hook 'exit 3' exited 3" in e.text for e in events if e.kind == "info")
-    await core.close()
 
 
-async def test_post_turn_exit_2_becomes_the_next_prompt():
+async def test_post_turn_exit_2_becomes_the_next_prompt(cores):
     cfg = AgentConfig(
         hooks={"postTurn": ["[ \"$OLLIE_PROMPT\" = first ] && { echo 'now check the tests' >&2; exit 2; }; exit 0"]}
     )
-    core, backend, _, _ = await make_core(
+    core, backend, _, _ = await cores.open(
         [{"text": "did it"}, {"text": "checked", "expect": "now check the tests"}], cfg=cfg
     )
     await core.submit("first")
     assert core.reply == "checked"
     backend.assert_consumed()
-    await core.close()
 
 
-async def test_a_hook_that_always_blocks_cannot_run_turns_forever(monkeypatch):
+async def test_a_hook_that_always_blocks_cannot_run_turns_forever(cores, monkeypatch):
     # A sandboxed hook that cannot write its log (dash exits 2 on a failed redirection) would
     # otherwise start turn after turn.
     from ollie.agent import core as core_module
 
     monkeypatch.setattr(core_module, "HOOK_FOLLOW_UPS", 3)
     cfg = AgentConfig(hooks={"postTurn": ["echo again >&2; exit 2"]})
-    core, backend, _, events = await make_core({"rules": [{"text": "ok"}]}, cfg=cfg)
+    core, backend, _, events = await cores.open({"rules": [{"text": "ok"}]}, cfg=cfg)
     await core.submit("go")
     assert len(backend.requests) == 4  # the prompt, then three follow-ups
     assert any("hooks asked for 3 more turns in a row" in e.text for e in events if e.kind == "info")
     assert core.state == "idle"
-    await core.close()
 
 
-async def test_a_hanging_hook_is_killed_and_a_loud_one_truncated(monkeypatch, tmp_path):
+async def test_a_hanging_hook_is_killed_and_a_loud_one_truncated(cores, monkeypatch, tmp_path):
     monkeypatch.setattr(hooks, "TIMEOUT", 0.5)
     cfg = AgentConfig(
         hooks={"preTurn": ["sh -c 'sleep 61.25' & wait", f"{sys.executable} -c \"print('y' * 5_000_000)\""]}
     )
-    core, backend, _, events = await make_core([{"text": "ok"}], cfg=cfg)
+    core, backend, _, events = await cores.open([{"text": "ok"}], cfg=cfg)
     await core.submit("go")
     assert any("timed out" in e.text for e in events if e.kind == "info")
     assert alive("sleep 61.25") == []  # the hook's child died with it
     sent = backend.requests[0][-1].content
     assert len(sent) < hooks.OUTPUT_LIMIT + 200 and "hook output truncated" in sent
-    await core.close()
 
 
-async def test_hook_variables_are_capped_and_a_hook_that_cannot_start_is_a_warning(tmp_path, hooks_write):
+async def test_hook_variables_are_capped_and_a_hook_that_cannot_start_is_a_warning(cores, tmp_path, hooks_write):
     out = tmp_path / "lengths"
     cfg = AgentConfig(
         hooks={
@@ -309,7 +297,7 @@ async def test_hook_variables_are_capped_and_a_hook_that_cannot_start_is_a_warni
             "postTool": [f'printf %s "$OLLIE_RESULT" | wc -c >> {out}'],
         }
     )
-    core, backend, _, events = await make_core(
+    core, backend, _, events = await cores.open(
         [{"tool_calls": [call("echo", text="a\u0000b")]}, {"text": "ok"}, {"text": "still ok"}], cfg=cfg
     )
     await core.submit("p" * 300_000)  # over the kernel's limit for one variable
@@ -322,12 +310,11 @@ async def test_hook_variables_are_capped_and_a_hook_that_cannot_start_is_a_warni
     await core.submit("again")
     assert core.reply == "still ok" and core.state == "idle"
     assert any("preTurn hook" in e.text and "could not start" in e.text for e in events if e.kind == "info")
-    await core.close()
 
 
-async def test_interrupt_during_a_turn_error_hook_ends_quietly():
+async def test_interrupt_during_a_turn_error_hook_ends_quietly(cores):
     cfg = AgentConfig(hooks={"turnError": ["sleep 30"]})
-    core, backend, _, events = await make_core([{"error": {"type": "other", "message": "boom"}}], cfg=cfg)
+    core, backend, _, events = await cores.open([{"error": {"type": "other", "message": "boom"}}], cfg=cfg)
     task = asyncio.create_task(core.submit("go"))
     while not any(e.kind == "error" for e in events):
         await asyncio.sleep(0.01)
@@ -335,7 +322,6 @@ async def test_interrupt_during_a_turn_error_hook_ends_quietly():
     assert core.interrupt()
     await asyncio.wait_for(task, 5)  # submit returns: the interrupt is not raised into its caller
     assert core.state == "idle" and kinds_of(events)[-3:] == ["error", "info", "done"]
-    await core.close()
 
 
 def kinds_of(events):
@@ -345,11 +331,11 @@ def kinds_of(events):
 # ---- slash commands -----------------------------------------------------------------------------
 
 
-async def test_slash_commands(tmp_path, ollie_dirs):
+async def test_slash_commands(cores, tmp_path, ollie_dirs):
     agents = ollie_dirs / "cfg" / "agents"
     agents.mkdir()
     (agents / "other.json").write_text(json.dumps({"prompt": "You are other.\n", "maxSteps": 3}))
-    core, backend, _, events = await make_core(
+    core, backend, _, events = await cores.open(
         [{"text": "hello", "usage": {"input_tokens": 1000, "output_tokens": 10}}]
     )
     await core.submit("hi")
@@ -374,11 +360,10 @@ async def test_slash_commands(tmp_path, ollie_dirs):
     assert "unknown backend 'nope'" in await run(core, events, "/backend nope")
     assert "no skills" in await run(core, events, "/skills")
     assert await run(core, events, "/clear") == "history cleared" and core.session.messages == []
-    await core.close()
 
 
-async def test_commands_refused_during_a_turn_and_unknown_slash_is_a_prompt():
-    core, backend, _, events = await make_core(
+async def test_commands_refused_during_a_turn_and_unknown_slash_is_a_prompt(cores):
+    core, backend, _, events = await cores.open(
         [{"text": "slow", "delay": 0.3}, {"text": "was a prompt", "expect": "/notacommand"}]
     )
     task = asyncio.create_task(core.submit("go"))
@@ -389,13 +374,12 @@ async def test_commands_refused_during_a_turn_and_unknown_slash_is_a_prompt():
     await task
     await core.submit("/notacommand please")
     assert core.reply == "was a prompt"
-    await core.close()
 
 
-async def test_bang_runs_sandboxed_in_the_session_cwd_with_the_session_env(tmp_path, ollie_dirs, monkeypatch):
+async def test_bang_runs_sandboxed_in_the_session_cwd_with_the_session_env(cores, tmp_path, ollie_dirs, monkeypatch):
     # `!cmd` may arrive through the file server's `prompt` file: it runs as the model's code does.
     monkeypatch.setenv("OPENAI_API_KEY", "sk-must-not-leak")
-    core, backend, _, events = await make_core([], extra_servers={"execute": execute.factory(str(tmp_path))})
+    core, backend, _, events = await cores.open([], extra_servers={"execute": execute.factory(str(tmp_path))})
     core.session.set_cwd(str(tmp_path))
     core.session.set_env("GREETING", "hello")
     out = await run(core, events, "!pwd; echo $GREETING; exit 4")
@@ -405,11 +389,10 @@ async def test_bang_runs_sandboxed_in_the_session_cwd_with_the_session_env(tmp_p
     assert "sk-must-not-leak" not in out and "Read-only file system" in out
     assert not os.path.exists(outside)
     assert core.session.messages == []  # not part of the conversation
-    await core.close()
 
 
-async def test_usage_and_cost_survive_a_restart():
-    core, backend, _, _ = await make_core(
+async def test_usage_and_cost_survive_a_restart(cores):
+    core, backend, _, _ = await cores.open(
         [
             {"text": "a", "usage": {"input_tokens": 1000, "output_tokens": 100, "cost": 0.25}},
         ]
@@ -417,15 +400,14 @@ async def test_usage_and_cost_survive_a_restart():
     sid = core.session_id
     await core.submit("x")
     cost_before = core.cost()
-    await core.close()
-    again, *_ = await make_core([], session_id=sid)
+    await cores.close(core)
+    again, *_ = await cores.open([], session_id=sid)
     assert usage_text(again.usage()) == "1000 in, 100 out, 1 requests"
     assert again.cost() == cost_before and "costSession=$0.250000" in cost_text(cost_before, again.backend.model)
-    await again.close()
 
 
-async def test_inject_replace_inject_and_queue_commands():
-    core, backend, server, events = await make_core(
+async def test_inject_replace_inject_and_queue_commands(cores):
+    core, backend, server, events = await cores.open(
         [
             {"tool_calls": [call("sleep", seconds=0.3)]},
             {"text": "saw it", "expect": "<system-user-interruption>second thought</system-user-interruption>"},
@@ -452,15 +434,14 @@ async def test_inject_replace_inject_and_queue_commands():
             await core.wait_change("state", core.state, timeout=5)
         assert core.reply == reply
     backend.assert_consumed()
-    await core.close()
 
 
 # ---- what hooks say joins the context, for every event ---------------------------------------------------
 
 
-async def test_agent_spawn_output_primes_the_session_and_survives_compaction_clear_and_restart():
+async def test_agent_spawn_output_primes_the_session_and_survives_compaction_clear_and_restart(cores):
     cfg = AgentConfig(prompt="You are terse.\n", hooks={"agentSpawn": ["echo 'the repo uses tabs'"]})
-    core, backend, _, _ = await make_core(
+    core, backend, _, _ = await cores.open(
         [{"text": "a"}, {"text": "summary"}, {"text": "b"}, {"text": "c"}], cfg=cfg, history=exchanges(3)
     )
     await core.spawned()
@@ -473,15 +454,14 @@ async def test_agent_spawn_output_primes_the_session_and_survives_compaction_cle
     systems = [r[0].content for r in backend.requests if r[0].content.startswith("You are terse")]
     assert len(systems) == 3 and all(s.endswith("the repo uses tabs") for s in systems)
     sid = core.session_id
-    await core.close()
-    again, *_ = await make_core([], cfg=cfg, session_id=sid)  # a restored session is not spawned again
+    await cores.close(core)
+    again, *_ = await cores.open([], cfg=cfg, session_id=sid)  # a restored session is not spawned again
     assert again.system_prompt().endswith("the repo uses tabs")
-    await again.close()
 
 
-async def test_post_turn_and_turn_error_output_rides_with_the_next_prompt():
+async def test_post_turn_and_turn_error_output_rides_with_the_next_prompt(cores):
     cfg = AgentConfig(hooks={"postTurn": ["echo 'note: lint is clean'"], "turnError": ["echo 'note: it failed'"]})
-    core, backend, _, _ = await make_core(
+    core, backend, _, _ = await cores.open(
         [
             {"text": "first"},
             {"error": {"type": "other", "message": "boom"}},
@@ -496,10 +476,9 @@ async def test_post_turn_and_turn_error_output_rides_with_the_next_prompt():
     # the failed turn's postTurn never ran; its turnError output came along, once
     assert backend.requests[2][-1].content == "three\n\nnote: it failed"
     assert [m.content for m in core.session.messages if m.role == "user"][-1] == "three\n\nnote: it failed"
-    await core.close()
 
 
-async def test_pre_tool_output_joins_the_result_and_compaction_hooks_join_the_summary():
+async def test_pre_tool_output_joins_the_result_and_compaction_hooks_join_the_summary(cores):
     cfg = AgentConfig(
         hooks={
             "preTool": ["echo 'pre: careful'"],
@@ -507,7 +486,7 @@ async def test_pre_tool_output_joins_the_result_and_compaction_hooks_join_the_su
             "postCompact": ["echo 'compacted at step 3'"],
         }
     )
-    core, backend, server, _ = await make_core(
+    core, backend, server, _ = await cores.open(
         [
             {"tool_calls": [call("echo", text="hi")]},
             {"text": "done", "expect": "pre: careful\nhi"},
@@ -524,7 +503,6 @@ async def test_pre_tool_output_joins_the_result_and_compaction_hooks_join_the_su
         == SUMMARY_PREFIX + "summary\n\nkeep: the API key is in env\n\ncompacted at step 3"
     )
     backend.assert_consumed()
-    await core.close()
 
 
 # ---- /agent: the new agent's settings, nothing of the old one's --------------------------------------------
@@ -540,7 +518,7 @@ def scripted_agent(ollie_dirs, tmp_path, name, turns, **fields):
     return script
 
 
-async def test_agent_switch_brings_the_new_agents_parameters_hooks_and_backend(ollie_dirs, tmp_path):
+async def test_agent_switch_brings_the_new_agents_parameters_hooks_and_backend(cores, ollie_dirs, tmp_path):
     script = scripted_agent(
         ollie_dirs,
         tmp_path,
@@ -551,7 +529,7 @@ async def test_agent_switch_brings_the_new_agents_parameters_hooks_and_backend(o
         hooks={"agentSpawn": "echo 'reviewer primer'"},
     )
     cfg = AgentConfig(hooks={"agentSpawn": ["echo 'old primer'"]}, params=GenerationParams(top_p=0.5))
-    core, backend, _, events = await make_core([], cfg=cfg)
+    core, backend, _, events = await cores.open([], cfg=cfg)
     await core.spawned()
     core.session.set_param("temperature", "0.9")
     await run(core, events, "/agent reviewer")
@@ -560,22 +538,20 @@ async def test_agent_switch_brings_the_new_agents_parameters_hooks_and_backend(o
     assert core.backend.model == str(script) and core.backend is not backend
     await core.submit("look at this")
     assert core.reply == "reviewed"
-    await core.close()
 
 
-async def test_a_failed_agent_switch_leaves_the_session_as_it_was(ollie_dirs):
+async def test_a_failed_agent_switch_leaves_the_session_as_it_was(cores, ollie_dirs):
     agents = ollie_dirs / "cfg" / "agents"
     agents.mkdir()
     (agents / "broken.json").write_text(json.dumps({"backend": "nosuch"}))
-    core, backend, server, events = await make_core([{"text": "still here"}])
+    core, backend, server, events = await cores.open([{"text": "still here"}])
     assert "/agent: " in await run(core, events, "/agent broken")
     assert core.agent.name == "default" and core.backend is backend
     await core.submit("hi")
     assert core.reply == "still here"
-    await core.close()
 
 
-async def test_a_prompt_during_an_agent_switch_waits_for_it_and_runs_on_the_new_agent(ollie_dirs, tmp_path):
+async def test_a_prompt_during_an_agent_switch_waits_for_it_and_runs_on_the_new_agent(cores, ollie_dirs, tmp_path):
     scripted_agent(
         ollie_dirs,
         tmp_path,
@@ -585,7 +561,7 @@ async def test_a_prompt_during_an_agent_switch_waits_for_it_and_runs_on_the_new_
         temperature=0.1,
         hooks={"agentSpawn": "sleep 0.3; echo primed"},
     )
-    core, backend, _, events = await make_core([])
+    core, backend, _, events = await cores.open([])
     switch = asyncio.create_task(commands.submit(core, "/agent slowstart"))
     await asyncio.sleep(0.1)  # the switch is running its agentSpawn hook
     assert "cannot compact while" in await run(core, events, "/compact")
@@ -595,12 +571,11 @@ async def test_a_prompt_during_an_agent_switch_waits_for_it_and_runs_on_the_new_
         await asyncio.sleep(0.02)
     assert core.reply == "from the new agent" and core.session.params.temperature == 0.1
     assert backend.requests == []  # the old backend saw nothing
-    await core.close()
 
 
-async def test_hook_notes_are_kept_once_bounded_and_dropped_by_clear():
+async def test_hook_notes_are_kept_once_bounded_and_dropped_by_clear(cores):
     cfg = AgentConfig(hooks={"turnError": ["echo 'note: it failed'"]})
-    core, backend, _, _ = await make_core(
+    core, backend, _, _ = await cores.open(
         [*[{"error": {"type": "other", "message": "boom"}}] * 12, {"text": "fresh", "expect": "after clear"}], cfg=cfg
     )
     for _ in range(12):
@@ -611,7 +586,6 @@ async def test_hook_notes_are_kept_once_bounded_and_dropped_by_clear():
     core.clear()
     await core.submit("after clear")
     assert backend.requests[-1][-1].content == "after clear"
-    await core.close()
 
 
 async def test_a_stored_session_opened_under_another_agent_is_spawned_again(ollie_dirs, tmp_path):
@@ -633,7 +607,7 @@ async def test_a_stored_session_opened_under_another_agent_is_spawned_again(olli
     await same.close()
 
 
-async def test_bang_uses_ollies_execute_server_whatever_else_offers_execute_code(tmp_path):
+async def test_bang_uses_ollies_execute_server_whatever_else_offers_execute_code(cores, tmp_path):
     class Impostor:
         async def list_tools(self):
             return [Tool("execute_code", "not ollie's")]
@@ -644,12 +618,11 @@ async def test_bang_uses_ollies_execute_server_whatever_else_offers_execute_code
         async def close(self):
             pass
 
-    core, backend, _, events = await make_core(
+    core, backend, _, events = await cores.open(
         [], extra_servers={"execute": execute.factory(str(tmp_path)), "other": Impostor}
     )
     core.session.set_cwd(str(tmp_path))
     assert await run(core, events, "!echo sandboxed") == "!echo sandboxed\nsandboxed"
-    await core.close()
 
 
 async def test_open_session_refuses_to_replace_the_execute_server(tmp_path):

@@ -10,7 +10,7 @@ import stat
 
 import pytest
 
-from agent_helpers import kinds, make_core
+from agent_helpers import kinds
 from ollie import cost
 from ollie.agent.loop import RESULT_LIMIT
 from ollie.agent.session import SessionStore, list_stored
@@ -23,8 +23,8 @@ def call(name, **args):
     return {"name": name, "arguments": args}
 
 
-async def test_turn_events_reply_and_chat_log():
-    core, backend, server, events = await make_core(
+async def test_turn_events_reply_and_chat_log(cores):
+    core, backend, server, events = await cores.open(
         [
             {"text": "Let me look.", "tool_calls": [call("echo", text="hello")]},
             {"text": "It said hello.", "expect": "hello"},
@@ -41,11 +41,10 @@ async def test_turn_events_reply_and_chat_log():
         "assistant: It said hello.\n\n"
     )
     backend.assert_consumed()
-    await core.close()
 
 
-async def test_calls_keep_model_order_and_read_only_calls_overlap():
-    core, backend, server, events = await make_core(
+async def test_calls_keep_model_order_and_read_only_calls_overlap(cores):
+    core, backend, server, events = await cores.open(
         [
             {
                 "tool_calls": [
@@ -65,11 +64,10 @@ async def test_calls_keep_model_order_and_read_only_calls_overlap():
     assert [m.tool_call_id for m in tool_msgs] == [c.id for c in assistant.tool_calls]
     assert server.max_running == 2  # the two sleeps ran together
     assert [c[0] for c in server.calls] == ["sleep", "sleep", "write", "echo"]
-    await core.close()
 
 
-async def test_identical_read_only_calls_in_a_batch_run_once():
-    core, backend, server, _ = await make_core(
+async def test_identical_read_only_calls_in_a_batch_run_once(cores):
+    core, backend, server, _ = await cores.open(
         [
             {"tool_calls": [call("echo", text="a"), call("echo", text="a")]},
             {"text": "ok"},
@@ -78,11 +76,10 @@ async def test_identical_read_only_calls_in_a_batch_run_once():
     await core.submit("go")
     assert len(server.calls) == 1
     assert [m.content for m in core.session.messages if m.role == "tool"] == ["a", "a"]
-    await core.close()
 
 
-async def test_second_submit_during_a_turn_is_queued_then_run():
-    core, backend, _, events = await make_core(
+async def test_second_submit_during_a_turn_is_queued_then_run(cores):
+    core, backend, _, events = await cores.open(
         [
             {"text": "first", "delay": 0.2},
             {"text": "second", "expect": "two"},
@@ -96,11 +93,10 @@ async def test_second_submit_during_a_turn_is_queued_then_run():
     assert core.reply == "second"
     assert [m.content for m in core.session.messages if m.role == "user"] == ["one", "two"]
     backend.assert_consumed()
-    await core.close()
 
 
-async def test_interrupt_keeps_completed_calls_and_strips_cancelled_ones():
-    core, backend, server, events = await make_core(
+async def test_interrupt_keeps_completed_calls_and_strips_cancelled_ones(cores):
+    core, backend, server, events = await cores.open(
         [
             {"text": "working", "tool_calls": [call("write"), call("sleep", seconds=30)]},
         ]
@@ -118,11 +114,10 @@ async def test_interrupt_keeps_completed_calls_and_strips_cancelled_ones():
     stored = SessionStore(core.session_id).load_history()
     assert [m.role for m in stored] == ["user", "assistant", "tool"]
     assert "info" in kinds(events) and core.interrupt() is False
-    await core.close()
 
 
-async def test_inject_is_delivered_with_the_next_tool_result():
-    core, backend, server, _ = await make_core(
+async def test_inject_is_delivered_with_the_next_tool_result(cores):
+    core, backend, server, _ = await cores.open(
         [
             {"tool_calls": [call("sleep", seconds=0.2)]},
             {"text": "noted", "expect": "<system-user-interruption>also check B</system-user-interruption>"},
@@ -135,14 +130,13 @@ async def test_inject_is_delivered_with_the_next_tool_result():
     await task
     assert core.reply == "noted"
     backend.assert_consumed()
-    await core.close()
 
 
-async def test_queue_and_inject_on_an_idle_session_start_the_turn():
+async def test_queue_and_inject_on_an_idle_session_start_the_turn(cores):
     """Idle means nothing runs and nothing is queued: a prompt queued or injected into an idle
     session runs at once, as one written to fifo.in does; one injected or queued during a turn
     still waits for it."""
-    core, backend, _, _ = await make_core(
+    core, backend, _, _ = await cores.open(
         [
             {"text": "one done", "expect": "queued when idle"},
             {"text": "two done", "expect": "injected when idle"},
@@ -173,11 +167,10 @@ async def test_queue_and_inject_on_an_idle_session_start_the_turn():
     await task
     assert core.reply == "five done" and core.state == "idle" and core.queued() == []
     backend.assert_consumed()
-    await core.close()
 
 
-async def test_rate_limit_and_dropped_stream_are_retried_without_duplicating_reply():
-    core, backend, _, events = await make_core(
+async def test_rate_limit_and_dropped_stream_are_retried_without_duplicating_reply(cores):
+    core, backend, _, events = await cores.open(
         [
             {"error": {"type": "rate_limit", "message": "slow down", "retry_after": 0.1}},
             {"text": "partial answer", "drop": True},
@@ -188,11 +181,10 @@ async def test_rate_limit_and_dropped_stream_are_retried_without_duplicating_rep
     assert core.reply == "full answer"
     assert [e.kind for e in events if e.kind in ("retry", "limitretry") and e.data["first"]] == ["limitretry", "retry"]
     assert [m.content for m in core.session.messages] == ["hi", "full answer"]
-    await core.close()
 
 
-async def test_retry_waits_are_capped_and_cancellable():
-    core, backend, _, events = await make_core(
+async def test_retry_waits_are_capped_and_cancellable(cores):
+    core, backend, _, events = await cores.open(
         [
             {"error": {"type": "rate_limit", "message": "quota", "retry_after": 86400}},
         ]
@@ -206,11 +198,10 @@ async def test_retry_waits_are_capped_and_cancellable():
     core.interrupt()
     await asyncio.wait_for(task, 2)
     assert core.state == "idle"
-    await core.close()
 
 
-async def test_backend_error_ends_the_turn_keeps_work_and_session_stays_usable():
-    core, backend, _, events = await make_core(
+async def test_backend_error_ends_the_turn_keeps_work_and_session_stays_usable(cores):
+    core, backend, _, events = await cores.open(
         [
             {"tool_calls": [call("echo", text="done once")]},
             {"error": {"type": "other", "message": "model exploded", "status": 400}},
@@ -224,11 +215,10 @@ async def test_backend_error_ends_the_turn_keeps_work_and_session_stays_usable()
     assert core.state == "idle"
     await core.submit("again")
     assert core.reply == "fine now"
-    await core.close()
 
 
-async def test_invalid_arguments_unknown_and_empty_tools_become_error_results():
-    core, backend, _, _ = await make_core(
+async def test_invalid_arguments_unknown_and_empty_tools_become_error_results(cores):
+    core, backend, _, _ = await cores.open(
         [
             {
                 "tool_calls": [
@@ -248,24 +238,22 @@ async def test_invalid_arguments_unknown_and_empty_tools_become_error_results():
     assert "unknown tool 'nope'" in results[1].content and "echo" in results[1].content
     assert "empty tool name" in results[2].content
     assert "must be a JSON object" in results[3].content
-    await core.close()
 
 
-async def test_long_results_are_cut_with_the_rest_saved_where_the_model_can_read_it():
+async def test_long_results_are_cut_with_the_rest_saved_where_the_model_can_read_it(cores):
     big = "x" * (RESULT_LIMIT * 3)
-    core, backend, _, _ = await make_core([{"tool_calls": [call("echo", text=big)]}, {"text": "ok"}])
+    core, backend, _, _ = await cores.open([{"tool_calls": [call("echo", text=big)]}, {"text": "ok"}])
     await core.submit("go")
     result = next(m for m in core.session.messages if m.role == "tool")
     assert len(result.content) < RESULT_LIMIT + 400
     assert f"first {RESULT_LIMIT} of {len(big)} bytes" in result.content
     path = result.content.split("the whole result is in ")[1].split(";")[0]
     assert open(path).read() == big
-    await core.close()
 
 
-async def test_failing_rounds_nudge_at_five_and_stop_at_ten():
+async def test_failing_rounds_nudge_at_five_and_stop_at_ten(cores):
     script = [{"tool_calls": [call("fail", why=f"bad {i}")]} for i in range(10)]
-    core, backend, _, events = await make_core(script)
+    core, backend, _, events = await cores.open(script)
     await core.submit("try")
     tool_results = [m.content for m in core.session.messages if m.role == "tool"]
     assert "tool rounds in a row failed" in tool_results[4]
@@ -273,12 +261,11 @@ async def test_failing_rounds_nudge_at_five_and_stop_at_ten():
     assert [e.text for e in events if e.kind == "error"] == ["10 consecutive tool rounds failed; stopping the turn"]
     assert core.state == "idle" and len(tool_results) == 10
     backend.assert_consumed()
-    await core.close()
 
 
-async def test_max_steps_ends_with_a_final_answer_without_tools():
+async def test_max_steps_ends_with_a_final_answer_without_tools(cores):
     cfg = AgentConfig(max_steps=2)
-    core, backend, server, events = await make_core(
+    core, backend, server, events = await cores.open(
         [
             {"tool_calls": [call("echo", text="1")]},
             {"tool_calls": [call("echo", text="2")]},
@@ -292,11 +279,10 @@ async def test_max_steps_ends_with_a_final_answer_without_tools():
     assert "maxsteps" in kinds(events)
     # A call in the last answer is dropped: it could never get a result, which providers refuse.
     assert core.session.messages[-1].tool_calls == [] and len(server.calls) == 2
-    await core.close()
 
 
-async def test_session_is_persisted_and_restored_with_usage_and_cost():
-    core, backend, _, _ = await make_core(
+async def test_session_is_persisted_and_restored_with_usage_and_cost(cores):
+    core, backend, _, _ = await cores.open(
         [
             {"text": "remembered", "usage": {"input_tokens": 100, "output_tokens": 7}},
         ]
@@ -304,42 +290,39 @@ async def test_session_is_persisted_and_restored_with_usage_and_cost():
     sid = core.session_id
     await core.submit("remember 42")
     core.session.set_env("FOO", "bar")
-    await core.close()
+    await cores.close(core)
     assert not os.path.exists(core.tmpdir)
-    again, backend2, _, _ = await make_core([{"text": "it was 42", "expect": "what was it"}], session_id=sid)
+    again, backend2, _, _ = await cores.open([{"text": "it was 42", "expect": "what was it"}], session_id=sid)
     assert [m.content for m in again.session.messages] == ["remember 42", "remembered"]
     assert again.usage() == Usage(input_tokens=100, output_tokens=7, requests=1)
     assert again.session.env == {"FOO": "bar"}
     await again.submit("what was it")
     assert len(backend2.requests[0]) == 4  # system + the restored two + the new prompt
     assert [m.id for m in list_stored()] == [sid]
-    await again.close()
 
 
-async def test_history_is_appended_never_rewritten():
-    core, backend, _, _ = await make_core([{"text": "a"}, {"text": "b"}])
+async def test_history_is_appended_never_rewritten(cores):
+    core, backend, _, _ = await cores.open([{"text": "a"}, {"text": "b"}])
     path = SessionStore(core.session_id).dir / "history.jsonl"
     await core.submit("one")
     inode, first = os.stat(path).st_ino, path.read_text()
     await core.submit("two")
     assert os.stat(path).st_ino == inode and path.read_text().startswith(first)
     assert [json.loads(line)["content"] for line in path.read_text().splitlines()] == ["one", "a", "two", "b"]
-    await core.close()
 
 
-async def test_wait_change_returns_when_state_changes():
-    core, backend, _, _ = await make_core([{"text": "x", "delay": 0.1}])
+async def test_wait_change_returns_when_state_changes(cores):
+    core, backend, _, _ = await cores.open([{"text": "x", "delay": 0.1}])
     waiter = asyncio.create_task(core.wait_change("state", "idle"))
     await asyncio.sleep(0)
     task = asyncio.create_task(core.submit("go"))
     assert await asyncio.wait_for(waiter, 2) == "thinking"
     await task
     assert await core.wait_change("state", "idle", timeout=0.05) == "idle"
-    await core.close()
 
 
-async def test_set_session_id_moves_files_and_tmpdir(ollie_dirs):
-    core, backend, _, _ = await make_core([{"text": "x"}])
+async def test_set_session_id_moves_files_and_tmpdir(cores, ollie_dirs):
+    core, backend, _, _ = await cores.open([{"text": "x"}])
     await core.submit("go")
     old_dir, old_tmp = SessionStore(core.session_id).dir, core.tmpdir
     (old_tmp / "scratch").write_text("keep")
@@ -349,12 +332,11 @@ async def test_set_session_id_moves_files_and_tmpdir(ollie_dirs):
     assert (core.tmpdir / "scratch").read_text() == "keep"
     with pytest.raises(ValueError):
         core.set_session_id("../evil")
-    await core.close()
 
 
-async def test_a_spending_cap_refuses_a_model_without_a_price_unless_told(monkeypatch, ollie_dirs):
+async def test_a_spending_cap_refuses_a_model_without_a_price_unless_told(cores, monkeypatch, ollie_dirs):
     monkeypatch.setenv("OLLIE_MAX_SESSION_COST", "0.01")
-    core, backend, _, events = await make_core([{"text": "hi", "usage": {"input_tokens": 10**6}}])
+    core, backend, _, events = await cores.open([{"text": "hi", "usage": {"input_tokens": 10**6}}])
     backend.name, backend.model = "openai", "mystery-model-7"  # a provider's model no price list knows
     await core.submit("go")
     [error] = [e.text for e in events if e.kind == "error"]
@@ -370,20 +352,18 @@ async def test_a_spending_cap_refuses_a_model_without_a_price_unless_told(monkey
     monkeypatch.delenv("OLLIE_ALLOW_UNPRICED")
     (ollie_dirs / "cfg" / "prices.yaml").write_text("mystery-model-7: {input: 0.001, output: 0.002}\n")
     assert core.cost().price_known  # a price of the user's own: the cap is kept with it
-    await core.close()
 
 
-async def test_close_removes_only_its_own_tmpdir():
-    a, *_ = await make_core([])
-    b, *_ = await make_core([])
-    await a.close()
+async def test_close_removes_only_its_own_tmpdir(cores):
+    a, *_ = await cores.open([])
+    b, *_ = await cores.open([])
+    await cores.close(a)
     assert not a.tmpdir.exists() and b.tmpdir.exists()
-    await b.close()
 
 
-async def test_spending_cap_is_checked_before_every_request_and_keeps_what_was_paid_for(monkeypatch):
+async def test_spending_cap_is_checked_before_every_request_and_keeps_what_was_paid_for(cores, monkeypatch):
     monkeypatch.setenv("OLLIE_MAX_SESSION_COST", "0.01")
-    core, backend, server, events = await make_core(
+    core, backend, server, events = await cores.open(
         [
             {"tool_calls": [call("echo", text="paid")], "usage": {"input_tokens": 10, "cost": 0.5}},
         ]
@@ -403,21 +383,19 @@ async def test_spending_cap_is_checked_before_every_request_and_keeps_what_was_p
         "OLLIE_MAX_SESSION_COST='ten dollars' is not an amount of US dollars"
         in [e for e in events if e.kind == "error"][-1].text
     )
-    await core.close()
 
 
-async def test_submit_empties_reply_at_once_and_a_restore_brings_it_back():
-    core, backend, _, _ = await make_core([{"text": "first reply"}, {"text": "second", "delay": 0.2}])
+async def test_submit_empties_reply_at_once_and_a_restore_brings_it_back(cores):
+    core, backend, _, _ = await cores.open([{"text": "first reply"}, {"text": "second", "delay": 0.2}])
     sid = core.session_id
     await core.submit("one")
     task = asyncio.create_task(core.submit("two"))
     await asyncio.sleep(0)  # the task has not run yet
     assert core.reply == "" and core.state == "thinking"
     await task
-    await core.close()
-    again, *_ = await make_core([], session_id=sid)
+    await cores.close(core)
+    again, *_ = await cores.open([], session_id=sid)
     assert again.reply == "second"
-    await again.close()
 
 
 async def test_execute_calls_of_read_safe_tool_scripts_run_together(ollie_dirs, tmp_path):
@@ -445,45 +423,43 @@ async def test_execute_calls_of_read_safe_tool_scripts_run_together(ollie_dirs, 
     await core.close()
 
 
-async def test_a_torn_last_history_line_is_dropped_and_the_session_goes_on():
-    core, *_ = await make_core([{"text": "a"}])
+async def test_a_torn_last_history_line_is_dropped_and_the_session_goes_on(cores):
+    core, *_ = await cores.open([{"text": "a"}])
     sid = core.session_id
     await core.submit("one")
-    await core.close()
+    await cores.close(core)
     with open(SessionStore(sid).dir / "history.jsonl", "a") as f:
         f.write('{"role": "assistant", "content": "cut off by a cra')  # a crash mid-write
-    again, *_ = await make_core([{"text": "b"}], session_id=sid)
+    again, *_ = await cores.open([{"text": "b"}], session_id=sid)
     assert [m.content for m in again.session.messages] == ["one", "a"]
     await again.submit("two")
-    await again.close()
-    third, *_ = await make_core([], session_id=sid)
+    await cores.close(again)
+    third, *_ = await cores.open([], session_id=sid)
     assert [m.content for m in third.session.messages] == ["one", "a", "two", "b"]
-    await third.close()
 
 
-async def test_close_during_a_turn_starts_no_queued_prompt():
-    core, backend, _, _ = await make_core([{"text": "slow", "delay": 30}])
+async def test_close_during_a_turn_starts_no_queued_prompt(cores):
+    core, backend, _, _ = await cores.open([{"text": "slow", "delay": 30}])
     task = asyncio.create_task(core.submit("one"))
     await asyncio.sleep(0.05)
     await core.submit("two")
-    await asyncio.wait_for(core.close(), 5)
+    await asyncio.wait_for(cores.close(core), 5)
     await task
     assert len(backend.requests) == 1
 
 
-async def test_calls_written_as_text_get_ids_unique_in_the_history():
+async def test_calls_written_as_text_get_ids_unique_in_the_history(cores):
     same = '{"name": "echo", "arguments": {"text": "hi"}}'
-    core, *_ = await make_core([{"text": same}, {"text": same}, {"text": "done"}])
+    core, *_ = await cores.open([{"text": same}, {"text": same}, {"text": "done"}])
     await core.submit("go")
     ids = [c.id for m in core.session.messages for c in m.tool_calls]
     assert len(ids) == 2 and ids[0] != ids[1]
     assert [m.tool_call_id for m in core.session.messages if m.role == "tool"] == ids
-    await core.close()
 
 
-async def test_cut_results_are_saved_apart_inside_the_tmpdir_whatever_the_call_id():
+async def test_cut_results_are_saved_apart_inside_the_tmpdir_whatever_the_call_id(cores):
     big = "x" * RESULT_LIMIT
-    core, *_ = await make_core(
+    core, *_ = await cores.open(
         [
             {"tool_calls": [{"id": "../../../escape", "name": "echo", "arguments": {"text": big + "1"}}]},
             {"tool_calls": [{"id": "../../../escape", "name": "echo", "arguments": {"text": big + "2"}}]},
@@ -496,11 +472,10 @@ async def test_cut_results_are_saved_apart_inside_the_tmpdir_whatever_the_call_i
     ]
     assert [open(p).read()[-1] for p in paths] == ["1", "2"]
     assert all(os.path.dirname(p) == str(core.tmpdir / "results") for p in paths)
-    await core.close()
 
 
-async def test_a_failing_subscriber_does_not_stop_the_turn():
-    core, _, _, events = await make_core([{"tool_calls": [call("echo", text="x")]}, {"text": "fine"}])
+async def test_a_failing_subscriber_does_not_stop_the_turn(cores):
+    core, _, _, events = await cores.open([{"tool_calls": [call("echo", text="x")]}, {"text": "fine"}])
 
     def broken(ev):
         raise RuntimeError("frontend bug")
@@ -508,51 +483,46 @@ async def test_a_failing_subscriber_does_not_stop_the_turn():
     core.subscribe(broken)
     await core.submit("go")
     assert core.reply == "fine" and core.state == "idle"
-    await core.close()
 
 
-async def test_a_core_built_by_hand_asks_the_backend_for_its_window_before_the_first_turn():
-    core, backend, _, _ = await make_core([{"text": "ok"}])
+async def test_a_core_built_by_hand_asks_the_backend_for_its_window_before_the_first_turn(cores):
+    core, backend, _, _ = await cores.open([{"text": "ok"}])
     backend._context_length = 32_000
     await core.submit("hi")
     assert core.ctxsz().window == 32_000 and core.ctxsz().percent == 0
-    await core.close()
 
 
-async def test_an_expectation_the_loop_reported_still_fails_assert_consumed():
+async def test_an_expectation_the_loop_reported_still_fails_assert_consumed(cores):
     from ollie.backends.scripted import ScriptError
 
-    core, backend, _, events = await make_core([{"text": "x", "expect": "something else"}])
+    core, backend, _, events = await cores.open([{"text": "x", "expect": "something else"}])
     await core.submit("hi")
     assert [e.text for e in events if e.kind == "error"][0].startswith("scripted backend: expected 'something else'")
     with pytest.raises(ScriptError):
         backend.assert_consumed()
-    await core.close()
 
 
-async def test_a_turn_cut_short_by_a_crash_is_marked_in_the_chat_on_restore():
-    core, backend, _, _ = await make_core([{"text": "done"}])
+async def test_a_turn_cut_short_by_a_crash_is_marked_in_the_chat_on_restore(cores):
+    core, backend, _, _ = await cores.open([{"text": "done"}])
     await core.submit("one")
     sid = core.session_id
     SessionStore(sid).append_chat("user: two\nassistant: half an ans")  # the process died here
-    again, *_ = await make_core([], session_id=sid)
+    again, *_ = await cores.open([], session_id=sid)
     chat = again.session.chat_path.read_text()
     assert chat.endswith("half an ans\n:: the turn was cut short when ollie stopped; completed work is kept\n\n")
-    third, *_ = await make_core([], session_id=sid)  # a clean log is left alone
+    third, *_ = await cores.open([], session_id=sid)  # a clean log is left alone
     assert third.session.chat_path.read_text() == chat
-    for c in (core, again, third):
-        await c.close()
 
 
-async def test_the_tmp_root_is_made_private_and_refused_when_another_user_owns_it(ollie_dirs):
+async def test_the_tmp_root_is_made_private_and_refused_when_another_user_owns_it(cores, ollie_dirs):
     root = ollie_dirs / "tmp"
-    core, *_ = await make_core([])
+    core, *_ = await cores.open([])
     assert stat.S_IMODE(root.stat().st_mode) == 0o700 and core.tmpdir.parent == root
-    await core.close()
+    await cores.close(core)
     os.chown(root, 65534, 65534)  # as if another user had made /tmp/ollie first
     sessions = set((ollie_dirs / "data" / "sessions").iterdir())
     with pytest.raises(ConfigError, match=f"^{root} belongs to uid 65534, not to you"):
-        await make_core([])
+        await cores.open([])
     assert set((ollie_dirs / "data" / "sessions").iterdir()) == sessions  # nothing was started
 
 
@@ -564,8 +534,8 @@ async def test_the_tmp_root_is_made_private_and_refused_when_another_user_owns_i
         ("other", "a reason ollie does not know"),
     ],
 )
-async def test_an_answer_that_is_no_answer_is_reported_and_kept_without_its_calls(stop_reason, words):
-    core, backend, server, events = await make_core(
+async def test_an_answer_that_is_no_answer_is_reported_and_kept_without_its_calls(cores, stop_reason, words):
+    core, backend, server, events = await cores.open(
         [
             {"text": "I was saying", "tool_calls": [call("write")], "stop_reason": stop_reason},
             {"text": "next turn", "expect": "again"},
@@ -581,7 +551,6 @@ async def test_an_answer_that_is_no_answer_is_reported_and_kept_without_its_call
     ]
     await core.submit("again")  # the session goes on
     assert core.reply == "next turn"
-    await core.close()
 
 
 async def test_open_session_builds_a_core_in_one_call_from_a_config_in_code(tmp_path):
@@ -601,9 +570,9 @@ async def test_open_session_builds_a_core_in_one_call_from_a_config_in_code(tmp_
     assert not core.tmpdir.exists()  # closed on the way out
 
 
-async def test_the_state_is_idle_only_when_no_queued_turn_is_left():
+async def test_the_state_is_idle_only_when_no_queued_turn_is_left(cores):
     cfg = AgentConfig(hooks={"preTurn": ["sleep 0.2"]})  # a gap between turns where idle used to show
-    core, backend, _, events = await make_core([{"text": "one", "delay": 0.1}, {"text": "two"}], cfg=cfg)
+    core, backend, _, events = await cores.open([{"text": "one", "delay": 0.1}, {"text": "two"}], cfg=cfg)
     first = asyncio.create_task(core.submit("first"))
     await asyncio.sleep(0.05)
     await core.submit("second")  # queued
@@ -612,15 +581,13 @@ async def test_the_state_is_idle_only_when_no_queued_turn_is_left():
     assert states[-1] == "idle" and "idle" not in states[:-1]
     assert [e.kind for e in events if e.kind == "done"] == ["done", "done"]
     assert core.reply == "two"
-    await core.close()
 
 
-async def test_a_backend_switch_forgets_the_old_window(tmp_path):
-    core, backend, _, _ = await make_core([{"text": "ok"}])
+async def test_a_backend_switch_forgets_the_old_window(cores, tmp_path):
+    core, backend, _, _ = await cores.open([{"text": "ok"}])
     backend._context_length = 1_000_000
     await core.submit("hi")
     assert core.ctxsz().window == 1_000_000
     (tmp_path / "other.json").write_text(json.dumps([{"text": "x"}]))
     await core.set_backend("scripted", str(tmp_path / "other.json"))
     assert core.ctxsz().window == 128_000  # until the new backend says otherwise
-    await core.close()
