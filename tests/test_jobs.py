@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from fs_helpers import FsServer
-from ollie.fs.jobs import TEMPLATE
+from ollie.fs.job import TEMPLATE
 from test_fs_examples import SPAWN_SUBAGENTS_PY
 
 

@@ -307,14 +307,17 @@ def _submit(srv: FsServer, spec: str) -> str:
 
 
 def test_worktree_1_is_refused_on_the_ray_executor(ollie_dirs, tmp_path):
-    from ollie.fs import jobs as jobs_module
+    from ollie.fs.job import parse_spec
+    from ollie.fs.jobs import Jobs
+    from ollie.fs.ray_jobs import RayExecutor
     from ollie.fs.sessions import Sessions
     from ollie.vfs.namespace import FsError
 
     make_repo(tmp_path / "repo")
-    jobs = jobs_module.Jobs(Sessions(default_cwd=str(tmp_path / "repo")), slots=1, executor="ray")
+    sessions = Sessions(default_cwd=str(tmp_path / "repo"))
+    jobs = Jobs(sessions, slots=1, executor=RayExecutor(sessions))
     with pytest.raises(FsError) as e:
-        jobs.check_spec(jobs_module.parse_spec("worktree=1\n---\nhi\n"), None)
+        jobs.check_spec(parse_spec("worktree=1\n---\nhi\n"), None)
     assert "worktree=1: not with OLLIE_BATCH_EXECUTOR=ray" in str(e.value)
 
 

@@ -14,7 +14,8 @@ from ..types import OllieError
 from ..vfs.namespace import Dir, File, FsError, Handle, OpenMode
 from ..vfs.stores import OnCloseHandle, TextFile, text_size
 from . import worktrees
-from .jobs import TEMPLATE, Job, Jobs, Spec, parse_header_line
+from .job import TEMPLATE, Job, Spec, parse_header_line
+from .jobs import Jobs
 from .session_files import ChatFile, WaitHandle, script_file
 from .sessions import Session, child_name, errno_of
 

@@ -1,5 +1,5 @@
-"""Batch jobs on a Ray cluster (`OLLIE_BATCH_EXECUTOR=ray`): each job of `b/` runs as one Ray task,
-a headless session on whichever worker Ray picks, and streams its log back to the server.
+"""The Ray executor (`OLLIE_BATCH_EXECUTOR=ray`): each job of `b/` runs as one Ray task, a headless
+session on whichever worker Ray picks, and streams its log back to the server.
 
 The server (the Ray driver) keeps everything `b/` shows: it appends the streamed log to the job's
 `chat`, and takes usage, cost and the outcome from the stream. Nothing of a job's spec but its
@@ -18,6 +18,7 @@ cancels the task: Ray interrupts the worker's wait, and the session closes its s
 from __future__ import annotations
 
 import asyncio
+import errno as E
 import logging
 import os
 import queue
@@ -28,11 +29,16 @@ import threading
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 from .. import config, sandbox, telemetry
 from ..chatfmt import marked, visible
 from ..types import ConfigError, Cost, OllieError, Usage
+from ..vfs.namespace import FsError
+from .job import Job, Spec, live_parent, outcome, session_settings
+
+if TYPE_CHECKING:
+    from .sessions import Session, Sessions
 
 log = logging.getLogger("ollie.fs.ray_jobs")
 
@@ -130,13 +136,28 @@ class RayExecutor:
     head, `auto` (the cluster this machine runs), or "" (Ray's own choice: a running local cluster,
     else a new one in this process, stopped with the server)."""
 
-    def __init__(self, address: str | None = None):
+    slots = 10_000  # jobs handed to the cluster at once, unless OLLIE_JOBS says: its scheduler queues them
+
+    def __init__(self, sessions: Sessions, address: str | None = None):
+        self.sessions = sessions
         self.address = os.environ.get("RAY_ADDRESS", "") if address is None else address
         self._ray: Any = None
         self._remote: Any = None
         self._lock = asyncio.Lock()
 
-    async def connect(self) -> None:
+    def check(self, spec: Spec, settings: dict[str, str], parent: Session | None, job_id: str) -> None:
+        """The session's spec, its cwd not looked at here (a worker checks it where the job runs);
+        worktree=1 refused: a worker's node has no checkout of this repository to make a worktree
+        of, and the worktree must lie in the parent's cwd on this machine."""
+        self.sessions.check_spec(settings, cwd_here=False)
+        if spec.worktree:
+            raise FsError(
+                E.EINVAL,
+                "worktree=1: not with OLLIE_BATCH_EXECUTOR=ray (a job runs on another node, where this "
+                "repository's worktree is not); run it on a server with the local executor, or without worktree=1",
+            )
+
+    async def ready(self) -> None:
         """Connect on first use; a cluster that cannot be reached is an OllieError naming it."""
         async with self._lock:
             if self._ray is not None:
@@ -175,19 +196,34 @@ class RayExecutor:
             include_dashboard=False,
         )
 
-    async def run(
-        self, task: Task, on_start: Callable[[], None], on_progress: Callable[[dict[str, Any]], None]
-    ) -> dict[str, Any]:
-        """Run the task to its end; returns its outcome (status, result, usage, cost, model).
-        `on_start` when a worker has begun it, `on_progress(item)` for each log, usage and cost."""
-        await self.connect()
+    async def run(self, job: Job, parent: Session | None) -> tuple[str, str]:
+        """The job as a task of the cluster: its log, usage and cost stream into its record."""
+        settings = session_settings(self.sessions, job.spec, parent)
+        settings["cwd"] = os.path.abspath(self.sessions.cwd_of(settings))
+        within = parent.settings()["cwd"] if parent is not None else ""
+        started_by = parent.core.trace_context() if parent is not None and parent.core is not None else None
+        task = Task(job.id, settings, job.prompt, job.spec.output, within, telemetry.inject(started_by))
+        job.log_path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        with open(job.log_path, "ab") as log_file:
+            done = await self._follow(task, job, log_file)
+        if (alive := live_parent(self.sessions, parent)) is not None:
+            self.sessions.add_to_parent(alive, job.usage(), job.record.cost)
+        return done["status"], done.get("result", "")
+
+    async def _follow(self, task: Task, job: Job, log_file: BinaryIO) -> dict[str, Any]:
+        """Run the task to its end, following what it streams; returns its outcome (status, result)."""
+        await self.ready()
         stream = self._remote.remote(asdict(task))
         try:
             async for ref in stream:
                 item = await ref
                 if "started" in item:
-                    on_start()
-                on_progress(item)
+                    job.set("running")
+                if item.get("log"):
+                    log_file.write(item["log"])
+                    log_file.flush()
+                if "usage" in item:
+                    job.spent(item["usage"], Cost(**item["cost"]), item["model"])
                 if "status" in item:
                     return item
             return {"status": "failed: its Ray task ended without an outcome", "result": ""}
@@ -328,8 +364,6 @@ async def _follow(
 ) -> None:
     """Run the turn, sending what the chat log gained at each event; then the outcome. Asked to
     stop, it interrupts the turn and sends nothing more (nobody reads on)."""
-    from .jobs import outcome  # the local executor's rules, shared
-
     turn = asyncio.ensure_future(core.submit(task.prompt))
     stopped = asyncio.ensure_future(stop.wait())
     try:
@@ -365,7 +399,7 @@ def _progress(core: Any, log_bytes: bytes) -> dict[str, Any]:
     return {
         "log": log_bytes,
         "usage": asdict(usage),
-        "cost": [cost.session, cost.last, cost.price_known],
+        "cost": asdict(cost),
         "model": core.backend.model,
     }
 
