@@ -9,7 +9,7 @@ import os
 
 import pytest
 
-from agent_helpers import ToyServer, kinds, make_core
+from agent_helpers import ToyServer, kinds
 from ollie import backends
 from ollie.agent.core import Core, CoreConfig
 from ollie.agent.env import build_agent_env
@@ -76,8 +76,8 @@ def assert_history_valid(core):
     assert core.session.chat_path.read_text()  # valid UTF-8
 
 
-async def test_a_tool_name_that_is_no_string_gets_an_error_result_and_the_turn_goes_on():
-    core, backend, server, _ = await make_core(
+async def test_a_tool_name_that_is_no_string_gets_an_error_result_and_the_turn_goes_on(cores):
+    core, backend, server, _ = await cores.open(
         [
             {"tool_calls": [{"name": 5, "arguments": {}}, {"name": None, "arguments": {}}, {"name": ["echo"]}]},
             {"text": "ok", "expect": "available tools: echo"},
@@ -91,11 +91,10 @@ async def test_a_tool_name_that_is_no_string_gets_an_error_result_and_the_turn_g
     assert core.reply == "ok" and server.calls == []
     backend.assert_consumed()
     assert_history_valid(core)
-    await core.close()
 
 
-async def test_call_ids_missing_not_strings_or_repeated_are_replaced_by_unique_ones():
-    core, backend, _, _ = await make_core(
+async def test_call_ids_missing_not_strings_or_repeated_are_replaced_by_unique_ones(cores):
+    core, backend, _, _ = await cores.open(
         [
             {
                 "tool_calls": [
@@ -113,7 +112,6 @@ async def test_call_ids_missing_not_strings_or_repeated_are_replaced_by_unique_o
     assert core.session.messages[1].tool_calls[1].id == "same"
     backend.assert_consumed()
     assert_history_valid(core)
-    await core.close()
 
 
 @pytest.mark.parametrize(
@@ -125,8 +123,8 @@ async def test_call_ids_missing_not_strings_or_repeated_are_replaced_by_unique_o
     ],
     ids=["text", "parsed", "just-too-deep"],
 )
-async def test_arguments_nested_too_deep_get_an_error_result(arguments):
-    core, backend, server, _ = await make_core(
+async def test_arguments_nested_too_deep_get_an_error_result(cores, arguments):
+    core, backend, server, _ = await cores.open(
         [
             {"tool_calls": [{"name": "echo", "arguments": arguments}]},
             {"text": "flatter next time", "expect": f"arguments for echo are nested more than {MAX_DEPTH} levels deep"},
@@ -136,11 +134,10 @@ async def test_arguments_nested_too_deep_get_an_error_result(arguments):
     assert core.reply == "flatter next time" and server.calls == []
     backend.assert_consumed()
     assert_history_valid(core)
-    await core.close()
 
 
-async def test_arguments_that_are_a_json_list_or_a_number_get_an_error_result():
-    core, backend, server, _ = await make_core(
+async def test_arguments_that_are_a_json_list_or_a_number_get_an_error_result(cores):
+    core, backend, server, _ = await cores.open(
         [
             {"tool_calls": [{"name": "echo", "arguments": [1, 2]}, {"name": "echo", "arguments": 3}]},
             {"text": "ok", "expect": "arguments for echo must be a JSON object, not a number"},
@@ -152,11 +149,10 @@ async def test_arguments_that_are_a_json_list_or_a_number_get_an_error_result():
     assert server.calls == []
     backend.assert_consumed()
     assert_history_valid(core)
-    await core.close()
 
 
-async def test_lone_surrogates_in_text_and_arguments_become_replacement_characters():
-    core, backend, server, events = await make_core(
+async def test_lone_surrogates_in_text_and_arguments_become_replacement_characters(cores):
+    core, backend, server, events = await cores.open(
         [
             {
                 "reasoning": "hm\ud800",
@@ -178,7 +174,6 @@ async def test_lone_surrogates_in_text_and_arguments_become_replacement_characte
     assert core.reply == "again"
     backend.assert_consumed()
     assert_history_valid(core)
-    await core.close()
 
 
 @pytest.mark.parametrize(

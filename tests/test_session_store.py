@@ -15,7 +15,6 @@ from pathlib import Path
 
 import pytest
 
-from agent_helpers import make_core
 from ollie.agent import session as session_module
 from ollie.agent.events import Bus
 from ollie.agent.session import SessionMeta, SessionStore
@@ -172,11 +171,11 @@ def test_usage_helpers_match_asdict():
     assert Usage(input_tokens="7", cost="x").not_numbers() == ["input_tokens", "cost"]  # type: ignore[arg-type]
 
 
-async def test_a_turn_saves_off_the_loop_and_close_leaves_exact_usage_and_cost(slow_fsync):
+async def test_a_turn_saves_off_the_loop_and_close_leaves_exact_usage_and_cost(cores, slow_fsync):
     gate, threads = slow_fsync
     gate.set()
     usage = {"input_tokens": 1000, "output_tokens": 10, "cost": 0.125}
-    core, *_ = await make_core([{"text": "a", "usage": usage}, {"text": "b", "usage": usage}])
+    core, *_ = await cores.open([{"text": "a", "usage": usage}, {"text": "b", "usage": usage}])
     store = core.session.store
     threads.clear()
     gate.clear()
@@ -184,15 +183,15 @@ async def test_a_turn_saves_off_the_loop_and_close_leaves_exact_usage_and_cost(s
     until(lambda: threads == ["ollie-meta"])
     gate.set()
     await core.submit("two")
-    await core.close()
+    await cores.close(core)
     meta = stored(store)
     assert meta["usage"] == core.usage().to_dict() == Usage(2000, 20, requests=2, cost=0.25).to_dict()
     assert meta["cost_session"] == 0.25 and meta["cost_last"] == 0.125
     assert meta["first_prompt"] == "one"
 
 
-async def test_chat_offsets_and_history_lines_are_exact():
-    core, *_ = await make_core([{"text": "héllo"}, {"text": "wörld"}])
+async def test_chat_offsets_and_history_lines_are_exact(cores):
+    core, *_ = await cores.open([{"text": "héllo"}, {"text": "wörld"}])
     await core.submit("ünï")
     first = core.prompt_offset
     await core.submit("two")
@@ -201,7 +200,6 @@ async def test_chat_offsets_and_history_lines_are_exact():
     assert chat.decode() == "user: ünï\nassistant: héllo\n\nuser: two\nassistant: wörld\n\n"
     lines = (core.session.store.dir / "history.jsonl").read_text().splitlines()
     assert [json.loads(line)["content"] for line in lines] == ["ünï", "héllo", "two", "wörld"]
-    await core.close()
 
 
 def test_a_new_store_appends_to_a_history_it_made_without_scanning_it(tmp_path, monkeypatch):

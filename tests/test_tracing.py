@@ -249,9 +249,7 @@ def test_off_unless_asked_and_then_nothing_of_opentelemetry_is_imported():
     assert out.strip() == "[]"
 
 
-async def test_verbose_logs_each_request_its_retries_and_timings_in_one_line(caplog, monkeypatch):
-    from agent_helpers import make_core
-
+async def test_verbose_logs_each_request_its_retries_and_timings_in_one_line(cores, caplog, monkeypatch):
     monkeypatch.setattr("ollie.agent.loop._countdown", _no_wait)
     script = [
         {
@@ -261,10 +259,10 @@ async def test_verbose_logs_each_request_its_retries_and_timings_in_one_line(cap
         {"error": {"type": "transient", "message": "502 from upstream"}},
         {"text": "done", "usage": {"input_tokens": 120, "output_tokens": 3, "cache_read_tokens": 50}},
     ]
-    core, backend, _, _ = await make_core(script)
+    core, backend, _, _ = await cores.open(script)
     with caplog.at_level("INFO", logger="ollie.requests"):
         await core.submit("go")
-    await core.close()
+    await cores.close(core)
     lines = [r.getMessage() for r in caplog.records if r.name == "ollie.requests"]
     assert len(lines) == 3, lines
     name = f"scripted {backend.model}"
@@ -342,14 +340,12 @@ async def test_a_provider_request_is_a_client_span_with_its_server_and_never_its
     assert KEY.encode() not in b"".join(receiver.raw) and b"Bearer" not in b"".join(receiver.raw)
 
 
-async def test_a_compaction_is_a_span(receiver):
-    from agent_helpers import make_core
-
-    core, *_ = await make_core([{"text": "one"}, {"text": "two"}, {"text": "three"}, {"text": "the summary"}])
+async def test_a_compaction_is_a_span(cores, receiver):
+    core, *_ = await cores.open([{"text": "one"}, {"text": "two"}, {"text": "three"}, {"text": "the summary"}])
     for prompt in ("a", "b", "c"):
         await core.submit(prompt)
     await core.compact()
-    await core.close()
+    await cores.close(core)
     telemetry.flush()
     [compact] = [s for s in receiver.spans if s.name == "compact"]
     assert attrs(compact)["ollie.compaction.reason"] == "manual" and not compact.parent_span_id
@@ -484,8 +480,7 @@ def test_a_program_that_set_up_its_own_provider_gets_ollies_spans_under_its_own(
     assert done.stdout.strip() == "['app request', 'chat scripted', 'invoke_agent default']"
 
 
-async def test_a_failure_to_record_never_fails_the_turn(receiver, monkeypatch):
-    from agent_helpers import make_core
+async def test_a_failure_to_record_never_fails_the_turn(cores, receiver, monkeypatch):
     from ollie.telemetry import spans as _spans
 
     def broken(*args):
@@ -493,9 +488,9 @@ async def test_a_failure_to_record_never_fails_the_turn(receiver, monkeypatch):
 
     monkeypatch.setattr(_spans, "_usage_attributes", broken)  # every span's end
     monkeypatch.setattr(_spans.Tool, "__init__", broken)  # a span's start
-    core, *_ = await make_core([{"tool_calls": [{"name": "echo", "arguments": {"text": "x"}}]}, {"text": "fine"}])
+    core, *_ = await cores.open([{"tool_calls": [{"name": "echo", "arguments": {"text": "x"}}]}, {"text": "fine"}])
     await core.submit("go")
-    await core.close()
+    await cores.close(core)
     assert core.reply == "fine"
     telemetry.flush()
     assert {s.name for s in receiver.spans} == {"invoke_agent default", "chat scripted"}
