@@ -205,13 +205,13 @@ class RayExecutor:
         task = Task(job.id, settings, job.prompt, job.spec.output, within, telemetry.inject(started_by))
         job.log_path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         with open(job.log_path, "ab") as log_file:
-            done = await self._follow(task, job, log_file)
+            done = await self._stream(task, job, log_file)
         if (alive := live_parent(self.sessions, parent)) is not None:
             self.sessions.add_to_parent(alive, job.usage(), job.record.cost)
         return done["status"], done.get("result", "")
 
-    async def _follow(self, task: Task, job: Job, log_file: BinaryIO) -> dict[str, Any]:
-        """Run the task to its end, following what it streams; returns its outcome (status, result)."""
+    async def _stream(self, task: Task, job: Job, log_file: BinaryIO) -> dict[str, Any]:
+        """Run the task to its end, taking in what it streams; returns its outcome (status, result)."""
         await self.ready()
         stream = self._remote.remote(asdict(task))
         try:

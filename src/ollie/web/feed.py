@@ -26,7 +26,8 @@ from ..chatfmt import usage_text
 from ..types import Event
 
 if TYPE_CHECKING:
-    from ..fs.jobs import Job, Jobs
+    from ..fs.job import Job
+    from ..fs.jobs import Jobs
     from ..fs.sessions import Session, Sessions
 
 KEEPALIVE = 30.0
