@@ -16,7 +16,7 @@ answered at once with an error.
 Printed per turn: the turn's time against the ideal (median and p99 of the sessions', and the
 whole turn's wall), steps (requests) per second against the ideal (N / delay), `state` latency
 (p50, p99, max), the server's CPU per step and the jails' (every process of the fork server's
-session: PID 1s, spawners, their stages), and after the warm turn the memory per live session (the
+session: PID 1s and their stages), and after the warm turn the memory per live session (the
 proportional set size of the server and of every jail process, less the server's before the
 sessions, over N). Issue 31's targets at 500 agents (1 s answers in 50 chunks, 4 tool calls a
 turn): warm steps/s >= 0.9x ideal, turn <= 1.1x ideal, `state` p99 <= 20 ms in both turns,

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -262,14 +263,16 @@ async def test_ollies_files_are_hidden_even_inside_a_granted_cwd(home, tmp_path,
 
 async def test_renaming_a_parent_of_ollies_files_does_not_unhide_them(home, tmp_path):
     # The jail hides by path: were `.config` renamed, the next jail would not find ollie's
-    # configuration to hide. A stopped spawner makes the session start a new jail.
+    # configuration to hide. The second call runs in a new jail (a new server's).
     cfg = Path(os.environ["OLLIE_CFG_PATH"])
     server = execute.factory(str(home))()
     ctx = CallContext(cwd=str(home), tmpdir=str(tmp_path))
-    moves = "mv .config .moved; mv .config/ollie .config/moved; mv .ssh .ssh2; kill -STOP $PPID"
+    moves = "mv .config .moved; mv .config/ollie .config/moved; mv .ssh .ssh2"
     result = await server.call_tool("execute_code", {"steps": [{"code": moves}], "timeout": 1}, ctx)
+    await server.close()
     assert result.text().count("Device or resource busy") == 2, result.text()
     assert (cfg / "env").exists() and (home / ".ssh2").exists()  # other directories move as ever
+    server = execute.factory(str(home))()
     result = await server.call_tool("execute_code", {"steps": [{"code": f"cat {cfg}/env .moved/ollie/env"}]}, ctx)
     assert API_KEY not in result.text() and "the sandbox" not in result.text()
     await server.close()
@@ -330,25 +333,74 @@ async def test_processes_outside_the_jail_are_out_of_reach(run):
     assert open(f"/proc/{me}/limits").read().count("unlimited") > 3  # the server's limits untouched
 
 
-async def test_killing_the_spawner_ends_the_stage_and_the_session_recovers(run):
-    # The spawner shares the stages' Landlock domain, so a stage can signal it: its programs must
-    # not be left running, and the session's next call must work.
-    result = await run("kill -9 $PPID; sleep 0.3; sleep 4711.5; echo survived")
-    assert result.is_error and "the sandbox helper exited; the stage was stopped" in result.text()
-    assert "survived" not in result.text() and alive("4711.5") == []
+async def test_a_stage_cannot_kill_or_stop_what_started_it(run):
+    # Its parent is the jail's PID 1, outside every program's Landlock domain (and the PID
+    # namespace's init): killing or stopping it does nothing, and the stage runs on.
+    result = await run("echo $PPID; kill -9 $PPID; kill -STOP $PPID; kill -9 1; sleep 0.3; echo survived", timeout=5)
+    assert not result.is_error and result.text().startswith("1\n") and result.text().endswith("survived\n"), (
+        result.text()
+    )
     result = await run("echo next")
     assert result.text() == "next\n"
 
 
-async def test_a_stopped_spawner_restarts_the_sessions_sandbox(run):
-    result = await run("kill -STOP $PPID; echo stopped", timeout=1)
-    assert result.is_error and "the session's sandbox was restarted" in result.text()
+def _pid_one_of(pid: int) -> int:
+    """The host's pid of the jail's PID 1 above a stage's process `pid`."""
+    while b"The jail helper" not in Path(f"/proc/{pid}/cmdline").read_bytes():
+        pid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    return pid
+
+
+async def test_a_jail_whose_pid_1_used_its_cpu_limit_ends_after_its_stages(run):
+    # PID 1 carries the limits its programs inherit, its own CPU time counted: at the soft limit
+    # (SIGXCPU, sent here from outside) it lets its stages end, then exits; the next call starts anew.
+    call = asyncio.create_task(run("sleep 4711.75; echo slept", timeout=2))
+    pid_one = 0
+    for _ in range(200):
+        if found := alive("4711.75"):
+            pid_one = _pid_one_of(found[0])
+            os.kill(pid_one, signal.SIGXCPU)
+            break
+        await asyncio.sleep(0.025)
+    try:
+        result = await call
+        assert pid_one and "execution timeout" in result.text(), result.text()  # the stage ran on to its end
+        for _ in range(200):
+            if not Path(f"/proc/{pid_one}").exists() or "Z" in Path(f"/proc/{pid_one}/stat").read_text().split()[2]:
+                break
+            await asyncio.sleep(0.025)
+        else:
+            raise AssertionError("PID 1 did not end")
+    finally:
+        if pid_one and Path(f"/proc/{pid_one}").exists():
+            os.kill(pid_one, signal.SIGKILL)
+    result = await run("echo next")
+    assert result.text() == "next\n"
+
+
+async def test_a_jail_that_stops_answering_is_restarted(run):
+    # No program can stop its jail's PID 1 (above); should it stop all the same (here from outside),
+    # the stage's exit goes unreported: the call ends at its timeout, the jail is replaced.
+    call = asyncio.create_task(run("sleep 4711.25", timeout=1))
+    pid_one = 0
+    try:
+        for _ in range(200):
+            if found := alive("4711.25"):
+                pid_one = _pid_one_of(found[0])
+                os.kill(pid_one, signal.SIGSTOP)
+                break
+            await asyncio.sleep(0.025)
+        result = await call
+    finally:
+        if pid_one:
+            os.kill(pid_one, signal.SIGKILL)  # the PID namespace's init: everything in the jail dies
+    assert pid_one and result.is_error and "the session's sandbox was restarted" in result.text(), result.text()
     result = await run("echo next")
     assert result.text() == "next\n"
 
 
 async def test_a_stage_holds_only_its_standard_streams(run):
-    # Any other descriptor would be the jail's: a spawner's socket lets a program answer for it.
+    # Any other descriptor would be the jail's: a channel's socket lets a program answer for PID 1.
     code = "import os\nfds = os.listdir('/proc/self/fd')  # the listing's own fd is closed by now\nprint(sorted(fds))"
     result = await run(code, "python3")
     assert result.text() == "['0', '1', '2', '3']\n"
@@ -379,11 +431,33 @@ async def test_a_hook_whose_jail_stops_answering_cannot_hang_the_session(project
     assert "after" in sent
 
 
-async def test_a_spawner_cannot_be_traced_or_read(run):
+async def test_the_jails_pid_1_cannot_be_traced_or_read(run):
     result = await run(
         "readlink /proc/$PPID/fd/3; cat /proc/$PPID/fd/4; cat /proc/$PPID/environ; cat /proc/$PPID/maps | head -1"
     )
     assert result.text().count("Permission denied") >= 3 and "socket:" not in result.text()
+
+
+async def test_no_thread_of_the_jails_pid_1_can_be_traced_or_read(run):
+    # The thread that starts a stage is in its Landlock domain and shares PID 1's memory: were it
+    # traceable, a program could take over PID 1, which holds the mounts and is in no domain.
+    code = """import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+tids = sorted(map(int, os.listdir('/proc/1/task')))
+print(len(tids) > 1)
+for tid in tids:
+    attach = libc.ptrace(16, tid, 0, 0)  # PTRACE_ATTACH
+    print(tid, attach, os.strerror(ctypes.get_errno()))
+    try:
+        open(f'/proc/1/task/{tid}/mem', 'rb').read(1)
+    except OSError as e:
+        print(e.strerror)
+"""
+    result = await run(code, "python3")
+    lines = result.text().splitlines()
+    assert lines[0] == "True", result.text()  # PID 1 and a thread per ruleset
+    assert all(" -1 " in line for line in lines[1::2]), result.text()
+    assert all(line in ("Permission denied", "Operation not permitted") for line in lines[2::2]), result.text()
 
 
 async def test_a_process_cannot_join_another_stages_group(run):

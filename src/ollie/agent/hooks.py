@@ -151,7 +151,7 @@ async def run_command(
         process.kill()
         try:
             await asyncio.wait_for(process.wait(), _KILL_GRACE)
-        except TimeoutError:  # the jail does not answer (its spawner stopped): end it whole
+        except TimeoutError:  # the jail does not answer (its PID 1 stopped): end it whole
             if runner is not None:
                 await runner.close()
         if isinstance(e, asyncio.CancelledError):

@@ -30,7 +30,7 @@ from . import grants
 from .jail import Confinement, Jail, JailSetup, userns_hint
 from .landlock import RO, RW, RWX, build_ruleset, fs_handled, landlock_abi
 from .paths import LinkRefused, identities, identity, open_real, real_path, within
-from .policy import FS_KEYS, Policy, SandboxError, load_policy, policy_files
+from .policy import FS_KEYS, Limits, Policy, SandboxError, load_policy, policy_files
 from .seccomp import SECCOMP_MACHINES, seccomp_program, seccomp_supported
 
 __all__ = [
@@ -86,7 +86,6 @@ class Sandbox:
             # spawned with a closed ruleset's fd would run unconfined, or in another ruleset.
             weakref.finalize(self, os.close, ruleset)
         handled = fs_handled(abi)
-        limits = policy.limits
         self.confinement = Confinement(
             ruleset,
             {
@@ -98,12 +97,6 @@ class Sandbox:
                     ["/dev/ptmx", RW & handled],
                 ],
                 "seccomp": seccomp_program(policy).hex(),
-                "rlimits": [
-                    [_RLIMIT_DATA, limits.memory, limits.memory],
-                    [_RLIMIT_CPU, limits.cpu, limits.cpu + 1],
-                    [_RLIMIT_FSIZE, limits.file_size, limits.file_size],
-                    [_RLIMIT_CORE, 0, 0],
-                ],
                 "expose": expose,
             },
         )
@@ -129,6 +122,16 @@ class Sandbox:
                 self._environ["RES_OPTIONS"] = " ".join([self._environ.get("RES_OPTIONS", ""), "use-vc"]).strip()
             self._environ.update(_git_identity(self.policy))
         return dict(self._environ)
+
+
+def rlimits(limits: Limits) -> tuple[tuple[int, int, int], ...]:
+    """The resource limits of a jail's programs: (resource, soft, hard)."""
+    return (
+        (_RLIMIT_DATA, limits.memory, limits.memory),
+        (_RLIMIT_CPU, limits.cpu, limits.cpu + 1),
+        (_RLIMIT_FSIZE, limits.file_size, limits.file_size),
+        (_RLIMIT_CORE, 0, 0),
+    )
 
 
 def _git_identity(policy: Policy) -> dict[str, str]:
@@ -237,6 +240,7 @@ class Jails:
             self._read_only + self._link_sources(policy),
             view,
             view_rights,
+            rlimits(limits),
         )
         jail = self._jails.get(setup)
         if jail is None or not jail.alive:

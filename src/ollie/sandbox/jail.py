@@ -1,10 +1,10 @@
 """Jails: helper processes that start sandboxed programs in fresh namespaces (private; no stable API).
 
-A `Jail` is one `jaild.py` process, started once. For each `Confinement` (a Landlock ruleset with
-its seccomp program and limits) it makes a spawner, a process inside the jail confined once that
-way, and asks it over a socket of its own to start each program: posix_spawn from a small confined
-process, not a fork of ollie's (whose page tables hold every SDK it imported). Everything a jail
-started dies when the jail is closed or its owner exits.
+A `Jail` is one `jaild.py` process (its PID 1), forked by the fork server. For each `Confinement`
+(a Landlock ruleset with its seccomp program) it opens a channel, a socket of its own, served by a
+thread of PID 1 confined once that way, and asks on it to start each program: posix_spawn from
+that thread, not a fork of ollie's (whose page tables hold every SDK it imported). Everything a
+jail started dies when the jail is closed or its owner exits.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ _JAILD = Path(__file__).with_name("jaild.py").read_text()
 _START_TIMEOUT = 10.0
 _SEND_TIMEOUT = 10.0
 _INLINE = 32 << 10  # a spawn request's argv and env up to this size travel in its packet
-_SPAWNERS = 8  # idle spawners kept per jail (one per ruleset: a session's cwd and policy)
+_CHANNELS = 8  # idle channels kept per jail (one per ruleset: a session's cwd and policy)
 
 
 class JailError(ConfigError):
@@ -44,9 +44,9 @@ class SpawnError(JailError):
 @dataclass(frozen=True, slots=True)
 class JailSetup:
     """What is fixed for a jail's life: its network, its PID budget, its private /tmp, what it
-    hides, what it keeps read-only whatever a policy grants (the Python that runs the jail), and
+    hides, what it keeps read-only whatever a policy grants (the Python that runs the jail),
     where it mounts the view of ollie's files its owner serves ("": none) with the Landlock
-    rights its programs get there."""
+    rights its programs get there, and the resource limits of its programs."""
 
     network: bool
     processes: int
@@ -55,12 +55,13 @@ class JailSetup:
     protect: tuple[str, ...] = ()
     view: str = ""
     view_rights: int = 0
+    rlimits: tuple[tuple[int, int, int], ...] = ()  # (resource, soft, hard): PID 1's, which its programs inherit
 
 
 @dataclass(frozen=True, eq=False, slots=True)
 class Confinement:
-    """What a spawner applies to itself and so to every program it starts: a Landlock ruleset fd
-    (-1: none) and a spec of JSON data (seccomp, rlimits, jail_rules, expose; see jaild.py)."""
+    """What the jail's thread for it applies to itself and so to every program it starts: a
+    Landlock ruleset fd (-1: none) and a spec of JSON data (seccomp, jail_rules, expose; see jaild.py)."""
 
     ruleset: int
     spec: dict[str, Any]
@@ -70,20 +71,19 @@ class Stage:
     """A program started in a jail; `exited` resolves to its exit status (negative: the signal).
     Await it shielded (or through asyncio.wait): cancelling an awaiter would cancel it."""
 
-    def __init__(self, spawner: _Channel, rid: int):
-        self._spawner, self._rid = spawner, rid
+    def __init__(self, channel: _Channel, rid: int):
+        self._channel, self._rid = channel, rid
         self.exited: asyncio.Future[int] = asyncio.get_running_loop().create_future()
 
     def kill(self) -> None:
-        """SIGKILL the program's process group (the spawner does it: the group is not visible here)."""
-        if self._rid in self._spawner.stages:  # until the spawner reports the exit
-            self._spawner.post({"op": "kill", "id": self._rid})
+        """SIGKILL the program's process group (the jail does it: the group is not visible here)."""
+        if self._rid in self._channel.stages:  # until the jail reports the exit
+            self._channel.post({"op": "kill", "id": self._rid})
 
 
 class _Channel:
-    """One end of a socket to a process of the jail: requests out, JSON replies in by id (a reply
-    that is not well-formed ends the channel: a spawner shares a Landlock domain with what it
-    runs, so its words are checked, never trusted)."""
+    """One end of a socket to the jail's PID 1: requests out, JSON replies in by id (a reply that
+    is not well-formed ends the channel: a jail's words are checked, never trusted)."""
 
     def __init__(self, sock: socket.socket):
         sock.setblocking(False)
@@ -184,7 +184,7 @@ class Jail:
         self.view_error = ""  # why a view was asked for and not mounted
         self.has_view = False  # its view is mounted and served (set by its owner)
         self._control = _Channel(sock)
-        self._spawners: dict[Confinement, _Channel] = {}
+        self._channels: dict[Confinement, _Channel] = {}
         self.last_used = asyncio.get_running_loop().time()  # a program's start or end, the owner's get
 
     def touch(self) -> None:
@@ -193,7 +193,7 @@ class Jail:
     @property
     def busy(self) -> bool:
         """A program of it runs (a stage, a tool server)."""
-        return any(s.stages for s in self._spawners.values() if not s.gone.done())
+        return any(s.stages for s in self._channels.values() if not s.gone.done())
 
     @classmethod
     async def start(cls, setup: JailSetup) -> Jail:
@@ -252,9 +252,9 @@ class Jail:
         """Start `argv` under `confinement`; the fds are sent to the jail, and the caller keeps
         (and closes) its own. A failure to start comes as the stage's exit: JailError."""
         self.touch()
-        spawner = await self._spawner(confinement)
-        rid = spawner.next_id()
-        stage = spawner.stages[rid] = Stage(spawner, rid)
+        channel = await self._channel(confinement)
+        rid = channel.next_id()
+        stage = channel.stages[rid] = Stage(channel, rid)
         stage.exited.add_done_callback(lambda _: self.touch())
         request: dict[str, Any] = {"op": "spawn", "id": rid, "fds": ["stdin", "stdout", "stderr"]}
         spec = {"argv": argv, "cwd": cwd, "env": env}
@@ -265,19 +265,19 @@ class Jail:
             request["fds"].append("spec")
             fds.append(_memfd(spec))
         try:
-            await spawner.send(request, fds)
+            await channel.send(request, fds)
         except JailError:
-            spawner.stages.pop(rid, None)
+            channel.stages.pop(rid, None)
             raise
         finally:
             if len(fds) > 3:
                 os.close(fds[3])
         return stage
 
-    async def _spawner(self, confinement: Confinement) -> _Channel:
-        spawner = self._spawners.get(confinement)
-        if spawner is not None and not spawner.gone.done():
-            return spawner
+    async def _channel(self, confinement: Confinement) -> _Channel:
+        channel = self._channels.get(confinement)
+        if channel is not None and not channel.gone.done():
+            return channel
         control = self._control
         rid = control.next_id()
         reply = control.replies[rid] = asyncio.get_running_loop().create_future()
@@ -287,7 +287,7 @@ class Jail:
             names.append("ruleset")
             fds.append(confinement.ruleset)
         try:
-            await control.send({"op": "spawner", "id": rid, "fds": names}, fds)
+            await control.send({"op": "channel", "id": rid, "fds": names}, fds)
         finally:
             os.close(memfd)
         try:
@@ -298,17 +298,17 @@ class Jail:
             for fd in received:
                 os.close(fd)
             raise JailError(f"the sandbox could not confine a program: {message.get('error')}")
-        spawner = self._spawners[confinement] = _Channel(socket.socket(fileno=received[0]))
-        idle = [c for c, s in self._spawners.items() if c is not confinement and (s.gone.done() or not s.stages)]
-        for old in idle[: max(0, len(self._spawners) - _SPAWNERS)]:
-            self._spawners.pop(old).close()  # the oldest idle ones: their rulesets are out of use
-        return spawner
+        channel = self._channels[confinement] = _Channel(socket.socket(fileno=received[0]))
+        idle = [c for c, s in self._channels.items() if c is not confinement and (s.gone.done() or not s.stages)]
+        for old in idle[: max(0, len(self._channels) - _CHANNELS)]:
+            self._channels.pop(old).close()  # the oldest idle ones: their rulesets are out of use
+        return channel
 
     async def close(self) -> None:
         """End the jail and everything in it; returns once the helper is gone."""
-        for spawner in self._spawners.values():
-            spawner.close()
-        self._spawners.clear()
+        for channel in self._channels.values():
+            channel.close()
+        self._channels.clear()
         control = self._control
         if not control.gone.done():
             try:

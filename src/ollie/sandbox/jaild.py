@@ -15,13 +15,17 @@ Given a `view` path, it also mounts a FUSE file system there whose /dev/fuse des
 the parent with its first message: the parent serves the jail's own view of ollie's files on it
 (a FUSE mount must be made with a descriptor opened in the mounting user namespace).
 
-For each ruleset PID 1 forks a spawner that confines itself once (limits, no new privileges,
-Landlock, seccomp, no capabilities) and then starts that ruleset's programs with posix_spawn:
-they inherit the confinement, and starting one copies no Python process. The parent talks to a
-spawner over a socket of its own. Messages are JSON, one per packet; a payload too large for a
-packet (a spawner's spec, a long argv or env) travels in a memfd whose descriptor comes with it.
+For each ruleset the parent opens a channel to PID 1, a socket of its own, and asks on it for
+each program: PID 1 forks, and the child confines itself (limits, no new privileges, Landlock,
+seccomp, no capabilities), closes every other descriptor and execs the program. So a jail is one
+Python process between stages (a fork of the fork server: its pages mostly shared), and none of
+its processes is in a program's Landlock domain. Messages are JSON, one per packet; a payload too
+large for a packet (a channel's spec, a long argv or env) travels in a memfd whose descriptor
+comes with it.
 """
 
+import _thread
+import array
 import ctypes
 import errno
 import gc
@@ -50,6 +54,7 @@ RESOLVE_NO_MAGICLINKS, RESOLVE_NO_SYMLINKS, RESOLVE_BENEATH = 0x02, 0x04, 0x08
 MOUNT_ATTR_RDONLY, MOUNT_ATTR_NOSYMFOLLOW = 0x1, 0x200000
 OPEN_TREE_CLONE, OPEN_TREE_CLOEXEC, AT_EMPTY_PATH, AT_RECURSIVE = 0x1, os.O_CLOEXEC, 0x1000, 0x8000
 MOVE_MOUNT_F_EMPTY_PATH, MOVE_MOUNT_T_EMPTY_PATH = 0x4, 0x40
+M_ARENA_MAX = -8
 
 libc = ctypes.CDLL(None, use_errno=True)
 
@@ -217,7 +222,7 @@ class Mounts:
         options = f"fd={fuse},rootmode=40000,user_id={os.geteuid()},group_id={os.getegid()}"
         with opened(path, make=stat.S_IFDIR) as target:
             mount("ollie", f"/proc/self/fd/{target}", "fuse.ollie", MS_NOSUID | MS_NODEV | MS_NOEXEC, options)
-        # Its root, held now (no code runs in the jail yet): what every spawner's Landlock rule is
+        # Its root, held now (no code runs in the jail yet): what every ruleset's Landlock rule is
         # added on, and what is bound back where a grant around it covers it, whatever its path
         # leads to later (its directories are the jail's tmpfs, which code may rename).
         self.view, self.view_root = path, open_path(path, RESOLVE_NO_SYMLINKS)
@@ -469,14 +474,11 @@ def add_rules(ruleset, rules):
             os.close(fd)
 
 
-def confine(ruleset, seccomp, rlimits):
-    """A spawner confines itself as its programs will be (they inherit all of it), in this order:
-    limits, not dumpable (a program cannot trace it or read its memory), no new privileges, the
-    Landlock domain, the seccomp filter (last but one: it refuses calls the others make), no
-    capabilities."""
-    for which, soft, hard in rlimits:
-        resource.setrlimit(which, (soft, hard))
-    check(libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0), "dumpable")
+def confine(ruleset, seccomp):
+    """Confine the calling thread, and so every program it starts, in this order: no new
+    privileges, the Landlock domain, the seccomp filter (last but one: it refuses calls the others
+    make), no capabilities. Each is the thread's own (the limits and not being dumpable are the
+    process's: PID 1 sets them, `limit`)."""
     check(libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
     if ruleset >= 0:
         check(
@@ -488,11 +490,29 @@ def confine(ruleset, seccomp, rlimits):
     check(libc.capset(ctypes.byref(CAP_HEADER), NO_CAPS), "capset")
 
 
+def limit(rlimits):
+    """PID 1's limits, which every program inherits: the jail's (one jail per set of limits).
+    Its own CPU time counts too: past the soft limit (SIGXCPU) it retires (`Jail.serve`)."""
+    for which, soft, hard in rlimits:
+        resource.setrlimit(which, (soft, hard))
+
+
+def receive_fds(sock, size=65536, most=8):
+    """socket.recv_fds, its descriptors close-on-exec as they arrive (recv_fds passes no flags)."""
+    fds = array.array("i")
+    data, ancillary, _, _ = sock.recvmsg(size, socket.CMSG_LEN(most * fds.itemsize), socket.MSG_CMSG_CLOEXEC)
+    for level, kind, payload in ancillary:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            fds.frombytes(payload[: len(payload) - (len(payload) % fds.itemsize)])
+    return data, list(fds), None, None
+
+
 def close_all_but(fd):
-    """Close every descriptor but `fd` (moved to 3): PID 1's hold hidden directories, and the
-    ruleset, which a program could widen for the programs after it."""
+    """Close every descriptor but `fd` (moved to 3) and the standard three: a jail keeps none of the
+    fork server's, nor another jail's socket."""
     if fd != 3:  # not inheritable (os.dup2's default is): a program holding it could speak for us
         os.dup2(fd, 3, inheritable=False)
+    os.set_inheritable(3, False)
     check(
         libc.syscall(ctypes.c_long(SYS_CLOSE_RANGE), ctypes.c_long(4), ctypes.c_long(0xFFFFFFFF), ctypes.c_long(0)),
         "close_range",
@@ -500,96 +520,212 @@ def close_all_but(fd):
     return 3
 
 
-class Endpoint:
-    """A process of the jail serving the parent's requests on its socket until it closes; the
-    descriptors that come with a request are named by its `fds` and closed once handled."""
+class Channel:
+    """One ruleset's socket to the parent: its spawn and kill requests in, its stages' exits out;
+    its programs are started by its `worker`, a thread confined by the ruleset."""
 
-    def __init__(self, sock):
-        self.sock = sock
-
-    def serve(self):
-        serve(self.sock, self.receive, self.reap)
+    def __init__(self, sock, worker):
+        self.sock, self.worker = sock, worker
+        self.pids = {}  # request id -> pid, while running
+        self.closed = False
 
     def receive(self):
-        try:
-            data, fds, _, _ = socket.recv_fds(self.sock, 65536, 8)
+        """The next request and its descriptors (named by its `fds`), or None at the end."""
+        try:  # close-on-exec as they arrive: a program gets only what is passed to it on purpose
+            data, fds, _, _ = receive_fds(self.sock)
         except ConnectionError:
-            return False
+            return None
         if not data:
-            return False
-        for fd in fds:
-            os.set_inheritable(fd, False)  # a program gets only what is passed to it on purpose
+            return None
         try:
             request = json.loads(data)
-            self.handle(request, dict(zip(request.get("fds", []), fds, strict=True)))
-        finally:
+            return request, dict(zip(request.get("fds", []), fds, strict=True))
+        except BaseException:
             for fd in fds:
                 os.close(fd)
-        return True
+            raise
 
     def send(self, message, fds=()):
+        if self.closed:
+            return
         try:
             socket.send_fds(self.sock, [json.dumps(message).encode()], list(fds))
         except OSError:
-            pass  # the parent is gone: the next receive ends this process
+            pass  # the parent is gone: the next receive ends the channel
 
-    def handle(self, request, fds):
-        raise NotImplementedError
+    def close(self):
+        self.closed = True
+        self.sock.close()
+        self.worker.stop()
 
-    def reap(self):
-        raise NotImplementedError
 
+class Jail:
+    """PID 1 (or, without namespaces, the jail's only server): serves the parent's control socket
+    (a request per ruleset, answered with that ruleset's socket) and every ruleset's socket (a
+    request per program to start or kill).
 
-class Spawner(Endpoint):
-    """Starts programs for the parent, each in its own process group, and reports their exits.
-    When a program exits its group is killed. A process that left its group (setsid, setpgid)
-    and lost its parent comes to us (we are a subreaper) and is killed: nothing outlives its
-    stage, and looking costs one read of our children's list, not a walk of /proc."""
+    Each ruleset's programs are started by a thread of this process confined by it (`Confined`):
+    nothing of the jail but this process is alive between stages. Every descriptor it holds is
+    close-on-exec, so a program gets its three streams and nothing else. Each program runs in a
+    session of its own, a process group no other stage's process can join; when it exits its
+    group is killed. A process that
+    left its group (setsid, setpgid) and lost its parent comes to us (we are the PID namespace's
+    init, or a subreaper) and is killed: nothing outlives its stage, and looking costs one read of
+    our children's list, not a walk of /proc."""
 
-    def __init__(self, sock):
-        super().__init__(sock)
-        self.stages = {}  # pid -> request id
-        self.pids = {}  # request id -> pid, while running
+    def __init__(self, sock, mounts, pid_one, view_rights=0):
+        self.sock = sock
+        self.view_rights = view_rights  # the Landlock rights every program gets on the view
+        self.mounts = mounts
+        self.pid_one = pid_one  # in a PID namespace: kill(-1) ends all
+        self.channels = set()
+        self.stages = {}  # pid -> (channel, request id)
+        self.selector = selectors.DefaultSelector()
+        self.retiring = False  # its own CPU time passed the limit: it ends once no program runs
         # Kept open: reading it again from offset 0 lists the children anew.
         self.children = os.open(f"/proc/self/task/{os.getpid()}/children", os.O_RDONLY | os.O_CLOEXEC)
 
     def serve(self):
-        super().serve()
-        for pid in self.stages:  # the parent is gone: so are its programs
+        """Until the control socket closes; then everything in the jail dies, and we exit last."""
+        read_wake, write_wake = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        signal.set_wakeup_fd(write_wake)
+        signal.signal(signal.SIGCHLD, lambda *_: None)
+        signal.signal(signal.SIGINT, lambda *_: None)  # a program may signal its worker thread
+        signal.signal(signal.SIGXCPU, self.retire)
+        self.selector.register(self.sock, selectors.EVENT_READ)
+        self.selector.register(read_wake, selectors.EVENT_READ)
+        running = True
+        while running:
+            for key, _ in self.selector.select():
+                if key.fileobj is read_wake:
+                    while True:
+                        try:
+                            os.read(read_wake, 512)
+                        except BlockingIOError:
+                            break
+                    self.reap()
+                elif key.fileobj is self.sock:
+                    running = self.control()
+                elif key.data in self.channels:
+                    self.serve_channel(key.data)
+            if self.retiring and not self.stages:
+                break  # the parent sees the jail gone, and starts another for the next call
+        self.end()
+
+    def retire(self, *_):
+        self.retiring = True
+
+    def end(self):
+        for channel in list(self.channels):
+            self.end_channel(channel)
+        if self.pid_one:
+            try:
+                os.kill(-1, signal.SIGKILL)
+            except ProcessLookupError:
+                pass  # nothing left to kill
+            while True:  # every orphan comes to us: once none is left, the parent sees our end last
+                try:
+                    os.waitpid(-1, 0)
+                except ChildProcessError:
+                    break
+        else:
+            self.sweep()
+
+    def control(self):
+        """A request for a ruleset's channel; False once the parent is gone."""
+        try:
+            data, fds, _, _ = receive_fds(self.sock)
+        except ConnectionError:
+            return False
+        if not data:
+            return False
+        rid = None
+        try:
+            request = json.loads(data)
+            rid = request["id"]
+            ours, theirs = self.channel(dict(zip(request.get("fds", []), fds, strict=True)))
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            self.reply(self.sock, {"id": rid, "error": describe(e)})
+            return True
+        finally:
+            for fd in fds:
+                os.close(fd)
+        with theirs:
+            self.reply(self.sock, {"id": rid}, [theirs.fileno()])
+        self.channels.add(ours)
+        self.selector.register(ours.sock, selectors.EVENT_READ, ours)
+        return True
+
+    def channel(self, fds):
+        """A channel for the ruleset and the spec in `fds`; returns it and the parent's end of its socket."""
+        spec = json.loads(os.pread(fds["spec"], os.fstat(fds["spec"]).st_size, 0))
+        ruleset = fds.get("ruleset", -1)
+        if self.mounts is not None:
+            for grant in spec["expose"]:
+                self.mounts.expose(*grant)
+            if ruleset >= 0:
+                view = [[self.mounts.view_root, self.view_rights]] if self.mounts.view else []
+                add_rules(ruleset, spec["jail_rules"] + view)
+        # Not dumpable before any thread is confined: a program could otherwise trace its
+        # worker, whose memory is PID 1's. Not before: a process that is not dumpable has its
+        # /proc files owned by the host's root (a user's test of the setup could not read them).
+        check(libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0), "dumpable")
+        worker = Confined(ruleset, seccomp_program(spec["seccomp"]))
+        theirs, ours = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        ours.setblocking(True)
+        return Channel(ours, worker), theirs
+
+    @staticmethod
+    def reply(sock, message, fds=()):
+        try:
+            socket.send_fds(sock, [json.dumps(message).encode()], list(fds))
+        except OSError:
+            pass  # the parent is gone: the next receive ends this process
+
+    def serve_channel(self, channel):
+        try:
+            received = channel.receive()
+        except (ValueError, TypeError):
+            received = None  # not ollie's words: the channel ends
+        if received is None:
+            self.end_channel(channel)
+            return
+        request, fds = received
+        try:
+            if request.get("op") == "spawn":
+                self.spawn(channel, request, fds)
+            elif request.get("op") == "kill" and request.get("id") in channel.pids:
+                kill_group(channel.pids[request["id"]])
+        finally:
+            for fd in fds.values():
+                os.close(fd)
+
+    def end_channel(self, channel):
+        """The parent closed a channel (its ruleset out of use, or the jail closing): its programs end."""
+        self.channels.discard(channel)
+        self.selector.unregister(channel.sock)
+        for pid in channel.pids.values():
             kill_group(pid)
-        self.sweep()
+        channel.close()
 
-    def handle(self, request, fds):
-        if request["op"] == "spawn":
-            self.spawn(request, fds)
-        elif request["op"] == "kill" and request["id"] in self.pids:
-            kill_group(self.pids[request["id"]])
-
-    def spawn(self, request, fds):
+    def spawn(self, channel, request, fds):
         rid = request["id"]
         try:
             spec = request.get("spec") or json.loads(os.pread(fds["spec"], os.fstat(fds["spec"]).st_size, 0))
-            os.chdir(spec["cwd"])
-            argv = spec["argv"]
-            # A session of its own: a process group no other stage's process can join.
-            pid = os.posix_spawn(
-                argv[0],
-                argv,
-                spec["env"],
-                setsid=True,
-                setsigdef=(signal.SIGPIPE, signal.SIGXFSZ),  # Python ignores them
-                file_actions=[
-                    (os.POSIX_SPAWN_DUP2, fds[name], n) for n, name in enumerate(("stdin", "stdout", "stderr"))
-                ],
-            )
-        except (OSError, ValueError) as e:
-            self.send({"id": rid, "error": describe(e)})
+            argv, env, cwd = spec["argv"], spec["env"], spec["cwd"]
+            if not (argv and all(isinstance(a, str) for a in argv)):
+                raise ValueError("no program to run")
+            env = {str(k): str(v) for k, v in env.items()}
+            stdio = [fds[name] for name in ("stdin", "stdout", "stderr")]
+            pid = spawn_in(channel.worker, argv, env, str(cwd), stdio)
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+            channel.send({"id": rid, "error": describe(e)})
             return
-        self.stages[pid] = rid
-        self.pids[rid] = pid
+        self.stages[pid] = (channel, rid)
+        channel.pids[rid] = pid
 
     def reap(self):
-        while True:
+        while True:  # stages, and (as PID 1 or a subreaper) every orphan of the jail
             try:
                 info = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
             except ChildProcessError:
@@ -597,13 +733,13 @@ class Spawner(Endpoint):
             if info is None:
                 return
             pid = info.si_pid
-            rid = self.stages.pop(pid, None)
-            if rid is not None:
+            channel, rid = self.stages.pop(pid, (None, None))
+            if channel is not None:
                 kill_group(pid)  # before the reap: until then the group's id cannot be reused
-                del self.pids[rid]
+                channel.pids.pop(rid, None)
             _, status = os.waitpid(pid, 0)
-            if rid is not None:
-                self.send({"id": rid, "status": os.waitstatus_to_exitcode(status)})
+            if channel is not None:
+                channel.send({"id": rid, "status": os.waitstatus_to_exitcode(status)})
             self.sweep()  # after the answer, which need not wait for it
 
     def sweep(self):
@@ -620,25 +756,76 @@ class Spawner(Endpoint):
                 continue
 
 
-def serve(sock, on_request, on_child):
-    """Wait for requests on `sock` and for children's exits, until `on_request` says stop."""
-    read_wake, write_wake = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
-    signal.set_wakeup_fd(write_wake)
-    signal.signal(signal.SIGCHLD, lambda *_: None)
-    selector = selectors.DefaultSelector()
-    selector.register(sock, selectors.EVENT_READ)
-    selector.register(read_wake, selectors.EVENT_READ)
-    while True:
-        for key, _ in selector.select():
-            if key.fileobj is read_wake:
-                while True:
-                    try:
-                        os.read(read_wake, 512)
-                    except BlockingIOError:
-                        break
-                on_child()
-            elif not on_request():
+class Confined:
+    """A thread of PID 1 that confines itself once (no new privileges, the Landlock ruleset, the
+    seccomp filter, no capabilities: all of them the calling thread's alone) and then starts its
+    ruleset's programs with posix_spawn, which they inherit. PID 1's main thread, which holds
+    the mounts, stays outside the domain; the process is not dumpable, so no program can trace
+    or read the thread (nor its process), and as the PID namespace's init it ignores the signals
+    a program may send the thread (SIGKILL and SIGSTOP included). Used by the main thread alone,
+    one call at a time (a bare `_thread`: `threading` would cost every jail its pages)."""
+
+    def __init__(self, ruleset, seccomp):
+        self.go, self.done = _thread.allocate_lock(), _thread.allocate_lock()
+        self.go.acquire()
+        self.done.acquire()
+        self.fn = None
+        self.value, self.error = None, None  # what the last call returned, or raised
+        _thread.start_new_thread(self.run, (ruleset, seccomp))
+        self.done.acquire()
+        if self.error is not None:
+            raise self.error
+
+    def run(self, ruleset, seccomp):
+        try:
+            confine(ruleset, seccomp)
+        except OSError as e:
+            self.error = e
+            self.done.release()
+            return
+        self.done.release()
+        while True:
+            self.go.acquire()
+            if self.fn is None:
                 return
+            try:
+                self.value = self.fn()
+            except Exception as e:  # noqa: BLE001 (handed to the caller)
+                self.error = e
+            self.done.release()
+
+    def call(self, fn):
+        self.fn = fn
+        self.go.release()
+        self.done.acquire()
+        value, error = self.value, self.error
+        self.fn = self.value = self.error = None
+        if error is not None:
+            raise error
+        return value
+
+    def stop(self):
+        self.fn = None
+        self.go.release()
+
+
+def spawn_in(worker, argv, env, cwd, stdio):
+    """Start `argv` from `worker`'s thread: in `cwd` (opened by that thread, as any path a program
+    names), its streams `stdio`, in a session of its own (a process group no other stage's process
+    can join); returns its pid."""
+
+    def spawn():
+        os.chdir(cwd)  # the process's: every spawn sets it
+        return os.posix_spawn(
+            argv[0],
+            argv,
+            env,
+            setsid=True,
+            setsigdef=(signal.SIGPIPE, signal.SIGXFSZ),  # Python ignores them
+            file_actions=[(os.POSIX_SPAWN_DUP2, fd, n) for n, fd in enumerate(stdio)],
+        )
+
+    return worker.call(spawn)
 
 
 def seccomp_program(hex_code):
@@ -649,85 +836,6 @@ def seccomp_program(hex_code):
     prog = SockFprog(len(filters), filters)
     prog._keep = filters  # the program points into it
     return prog
-
-
-class Jail(Endpoint):
-    """PID 1 (or, without namespaces, the jail's only server): makes a spawner per ruleset."""
-
-    def __init__(self, sock, mounts, pid_one, view_rights=0):
-        super().__init__(sock)
-        self.view_rights = view_rights  # the Landlock rights every program gets on the view
-        self.spawners = set()  # their pids
-        self.mounts = mounts
-        self.pid_one = pid_one  # in a PID namespace: kill(-1) ends all
-
-    def serve(self):
-        super().serve()
-        if self.pid_one:
-            try:
-                os.kill(-1, signal.SIGKILL)
-            except ProcessLookupError:
-                pass  # nothing left to kill
-            while True:  # every orphan comes to us: once none is left, the parent sees our end last
-                try:
-                    os.waitpid(-1, 0)
-                except ChildProcessError:
-                    break
-
-    def handle(self, request, fds):
-        self.reap()  # a spawner that just died resets the jail before, not after, its successor starts
-        try:
-            theirs = self.spawner(fds)
-        except (OSError, ValueError, KeyError) as e:
-            self.send({"id": request["id"], "error": describe(e)})
-            return
-        with theirs:
-            self.send({"id": request["id"]}, [theirs.fileno()])
-
-    def spawner(self, fds):
-        """Fork a spawner confined by the ruleset and the spec in `fds`; returns the parent's end
-        of its socket."""
-        spec = json.loads(os.pread(fds["spec"], os.fstat(fds["spec"]).st_size, 0))
-        ruleset = fds.get("ruleset", -1)
-        if self.mounts is not None:
-            for grant in spec["expose"]:
-                self.mounts.expose(*grant)
-            if ruleset >= 0:
-                view = [[self.mounts.view_root, self.view_rights]] if self.mounts.view else []
-                add_rules(ruleset, spec["jail_rules"] + view)
-        seccomp = seccomp_program(spec["seccomp"])
-        theirs, ours = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        pid = os.fork()
-        if pid == 0:
-            status = 1
-            try:
-                signal.set_wakeup_fd(-1)
-                check(libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0), "subreaper")  # strays come to us
-                confine(ruleset, seccomp, spec["rlimits"])
-                fd = close_all_but(ours.detach())
-                Spawner(socket.socket(fileno=fd)).serve()
-                status = 0
-            finally:
-                os._exit(status)
-        ours.close()
-        self.spawners.add(pid)
-        return theirs
-
-    def reap(self):
-        while True:  # spawners, and (as PID 1) every orphan of the jail
-            try:
-                pid, status = os.waitpid(-1, os.WNOHANG)
-            except ChildProcessError:
-                return
-            if pid == 0:
-                return
-            if pid in self.spawners:
-                self.spawners.discard(pid)
-                if status and self.pid_one:
-                    # Killed (a program of its domain can signal it) or broken: its programs are
-                    # now ours, and nothing would end them with their stages. End everything;
-                    # the parent sees its spawners gone and makes new ones.
-                    os.kill(-1, signal.SIGKILL)
 
 
 def kill_group(pid):
@@ -757,6 +865,7 @@ def fork_server(fd):
     secret (started with an empty environment, no site directory, no package of ollie)."""
     sock = socket.socket(fileno=fd)
     sock.settimeout(1.0)  # a look for exited children at least every second
+    libc.mallopt(M_ARENA_MAX, 1)  # a jail's threads allocate from the one heap, not an arena each
     gc.collect()
     gc.freeze()  # what is imported stays in pages the jails share (no reference count writes them)
     while True:
@@ -805,6 +914,7 @@ def start(fd):
     if refused:
         check(libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0), "subreaper")  # orphans come to us to reap
         sock.send(json.dumps({"id": 0, "ready": True, "namespaces": refused}).encode())
+        limit(setup["rlimits"])
         Jail(sock, None, pid_one=False).serve()
         return 0
     fuse, view_error = [], ""
@@ -824,6 +934,7 @@ def start(fd):
     socket.send_fds(sock, [json.dumps(hello).encode()], fuse)
     for fd in fuse:
         os.close(fd)
+    limit(setup["rlimits"])
     Jail(sock, mounts, pid_one=True, view_rights=setup["view_rights"]).serve()
     return 0
 

@@ -622,7 +622,7 @@ class _Process:
             await asyncio.wait({self._drained, self.stage.exited}, timeout=2)
         if not self._drained.done():
             self._close_output()
-        if not self.stage.exited.done():  # the jail does not answer (a stopped spawner): end it whole
+        if not self.stage.exited.done():  # the jail does not answer (its PID 1 stopped): end it whole
             self.unanswered = True
             await self.jail.close()
 
