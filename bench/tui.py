@@ -6,9 +6,12 @@
 2. key to echo: from a key typed to its character in the input line, while a turn streams a long
    answer into the conversation, against the same while idle (the ratio is the figure). The
    scripted backend streams a whole answer at once, so these turns come from a fake Ollama server
-   that streams at a model's pace (6 characters each 20 ms), markdown and all.
+   that streams at a model's pace (6 characters each 20 ms), markdown and all;
+3. the first frame: from starting `ollie` (the server running) to its first full frame on the
+   screen, the status line and the input line drawn (bench/startup.py prints it too, against
+   `python -c pass`).
 
-    .venv/bin/python bench/tui.py [-n 20] [--echo 100]
+    .venv/bin/python bench/tui.py [-n 20] [--echo 100] [--frames 10]
 
 The TUI runs in a tmux pane (its screen read with capture-pane, every ~2 ms: the figures include
 up to that much polling delay, the same for both sides of a ratio) against `ollie srv` on a
@@ -134,6 +137,38 @@ def echo_times(t: Tmux, samples: int, rounds: int) -> tuple[list[float], list[fl
     return idle, busy
 
 
+def first_frame_times(srv: FsServer, root: Path, n: int) -> list[float]:
+    """Seconds from starting `ollie --new` to its first full frame: a shell in the pane waits for
+    Enter and then execs ollie, so that starting tmux is not counted (sending the key is, ~2 ms)."""
+    times = []
+    for _ in range(n):
+        t = Tmux(root, srv.env, width=100, height=30)
+        try:
+            t.start(["sh", "-c", 'read go && exec "$@"', "sh", *OLLIE, "--new", "--agent", "bench"], srv.work)
+            time.sleep(0.2)  # the shell is at its `read`
+            start = time.perf_counter()
+            t.keys("Enter")
+            while not (t.row(-2, screen := t.screen()).startswith(" idle") and t.row(-1, screen).strip() == ">"):
+                if time.perf_counter() - start > 30:
+                    raise SystemExit(f"no first frame:\n{screen}")
+            times.append(time.perf_counter() - start)
+        finally:
+            t.close()
+    return times
+
+
+def first_frames(n: int) -> list[float]:
+    """`first_frame_times` against a server of its own, for bench/startup.py."""
+    with tempfile.TemporaryDirectory(prefix="ollie-bench-frame-") as tmp:
+        srv = FsServer(Path(tmp) / "srv")
+        srv.agent("bench", turns=turns(1))
+        srv.start()
+        try:
+            return first_frame_times(srv, Path(tmp), n)
+        finally:
+            srv.stop()
+
+
 def run_times(srv: FsServer, script: Path, n: int) -> list[float]:
     times = []
     for i in range(n):
@@ -175,6 +210,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("-n", type=int, default=20, help="rounds of Enter -> first characters")
     ap.add_argument("--echo", type=int, default=100, help="key-to-echo samples, idle and while streaming each")
+    ap.add_argument("--frames", type=int, default=10, help="starts of `ollie` to its first full frame")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="ollie-bench-tui-") as tmp, WireServer() as model:
         root = Path(tmp)
@@ -195,6 +231,7 @@ def main() -> None:
             idle, busy = echo_times(t, args.echo, rounds=20)
             t.close()
             run = run_times(srv, root / "one.json", args.n)
+            frames = first_frame_times(srv, root, args.frames)
         finally:
             t.close()
             srv.stop()
@@ -204,6 +241,7 @@ def main() -> None:
     i = show("key -> echo, idle", idle)
     s = show("key -> echo, while a turn streams", busy)
     print(f"{'':<38} streaming / idle: {s / i:.2f}x")
+    show("ollie (TUI): start -> first frame", frames)
 
 
 if __name__ == "__main__":
