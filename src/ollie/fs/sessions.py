@@ -22,17 +22,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .. import config, sandbox
-from ..agent.context import DEFAULT_WINDOW
-from ..agent.session import SessionMeta, SessionStore, check_session_id, list_stored, new_session_id, sessions_dir
-from ..agent.state import last_reply, session_cost
-from ..chatfmt import last_prompt_offset
+from ..agent.session import SessionMeta, check_session_id, list_stored, new_session_id, sessions_dir
 from ..types import (
     Busy,
     ConfigError,
     ContextSize,
     Cost,
     Event,
-    GenerationParams,
     InvalidValue,
     Message,
     NotFound,
@@ -41,6 +37,7 @@ from ..types import (
 )
 from ..vfs.namespace import FsError
 from . import transcripts, worktrees
+from .reading import Asleep, Awake, SessionReading
 
 if TYPE_CHECKING:
     from ..agent import Core
@@ -81,7 +78,8 @@ def depth_max() -> int:
 
 
 class Session:
-    """One session as the server holds it: its metadata always, its Core once awake."""
+    """One session as the server holds it: asleep (its metadata) until a file needs its Core. What
+    the files read of it is answered by its reading (reading.py): `Asleep`, then `Awake`."""
 
     def __init__(
         self,
@@ -90,7 +88,7 @@ class Session:
         view: ViewServer | None = None,
         job: bool = False,
     ):
-        self.meta = meta
+        self._reading: SessionReading = Asleep(meta)
         self.core: Core | None = None
         self.view = view
         self.job = job  # a batch job's session: shown in b/, not s/
@@ -99,13 +97,16 @@ class Session:
         self.on_event: list[Callable[[Session, Event | None], None]] = []
         self._waking: asyncio.Future[Core] | None = None
         self.prompt_prev = ""  # the last prompt written to this session since the server started
-        self._stored: tuple[str, str] | None = None  # (reply, last prompt) while asleep, read once
         if core is not None:
             self._attach(core)
 
     @property
+    def meta(self) -> SessionMeta:
+        return self._reading.meta
+
+    @property
     def id(self) -> str:
-        return self.core.session_id if self.core else self.meta.id
+        return self._reading.id
 
     @property
     def created(self) -> float:
@@ -113,7 +114,7 @@ class Session:
 
     @property
     def chat_path(self) -> Path:
-        return self.core.session.chat_path if self.core else sessions_dir() / self.id / "chat"
+        return self._reading.chat_path
 
     async def wake(self) -> Core:
         """The Core, restored from disk on first need (one restore, however many ask)."""
@@ -143,7 +144,7 @@ class Session:
 
     def _attach(self, core: Core) -> None:
         self.core = core
-        self.meta = core.session.meta
+        self._reading = Awake(core)
         core.subscribe(self._watch)
 
     def _watch(self, ev: Event) -> None:
@@ -152,93 +153,48 @@ class Session:
         for listener in self.on_event:
             listener(self, ev)
 
-    # ---- what the files show ----------------------------------------------------------------------
+    # ---- what the files show (awake or asleep: see reading.py) --------------------------------------
     @property
     def state(self) -> str:
-        return self.core.state if self.core else "idle"
+        return self._reading.state
 
     @property
     def reply(self) -> str:
-        return self.core.reply if self.core else self._stored_history()[0]
+        return self._reading.reply
 
     @property
     def last_prompt(self) -> str:
-        if self.prompt_prev:
-            return self.prompt_prev
-        if self.core is None:
-            return self._stored_history()[1]
-        users = [m.content for m in self.core.session.messages if m.role == "user"]
-        return users[-1] if users else ""
-
-    def _stored_history(self) -> tuple[str, str]:
-        """The reply and the last prompt of a session that has not woken, from its stored history:
-        a restart must not empty `reply` (scripts poll its size), and reading it must not wake."""
-        if self._stored is None:
-            try:
-                messages = SessionStore(self.id).load_history()
-            except OllieError:
-                messages = []  # a corrupt history is reported when the session wakes, not by `ls`
-            users = [m.content for m in messages if m.role == "user"]
-            self._stored = (last_reply(messages), users[-1] if users else "")
-        return self._stored
+        return self.prompt_prev or self._reading.last_prompt
 
     @property
     def plan(self) -> str:
-        return self.core.session.plan if self.core else SessionStore(self.id).load_plan()
+        return self._reading.plan
 
-    # What a session shows, awake or asleep: asleep, from what is stored (reading wakes nothing).
     def usage(self) -> Usage:
-        return self.core.usage() if self.core else Usage(**self.meta.usage)
+        return self._reading.usage()
 
     def cost(self) -> Cost:
-        if self.core is not None:
-            return self.core.cost()
-        return session_cost(self.meta, self.usage(), self.meta.model)
+        return self._reading.cost()
 
     def context_size(self) -> ContextSize:
-        if self.core is not None:
-            return self.core.ctxsz()
-        estimate, window = self.meta.context_size or (0, DEFAULT_WINDOW)
-        return ContextSize(estimate, window)
+        return self._reading.context_size()
 
     def system_prompt(self) -> str:
-        return self.core.system_prompt() if self.core else self.meta.system_prompt
+        return self._reading.system_prompt()
 
     def env(self) -> dict[str, str]:
-        return self.core.session.env if self.core else dict(self.meta.env)
+        return self._reading.env()
 
     def messages(self) -> list[Message]:
-        if self.core is not None:
-            return self.core.session.messages
-        try:
-            return SessionStore(self.id).load_history()
-        except OllieError:
-            return []  # a corrupt history is reported when the session wakes
+        return self._reading.messages()
 
     def settings(self) -> dict[str, Any]:
         """backend, model, agent, cwd and the generation parameters (a GenerationParams)."""
-        if self.core is not None:
-            c = self.core
-            return {
-                "backend": c.backend.name,
-                "model": c.backend.model,
-                "agent": c.agent.name,
-                "cwd": c.session.cwd,
-                "params": c.session.params,
-            }
-        m, params = self.meta, GenerationParams()
-        for key, value in m.params.items():
-            params.set(key, value)
-        return {"backend": m.backend, "model": m.model, "agent": m.agent, "cwd": m.cwd, "params": params}
+        return self._reading.settings()
 
     def prompt_offset(self) -> int:
         """Where the last prompt starts in the chat log."""
-        if self.core is not None and self.core.prompt_offset is not None:
-            return self.core.prompt_offset
-        try:
-            return last_prompt_offset(self.chat_path.read_bytes())
-        except FileNotFoundError:
-            return 0
+        return self._reading.prompt_offset()
 
     # ---- what writes do ---------------------------------------------------------------------------
     async def submit(self, text: str) -> None:
@@ -259,6 +215,10 @@ class Session:
         """`fifo.in`: queue the prompt (`Core.queue` starts it when the session is idle)."""
         core = await self.wake()
         core.queue(text)  # stripped there, as `prompt` is: the newline echo adds is not part of it
+
+    def save_meta(self) -> None:
+        """Save the metadata (through the Core, if awake)."""
+        self._reading.save_meta()
 
     def error(self, message: str) -> None:
         """Put `error: message` into the chat (a control write that failed)."""
@@ -463,10 +423,8 @@ class Sessions:
             ("agents", agents),
         ):
             totals[key] = totals.get(key, 0) + value
-        if parent.core is not None:
-            parent.core.session.save()
-        elif parent.id in self._by_id:
-            SessionStore(parent.id).save_meta(parent.meta)
+        if parent.core is not None or parent.id in self._by_id:  # not an asleep one that went to tr/
+            parent.save_meta()
 
     def roll_up(self, child: Session, among: dict[str, Session] | None = None) -> None:
         """Count what `child` and its own sub-agents spent in its parent's `children`."""
@@ -577,7 +535,7 @@ class Sessions:
                     await worktrees.remove(tree, self._by_id.get(s.meta.parent))
             if not s.job:  # a job's files stay with the job
                 if s.core is None:  # asleep: what its children spent is saved here, to go to tr/
-                    SessionStore(s.id).save_meta(s.meta)
+                    s.save_meta()
                 transcripts.keep(sessions_dir() / s.id)
 
     async def rename(self, old: str, new: str) -> None:
@@ -593,10 +551,7 @@ class Sessions:
             self._by_id = {(new if k == old else k): v for k, v in self._by_id.items()}
             for child in self.children(old):  # they stay its sub-sessions
                 child.meta.parent = new
-                if child.core is not None:
-                    child.core.session.save()
-                else:
-                    SessionStore(child.id).save_meta(child.meta)
+                child.save_meta()
             for listener in self.on_rename:
                 listener(old, new)
             worktrees.renamed(old, new)
