@@ -23,7 +23,9 @@ import sys
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 from .. import config
 from . import grants
@@ -459,6 +461,7 @@ class Sandboxes:
         self._size = size
         self._cache: OrderedDict[tuple, Sandbox] = OrderedDict()
         self._files: dict[str, tuple[Path, Path]] = {}  # policy name -> its files (found once)
+        self._building: dict[tuple, asyncio.Future[Sandbox]] = {}
 
     def get(
         self,
@@ -470,20 +473,75 @@ class Sandboxes:
         extra_rw: tuple[str, ...] = (),
         extra_rwx: tuple[str, ...] = (),
     ) -> Sandbox:
-        files = self._files.get(name) or self._files.setdefault(name, policy_files(name))
-        stamp = tuple(_mtime(p) for p in files)
-        key = (name, cwd, tmpdir, extra_rox, extra_ro, extra_rw, extra_rwx, stamp)
+        key = self._key(name, cwd, tmpdir, extra_rox, extra_ro, extra_rw, extra_rwx)
         box = self._cache.get(key)
         if box is None:
-            policy = load_policy(name, cwd, tmpdir, extra_rox, extra_ro, extra_rw, extra_rwx)
-            box = self._cache[key] = Sandbox(policy)
-            if len(self._cache) > self._size:
-                self._cache.popitem(last=False)
+            box = self._keep(key, _build(*key[:-1]))
         self._cache.move_to_end(key)
+        return box
+
+    async def get_async(
+        self,
+        name: str,
+        cwd: str,
+        tmpdir: str,
+        extra_rox: tuple[str, ...] = (),
+        extra_ro: tuple[str, ...] = (),
+        extra_rw: tuple[str, ...] = (),
+        extra_rwx: tuple[str, ...] = (),
+    ) -> Sandbox:
+        """`get`, a sandbox not built yet built in a thread: reading the policy and judging its
+        grants take 2-3 ms, which a burst of sessions' first calls would each stall the event
+        loop for. Calls that come meanwhile share the build."""
+        key = self._key(name, cwd, tmpdir, extra_rox, extra_ro, extra_rw, extra_rwx)
+        box = self._cache.get(key)
+        if box is not None:
+            self._cache.move_to_end(key)
+            return box
+        building = self._building.get(key)
+        if building is None:
+            loop = asyncio.get_running_loop()
+            building = self._building[key] = asyncio.ensure_future(loop.run_in_executor(_builder(), _build, *key[:-1]))
+            building.add_done_callback(lambda _: self._building.pop(key, None))
+        box = await asyncio.shield(building)
+        return self._cache.get(key) or self._keep(key, box)
+
+    def _key(self, name: str, *rest: Any) -> tuple:
+        files = self._files.get(name) or self._files.setdefault(name, policy_files(name))
+        return (name, *rest, tuple(_mtime(p) for p in files))
+
+    def _keep(self, key: tuple, box: Sandbox) -> Sandbox:
+        self._cache[key] = box
+        if len(self._cache) > self._size:
+            self._cache.popitem(last=False)
         return box
 
     def clear(self) -> None:
         self._cache.clear()
+
+
+_BUILDER: ThreadPoolExecutor | None = None
+
+
+def _builder() -> ThreadPoolExecutor:
+    """One thread builds every sandbox of the process, one at a time: more would hold the GIL the
+    event loop waits for more often, and end no sooner."""
+    global _BUILDER
+    if _BUILDER is None:
+        _BUILDER = ThreadPoolExecutor(1, thread_name_prefix="ollie-sandbox")
+    return _BUILDER
+
+
+def _build(
+    name: str,
+    cwd: str,
+    tmpdir: str,
+    extra_rox: tuple[str, ...],
+    extra_ro: tuple[str, ...],
+    extra_rw: tuple[str, ...],
+    extra_rwx: tuple[str, ...],
+) -> Sandbox:
+    return Sandbox(load_policy(name, cwd, tmpdir, extra_rox, extra_ro, extra_rw, extra_rwx))
 
 
 def _mtime(path: Path) -> int:

@@ -180,7 +180,7 @@ class Server:
             raise StepError(f"working directory {cwd} does not exist")
         session_tmp = ctx.tmpdir
         tool_dirs = _tool_dirs(ctx)
-        box = self._sandbox_for(policy, cwd, session_tmp, tool_dirs)
+        box = await self._sandbox_for(policy, cwd, session_tmp, tool_dirs)
         limits = box.policy.limits
         timeout = float(timeout or min(DEFAULT_TIMEOUT, limits.timeout))
         if timeout > limits.timeout:
@@ -190,7 +190,7 @@ class Server:
         jail, notice = await self._jail_for(box.policy)
         if not self._namespaces:  # $TMPDIR is a directory of the host, granted by the policy
             session_tmp = session_tmp or self._scratch_dir()
-            box = self._sandbox_for(policy, cwd, session_tmp, tool_dirs)
+            box = await self._sandbox_for(policy, cwd, session_tmp, tool_dirs)
         env = box.environ()  # only what the policy lets in: never the server's API keys
         env.update(ctx.env)
         # In a jail $TMPDIR is its private /tmp; the session's own scratch directory (where long
@@ -218,13 +218,15 @@ class Server:
             notice,
         )
 
-    def _sandbox_for(self, policy: str, cwd: str, session_tmp: str, tool_dirs: tuple[str, ...]) -> sandbox.Sandbox:
+    async def _sandbox_for(
+        self, policy: str, cwd: str, session_tmp: str, tool_dirs: tuple[str, ...]
+    ) -> sandbox.Sandbox:
         # The skills' directories too: the model reads a skill's SKILL.md and runs its scripts.
         rox = tool_dirs + tuple(str(d) for d in config.skills_path() if d.is_dir())
         if self._namespaces:
             tmp = (session_tmp,) if session_tmp else ()
-            return self._sandboxes.get(policy, cwd, "", rox, tmp, self._shared_dirs())
-        return self._sandboxes.get(policy, cwd, session_tmp, rox)
+            return await self._sandboxes.get_async(policy, cwd, "", rox, tmp, self._shared_dirs())
+        return await self._sandboxes.get_async(policy, cwd, session_tmp, rox)
 
     def _shared_dirs(self) -> tuple[str, ...]:
         """The memory and the plans, which every session's code may read and write (found once).
