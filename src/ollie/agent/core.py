@@ -198,11 +198,8 @@ class Core:
         self._rt.tmpdir = new_tmp
 
     def _save_meta(self) -> None:
-        meta, rt = self._rt.state.meta, self._rt
-        meta.agent, meta.backend, meta.model = rt.env.config.name, rt.backend.name, rt.backend.model
-        meta.system_prompt, size = rt.system_prompt(), rt.window.size()
-        meta.context_size = [size.estimate, size.window]
-        rt.state.save()
+        rt = self._rt
+        rt.state.save_setup(rt.env.config.name, rt.backend.name, rt.backend.model, rt.system_prompt(), rt.window.size())
 
     # ---- observing -----------------------------------------------------------------------------------
     def subscribe(self, handler: Callable[[Event], None]) -> Callable[[], None]:
@@ -477,7 +474,7 @@ class Core:
         """Run the agentSpawn hooks (a new session, or an agent switch); their output primes the
         session: it becomes part of the system prompt."""
         outcome = await self._rt.hooks.run("agentSpawn", {"agent": self.agent.name})
-        self._rt.state.meta.primer = outcome.output
+        self._rt.state.set_primer(outcome.output)
         self._save_meta()  # one write: the primer and the system prompt it makes
 
     async def refresh_context_length(self) -> None:

@@ -66,8 +66,7 @@ async def _turn(rt: Runtime, prompt: str) -> str | None:
         raise TurnError(f"preTurn hook blocked the turn: {pre.reason}")
     await compaction.before_turn(rt, prompt)
     content = "\n\n".join([prompt, *state.notes, *([pre.output] if pre.output else [])])
-    if not state.meta.first_prompt:
-        state.meta.first_prompt = prompt[:200]
+    state.keep_first_prompt(prompt)
     rt.bus.emit(Event("user", prompt))
     start = len(state.messages)
     if rt.checkpoints is not None:

@@ -88,14 +88,11 @@ class Runtime:
             raise BackendError(
                 f"malformed answer: its usage ({', '.join(bad)}) is not in numbers", provider=self.backend.name
             )
-        self.state.usage.add(usage)
         last, known = cost_of(self.backend.model, usage, self.backend.name)
+        self.state.count_spent(usage, last)
         if not known and (self.backend.name, self.backend.model) not in self._unpriced:
             self._unpriced.add((self.backend.name, self.backend.model))  # said once in the session
             self.bus.emit(Event("info", unknown_notice(self.backend.model, self.backend.name)))
-        meta = self.state.meta
-        meta.cost_last = last
-        meta.cost_session += last
         self.bus.emit(Event("usage", data=self.state.usage.to_dict()))
 
     async def after_tools(self) -> None:

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from .. import config
-from ..types import InvalidValue, Message, OllieError
+from ..types import InvalidValue, Message, OllieError, Usage
 
 _ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 # A history line: `json.dumps(…, ensure_ascii=False)` without building an encoder for each line.
@@ -79,6 +79,23 @@ class SessionMeta:
     # [estimated tokens, window] of its context.
     system_prompt: str = ""
     context_size: list[int] = field(default_factory=list)
+
+    # Written by `SessionState` while the session is awake; these two the file server writes of an
+    # asleep session too (no SessionState holds it), then saves.
+    def set_parent(self, parent_id: str) -> None:
+        """The session whose code started this one (its id, after a rename too)."""
+        self.parent = parent_id
+
+    def count_children(self, usage: Usage, cost: float, agents: int) -> None:
+        """Add what ended sub-agents spent (`agents` of them) to `children`."""
+        for key, value in (
+            ("cost", cost),
+            ("input_tokens", usage.input_tokens),
+            ("output_tokens", usage.output_tokens),
+            ("requests", usage.requests),
+            ("agents", agents),
+        ):
+            self.children[key] = self.children.get(key, 0) + value
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> SessionMeta:

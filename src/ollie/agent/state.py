@@ -3,8 +3,10 @@
 The setters carry the rules. What may not change while a turn runs (the cwd, the generation
 parameters, the session's name, the history) raises `Busy`; a bad value raises `InvalidValue`.
 Every frontend (slash commands, the `ctl` and `cfg` files, a library user) changes the session
-through these setters, so it meets the same rules. (`commit`, `replace_history`, `switched` and
-the notes are the loop's and `Core`'s own: they run while the session is held.)
+through these setters, so it meets the same rules. (`commit`, `replace_history`, `switched`, the
+notes, what was spent, the first prompt, the primer and `save_setup` are the loop's and `Core`'s
+own: they run while the session is held.) Nothing outside this module and `session.py` assigns
+the metadata's fields (tests/test_meta_writes.py).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import config, sandbox
-from ..types import Busy, Cost, GenerationParams, InvalidValue, Message, Usage, valid_text, valid_value
+from ..types import Busy, ContextSize, Cost, GenerationParams, InvalidValue, Message, Usage, valid_text, valid_value
 from .session import SessionMeta, SessionStore
 
 MAX_NOTES = 10  # hook notes waiting for the next prompt
@@ -77,6 +79,26 @@ class SessionState:
         m.cwd, m.env, m.params = self._cwd, self._env, self._params.nonempty()
         m.usage = self.usage.to_dict()
         self.store.save_meta(m, wait=not self._busy())
+
+    def save_setup(self, agent: str, backend: str, model: str, system_prompt: str, context: ContextSize) -> None:
+        """Save, with what the session runs with (its agent, backend and model) and what a reader
+        that must not wake it shows: its system prompt and how full its context is."""
+        m = self.meta
+        m.agent, m.backend, m.model = agent, backend, model
+        m.system_prompt, m.context_size = system_prompt, [context.estimate, context.window]
+        self.save()
+
+    def count_spent(self, usage: Usage, cost: float) -> None:
+        """A request's tokens and dollars join the session's (saved when its turn ends)."""
+        self.usage.add(usage)
+        self.meta.cost_last = cost
+        self.meta.cost_session += cost
+
+    def keep_first_prompt(self, prompt: str) -> None:
+        """A turn starts with `prompt`: if it is the session's first, its start is kept (200
+        characters), for listings."""
+        if not self.meta.first_prompt:
+            self.meta.first_prompt = prompt[:200]
 
     # ---- identity ---------------------------------------------------------------------------------
     @property
@@ -187,8 +209,13 @@ class SessionState:
     @property
     def primer(self) -> str:
         """The agentSpawn hooks' output: part of every request's system prompt, so compaction and
-        /clear never lose it (Core sets it in `meta` when the agent spawns, and saves)."""
+        /clear never lose it."""
         return self.meta.primer
+
+    def set_primer(self, text: str) -> None:
+        """The agent spawned and its hooks said `text`. Not saved here: Core saves it with the
+        system prompt it makes (`save_setup`), in one write."""
+        self.meta.primer = text
 
     # ---- history ----------------------------------------------------------------------------------
     @property

@@ -216,6 +216,11 @@ class Session:
         core = await self.wake()
         core.queue(text)  # stripped there, as `prompt` is: the newline echo adds is not part of it
 
+    def set_parent(self, parent_id: str) -> None:
+        """The session whose code started this one (its new id, after a rename), saved."""
+        self.meta.set_parent(parent_id)
+        self.save_meta()
+
     def save_meta(self) -> None:
         """Save the metadata (through the Core, if awake)."""
         self._reading.save_meta()
@@ -399,11 +404,10 @@ class Sessions:
                 raise FsError(errno_of(e), str(e)) from None
             if name:
                 core.set_session_id(name)
-            if parent is not None:
-                core.session.meta.parent = parent.id
-                core.session.save()
-                core.trace_under(_traced_under(parent))
             session = Session(core.session.meta, core, self.view, job=bool(job_id))
+            if parent is not None:
+                session.set_parent(parent.id)
+                core.trace_under(_traced_under(parent))
             opened.append(session)
             try:
                 return self._register(session)
@@ -414,15 +418,7 @@ class Sessions:
     def add_to_parent(self, parent: Session, usage: Usage, cost: float, agents: int = 1) -> None:
         """Count what an ended sub-agent of `parent` spent (with its own sub-agents') in the
         parent's `children`, kept with its metadata."""
-        totals = parent.meta.children
-        for key, value in (
-            ("cost", cost),
-            ("input_tokens", usage.input_tokens),
-            ("output_tokens", usage.output_tokens),
-            ("requests", usage.requests),
-            ("agents", agents),
-        ):
-            totals[key] = totals.get(key, 0) + value
+        parent.meta.count_children(usage, cost, agents)
         if parent.core is not None or parent.id in self._by_id:  # not an asleep one that went to tr/
             parent.save_meta()
 
@@ -550,8 +546,7 @@ class Sessions:
                 raise FsError(code, f"{e}" + ("; echo stop > ctl first" if isinstance(e, Busy) else "")) from None
             self._by_id = {(new if k == old else k): v for k, v in self._by_id.items()}
             for child in self.children(old):  # they stay its sub-sessions
-                child.meta.parent = new
-                child.save_meta()
+                child.set_parent(new)
             for listener in self.on_rename:
                 listener(old, new)
             worktrees.renamed(old, new)
