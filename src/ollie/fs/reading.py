@@ -11,6 +11,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from ..agent.checkpoints import Checkpoints
 from ..agent.context import DEFAULT_WINDOW
 from ..agent.session import SessionMeta, SessionStore, sessions_dir
 from ..agent.state import last_reply, session_cost
@@ -53,6 +54,7 @@ class SessionReading(Protocol):
         """Where the last prompt starts in the chat log."""
         ...
 
+    def checkpoints(self) -> Checkpoints: ...
     def save_meta(self) -> None: ...
 
 
@@ -122,6 +124,9 @@ class Awake:
         """This run's last prompt; before the first, the one the chat log ends with."""
         offset = self.core.prompt_offset
         return offset if offset is not None else _prompt_offset_in(self.chat_path)
+
+    def checkpoints(self) -> Checkpoints:
+        return self.core.checkpoints or _stored_checkpoints(self.id)
 
     def save_meta(self) -> None:
         self.core.session.save()
@@ -197,12 +202,20 @@ class Asleep:
     def prompt_offset(self) -> int:
         return _prompt_offset_in(self.chat_path)
 
+    def checkpoints(self) -> Checkpoints:
+        return _stored_checkpoints(self.id)
+
     def save_meta(self) -> None:
         SessionStore(self.id).save_meta(self.meta)
 
 
 def _last_prompt(messages: list[Message]) -> str:
     return next((m.content for m in reversed(messages) if m.role == "user"), "")
+
+
+def _stored_checkpoints(sid: str) -> Checkpoints:
+    """A session's checkpoints read from its store, to list (they take nothing back)."""
+    return Checkpoints(lambda: SessionStore(sid).dir / "checkpoints.jsonl", lambda _: None)
 
 
 def _prompt_offset_in(chat: Path) -> int:

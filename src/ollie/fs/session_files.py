@@ -523,15 +523,7 @@ async def _mcp(core: Core) -> str:
 
 def _checkpoints(s: Session, _: Sessions) -> File:
     """The session's checkpoints, from what is stored: reading them wakes no session."""
-
-    def read() -> str:
-        from ..agent.checkpoints import Checkpoints
-        from ..agent.session import SessionStore
-
-        live = s.core.checkpoints if s.core is not None else None
-        return (live or Checkpoints(lambda: SessionStore(s.id).dir / "checkpoints.jsonl", lambda _: None)).listing()
-
-    return TextFile(read)
+    return TextFile(lambda: s.checkpoints().listing())
 
 
 def _worktree(s: Session, sessions: Sessions) -> File:

@@ -41,6 +41,7 @@ from .reading import Asleep, Awake, SessionReading
 
 if TYPE_CHECKING:
     from ..agent import Core
+    from ..agent.checkpoints import Checkpoints
 
 log = logging.getLogger("ollie.fs")
 
@@ -195,6 +196,10 @@ class Session:
     def prompt_offset(self) -> int:
         """Where the last prompt starts in the chat log."""
         return self._reading.prompt_offset()
+
+    def checkpoints(self) -> Checkpoints:
+        """What each turn changed (`rewind` is the Core's): reading them wakes nothing."""
+        return self._reading.checkpoints()
 
     # ---- what writes do ---------------------------------------------------------------------------
     async def submit(self, text: str) -> None:

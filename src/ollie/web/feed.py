@@ -149,7 +149,7 @@ class Feed:
             "ctx": ctx.percent,
             "cost": round(s.cost().session, 6),
             "prompt": s.last_prompt[:PROMPT_SHOWN],
-            "updated": _updated(s),
+            "updated": s.meta.updated,
             "parent": s.meta.parent,
         }
 
@@ -322,12 +322,6 @@ class Feed:
 
 def _last_prompts(sessions: list[Session]) -> list[str]:
     return [s.last_prompt for s in sessions]
-
-
-def _updated(s: Session) -> float:
-    if s.core is not None:
-        return s.core.session.meta.updated
-    return s.meta.updated
 
 
 def _size(path: os.PathLike[str] | str) -> int:
