@@ -564,9 +564,9 @@ async def test_concurrent_completions_lose_no_check(tools, plan):
 COMPLETE_FIRST_PLAN = 'cd "$OLLIE_PLANS_DIR" && "${OLLIE_TOOLS_PATH%%:*}/task_complete" *__todo.md TESTS'
 
 
-async def test_an_agent_plans_completes_and_remembers_and_another_session_recalls(ollie_dirs, tmp_path, monkeypatch):
-    from agent_helpers import make_core
-
+async def test_an_agent_plans_completes_and_remembers_and_another_session_recalls(
+    cores, ollie_dirs, tmp_path, monkeypatch
+):
     monkeypatch.setenv("OLLIE_TOOLS_PATH", str(DEFAULTS))
     work = tmp_path / "project"
     work.mkdir()
@@ -593,13 +593,11 @@ async def test_an_agent_plans_completes_and_remembers_and_another_session_recall
         },
         {"text": "Planned, one step done, remembered.", "expect": "parser-quirk"},
     ]
-    core, backend, _, _ = await make_core(first, extra_servers={"execute": execute.factory(str(work))})
-    try:
-        await core.submit("plan the fix and remember what you learn")
-        backend.assert_consumed()
-        assert core.reply == "Planned, one step done, remembered."
-    finally:
-        await core.close()
+    core, backend, _, _ = await cores.open(first, extra_servers={"execute": execute.factory(str(work))})
+    await core.submit("plan the fix and remember what you learn")
+    backend.assert_consumed()
+    assert core.reply == "Planned, one step done, remembered."
+    await cores.close(core)
     [plan] = (ollie_dirs / "data" / "plans").glob("*fix-the-parser__todo.md")
     assert "- [x] write tests" in plan.read_text() and "- [ ] fix the bug" in plan.read_text()
 
@@ -607,10 +605,7 @@ async def test_an_agent_plans_completes_and_remembers_and_another_session_recall
         {"tool_calls": [call("memory_recall", "trailing commas")]},
         {"text": "Recalled it.", "expect": "Trailing commas break it."},
     ]
-    core, backend, _, _ = await make_core(second, extra_servers={"execute": execute.factory(str(work))})
-    try:
-        await core.submit("what do we know about the parser?")
-        backend.assert_consumed()
-        assert core.reply == "Recalled it."
-    finally:
-        await core.close()
+    core, backend, _, _ = await cores.open(second, extra_servers={"execute": execute.factory(str(work))})
+    await core.submit("what do we know about the parser?")
+    backend.assert_consumed()
+    assert core.reply == "Recalled it."

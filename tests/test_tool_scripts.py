@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 
-from agent_helpers import make_core
 from ollie.plans import files as plan_files
 from ollie.tools import CallContext, ToolResult, execute, scripts
 from script_helpers import DEFAULTS, TOOLKIT, toolkit
@@ -646,7 +645,9 @@ async def test_without_scripts_the_description_is_the_plain_one(ollie_dirs, tmp_
 # ---- an agent's turn ----------------------------------------------------------------------------
 
 
-async def test_a_scripted_agent_reads_edits_and_greps_a_file_through_tool_stages(ollie_dirs, tmp_path, monkeypatch):
+async def test_a_scripted_agent_reads_edits_and_greps_a_file_through_tool_stages(
+    cores, ollie_dirs, tmp_path, monkeypatch
+):
     monkeypatch.setenv("OLLIE_TOOLS_PATH", str(DEFAULTS))
     work = tmp_path / "project"
     work.mkdir()
@@ -662,15 +663,12 @@ async def test_a_scripted_agent_reads_edits_and_greps_a_file_through_tool_stages
         {"tool_calls": [call("file_grep", "hello")], "expect": "+    return 'hello'"},
         {"text": "Changed the greeting.", "expect": "app.py:2:    return 'hello'"},
     ]
-    core, backend, _, events = await make_core(script, extra_servers={"execute": execute.factory(str(work))})
-    try:
-        await core.submit("say hello instead of hi")
-        backend.assert_consumed()
-        assert not [e for e in events if e.kind == "error"], [e.text for e in events if e.kind == "error"]
-        assert core.reply == "Changed the greeting."
-        assert (work / "app.py").read_text() == "def greet():\n    return 'hello'\n"
-    finally:
-        await core.close()
+    core, backend, _, events = await cores.open(script, extra_servers={"execute": execute.factory(str(work))})
+    await core.submit("say hello instead of hi")
+    backend.assert_consumed()
+    assert not [e for e in events if e.kind == "error"], [e.text for e in events if e.kind == "error"]
+    assert core.reply == "Changed the greeting."
+    assert (work / "app.py").read_text() == "def greet():\n    return 'hello'\n"
 
 
 def test_t_idx_lists_every_tools_directory_the_first_one_winning(tmp_path):
