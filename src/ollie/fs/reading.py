@@ -134,8 +134,7 @@ class Awake:
 
 class Asleep:
     """A session read from what is stored of it: its metadata (kept in memory) and its files. Its
-    history is read when asked for, never while a corrupt one would fail the listing that asked
-    (it is reported when the session wakes)."""
+    history is read when asked for; a corrupt one reads as empty (waking reports it, not `ls`)."""
 
     def __init__(self, meta: SessionMeta):
         self.meta = meta

@@ -2,8 +2,9 @@
 
 Sessions stored on disk come back when the server starts, asleep: their metadata is in memory,
 their chat is read from disk, and nothing else is built until a file that needs the Core is
-opened (prompt, ctl, cfg, …), so listing and reading chat never touch a backend. The files that
-show them are in `session_files`.
+opened (prompt, ctl, cfg, …), so listing and reading chat never touch a backend. What a session
+shows is read from its Core or from what is stored (`reading`); the files that show it are in
+`session_files`.
 
 Ids are `<unix-ns>-<6 hex>`, so sorting by name is creation order. A session you named (a rename,
 `name=`) would sort by its name (letters after digits: after every unnamed session), so `s/` does
