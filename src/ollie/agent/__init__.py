@@ -17,8 +17,13 @@ from collections.abc import Awaitable, Callable, Generator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..types import Event
+from .. import backends, config, sandbox
+from ..plans import Plans
+from ..tools import dispatcher_factory, execute
+from ..types import ConfigError, Event
 from .core import Core, CoreConfig
+from .env import build_agent_env
+from .session import SessionStore
 
 if TYPE_CHECKING:
     from ..config import AgentConfig
@@ -114,12 +119,6 @@ async def _open(
     cwd_within: str,
     tree_cwd: str,
 ) -> Core:
-    from .. import backends, config, sandbox
-    from ..plans import Plans
-    from ..tools import dispatcher_factory, execute
-    from ..types import ConfigError
-    from .env import build_agent_env
-    from .session import SessionStore
 
     if "execute" in servers:
         raise ConfigError("the tool server name 'execute' is ollie's own (the sandboxed execute_code); choose another")

@@ -15,9 +15,13 @@ import json
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
+from .. import backends, config
 from ..chatfmt import context_text, cost_text, usage_text
+from ..skills import index, list_skills
+from ..tools import format_status
 from ..types import Event, InvalidValue
 from .core import Core
+from .session import list_stored
 
 SHELL_TIMEOUT = 300.0
 
@@ -142,8 +146,6 @@ async def _queue(core: Core, arg: str) -> str:
 
 @command("backend", "show or switch the backend: backend [name] [model]")
 async def _backend(core: Core, arg: str) -> str:
-    from .. import backends
-
     if not arg:
         return f"backend: {core.backend.name} (known: {', '.join(backends.names())})"
     name, _, model = arg.partition(" ")
@@ -266,22 +268,16 @@ async def _models(core: Core, arg: str) -> str:
 
 @command("agents", "list the agent configs")
 async def _agents(core: Core, arg: str) -> str:
-    from .. import config
-
     return "\n".join(("* " if a == core.agent.name else "  ") + a for a in config.list_agents())
 
 
 @command("sessions", "list stored sessions")
 async def _sessions(core: Core, arg: str) -> str:
-    from .session import list_stored
-
     return "\n".join(f"{m.id}  {m.agent:<10} {m.cwd}  {m.first_prompt[:50]!r}" for m in list_stored())
 
 
 @command("skills", "list the skills offered to the model (OLLIE_SKILLS_PATH, the project's .ollie/skills)")
 async def _skills(core: Core, arg: str) -> str:
-    from ..skills import index, list_skills
-
     skills, notices = list_skills(core.session.cwd)
     return (index(skills) + "".join(f"{n}\n" for n in notices)).rstrip() or "(no skills)"
 
@@ -294,8 +290,6 @@ async def _tools(core: Core, arg: str) -> str:
 
 @command("mcp", "list the tool servers and their tools")
 async def _mcp(core: Core, arg: str) -> str:
-    from ..tools import format_status
-
     return format_status(await core.dispatcher.server_status())
 
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .. import config, telemetry
+from .. import backends, config, telemetry
 from ..tools import CallContext, Dispatcher, Tool
 from ..types import (
     ContextSize,
@@ -33,6 +33,7 @@ from ..types import (
 from . import compaction, loop
 from .checkpoints import Checkpoints
 from .context import DEFAULT_WINDOW, Window
+from .env import build_agent_env
 from .events import Bus
 from .extensions import ExtensionFactory, SessionHandle
 from .hooks import Hooks
@@ -404,7 +405,6 @@ class Core:
     # ---- switching -----------------------------------------------------------------------------------
     async def set_backend(self, name: str, model: str | None = None) -> None:
         """Switch to backend `name` (its default model unless `model`); the history is kept."""
-        from .. import backends
 
         async with self._holding("switch the backend"):
             new = backends.create(name, model or None)
@@ -438,7 +438,6 @@ class Core:
         policies, generation parameters (settings made with `set_param` are dropped), context
         window, and its backend and model if it names them (else the current ones stay). Its
         agentSpawn hooks run; their output replaces the old agent's in the system prompt."""
-        from .env import build_agent_env
 
         rt = self._rt
         if self._new_dispatcher is None:
@@ -448,8 +447,6 @@ class Core:
             cfg = config.load_agent(name)
             new_backend = None
             if cfg.backend or cfg.model:
-                from .. import backends
-
                 new_backend = backends.create(cfg.backend or rt.backend.name, cfg.model or None)
             try:
                 env = await build_agent_env(cfg, self._new_dispatcher(), rt.state.cwd, rt.state.written)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass, field
 
-from .. import config, sandbox
+from .. import config, mcp, project_mcp, sandbox
 from ..config import AgentConfig
 from ..tools import Dispatcher
 from . import hooks
@@ -35,7 +35,6 @@ async def build_agent_env(
     each within its startup timeout. A server that fails stays registered with its reason (shown by
     `/mcp` and as the result of calling it) and is noted in `infos`; the others carry on; a disabled
     one is listed, not started. If this raises, `dispatcher` has been closed."""
-    from .. import mcp, project_mcp
 
     try:
         env = AgentEnv(cfg, dispatcher, cwd, await resolve_prompt(cfg, cwd))

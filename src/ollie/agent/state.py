@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import config, sandbox
+from ..cost import price_known
 from ..types import Busy, ContextSize, Cost, GenerationParams, InvalidValue, Message, Usage, valid_text, valid_value
 from .session import SessionMeta, SessionStore
 
@@ -251,7 +252,6 @@ class SessionState:
 
 def session_cost(meta: SessionMeta, usage: Usage, model: str, backend: str = "") -> Cost:
     """What a session spent, from its metadata; `model` prices requests the backend did not."""
-    from ..cost import price_known
 
     known = usage.cost is not None or price_known(model, backend or meta.backend)
     return Cost(meta.cost_last, meta.cost_session, known)

@@ -6,6 +6,7 @@ import importlib
 import json
 import os
 import re
+import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any, Protocol, runtime_checkable
 
@@ -215,7 +216,7 @@ def object_arguments(text: str) -> dict[str, Any]:
     so never edit it."""
     if (hit := _ARGUMENTS.get(text)) is not None:
         return hit
-    from ..textcalls import BadArguments, parse_arguments
+    from ..textcalls import BadArguments, parse_arguments  # noqa: PLC0415 (`ollie backends` loads no types)
 
     try:
         value = parse_arguments(text)
@@ -307,7 +308,6 @@ def parse_retry_after(value: str | None) -> float | None:
         return max(0.0, float(value))
     except ValueError:
         pass
-    import time
     from email.utils import parsedate_to_datetime
 
     try:

@@ -43,6 +43,7 @@ import asyncio
 import base64
 import errno
 import html
+import ipaddress
 import json
 import os
 import re
@@ -55,6 +56,8 @@ from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote, urljoin, urlsplit
+
+from .. import __version__
 
 CONNECT_TIMEOUT = 5.0  # seconds to open a connection (names, TCP, the proxy, TLS)
 READ_TIMEOUT = 600.0  # seconds without a byte of the answer: a model may think long before its first token
@@ -359,7 +362,6 @@ def is_loopback(host: str) -> bool:
     host = host.lower().rstrip(".")
     if host == "localhost" or host.endswith(".localhost"):
         return True
-    import ipaddress
 
     try:
         return ipaddress.ip_address(host).is_loopback
@@ -1243,7 +1245,6 @@ def _event(block: bytes) -> tuple[str | None, str] | None:
 
 def json_headers(extra: Mapping[str, str] | None = None) -> dict[str, Any]:
     """The headers a JSON API request carries, `extra` (lower-cased names) overriding them."""
-    from .. import __version__
 
     out: dict[str, Any] = {
         "user-agent": f"ollie/{__version__}",

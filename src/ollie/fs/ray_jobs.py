@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
 
 from .. import config, sandbox, telemetry
+from ..agent import open_session
 from ..chatfmt import marked, visible
 from ..types import ConfigError, Cost, OllieError, Usage
 from ..vfs.namespace import FsError
@@ -295,8 +296,6 @@ def _next(items: queue.Queue[dict[str, Any] | None]) -> dict[str, Any] | None:
 
 
 async def _work(task: Task, send: Callable[[dict[str, Any]], None], stop: asyncio.Event) -> None:
-    from ..agent import open_session
-
     node = _node()
     send({"started": True, "log": f":: running on Ray node {node}, worker pid {os.getpid()}\n".encode()})
     core = None

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 from .. import config
+from ..agent import commands
 from ..chatfmt import context_text, cost_text, usage_text
 from ..types import GENERATION_PARAM_TYPES, OllieError
 from ..vfs.namespace import Dir, File, FsError, Handle, OpenMode, Stat, check_name
@@ -41,6 +42,7 @@ from ..vfs.stores import (
     TextFile,
     text_size,
 )
+from . import worktrees
 from .sessions import FIXED, Session, Sessions, check_cwd, errno_of, parse_kv
 
 if TYPE_CHECKING:
@@ -341,7 +343,6 @@ CTL_OWN = "kill, rn <name>, save [name]"  # what only the file interface has
 
 async def _ctl(session: Session, sessions: Sessions, line: str) -> str | None:
     """A line written to `ctl`: a session command (`commands`), or kill, rn, save."""
-    from ..agent import commands
 
     core = await session.wake()  # awake, so that a refusal lands in its chat too
     verb, _, arg = line.partition(" ")
@@ -363,8 +364,6 @@ async def _ctl(session: Session, sessions: Sessions, line: str) -> str | None:
 
 
 def _ctl_help() -> str:
-    from ..agent import commands
-
     return f"{', '.join(commands.names())}, {CTL_OWN}"
 
 
@@ -406,7 +405,6 @@ async def _cfg_set(
     """One `key=value` line, the value being the rest of the line (so an object in JSON fits),
     run as the session command of that setting. A value equal to what cfg shows, or showed when it
     was opened, changes nothing: an editor writes the whole file back."""
-    from ..agent import commands
 
     core = await session.wake()
     key, sep, value = line.partition("=")
@@ -532,8 +530,6 @@ def _worktree(s: Session, sessions: Sessions) -> File:
     the branch, path, base and diffstat; refused while a turn runs (its work is half done)."""
 
     async def read() -> str:
-        from . import worktrees
-
         trees = worktrees.of_owner("session", s.id)
         if not trees:
             raise FsError(E.ENOENT, f"session {s.id} has no worktree (it was made without worktree=1)")

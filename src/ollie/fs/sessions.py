@@ -22,7 +22,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .. import config, sandbox
+from .. import backends, config, sandbox
+from ..agent import commands, open_session
 from ..agent.session import SessionMeta, check_session_id, list_stored, new_session_id, sessions_dir
 from ..types import (
     Busy,
@@ -132,8 +133,6 @@ class Session:
             raise
 
     async def _restore(self) -> Core:
-        from ..agent import open_session
-
         view = self.view
         try:
             core = await open_session(
@@ -205,7 +204,6 @@ class Session:
     # ---- what writes do ---------------------------------------------------------------------------
     async def submit(self, text: str) -> None:
         """A line written to `prompt`: a command runs, a prompt starts a turn or queues behind one."""
-        from ..agent import commands
 
         core = await self.wake()
         if not text.strip():
@@ -322,7 +320,6 @@ class Sessions:
         `cwd_here`: the cwd is another machine's (a Ray worker's), which checks it itself, or a
         sub-agent's, checked by descriptor (never looked up again by a path its parent's code could
         lead through a link: into the server's own mount, say)."""
-        from .. import backends
 
         if unknown := sorted(set(spec) - set(NEW_KEYS)):
             raise FsError(E.EINVAL, f"unknown key {unknown[0]!r}; keys: {', '.join(NEW_KEYS)}")
@@ -368,8 +365,6 @@ class Sessions:
         return await asyncio.shield(self._new(spec, parent, job_id, store_root))
 
     async def _new(self, spec: dict[str, str], parent: Session | None, job_id: str, store_root: Path | None) -> Session:
-        from ..agent import open_session
-
         try:  # a key or backend set since the server started (`ollie keys set`) counts from now on
             config.load_env_file()
         except ConfigError as e:
@@ -625,7 +620,6 @@ def check_child_backend(parent: Session, agent: str, backend: str, model: str, s
     `model` and `models`) or its parent's own: code may not start a dearer model than it was given.
     A `switch` of a running sub-session's backend names its model (else it would take the
     backend's default, whichever that is)."""
-    from .. import backends
 
     settings = parent.settings()
     cfg = config.load_agent(agent)
