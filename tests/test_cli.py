@@ -124,6 +124,11 @@ NOT_FOR_PLAIN_COMMANDS = (
     "openai", "anthropic", "httpx", "mcp", "llama_cpp", "ray", "prompt_toolkit", "pygments", "markdown_it",
 )  # fmt: skip
 NOT_FOR_HELP = (*NOT_FOR_PLAIN_COMMANDS, "ollie.types", "ollie.config", "ollie.chatfmt", "dataclasses", "json")
+# `ollie sessions` reads the agent's session store, and only it.
+NOT_FOR_SESSIONS = (
+    *(m for m in NOT_FOR_PLAIN_COMMANDS if m != "ollie.agent"),
+    "ollie.agent.core", "ollie.agent.opening", "ollie.agent.loop", "ollie.plans",
+)  # fmt: skip
 
 
 @pytest.mark.parametrize(
@@ -135,6 +140,7 @@ NOT_FOR_HELP = (*NOT_FOR_PLAIN_COMMANDS, "ollie.types", "ollie.config", "ollie.c
         (["backends"], NOT_FOR_PLAIN_COMMANDS),
         (["keys", "list"], NOT_FOR_PLAIN_COMMANDS),
         (["completion", "bash"], NOT_FOR_PLAIN_COMMANDS),
+        (["sessions"], NOT_FOR_SESSIONS),
     ],
 )
 def test_commands_that_only_print_import_nothing_heavy(argv, unneeded):

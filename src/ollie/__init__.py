@@ -17,7 +17,7 @@ from typing import Any
 __version__ = "0.1.0"  # the version's one source: the package metadata (pyproject.toml) and `ollie --version` read it
 
 _LAZY = {
-    "open_session": "ollie.agent",
+    "open_session": "ollie.agent.opening",
     "AgentConfig": "ollie.config",
     "Core": "ollie.agent.core",
     "CoreConfig": "ollie.agent.core",

@@ -4,176 +4,31 @@
         await core.submit("what does this code do?")
         print(core.reply)
 
-Where things are: `core.Core` (the API frontends drive), `loop` (one turn), `state` (the session's
-state and its rules), `commands` (the command table), `compaction`, `hooks`, `env` (an agent's
-tool servers and prompt), `extensions` (what a program adds to each session; `open_session`
-adds the plans, `ollie.plans`).
+Where things are: `opening` (`open_session`), `core.Core` (the API frontends drive), `loop` (one
+turn), `state` (the session's state and its rules), `commands` (the command table), `compaction`,
+`hooks`, `env` (an agent's tool servers and prompt), `extensions` (what a program adds to each
+session; `open_session` adds the plans, `ollie.plans`).
 """
 
 from __future__ import annotations
 
-import os
-from collections.abc import Awaitable, Callable, Generator, Mapping
-from pathlib import Path
+import importlib
 from typing import TYPE_CHECKING, Any
 
-from .. import backends, config, sandbox
-from ..plans import Plans
-from ..tools import dispatcher_factory, execute
-from ..types import ConfigError, Event
-from .core import Core, CoreConfig
-from .env import build_agent_env
-from .session import SessionStore
-
 if TYPE_CHECKING:
-    from ..config import AgentConfig
-    from ..plans import PlanBackend
-    from ..tools import Server
+    from .core import Core, CoreConfig
+    from .opening import Opening, open_session
+
+# Loaded on first use, so that importing one module of the agent (its session store, for
+# `ollie sessions`) does not build all of it.
+_LAZY = {"open_session": "opening", "Opening": "opening", "Core": "core", "CoreConfig": "core"}
 
 
-def open_session(
-    *,
-    agent: str | AgentConfig | None = None,
-    cwd: str | None = None,
-    backend: str | None = None,
-    model: str | None = None,
-    session_id: str | None = None,
-    servers: Mapping[str, Callable[[], Server]] | None = None,
-    script: Any = None,
-    store_root: Path | None = None,
-    on_event: Callable[[Event], None] | None = None,
-    view: Callable[[int], None] | None = None,
-    plan_backend: PlanBackend | None = None,
-    cwd_within: str | None = None,
-    tree_cwd: str | None = None,
-) -> Opening:
-    """A ready Core, awaited (`core = await open_session(...)`) or entered (`async with
-    open_session(...) as core`, which closes it on the way out).
-
-    A new session, or the stored one `session_id` names (its agent, backend, model and cwd are
-    restored unless given here). `agent` is the name of an agent config (`agents/<name>.json`) or
-    an `AgentConfig` built in code. Every session has the sandboxed `execute_code` tool; `servers`
-    adds tool servers of your own, each given as a function that builds a fresh one (an agent
-    switch closes them and builds new ones). `script` (a list of turns, or a file) is for the
-    scripted backend. `on_event` is subscribed before the start-up notices (e.g. an MCP server
-    that failed) are emitted. `view` serves the session's own view of ollie's files to its
-    sandboxed code (the file server gives one; see `tools.execute.factory`). The steps of the plans
-    the agent makes (`task_plan`) are committed as tasks to a tool server with `task_create` if
-    the agent has one, else to `plan_backend` (an `ollie.plans.PlanBackend`) if given.
-    `cwd_within` (a sub-agent's: its parent's cwd) is where the cwd must stay, now and whenever it
-    changes: it is resolved beneath that directory by descriptor, following no symlink; `tree_cwd`
-    (a sub-agent's) is the cwd its tree of sessions starts from, whose files its tree's code may
-    have written (no tool server's program is taken from there).
-    Raises ConfigError for a bad name or config."""
-    return Opening(
-        _open(
-            agent=agent,
-            cwd=cwd,
-            backend=backend,
-            model=model,
-            session_id=session_id,
-            servers=servers or {},
-            script=script,
-            store_root=store_root,
-            on_event=on_event,
-            view=view,
-            plan_backend=plan_backend,
-            cwd_within=cwd_within or "",
-            tree_cwd=tree_cwd or "",
-        )
-    )
-
-
-class Opening:
-    """A Core being opened: await it, or use it as an async context manager."""
-
-    def __init__(self, opening: Awaitable[Core]):
-        self._opening = opening
-        self._core: Core | None = None
-
-    def __await__(self) -> Generator[Any, None, Core]:
-        return self._opening.__await__()
-
-    async def __aenter__(self) -> Core:
-        self._core = await self._opening
-        return self._core
-
-    async def __aexit__(self, *exc: object) -> None:
-        if self._core is not None:
-            await self._core.close()
-
-
-async def _open(
-    *,
-    agent: str | AgentConfig | None,
-    cwd: str | None,
-    backend: str | None,
-    model: str | None,
-    session_id: str | None,
-    servers: Mapping[str, Callable[[], Server]],
-    script: Any,
-    store_root: Path | None,
-    on_event: Callable[[Event], None] | None,
-    view: Callable[[int], None] | None,
-    plan_backend: PlanBackend | None,
-    cwd_within: str,
-    tree_cwd: str,
-) -> Core:
-
-    if "execute" in servers:
-        raise ConfigError("the tool server name 'execute' is ollie's own (the sandboxed execute_code); choose another")
-    meta = None
-    if session_id:
-        store = SessionStore(session_id, store_root)
-        if store.exists():
-            meta = store.load_meta()
-    if isinstance(agent, config.AgentConfig):
-        cfg = agent
-    else:
-        cfg = config.load_agent(agent or (meta.agent if meta else None) or "default")
-    # A cwd given now is made real; a stored one is taken as stored (it was real then): were it
-    # resolved again, a symlink put in its place since would move the session where the link points.
-    # A sub-agent's is resolved beneath where it must stay, once: what was checked is what is kept.
-    if cwd_within:
-        try:
-            cwd = sandbox.directory_within(cwd or cwd_within, cwd_within)
-        except sandbox.SandboxError as e:
-            raise ConfigError(f"cwd: {e}") from None
-    elif cwd:
-        cwd = os.path.realpath(os.path.expanduser(cwd))
-    else:
-        cwd = meta.cwd if meta and meta.cwd else os.getcwd()
-    if not os.path.isdir(cwd):
-        raise ConfigError(f"cwd {cwd!r} is not a directory")
-    name = backend or (meta.backend if meta and not script else None) or cfg.backend or backends.default_name()
-    model = (
-        model or (meta.model if meta and name == meta.backend else None) or cfg.model or os.environ.get("OLLIE_MODEL")
-    )
-    options = {"script": script} if script is not None else {}
-    be = backends.create(name, model or None, **options)
-    new_dispatcher = dispatcher_factory({"execute": execute.factory(cwd, view), **servers})
-    env = await build_agent_env(cfg, new_dispatcher(), cwd, tuple(p for p in (cwd, tree_cwd) if p))
-    core = Core(
-        CoreConfig(
-            backend=be,
-            env=env,
-            new_dispatcher=new_dispatcher,
-            session_id=session_id or "",
-            store_root=store_root,
-            extensions=(lambda session: Plans(session, plan_backend),),
-            cwd_within=cwd_within,
-            tree_cwd=tree_cwd,
-        )
-    )
-    if on_event is not None:
-        core.subscribe(on_event)
-    await core.refresh_context_length()
-    for info in env.infos:
-        core.emit(Event("info", info))
-    core.say_notices()
-    if meta is None or meta.agent != cfg.name:  # a new session, or a stored one under another agent
-        await core.spawned()
-    return core
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{module}"), name)
 
 
 __all__ = ["Core", "CoreConfig", "Opening", "open_session"]

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
 
 from .. import config, sandbox, telemetry
-from ..agent import open_session
+from ..agent.opening import open_session
 from ..chatfmt import marked, visible
 from ..types import ConfigError, Cost, OllieError, Usage
 from ..vfs.namespace import FsError

@@ -23,7 +23,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .. import backends, config, sandbox
-from ..agent import commands, open_session
+from ..agent import commands
+from ..agent.opening import open_session
 from ..agent.session import SessionMeta, check_session_id, list_stored, new_session_id, sessions_dir
 from ..types import (
     Busy,
