@@ -14,8 +14,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from . import config
-from .sandbox import hidden_dirs, paths
+from . import config, paths
+from .sandbox import hidden_dirs
 
 INSTRUCTION_FILES = ("AGENTS.md", "CLAUDE.md")  # in each directory, the first one found
 INSTRUCTIONS_MAX = 32 * 1024  # bytes of instructions in all, as Codex bounds them

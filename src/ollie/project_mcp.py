@@ -33,8 +33,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from . import paths
 from .config import data_path, private_dir
-from .sandbox import paths
 from .types import ConfigError
 
 FILE_NAME = ".mcp.json"

@@ -16,7 +16,6 @@ import json
 import logging
 import os
 import re
-import secrets
 import shutil
 import threading
 import time
@@ -34,7 +33,7 @@ _line = json.JSONEncoder(ensure_ascii=False).encode
 
 def new_session_id() -> str:
     """`<unix-ns>-<6 hex>`: lexical order is creation order."""
-    return f"{time.time_ns()}-{secrets.token_hex(3)}"
+    return f"{time.time_ns()}-{os.urandom(3).hex()}"
 
 
 def check_session_id(sid: str) -> str:
@@ -140,7 +139,7 @@ def _replace_atomically(path: Path, text: str) -> None:
     """Write `text` to a new file, fsync it and rename it over `path`: a crash at any point
     leaves the old file or the new one, never a torn one. (Plain descriptors: in a worker
     thread, each Python step holds the GIL the event loop waits for.)"""
-    tmp = f"{path.parent}/.{path.name}.{secrets.token_hex(4)}.tmp"
+    tmp = f"{path.parent}/.{path.name}.{os.urandom(4).hex()}.tmp"
     data = memoryview(text.encode())
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)

@@ -28,10 +28,10 @@ from pathlib import Path
 from typing import Any
 
 from .. import config
+from ..paths import LinkRefused, identities, identity, open_real, real_path, within
 from . import grants
 from .jail import Confinement, Jail, JailSetup, userns_hint
 from .landlock import RO, RW, RWX, build_ruleset, fs_handled, landlock_abi
-from .paths import LinkRefused, identities, identity, open_real, real_path, within
 from .policy import FS_KEYS, Limits, Policy, SandboxError, load_policy, policy_files
 from .seccomp import SECCOMP_MACHINES, seccomp_program, seccomp_supported
 

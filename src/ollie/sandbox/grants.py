@@ -20,7 +20,7 @@ import os
 from dataclasses import dataclass
 
 from .. import config
-from .paths import (
+from ..paths import (
     Identity,
     LinkRefused,
     Opened,
