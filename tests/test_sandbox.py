@@ -270,6 +270,55 @@ def test_policies_are_built_once_and_rebuilt_when_edited(home, tmp_path):
     assert second is not first and "EXTRA" in second.policy.env
 
 
+async def test_sessions_of_one_cwd_share_its_decisions_and_each_reads_only_its_own_scratch(home, tmp_path):
+    # The policy's grants for a cwd are decided once for every session there; each session's own
+    # scratch directory is decided for it alone, and the other sessions' stay out of its reach.
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    scratch = {sid: tmp_path / f"scratch-{sid}" for sid in ("a", "b")}
+    for sid, d in scratch.items():
+        d.mkdir()
+        (d / "result").write_text(f"{sid}'s\n")
+    servers = {sid: execute.factory(str(cwd))() for sid in scratch}
+    try:
+        for sid, other in (("a", "b"), ("b", "a")):
+            ctx = CallContext(cwd=str(cwd), session_id=sid, tmpdir=str(scratch[sid]))
+            code = f"cat {scratch[sid]}/result; cat {scratch[other]}/result; echo x > {scratch[sid]}/new"
+            result = await servers[sid].call_tool("execute_code", {"steps": [{"code": code}]}, ctx)
+            text = result.text()
+            assert f"{sid}'s\n" in text and f"{other}'s" not in text, text  # the other's is hidden
+            assert "Read-only file system" in text and not (scratch[sid] / "new").exists(), text
+        assert len(sandbox._DECISIONS) >= 1
+    finally:
+        for server in servers.values():
+            await server.close()
+
+
+def test_shared_decisions_are_made_anew_once_a_granted_path_is_another_file(home, tmp_path):
+    # A session's first call always judged the grants as they are then; sharing keeps that: a
+    # path of the policy replaced (here the shared writable directory) is decided again.
+    cwd, shared, mine, theirs = (tmp_path / n for n in ("cwd", "shared", "mine", "theirs"))
+    for d in (cwd, shared, mine, theirs):
+        d.mkdir()
+    first = sandbox.Sandboxes().get("default", str(cwd), "", (), (str(mine),), (str(shared),))
+    decisions = [d for k, d in sandbox._DECISIONS.items() if k[1] == str(cwd)]
+    again = sandbox.Sandboxes().get("default", str(cwd), "", (), (str(theirs),), (str(shared),))
+    assert len(decisions) == 1 and [d for k, d in sandbox._DECISIONS.items() if k[1] == str(cwd)] == decisions
+    identity = os.stat(shared)
+    exposed = {e[0]: tuple(e[-2:]) for e in again.confinement.spec["expose"]}
+    assert exposed[str(shared)] == (identity.st_dev, identity.st_ino)
+    assert str(theirs) in exposed and str(mine) not in exposed  # decided for each session
+    shared.rename(tmp_path / "old")
+    shared.mkdir()
+    after = sandbox.Sandboxes().get("default", str(cwd), "", (), (str(theirs),), (str(shared),))
+    assert [d for k, d in sandbox._DECISIONS.items() if k[1] == str(cwd)] != decisions  # decided anew
+    new = os.stat(shared)
+    exposed = {e[0]: tuple(e[-2:]) for e in after.confinement.spec["expose"]}
+    assert exposed[str(shared)] == (new.st_dev, new.st_ino) != (identity.st_dev, identity.st_ino)
+    assert str(theirs) in exposed and str(mine) not in exposed
+    assert str(mine) in {e[0] for e in first.confinement.spec["expose"]}
+
+
 def test_templates_expand(home, tmp_path):
     write_policy(None, "filesystem:\n  ro: ['{HOME}/.ssh', '{XDG_CONFIG_HOME}', '{OLLIE_CFG_PATH}']\n")
     policy = sandbox.load_policy("default", str(tmp_path), str(tmp_path))

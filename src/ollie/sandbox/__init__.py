@@ -13,6 +13,7 @@ namespaces. docs/sandbox.md has the threat model.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import fnmatch
 import os
 import platform
@@ -20,6 +21,7 @@ import re
 import shutil
 import stat
 import sys
+import threading
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable
@@ -56,7 +58,8 @@ class Sandbox:
     the seccomp program, resource limits), the environment filter and the PATH directories the
     sandbox can execute from."""
 
-    def __init__(self, policy: Policy):
+    def __init__(self, policy: Policy, decided: list[grants.Grant] | None = None):
+        """`decided`: the policy's grants, decided already (`_Decisions`; the caller closes them)."""
         self.policy = policy
         abi = landlock_abi()
         if abi == 0 and not policy.best_effort:
@@ -71,7 +74,9 @@ class Sandbox:
                 f"{platform.machine()}: without it sandboxed code could make any socket; set general.best_effort: "
                 f"true in {config.cfg_path() / 'sandbox.yaml'} to run with Landlock and the namespaces alone"
             )
-        decided = grants.decide(policy, identities(hidden_dirs()), identities(read_only_dirs()))
+        owned = decided is None
+        if decided is None:
+            decided = grants.decide(policy, identities(hidden_dirs()), identities(read_only_dirs()))
         try:
             ruleset = build_ruleset(policy, decided, abi) if abi else -1
             # Every path granted, as decided: the jail mounts a grant only if it is still that file.
@@ -82,7 +87,8 @@ class Sandbox:
             # Where a program on PATH can run from: the grants as decided, never resolved again.
             self._exec_roots = tuple(g.path.rstrip("/") + "/" for g in decided if g.key in ("rox", "rwx"))
         finally:
-            grants.close(decided)
+            if owned:
+                grants.close(decided)
         if ruleset >= 0:
             # Closed when the last call using this sandbox lets go of it, never before: a process
             # spawned with a closed ruleset's fd would run unconfined, or in another ruleset.
@@ -220,6 +226,7 @@ class Jails:
         self._timer: asyncio.TimerHandle | None = None
         self._closing: set[asyncio.Task[None]] = set()
         self._starting: dict[JailSetup, asyncio.Future[Jail]] = {}
+        self._retired: set[Jail] = set()  # replaced by a new jail: closed once no program of theirs runs
         self._hide = hidden_paths()
         self._read_only = read_only_dirs()
         self._uv_cache = _uv_cache()
@@ -246,6 +253,8 @@ class Jails:
         )
         jail = self._jails.get(setup)
         if jail is None or not jail.alive:
+            if jail is not None and jail.running:  # ending once its programs have: closed once they have
+                self._retired.add(jail)
             _refuse_replaceable_links(policy)
             starting = self._starting.get(setup)
             if starting is None:  # one start for the calls that come meanwhile (none left running unowned)
@@ -298,9 +307,16 @@ class Jails:
         self._timer = None
         loop = asyncio.get_running_loop()
         now, soonest = loop.time(), self._idle
+        for jail in [j for j in self._retired if not j.busy]:
+            self._retired.discard(jail)
+            task = loop.create_task(jail.close())
+            self._closing.add(task)
+            task.add_done_callback(self._closing.discard)
         for setup, jail in list(self._jails.items()):
             if not jail.alive:
                 del self._jails[setup]
+                if jail.running:
+                    self._retired.add(jail)  # closed at the next look, once none of its programs runs
             elif jail.busy:
                 continue
             elif (left := jail.last_used + self._idle - now) > 0:
@@ -310,7 +326,7 @@ class Jails:
                 task = loop.create_task(jail.close())
                 self._closing.add(task)
                 task.add_done_callback(self._closing.discard)
-        if self._jails:
+        if self._jails or self._retired:
             self._watch(max(soonest, 0.05))
 
     async def close(self) -> None:
@@ -319,7 +335,8 @@ class Jails:
             self._timer = None
         if self._starting:  # what starts now is closed with the rest (a failure is its callers' to see)
             await asyncio.wait(list(self._starting.values()))
-        jails, self._jails = list(self._jails.values()), {}
+        jails, self._jails = [*self._jails.values(), *self._retired], {}
+        self._retired.clear()
         await asyncio.gather(*(j.close() for j in jails), *self._closing)
 
 
@@ -541,7 +558,72 @@ def _build(
     extra_rw: tuple[str, ...],
     extra_rwx: tuple[str, ...],
 ) -> Sandbox:
-    return Sandbox(load_policy(name, cwd, tmpdir, extra_rox, extra_ro, extra_rw, extra_rwx))
+    """A sandbox; with `extra_ro` (a session's own scratch directory), on decisions shared by
+    every session of the policy and cwd (`_Decisions`), only those paths decided anew."""
+    if not extra_ro:
+        return Sandbox(load_policy(name, cwd, tmpdir, extra_rox, (), extra_rw, extra_rwx))
+    with _DECISIONS_LOCK:
+        key = (name, cwd, tmpdir, extra_rox, extra_rw, extra_rwx, tuple(_mtime(p) for p in policy_files(name)))
+        base = _DECISIONS.pop(key, None)
+        if base is None or not base.fresh():
+            if base is not None:
+                base.close()
+            base = _Decisions(load_policy(name, cwd, tmpdir, extra_rox, (), extra_rw, extra_rwx))
+        _DECISIONS[key] = base  # the newest last
+        while len(_DECISIONS) > _DECISIONS_KEPT:
+            _DECISIONS.pop(next(iter(_DECISIONS))).close()
+        return base.sandbox(extra_ro)
+
+
+class _Decisions:
+    """A policy's grants decided once for every session of one policy and cwd (reading the policy
+    and judging some fifty paths by descriptor: 2-3 ms), their descriptors kept open; each
+    session's sandbox adds its own scratch directory, judged as it would be with the others
+    (against the same writable grants), and builds its own Landlock ruleset on the descriptors.
+    Decisions are only reused while every path the policy names is still what it was: the same
+    file (followed as a `stat` follows it), or still missing (`fresh`); else decided anew, as a
+    new session always did."""
+
+    def __init__(self, policy: Policy):
+        self.policy = policy
+        self.hidden, self.read_only = identities(hidden_dirs()), identities(read_only_dirs())
+        self.grants = grants.decide(policy, self.hidden, self.read_only)
+        self._seen = self._look()
+
+    def _look(self) -> tuple:
+        return tuple(_stat_identity(p) for key in FS_KEYS for p in self.policy.paths[key])
+
+    def fresh(self) -> bool:
+        return self._look() == self._seen
+
+    def sandbox(self, extra_ro: tuple[str, ...]) -> Sandbox:
+        extra = tuple(p for p in extra_ro if os.path.exists(p))  # as load_policy adds them
+        base = self.policy
+        policy = dataclasses.replace(
+            base, paths={**base.paths, "ro": base.paths["ro"] + extra}, own=base.own | frozenset(extra_ro)
+        )
+        only_extra = dataclasses.replace(policy, paths={"ro": extra})
+        mine = grants.decide(only_extra, self.hidden, self.read_only, writable=self.grants)
+        try:
+            return Sandbox(policy, [*self.grants, *mine])
+        finally:
+            grants.close(mine)
+
+    def close(self) -> None:
+        grants.close(self.grants)
+
+
+_DECISIONS: OrderedDict[tuple, _Decisions] = OrderedDict()
+_DECISIONS_KEPT = 16
+_DECISIONS_LOCK = threading.Lock()  # builds run in the builder's thread and, for hooks, the loop's
+
+
+def _stat_identity(path: str) -> tuple[int, int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
 
 
 def _mtime(path: Path) -> int:

@@ -54,17 +54,23 @@ class Grant:
         return identity(self.fd)
 
 
-def decide(policy: Policy, hidden: dict[Identity, str], read_only: dict[Identity, str]) -> list[Grant]:
+def decide(
+    policy: Policy, hidden: dict[Identity, str], read_only: dict[Identity, str], writable: list[Grant] | None = None
+) -> list[Grant]:
     """The policy's grants, opened and judged (SandboxError naming the grant and the fix); the
     caller closes them (`close`). Grants whose path is gone since the policy was read are left out,
     as are the built-in ones (`policy.optional`) that a symlink sandboxed code could plant leads to.
     `hidden` are ollie's hidden directories, `read_only` those every jail keeps read-only (no
-    writable grant may be, or lie in, one: the jail would have to choose)."""
+    writable grant may be, or lie in, one: the jail would have to choose). `writable`: grants of
+    the same sandbox decided before (a session's paths decided after the ones its policy and cwd
+    share): their writable ones count as where this policy lets code write."""
     grants: list[Grant] = []
     followed: list[tuple[Grant, Opened, str]] = []  # grants reached through a symlink, and their path as given
+    before = [g for g in writable or () if g.writable]
     # Where sandboxed code may have planted a symlink: the session's cwd, $HOME (another session's
     # may work there), and what this policy lets code write (opened first, to be known here).
     planted = identities([p for p in (policy.cwd, os.path.expanduser("~")) if p])
+    planted.update((g.identity, g.path) for g in before)
     mount = config.mount_point()  # once for all the grants: it walks the mount's parent
     try:
         for key in sorted(policy.paths, key=lambda k: k not in WRITABLE):
@@ -80,7 +86,7 @@ def decide(policy: Policy, hidden: dict[Identity, str], read_only: dict[Identity
                 _judge(policy, path, grant, hidden, read_only)
                 if grant.writable:
                     planted[grant.identity] = grant.path
-        for grant in _through_planted_links(policy, grants, followed):
+        for grant in _through_planted_links(policy, [*before, *grants], followed):
             grants.remove(grant)
             os.close(grant.fd)
     except BaseException:
