@@ -353,7 +353,8 @@ def _pid_one_of(pid: int) -> int:
 
 async def test_a_jail_whose_pid_1_used_its_cpu_limit_ends_after_its_stages(run):
     # PID 1 carries the limits its programs inherit, its own CPU time counted: at the soft limit
-    # (SIGXCPU, sent here from outside) it lets its stages end, then exits; the next call starts anew.
+    # (SIGXCPU, sent here from outside) it tells ollie, lets its stages end, then exits; the next
+    # call starts in a new jail.
     call = asyncio.create_task(run("sleep 4711.75; echo slept", timeout=2))
     pid_one = 0
     for _ in range(200):

@@ -91,6 +91,7 @@ class _Channel:
         self.stages: dict[int, Stage] = {}
         self.replies: dict[int, asyncio.Future[tuple[dict[str, Any], list[int]]]] = {}
         self.gone: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        self.retiring = False  # the jail said it will end (its PID 1 used its CPU limit): start no more in it
         self._loop = asyncio.get_running_loop()
         self._ids = itertools.count(1)
         self._loop.add_reader(sock.fileno(), self._receive)
@@ -146,6 +147,8 @@ class _Channel:
             self.end("the sandbox helper exited" if not data else "the sandbox helper sent garbage")
             return
         assert isinstance(message, dict)
+        if rid == 0 and message.get("retire") is True:  # its PID 1 ends once its programs have
+            self.retiring = True
         stage = self.stages.pop(rid, None) if ("status" in message or "error" in message) else None
         if stage is not None and not stage.exited.done():
             if isinstance(message.get("status"), int):
@@ -322,8 +325,14 @@ class Jail:
         control.close()
 
     @property
-    def alive(self) -> bool:
+    def running(self) -> bool:
+        """Its PID 1 runs (it may be retiring: see `alive`)."""
         return not self._control.gone.done()
+
+    @property
+    def alive(self) -> bool:
+        """Running, and taking new programs."""
+        return not (self._control.gone.done() or self._control.retiring)
 
 
 class _ForkServer:

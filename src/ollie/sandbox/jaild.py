@@ -613,7 +613,9 @@ class Jail:
         self.end()
 
     def retire(self, *_):
-        self.retiring = True
+        if not self.retiring:
+            self.retiring = True
+            self.reply(self.sock, {"id": 0, "retire": True})  # the parent starts another for new calls
 
     def end(self):
         for channel in list(self.channels):
