@@ -581,8 +581,8 @@ class _Decisions:
     session's sandbox adds its own scratch directory, judged as it would be with the others
     (against the same writable grants), and builds its own Landlock ruleset on the descriptors.
     Decisions are only reused while every path the policy names is still what it was: the same
-    file (followed as a `stat` follows it), or still missing (`fresh`); else decided anew, as a
-    new session always did."""
+    file (followed as a `stat` follows it), or still missing, and ollie's hidden and read-only
+    directories are the same (`fresh`); else decided anew, as a new session always did."""
 
     def __init__(self, policy: Policy):
         self.policy = policy
@@ -594,7 +594,13 @@ class _Decisions:
         return tuple(_stat_identity(p) for key in FS_KEYS for p in self.policy.paths[key])
 
     def fresh(self) -> bool:
-        return self._look() == self._seen
+        """Still what a new decision would be: the same paths, and the same directories hidden
+        and kept read-only (ollie's configuration may name others since)."""
+        return (
+            self._look() == self._seen
+            and identities(hidden_dirs()) == self.hidden
+            and identities(read_only_dirs()) == self.read_only
+        )
 
     def sandbox(self, extra_ro: tuple[str, ...]) -> Sandbox:
         extra = tuple(p for p in extra_ro if os.path.exists(p))  # as load_policy adds them
