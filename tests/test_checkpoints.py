@@ -5,6 +5,8 @@ file changed by hand since, never through a link the turn planted."""
 
 from __future__ import annotations
 
+import asyncio
+import fcntl
 import hashlib
 import json
 import os
@@ -277,6 +279,35 @@ async def test_a_slow_first_snapshot_is_not_waited_for_and_the_next_turn_has_one
     await commands.run(core, "undo")
     assert (cwd / "a.txt").read_text() == "1\n"  # back to where the second turn started
     await core.close()
+
+
+async def test_a_session_closed_while_its_first_snapshot_runs_waits_for_it_and_leaves_no_task(tmp_path):
+    """A turn stopped twice (an interrupt, then the session's close) while its first snapshot ran
+    left that snapshot with no owner: git at work in the cwd after the close, and a task that kept
+    the event loop from closing (a server's, a test's). Here the snapshot waits for another
+    session's (which holds the lock of the directory's shadow repository a moment), so it is still
+    running when the turn is stopped."""
+    from ollie.agent.checkpoints import Shadow
+
+    cwd = _project(tmp_path / "p")
+    shadow = Shadow(str(cwd))
+    shadow._make()
+    held = os.open(shadow.repo / "lock", os.O_RDWR | os.O_CREAT, 0o600)
+    fcntl.flock(held, fcntl.LOCK_EX)  # another session's snapshot of this directory
+    asyncio.get_running_loop().call_later(0.5, os.close, held)  # ends in a moment
+    core = await open_session(backend="scripted", script=[_stage("true"), {"text": "done"}], cwd=str(cwd))
+    snapshots = lambda: [t for t in asyncio.all_tasks() if t.get_coro().__qualname__ == "Shadow.snapshot"]  # noqa: E731
+    try:
+        assert core.queue("go")
+        while not snapshots():
+            await asyncio.sleep(0)
+        await asyncio.sleep(0.05)
+        assert core.interrupt()
+        await asyncio.sleep(0.05)
+        await core.close()
+        assert snapshots() == []
+    finally:
+        await asyncio.sleep(0.6)  # the lock let go, whatever happened
 
 
 async def test_a_mount_below_the_cwd_is_left_out_of_snapshots(fs_server):

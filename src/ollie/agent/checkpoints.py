@@ -100,6 +100,7 @@ class Checkpoints:
         self._records: list[Checkpoint] | None = None
         self._turn: Checkpoint | None = None  # the running turn's, once a tool call is about to run
         self._before: asyncio.Future[str] | None = None  # the running turn's first snapshot, being taken
+        self._snapshots: set[asyncio.Future[str]] = set()  # first snapshots not ended yet: close waits for them
         self._started: tuple[str, int, str, float] = ("", 0, "", 0.0)  # its prompt, history length, cwd, time
 
     # ---- the turn's side -------------------------------------------------------------------------
@@ -117,6 +118,8 @@ class Checkpoints:
         title = prompt.strip().splitlines()[0][:200] if prompt.strip() else ""
         self._started = (title, history, cwd, time.time())
         self._before = asyncio.ensure_future(Shadow(cwd).snapshot())
+        self._snapshots.add(self._before)
+        self._before.add_done_callback(self._snapshots.discard)
 
     async def before_change(self) -> None:
         """Before each tool call: the turn's first snapshot must be taken (once a turn). One that
@@ -148,6 +151,14 @@ class Checkpoints:
         except (CheckpointError, OSError) as e:
             self._emit(f"checkpoints: no checkpoint of this turn: {e}")
             return ""
+
+    async def close(self) -> None:
+        """Let a first snapshot still being taken end: one whose turn was stopped twice (an
+        interrupt, then the close) is no longer awaited by the turn. It is never cancelled
+        half-way, and a session that closes leaves no git of its own running."""
+        self._before = None
+        if self._snapshots:
+            await asyncio.gather(*self._snapshots, return_exceptions=True)
 
     async def turn_ended(self) -> None:
         """Snapshot the cwd again and keep the turn's checkpoint (a turn that called no tool keeps

@@ -505,6 +505,8 @@ class Core:
         if self._turn is not None and self.running:
             self._turn.cancel()
             await asyncio.gather(self._turn, return_exceptions=True)
+        if self._rt.checkpoints is not None:
+            await self._rt.checkpoints.close()
         await self.dispatcher.close()
         await self._rt.hooks.close()
         await self._rt.backend.aclose()
