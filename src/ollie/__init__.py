@@ -12,6 +12,7 @@ Names are imported on first use, so `import ollie` stays cheap.
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
 from typing import Any
 
 __version__ = "0.1.0"  # the version's one source: the package metadata (pyproject.toml) and `ollie --version` read it
@@ -35,12 +36,20 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'ollie' has no attribute {name!r}")
+def lazy_names(package: str, names: dict[str, str]) -> Callable[[str], Any]:
+    """A package's `__getattr__` that imports each of `names` (name -> module) on first use, so
+    that importing the package, or one module of it, stays cheap."""
 
-    return getattr(importlib.import_module(module), name)
+    def __getattr__(name: str) -> Any:
+        module = names.get(name)
+        if module is None:
+            raise AttributeError(f"module {package!r} has no attribute {name!r}")
+        return getattr(importlib.import_module(module), name)
+
+    return __getattr__
+
+
+__getattr__ = lazy_names(__name__, _LAZY)
 
 
 __all__ = [*_LAZY, "__version__"]

@@ -12,8 +12,9 @@ session; `open_session` adds the plans, `ollie.plans`).
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from .. import lazy_names
 
 if TYPE_CHECKING:
     from .core import Core, CoreConfig
@@ -21,14 +22,8 @@ if TYPE_CHECKING:
 
 # Loaded on first use, so that importing one module of the agent (its session store, for
 # `ollie sessions`) does not build all of it.
-_LAZY = {"open_session": "opening", "Opening": "opening", "Core": "core", "CoreConfig": "core"}
-
-
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(f"{__name__}.{module}"), name)
+_OPENING, _CORE = f"{__name__}.opening", f"{__name__}.core"
+__getattr__ = lazy_names(__name__, {"open_session": _OPENING, "Opening": _OPENING, "Core": _CORE, "CoreConfig": _CORE})
 
 
 __all__ = ["Core", "CoreConfig", "Opening", "open_session"]
