@@ -210,7 +210,9 @@ def test_80x24_keeps_the_status_line_and_input(server, tmp_path):
         t.wait_for(" idle ")
         t.type("many lines")
         t.keys("Enter")
-        rows = t.wait_for("line 59").split("\n")
+        t.wait_for("line 59")
+        rows = t.wait_for(" idle |").split("\n")  # the status says so just after the answer is drawn
+        assert "line 59" in "\n".join(rows)
         assert rows[22].startswith(" idle |") and rows[23].startswith(">")
         assert "line 40" in rows[0] or "line 3" in rows[0]  # the end of the conversation is in view
         t.keys("PageUp")
