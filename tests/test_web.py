@@ -333,8 +333,9 @@ def test_memory_search_read_and_remove(web, browser):
     browser.get(web.url.split("?")[0] + "#/m")
     q = until(lambda: by_id(browser, "memq"), what="the search box")
     q.send_keys("purr\n")
-    card = until(lambda: [c for c in css(browser, "#memories .card") if "cats__pets" in c.text], what="the memory")[0]
-    assert "<i>loudly</i>" in card.text
+    # Its text read in the same look: a search redraws the list, and an element found before is stale.
+    texts = until(lambda: [c.text for c in css(browser, "#memories .card") if "cats__pets" in c.text], what="the card")
+    assert "<i>loudly</i>" in texts[0]
     browser.execute_script("window.confirm = () => true")
 
     def remove() -> bool:  # the list is redrawn by each search: find the card anew until a click lands
