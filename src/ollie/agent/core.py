@@ -511,6 +511,7 @@ class Core:
         await self._rt.hooks.close()
         await self._rt.backend.aclose()
         self._save_meta()
+        self._rt.bus.flush()
         self._rt.state.store.close()
         shutil.rmtree(self._rt.tmpdir, ignore_errors=True)
         if self._counted:

@@ -3,19 +3,30 @@
 Each event goes to the subscribers and, rendered by `chatfmt`, to the session's chat log (the
 model's reasoning too, though it never enters the history). The bus also holds the session's
 state word (`idle`, `thinking`, `calling: <tool>`, …) and wakes whoever waits for a change.
+
+The model's text streams in pieces of a few characters, tens a second in each of hundreds of
+sessions: a piece is only held (`stream`), and the pieces held are sent on as one event, to the
+chat log and the subscribers together, at most `STREAM_EVERY` seconds later, or at once when any
+other event comes (so the order stays, and whoever waits for the turn's end has read it all). One
+timer a loop sends every bus's held text.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import weakref
 from collections.abc import Callable
+from typing import Literal
 
 from ..chatfmt import ChatRenderer
-from ..types import Event, valid_text
+from ..types import Event, EventKind, valid_text
 from .session import SessionStore
 
 log = logging.getLogger("ollie.core")
+
+STREAM_EVERY = 0.05  # seconds a piece of streamed text is held at most (20 updates a second)
+STREAMED = ("assistant", "reasoning")  # the kinds of event whose pieces are held and sent as one
 
 
 class Bus:
@@ -26,14 +37,43 @@ class Bus:
         self._changed: asyncio.Event | None = None  # made by the first waiter since the last change
         self._state = "idle"
         self.prompt_offset: int | None = None  # where in the chat log the last prompt starts
+        self._held_kind: EventKind | Literal[""] = ""  # the kind of the text held (one of STREAMED)
+        self._held: list[str] = []
 
     def subscribe(self, handler: Callable[[Event], None]) -> Callable[[], None]:
         """Call `handler` with every event; returns the function that unsubscribes it."""
         self._subscribers.append(handler)
         return lambda: self._subscribers.remove(handler) if handler in self._subscribers else None
 
+    def stream(self, kind: EventKind, text: str) -> None:
+        """A piece of the model's text (`kind` "assistant" or "reasoning"), held until it is sent
+        with the pieces after it: by the loop's timer, by another event, or by `flush`."""
+        if kind != self._held_kind:
+            self.flush()
+            flusher = _Flusher.of_running_loop()
+            if flusher is None:  # no loop to send it later: it goes now
+                self._send(Event(kind, text))
+                return
+            self._held_kind = kind
+            flusher.hold(self)
+        self._held.append(text)
+
+    def flush(self) -> None:
+        """Send the text held now, as one event."""
+        if self._held_kind:
+            kind, self._held_kind = self._held_kind, ""
+            text, self._held = "".join(self._held), []
+            self._send(Event(kind, text))
+
     def emit(self, ev: Event) -> None:
-        """Send an event to the chat log and to every subscriber."""
+        """Send an event to the chat log and to every subscriber (after the text held)."""
+        if ev.kind in STREAMED and not ev.data and not ev.name:
+            self.stream(ev.kind, ev.text)
+            return
+        self.flush()
+        self._send(ev)
+
+    def _send(self, ev: Event) -> None:
         ev.text = valid_text(ev.text)  # whatever it quotes (a server's error, a prompt) must be writable
         if text := self._renderer.render(ev):
             if ev.kind == "user":
@@ -67,3 +107,40 @@ class Bus:
         if self._changed is None:
             self._changed = asyncio.Event()
         await self._changed.wait()
+
+
+class _Flusher:
+    """The one timer of a loop that sends every bus's held text (a timer a bus would cost as much
+    as the writes it saves)."""
+
+    _of: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Flusher] = weakref.WeakKeyDictionary()
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._buses: dict[Bus, None] = {}
+        self._timer: asyncio.TimerHandle | None = None
+
+    @classmethod
+    def of_running_loop(cls) -> _Flusher | None:
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return None
+        flusher = cls._of.get(loop)
+        if flusher is None:
+            flusher = cls._of[loop] = cls(loop)
+        return flusher
+
+    def hold(self, bus: Bus) -> None:
+        self._buses[bus] = None
+        if self._timer is None:
+            self._timer = self._loop.call_later(STREAM_EVERY, self._flush)
+
+    def _flush(self) -> None:
+        self._timer = None
+        buses, self._buses = self._buses, {}
+        for bus in buses:
+            try:
+                bus.flush()
+            except Exception:  # one session's chat log (a full disk) must not keep the others' text
+                log.exception("sending held text failed")

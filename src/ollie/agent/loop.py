@@ -245,7 +245,7 @@ async def _stream_once(rt: Runtime, tools: list[ToolSpec]) -> tuple[Message, Don
     async for chunk in rt.backend.stream(messages, tools, rt.state.params):
         if isinstance(chunk, TextDelta):
             text.append(_text_of(rt, chunk))
-            rt.bus.emit(Event("assistant", text[-1]))
+            rt.bus.stream("assistant", text[-1])
         elif isinstance(chunk, ToolCallDelta):
             if not isinstance(chunk.index, int):  # no telling which call the piece belongs to
                 raise BackendError(
@@ -258,7 +258,7 @@ async def _stream_once(rt: Runtime, tools: list[ToolSpec]) -> tuple[Message, Don
             rt.count_usage(chunk.usage)
             rt.window.measured(chunk.usage)
         elif isinstance(chunk, ReasoningDelta):
-            rt.bus.emit(Event("reasoning", _text_of(rt, chunk)))
+            rt.bus.stream("reasoning", _text_of(rt, chunk))
         elif isinstance(chunk, Done):
             done = chunk
     if done is None:
