@@ -123,6 +123,16 @@ async def test_a_stage_started_from_the_fork_server_is_confined(run, home):
     assert result.is_error and "s3cr3t" not in result.text() and "connected" not in result.text()
 
 
+async def test_stages_run_as_batch_work_and_leave_the_server_as_it_was(run):
+    """Sandboxed programs are scheduled as batch work (SCHED_BATCH): a burst of them, hundreds of
+    sessions' stages at once, does not preempt the server's loop at each wakeup; their share of
+    the CPU is the same. The server itself is left as it was."""
+    result = await run("cut -d' ' -f41 /proc/self/stat; cut -d' ' -f41 /proc/1/stat")
+    assert not result.is_error, result.text()
+    assert result.text().split() == [str(os.SCHED_BATCH)] * 2  # the stage and its jail's PID 1
+    assert os.sched_getscheduler(0) == os.SCHED_OTHER
+
+
 async def test_jail_starts_never_fork_on_the_event_loop(monkeypatch, tmp_path):
     """The loop's thread forks nothing to start a jail: the fork server does (its own start, once,
     runs in a thread); many starts at once all succeed."""

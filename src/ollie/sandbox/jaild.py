@@ -853,6 +853,16 @@ def describe(error):
     return str(error)
 
 
+def schedule_as_batch():
+    """Jails and their programs are batch work (SCHED_BATCH, inherited): the same share of the CPU,
+    but a burst of stages (hundreds of sessions' at once) does not preempt ollie's loop at each of
+    their wakeups. Any process may choose it for itself."""
+    try:
+        os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))
+    except OSError:
+        pass
+
+
 def fork_server(fd):
     """Serve ollie's requests for jails on socket `fd` until it closes: each request is one
     descriptor (the new jail's socket, its payload nothing) and is answered by a fork, whose child
@@ -867,6 +877,7 @@ def fork_server(fd):
     secret (started with an empty environment, no site directory, no package of ollie)."""
     sock = socket.socket(fileno=fd)
     sock.settimeout(1.0)  # a look for exited children at least every second
+    schedule_as_batch()
     libc.mallopt(M_ARENA_MAX, 1)  # a jail's threads allocate from the one heap, not an arena each
     gc.collect()
     gc.freeze()  # what is imported stays in pages the jails share (no reference count writes them)
