@@ -208,12 +208,14 @@ def main() -> None:
     ap.add_argument("--chunks", type=int, default=50, help="events each answer streams in (default 50)")
     ap.add_argument("--tools", type=int, default=4, help="tool calls a turn (default 4)")
     ap.add_argument("--no-ab", action="store_true", help="skip the run without the sandbox")
+    ap.add_argument("--only-ab", action="store_true", help="only the run without the sandbox")
     ap.add_argument("--checkpoints", action="store_true", help="snapshot each turn's cwd (off by default: git's cost)")
     args = ap.parse_args()
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     print(f"uptime before: {os.popen('uptime').read().strip()}")
-    run(args.n, args.delay, args.chunks, args.tools, True, args.checkpoints)
+    if not args.only_ab:
+        run(args.n, args.delay, args.chunks, args.tools, True, args.checkpoints)
     if not args.no_ab:
         run(args.n, args.delay, args.chunks, args.tools, False, args.checkpoints)
     print(f"uptime after: {os.popen('uptime').read().strip()}")

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import multiprocessing
 import sys
@@ -39,7 +40,14 @@ def events(body: dict, steps: int, tool: str = "noop", arguments: str = "{}", ch
     messages = list(body.get("messages", ()))
     last_user = max((i for i, m in enumerate(messages) if m.get("role") == "user"), default=-1)
     done = sum(1 for m in messages[last_user + 1 :] if m.get("role") == "tool")  # this turn's
-    base = {"id": "c", "object": "chat.completion.chunk", "created": 0, "model": body.get("model", "bench")}
+    return _encoded(min(done, steps), steps, tool, arguments, chunks, body.get("model", "bench"))
+
+
+@functools.lru_cache(maxsize=256)
+def _encoded(done: int, steps: int, tool: str, arguments: str, chunks: int, model: str) -> list[bytes]:
+    """The events of the answer after `done` tool results, encoded once (the mock's CPU is the
+    bench's, not the client's)."""
+    base = {"id": "c", "object": "chat.completion.chunk", "created": 0, "model": model}
     text = [{"choices": [{"index": 0, "delta": {"role": "assistant", "content": "t "}, "finish_reason": None}]}] * max(
         0, chunks - 3
     )
@@ -59,6 +67,28 @@ def events(body: dict, steps: int, tool: str = "noop", arguments: str = "{}", ch
         ]
     parts.append({"choices": [], "usage": {"prompt_tokens": 10, "completion_tokens": 2, "total_tokens": 12}})
     return [_sse({**base, **c}) for c in parts] + [b"data: [DONE]\n\n"]
+
+
+def _paced(writer, parts: list[bytes], delay: float) -> asyncio.Future:
+    """Write `parts` spread over `delay`, each on a schedule of its own (late wakeups do not add
+    up), by timer callbacks rather than a task's sleeps: the mock stays light beside the client it
+    measures. The future resolves after the last."""
+    loop = asyncio.get_running_loop()
+    ended = loop.create_future()
+    start = loop.time()
+
+    def write(i: int) -> None:
+        if writer.is_closing():
+            ended.done() or ended.set_result(None)
+            return
+        writer.write(parts[i])
+        if i + 1 < len(parts):
+            loop.call_at(start + delay * (i + 2) / len(parts), write, i + 1)
+        elif not ended.done():
+            ended.set_result(None)
+
+    loop.call_at(start + delay / len(parts), write, 0)
+    return ended
 
 
 def _response(status: str, ctype: str, payload: bytes) -> bytes:
@@ -99,10 +129,7 @@ async def _handle(reader, writer, steps: int, tool: str, arguments: str, delay: 
                                 b"content-length: 0", b"content-length: %d" % sum(map(len, parts))
                             )
                         )
-                        start = asyncio.get_running_loop().time()
-                        for i, part in enumerate(parts, 1):  # on a schedule: late wakeups do not add up
-                            await asyncio.sleep(start + delay * i / len(parts) - asyncio.get_running_loop().time())
-                            writer.write(part)
+                        await _paced(writer, parts, delay)
                         out = b""
             else:
                 out = _response("404 Not Found", "application/json", b'{"error": {"message": "not found"}}')
