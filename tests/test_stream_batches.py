@@ -7,10 +7,16 @@ from __future__ import annotations
 import asyncio
 import json
 
+import pytest
+
 from http_helpers import Origin, Seen
 from ollie import backends
-from ollie.backends import coalesce
+from ollie.backends import _http, coalesce
 from ollie.types import Done, GenerationParams, Message, ReasoningDelta, TextDelta, ToolCallDelta
+from wire import anthropic as anthropic_wire
+from wire import ndjson, sse
+from wire import ollama as ollama_wire
+from wire import openai as openai_wire
 
 
 def _event(delta: dict | None = None, finish: str | None = None) -> bytes:
@@ -66,3 +72,193 @@ def test_coalesce_joins_runs_of_text_and_of_reasoning_only():
         TextDelta("d"),
     ]
     assert coalesce([TextDelta("x")]) == [TextDelta("x")]
+
+
+LETTERS = "abcdefghij"
+
+
+def _parts(kind: str) -> tuple[str, str, list[bytes], list[bytes]]:
+    """(path, content type, the answer's pieces one letter each, the pieces that end it) on a wire."""
+    if kind == "openai":
+        pieces = sse((None, openai_wire.chunk({"content": c})) for c in LETTERS)
+        end = sse(
+            [
+                (None, openai_wire.chunk({}, "stop")),
+                (None, openai_wire.chunk(usage=openai_wire.usage())),
+                (None, "[DONE]"),
+            ]
+        )
+        return "/v1/chat/completions", "text/event-stream", pieces, end
+    if kind == "anthropic":
+        events = anthropic_wire.message_events([])
+        delta = [
+            (
+                "content_block_delta",
+                {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": c}},
+            )
+            for c in LETTERS
+        ]
+        start = (
+            "content_block_start",
+            {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}},
+        )
+        stop = ("content_block_stop", {"type": "content_block_stop", "index": 0})
+        return anthropic_wire.PATH, "text/event-stream", sse([*events[:2], start, *delta, stop]), sse(events[2:])
+    pieces = ndjson(ollama_wire.chat_line(content=c) for c in LETTERS)
+    return "/api/chat", "application/x-ndjson", pieces, ndjson([ollama_wire.done_line()])
+
+
+@pytest.mark.parametrize("kind", ["openai", "anthropic", "ollama"])
+async def test_events_that_come_close_together_are_held_as_one_and_the_end_comes_at_once(kind, monkeypatch):
+    """A model's pieces a few ms apart reach the loop in one chunk, not one each: after a chunk the
+    reader waits up to STREAM_HOLD for more. The answer's first piece does not wait, nor does its
+    end: the pattern that ends each wire's stream wakes the reader when it arrives (here the hold is
+    5 s, and the end comes 0.3 s after the pieces)."""
+    monkeypatch.setattr(_http, "STREAM_HOLD", 5.0)
+    path, content_type, pieces, end = _parts(kind)
+    loop = asyncio.get_running_loop()
+    end_sent = 0.0
+
+    async def handler(origin: Origin, seen: Seen, writer: asyncio.StreamWriter) -> bool:
+        nonlocal end_sent
+        writer.write(
+            b"HTTP/1.1 200 OK\r\ncontent-type: %s\r\ntransfer-encoding: chunked\r\n\r\n" % content_type.encode()
+        )
+        for piece in pieces:
+            writer.write(b"%x\r\n%s\r\n" % (len(piece), piece))
+            await writer.drain()
+            await asyncio.sleep(0.005)
+        await asyncio.sleep(0.3)
+        rest = b"".join(end)
+        end_sent = loop.time()
+        writer.write(b"%x\r\n%s\r\n0\r\n\r\n" % (len(rest), rest))
+        await writer.drain()
+        return True
+
+    async def show(origin: Origin, seen: Seen, writer: asyncio.StreamWriter) -> bool:  # Ollama's model card
+        body = b"".join(ollama_wire.show(8192).chunks)
+        writer.write(
+            b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body)
+        )
+        await writer.drain()
+        return True
+
+    async with Origin({path: handler, "/api/show": show}) as origin:
+        url = origin.url() + ("/v1" if kind == "openai" else "")
+        be = backends.create(kind, "m", base_url=url, **({} if kind == "ollama" else {"api_key": "k"}))
+        chunks = [c async for c in be.stream([Message("user", "hi")], [], GenerationParams())]
+        ended = loop.time()
+        await be.aclose()
+    texts = [c.text for c in chunks if isinstance(c, TextDelta)]
+    assert "".join(texts) == LETTERS and isinstance(chunks[-1], Done)
+    assert texts[0] == "a" and len(texts) <= 3, texts  # the first at once; the other nine gathered
+    assert ended - end_sent < 2.0  # not the 5 s hold: the end woke the reader
+
+
+async def test_a_stream_without_its_end_pattern_is_held_no_longer_than_the_hold(monkeypatch):
+    """What no end pattern wakes is taken when the hold is up: here the model's last text piece,
+    after which the model pauses (the end comes 1 s later)."""
+    monkeypatch.setattr(_http, "STREAM_HOLD", 0.1)
+    path, content_type, pieces, end = _parts("openai")
+    loop = asyncio.get_running_loop()
+    times: dict[str, float] = {}
+
+    async def handler(origin: Origin, seen: Seen, writer: asyncio.StreamWriter) -> bool:
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n")
+        for piece in (pieces[0], pieces[1]):
+            writer.write(b"%x\r\n%s\r\n" % (len(piece), piece))
+            await writer.drain()
+            await asyncio.sleep(0.02)
+        times["sent"] = loop.time()
+        await asyncio.sleep(1.0)
+        rest = b"".join(end)
+        writer.write(b"%x\r\n%s\r\n0\r\n\r\n" % (len(rest), rest))
+        await writer.drain()
+        return True
+
+    async with Origin({path: handler}) as origin:
+        be = backends.create("openai", "m", base_url=origin.url() + "/v1", api_key="k")
+        async for c in be.stream([Message("user", "hi")], [], GenerationParams()):
+            if isinstance(c, TextDelta) and c.text.endswith("b"):
+                times["got"] = loop.time()
+        await be.aclose()
+    assert times["got"] - times["sent"] < 0.6  # the hold (0.1 s), not the model's pause (1 s)
+
+
+async def test_a_body_that_ended_is_not_held_and_its_connection_serves_the_next_answer(monkeypatch):
+    """A body framed by its length ends with its last read: its connection goes back to the pool
+    then, so nothing more is held on it (a hold there waited on the next answer's reader). Answers
+    one after another on the one connection, each with the hold at 2 s, take no hold's time."""
+    monkeypatch.setattr(_http, "STREAM_HOLD", 2.0)
+    path, _, pieces, end = _parts("openai")
+
+    async def handler(origin: Origin, seen: Seen, writer: asyncio.StreamWriter) -> bool:
+        body = [*pieces, b"".join(end)]
+        writer.write(
+            b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncontent-length: %d\r\n\r\n" % sum(map(len, body))
+        )
+        for piece in body:
+            writer.write(piece)
+            await writer.drain()
+            await asyncio.sleep(0.005)
+        return True
+
+    async with Origin({path: handler}) as origin:
+        be = backends.create("openai", "m", base_url=origin.url() + "/v1", api_key="k")
+        loop = asyncio.get_running_loop()
+        for _ in range(3):
+            start = loop.time()
+            chunks = [c async for c in be.stream([Message("user", "hi")], [], GenerationParams())]
+            assert "".join(c.text for c in chunks if isinstance(c, TextDelta)) == LETTERS
+            assert loop.time() - start < 1.0
+        await be.aclose()
+    assert origin.connections == 1
+
+
+@pytest.mark.parametrize("kind", ["openai", "anthropic", "ollama"])
+async def test_under_load_a_held_reader_leaves_its_socket_unread_and_loses_nothing(kind, monkeypatch):
+    """With PAUSE_FROM readers held at once (here 0: always), a held reader stops reading its socket
+    until the hold ends: the pieces wait in the kernel and come as one, the end with them (it
+    cannot be seen until read), and nothing is lost or left unread for the next answer."""
+    monkeypatch.setattr(_http, "STREAM_HOLD", 0.2)
+    monkeypatch.setattr(_http, "PAUSE_FROM", 0)
+    path, content_type, pieces, end = _parts(kind)
+    paused: list[bool] = []
+    real_pause = asyncio.selector_events._SelectorSocketTransport.pause_reading
+
+    def pause(transport):
+        paused.append(True)
+        real_pause(transport)
+
+    monkeypatch.setattr(asyncio.selector_events._SelectorSocketTransport, "pause_reading", pause)
+
+    async def handler(origin: Origin, seen: Seen, writer: asyncio.StreamWriter) -> bool:
+        writer.write(
+            b"HTTP/1.1 200 OK\r\ncontent-type: %s\r\ntransfer-encoding: chunked\r\n\r\n" % content_type.encode()
+        )
+        for piece in [*pieces, b"".join(end)]:
+            writer.write(b"%x\r\n%s\r\n" % (len(piece), piece))
+            await writer.drain()
+            await asyncio.sleep(0.01)
+        writer.write(b"0\r\n\r\n")
+        await writer.drain()
+        return True
+
+    async def show(origin: Origin, seen: Seen, writer: asyncio.StreamWriter) -> bool:
+        body = b"".join(ollama_wire.show(8192).chunks)
+        writer.write(
+            b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body)
+        )
+        await writer.drain()
+        return True
+
+    async with Origin({path: handler, "/api/show": show}) as origin:
+        url = origin.url() + ("/v1" if kind == "openai" else "")
+        be = backends.create(kind, "m", base_url=url, **({} if kind == "ollama" else {"api_key": "k"}))
+        for _ in range(2):  # the second answer on the same connection: the first left nothing behind
+            chunks = [c async for c in be.stream([Message("user", "hi")], [], GenerationParams())]
+            texts = [c.text for c in chunks if isinstance(c, TextDelta)]
+            assert "".join(texts) == LETTERS and isinstance(chunks[-1], Done)
+            assert len(texts) <= 3, texts
+        await be.aclose()
+    assert paused and origin.connections == 1

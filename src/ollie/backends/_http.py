@@ -52,9 +52,9 @@ import ssl
 import time
 import weakref
 import zlib
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, SupportsIndex
 from urllib.parse import unquote, urljoin, urlsplit
 
 from .. import __version__
@@ -67,6 +67,15 @@ HAPPY_EYEBALLS_DELAY = 0.25  # seconds before the next address is tried beside o
 MAX_REDIRECTS = 5
 _HEAD_MAX = 64 * 1024  # a response's status line and headers
 _PIECE = 64 * 1024
+# Seconds a streamed answer's events may gather before its reader takes them (`event_batches`):
+# a reader woken 20 times a second instead of at each of a model's tokens, as the event bus
+# sends them on (agent/events.py); the answer's first event and its end come at once.
+STREAM_HOLD = 0.05
+# With this many readers held at once on a loop (hundreds of sessions streaming), a held reader
+# also leaves its socket unread until the hold ends: what comes waits in the kernel, with no wakeup
+# of the loop at each piece (a piece every 20 ms cost 30 us a piece, 17 so), and the answer's
+# end may wait for the hold's end too (50 ms at most). Fewer, and the end comes at once.
+PAUSE_FROM = 16
 _REDIRECTS = frozenset((301, 302, 303, 307, 308))
 
 
@@ -162,6 +171,79 @@ class URL:
 # ---- connections and the pool -----------------------------------------------------------------
 
 
+class _Reader(asyncio.StreamReader):
+    """asyncio's StreamReader that a streamed answer's reader can also wait on for a while
+    (`held`): it is woken when the time is up, when what arrives holds its `until` pattern (the
+    answer's end), or at the stream's end or failure, rather than at each piece that arrives.
+    Under load (PAUSE_FROM) it reads nothing meanwhile, and is woken when the time is up."""
+
+    until: re.Pattern[bytes] | None = None  # set for the answer's life by whoever holds it
+    _ended = False  # `until` was found in what arrived: no more holding
+    _held: asyncio.Future[None] | None = None
+
+    def feed_data(self, data: Iterable[SupportsIndex]) -> None:  # bytes, from the protocol
+        super().feed_data(data)
+        if self.until is not None and not self._ended and self.until.search(data):  # type: ignore[call-overload]
+            self._ended = True
+            self._wake()
+
+    def feed_eof(self) -> None:
+        super().feed_eof()
+        self._wake()
+
+    def set_exception(self, exc: Exception) -> None:
+        super().set_exception(exc)
+        self._wake()
+
+    def _wake(self) -> None:
+        if self._held is not None:
+            _resolve(self._held)
+
+    async def held(self, seconds: float) -> None:
+        """Return after `seconds`, or sooner (see the class)."""
+        if self._ended or self.at_eof() or self.exception() is not None:
+            return
+        pool = _pool()
+        woken = self._held = asyncio.get_running_loop().create_future()
+        # Under load, the socket too is left unread until the tick: no wakeup at each piece.
+        transport = self._transport if pool.waiting >= PAUSE_FROM else None  # type: ignore[attr-defined]
+        pool.wake_later(woken, seconds)
+        if transport is not None:
+            transport.pause_reading()
+        try:
+            await woken
+        finally:
+            if transport is not None and not transport.is_closing():
+                transport.resume_reading()
+            if self._held is woken:
+                self._held = None
+
+    @property
+    def buffered(self) -> int:
+        """Bytes that came and are not read yet (the base class's buffer)."""
+        return len(self._buffer)  # type: ignore[attr-defined]
+
+    def watch(self, until: re.Pattern[bytes] | None) -> None:
+        """Hold for `until` from now on (None: do not hold)."""
+        self.until, self._ended = until, False
+
+
+def _resolve(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
+async def _open_stream(
+    sock: socket.socket, tls: ssl.SSLContext | None, host: str | None
+) -> tuple[_Reader, asyncio.StreamWriter]:
+    """asyncio.open_connection on `sock`, with a `_Reader`."""
+    loop = asyncio.get_running_loop()
+    reader = _Reader(limit=_HEAD_MAX, loop=loop)
+    protocol = asyncio.StreamReaderProtocol(reader, loop=loop)
+    transport, _ = await loop.create_connection(lambda: protocol, sock=sock, ssl=tls, server_hostname=host)
+    return reader, asyncio.StreamWriter(transport, protocol, reader, loop)
+
+
 class _Conn:
     """A connection, with its read timer: one timer per wait that outlasts the timeout's start,
     not one per read (a timer per read cost a tenth of a request's CPU). `wait()` before awaiting
@@ -173,7 +255,7 @@ class _Conn:
         "loop", "timer", "timeout", "since", "waiting", "timed_out",
     )  # fmt: skip
 
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, key: tuple) -> None:
+    def __init__(self, reader: _Reader, writer: asyncio.StreamWriter, key: tuple) -> None:
         self.reader, self.writer, self.key = reader, writer, key
         self.absolute = False  # plain http through a proxy: the request line names the whole URL
         self.proxy_auth = ""  # its Proxy-Authorization header line, if the proxy URL has credentials
@@ -217,11 +299,34 @@ class _Conn:
 
 
 class _Pool:
+    """A loop's idle connections, its routes, and the timer that ends every held reader's wait."""
+
     def __init__(self) -> None:
         self.idle: dict[tuple, list[_Conn]] = {}
+        # Held readers' waits (`_Reader.held`), ended together by one timer: a timer each, tens a
+        # second in each of hundreds of streams, would cost as much as the wakeups they save.
+        self._waits: list[asyncio.Future[None]] = []
+        self._tick: asyncio.TimerHandle | None = None
         # (scheme, host, port) -> its proxy, or None: read from the environment at the first
         # connection (reading it scans all of os.environ: ~0.1 ms)
         self.routes: dict[tuple, _Proxy | None] = {}
+
+    @property
+    def waiting(self) -> int:
+        """Held readers waiting for the tick."""
+        return len(self._waits)
+
+    def wake_later(self, future: asyncio.Future[None], seconds: float) -> None:
+        """Resolve `future` within `seconds` (sooner if the tick that ends the waits comes sooner)."""
+        self._waits.append(future)
+        if self._tick is None:
+            self._tick = asyncio.get_running_loop().call_later(seconds, self._wake_all)
+
+    def _wake_all(self) -> None:
+        self._tick = None
+        waits, self._waits = self._waits, []
+        for future in waits:
+            _resolve(future)
 
     def take(self, key: tuple) -> _Conn | None:
         conns = self.idle.get(key)
@@ -235,6 +340,7 @@ class _Pool:
 
     def give(self, conn: _Conn) -> None:
         conn.unwatch()
+        conn.reader.watch(None)
         conns = self.idle.setdefault(conn.key, [])
         if len(conns) >= IDLE_MAX:
             conns.pop(0).close()
@@ -246,6 +352,9 @@ class _Pool:
             for conn in conns:
                 conn.close()
         self.idle.clear()
+        if self._tick is not None:
+            self._tick.cancel()
+        self._wake_all()
 
 
 _POOLS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Pool] = weakref.WeakKeyDictionary()
@@ -440,9 +549,7 @@ async def _wrap(sock: socket.socket, url: URL, key: tuple) -> _Conn:
     """A connected socket as a connection: TLS with the origin for https."""
     tls = tls_context() if url.scheme == "https" else None
     try:
-        reader, writer = await asyncio.open_connection(
-            sock=sock, ssl=tls, server_hostname=url.host if tls else None, limit=_HEAD_MAX
-        )
+        reader, writer = await _open_stream(sock, tls, url.host if tls else None)
     except BaseException:
         sock.close()
         raise
@@ -565,9 +672,7 @@ async def _via_proxy(route: _Proxy, url: URL, key: tuple, where: str) -> _Conn:
         sock = await _open_tcp(route.host, route.port)
         tls = tls_context() if route.scheme == "https" else None
         try:
-            reader, writer = await asyncio.open_connection(
-                sock=sock, ssl=tls, server_hostname=route.host if tls else None, limit=_HEAD_MAX
-            )
+            reader, writer = await _open_stream(sock, tls, route.host if tls else None)
         except BaseException:
             sock.close()
             raise
@@ -775,7 +880,7 @@ class Response:
 
     __slots__ = (
         "status", "reason", "headers", "url", "first_url", "_conn", "_pool", "_timeout", "_left",
-        "_chunked", "_keep", "_next", "_decoder", "_pending",
+        "_chunked", "_keep", "_next", "_decoder", "_pending", "_held",
     )  # fmt: skip
 
     def __init__(
@@ -797,6 +902,7 @@ class Response:
         self._pending = b""  # a piece read ahead (`peek`), read again first
         self._next: Callable[[], Any] = self._piece
         self._decoder: Any = None
+        self._held: _Reader | None = None  # the reader a streamed answer is held on (`hold`)
         connection = headers.get("connection", "").lower()
         self._keep = "keep-alive" in connection if http10 else "close" not in connection
         self._chunked = "chunked" in headers.get("transfer-encoding", "").lower()
@@ -1016,25 +1122,48 @@ class Response:
             for event in batch:
                 yield event
 
+    async def _gathered(self) -> tuple[bytes, bool]:
+        """The body's next piece, with (when held) every piece that came meanwhile, and whether
+        the body goes on after them (once it ended, its connection may serve another request:
+        nothing more is read or held on it)."""
+        data = more = await self._next()
+        while more and self._conn is not None and self._held is not None and self._held.buffered:
+            more = await self._next()
+            data += more
+        return data, bool(more) and self._conn is not None
+
+    def hold(self, until: re.Pattern[bytes]) -> None:
+        """From now on, after each list of `event_batches` or `line_batches` the next waits up to
+        STREAM_HOLD seconds for more, and comes at once when `until` (the pattern of the answer's
+        end) or the body's end comes: a model's stream of a token every few ms wakes its reader a
+        few times a second, not at each token, and its end is not held. A backend starts holding
+        once its answer's first content came (so that comes at once). Not for an encoded body, in
+        which the pattern cannot be seen."""
+        if self._held is None and self._conn is not None and self._decoder is None:
+            self._held = self._conn.reader
+            self._held.watch(until)
+
     async def event_batches(self) -> AsyncIterator[list[tuple[str | None, str]]]:
         """The events as `events` gives them, in lists: those that one read completed (what came
-        meanwhile, when the reader is behind), so that a reader can do its work once a list."""
+        meanwhile, when the reader is behind, or while it was held: `hold`), so that a reader can
+        do its work once a list."""
         buf = self._take_pending()
-        next_piece = self._next
         while True:
-            data = await next_piece()
-            if data:
+            data, more = await self._gathered()
+            if more:
                 buf = _lf(buf + data, final=False)
                 if b"\n\n" not in buf:
                     continue
                 blocks = buf.split(b"\n\n")
                 buf = blocks.pop()
             else:
-                blocks = _lf(buf, final=True).split(b"\n\n")
+                blocks = _lf(buf + data, final=True).split(b"\n\n")
             batch = [event for event in map(_event, blocks) if event is not None]
             if batch:
                 yield batch
-            if not data:
+                if self._held is not None and more:
+                    await self._held.held(STREAM_HOLD)
+            if not more:
                 return
 
     async def lines(self) -> AsyncIterator[str]:
@@ -1045,17 +1174,19 @@ class Response:
                 yield line
 
     async def line_batches(self) -> AsyncIterator[list[str]]:
-        """The lines as `lines` gives them, in lists: those that one read completed."""
+        """The lines as `lines` gives them, in lists: those that one read completed (or that came
+        while it was held, as `event_batches` says)."""
         buf = self._take_pending()
-        next_piece = self._next
         while True:
-            data = await next_piece()
-            if not data:
-                break
+            data, more = await self._gathered()
             buf += data
+            if not more:
+                break
             if b"\n" in buf:
                 *lines, buf = buf.split(b"\n")
                 yield [line.rstrip(b"\r").decode("utf-8", "replace") for line in lines]
+                if self._held is not None:
+                    await self._held.held(STREAM_HOLD)
         last = [line.rstrip(b"\r").decode("utf-8", "replace") for line in buf.split(b"\n") if line]
         if last:
             yield last

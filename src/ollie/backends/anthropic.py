@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import time
 import weakref
 from collections.abc import AsyncIterator, Iterator
@@ -54,6 +55,9 @@ if TYPE_CHECKING:
 
 PROVIDER = "anthropic"
 WINDOW_TTL = 60.0
+# What ends a stream (the stop reason's message_delta, message_stop, an error): the held events
+# go to their reader at once (openai.py's _END says why).
+_END = re.compile(rb'message_delta|message_stop|"type"\s*:\s*"error"|event:\s*error')
 # event loop -> (URL, key, model) -> (when asked, its input window)
 _WINDOWS: weakref.WeakKeyDictionary[Any, dict[tuple[str, str, str], tuple[float, int]]] = weakref.WeakKeyDictionary()
 DEFAULT_URL = "https://api.anthropic.com"
@@ -137,7 +141,7 @@ class AnthropicBackend:
             if response.status >= 300:
                 raise await status_error(PROVIDER, response)
             await response.expect("events")
-            async for batch in response.event_batches():  # what one read brought, handled as one
+            async for batch in response.event_batches():  # what came meanwhile, handled as one
                 chunks: list[Chunk] = []
                 for _, data in batch:
                     if ended:
@@ -152,6 +156,8 @@ class AnthropicBackend:
                         raise BackendError(f"malformed stream event: {data[:200]}", provider=PROVIDER) from None
                 for chunk in coalesce(chunks):
                     yield chunk
+                if chunks:  # the answer's first content came at once; what follows may gather
+                    response.hold(_END)
         except http.HTTPError as e:
             raise transport_error(PROVIDER, e, self._setting) from None
         finally:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import time
 import weakref
 from collections.abc import AsyncIterator, Iterator
@@ -41,6 +42,9 @@ if TYPE_CHECKING:
 
 PROVIDER = "ollama"
 SHOWN_TTL = 60.0
+# What ends a stream (its last line, an error): the held lines go to their reader at once
+# (openai.py's _END says why).
+_END = re.compile(rb'"done"\s*:\s*true|"error"\s*:')
 # event loop -> (URL, model) -> (when asked, its context length)
 _SHOWN: weakref.WeakKeyDictionary[Any, dict[tuple[str, str], tuple[float, int | None]]] = weakref.WeakKeyDictionary()
 DEFAULT_URL = "http://localhost:11434"
@@ -127,6 +131,7 @@ class OllamaBackend:
             await response.expect("lines")
             async for chunk in _chunks(response.line_batches(), turn):
                 yield chunk
+                response.hold(_END)  # after the first content, what follows may gather (openai.py)
         except http.HTTPError as e:
             raise transport_error(PROVIDER, e, self._setting) from None
         finally:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import time
 import weakref
 from collections.abc import AsyncIterator, Callable
@@ -45,6 +46,9 @@ _MODELS: weakref.WeakKeyDictionary[Any, dict[tuple, tuple[float, asyncio.Future[
     weakref.WeakKeyDictionary()
 )
 MODELS_TTL = 60.0
+# What ends an answer's stream (a finish reason, the end marker, a failure): seen, the events
+# held for their reader (_http.STREAM_HOLD) go to it at once. A false match only stops the holding.
+_END = re.compile(rb'"finish_reason"\s*:\s*"|\[DONE\]|"error"\s*:')
 # finish_reason → stop reason; any other value is "other" (the raw value goes in Done.reason)
 _FINISH: dict[str, StopReason] = {
     "stop": "stop",
@@ -177,39 +181,47 @@ class OpenAIBackend:
     ) -> AsyncIterator[Chunk]:
         http, _ = self._http()
         payload = self._payload(messages, tools, params)
-        done: Done | None = None  # held back: the usage chunk comes after the finish_reason
         try:
             response = await http.request(
                 "POST", self._chat_url, self._send_headers, payload, read_timeout=self._timeout or http.READ_TIMEOUT
             )
         except http.HTTPError as e:
             raise self._unreachable(e) from None
+        done: list[Done] = []  # held back: the usage chunk comes after the finish_reason
         try:
             if response.status >= 300:
                 raise await status_error(self.name, response)
             await response.expect("events")
-            ended = False  # after `data: [DONE]` the rest of the body is read (the connection is reused), not parsed
-            async for batch in response.event_batches():  # what one read brought, handled as one
-                chunks: list[Chunk] = []
-                for _, data in batch:
-                    if ended:
-                        continue
-                    if data.startswith("[DONE]"):
-                        ended = True
-                        continue
-                    for chunk in self._parse(_loads(data, self.name)):
-                        if isinstance(chunk, Done):
-                            done = chunk
-                        else:
-                            chunks.append(chunk)
+            async for chunks in self._batches(response, done):  # what came meanwhile, handled as one
                 for chunk in coalesce(chunks):
                     yield chunk
+                if chunks:  # the answer's first content came at once; what follows may gather
+                    response.hold(_END)
         except http.HTTPError as e:
             raise self._unreachable(e) from None
         finally:
             await response.aclose()
-        if done is not None:
-            yield done
+        for chunk in done:
+            yield chunk
+
+    async def _batches(self, response: Any, done: list[Done]) -> AsyncIterator[list[Chunk]]:
+        """The chunks of each list of events but the Done, which goes to `done`. After `data: [DONE]`
+        the rest of the body is read (the connection is reused), not parsed."""
+        ended = False
+        async for batch in response.event_batches():
+            chunks: list[Chunk] = []
+            for _, data in batch:
+                if ended:
+                    continue
+                if data.startswith("[DONE]"):
+                    ended = True
+                    continue
+                for chunk in self._parse(_loads(data, self.name)):
+                    if isinstance(chunk, Done):
+                        done[:] = [chunk]
+                    else:
+                        chunks.append(chunk)
+            yield chunks
 
     def _unreachable(self, e: Exception) -> BackendError:
         """A failure below the API, in the words every backend uses."""
