@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+import functools
 import getpass
 import json
 import os
@@ -19,7 +20,19 @@ HOOK_EVENTS = ("agentSpawn", "preTurn", "postTurn", "preTool", "postTool", "preC
 
 
 def _dir(var: str, default: str) -> Path:
-    return Path(os.environ.get(var) or os.path.expanduser(default))
+    return _path(os.environ.get(var) or os.path.expanduser(default))
+
+
+@functools.lru_cache(maxsize=64)
+def _path(text: str) -> Path:
+    """A Path made once per text: the directories are asked for at every request and tool call,
+    and read from the environment each time (tests and users change it), but rarely change."""
+    return Path(text)
+
+
+@functools.lru_cache(maxsize=64)
+def _path_list(raw: str) -> tuple[Path, ...]:
+    return tuple(Path(p) for p in raw.split(":") if p)
 
 
 def _xdg(var: str, fallback: str) -> str:
@@ -81,18 +94,15 @@ def private_dir(path: Path) -> Path:
 
 
 def tools_path() -> list[Path]:
-    raw = os.environ.get("OLLIE_TOOLS_PATH") or str(cfg_path() / "tools")
-    return [Path(p) for p in raw.split(":") if p]
+    return list(_path_list(os.environ.get("OLLIE_TOOLS_PATH") or str(cfg_path() / "tools")))
 
 
 def agents_path() -> list[Path]:
-    raw = os.environ.get("OLLIE_AGENTS_PATH") or str(cfg_path() / "agents")
-    return [Path(p) for p in raw.split(":") if p]
+    return list(_path_list(os.environ.get("OLLIE_AGENTS_PATH") or str(cfg_path() / "agents")))
 
 
 def skills_path() -> list[Path]:
-    raw = os.environ.get("OLLIE_SKILLS_PATH") or str(cfg_path() / "skills")
-    return [Path(p) for p in raw.split(":") if p]
+    return list(_path_list(os.environ.get("OLLIE_SKILLS_PATH") or str(cfg_path() / "skills")))
 
 
 SYSTEM_BIN = "/usr/bin:/bin:/usr/sbin:/sbin"
