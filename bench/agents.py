@@ -9,12 +9,16 @@ in a process of its own) and drives N sessions through the file interface: each 
 that call `execute_code` (`true`, sandboxed) and a last one that answers; the ideal turn is
 (tools + 1) x delay. Two turns: the cold one (every session's jail starts on its first call) and a
 warm one (the jails run). Meanwhile one thread reads `s/<id>/state` of each session in turn (open,
-read, close), to see each turn end: those reads' latency is what a user's `cat state` waits.
+read, close; `--reads` a second at most, so that the server's CPU a step does not depend on how
+fast the reads come back), to see each turn end: those reads' latency is what a user's `cat state` waits.
 Then the same with a tool that needs no sandbox (the A/B): `noop`, a tool the agent lacks,
 answered at once with an error.
 
-Printed per turn: the turn's time against the ideal (median and p99 of the sessions', and the
-whole turn's wall), steps (requests) per second against the ideal (N / delay), `state` latency
+Printed per turn: the turn's time against the ideal (median and p99 of the sessions', each from
+its prompt's write to its chat's last write, and the whole turn's wall, from the first prompt to
+the last turn's end), steps (requests) per second against the ideal (N / delay): steady (the sum
+of the sessions' rates, each its steps over its turn's time) and over the whole wall (which the
+prompts' writing, spread over a fraction of a second, stretches), `state` latency
 (p50, p99, max), the server's CPU per step and the jails' (every process of the fork server's
 session: PID 1s and their stages), and after the warm turn the memory per live session (the
 proportional set size of the server and of every jail process, less the server's before the
@@ -97,39 +101,45 @@ def q(values: list[float]) -> tuple[float, float, float]:
     return statistics.median(s), s[min(len(s) - 1, int(len(s) * 0.99))], s[-1]
 
 
-def turn(s: Server, sids: list[str], ideal: float, mock: int) -> dict[str, float | list[float]]:
-    """Prompt every session, then read their states until every one is idle."""
+def turn(s: Server, sids: list[str], ideal: float, mock: int, rate: float) -> dict[str, float | list[float]]:
+    """Prompt every session, then read their states, `rate` reads a second at most, until every
+    one is idle."""
     reads: list[float] = []
     ended: dict[str, float] = {}
     started: dict[str, float] = {}
     jails_before = jail_processes()
     server_cpu, mock_cpu = cpu_of(s.pid()), cpu_of(mock)
-    t0 = time.perf_counter()
+    t0 = time.time()
 
     def prompt(sid: str) -> None:
-        started[sid] = time.perf_counter()
+        started[sid] = time.time()
         (s.mnt / "s" / sid / "prompt").write_text("go")
 
     with ThreadPoolExecutor(8) as pool:
         writing = pool.map(prompt, sids)
         pending = list(sids)
         time.sleep(0.2)
+        due = time.perf_counter()
         while pending:
             still = []
             for sid in pending:
+                due += 1 / rate
+                time.sleep(max(0.0, due - time.perf_counter()))
                 t = time.perf_counter()
                 with open(s.mnt / "s" / sid / "state") as f:
                     state = f.read()
                 now = time.perf_counter()
                 reads.append((now - t) * 1000)
-                if state == "idle\n" and sid in started and now - started[sid] > ideal * 0.5:
-                    ended[sid] = now
+                if state == "idle\n" and sid in started and time.time() - started[sid] > ideal * 0.5:
+                    # when the turn ended: its chat's last write (the blank line that ends a turn);
+                    # a pass over 500 states takes a second, which the turn did not
+                    ended[sid] = (s.mnt / "s" / sid / "chat").stat().st_mtime
                 else:
                     still.append(sid)
             pending = still
             time.sleep(0.005)
         list(writing)
-    wall = time.perf_counter() - t0
+    wall = max(ended.values()) - t0
     jails_after = jail_processes()
     jail_cpu = sum(jails_after.values()) - sum(v for p, v in jails_before.items() if p in jails_after)
     bad = [sid for sid in sids if not (s.mnt / "s" / sid / "reply").read_text().endswith("done")]
@@ -157,7 +167,9 @@ def new(s: Server) -> str:
         return f.read().strip()
 
 
-def run(n: int, delay: float, chunks: int, tools: int, sandboxed: bool, checkpoints: bool = False) -> None:
+def run(
+    n: int, delay: float, chunks: int, tools: int, sandboxed: bool, checkpoints: bool = False, rate: float = 500
+) -> None:
     tool, arguments = ("execute_code", json.dumps({"steps": [{"code": "true"}]})) if sandboxed else ("noop", "{}")
     ideal = (tools + 1) * delay
     mock = WireServer(tools, tool, arguments, delay=delay, chunks=chunks)
@@ -177,18 +189,21 @@ def run(n: int, delay: float, chunks: int, tools: int, sandboxed: bool, checkpoi
             what = "sandboxed execute_code" if sandboxed else "noop (no sandbox)"
             print(f"{n} agents, {tools} calls of {what} a turn, answers of {delay:g} s in {chunks} chunks")
             for name in ("cold", "warm"):
-                r = turn(s, sids, ideal, mock.pid or 0)
+                r = turn(s, sids, ideal, mock.pid or 0, rate)
                 steps = n * (tools + 1)
                 tq, rq = q(r["turns"]), q(r["reads"])  # type: ignore[arg-type]
                 wall = float(r["wall"])  # type: ignore[arg-type]
+                turns: list[float] = r["turns"]  # type: ignore[assignment]
+                steady = sum((tools + 1) / t for t in turns)
                 print(
                     f"  {name}: turn p50 {tq[0]:.2f} s ({tq[0] / ideal:.2f}x ideal), p99 {tq[1]:.2f} s "
-                    f"({tq[1] / ideal:.2f}x), all {wall:.2f} s; {steps / wall:.0f} steps/s "
-                    f"({steps / wall / (n / delay):.2f}x ideal {n / delay:.0f})"
+                    f"({tq[1] / ideal:.2f}x), all {wall:.2f} s; steady {steady:.0f} steps/s "
+                    f"({steady / (n / delay):.2f}x ideal {n / delay:.0f}), {steps / wall:.0f} over the whole wall "
+                    f"({steps / wall / (n / delay):.2f}x)"
                 )
                 print(
                     f"        state: p50 {rq[0]:.2f} ms, p99 {rq[1]:.2f} ms, max {rq[2]:.1f} ms "
-                    f"({len(r['reads'])} reads)"
+                    f"({len(r['reads'])} reads)"  # type: ignore[arg-type]
                 )
                 print(
                     f"        CPU per step: server {1000 * float(r['server_cpu']) / steps:.2f} ms, "  # type: ignore[arg-type]
@@ -209,15 +224,16 @@ def main() -> None:
     ap.add_argument("--tools", type=int, default=4, help="tool calls a turn (default 4)")
     ap.add_argument("--no-ab", action="store_true", help="skip the run without the sandbox")
     ap.add_argument("--only-ab", action="store_true", help="only the run without the sandbox")
+    ap.add_argument("--reads", type=float, default=500, help="`state` reads a second at most (default 500)")
     ap.add_argument("--checkpoints", action="store_true", help="snapshot each turn's cwd (off by default: git's cost)")
     args = ap.parse_args()
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     print(f"uptime before: {os.popen('uptime').read().strip()}")
     if not args.only_ab:
-        run(args.n, args.delay, args.chunks, args.tools, True, args.checkpoints)
+        run(args.n, args.delay, args.chunks, args.tools, True, args.checkpoints, args.reads)
     if not args.no_ab:
-        run(args.n, args.delay, args.chunks, args.tools, False, args.checkpoints)
+        run(args.n, args.delay, args.chunks, args.tools, False, args.checkpoints, args.reads)
     print(f"uptime after: {os.popen('uptime').read().strip()}")
 
 

@@ -79,7 +79,8 @@ def _paced(writer, parts: list[bytes], delay: float) -> asyncio.Future:
 
     def write(i: int) -> None:
         if writer.is_closing():
-            ended.done() or ended.set_result(None)
+            if not ended.done():
+                ended.set_result(None)
             return
         writer.write(parts[i])
         if i + 1 < len(parts):
