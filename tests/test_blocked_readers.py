@@ -213,3 +213,38 @@ async def test_the_servers_own_thread_touching_the_mount_fails_rather_than_hangs
         assert await asyncio.to_thread(Path(m.path, "word").read_text) == "word\n"  # from another thread: served
     finally:
         await m.unmount()
+
+
+async def test_a_text_at_hand_is_opened_and_read_without_a_task_and_an_awaited_one_by_a_task(tmp_path):
+    """`cat` of a file whose text is at hand (a session's `state`, `reply`, `chat`) is answered as
+    its requests come, without a task: under load a task waits its turn behind all the loop has to
+    do, at each of the open and the reads. A text that must be awaited is read by a task, its
+    getter called once."""
+    calls: list[int] = []
+
+    async def slow() -> str:
+        calls.append(1)
+        await asyncio.sleep(0.01)
+        return "slow\n"
+
+    ns = Namespace(StaticDir({"word": TextFile(lambda: "word\n"), "slow": TextFile(slow)}))
+    m = Mount(ns, str(tmp_path / "mnt"))
+    await m.start()
+    loop = asyncio.get_running_loop()
+    served: list[str] = []
+
+    def counting(loop: asyncio.AbstractEventLoop, coro, context=None) -> asyncio.Task:
+        served.append(coro.__qualname__)
+        return asyncio.Task(coro, loop=loop, context=context)
+
+    loop.set_task_factory(counting)
+    try:
+        out = await asyncio.create_subprocess_exec("cat", m.path + "/word", stdout=asyncio.subprocess.PIPE)
+        assert (await asyncio.wait_for(out.communicate(), 30))[0] == b"word\n"
+        assert "Connection._run" not in served
+        out = await asyncio.create_subprocess_exec("cat", m.path + "/slow", stdout=asyncio.subprocess.PIPE)
+        assert (await asyncio.wait_for(out.communicate(), 30))[0] == b"slow\n"
+        assert "Connection._run" in served and calls == [1]
+    finally:
+        loop.set_task_factory(None)
+        await m.unmount()

@@ -40,6 +40,7 @@ from ..vfs.stores import (
     OnCloseFile,
     SnapshotHandle,
     TextFile,
+    TextHandle,
     text_size,
 )
 from . import worktrees
@@ -250,12 +251,15 @@ class ChatFile(File):
         return Stat(name, mode=0o444, size=st.st_size, mtime=st.st_mtime, version=st.st_size & 0xFFFFFFFF)
 
     async def open(self, mode: OpenMode) -> Handle:
+        return self.open_now(mode)
+
+    def open_now(self, mode: OpenMode) -> Handle:
         if mode & OpenMode.WRITE:
             raise FsError(E.EACCES, self.refusal)
         try:
             return ChatHandle(os.open(self.path(), os.O_RDONLY | os.O_NOFOLLOW))
         except FileNotFoundError:
-            return SnapshotHandle(lambda: "")
+            return TextHandle(lambda: "")
 
 
 class ChatHandle(Handle):
@@ -263,6 +267,9 @@ class ChatHandle(Handle):
         self._fd = fd
 
     async def read(self, offset: int, count: int) -> bytes:
+        return self.read_now(offset, count)
+
+    def read_now(self, offset: int, count: int) -> bytes:
         return os.pread(self._fd, count, offset)
 
     async def release(self) -> None:

@@ -144,9 +144,12 @@ class Connection:
             K.RELEASEDIR: self._releasedir,
             K.STATFS: self._statfs,
         }
+        # Answered at once when they can be (returning False when they cannot: then by a task).
+        self._now: dict[int, Callable[[int, int, bytes], bool]] = {K.READ: self._read_now}
         if self.local is not None:
             self._sync[K.LOOKUP] = self._lookup_now
             self._sync[K.GETATTR] = self._getattr_now
+            self._now[K.OPEN] = self._open_now
         self._async: dict[int, Callable[[int, bytes], Coroutine[Any, Any, bytes | tuple[bytes, int]]]] = {
             K.LOOKUP: self._lookup,
             K.GETATTR: self._getattr,
@@ -328,20 +331,15 @@ class Connection:
         arg = data[K.IN_HEADER.size :]
         sync = self._sync.get(opcode)
         if sync is not None:
-            try:
-                sync(unique, nodeid, arg)
-            except FsError as e:
-                self._reply(unique, e.errno)
-            except OSError as e:
-                self._reply(unique, e.errno or E.EIO)
-            except Exception:
-                log.exception("%s: FUSE request %d failed", self.name, opcode)
-                self._reply(unique, E.EIO)
+            self._answer_now(sync, opcode, unique, nodeid, arg)
             return
         handler = self._async.get(opcode)
         if self._interrupted and unique in self._interrupted:  # interrupted before it got here
             self._interrupted.discard(unique)
             self._reply(unique, E.EINTR)
+            return
+        now = self._now.get(opcode)
+        if now is not None and self._answer_now(now, opcode, unique, nodeid, arg):
             return
         if handler is None:
             if opcode not in NO_REPLY:
@@ -352,6 +350,21 @@ class Connection:
         )
         if opcode in CANCELLABLE:
             self._cancellable.add(unique)
+
+    def _answer_now(self, handler: Callable[[int, int, bytes], bool | None], opcode: int, *args: Any) -> bool:
+        """Run a request's handler that needs no waiting; False if it could not answer (a
+        failure is an answer)."""
+        unique = args[0]
+        try:
+            return handler(*args) is not False
+        except FsError as e:
+            self._reply(unique, e.errno)
+        except OSError as e:
+            self._reply(unique, e.errno or E.EIO)
+        except Exception:
+            log.exception("%s: FUSE request %d failed", self.name, opcode)
+            self._reply(unique, E.EIO)
+        return True
 
     async def _run(self, unique: int, opcode: int, op: Coroutine[Any, Any, bytes | tuple[bytes, int]]) -> None:
         error, body, opened = 0, b"", 0
@@ -559,6 +572,25 @@ class Connection:
             handle = self._handles.get(fh) if valid & K.FATTR_FH else None  # ftruncate(2): that open file
             await (handle.truncate(size) if handle is not None else self.ns.truncate(path, size))
         return K.ATTR_OUT.pack(0, 0, 0) + self._attr(nodeid, await self._stat(path))
+
+    def _open_now(self, unique: int, nodeid: int, arg: bytes) -> bool:
+        flags = K.OPEN_IN.unpack_from(arg)[0]
+        self._check_room()
+        handle = self.local.open_now(self._path(nodeid), _flags_to_mode(flags))  # type: ignore[union-attr]
+        if handle is None:
+            return False
+        fh = self._add(handle)
+        if not self._reply(unique, 0, K.OPEN_OUT.pack(fh, self._open_flags(handle, flags), 0)):
+            self._release_handle(self._handles.pop(fh, None))  # an open nobody got: nobody will close it
+        return True
+
+    def _read_now(self, unique: int, nodeid: int, arg: bytes) -> bool:
+        fh, offset, size = K.READ_IN.unpack_from(arg)[:3]
+        data = self._handle(fh).read_now(offset, size)
+        if data is None:
+            return False
+        self._reply(unique, 0, data)
+        return True
 
     async def _open(self, nodeid: int, arg: bytes) -> tuple[bytes, int]:
         flags = K.OPEN_IN.unpack_from(arg)[0]

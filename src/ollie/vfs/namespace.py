@@ -109,6 +109,12 @@ class Handle:
     async def read(self, offset: int, count: int) -> bytes:
         raise FsError(E.EBADF, "not open for reading")
 
+    def read_now(self, offset: int, count: int) -> bytes | None:
+        """`read`, when it needs no waiting (None: await `read`). A file server answers such a
+        read as it comes, without a task: under load, a task waits its turn behind everything
+        the loop has to do."""
+        return None
+
     async def write(self, offset: int, data: bytes) -> int:
         raise FsError(E.EBADF, "not open for writing")
 
@@ -138,6 +144,10 @@ class File:
 
     async def open(self, mode: OpenMode) -> Handle:
         raise FsError(E.EACCES, "cannot open")
+
+    def open_now(self, mode: OpenMode) -> Handle | None:
+        """`open`, when it needs no waiting (None: await `open`; see Handle.read_now)."""
+        return None
 
     async def truncate(self, size: int) -> None:
         """Synthetic files ignore truncation: `echo x > file` opens with O_TRUNC and must not
@@ -300,6 +310,13 @@ class Namespace:
         if mode & OpenMode.TRUNC:
             await node.truncate(0)
         return await node.open(mode)
+
+    def open_now(self, path: str, mode: OpenMode) -> Handle | None:
+        """`open`, when the file opens without waiting (None: await `open`)."""
+        node = self.walk(path)
+        if isinstance(node, Dir):
+            raise FsError(E.EISDIR, f"{path}: is a directory")
+        return None if mode & OpenMode.TRUNC else node.open_now(mode)
 
     async def create(self, path: str, mode: int = 0o644) -> Handle:
         parent, name = await self._parent(path)

@@ -151,9 +151,36 @@ class TextFile(File):
         return self._size() if self._size else 0
 
     async def open(self, mode: OpenMode) -> Handle:
+        return self.open_now(mode)
+
+    def open_now(self, mode: OpenMode) -> Handle:
         if mode & OpenMode.WRITE:
             raise FsError(E.EACCES, "read-only file")
-        return SnapshotHandle(self._get)
+        return TextHandle(self._get)
+
+
+class TextHandle(SnapshotHandle):
+    """A TextFile's: read at once when its text is at hand (`read_now`)."""
+
+    def __init__(self, get: Getter):
+        super().__init__(get)
+        self._pending: Awaitable[str] | None = None  # what the getter gave instead of text
+
+    def read_now(self, offset: int, count: int) -> bytes | None:
+        if offset == 0:
+            value = self._get()
+            if not isinstance(value, str):
+                self._pending = value  # `read` awaits it: the getter ran once either way
+                return None
+            self._data = value.encode()
+        return self._data[offset : offset + count]
+
+    async def read(self, offset: int, count: int) -> bytes:
+        if offset == 0 and self._pending is not None:
+            pending, self._pending = self._pending, None
+            self._data = (await pending).encode()
+            return self._data[:count]
+        return await super().read(offset, count)
 
 
 def text_size(get: Callable[[], str]) -> Callable[[], int]:
