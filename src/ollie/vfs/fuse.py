@@ -2,7 +2,10 @@
 
 The loop reads the kernel's requests from the mount's /dev/fuse descriptor itself (`fuse_kernel.py`
 has the protocol), a batch per wakeup, and runs each as the 9P server runs its requests: those
-that only read the tree (lookup, getattr) at once, the others as a task, answered when it ends. A
+that only read the tree (lookup, getattr) at once, the others as a task, answered when it ends;
+but the open and reads of a file whose content is at hand (File.open_now, Handle.read_now: a
+session's `state`, `reply`, `chat`) at once too, since a task waits its turn behind all the loop
+has to do. A
 blocked reader (`statewait`, a long read) is one task, like any other awaiting coroutine: no thread,
 no stack, no CPU while it waits, and no limit but memory. A killed reader gets EINTR at once: the
 kernel sends FUSE_INTERRUPT naming its request, and the task serving it is cancelled.
