@@ -500,3 +500,43 @@ def test_parse_address(addr, want):
 def test_parse_address_refuses(addr):
     with pytest.raises(ValueError):
         parse_address(addr)
+
+
+async def test_a_text_at_hand_is_opened_and_read_without_a_task_and_an_awaited_one_by_a_task(tmp_path):
+    """Over 9P as on the mount: Topen and Tread of a file whose text is at hand are answered as the
+    frames come (a task would wait behind all the loop has to do); a text that must be awaited is
+    read by a task, its getter called once."""
+    calls: list[int] = []
+
+    async def slow() -> str:
+        calls.append(1)
+        await asyncio.sleep(0.01)
+        return "slow\n"
+
+    srv = await serve_unix(
+        Namespace(StaticDir({"word": TextFile(lambda: "word\n"), "slow": TextFile(slow)})), tmp_path / "ns" / "ollie"
+    )
+    client = await Client.connect(f"unix!{srv.address}")
+    loop = asyncio.get_running_loop()
+    served: list[str] = []
+
+    def counting(loop: asyncio.AbstractEventLoop, coro, context=None) -> asyncio.Task:
+        served.append(coro.__qualname__)
+        return asyncio.Task(coro, loop=loop, context=context)
+
+    loop.set_task_factory(counting)
+    try:
+        assert await client.read_path("word") == b"word\n"
+        assert "_Connection._serve" in served  # the Tclunk: a handle's release may wait
+        served.clear()
+        fid = await client.walk("word")
+        await client.open(fid)
+        assert await client.read(fid, 0, 100) == b"word\n"
+        assert "_Connection._serve" not in served
+        assert await client.read_path("slow") == b"slow\n"
+        assert "_Connection._serve" in served and calls == [1]
+        await client.clunk(fid)
+    finally:
+        loop.set_task_factory(None)
+        await client.close()
+        await srv.close()

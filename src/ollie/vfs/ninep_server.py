@@ -5,7 +5,8 @@
     await srv.close()
 
 Every request that may wait runs as its own task, so a blocked read (statewait) holds up nothing
-else; walks and stats, which only look names up, are answered as they are read. Replies are
+else; walks and stats, which only look names up, are answered as they are read, and so are opens
+and reads of a file whose content is at hand (a session's state, reply, chat). Replies are
 written whole, one frame at a time; while they pile up unread no request is read or served. Tflush
 cancels the flushed request's task. A client that hangs up has all its tasks cancelled and its open
 files released.
@@ -109,7 +110,8 @@ class _Connection(asyncio.Protocol):
     """One client: its fids, its running requests, and the negotiated msize.
 
     Frames are taken as the socket delivers them (`data_received`) and answered there when they
-    only look names up; any other request becomes a task. While replies pile up unread, reading
+    only look names up, or open or read a file whose content is at hand (`_MAYBE_NOW`); any other
+    request becomes a task. While replies pile up unread, reading
     stops and no waiting request is served (`pause_writing`)."""
 
     def __init__(self, server: NinePServer):
@@ -248,9 +250,23 @@ class _Connection(asyncio.Protocol):
                 reply = _failure(msg, e)
             reply.tag = msg.tag
             self._write_reply(reply)
+        elif (maybe := _MAYBE_NOW.get(type(msg))) is not None and not self.unstarted and self._answered(maybe, msg):
+            pass
         else:
             self.unstarted += 1
             self.tasks[msg.tag] = asyncio.create_task(self._serve(msg))
+
+    def _answered(self, handler: Callable[[_Connection, Any], P.Message | None], msg: P.Message) -> bool:
+        """Answer `msg` at once if its handler can (a failure is an answer); False if it needs a task."""
+        try:
+            reply = handler(self, msg)
+        except Exception as e:
+            reply = _failure(msg, e)
+        if reply is None:
+            return False
+        reply.tag = msg.tag
+        self._write_reply(reply)
+        return True
 
     async def _serve(self, msg: P.Message) -> None:
         try:
@@ -432,6 +448,19 @@ class _Connection(asyncio.Protocol):
         fid.qid, fid.remove_on_close = _qid(st), bool(m.mode & P.ORCLOSE)
         return P.Ropen(fid.qid, self.iounit)
 
+    def _open_now(self, m: P.Topen) -> P.Message | None:
+        """A file whose open needs no waiting (File.open_now), opened as the request comes."""
+        fid = self._closed_fid(m.fid)
+        st = self.ns.stat_now(fid.path)
+        if st.is_dir:
+            return None
+        handle = self.ns.open_now(fid.path, _open_mode(m.mode))
+        if handle is None:
+            return None
+        fid.opened, fid.handle = True, handle
+        fid.qid, fid.remove_on_close = _qid(st), bool(m.mode & P.ORCLOSE)
+        return P.Ropen(fid.qid, self.iounit)
+
     async def _create(self, m: P.Tcreate) -> P.Message:
         fid = self._closed_fid(m.fid)
         path = _join(fid.path, m.name)
@@ -465,6 +494,15 @@ class _Connection(asyncio.Protocol):
         if fid.handle is None:
             return P.Rread(await self._read_dir(fid, m.offset, count))
         return P.Rread((await fid.handle.read(m.offset, count))[:count])
+
+    def _read_now(self, m: P.Tread) -> P.Message | None:
+        """A read that needs no waiting (Handle.read_now), answered as the request comes."""
+        fid = self._open_fid(m.fid)
+        if fid.handle is None:
+            return None
+        count = min(m.count, self.iounit)
+        data = fid.handle.read_now(m.offset, count)
+        return None if data is None else P.Rread(data[:count])
 
     async def _read_dir(self, fid: _Fid, offset: int, count: int) -> bytes:
         """Whole stat entries, as many as fit; offset 0 takes a fresh listing."""
@@ -575,6 +613,13 @@ def _failure(msg: P.Message, e: Exception) -> P.Rerror:
 _ANSWERED_NOW: dict[type[P.Message], Callable[[_Connection, Any], P.Message]] = {
     P.Twalk: _Connection._walk,
     P.Tstat: _Connection._stat,
+}
+# Answered as they come when they can be (the handler gives None when it cannot: then by a task),
+# since a task waits its turn behind all the loop has to do: opening and reading a file whose
+# content is at hand (a session's state, reply, chat).
+_MAYBE_NOW: dict[type[P.Message], Callable[[_Connection, Any], P.Message | None]] = {
+    P.Topen: _Connection._open_now,
+    P.Tread: _Connection._read_now,
 }
 _HANDLERS: dict[type[P.Message], Callable[[_Connection, Any], Awaitable[P.Message]]] = {
     P.Tauth: _Connection._auth,
