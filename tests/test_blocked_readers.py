@@ -20,6 +20,7 @@ from ollie.vfs.fuse import Mount
 from ollie.vfs.namespace import File, Handle, Namespace, OpenMode, StaticDir
 from ollie.vfs.ninep_client import Client
 from ollie.vfs.stores import TextFile
+from task_helpers import tasks_made, word_and_slow
 
 READERS = 600  # past the old cap of 256 FUSE threads, which stalled the mount at about 250
 STATES = {"idle", "thinking"}
@@ -221,30 +222,15 @@ async def test_a_text_at_hand_is_opened_and_read_without_a_task_and_an_awaited_o
     do, at each of the open and the reads. A text that must be awaited is read by a task, its
     getter called once."""
     calls: list[int] = []
-
-    async def slow() -> str:
-        calls.append(1)
-        await asyncio.sleep(0.01)
-        return "slow\n"
-
-    ns = Namespace(StaticDir({"word": TextFile(lambda: "word\n"), "slow": TextFile(slow)}))
-    m = Mount(ns, str(tmp_path / "mnt"))
+    m = Mount(word_and_slow(calls), str(tmp_path / "mnt"))
     await m.start()
-    loop = asyncio.get_running_loop()
-    served: list[str] = []
-
-    def counting(loop: asyncio.AbstractEventLoop, coro, context=None) -> asyncio.Task:
-        served.append(coro.__qualname__)
-        return asyncio.Task(coro, loop=loop, context=context)
-
-    loop.set_task_factory(counting)
     try:
-        out = await asyncio.create_subprocess_exec("cat", m.path + "/word", stdout=asyncio.subprocess.PIPE)
-        assert (await asyncio.wait_for(out.communicate(), 30))[0] == b"word\n"
-        assert "Connection._run" not in served
-        out = await asyncio.create_subprocess_exec("cat", m.path + "/slow", stdout=asyncio.subprocess.PIPE)
-        assert (await asyncio.wait_for(out.communicate(), 30))[0] == b"slow\n"
-        assert "Connection._run" in served and calls == [1]
+        with tasks_made(asyncio.get_running_loop()) as served:
+            out = await asyncio.create_subprocess_exec("cat", m.path + "/word", stdout=asyncio.subprocess.PIPE)
+            assert (await asyncio.wait_for(out.communicate(), 30))[0] == b"word\n"
+            assert "Connection._run" not in served
+            out = await asyncio.create_subprocess_exec("cat", m.path + "/slow", stdout=asyncio.subprocess.PIPE)
+            assert (await asyncio.wait_for(out.communicate(), 30))[0] == b"slow\n"
+            assert "Connection._run" in served and calls == [1]
     finally:
-        loop.set_task_factory(None)
         await m.unmount()

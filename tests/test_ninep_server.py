@@ -18,6 +18,7 @@ from ollie.vfs.namespace import File, FsError, Handle, Namespace, StaticDir
 from ollie.vfs.ninep_client import Client, RemoteError, parse_address
 from ollie.vfs.ninep_server import serve_tcp, serve_unix
 from ollie.vfs.stores import CtlFile, DiskDir, OnCloseFile, TextFile
+from task_helpers import tasks_made, word_and_slow
 
 
 class WaitFile(File):
@@ -507,36 +508,20 @@ async def test_a_text_at_hand_is_opened_and_read_without_a_task_and_an_awaited_o
     frames come (a task would wait behind all the loop has to do); a text that must be awaited is
     read by a task, its getter called once."""
     calls: list[int] = []
-
-    async def slow() -> str:
-        calls.append(1)
-        await asyncio.sleep(0.01)
-        return "slow\n"
-
-    srv = await serve_unix(
-        Namespace(StaticDir({"word": TextFile(lambda: "word\n"), "slow": TextFile(slow)})), tmp_path / "ns" / "ollie"
-    )
+    srv = await serve_unix(word_and_slow(calls), tmp_path / "ns" / "ollie")
     client = await Client.connect(f"unix!{srv.address}")
-    loop = asyncio.get_running_loop()
-    served: list[str] = []
-
-    def counting(loop: asyncio.AbstractEventLoop, coro, context=None) -> asyncio.Task:
-        served.append(coro.__qualname__)
-        return asyncio.Task(coro, loop=loop, context=context)
-
-    loop.set_task_factory(counting)
     try:
-        assert await client.read_path("word") == b"word\n"
-        assert "_Connection._serve" in served  # the Tclunk: a handle's release may wait
-        served.clear()
-        fid = await client.walk("word")
-        await client.open(fid)
-        assert await client.read(fid, 0, 100) == b"word\n"
-        assert "_Connection._serve" not in served
-        assert await client.read_path("slow") == b"slow\n"
-        assert "_Connection._serve" in served and calls == [1]
-        await client.clunk(fid)
+        with tasks_made(asyncio.get_running_loop()) as served:
+            assert await client.read_path("word") == b"word\n"
+            assert "_Connection._serve" in served  # the Tclunk: a handle's release may wait
+            served.clear()
+            fid = await client.walk("word")
+            await client.open(fid)
+            assert await client.read(fid, 0, 100) == b"word\n"
+            assert "_Connection._serve" not in served
+            assert await client.read_path("slow") == b"slow\n"
+            assert "_Connection._serve" in served and calls == [1]
+            await client.clunk(fid)
     finally:
-        loop.set_task_factory(None)
         await client.close()
         await srv.close()
