@@ -236,8 +236,9 @@ async def test_the_bus_wakes_every_waiter_at_the_next_change_and_only_then(store
 
 
 async def test_streamed_text_reaches_the_chat_and_the_subscribers_as_one_event_a_window(store, tmp_path, monkeypatch):
-    """The model's pieces are held and sent together: within STREAM_EVERY, by the loop's one timer,
-    or at once when another event comes, which then follows them, in the chat log as for the
+    """The model's first piece in a while is sent at once (the first token shows without delay);
+    the pieces after it within STREAM_EVERY are held and sent together, by the loop's one timer or
+    at once when another event comes, which then follows them, in the chat log as for the
     subscribers; a subscriber always finds in the chat what its event says."""
     from ollie.agent import events as events_module
     from ollie.types import Event
@@ -251,22 +252,24 @@ async def test_streamed_text_reaches_the_chat_and_the_subscribers_as_one_event_a
     bus.subscribe(lambda ev: seen.append((ev.kind, ev.text, store.chat_path.read_bytes())))
     for piece in ("Hel", "lo ", "world"):
         bus.stream("assistant", piece)
-    other.stream("reasoning", "x")  # another session's held text, sent by the same timer
-    assert seen == [] and store.chat_path.read_bytes() == b"" == other_store.chat_path.read_bytes()
+    other.stream("reasoning", "x")
+    other.stream("reasoning", "y")  # another session's held text, sent by the same timer
+    assert [(k, t) for k, t, _ in seen] == [("assistant", "Hel")]  # at once: nothing came before
+    assert seen[0][2].endswith(b"assistant: Hel") and other_store.chat_path.read_bytes().endswith(b"reasoning: x")
     await asyncio.sleep(0.2)
-    assert [(k, t) for k, t, _ in seen] == [("assistant", "Hello world")]
-    assert seen[0][2].endswith(b"assistant: Hello world")
-    bus.emit(Event("assistant", "!"))  # an emitted piece is held the same way
-    bus.stream("reasoning", "hm")  # another kind sends what was held first
-    bus.set_state("thinking")  # any other event too, before itself
-    assert [(k, t) for k, t, _ in seen[1:]] == [("assistant", "!"), ("reasoning", "hm"), ("state", "thinking")]
+    assert [(k, t) for k, t, _ in seen] == [("assistant", "Hel"), ("assistant", "lo world")]
+    assert seen[1][2].endswith(b"assistant: Hello world")
+    assert other_store.chat_path.read_bytes().endswith(b"reasoning: xy")
+    bus.emit(Event("assistant", "!"))  # an emitted piece is streamed the same way: none came lately
+    bus.stream("reasoning", "hm")  # held: text was sent just now
+    bus.set_state("thinking")  # any other event sends what is held first, then itself
+    assert [(k, t) for k, t, _ in seen[2:]] == [("assistant", "!"), ("reasoning", "hm"), ("state", "thinking")]
     assert b"Hello world!\nreasoning: hm" in seen[-1][2]
     bus.stream("assistant", "last")
     bus.flush()  # what a session's close does
     assert seen[-1][:2] == ("assistant", "last")
     await asyncio.sleep(0.1)
-    assert other_store.chat_path.read_bytes().endswith(b"reasoning: x")  # the other bus's, by the timer
-    assert len(seen) == 5  # nothing sent twice
+    assert len(seen) == 6  # nothing sent twice
     other_store.close()
 
 

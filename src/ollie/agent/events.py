@@ -5,16 +5,18 @@ model's reasoning too, though it never enters the history). The bus also holds t
 state word (`idle`, `thinking`, `calling: <tool>`, …) and wakes whoever waits for a change.
 
 The model's text streams in pieces of a few characters, tens a second in each of hundreds of
-sessions: a piece is only held (`stream`), and the pieces held are sent on as one event, to the
-chat log and the subscribers together, at most `STREAM_EVERY` seconds later, or at once when any
-other event comes (so the order stays, and whoever waits for the turn's end has read it all). One
-timer a loop sends every bus's held text.
+sessions. A piece that comes after none for `STREAM_EVERY` seconds (an answer's first) is sent at
+once; the pieces that follow it within that time are held (`stream`) and sent on as one event, to
+the chat log and the subscribers together, at most `STREAM_EVERY` seconds later, or at once when
+any other event comes (so the order stays, and whoever waits for the turn's end has read it all).
+One timer a loop sends every bus's held text.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 import weakref
 from collections.abc import Callable
 from typing import Literal
@@ -39,6 +41,7 @@ class Bus:
         self.prompt_offset: int | None = None  # where in the chat log the last prompt starts
         self._held_kind: EventKind | Literal[""] = ""  # the kind of the text held (one of STREAMED)
         self._held: list[str] = []
+        self._streamed_at = -STREAM_EVERY  # when streamed text was last sent (time.monotonic)
 
     def subscribe(self, handler: Callable[[Event], None]) -> Callable[[], None]:
         """Call `handler` with every event; returns the function that unsubscribes it."""
@@ -51,7 +54,9 @@ class Bus:
         if kind != self._held_kind:
             self.flush()
             flusher = _Flusher.of_running_loop()
-            if flusher is None:  # no loop to send it later: it goes now
+            now = time.monotonic()
+            if flusher is None or now - self._streamed_at >= STREAM_EVERY:  # the first in a while: at once
+                self._streamed_at = now
                 self._send(Event(kind, text))
                 return
             self._held_kind = kind
@@ -63,6 +68,7 @@ class Bus:
         if self._held_kind:
             kind, self._held_kind = self._held_kind, ""
             text, self._held = "".join(self._held), []
+            self._streamed_at = time.monotonic()
             self._send(Event(kind, text))
 
     def emit(self, ev: Event) -> None:
