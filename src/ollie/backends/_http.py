@@ -1110,11 +1110,12 @@ class Response:
         """The body's next piece, with (when held) every piece that came meanwhile, and whether
         the body goes on after them (once it ended, its connection may serve another request:
         nothing more is read or held on it)."""
-        data = more = await self._next()
+        more = await self._next()
+        parts = [more]  # joined once: a hold may gather hundreds of small chunks
         while more and self._conn is not None and self._held is not None and self._held.buffered:
             more = await self._next()
-            data += more
-        return data, bool(more) and self._conn is not None
+            parts.append(more)
+        return b"".join(parts) if len(parts) > 1 else parts[0], bool(more) and self._conn is not None
 
     def hold(self, until: re.Pattern[bytes]) -> None:
         """From now on, after each list of `event_batches` or `line_batches` the next waits up to

@@ -354,12 +354,13 @@ class Connection:
         if opcode in CANCELLABLE:
             self._cancellable.add(unique)
 
-    def _answer_now(self, handler: Callable[[int, int, bytes], bool | None], opcode: int, *args: Any) -> bool:
+    def _answer_now(
+        self, handler: Callable[[int, int, bytes], bool | None], opcode: int, unique: int, nodeid: int, arg: bytes
+    ) -> bool:
         """Run a request's handler that needs no waiting; False if it could not answer (a
         failure is an answer)."""
-        unique = args[0]
         try:
-            return handler(*args) is not False
+            return handler(unique, nodeid, arg) is not False
         except FsError as e:
             self._reply(unique, e.errno)
         except OSError as e:
