@@ -10,6 +10,7 @@ import fcntl
 import hashlib
 import json
 import os
+import shutil
 import stat
 import subprocess
 from pathlib import Path
@@ -322,3 +323,24 @@ async def test_a_mount_below_the_cwd_is_left_out_of_snapshots(fs_server):
     listed = await shadow._git("ls-tree", "-r", "--name-only", tree)
     assert b"notes.txt" in listed and b"mnt/" not in listed
     assert b"/mnt/ollie/" in (shadow.repo / "info" / "exclude").read_bytes()
+
+
+def test_sessions_of_one_cwd_making_its_shadow_repository_at_once_all_get_a_whole_one(tmp_path):
+    """Sessions of one server (one process) whose first turns start together in one cwd (a batch
+    job's parallel runs) each make the directory's shadow repository in a thread: they built it in
+    one temporary directory named by the process alone, each emptying the others' work, and one
+    could move a half-made repository in place ("not a git repository" at every snapshot)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from ollie.agent.checkpoints import Shadow
+
+    cwd = _project(tmp_path / "p")
+    for round_ in range(5):
+        shadows = [Shadow(str(cwd)) for _ in range(8)]
+        shutil.rmtree(shadows[0].repo, ignore_errors=True)
+        with ThreadPoolExecutor(8) as pool:
+            list(pool.map(lambda s: s._make(), shadows))
+        repo = shadows[0].repo
+        assert (repo / "HEAD").is_file() and (repo / "config").is_file(), round_
+        assert (repo / "info" / "attributes").is_file() and (repo / "objects").is_dir(), round_
+        assert not [p for p in repo.parent.iterdir() if p.name.startswith(".")], "a temporary directory left"

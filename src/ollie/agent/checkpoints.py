@@ -30,6 +30,7 @@ import json
 import os
 import shutil
 import stat
+import tempfile
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import asdict, dataclass, field
@@ -319,9 +320,10 @@ class Shadow:
         if (self.repo / "HEAD").is_file():
             return
         self.repo.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        tmp = self.repo.with_name(f".{self.repo.name}.{os.getpid()}")
-        shutil.rmtree(tmp, ignore_errors=True)
-        (tmp / "objects").mkdir(parents=True)
+        # A directory of this call's own: sessions of one process making it at once (a job's
+        # parallel runs) each build theirs, and the first rename wins whole.
+        tmp = Path(tempfile.mkdtemp(prefix=f".{self.repo.name}.", dir=self.repo.parent))
+        (tmp / "objects").mkdir()
         (tmp / "refs" / "heads").mkdir(parents=True)
         (tmp / "info").mkdir()
         (tmp / "HEAD").write_text("ref: refs/heads/checkpoints\n")
