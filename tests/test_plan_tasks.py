@@ -6,9 +6,12 @@ that fails or dies half-way, and another session's code forging plans."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import os
 import re
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -362,6 +365,34 @@ async def test_without_any_backend_the_plan_lives_in_pl_and_the_sessions_plan(ol
     assert plan.read_text().startswith("# ship it\n<!-- ollie-plan v1 session=")
     assert not (s.core.session.store.dir / MAP_FILE).exists()
     assert s.infos() == []
+
+
+async def test_rounds_without_plans_read_nothing_and_a_plan_made_later_is_found(ollie_dirs, monkeypatch):
+    """A tool round looks for the session's plans in a thread only when there is something to
+    read: a listing of pl/ that still holds and names no plan (and no plan of the session's to
+    follow) is answered on the loop. A plan written after such rounds changes pl/ and is found."""
+    plans = plans_dir(ollie_dirs)
+    plans.mkdir(parents=True, exist_ok=True)
+    past = time.time() - 60
+    os.utime(plans, (past, past))  # listed long after its last change: the listing holds
+    looks = []
+    real_to_thread = asyncio.to_thread
+
+    async def counting(fn, *args, **kwargs):
+        looks.extend([fn.__name__] if fn.__name__ == "_look" else [])
+        return await real_to_thread(fn, *args, **kwargs)
+
+    monkeypatch.setattr(asyncio, "to_thread", counting)
+    true = code("true")
+    s = await open_session([{"tool_calls": [true]}, {"tool_calls": [true]}, *SHIP_IT])
+    try:
+        await s.turn()
+    finally:
+        await s.close()
+    # the first round lists pl/; the second reads nothing; the plan's three rounds read it
+    assert looks == ["_look"] * 4
+    assert s.core.session.plan.startswith("# ship it\n\n- [x] write code")
+    assert the_plan(ollie_dirs, "*--ship-it__done.md").exists()
 
 
 async def test_an_agent_switch_chooses_the_backend_again(ollie_dirs, tmp_path):

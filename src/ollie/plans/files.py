@@ -145,15 +145,13 @@ def plan_entries() -> tuple[str, list[str], bool]:
     more than a clock tick (2 s) after that mtime (a file added in the same tick would leave it
     unchanged)."""
     global _PLANS_DIR, _LISTING
-    data = f"{os.environ.get('OLLIE_DATA_PATH')}\0{os.environ.get('HOME')}"  # what config.data_path() reads
-    if _PLANS_DIR is None or _PLANS_DIR[0] != data:
-        _PLANS_DIR, _LISTING = (data, str(config.shared_dirs()[1])), None  # its errors are sync's to tell
+    if _PLANS_DIR is None or _PLANS_DIR[0] != _settings():
+        _PLANS_DIR, _LISTING = (_settings(), str(config.shared_dirs()[1])), None  # its errors are sync's to tell
     directory = _PLANS_DIR[1]
     try:
-        st = os.stat(directory)
-        key, listing = (st.st_ino, st.st_mtime_ns), _LISTING  # read once: syncs of other sessions list too
-        if listing is not None and listing[0] == key and listing[1] - st.st_mtime_ns > TICK_NS:
-            return directory, listing[2], listing[3]
+        key, listed = _listed(directory)
+        if listed is not None:
+            return directory, *listed
         now = time.time_ns()
         with os.scandir(directory) as it:
             read = list(itertools.islice((e.name for e in it), PLANS_READ_MAX + 1))
@@ -164,6 +162,31 @@ def plan_entries() -> tuple[str, list[str], bool]:
     newest, cut = heapq.nlargest(PLANS_MAX, names), len(read) > PLANS_READ_MAX or len(names) > PLANS_MAX
     _LISTING = (key, now, newest, cut)
     return directory, newest, cut
+
+
+def listed_plans() -> tuple[list[str], bool] | None:
+    """plan_entries()'s names and whether pl/ held more, if its last listing still holds (one
+    stat, no listing: cheap enough for the event loop); None if pl/ must be found or listed anew."""
+    if _PLANS_DIR is None or _PLANS_DIR[0] != _settings():
+        return None
+    try:
+        return _listed(_PLANS_DIR[1])[1]
+    except OSError:
+        return None
+
+
+def _settings() -> str:
+    return f"{os.environ.get('OLLIE_DATA_PATH')}\0{os.environ.get('HOME')}"  # what config.data_path() reads
+
+
+def _listed(directory: str) -> tuple[tuple[int, int], tuple[list[str], bool] | None]:
+    """The directory's (inode, mtime), and its last listing if that still holds: the two unchanged
+    since, and the listing taken more than a tick after that mtime."""
+    st = os.stat(directory)
+    key, listing = (st.st_ino, st.st_mtime_ns), _LISTING  # read once: syncs of other sessions list too
+    if listing is not None and listing[0] == key and listing[1] - st.st_mtime_ns > TICK_NS:
+        return key, (listing[2], listing[3])
+    return key, None
 
 
 def read_file(path: str) -> str | None:

@@ -149,7 +149,13 @@ class Plans:
         """The session's plans in pl/, found in a thread: pl/ is every session's code's to fill,
         and a scan of it on the loop held up every session's tool round for seconds. And the
         stems of the plans with tasks to delete that are gone from pl/ (removed)."""
-        seen, cut, gone = await asyncio.to_thread(self._look, self._watched())
+        watched = self._watched()
+        listed = files.listed_plans()
+        if listed is not None and not listed[0] and not watched and not self._seen:
+            # nothing to read, so no thread: in a round of hundreds of sessions, each queued there
+            seen, cut, gone = {}, listed[1], set()
+        else:
+            seen, cut, gone = await asyncio.to_thread(self._look, watched)
         self._seen = seen
         if cut:
             self._tell(
