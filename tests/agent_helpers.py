@@ -16,6 +16,7 @@ from ollie.agent.env import build_agent_env
 from ollie.agent.session import SessionMeta, SessionStore, new_session_id
 from ollie.backends.scripted import ScriptedBackend
 from ollie.config import AgentConfig
+from ollie.sandbox import jail
 from ollie.tools import Tool, ToolResult, dispatcher_factory
 from ollie.types import Event, Message
 
@@ -132,7 +133,8 @@ def kinds(events: list[Event]) -> list[str]:
 
 
 def children() -> set[int]:
-    """Our child processes, zombies included (a zombie is a process nobody reaped)."""
+    """Our child processes, zombies included (a zombie is a process nobody reaped), but the jails'
+    fork server, which lives as long as we do (started by whichever test first sandboxes code)."""
     found = set()
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
@@ -141,7 +143,7 @@ def children() -> set[int]:
             continue
         if ppid == os.getpid():
             found.add(int(stat.parent.name))
-    return found
+    return found - {jail._FORK_SERVER.pid}
 
 
 def running(marker: str) -> set[int]:
