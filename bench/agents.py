@@ -210,8 +210,12 @@ def run(
                     f"jails {1000 * float(r['jail_cpu']) / steps:.2f} ms, "  # type: ignore[arg-type]
                     f"the mock model {1000 * float(r['mock_cpu']) / steps:.2f} ms"  # type: ignore[arg-type]
                 )
-            pss = pss_kib([s.pid()]) - base_pss + pss_kib(r["jail_pids"])  # type: ignore[arg-type]
-            print(f"  memory per live session: {pss / n / 1024:.2f} MiB (server and jails, PSS)")
+            server_pss = pss_kib([s.pid()]) - base_pss
+            jails_pss = pss_kib(r["jail_pids"])  # type: ignore[arg-type]
+            print(
+                f"  memory per live session: {(server_pss + jails_pss) / n / 1024:.2f} MiB (PSS: the server's "
+                f"{server_pss / n / 1024:.2f}, the jails' {jails_pss / n / 1024:.2f})"
+            )
         finally:
             s.srv("stop")
 
