@@ -153,7 +153,8 @@ class Plans:
         listed = files.listed_plans()
         if listed is not None and not listed[0] and not watched and not self._seen:
             # nothing to read, so no thread: in a round of hundreds of sessions, each queued there
-            seen, cut, gone = {}, listed[1], set()
+            seen: dict[str, _Seen] = {}
+            cut, gone = listed[1], set[str]()
         else:
             seen, cut, gone = await asyncio.to_thread(self._look, watched)
         self._seen = seen
