@@ -437,6 +437,32 @@ async def test_our_client_multiplexes_and_flushes_on_cancel(world):
         await c.close()
 
 
+async def test_our_client_walks_again_after_a_walk_cancelled_in_flight(world):
+    """A walk cancelled once sent may have been done by the server (it walks as the frame comes,
+    before the flush): its fid is clunked before it is used again, so later walks (a terminal
+    UI's reads of the session switched to, say) do not fail with "fid in use"."""
+    c = await Client.connect(f"unix!{world.sock}")
+    try:
+        walking = asyncio.create_task(c.walk("hello"))
+        await asyncio.sleep(0)  # the Twalk is sent; the server has not answered yet
+        walking.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await walking
+        for _ in range(3):
+            assert await c.read_path("hello") == b"hello, world\n"
+        fid = await c.walk("hello")
+        closing = asyncio.create_task(c.clunk(fid))  # a clunk abandoned in flight: the same
+        await asyncio.sleep(0)
+        closing.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await closing
+        await asyncio.wait_for(asyncio.gather(*c._flushes), 5)
+        assert await c.read_path("hello") == b"hello, world\n"
+        assert sorted(c._free_fids) == sorted(set(c._free_fids))  # none freed twice
+    finally:
+        await c.close()
+
+
 async def test_our_client_create_write_rename_remove(world):
     c = await Client.connect(f"unix!{world.sock}")
     try:

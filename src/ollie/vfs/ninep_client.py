@@ -194,6 +194,10 @@ class Client:
                 if len(reply.wqid) != len(chunk):
                     missing = "/".join(names[: i + len(reply.wqid) + 1])
                     raise RemoteError(f"{missing}: no such file or directory", E.ENOENT)
+        except asyncio.CancelledError:
+            # Abandoned in flight: the server may have walked it before the flush came.
+            self._clunk_after_flushes(newfid)
+            raise
         except BaseException:
             if i > 0:  # the fid exists once the first chunk has been walked
                 await self.clunk(newfid)
@@ -201,6 +205,24 @@ class Client:
                 self._free_fids.append(newfid)
             raise
         return newfid
+
+    def _clunk_after_flushes(self, fid: int) -> None:
+        """Clunk a fid whose walk or clunk was abandoned in flight, once the flushes under way are
+        answered (after Rflush a request is done or dropped), then free it: it may exist or not."""
+        flushes = list(self._flushes)
+
+        async def clunk() -> None:
+            try:
+                await asyncio.gather(*flushes)
+                await self.rpc(P.Tclunk(fid), P.Rclunk)
+            except RemoteError:
+                pass  # never walked, already clunked, or the connection is gone
+            finally:
+                self._free_fids.append(fid)
+                self._flushes.discard(task)
+
+        task = asyncio.create_task(clunk())
+        self._flushes.add(task)
 
     async def open(self, fid: int, mode: int = P.OREAD) -> int:
         """Open `fid`; returns the iounit."""
@@ -225,8 +247,13 @@ class Client:
     async def clunk(self, fid: int) -> None:
         try:
             await self.rpc(P.Tclunk(fid), P.Rclunk)
-        finally:
+        except asyncio.CancelledError:
+            self._clunk_after_flushes(fid)  # its flush may have dropped the Tclunk
+            raise
+        except BaseException:
             self._free_fids.append(fid)  # a clunk frees the fid even when it fails
+            raise
+        self._free_fids.append(fid)
 
     async def remove(self, fid: int) -> None:
         try:
