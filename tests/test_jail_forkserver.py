@@ -133,6 +133,18 @@ async def test_stages_run_as_batch_work_and_leave_the_server_as_it_was(run):
     assert os.sched_getscheduler(0) == os.SCHED_OTHER
 
 
+async def test_a_stage_is_a_process_group_of_its_own_in_the_jails_session(run):
+    """A stage leads a process group of its own (killed when it ends) but stays in the session of
+    its jail and of the fork server: where the kernel schedules by autogroup (a share of the CPU
+    per session), every jail together weighs as one program against ollie's loop, not one a stage."""
+    result = await run("cut -d' ' -f1,5,6 /proc/$$/stat; cut -d' ' -f6 /proc/1/stat")
+    assert not result.is_error, result.text()
+    stage, jail_session = result.text().splitlines()
+    pid, group, session = stage.split()
+    assert group == pid and session != pid
+    assert session == jail_session
+
+
 async def test_jail_starts_never_fork_on_the_event_loop(monkeypatch, tmp_path):
     """The loop's thread forks nothing to start a jail: the fork server does (its own start, once,
     runs in a thread); many starts at once all succeed."""

@@ -474,6 +474,20 @@ async def test_a_process_cannot_join_another_stages_group(run):
     assert result.text() == "Operation not permitted\n", result.text()
 
 
+async def test_a_process_may_still_lead_a_group_or_a_session_of_its_own(run):
+    # What `timeout`, Python's process_group=0 and start_new_session do: joins alone are refused.
+    code = (
+        'timeout 5 true && python3 -c "import os, subprocess\n'
+        "os.setpgid(0, 0); print(os.getpgrp() == os.getpid())\n"
+        "p = subprocess.run(['sh', '-c', 'ps -o pgid= -p $$'], process_group=0, capture_output=True, text=True)\n"
+        "print(p.returncode)\n"
+        "q = subprocess.run(['sh', '-c', 'true'], start_new_session=True); print(q.returncode)\n"
+        '"'
+    )
+    result = await run(code)
+    assert result.text().splitlines() == ["True", "0", "0"], result.text()
+
+
 async def test_prlimit_on_itself_still_works(run):
     result = await run("ulimit -n 64 && ulimit -n")
     assert result.text() == "64\n"

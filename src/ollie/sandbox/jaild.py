@@ -567,11 +567,11 @@ class Jail:
     Each ruleset's programs are started by a thread of this process confined by it (`Confined`):
     nothing of the jail but this process is alive between stages. Every descriptor it holds is
     close-on-exec, so a program gets its three streams and nothing else. Each program runs in a
-    session of its own, a process group no other stage's process can join; when it exits its
-    group is killed. A process that
-    left its group (setsid, setpgid) and lost its parent comes to us (we are the PID namespace's
-    init, or a subreaper) and is killed: nothing outlives its stage, and looking costs one read of
-    our children's list, not a walk of /proc."""
+    process group of its own, which no other process can join (the seccomp filter refuses a
+    setpgid into another group); when it exits its group is killed. A process that left its group
+    (setsid, setpgid) and lost its parent comes to us (we are the PID namespace's init, or a
+    subreaper) and is killed: nothing outlives its stage, and looking costs one read of our
+    children's list, not a walk of /proc."""
 
     def __init__(self, sock, mounts, pid_one, view_rights=0):
         self.sock = sock
@@ -813,8 +813,13 @@ class Confined:
 
 def spawn_in(worker, argv, env, cwd, stdio):
     """Start `argv` from `worker`'s thread: in `cwd` (opened by that thread, as any path a program
-    names), its streams `stdio`, in a session of its own (a process group no other stage's process
-    can join); returns its pid."""
+    names), its streams `stdio`, in a process group of its own; returns its pid.
+
+    Not in a session of its own: the kernel's autogroup scheduling weighs each session as one
+    program, so 200 stages each in a session took 200 shares of the CPU against ollie's one, and
+    its loop waited whole time slices (lag p99 23 ms, max 1.9 s, `bench/jails.py --busy`). In the
+    fork server's session, all jails together weigh as one program (lag p99 under 1 ms). That the
+    groups share a session would let a process join another stage's group: seccomp refuses it."""
 
     def spawn():
         os.chdir(cwd)  # the process's: every spawn sets it
@@ -822,7 +827,7 @@ def spawn_in(worker, argv, env, cwd, stdio):
             argv[0],
             argv,
             env,
-            setsid=True,
+            setpgroup=0,
             setsigdef=(signal.SIGPIPE, signal.SIGXFSZ),  # Python ignores them
             file_actions=[(os.POSIX_SPAWN_DUP2, fd, n) for n, fd in enumerate(stdio)],
         )

@@ -20,6 +20,7 @@ _ARCH = {
             "sendmsg": 46,
             "sendmmsg": 307,
             "prlimit64": 302,
+            "setpgid": 109,
             "add_key": 248,
             "request_key": 249,
             "keyctl": 250,
@@ -35,6 +36,7 @@ _ARCH = {
             "sendmsg": 211,
             "sendmmsg": 269,
             "prlimit64": 261,
+            "setpgid": 154,
             "add_key": 217,
             "request_key": 218,
             "keyctl": 219,
@@ -48,6 +50,7 @@ _MSG_FASTOPEN = 0x20000000
 _EPERM, _EACCES, _ENOSYS, _EAFNOSUPPORT = 1, 13, 38, 97
 _RET_ALLOW, _RET_ERRNO = 0x7FFF0000, 0x00050000
 _LD, _JEQ, _JGE, _AND, _RET = 0x20, 0x15, 0x35, 0x54, 0x06  # BPF_LD|W|ABS, JMP|JEQ|K, JMP|JGE|K, ALU|AND|K, RET|K
+_TAX, _JEQ_X = 0x07, 0x1D  # BPF_MISC|TAX (X = A), JMP|JEQ|X (A == X)
 
 
 SECCOMP_MACHINES = tuple(_ARCH)
@@ -68,6 +71,10 @@ def seccomp_program(policy: Policy) -> bytes:
     - io_uring is refused (ENOSYS): its operations make sockets and open files without the
       system calls this filter sees.
     - the kernel keyrings are refused; prlimit64 acts on the caller only.
+    - setpgid(2) only makes a process the leader of a group of its own (`setpgid(pid, 0)`,
+      `setpgid(pid, pid)`), never moves one into another group: the stages of every jail share
+      one session (the kernel's autogroup weighs them as one program), so without this a
+      process could join a running stage's group and outlive its own stage.
     - socket(2) by list, everything else refused: AF_UNIX only with `network.unix` (Landlock does
       not govern connecting by path); TCP over IPv4/6 (Landlock governs its ports); with
       `network.unrestricted` any IPv4/6 socket and rtnetlink (name resolution needs them).
@@ -91,6 +98,7 @@ def seccomp_program(policy: Policy) -> bytes:
         *[(_JEQ, "enosys", 0, n) for n in _IO_URING],
         *[(_JEQ, "eperm", 0, nr[k]) for k in ("add_key", "request_key", "keyctl")],
         (_JEQ, "prlimit", 0, nr["prlimit64"]),
+        (_JEQ, "setpgid", 0, nr["setpgid"]),
         (_JEQ, "socket", 0, nr["socket"]),
     ]
     if not policy.unix_sockets:
@@ -123,6 +131,12 @@ def seccomp_program(policy: Policy) -> bytes:
         (_JEQ, 0, "eperm", 0),
         (_LD, 0, 0, _arg(0) + 4),
         (_JEQ, "allow", "eperm", 0),
+        "setpgid",  # pid_t arguments: the kernel reads the low words alone, as this does
+        (_LD, 0, 0, _arg(1)),
+        (_JEQ, "allow", 0, 0),
+        (_TAX, 0, 0, 0),
+        (_LD, 0, 0, _arg(0)),
+        (_JEQ_X, "allow", "eperm", 0),
         "socket",
         (_LD, 0, 0, _arg(0)),
         (_JEQ, unix, 0, _AF_UNIX),
