@@ -1,6 +1,6 @@
 """Many sessions starting their jails at once: what it costs ollie's process and its event loop.
 
-    .venv/bin/python bench/jails.py [-n 500] [--rounds 2]
+    .venv/bin/python bench/jails.py [-n 500] [--rounds 2] [--busy SECONDS]
 
 N execute servers (a session's each, its own working directory) make their first sandboxed call
 (`true`) in the same instant: every jail starts (the cold round); then each makes another call in
@@ -10,6 +10,9 @@ every 1 ms: how late it ran, p50/p99/max: what a `cat state` on the file server 
 top of its own work), and, once the jails run, the memory per live jail (the proportional set
 size of every process of the jails: what the machine pays per session). The baseline, same run:
 N plain `true` programs started at once by asyncio's subprocess support, unsandboxed.
+With `--busy`, a last round of stages that each burn CPU for that long (a build in every session):
+the loop's lag then says how much of the CPU the jails leave ollie's process; its baseline is the
+same programs started by asyncio, unsandboxed, in ollie's own session.
 Issue 31's targets: a jail's start <= 5 ms of ollie's CPU; lag p99 <= 20 ms; <= 2 MiB a session.
 """
 
@@ -88,7 +91,7 @@ def jail_pss_kib() -> tuple[int, int]:
     return total, count
 
 
-async def main(n: int, rounds: int) -> None:
+async def main(n: int, rounds: int, busy: float) -> None:
     os.system("uptime")
     with tempfile.TemporaryDirectory(dir="/var/tmp") as top:
         cwds = [os.path.join(top, f"s{i}") for i in range(n)]
@@ -118,6 +121,24 @@ async def main(n: int, rounds: int) -> None:
         print(f"jails' memory: {pss / n / 1024:.2f} MiB a session (PSS of {procs} processes)")
         for r in range(rounds - 1):
             await measured(f"warm {r + 1}: {n} calls in running jails", n, calls)
+        if busy:
+            burn = f"timeout {busy:g} sh -c 'while :; do :; done'; true"
+
+            async def plain_burns() -> None:
+                async def one() -> None:
+                    p = await asyncio.create_subprocess_exec("sh", "-c", burn)
+                    await p.wait()
+
+                await asyncio.gather(*(one() for _ in range(n)))
+
+            async def burns() -> None:
+                busy_call = {"steps": [{"code": burn}]}
+                await asyncio.gather(
+                    *(s.call_tool("execute_code", busy_call, c) for s, c in zip(servers, ctxs, strict=True))
+                )
+
+            await measured(f"baseline: {n} plain programs busy {busy:g} s", n, plain_burns)
+            await measured(f"busy: {n} stages busy {busy:g} s", n, burns)
         await asyncio.gather(*(s.close() for s in servers))
     os.system("uptime")
 
@@ -126,5 +147,6 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("-n", type=int, default=500)
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--busy", type=float, default=0, help="seconds each stage of a last round burns CPU (0: none)")
     args = parser.parse_args()
-    asyncio.run(main(args.n, args.rounds))
+    asyncio.run(main(args.n, args.rounds, args.busy))
