@@ -167,10 +167,11 @@ def plan_entries() -> tuple[str, list[str], bool]:
 def listed_plans() -> tuple[list[str], bool] | None:
     """plan_entries()'s names and whether pl/ held more, if its last listing still holds (one
     stat, no listing: cheap enough for the event loop); None if pl/ must be found or listed anew."""
-    if _PLANS_DIR is None or _PLANS_DIR[0] != _settings():
+    found = _PLANS_DIR  # read once: a sync's thread may set it meanwhile
+    if found is None or found[0] != _settings():
         return None
     try:
-        return _listed(_PLANS_DIR[1])[1]
+        return _listed(found[1])[1]
     except OSError:
         return None
 
