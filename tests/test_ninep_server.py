@@ -3,6 +3,7 @@ frames, and by our own client. The namespace is built from the real stores plus 
 blocks until cancelled."""
 
 import asyncio
+import errno
 import os
 import socket
 import stat
@@ -12,6 +13,8 @@ import py9p
 import pytest
 
 from ollie.config import socket_path
+from ollie.tui.client import ChatReader
+from ollie.tui.client import Namespace as TerminalNamespace
 from ollie.types import ConfigError
 from ollie.vfs import ninep as P
 from ollie.vfs.namespace import File, FsError, Handle, Namespace, StaticDir
@@ -461,6 +464,40 @@ async def test_our_client_walks_again_after_a_walk_cancelled_in_flight(world):
         assert sorted(c._free_fids) == sorted(set(c._free_fids))  # none freed twice
     finally:
         await c.close()
+
+
+class Refusing(StaticDir):
+    """A directory that, once `refusing`, says no to every name (a server that refuses this user)."""
+
+    refusing = False
+
+    def lookup(self, name: str) -> File | StaticDir:
+        if self.refusing:
+            raise FsError(errno.EACCES, f"{name}: permission denied")
+        return super().lookup(name)
+
+
+async def test_an_rerror_says_its_errno_and_a_chat_reader_waits_only_for_a_missing_file(tmp_path):
+    """The client reads an errno from an Rerror's words. A terminal's chat reader takes a chat
+    that is not there yet for "nothing yet", and raises anything else (its connection is then
+    started again), rather than show an empty screen for good."""
+    root = Refusing({})
+    sock = tmp_path / "ollie"
+    srv = await serve_unix(Namespace(root), sock)
+    c = await Client.connect(f"unix!{sock}")
+    try:
+        with pytest.raises(RemoteError) as missing:
+            await c.walk("nothing")
+        assert missing.value.errno == errno.ENOENT
+        reader = ChatReader(TerminalNamespace(c, f"unix!{sock}", local=True), "y")
+        assert await reader.read_new() == ""  # s/y/chat: not there yet
+        root.refusing = True
+        with pytest.raises(RemoteError) as refused:
+            await reader.read_new()
+        assert refused.value.errno == errno.EACCES
+    finally:
+        await c.close()
+        await srv.close()
 
 
 async def test_our_client_create_write_rename_remove(world):

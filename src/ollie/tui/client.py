@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import codecs
+import errno
 import os
 import subprocess
 import sys
@@ -192,7 +193,9 @@ class ChatReader:
         client = self.ns.client
         try:
             fid = await client.walk(self.path)
-        except RemoteError:
+        except RemoteError as e:
+            if e.errno != errno.ENOENT:
+                raise  # the connection is started again, not left showing nothing
             return ""  # not written yet
         parts: list[str] = []
         try:

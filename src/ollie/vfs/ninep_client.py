@@ -27,12 +27,46 @@ _R = TypeVar("_R", bound=P.Message)
 
 
 class RemoteError(FsError):
-    """The server answered Rerror (or the connection failed): `ename` says why. `errno` is EIO
-    unless the failure is known to mean another (remote.py reads one from an Rerror's text)."""
+    """The server answered Rerror (or the connection failed): `ename` says why, and `errno` what
+    it means where known (read from an Rerror's words), else EIO."""
 
     def __init__(self, ename: str, errno: int = E.EIO):
         super().__init__(errno, ename)
         self.ename = ename
+
+    @classmethod
+    def answered(cls, ename: str) -> RemoteError:
+        text = ename.lower()
+        return cls(ename, next((n for phrase, n in _ERRNOS if phrase in text), E.EIO))
+
+
+# Rerror carries only text; these phrases (the ones our server and Plan 9 use) recover its errno.
+_ERRNOS = (
+    ("too large", E.EFBIG),
+    ("too long", E.EFBIG),
+    ("too many fids", E.EMFILE),
+    ("too many", E.EAGAIN),
+    ("is relative", E.EINVAL),
+    ("unknown fid", E.EBADF),
+    ("no such file", E.ENOENT),
+    ("does not exist", E.ENOENT),
+    ("not found", E.ENOENT),
+    ("no session", E.ENOENT),
+    ("is a directory", E.EISDIR),
+    ("not a directory", E.ENOTDIR),
+    ("already exists", E.EEXIST),
+    ("not empty", E.ENOTEMPTY),
+    ("permission denied", E.EACCES),
+    ("read-only", E.EACCES),
+    ("only within one directory", E.EXDEV),
+    ("is running", E.EBUSY),
+    ("cannot change", E.EPERM),
+    ("cannot", E.EACCES),
+    ("connection", E.ENOTCONN),
+    ("unknown", E.EINVAL),
+    ("invalid", E.EINVAL),
+    ("expected", E.EINVAL),
+)
 
 
 def parse_address(addr: str) -> tuple[str, str, int]:
@@ -92,7 +126,7 @@ class Client:
         self.writer.write(P.encode(P.Tversion(msize, P.VERSION, tag=P.NOTAG)))
         reply = P.decode(await P.read_frame(self.reader, msize))
         if isinstance(reply, P.Rerror):
-            raise RemoteError(reply.ename)
+            raise RemoteError.answered(reply.ename)
         if not isinstance(reply, P.Rversion) or reply.version != P.VERSION or reply.msize > msize:
             raise RemoteError(f"server does not speak {P.VERSION}: {reply}", E.EPROTO)
         self.msize = reply.msize
@@ -158,7 +192,7 @@ class Client:
             raise
         del self._pending[msg.tag]
         if isinstance(reply, P.Rerror):
-            raise RemoteError(reply.ename)
+            raise RemoteError.answered(reply.ename)
         if not isinstance(reply, answer):
             raise RemoteError(f"{type(msg).__name__} answered by {type(reply).__name__}", E.EPROTO)
         return reply

@@ -18,41 +18,6 @@ from . import ninep as P
 from .namespace import FsError, Handle, OpenMode, Stat, split
 from .ninep_client import Client, RemoteError
 
-# Rerror carries only text; these phrases (the ones our server and Plan 9 use) recover an errno for FUSE.
-_ERRNOS = (
-    ("too large", E.EFBIG),
-    ("too long", E.EFBIG),
-    ("too many fids", E.EMFILE),
-    ("too many", E.EAGAIN),
-    ("is relative", E.EINVAL),
-    ("unknown fid", E.EBADF),
-    ("no such file", E.ENOENT),
-    ("does not exist", E.ENOENT),
-    ("not found", E.ENOENT),
-    ("no session", E.ENOENT),
-    ("is a directory", E.EISDIR),
-    ("not a directory", E.ENOTDIR),
-    ("already exists", E.EEXIST),
-    ("not empty", E.ENOTEMPTY),
-    ("permission denied", E.EACCES),
-    ("read-only", E.EACCES),
-    ("only within one directory", E.EXDEV),
-    ("is running", E.EBUSY),
-    ("cannot change", E.EPERM),
-    ("cannot", E.EACCES),
-    ("connection", E.ENOTCONN),
-    ("unknown", E.EINVAL),
-    ("invalid", E.EINVAL),
-    ("expected", E.EINVAL),
-)
-
-
-def _errno(e: RemoteError) -> int:
-    if e.errno != E.EIO:
-        return e.errno
-    text = e.ename.lower()
-    return next((n for phrase, n in _ERRNOS if phrase in text), E.EIO)
-
 
 def _fs_errors(fn):
     """Present the client's RemoteError as the FsError the FUSE adapter understands."""
@@ -62,7 +27,7 @@ def _fs_errors(fn):
         try:
             return await fn(*args, **kwargs)
         except RemoteError as e:
-            raise FsError(_errno(e), e.ename) from None
+            raise FsError(e.errno, e.ename) from None
 
     return wrapper
 
