@@ -45,6 +45,16 @@ class Cluster:
     """A Ray head with 4 CPUs' worth of workers, on loopback, in its own temp dir and session."""
 
     def __init__(self, env: dict[str, str]):
+        for attempt in range(3):
+            error = self._start(env)
+            if error is None:
+                return
+            shutil.rmtree(self.temp, ignore_errors=True)
+            # The port was free when picked; something took it before Ray's GCS bound it: pick again.
+            assert "Failed to start the grpc server" in error and attempt < 2, error
+
+    def _start(self, env: dict[str, str]) -> str | None:
+        """Start the head; None once it answers, or what it said if it exited first."""
         self.port = _free_port()
         self.temp = tempfile.mkdtemp(prefix="ray", dir="/tmp")  # Ray's socket paths must stay short
         self.proc = subprocess.Popen(
@@ -69,9 +79,10 @@ class Cluster:
         while True:
             try:
                 socket.create_connection(("127.0.0.1", self.port), 1).close()
-                break
+                return None
             except OSError:
-                assert self.proc.poll() is None, self.proc.stderr.read().decode() if self.proc.stderr else ""
+                if self.proc.poll() is not None:
+                    return self.proc.stderr.read().decode() if self.proc.stderr else ""
                 assert time.monotonic() < deadline, "the Ray head did not start in 60 s"
                 time.sleep(0.2)
 
