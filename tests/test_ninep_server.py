@@ -4,9 +4,11 @@ blocks until cancelled."""
 
 import asyncio
 import errno
+import gc
 import os
 import socket
 import stat
+import warnings
 from pathlib import Path
 
 import py9p
@@ -17,7 +19,7 @@ from ollie.tui.client import ChatReader
 from ollie.tui.client import Namespace as TerminalNamespace
 from ollie.types import ConfigError
 from ollie.vfs import ninep as P
-from ollie.vfs.namespace import File, FsError, Handle, Namespace, StaticDir
+from ollie.vfs.namespace import File, FsError, Handle, Namespace, OpenMode, StaticDir
 from ollie.vfs.ninep_client import Client, RemoteError, parse_address
 from ollie.vfs.ninep_server import serve_tcp, serve_unix
 from ollie.vfs.stores import CtlFile, DiskDir, OnCloseFile, TextFile
@@ -564,6 +566,21 @@ def test_parse_address(addr, want):
 def test_parse_address_refuses(addr):
     with pytest.raises(ValueError):
         parse_address(addr)
+
+
+async def test_an_awaited_text_never_read_is_dropped_at_release_without_running():
+    """A read that learns the text must be awaited, then is interrupted before its task awaits
+    it: the release drops the getter's coroutine (no 'never awaited' warning, no late call)."""
+    calls: list[int] = []
+    handle = await word_and_slow(calls).open("slow", OpenMode.READ)
+    assert handle.read_now(0, 100) is None
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        await handle.release()
+        del handle
+        gc.collect()
+    assert not [w for w in caught if "never awaited" in str(w.message)]
+    assert calls == []
 
 
 async def test_a_text_at_hand_is_opened_and_read_without_a_task_and_an_awaited_one_by_a_task(tmp_path):

@@ -20,7 +20,7 @@ import logging
 import os
 import secrets
 import stat
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
 
 from .namespace import Dir, File, FsError, Handle, OpenMode, Stat, check_name
@@ -181,6 +181,11 @@ class TextHandle(SnapshotHandle):
             self._data = (await pending).encode()
             return self._data[:count]
         return await super().read(offset, count)
+
+    async def release(self) -> None:
+        pending, self._pending = self._pending, None
+        if isinstance(pending, Coroutine):  # the read was interrupted before it awaited it
+            pending.close()
 
 
 def text_size(get: Callable[[], str]) -> Callable[[], int]:
