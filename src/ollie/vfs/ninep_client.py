@@ -249,7 +249,7 @@ class Client:
             try:
                 await asyncio.gather(*flushes)
                 await self.rpc(P.Tclunk(fid), P.Rclunk)
-            except RemoteError:
+            except (RemoteError, OSError):
                 pass  # never walked, already clunked, or the connection is gone
             finally:
                 self._free_fids.append(fid)
