@@ -19,8 +19,10 @@ its prompt's write to its chat's last write, and the whole turn's wall, from the
 the last turn's end), steps (requests) per second against the ideal (N / delay): steady (the sum
 of the sessions' rates, each its steps over its turn's time) and over the whole wall (which the
 prompts' writing, spread over a fraction of a second, stretches), `state` latency
-(p50, p99, max), the server's CPU per step and the jails' (every process of the fork server's
-session: PID 1s and their stages), and after the warm turn the memory per live session (the
+(p50, p99, max), CPU per step: the server's, the mock's, this bench's, the whole machine's (its
+busy time in /proc/stat) and what is left of it: the jails, their stages, and whatever else ran
+(a jail's own figures miss most of its short stages' time), with the share of the turn the
+machine was idle, and after the warm turn the memory per live session (the
 proportional set size of the server and of every jail process, less the server's before the
 sessions, over N). Issue 31's targets at 500 agents (1 s answers in 50 chunks, 4 tool calls a
 turn): warm steps/s >= 0.9x ideal, turn <= 1.1x ideal, `state` p99 <= 20 ms in both turns,
@@ -48,6 +50,7 @@ from fs import Server  # noqa: E402 (a server on a temporary mount)
 from wire import WireServer  # noqa: E402 (the OpenAI-wire mock)
 
 TICK = os.sysconf("SC_CLK_TCK")
+CORES = os.cpu_count() or 1
 
 
 def stat_fields(pid: int) -> list[str]:
@@ -59,10 +62,9 @@ def cpu_of(pid: int, children: bool = False) -> float:
     return (sum(int(x) for x in f[11:13]) + (sum(int(x) for x in f[13:15]) if children else 0)) / TICK
 
 
-def jail_processes() -> dict[int, float]:
-    """Every process of a fork server's session (jails and what they run), with its CPU and its
-    reaped children's: pid -> seconds."""
-    servers, found = set(), {}
+def jail_pids() -> list[int]:
+    """Every process of a fork server's session: the jails' PID 1s and what they run."""
+    servers, found = set(), []
     for name in os.listdir("/proc"):
         if not name.isdigit():
             continue
@@ -76,12 +78,18 @@ def jail_processes() -> dict[int, float]:
         if not name.isdigit():
             continue
         try:
-            f = stat_fields(int(name))
-            if int(f[3]) in servers:
-                found[int(name)] = cpu_of(int(name), children=True)
+            if int(stat_fields(int(name))[3]) in servers:
+                found.append(int(name))
         except (OSError, ValueError, IndexError):
             continue
     return found
+
+
+def machine_idle() -> float:
+    """Seconds the cores were idle (iowait and steal counted idle) since boot, from /proc/stat: the
+    kernel counts idle time exactly and busy time by sampling ticks, so busy is the wall less this."""
+    f = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    return (f[3] + f[4] + f[7]) / TICK
 
 
 def pss_kib(pids: list[int]) -> int:
@@ -107,8 +115,8 @@ def turn(s: Server, sids: list[str], ideal: float, mock: int, rate: float) -> di
     reads: list[float] = []
     ended: dict[str, float] = {}
     started: dict[str, float] = {}
-    jails_before = jail_processes()
-    server_cpu, mock_cpu = cpu_of(s.pid()), cpu_of(mock)
+    server_cpu, mock_cpu, own_cpu = cpu_of(s.pid()), cpu_of(mock), time.process_time()
+    idle0, mono0 = machine_idle(), time.monotonic()
     t0 = time.time()
 
     def prompt(sid: str) -> None:
@@ -140,18 +148,22 @@ def turn(s: Server, sids: list[str], ideal: float, mock: int, rate: float) -> di
             time.sleep(0.005)
         list(writing)
     wall = max(ended.values()) - t0
-    jails_after = jail_processes()
-    jail_cpu = sum(jails_after.values()) - sum(v for p, v in jails_before.items() if p in jails_after)
+    # the machine's and the processes' figures together (the checks below cost the server)
+    idle, span = machine_idle() - idle0, time.monotonic() - mono0
+    server_cpu, mock_cpu = cpu_of(s.pid()) - server_cpu, cpu_of(mock) - mock_cpu
+    own_cpu = time.process_time() - own_cpu
     bad = [sid for sid in sids if not (s.mnt / "s" / sid / "reply").read_text().endswith("done")]
     assert not bad, f"{len(bad)} sessions did not answer 'done', e.g. {(s.mnt / 's' / bad[0] / 'chat').read_text()}"
     return {
         "wall": wall,
         "turns": [ended[sid] - started[sid] for sid in sids],
         "reads": reads,
-        "server_cpu": cpu_of(s.pid()) - server_cpu,
-        "mock_cpu": cpu_of(mock) - mock_cpu,
-        "jail_cpu": jail_cpu,
-        "jail_pids": list(jails_after),
+        "server_cpu": server_cpu,
+        "mock_cpu": mock_cpu,
+        "own_cpu": own_cpu,
+        "machine_cpu": span * CORES - idle,
+        "machine_idle": idle / (span * CORES),
+        "jail_pids": jail_pids(),
     }
 
 
@@ -205,10 +217,12 @@ def run(
                     f"        state: p50 {rq[0]:.2f} ms, p99 {rq[1]:.2f} ms, max {rq[2]:.1f} ms "
                     f"({len(r['reads'])} reads)"  # type: ignore[arg-type]
                 )
+                cpu = {k: 1000 * float(r[k]) / steps for k in ("server_cpu", "mock_cpu", "own_cpu", "machine_cpu")}  # type: ignore[arg-type]
+                rest = cpu["machine_cpu"] - cpu["server_cpu"] - cpu["mock_cpu"] - cpu["own_cpu"]
                 print(
-                    f"        CPU per step: server {1000 * float(r['server_cpu']) / steps:.2f} ms, "  # type: ignore[arg-type]
-                    f"jails {1000 * float(r['jail_cpu']) / steps:.2f} ms, "  # type: ignore[arg-type]
-                    f"the mock model {1000 * float(r['mock_cpu']) / steps:.2f} ms"  # type: ignore[arg-type]
+                    f"        CPU per step: server {cpu['server_cpu']:.2f} ms, the jails and the rest {rest:.2f} ms, "
+                    f"the mock model {cpu['mock_cpu']:.2f} ms, this bench {cpu['own_cpu']:.2f} ms; the whole machine "
+                    f"{cpu['machine_cpu']:.2f} ms (idle {100 * float(r['machine_idle']):.0f} % of the turn)"  # type: ignore[arg-type]
                 )
             server_pss = pss_kib([s.pid()]) - base_pss
             jails_pss = pss_kib(r["jail_pids"])  # type: ignore[arg-type]
