@@ -312,3 +312,30 @@ async def test_an_idle_jail_with_the_view_is_closed_and_its_successor_serves_the
     await asyncio.sleep(1.0)
     out = await h.ok(me, "cat /tmp/x 2>/dev/null || echo gone; ls $OLLIE/s")
     assert out.split() == ["gone", me.id]
+
+
+async def test_waiting_for_a_stage_times_out_returns_at_its_exit_and_leaves_it_alone_when_cancelled(home):
+    """`Stage.wait`: False once its timeout passes, True at the exit; a cancelled wait (a turn
+    interrupted) neither cancels nor ends the stage, whose exit then still comes."""
+    cwd = str(home)  # not under /tmp, which a jail hides
+    boxes, jails = sandbox.Sandboxes(), sandbox.Jails()
+    box = await boxes.get_async("default", cwd, "")
+    jail = await jails.get(box.policy)
+    null = os.open(os.devnull, os.O_RDWR)
+    try:
+        sleep = ["/bin/sleep", "30"]
+        stage = await jail.spawn(box.confinement, sleep, cwd, box.environ(), stdin=null, stdout=null, stderr=null)
+        assert await stage.wait(0.05) is False
+        waiting = asyncio.ensure_future(stage.wait())
+        await asyncio.sleep(0.05)
+        waiting.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+        assert not stage.exited.done(), "a cancelled wait ended the stage"
+        stage.kill()
+        assert await asyncio.wait_for(stage.wait(), 10) is True
+        assert stage.exited.result() == -9
+        assert await stage.wait(0) is True  # once exited, at once
+    finally:
+        os.close(null)
+        await jails.close()

@@ -491,7 +491,7 @@ async def _jailed_stdio(spec: ServerSpec, stderr: int) -> AsyncIterator[Any]:
         finally:
             with anyio.CancelScope(shield=True):
                 writer.close()
-                await asyncio.wait({stage.exited}, timeout=_STOP_GRACE)
+                await stage.wait(_STOP_GRACE)
                 stage.kill()
                 await jails.close()  # everything in the jail ends with it
             pumps.cancel_scope.cancel()

@@ -247,8 +247,9 @@ class _JailedProcess:
         self._stage.kill()
 
     async def wait(self) -> int | None:
+        await self._stage.wait()
         try:
-            return await asyncio.shield(self._stage.exited)
+            return self._stage.exited.result()
         except _jail.JailError:
             return None
 

@@ -69,11 +69,44 @@ class Confinement:
 
 class Stage:
     """A program started in a jail; `exited` resolves to its exit status (negative: the signal).
-    Await it shielded (or through asyncio.wait): cancelling an awaiter would cancel it."""
+    Wait for it with `wait`, not by awaiting `exited`: cancelling that awaiter would cancel it."""
 
     def __init__(self, channel: _Channel, rid: int):
         self._channel, self._rid = channel, rid
         self.exited: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        self._waiters: list[asyncio.Future[bool]] = []
+
+    async def wait(self, timeout: float | None = None) -> bool:
+        """Until the program exits (True) or `timeout` seconds pass (False); cancelling the caller
+        leaves the stage alone. The exit wakes the caller directly: through a done callback of
+        `exited` (asyncio.wait, shield) it took one more round of the loop, and a round of a loop
+        serving 500 sessions lasts up to a hundred milliseconds."""
+        if self.exited.done():
+            return True
+        loop = asyncio.get_running_loop()
+        waiter: asyncio.Future[bool] = loop.create_future()
+        self._waiters.append(waiter)
+        timer = loop.call_later(timeout, _settle, waiter, False) if timeout is not None else None
+        try:
+            return await waiter
+        finally:
+            if timer is not None:
+                timer.cancel()
+            if waiter in self._waiters:
+                self._waiters.remove(waiter)
+
+    def _exit(self, status: int | None, error: Exception | None = None) -> None:
+        """The jail reported the exit (a status), or the program is lost (an error)."""
+        if self.exited.done():
+            return
+        if error is None:
+            self.exited.set_result(status)  # type: ignore[arg-type]
+        else:
+            self.exited.set_exception(error)
+            self.exited.exception()  # retrieved: whoever waits on the stage reads it from the stage
+        for waiter in self._waiters:
+            _settle(waiter, True)
+        self._waiters.clear()
 
     def kill(self) -> None:
         """SIGKILL the program's process group (the jail does it: the group is not visible here)."""
@@ -152,9 +185,9 @@ class _Channel:
         stage = self.stages.pop(rid, None) if ("status" in message or "error" in message) else None
         if stage is not None and not stage.exited.done():
             if isinstance(message.get("status"), int):
-                stage.exited.set_result(message["status"])
+                stage._exit(message["status"])
             else:
-                stage.exited.set_exception(SpawnError(str(message.get("error"))))
+                stage._exit(None, SpawnError(str(message.get("error"))))
         elif rid in self.replies and not self.replies[rid].done():
             self.replies[rid].set_result((message, fds))
             return
@@ -174,9 +207,7 @@ class _Channel:
             if not future.done():
                 future.set_result(({"error": why}, []))
         for stage in self.stages.values():
-            if not stage.exited.done():
-                stage.exited.set_exception(JailError(why))
-                stage.exited.exception()  # retrieved: whoever waits on the stage reads it from the stage
+            stage._exit(None, JailError(why))
         self.stages.clear()
 
 
@@ -409,6 +440,11 @@ class _ForkServer:
 _FORK_SERVER = _ForkServer()
 _STARTS = 2 * max(2, os.cpu_count() or 1)  # jails starting at once on one event loop
 _start_slots: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] = weakref.WeakKeyDictionary()
+
+
+def _settle(future: asyncio.Future[bool], value: bool) -> None:
+    if not future.done():
+        future.set_result(value)
 
 
 def _start_slot() -> asyncio.Semaphore:

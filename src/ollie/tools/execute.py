@@ -553,10 +553,7 @@ async def _run_command(cmd: _Command, stdin: bytes | None, job: _Job) -> _Outcom
         os.close(out_write)
     process = _Process(job.jail, stage, out_read, in_write, data or b"", job.output)
     try:
-        # asyncio.wait, not a timeout around an await: that would cancel the exit future itself,
-        # and the stage would then look finished to end().
-        done, _ = await asyncio.wait({stage.exited}, timeout=job.timeout)
-        timed_out = not done
+        timed_out = not await stage.wait(job.timeout)
     finally:
         await process.end()
     output = bytes(process.output)
