@@ -19,8 +19,9 @@ its prompt's write to its chat's last write, and the whole turn's wall, from the
 the last turn's end), steps (requests) per second against the ideal (N / delay): steady (the sum
 of the sessions' rates, each its steps over its turn's time) and over the whole wall (which the
 prompts' writing, spread over a fraction of a second, stretches), `state` latency
-(p50, p99, max), CPU per step: the server's, the mock's, this bench's, the whole machine's (its
-busy time in /proc/stat) and what is left of it: the jails, their stages, and whatever else ran
+(p50, p99, max), CPU per step: the server's, the mock's, this bench's, the whole machine's (the
+wall on every core less /proc/stat's idle time) and what is left of it: the jails, their stages,
+and whatever else ran
 (a jail's own figures miss most of its short stages' time), with the share of the turn the
 machine was idle, and after the warm turn the memory per live session (the
 proportional set size of the server and of every jail process, less the server's before the
