@@ -58,9 +58,8 @@ def stat_fields(pid: int) -> list[str]:
     return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
 
 
-def cpu_of(pid: int, children: bool = False) -> float:
-    f = stat_fields(pid)
-    return (sum(int(x) for x in f[11:13]) + (sum(int(x) for x in f[13:15]) if children else 0)) / TICK
+def cpu_of(pid: int) -> float:
+    return sum(int(x) for x in stat_fields(pid)[11:13]) / TICK
 
 
 def jail_pids() -> list[int]:
