@@ -145,8 +145,9 @@ def plan_entries() -> tuple[str, list[str], bool]:
     more than a clock tick (2 s) after that mtime (a file added in the same tick would leave it
     unchanged)."""
     global _PLANS_DIR, _LISTING
-    if _PLANS_DIR is None or _PLANS_DIR[0] != _settings():
-        _PLANS_DIR, _LISTING = (_settings(), str(config.shared_dirs()[1])), None  # its errors are sync's to tell
+    settings = _settings()
+    if _PLANS_DIR is None or _PLANS_DIR[0] != settings:
+        _PLANS_DIR, _LISTING = (settings, str(config.shared_dirs()[1])), None  # its errors are sync's to tell
     directory = _PLANS_DIR[1]
     try:
         key, listed = _listed(directory)
