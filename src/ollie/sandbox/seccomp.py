@@ -74,7 +74,8 @@ def seccomp_program(policy: Policy) -> bytes:
     - setpgid(2) only makes a process the leader of a group of its own (`setpgid(pid, 0)`,
       `setpgid(pid, pid)`), never moves one into another group: the stages of every jail share
       one session (the kernel's autogroup weighs them as one program), so without this a
-      process could join a running stage's group and outlive its own stage.
+      process could join a running stage's group and outlive its own stage. The filter cannot
+      know the caller's pid, so `setpgid(0, getpid())` is refused too (EPERM).
     - socket(2) by list, everything else refused: AF_UNIX only with `network.unix` (Landlock does
       not govern connecting by path); TCP over IPv4/6 (Landlock governs its ports); with
       `network.unrestricted` any IPv4/6 socket and rtnetlink (name resolution needs them).
