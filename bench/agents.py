@@ -104,12 +104,28 @@ def pss_kib(pids: list[int]) -> int:
     return total
 
 
+def cat(path: Path) -> str:
+    """The file's text, read as `cat` reads it (open, fstat, read to the end, close): Python's
+    open() asks the file system two things more (an ioctl, isatty's, and another fstat)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fstat(fd)
+        parts = []
+        while part := os.read(fd, 131072):
+            parts.append(part)
+        return b"".join(parts).decode()
+    finally:
+        os.close(fd)
+
+
 def q(values: list[float]) -> tuple[float, float, float]:
     s = sorted(values) or [0.0]
     return statistics.median(s), s[min(len(s) - 1, int(len(s) * 0.99))], s[-1]
 
 
-def turn(s: Server, sids: list[str], ideal: float, mock: int, rate: float) -> dict[str, float | list[float]]:
+def turn(
+    s: Server, sids: list[str], ideal: float, mock: int, rate: float, within: float
+) -> dict[str, float | list[float]]:
     """Prompt every session, then read their states, `rate` reads a second at most, until every
     one is idle."""
     reads: list[float] = []
@@ -119,7 +135,11 @@ def turn(s: Server, sids: list[str], ideal: float, mock: int, rate: float) -> di
     idle0, mono0 = machine_idle(), time.monotonic()
     t0 = time.time()
 
+    first = time.perf_counter() + 0.01
+    slot = {sid: first + i * within / len(sids) for i, sid in enumerate(sids)}
+
     def prompt(sid: str) -> None:
+        time.sleep(max(0.0, slot[sid] - time.perf_counter()))
         started[sid] = time.time()
         (s.mnt / "s" / sid / "prompt").write_text("go")
 
@@ -134,8 +154,7 @@ def turn(s: Server, sids: list[str], ideal: float, mock: int, rate: float) -> di
                 due += 1 / rate
                 time.sleep(max(0.0, due - time.perf_counter()))
                 t = time.perf_counter()
-                with open(s.mnt / "s" / sid / "state") as f:
-                    state = f.read()
+                state = cat(s.mnt / "s" / sid / "state")
                 now = time.perf_counter()
                 reads.append((now - t) * 1000)
                 if state == "idle\n" and sid in started and time.time() - started[sid] > ideal * 0.5:
@@ -180,7 +199,14 @@ def new(s: Server) -> str:
 
 
 def run(
-    n: int, delay: float, chunks: int, tools: int, sandboxed: bool, checkpoints: bool = False, rate: float = 500
+    n: int,
+    delay: float,
+    chunks: int,
+    tools: int,
+    sandboxed: bool,
+    checkpoints: bool = False,
+    rate: float = 500,
+    within: float = 1.0,
 ) -> None:
     tool, arguments = ("execute_code", json.dumps({"steps": [{"code": "true"}]})) if sandboxed else ("noop", "{}")
     ideal = (tools + 1) * delay
@@ -201,7 +227,7 @@ def run(
             what = "sandboxed execute_code" if sandboxed else "noop (no sandbox)"
             print(f"{n} agents, {tools} calls of {what} a turn, answers of {delay:g} s in {chunks} chunks")
             for name in ("cold", "warm"):
-                r = turn(s, sids, ideal, mock.pid or 0, rate)
+                r = turn(s, sids, ideal, mock.pid or 0, rate, within)
                 steps = n * (tools + 1)
                 tq, rq = q(r["turns"]), q(r["reads"])  # type: ignore[arg-type]
                 wall = float(r["wall"])  # type: ignore[arg-type]
@@ -243,15 +269,18 @@ def main() -> None:
     ap.add_argument("--no-ab", action="store_true", help="skip the run without the sandbox")
     ap.add_argument("--only-ab", action="store_true", help="only the run without the sandbox")
     ap.add_argument("--reads", type=float, default=500, help="`state` reads a second at most (default 500)")
+    ap.add_argument(
+        "--within", type=float, default=1.0, help="seconds the prompts are written over, evenly (default 1)"
+    )
     ap.add_argument("--checkpoints", action="store_true", help="snapshot each turn's cwd (off by default: git's cost)")
     args = ap.parse_args()
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     print(f"uptime before: {os.popen('uptime').read().strip()}")
     if not args.only_ab:
-        run(args.n, args.delay, args.chunks, args.tools, True, args.checkpoints, args.reads)
+        run(args.n, args.delay, args.chunks, args.tools, True, args.checkpoints, args.reads, args.within)
     if not args.no_ab:
-        run(args.n, args.delay, args.chunks, args.tools, False, args.checkpoints, args.reads)
+        run(args.n, args.delay, args.chunks, args.tools, False, args.checkpoints, args.reads, args.within)
     print(f"uptime after: {os.popen('uptime').read().strip()}")
 
 
