@@ -50,3 +50,22 @@ async def test_a_session_reads_the_same_asleep_as_awake_and_reading_wakes_nothin
         assert asleep.core is None
     finally:
         await again.close()
+
+
+async def test_reading_a_sessions_chat_makes_its_text_stream_as_it_comes(h):
+    """The server's own watch of a session follows none of its text: an answer then gathers in
+    its stream (agent/events.py). An open or a read of its `chat` (a `tail -f`, the terminal UI's
+    poll, a web page) is a look, after which the text streams as it comes."""
+    from ollie.fs.session_files import SESSION_FILES
+    from ollie.vfs.namespace import OpenMode
+
+    s = await h.new()
+    core = await s.wake()
+    assert not core.followed
+    chat = SESSION_FILES["chat"](s, None)
+    handle = await chat.open(OpenMode.READ)
+    assert core.followed
+    await handle.release()
+    unsubscribe = core.subscribe(lambda ev: None)  # a frontend that shows the text
+    assert core.followed
+    unsubscribe()

@@ -213,3 +213,87 @@ async def test_a_body_that_ended_is_not_held_and_its_connection_serves_the_next_
             assert loop.time() - start < 1.0
         await be.aclose()
     assert origin.connections == 1
+
+
+async def test_the_hold_is_whoever_runs_the_streams(monkeypatch):
+    """`backends.stream_hold` sets the hold the HTTP streams wait for more (asked at each wait):
+    here 5 s where STREAM_HOLD says 0, so the pieces 5 ms apart gather as they did above."""
+    monkeypatch.setattr(_http, "STREAM_HOLD", 0.0)
+    path, _, pieces, end = _parts("openai")
+    asked: list[float] = []
+
+    async def handler(origin: Origin, seen: Seen, writer: asyncio.StreamWriter) -> bool:
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n")
+        for piece in [*pieces, b"".join(end)]:
+            writer.write(b"%x\r\n%s\r\n" % (len(piece), piece))
+            await writer.drain()
+            await asyncio.sleep(0.005)
+        writer.write(b"0\r\n\r\n")
+        await writer.drain()
+        return True
+
+    def hold() -> float:
+        asked.append(5.0)
+        return 5.0
+
+    async with Origin({path: handler}) as origin:
+        be = backends.create("openai", "m", base_url=origin.url() + "/v1", api_key="k")
+        with backends.stream_hold(hold):
+            chunks = [c async for c in be.stream([Message("user", "hi")], [], GenerationParams())]
+        await be.aclose()
+    texts = [c.text for c in chunks if isinstance(c, TextDelta)]
+    assert "".join(texts) == LETTERS and texts[0] == "a" and len(texts) <= 3, texts
+    assert asked  # asked at the waits, not fixed when the stream began
+    assert backends.held_for(0.25) == 0.25  # outside it, the transport's own
+
+
+async def _answer_events(follow: str) -> list[str]:
+    """The assistant text events a session's subscriber sees of an answer streamed a letter every
+    60 ms, its end 0.2 s after its last letter: `follow` "no" (the subscriber does not show the
+    text), "subscriber" (it does) or "looked" (someone read the chat)."""
+    from ollie.agent.core import Core, CoreConfig
+    from ollie.agent.env import build_agent_env
+    from ollie.config import AgentConfig
+    from ollie.tools import dispatcher_factory
+
+    path, _, pieces, end = _parts("openai")
+
+    async def handler(origin: Origin, seen: Seen, writer: asyncio.StreamWriter) -> bool:
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n")
+        for piece in pieces:
+            writer.write(b"%x\r\n%s\r\n" % (len(piece), piece))
+            await writer.drain()
+            await asyncio.sleep(0.06)
+        await asyncio.sleep(0.2)
+        rest = b"".join(end)
+        writer.write(b"%x\r\n%s\r\n0\r\n\r\n" % (len(rest), rest))
+        await writer.drain()
+        return True
+
+    async with Origin({path: handler}) as origin:
+        be = backends.create("openai", "m", base_url=origin.url() + "/v1", api_key="k")
+        new_dispatcher = dispatcher_factory({})
+        env = await build_agent_env(AgentConfig(), new_dispatcher(), ".")
+        core = Core(CoreConfig(be, env, new_dispatcher))
+        texts: list[str] = []
+        core.subscribe(lambda ev: texts.append(ev.text) if ev.kind == "assistant" else None, follows=follow != "no")
+        if follow == "looked":
+            core.looked()
+        try:
+            await core.submit("hi")
+        finally:
+            await core.close()
+    assert "".join(texts) == LETTERS
+    return texts
+
+
+async def test_an_answer_no_one_follows_gathers_in_its_stream_and_one_followed_streams_as_it_comes():
+    """While no one shows a session's text as it comes, its answer gathers in the stream for up to
+    a second (events.UNFOLLOWED_HOLD): the first letter at once, the others with the end, which
+    still comes at once. A subscriber that follows the text, or a reader that looked at the chat
+    (`Core.looked`, what an open or a read of `chat` does), gets it 20 times a second."""
+    unfollowed = await _answer_events("no")
+    assert unfollowed[0] == "a" and len(unfollowed) <= 2, unfollowed
+    for follow in ("subscriber", "looked"):
+        followed = await _answer_events(follow)
+        assert followed[0] == "a" and len(followed) >= 5, (follow, followed)

@@ -203,9 +203,21 @@ class Core:
         rt.state.save_setup(rt.env.config.name, rt.backend.name, rt.backend.model, rt.system_prompt(), rt.window.size())
 
     # ---- observing -----------------------------------------------------------------------------------
-    def subscribe(self, handler: Callable[[Event], None]) -> Callable[[], None]:
-        """Call `handler` with every event; returns the function that unsubscribes it."""
-        return self._rt.bus.subscribe(handler)
+    def subscribe(self, handler: Callable[[Event], None], follows: bool = True) -> Callable[[], None]:
+        """Call `handler` with every event; returns the function that unsubscribes it. Pass
+        `follows=False` for a handler that does not show the model's text as it comes: while
+        nothing follows it, an answer streams in fewer, larger pieces (`looked`)."""
+        return self._rt.bus.subscribe(handler, follows)
+
+    def looked(self) -> None:
+        """Someone read the chat log: for a while (events.FOLLOW_LINGER) the model's text reaches
+        it as it comes, as it does while a subscriber follows it; else a second at a time."""
+        self._rt.bus.looked()
+
+    @property
+    def followed(self) -> bool:
+        """Someone follows the model's text as it comes (a subscriber that shows it, a look)."""
+        return self._rt.bus.followed()
 
     def emit(self, ev: Event) -> None:
         """Send an event to every subscriber and to the chat log (frontends may add notes too)."""

@@ -10,6 +10,12 @@ once; the pieces that follow it within that time are held (`stream`) and sent on
 the chat log and the subscribers together, at most `STREAM_EVERY` seconds later, or at once when
 any other event comes (so the order stays, and whoever waits for the turn's end has read it all).
 One timer a loop sends every bus's held text.
+
+While no one follows a session's text as it comes (no subscriber that shows it, and no reader of
+its chat in the last FOLLOW_LINGER seconds: a script that waits for the turn's end), the HTTP
+stream gathers an answer for up to UNFOLLOWED_HOLD seconds before the loop takes it
+(`stream_hold`): a few wakeups an answer instead of twenty a second. Its first piece and its end
+still come at once, and the chat log has the text at most that much later.
 """
 
 from __future__ import annotations
@@ -28,6 +34,8 @@ from .session import SessionStore
 log = logging.getLogger("ollie.core")
 
 STREAM_EVERY = 0.05  # seconds a piece of streamed text is held at most (20 updates a second)
+UNFOLLOWED_HOLD = 1.0  # seconds an answer gathers in its stream while no one follows the text
+FOLLOW_LINGER = 60.0  # seconds a look at the chat counts as following it (pollers look again sooner)
 STREAMED = ("assistant", "reasoning")  # the kinds of event whose pieces are held and sent as one
 
 
@@ -42,11 +50,36 @@ class Bus:
         self._held_kind: EventKind | Literal[""] = ""  # the kind of the text held (one of STREAMED)
         self._held: list[str] = []
         self._streamed_at = -STREAM_EVERY  # when streamed text was last sent (time.monotonic)
+        self._followers = 0  # subscribers that show the text as it comes
+        self._looked_at = -FOLLOW_LINGER  # when a reader last looked at the chat (time.monotonic)
 
-    def subscribe(self, handler: Callable[[Event], None]) -> Callable[[], None]:
-        """Call `handler` with every event; returns the function that unsubscribes it."""
+    def subscribe(self, handler: Callable[[Event], None], follows: bool = True) -> Callable[[], None]:
+        """Call `handler` with every event; returns the function that unsubscribes it. A handler
+        that `follows` shows the model's text as it comes (see `stream_hold`); one that only
+        watches for other events (a state, an error) does not."""
         self._subscribers.append(handler)
-        return lambda: self._subscribers.remove(handler) if handler in self._subscribers else None
+        self._followers += follows
+
+        def unsubscribe() -> None:
+            if handler in self._subscribers:
+                self._subscribers.remove(handler)
+                self._followers -= follows
+
+        return unsubscribe
+
+    def looked(self) -> None:
+        """A reader looked at the chat log (opened or read it): for FOLLOW_LINGER seconds the
+        text streams as it comes."""
+        self._looked_at = time.monotonic()
+
+    def followed(self) -> bool:
+        """Someone follows the text as it comes: a subscriber that shows it, or a recent look."""
+        return bool(self._followers) or time.monotonic() - self._looked_at < FOLLOW_LINGER
+
+    def stream_hold(self) -> float:
+        """Seconds the model's stream may gather before the loop takes it: STREAM_EVERY while
+        anyone follows the text, UNFOLLOWED_HOLD while no one does."""
+        return STREAM_EVERY if self.followed() else UNFOLLOWED_HOLD
 
     def stream(self, kind: EventKind, text: str) -> None:
         """A piece of the model's text (`kind` "assistant" or "reasoning"), held until it is sent

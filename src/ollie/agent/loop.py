@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import cost, telemetry
+from ..backends import stream_hold
 from ..textcalls import BadArguments, arguments_text, parse_arguments, recover_tool_calls, stable_call_id
 from ..tools import Tool, ToolResult
 from ..types import (
@@ -52,7 +53,8 @@ ANSWERED = ("stop", "tool_calls", "length")  # stop reasons of an answer; any ot
 
 async def run_turn(rt: Runtime, prompt: str) -> str | None:
     """Run one turn; return a follow-up prompt (from a postTurn hook) or None."""
-    with telemetry.turn(rt, prompt):
+    # An answer no one follows gathers longer in its stream: fewer wakeups (events.stream_hold).
+    with telemetry.turn(rt, prompt), stream_hold(rt.bus.stream_hold):
         return await _turn(rt, prompt)
 
 

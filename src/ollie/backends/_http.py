@@ -58,6 +58,7 @@ from typing import Any, SupportsIndex
 from urllib.parse import unquote, urljoin, urlsplit
 
 from .. import __version__
+from . import held_for
 
 CONNECT_TIMEOUT = 5.0  # seconds to open a connection (names, TCP, the proxy, TLS)
 READ_TIMEOUT = 600.0  # seconds without a byte of the answer: a model may think long before its first token
@@ -69,7 +70,8 @@ _HEAD_MAX = 64 * 1024  # a response's status line and headers
 _PIECE = 64 * 1024
 # Seconds a streamed answer's events may gather before its reader takes them (`event_batches`):
 # a reader woken 20 times a second instead of at each of a model's tokens, as the event bus
-# sends them on (agent/events.py); the answer's first event and its end come at once.
+# sends them on (agent/events.py); the answer's first event and its end come at once. Whoever
+# runs the stream may say otherwise (`backends.stream_hold`).
 STREAM_HOLD = 0.05
 _REDIRECTS = frozenset((301, 302, 303, 307, 308))
 
@@ -1119,11 +1121,11 @@ class Response:
 
     def hold(self, until: re.Pattern[bytes]) -> None:
         """From now on, after each list of `event_batches` or `line_batches` the next waits up to
-        STREAM_HOLD seconds for more, and comes at once when `until` (the pattern of the answer's
-        end) or the body's end comes: a model's stream of a token every few ms wakes its reader a
-        few times a second, not at each token, and its end is not held. A backend starts holding
-        once its answer's first content came (so that comes at once). Not for an encoded body, in
-        which the pattern cannot be seen."""
+        STREAM_HOLD seconds (or those of `backends.stream_hold`) for more, and comes at once when
+        `until` (the pattern of the answer's end) or the body's end comes: a model's stream of a
+        token every few ms wakes its reader a few times a second, not at each token, and its end
+        is not held. A backend starts holding once its answer's first content came (so that comes
+        at once). Not for an encoded body, in which the pattern cannot be seen."""
         if self._held is None and self._conn is not None and self._decoder is None:
             self._held = self._conn.reader
             self._held.watch(until)
@@ -1147,7 +1149,7 @@ class Response:
             if batch:
                 yield batch
                 if self._held is not None and more:
-                    await self._held.held(STREAM_HOLD)
+                    await self._held.held(held_for(STREAM_HOLD))
             if not more:
                 return
 
@@ -1171,7 +1173,7 @@ class Response:
                 *lines, buf = buf.split(b"\n")
                 yield [line.rstrip(b"\r").decode("utf-8", "replace") for line in lines]
                 if self._held is not None:
-                    await self._held.held(STREAM_HOLD)
+                    await self._held.held(held_for(STREAM_HOLD))
         last = [line.rstrip(b"\r").decode("utf-8", "replace") for line in buf.split(b"\n") if line]
         if last:
             yield last

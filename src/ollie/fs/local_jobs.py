@@ -51,7 +51,7 @@ class LocalExecutor:
         job.session = await self.sessions.new(settings, parent=parent, job_id=job.id, store_root=jobs_dir())
         core = await job.session.wake()
         errors: list[str] = []
-        core.subscribe(lambda ev: errors.append(ev.text) if ev.kind == "error" else None)
+        core.subscribe(lambda ev: errors.append(ev.text) if ev.kind == "error" else None, follows=False)
         await core.submit(job.prompt)
         status, result = outcome(core.reply, errors, job.spec.output)
         if tree is not None:  # its work committed on its branch, whatever the answer

@@ -237,11 +237,18 @@ class SessionDir(Dir):
 
 class ChatFile(File):
     """A chat log (a session's `chat`, a job's `log`), read from disk: its size is the file's, so
-    `tail -f` follows it."""
+    `tail -f` follows it. Each open and read is `looked` (a session's text then streams as it
+    comes: `Core.looked`)."""
 
-    def __init__(self, path: Callable[[], Path], refusal: str = "chat is read-only; write to prompt"):
+    def __init__(
+        self,
+        path: Callable[[], Path],
+        refusal: str = "chat is read-only; write to prompt",
+        looked: Callable[[], None] = lambda: None,
+    ):
         self.path = path
         self.refusal = refusal
+        self.looked = looked
 
     def stat(self, name: str) -> Stat:
         try:
@@ -256,20 +263,23 @@ class ChatFile(File):
     def open_now(self, mode: OpenMode) -> Handle:
         if mode & OpenMode.WRITE:
             raise FsError(E.EACCES, self.refusal)
+        self.looked()
         try:
-            return ChatHandle(os.open(self.path(), os.O_RDONLY | os.O_NOFOLLOW))
+            return ChatHandle(os.open(self.path(), os.O_RDONLY | os.O_NOFOLLOW), self.looked)
         except FileNotFoundError:
             return TextHandle(lambda: "")
 
 
 class ChatHandle(Handle):
-    def __init__(self, fd: int):
+    def __init__(self, fd: int, looked: Callable[[], None]):
         self._fd = fd
+        self._looked = looked
 
     async def read(self, offset: int, count: int) -> bytes:
         return self.read_now(offset, count)
 
     def read_now(self, offset: int, count: int) -> bytes:
+        self._looked()
         return os.pread(self._fd, count, offset)
 
     async def release(self) -> None:
@@ -551,7 +561,7 @@ def _worktree(s: Session, sessions: Sessions) -> File:
 
 SESSION_FILES: dict[str, SessionFileMaker] = {
     "prompt": lambda s, _: OnCloseFile(lambda: "", s.submit, PROMPT_MAX, mode=0o622),
-    "chat": lambda s, _: ChatFile(lambda: s.chat_path),
+    "chat": lambda s, _: ChatFile(lambda: s.chat_path, looked=s.looked),
     "state": _text(lambda s: s.state + "\n"),
     "reply": _text(lambda s: s.reply),
     "ctl": lambda s, ss: _checked(s, lambda line: _ctl(s, ss, line), get=lambda: _ctl_help() + "\n"),

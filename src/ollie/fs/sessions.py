@@ -147,7 +147,12 @@ class Session:
     def _attach(self, core: Core) -> None:
         self.core = core
         self._reading = Awake(core)
-        core.subscribe(self._watch)
+        core.subscribe(self._watch, follows=False)
+
+    def looked(self) -> None:
+        """A reader looked at the chat log (a file handle, a page): its text streams as it comes."""
+        if self.core is not None:
+            self.core.looked()
 
     def _watch(self, ev: Event) -> None:
         if ev.data and ev.data.get("interrupted") and self.on_interrupt is not None:

@@ -255,6 +255,8 @@ class Feed:
                     yield msg("gone", {"id": key})
                     return
                 path = job.log_path if job is not None else s.chat_path  # type: ignore[union-attr]
+                if s is not None:
+                    s.looked()  # its text then streams as it comes
                 while offset < (size := _size(path)):
                     count = min(size - offset, CHUNK)
                     data = (
