@@ -124,13 +124,23 @@ async def test_a_stage_started_from_the_fork_server_is_confined(run, home):
 
 
 async def test_stages_run_as_batch_work_and_leave_the_server_as_it_was(run):
-    """Sandboxed programs are scheduled as batch work (SCHED_BATCH): a burst of them, hundreds of
-    sessions' stages at once, does not preempt the server's loop at each wakeup; their share of
-    the CPU is the same. The server itself is left as it was."""
-    result = await run("cut -d' ' -f41 /proc/self/stat; cut -d' ' -f41 /proc/1/stat")
+    """Sandboxed programs are scheduled as batch work (SCHED_BATCH) at a lower priority (nice
+    JAIL_NICE, their autogroup's too where the kernel has autogroups): a burst of them, hundreds of
+    sessions' stages at once, neither preempts the server's loop at each wakeup nor keeps it from a
+    CPU when it has work. They cannot take the priority back. The server is left as it was."""
+    from ollie.sandbox.jaild import JAIL_NICE
+
+    result = await run(
+        "cut -d' ' -f41 /proc/self/stat; cut -d' ' -f41 /proc/1/stat; cut -d' ' -f19 /proc/self/stat; "
+        "renice -n 0 -p $$ 2>&1 | grep -q denied && echo refused; cat /proc/self/autogroup 2>/dev/null"
+    )
     assert not result.is_error, result.text()
-    assert result.text().split() == [str(os.SCHED_BATCH)] * 2  # the stage and its jail's PID 1
-    assert os.sched_getscheduler(0) == os.SCHED_OTHER
+    lines = result.text().splitlines()
+    assert lines[:2] == [str(os.SCHED_BATCH)] * 2  # the stage and its jail's PID 1
+    assert lines[2:4] == [str(JAIL_NICE), "refused"]
+    if os.path.exists("/proc/self/autogroup"):  # the kernel schedules by autogroup: the jails' is below ours
+        assert lines[4].endswith(f"nice {JAIL_NICE}")
+    assert os.sched_getscheduler(0) == os.SCHED_OTHER and os.getpriority(os.PRIO_PROCESS, 0) == 0
 
 
 async def test_a_stage_is_a_process_group_of_its_own_in_the_jails_session(run):
