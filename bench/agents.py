@@ -1,16 +1,19 @@
 """N agents at work on one server, each turn running sandboxed tool calls, against a model whose
 every answer takes a set time, streamed in a set number of chunks.
 
-    .venv/bin/python bench/agents.py [-n 500] [--delay 1] [--chunks 50] [--tools 4]
+    .venv/bin/python bench/agents.py [-n 500] [--delay 1] [--chunks 50] [--tools 4] [--within 1]
 
 Runs `ollie srv` on a temporary mount (bench/fs.py) against the OpenAI-wire mock (bench/wire.py,
 in a process of its own) and drives N sessions through the file interface: each gets a prompt
-(written by 8 threads, all within about a second) and answers it in a turn of `--tools` requests
+(written evenly over `--within` seconds, one by default: the issue's "all first calls within
+1 s", as many a second as the ideal steps; 0 writes them as fast as 8 threads can, in about half
+a second, a burst of stages every step) and answers it in a turn of `--tools` requests
 that call `execute_code` (`true`, sandboxed) and a last one that answers; the ideal turn is
 (tools + 1) x delay. Two turns: the cold one (every session's jail starts on its first call) and a
-warm one (the jails run). Meanwhile one thread reads `s/<id>/state` of each session in turn (open,
-read, close; `--reads` a second at most, so that the server's CPU a step does not depend on how
-fast the reads come back), to see each turn end: those reads' latency is what a user's `cat state` waits.
+warm one (the jails run). Meanwhile one thread reads `s/<id>/state` of each session in turn
+(as `cat` does: open, fstat, read to the end, close; `--reads` a second at most, so that the
+server's CPU a step does not depend on how fast the reads come back), to see each turn end: those
+reads' latency is what a user's `cat state` waits.
 Then the same with a tool that needs no sandbox (the A/B): `noop`, a tool the agent lacks,
 answered at once with an error.
 
