@@ -108,6 +108,23 @@ def _parts(kind: str) -> tuple[str, str, list[bytes], list[bytes]]:
     return "/api/chat", "application/x-ndjson", pieces, ndjson([ollama_wire.done_line()])
 
 
+async def _answer(
+    writer: asyncio.StreamWriter, pieces: list[bytes], gap: float, pause: float, end: list[bytes]
+) -> bool:
+    """An event stream in chunked transfer coding: each piece a chunk of its own, `gap` seconds
+    apart, then after `pause` seconds the pieces that end it."""
+    writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n")
+    for piece in pieces:
+        writer.write(b"%x\r\n%s\r\n" % (len(piece), piece))
+        await writer.drain()
+        await asyncio.sleep(gap)
+    await asyncio.sleep(pause)
+    rest = b"".join(end)
+    writer.write(b"%x\r\n%s\r\n0\r\n\r\n" % (len(rest), rest))
+    await writer.drain()
+    return True
+
+
 @pytest.mark.parametrize("kind", ["openai", "anthropic", "ollama"])
 async def test_events_that_come_close_together_are_held_as_one_and_the_end_comes_at_once(kind, monkeypatch):
     """A model's pieces a few ms apart reach the loop in one chunk, not one each: after a chunk the
@@ -223,14 +240,7 @@ async def test_the_hold_is_whoever_runs_the_streams(monkeypatch):
     asked: list[float] = []
 
     async def handler(origin: Origin, seen: Seen, writer: asyncio.StreamWriter) -> bool:
-        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n")
-        for piece in [*pieces, b"".join(end)]:
-            writer.write(b"%x\r\n%s\r\n" % (len(piece), piece))
-            await writer.drain()
-            await asyncio.sleep(0.005)
-        writer.write(b"0\r\n\r\n")
-        await writer.drain()
-        return True
+        return await _answer(writer, pieces, 0.005, 0.0, end)
 
     def hold() -> float:
         asked.append(5.0)
@@ -259,16 +269,7 @@ async def _answer_events(follow: str) -> list[str]:
     path, _, pieces, end = _parts("openai")
 
     async def handler(origin: Origin, seen: Seen, writer: asyncio.StreamWriter) -> bool:
-        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n")
-        for piece in pieces:
-            writer.write(b"%x\r\n%s\r\n" % (len(piece), piece))
-            await writer.drain()
-            await asyncio.sleep(0.06)
-        await asyncio.sleep(0.2)
-        rest = b"".join(end)
-        writer.write(b"%x\r\n%s\r\n0\r\n\r\n" % (len(rest), rest))
-        await writer.drain()
-        return True
+        return await _answer(writer, pieces, 0.06, 0.2, end)
 
     async with Origin({path: handler}) as origin:
         be = backends.create("openai", "m", base_url=origin.url() + "/v1", api_key="k")
