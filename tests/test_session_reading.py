@@ -69,3 +69,26 @@ async def test_reading_a_sessions_chat_makes_its_text_stream_as_it_comes(h):
     unsubscribe = core.subscribe(lambda ev: None)  # a frontend that shows the text
     assert core.followed
     unsubscribe()
+
+
+async def test_reading_a_jobs_log_makes_its_sessions_text_stream_as_it_comes(h):
+    """A job's `log` is its session's chat: a look at it is a look at the session's."""
+    import asyncio
+    import json
+
+    from ollie.fs.job_files import JOB_FILES
+    from ollie.vfs.namespace import OpenMode
+
+    script = h.cfg / "slow.script.json"
+    script.write_text(json.dumps({"rules": [{"match": ".", "text": "slow done", "delay": 3}]}))
+    (h.cfg / "agents" / "slow.json").write_text(json.dumps({"backend": "scripted", "model": str(script)}))
+    [job] = await h.jobs.submit("agent=slow\n---\nwork\n")
+    for _ in range(200):  # its session is made a while after the job starts (its tool servers start)
+        if job.session is not None and job.session.core is not None:
+            break
+        await asyncio.sleep(0.05)
+    core = job.session.core
+    assert core is not None and not core.followed
+    handle = await JOB_FILES["log"](job).open(OpenMode.READ)
+    await handle.release()
+    assert core.followed

@@ -122,9 +122,15 @@ JOB_FILES: dict[str, Callable[[Job], File]] = {
     "result": lambda j: _text(lambda: _line(j.record.result)),
     "usage": lambda j: _text(lambda: usage_text(j.usage()) + "\n", sized=False),
     "cost": lambda j: _text(lambda: cost_text(j.cost(), j.record.model) + "\n", sized=False),
-    "log": lambda j: ChatFile(lambda: j.log_path, "a job's log is read-only"),
+    "log": lambda j: ChatFile(lambda: j.log_path, "a job's log is read-only", looked=lambda: _looked(j)),
     "worktree": lambda j: _text(lambda: _worktree_text(j)),
 }
+
+
+def _looked(job: Job) -> None:
+    """A reader looked at the job's log: its session's text then streams as it comes."""
+    if job.session is not None:
+        job.session.looked()
 
 
 def _worktree_text(job: Job) -> str:
