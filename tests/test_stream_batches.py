@@ -12,6 +12,7 @@ import pytest
 from http_helpers import Origin, Seen
 from ollie import backends
 from ollie.backends import _http, coalesce
+from ollie.backends.hold import held_for, stream_hold
 from ollie.types import Done, GenerationParams, Message, ReasoningDelta, TextDelta, ToolCallDelta
 from wire import anthropic as anthropic_wire
 from wire import ndjson, sse
@@ -233,7 +234,7 @@ async def test_a_body_that_ended_is_not_held_and_its_connection_serves_the_next_
 
 
 async def test_the_hold_is_whoever_runs_the_streams(monkeypatch):
-    """`backends.stream_hold` sets the hold the HTTP streams wait for more (asked at each wait):
+    """`stream_hold` sets the hold the HTTP streams wait for more (asked at each wait):
     here 5 s where STREAM_HOLD says 0, so the pieces 5 ms apart gather as they did above."""
     monkeypatch.setattr(_http, "STREAM_HOLD", 0.0)
     path, _, pieces, end = _parts("openai")
@@ -248,13 +249,13 @@ async def test_the_hold_is_whoever_runs_the_streams(monkeypatch):
 
     async with Origin({path: handler}) as origin:
         be = backends.create("openai", "m", base_url=origin.url() + "/v1", api_key="k")
-        with backends.stream_hold(hold):
+        with stream_hold(hold):
             chunks = [c async for c in be.stream([Message("user", "hi")], [], GenerationParams())]
         await be.aclose()
     texts = [c.text for c in chunks if isinstance(c, TextDelta)]
     assert "".join(texts) == LETTERS and texts[0] == "a" and len(texts) <= 3, texts
     assert asked  # asked at the waits, not fixed when the stream began
-    assert backends.held_for(0.25) == 0.25  # outside it, the transport's own
+    assert held_for(0.25) == 0.25  # outside it, the transport's own
 
 
 async def _answer_events(follow: str) -> list[str]:

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import cost, telemetry
-from ..backends import stream_hold
+from ..backends.hold import stream_hold
 from ..textcalls import BadArguments, arguments_text, parse_arguments, recover_tool_calls, stable_call_id
 from ..tools import Tool, ToolResult
 from ..types import (

@@ -7,9 +7,7 @@ import json
 import os
 import re
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
-from contextlib import contextmanager
-from contextvars import ContextVar
+from collections.abc import AsyncIterator, Callable
 from typing import Any, Protocol, runtime_checkable
 
 from ..types import (
@@ -79,29 +77,6 @@ def coalesce(chunks: list[Chunk]) -> list[Chunk]:
         else:
             out.append(chunk)
     return out
-
-
-# How long a streamed answer may gather before its reader takes it (None: the transport's own).
-_STREAM_HOLD: ContextVar[Callable[[], float] | None] = ContextVar("ollie_stream_hold", default=None)
-
-
-@contextmanager
-def stream_hold(seconds: Callable[[], float]) -> Iterator[None]:
-    """Within it, the HTTP backends' streams wait up to `seconds()` (asked at each wait) for
-    more of an answer before their reader takes what came: its first piece and its end still
-    come at once. The agent loop waits long while no one follows a session's text, so that an
-    answer nobody watches costs a few wakeups, not twenty a second."""
-    token = _STREAM_HOLD.set(seconds)
-    try:
-        yield
-    finally:
-        _STREAM_HOLD.reset(token)
-
-
-def held_for(default: float) -> float:
-    """The hold `stream_hold` set, else `default`."""
-    seconds = _STREAM_HOLD.get()
-    return default if seconds is None else seconds()
 
 
 def _texts(a: TextDelta | ReasoningDelta, b: TextDelta | ReasoningDelta) -> bool:

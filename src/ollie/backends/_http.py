@@ -58,7 +58,7 @@ from typing import Any, SupportsIndex
 from urllib.parse import unquote, urljoin, urlsplit
 
 from .. import __version__
-from . import held_for
+from .hold import held_for
 
 CONNECT_TIMEOUT = 5.0  # seconds to open a connection (names, TCP, the proxy, TLS)
 READ_TIMEOUT = 600.0  # seconds without a byte of the answer: a model may think long before its first token
@@ -71,7 +71,7 @@ _PIECE = 64 * 1024
 # Seconds a streamed answer's events may gather before its reader takes them (`event_batches`):
 # a reader woken 20 times a second instead of at each of a model's tokens, as the event bus
 # sends them on (agent/events.py); the answer's first event and its end come at once. Whoever
-# runs the stream may say otherwise (`backends.stream_hold`).
+# runs the stream may say otherwise (`hold.stream_hold`).
 STREAM_HOLD = 0.05
 _REDIRECTS = frozenset((301, 302, 303, 307, 308))
 
@@ -1121,7 +1121,7 @@ class Response:
 
     def hold(self, until: re.Pattern[bytes]) -> None:
         """From now on, after each list of `event_batches` or `line_batches` the next waits up to
-        STREAM_HOLD seconds (or those of `backends.stream_hold`) for more, and comes at once when
+        STREAM_HOLD seconds (or those of `hold.stream_hold`) for more, and comes at once when
         `until` (the pattern of the answer's end) or the body's end comes: a model's stream of a
         token every few ms wakes its reader a few times a second, not at each token, and its end
         is not held. A backend starts holding once its answer's first content came (so that comes
