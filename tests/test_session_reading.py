@@ -52,23 +52,33 @@ async def test_a_session_reads_the_same_asleep_as_awake_and_reading_wakes_nothin
         await again.close()
 
 
-async def test_reading_a_sessions_chat_makes_its_text_stream_as_it_comes(h):
+async def test_reading_a_sessions_chat_makes_its_text_stream_as_it_comes(h, monkeypatch):
     """The server's own watch of a session follows none of its text: an answer then gathers in
-    its stream (agent/events.py). An open or a read of its `chat` (a `tail -f`, the terminal UI's
-    poll, a web page) is a look, after which the text streams as it comes."""
+    its stream (agent/events.py). A subscriber that shows the text follows it while subscribed;
+    an open or a read of `chat` (a `tail -f`, the terminal UI's poll, a web page) is a look, after
+    which the text streams as it comes for FOLLOW_LINGER seconds (here 0.2)."""
+    import asyncio
+
+    from ollie.agent import events
     from ollie.fs.session_files import SESSION_FILES
     from ollie.vfs.namespace import OpenMode
 
+    monkeypatch.setattr(events, "FOLLOW_LINGER", 0.2)
     s = await h.new()
     core = await s.wake()
     assert not core.followed
-    chat = SESSION_FILES["chat"](s, None)
-    handle = await chat.open(OpenMode.READ)
-    assert core.followed
-    await handle.release()
     unsubscribe = core.subscribe(lambda ev: None)  # a frontend that shows the text
     assert core.followed
     unsubscribe()
+    core.subscribe(lambda ev: None, follows=False)  # one that watches for states and errors
+    assert not core.followed
+    handle = await SESSION_FILES["chat"](s, None).open(OpenMode.READ)
+    assert core.followed  # the open
+    await asyncio.sleep(0.3)
+    assert not core.followed  # the look has lapsed
+    await handle.read(0, 4096)
+    assert core.followed  # the read
+    await handle.release()
 
 
 async def test_reading_a_jobs_log_makes_its_sessions_text_stream_as_it_comes(h):
