@@ -127,12 +127,14 @@ async def test_stages_run_as_batch_work_and_leave_the_server_as_it_was(run):
     """Sandboxed programs are scheduled as batch work (SCHED_BATCH) at a lower priority (nice
     JAIL_NICE, their autogroup's too where the kernel has autogroups): a burst of them, hundreds of
     sessions' stages at once, neither preempts the server's loop at each wakeup nor keeps it from a
-    CPU when it has work. They cannot take the priority back. The server is left as it was."""
+    CPU when it has work. They cannot take the priority back, nor change the jails' autogroup (which
+    every session's jail shares). The server is left as it was."""
     from ollie.sandbox.jaild import JAIL_NICE
 
     result = await run(
         "cut -d' ' -f41 /proc/self/stat; cut -d' ' -f41 /proc/1/stat; cut -d' ' -f19 /proc/self/stat; "
-        "renice -n 0 -p $$ 2>&1 | grep -q denied && echo refused; cat /proc/self/autogroup 2>/dev/null"
+        "renice -n 0 -p $$ 2>&1 | grep -q denied && echo refused; cat /proc/self/autogroup 2>/dev/null; "
+        "(echo 19 > /proc/self/autogroup) 2>/dev/null && echo lowered || echo kept"  # one session slowing all
     )
     assert not result.is_error, result.text()
     lines = result.text().splitlines()
@@ -140,6 +142,7 @@ async def test_stages_run_as_batch_work_and_leave_the_server_as_it_was(run):
     assert lines[2:4] == [str(JAIL_NICE), "refused"]
     if os.path.exists("/proc/self/autogroup"):  # the kernel schedules by autogroup: the jails' is below ours
         assert lines[4].endswith(f"nice {JAIL_NICE}")
+    assert lines[-1] == "kept"  # the jails' autogroup, every session's, is not a stage's to lower
     assert os.sched_getscheduler(0) == os.SCHED_OTHER and os.getpriority(os.PRIO_PROCESS, 0) == 0
 
 
