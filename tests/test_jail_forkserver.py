@@ -18,6 +18,7 @@ from ollie import sandbox
 from ollie.sandbox import jail as jail_mod
 from ollie.sandbox.jail import Jail, JailSetup
 from ollie.tools import CallContext, execute
+from test_execute import alive
 
 pytestmark = pytest.mark.skipif(sandbox.landlock_abi() < 6, reason="needs Landlock ABI 6 (Linux 6.12)")
 
@@ -91,12 +92,15 @@ async def test_the_fork_server_keeps_nothing_of_a_jail_and_a_jail_nothing_of_ano
     assert scanned[server] is False
     assert [pid for pid in second_procs if scanned[pid] is False], "the second jail's PID 1 was scanned"
     assert not [pid for pid, held in scanned.items() if held], "a process holds another jail's setup"
-    # The server holds its socket to ollie and the standard three, nothing of a jail; no jail
-    # process holds the server's socket.
+    # The server holds its socket to ollie, the standard three and what it passes every jail (the
+    # native init, the interpreter, jaild.py), nothing of a jail; no jail process holds its socket.
     server_fds = {fd: os.readlink(f"/proc/{server}/fd/{fd}") for fd in os.listdir(f"/proc/{server}/fd")}
-    assert sorted(map(int, server_fds)) == [0, 1, 2, max(map(int, server_fds))]
-    server_socket = server_fds[str(max(map(int, server_fds)))]
-    assert server_socket.startswith("socket:")
+    passed = {"/memfd:ollie-jail-init (deleted)", os.path.realpath(sys.executable), "/memfd:jaild.py (deleted)"}
+    others = {link for fd, link in server_fds.items() if int(fd) > 2 and not link.startswith("socket:")}
+    assert others == passed
+    sockets = [link for link in server_fds.values() if link.startswith("socket:")]
+    assert len(sockets) == 1
+    server_socket = sockets[0]
     for pid in second_procs:
         links = {os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")}
         assert server_socket not in links
@@ -352,3 +356,77 @@ async def test_waiting_for_a_stage_times_out_returns_at_its_exit_and_leaves_it_a
     finally:
         os.close(null)
         await jails.close()
+
+
+def _native_inits() -> list[int]:
+    server = jail_mod._FORK_SERVER.pid
+    assert server is not None
+    return [
+        p for p in _jail_processes(server) if Path(f"/proc/{p}/cmdline").read_bytes().startswith(b"ollie-jail-init")
+    ]
+
+
+async def test_between_stages_a_jails_pid_1_is_the_native_init_and_holds_a_few_pages(run):
+    """Once its setup is done, a jail's PID 1 is the native init (jailinit.c), not a Python process:
+    a few pages of its own (a Python PID 1 kept over 2 MiB), one thread, no stage's domain."""
+    result = await run("echo $PPID; grep -E '^(Seccomp|NoNewPrivs|CapEff):' /proc/1/status")
+    assert result.text().splitlines() == ["1", "CapEff:\t000001ffffffffff", "NoNewPrivs:\t0", "Seccomp:\t0"]
+    inits = _native_inits()
+    assert inits, "no jail runs the native init"
+    for pid in inits:
+        status = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines())
+        assert int(status["RssAnon"].split()[0]) < 256, status["RssAnon"]  # KiB
+        assert status["Threads"].strip() == "1"
+
+
+async def test_a_new_ruleset_is_set_up_while_a_stage_of_another_runs(run, tmp_path):
+    """A call in another cwd needs a ruleset of its own, whose mounts and rules only Python sets up:
+    the native init runs jaild.py for it in a child of its own while the first stage runs on, and
+    binds the new cwd writable. A third ruleset builds on what the second left (the mounts' state
+    handed from one build to the next); no builder outlives its build."""
+    first = asyncio.create_task(run("sleep 0.6; echo first > mine; cat mine"))
+    for _ in range(200):
+        if alive("sleep 0.6"):
+            break
+        await asyncio.sleep(0.01)
+
+    async def call_in(cwd: Path) -> str:
+        cwd.mkdir()
+        ctx = CallContext(cwd=str(cwd), session_id="s", tmpdir=run.ctx.tmpdir, policies=run.ctx.policies)
+        code = "echo here > mine; cat mine; pwd; echo $PPID"
+        result = await run.server.call_tool("execute_code", {"steps": [{"code": code}]}, ctx)
+        return result.text()
+
+    for name in ("second", "third"):  # writable only if the build bound it so (the jail's root is read-only)
+        assert await call_in(tmp_path / name) == f"here\n{tmp_path / name}\n1\n"
+    assert (await first).text() == "first\n"
+    assert len(_native_inits()) >= 1 and not [p for p in _native_inits() if _children_of(p) != []]
+
+
+def _children_of(pid: int) -> list[int]:
+    return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+
+
+@pytest.fixture
+def no_compiler(monkeypatch):
+    """A fork server of its own that finds no C compiler: every jail's PID 1 stays jaild.py."""
+    monkeypatch.setattr(jail_mod, "_native_init", lambda: None)
+    server = jail_mod._ForkServer()
+    monkeypatch.setattr(jail_mod, "_FORK_SERVER", server)
+    yield server
+    if server._sock is not None:
+        server._sock.close()  # the server exits with its socket
+    if server._process is not None:
+        server._process.wait(10)
+
+
+async def test_without_a_c_compiler_pid_1_stays_python_and_serves_the_same(no_compiler, run):
+    result = await run("echo $PPID; yes | head -1; echo x > mine; cat mine; echo no > /etc/x", timeout=5)
+    assert "\n1\ny\nx\n" in result.text() and "Read-only file system" in result.text(), result.text()
+    timed_out = await run("sleep 30", timeout=0.5)
+    assert "execution timeout" in timed_out.text()  # the kill request, as jaild.py reads it
+    processes = _jail_processes(no_compiler.pid)
+    assert processes
+    cmdlines = [Path(f"/proc/{p}/cmdline").read_bytes() for p in processes]
+    assert not [c for c in cmdlines if c.startswith(b"ollie-jail-init")]
+    assert [c for c in cmdlines if b"The jail helper" in c]

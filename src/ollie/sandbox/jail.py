@@ -1,18 +1,24 @@
 """Jails: helper processes that start sandboxed programs in fresh namespaces (private; no stable API).
 
-A `Jail` is one `jaild.py` process (its PID 1), forked by the fork server. For each `Confinement`
-(a Landlock ruleset with its seccomp program) it opens a channel, a socket of its own, served by a
-thread of PID 1 confined once that way, and asks on it to start each program: posix_spawn from
-that thread, not a fork of ollie's (whose page tables hold every SDK it imported). Everything a
-jail started dies when the jail is closed or its owner exits.
+A `Jail` is one process, its PID 1, forked by the fork server: `jaild.py`, which sets the jail up
+and opens its first channel, then execs the native init (`jailinit.c`, compiled once with the
+system's C compiler; without one, PID 1 stays Python). For each `Confinement` (a Landlock ruleset
+with its seccomp program) it opens a channel, a socket of its own, and asks on it to start each
+program, which a child of PID 1 confined that way execs: not a fork of ollie's (whose page tables
+hold every SDK it imported). Everything a jail started dies when the jail is closed or its owner
+exits.
 """
 
 from __future__ import annotations
 
 import asyncio
+import fcntl
+import hashlib
 import itertools
 import json
+import logging
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -22,15 +28,20 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from .. import config
 from ..types import ConfigError
 
 # Read once: were the file inside a session's writable cwd (ollie's own checkout, a pipx install
 # under $HOME), sandboxed code could rewrite what the next jail runs outside the sandbox.
 _JAILD = Path(__file__).with_name("jaild.py").read_text()
+_JAILINIT = Path(__file__).with_name("jailinit.c").read_bytes()
 _START_TIMEOUT = 10.0
 _SEND_TIMEOUT = 10.0
 _INLINE = 32 << 10  # a spawn request's argv and env up to this size travel in its packet
 _CHANNELS = 8  # idle channels kept per jail (one per ruleset: a session's cwd and policy)
+MFD_EXEC = 0x10  # Linux 6.3: a memfd that may be executed whatever vm.memfd_noexec says
+
+log = logging.getLogger(__name__)
 
 
 class JailError(ConfigError):
@@ -111,7 +122,7 @@ class Stage:
     def kill(self) -> None:
         """SIGKILL the program's process group (the jail does it: the group is not visible here)."""
         if self._rid in self._channel.stages:  # until the jail reports the exit
-            self._channel.post({"op": "kill", "id": self._rid})
+            self._channel.post(b"kill\0%d\0" % self._rid)
 
 
 class _Channel:
@@ -132,16 +143,17 @@ class _Channel:
     def next_id(self) -> int:
         return next(self._ids)
 
-    def post(self, message: dict[str, Any]) -> None:
+    def post(self, message: bytes) -> None:
         try:
-            self.sock.send(json.dumps(message).encode())
+            self.sock.send(message)
         except BlockingIOError:
             self._loop.create_task(self.send(message, []))
         except OSError:
             pass  # gone, and what it ran with it
 
-    async def send(self, message: dict[str, Any], fds: list[int]) -> None:
-        data = json.dumps(message).encode()
+    async def send(self, message: dict[str, Any] | bytes, fds: list[int]) -> None:
+        """Send a request: JSON on the control socket, a channel's NUL-separated fields (bytes)."""
+        data = message if isinstance(message, bytes) else json.dumps(message).encode()
         while True:
             if self.gone.done():
                 raise JailError(self.gone.result())
@@ -290,14 +302,13 @@ class Jail:
         rid = channel.next_id()
         stage = channel.stages[rid] = Stage(channel, rid)
         stage.exited.add_done_callback(lambda _: self.touch())
-        request: dict[str, Any] = {"op": "spawn", "id": rid, "fds": ["stdin", "stdout", "stderr"]}
-        spec = {"argv": argv, "cwd": cwd, "env": env}
-        fds = [stdin, stdout, stderr]
-        if sum(map(len, argv)) + sum(len(k) + len(v) for k, v in env.items()) < _INLINE:
-            request["spec"] = spec
+        fields = [str(len(argv)), cwd, *argv, *(f"{k}={v}" for k, v in env.items())]
+        body = b"".join(os.fsencode(f) + b"\0" for f in fields)
+        request, fds = b"spawn\0%d\0" % rid, [stdin, stdout, stderr]
+        if len(body) < _INLINE:
+            request += body
         else:  # argv and env may not fit in a packet
-            request["fds"].append("spec")
-            fds.append(_memfd(spec))
+            fds.append(_memfd(body))
         try:
             await channel.send(request, fds)
         except JailError:
@@ -315,7 +326,7 @@ class Jail:
         control = self._control
         rid = control.next_id()
         reply = control.replies[rid] = asyncio.get_running_loop().create_future()
-        memfd = _memfd(confinement.spec)
+        memfd = _memfd(json.dumps(confinement.spec).encode())
         names, fds = ["spec"], [memfd]
         if confinement.ruleset >= 0:
             names.append("ruleset")
@@ -393,12 +404,16 @@ class _ForkServer:
                 self._process.kill()
                 self._process.wait()
             ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+            native = _native_fds()
+            args = [str(theirs.fileno())]
+            if native:
+                args += [str(native[0]), str(native[1]), sys.executable, str(native[2])]
             try:
                 self._process = subprocess.Popen(
-                    [sys.executable, "-I", "-S", "-c", _JAILD, str(theirs.fileno())],
+                    [sys.executable, "-I", "-S", "-c", _JAILD, *args],
                     env={},
                     stdin=subprocess.DEVNULL,
-                    pass_fds=(theirs.fileno(),),
+                    pass_fds=(theirs.fileno(), *native),
                     start_new_session=True,
                 )
             except OSError:
@@ -406,6 +421,8 @@ class _ForkServer:
                 raise
             finally:
                 theirs.close()
+                for fd in native:
+                    os.close(fd)
             ours.setblocking(False)
             self._sock, self._owner = ours, os.getpid()
             return ours
@@ -487,7 +504,62 @@ def _sysctl(path: str) -> str:
         return ""
 
 
-def _memfd(data: dict[str, Any]) -> int:
-    fd = os.memfd_create("ollie-spec", os.MFD_CLOEXEC)
-    os.write(fd, json.dumps(data).encode())
+def _memfd(data: bytes, name: str = "ollie-spec", flags: int = 0) -> int:
+    fd = os.memfd_create(name, os.MFD_CLOEXEC | flags)
+    os.write(fd, data)
     return fd
+
+
+def _native_init() -> bytes | None:
+    """The native init (jailinit.c) built for this machine: compiled once with the C compiler
+    (`$CC`, else `cc`) into ollie's data directory, which no jail sees (a sandboxed program must not
+    write what every later jail runs outside its sandbox); None without a compiler (a jail's PID 1
+    then stays Python, 2 MiB where the init takes a tenth of that)."""
+    digest = hashlib.sha256(_JAILINIT).hexdigest()[:16]
+    built = config.data_path() / "jail-init" / f"ollie-jail-init-{digest}"
+    try:
+        return built.read_bytes()
+    except OSError:
+        pass
+    compiler = shutil.which(os.environ.get("CC") or "cc")
+    if compiler is None:
+        log.info("no C compiler: every jail's PID 1 stays a Python process")
+        return None
+    built.parent.mkdir(parents=True, exist_ok=True)
+    source, partial = built.with_suffix(".c"), built.with_name(f".{built.name}.{os.getpid()}")
+    source.write_bytes(_JAILINIT)
+    try:
+        for static in (["-static"], []):  # static: no dynamic linker's pages in every jail
+            done = subprocess.run(
+                [compiler, "-O2", *static, "-o", str(partial), str(source)], capture_output=True, timeout=120
+            )
+            if done.returncode == 0:
+                os.replace(partial, built)
+                return built.read_bytes()
+        log.warning("the native jail init did not compile: %s", done.stderr.decode(errors="replace")[-500:])
+        return None
+    except (OSError, subprocess.SubprocessError) as e:
+        log.warning("the native jail init did not compile: %s", e)
+        return None
+    finally:
+        source.unlink(missing_ok=True)
+        partial.unlink(missing_ok=True)
+
+
+def _native_fds() -> list[int]:
+    """Descriptors of the native init, the interpreter and jaild.py, for the fork server to pass to
+    every jail (close-on-exec here); [] without the init."""
+    init = _native_init()
+    if init is None:
+        return []
+    try:
+        exe = _memfd(init, "ollie-jail-init", os.MFD_ALLOW_SEALING | MFD_EXEC)
+    except OSError:  # before Linux 6.3
+        exe = _memfd(init, "ollie-jail-init", os.MFD_ALLOW_SEALING)
+    source = _memfd(_JAILD.encode(), "jaild.py", os.MFD_ALLOW_SEALING)
+    fds = [exe, os.open(sys.executable, os.O_PATH | os.O_CLOEXEC), source]
+    for fd in (fds[0], fds[2]):
+        fcntl.fcntl(
+            fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SEAL | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE
+        )
+    return fds

@@ -28,6 +28,7 @@ import _thread
 import array
 import ctypes
 import errno
+import fcntl
 import gc
 import json
 import os
@@ -55,6 +56,7 @@ MOUNT_ATTR_RDONLY, MOUNT_ATTR_NOSYMFOLLOW = 0x1, 0x200000
 OPEN_TREE_CLONE, OPEN_TREE_CLOEXEC, AT_EMPTY_PATH, AT_RECURSIVE = 0x1, os.O_CLOEXEC, 0x1000, 0x8000
 MOVE_MOUNT_F_EMPTY_PATH, MOVE_MOUNT_T_EMPTY_PATH = 0x4, 0x40
 M_ARENA_MAX = -8
+PR_CAP_AMBIENT, PR_CAP_AMBIENT_RAISE, PR_CAP_AMBIENT_CLEAR_ALL = 47, 2, 4
 JAIL_NICE = 4  # the jails' priority below ollie's loop (schedule_as_batch)
 
 libc = ctypes.CDLL(None, use_errno=True)
@@ -215,6 +217,31 @@ class Mounts:
             mount("/dev/pts/ptmx", "/dev/ptmx", None, MS_BIND)
         except OSError:
             pass  # no /dev/pts to replace: pseudo-terminals stay unavailable
+
+    def state(self):
+        """What a later ruleset's `build` (another process) needs to go on from here; descriptors by number."""
+        return {
+            "hidden": self.hidden,
+            "exposed": self.exposed,
+            "view": [self.view, self.view_root],
+            "pinned": sorted(self.pinned),
+            "protected": self.protected,
+            "servers": self.servers,
+        }
+
+    def descriptors(self):
+        return [*self.hidden.values(), *([self.view_root] if self.view_root >= 0 else [])]
+
+    @classmethod
+    def restore(cls, state):
+        mounts = cls.__new__(cls)
+        mounts.hidden, mounts.protected, mounts.servers = state["hidden"], state["protected"], state["servers"]
+        mounts.exposed = {
+            path: (w, shared, tuple(identity)) for path, (w, shared, identity) in state["exposed"].items()
+        }
+        mounts.view, mounts.view_root = state["view"]
+        mounts.pinned = set(state["pinned"])
+        return mounts
 
     def mount_view(self, path):
         """Mount a FUSE file system at `path` (hidden by now); returns its /dev/fuse descriptor.
@@ -508,39 +535,59 @@ def receive_fds(sock, size=65536, most=8):
     return data, list(fds), None, None
 
 
-def close_all_but(fd):
-    """Close every descriptor but `fd` (moved to 3) and the standard three: a jail keeps none of the
-    fork server's, nor another jail's socket."""
-    if fd != 3:  # not inheritable (os.dup2's default is): a program holding it could speak for us
-        os.dup2(fd, 3, inheritable=False)
-    os.set_inheritable(3, False)
+def close_all_but(fd, keep):
+    """Close every descriptor but `fd` (moved to 3), `keep` (the native init's, moved to 4 and on,
+    -1 kept as -1) and the standard three: a jail keeps none of the fork server's, nor another
+    jail's socket. Returns the new numbers."""
+    wanted = [fd, *(k for k in keep if k >= 0)]
+    high = [fcntl.fcntl(f, fcntl.F_DUPFD_CLOEXEC, 64) for f in wanted]  # out of the way of the numbers they take
+    for n, f in enumerate(high):
+        os.dup2(f, 3 + n, inheritable=False)  # a program holding one could speak for us
     check(
-        libc.syscall(ctypes.c_long(SYS_CLOSE_RANGE), ctypes.c_long(4), ctypes.c_long(0xFFFFFFFF), ctypes.c_long(0)),
+        libc.syscall(
+            ctypes.c_long(SYS_CLOSE_RANGE), ctypes.c_long(3 + len(high)), ctypes.c_long(0xFFFFFFFF), ctypes.c_long(0)
+        ),
         "close_range",
     )
-    return 3
+    moved = iter(range(4, 4 + len(high)))
+    return 3, tuple(next(moved) if k >= 0 else -1 for k in keep)
 
 
 class Channel:
     """One ruleset's socket to the parent: its spawn and kill requests in, its stages' exits out;
-    its programs are started by its `worker`, a thread confined by the ruleset."""
+    its programs are started by its `worker`, a thread confined by the ruleset (started with the
+    first of them: a jail that hands its channels to the native init never starts one)."""
 
-    def __init__(self, sock, worker):
-        self.sock, self.worker = sock, worker
+    def __init__(self, sock, ruleset, seccomp):
+        self.sock, self.ruleset, self.seccomp = sock, ruleset, seccomp
+        self._worker = None
         self.pids = {}  # request id -> pid, while running
         self.closed = False
 
+    @property
+    def worker(self):
+        if self._worker is None:
+            self._worker = Confined(self.ruleset, seccomp_program(self.seccomp))
+        return self._worker
+
     def receive(self):
-        """The next request and its descriptors (named by its `fds`), or None at the end."""
+        """The next request (its op, id and body's fields) and its descriptors, or None at the end.
+        A request is NUL-separated fields, as the native init reads them: `spawn ID` and the body
+        ARGC CWD ARGV... ENV... (in the packet, or in the memfd that comes as a fourth descriptor,
+        after the program's stdin, stdout and stderr), or `kill ID`."""
         try:  # close-on-exec as they arrive: a program gets only what is passed to it on purpose
             data, fds, _, _ = receive_fds(self.sock)
         except ConnectionError:
             return None
         if not data:
+            for fd in fds:
+                os.close(fd)
             return None
         try:
-            request = json.loads(data)
-            return request, dict(zip(request.get("fds", []), fds, strict=True))
+            op, rid, body = [*data.split(b"\0", 2), b"", b""][:3]
+            if op == b"spawn" and len(fds) == 4:
+                body = os.pread(fds[3], os.fstat(fds[3]).st_size, 0)
+            return op.decode(), int(rid), body.split(b"\0")[:-1], fds
         except BaseException:
             for fd in fds:
                 os.close(fd)
@@ -557,7 +604,10 @@ class Channel:
     def close(self):
         self.closed = True
         self.sock.close()
-        self.worker.stop()
+        if self.ruleset >= 0:
+            os.close(self.ruleset)
+        if self._worker is not None:
+            self._worker.stop()
 
 
 class Jail:
@@ -574,8 +624,9 @@ class Jail:
     subreaper) and is killed: nothing outlives its stage, and looking costs one read of our
     children's list, not a walk of /proc."""
 
-    def __init__(self, sock, mounts, pid_one, view_rights=0):
+    def __init__(self, sock, mounts, pid_one, view_rights=0, native=None):
         self.sock = sock
+        self.native = native  # (init, python, its path, source): what become_native execs, or None
         self.view_rights = view_rights  # the Landlock rights every program gets on the view
         self.mounts = mounts
         self.pid_one = pid_one  # in a PID namespace: kill(-1) ends all
@@ -616,7 +667,7 @@ class Jail:
     def retire(self, *_):
         if not self.retiring:
             self.retiring = True
-            self.reply(self.sock, {"id": 0, "retire": True})  # the parent starts another for new calls
+            reply(self.sock, {"id": 0, "retire": True})  # the parent starts another for new calls
 
     def end(self):
         for channel in list(self.channels):
@@ -636,54 +687,45 @@ class Jail:
 
     def control(self):
         """A request for a ruleset's channel; False once the parent is gone."""
-        try:
-            data, fds, _, _ = receive_fds(self.sock)
-        except ConnectionError:
+        channel = answer_request(self.sock, self.mounts, self.view_rights)
+        if channel is None:
             return False
-        if not data:
-            return False
-        rid = None
-        try:
-            request = json.loads(data)
-            rid = request["id"]
-            ours, theirs = self.channel(dict(zip(request.get("fds", []), fds, strict=True)))
-        except (OSError, ValueError, KeyError, TypeError) as e:
-            self.reply(self.sock, {"id": rid, "error": describe(e)})
-            return True
-        finally:
-            for fd in fds:
-                os.close(fd)
-        with theirs:
-            self.reply(self.sock, {"id": rid}, [theirs.fileno()])
-        self.channels.add(ours)
-        self.selector.register(ours.sock, selectors.EVENT_READ, ours)
+        if channel:
+            self.channels.add(channel)
+            self.selector.register(channel.sock, selectors.EVENT_READ, channel)
+            if self.native is not None and not self.stages:
+                self.become_native()  # returns only if it could not
         return True
 
-    def channel(self, fds):
-        """A channel for the ruleset and the spec in `fds`; returns it and the parent's end of its socket."""
-        spec = json.loads(os.pread(fds["spec"], os.fstat(fds["spec"]).st_size, 0))
-        ruleset = fds.get("ruleset", -1)
-        if self.mounts is not None:
-            for grant in spec["expose"]:
-                self.mounts.expose(*grant)
-            if ruleset >= 0:
-                view = [[self.mounts.view_root, self.view_rights]] if self.mounts.view else []
-                add_rules(ruleset, spec["jail_rules"] + view)
-        # Not dumpable before any thread is confined: a program could otherwise trace its
-        # worker, whose memory is PID 1's. Not before: a process that is not dumpable has its
-        # /proc files owned by the host's root (a user's test of the setup could not read them).
-        check(libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0), "dumpable")
-        worker = Confined(ruleset, seccomp_program(spec["seccomp"]))
-        theirs, ours = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        ours.setblocking(True)
-        return Channel(ours, worker), theirs
-
-    @staticmethod
-    def reply(sock, message, fds=()):
+    def become_native(self):
+        """Exec the native init (jailinit.c) in our place, so that between stages the jail costs a
+        few pages, not a Python process. It is handed what it serves (the control socket, each
+        channel's socket, ruleset and seccomp program) and what a later ruleset's `build` needs
+        (the mounts' state, the interpreter, this source), with our capabilities made ambient (an
+        exec keeps them then; its programs drop them). Returns only if the exec failed: we serve on."""
+        init, python, python_path, source = self.native
+        state = {"mounts": self.mounts.state() if self.mounts else None, "view_rights": self.view_rights}
+        made = [memfd("ollie-jail-state", json.dumps(state).encode())]
+        channels = []
+        for c in self.channels:
+            made.append(memfd("ollie-seccomp", bytes.fromhex(c.seccomp)) if c.seccomp else -1)
+            channels.append(f"{c.sock.fileno()},{c.ruleset},{made[-1]}")
+        handed = [self.sock.fileno(), python, source, *(self.mounts.descriptors() if self.mounts else [])]
+        handed += [fd for c in self.channels for fd in (c.sock.fileno(), c.ruleset) if fd >= 0]
+        for fd in handed:
+            os.set_inheritable(fd, True)
+        args = [str(self.sock.fileno()), "1" if self.pid_one else "0", str(made[0]), str(python), python_path]
         try:
-            socket.send_fds(sock, [json.dumps(message).encode()], list(fds))
+            ambient_capabilities(True)
+            os.execve(init, ["ollie-jail-init", *args, str(source), *channels], {})
         except OSError:
-            pass  # the parent is gone: the next receive ends this process
+            ambient_capabilities(False)
+            for fd in handed:
+                os.set_inheritable(fd, False)
+            for fd in made:
+                if fd >= 0:
+                    os.close(fd)
+            self.native = None
 
     def serve_channel(self, channel):
         try:
@@ -693,14 +735,14 @@ class Jail:
         if received is None:
             self.end_channel(channel)
             return
-        request, fds = received
+        op, rid, fields, fds = received
         try:
-            if request.get("op") == "spawn":
-                self.spawn(channel, request, fds)
-            elif request.get("op") == "kill" and request.get("id") in channel.pids:
-                kill_group(channel.pids[request["id"]])
+            if op == "spawn":
+                self.spawn(channel, rid, fields, fds)
+            elif op == "kill" and rid in channel.pids:
+                kill_group(channel.pids[rid])
         finally:
-            for fd in fds.values():
+            for fd in fds:
                 os.close(fd)
 
     def end_channel(self, channel):
@@ -711,17 +753,17 @@ class Jail:
             kill_group(pid)
         channel.close()
 
-    def spawn(self, channel, request, fds):
-        rid = request["id"]
+    def spawn(self, channel, rid, fields, fds):
         try:
-            spec = request.get("spec") or json.loads(os.pread(fds["spec"], os.fstat(fds["spec"]).st_size, 0))
-            argv, env, cwd = spec["argv"], spec["env"], spec["cwd"]
-            if not (argv and all(isinstance(a, str) for a in argv)):
+            if len(fds) < 3:
+                raise ValueError("no streams to run with")
+            argc = int(fields[0]) if fields else 0
+            if not (0 < argc <= len(fields) - 2 and fields[2]):
                 raise ValueError("no program to run")
-            env = {str(k): str(v) for k, v in env.items()}
-            stdio = [fds[name] for name in ("stdin", "stdout", "stderr")]
-            pid = spawn_in(channel.worker, argv, env, str(cwd), stdio)
-        except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+            cwd, argv = os.fsdecode(fields[1]), [os.fsdecode(a) for a in fields[2 : 2 + argc]]
+            env = dict(os.fsdecode(e).partition("=")[::2] for e in fields[2 + argc :])
+            pid = spawn_in(channel.worker, argv, env, cwd, fds[:3])
+        except (OSError, ValueError, TypeError) as e:
             channel.send({"id": rid, "error": describe(e)})
             return
         self.stages[pid] = (channel, rid)
@@ -757,6 +799,107 @@ class Jail:
                     os.kill(pid, signal.SIGKILL)
             except (OSError, ValueError, IndexError):
                 continue
+
+
+def reply(sock, message, fds=()):
+    try:
+        socket.send_fds(sock, [json.dumps(message).encode()], list(fds))
+    except OSError:
+        pass  # the parent is gone: the next receive ends this process
+
+
+def answer_request(sock, mounts, view_rights):
+    """Read a request for a ruleset's channel on the control socket `sock` and answer it: returns
+    the new Channel, False if it failed (the parent told why), None once the parent is gone."""
+    try:
+        data, fds, _, _ = receive_fds(sock)
+    except ConnectionError:
+        return None
+    if not data:
+        return None
+    rid = None
+    try:
+        request = json.loads(data)
+        rid = request["id"]
+        ours, theirs = make_channel(dict(zip(request.get("fds", []), fds, strict=True)), mounts, view_rights)
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        reply(sock, {"id": rid, "error": describe(e)})
+        return False
+    finally:
+        for fd in fds:
+            os.close(fd)
+    with theirs:
+        reply(sock, {"id": rid}, [theirs.fileno()])
+    return ours
+
+
+def make_channel(fds, mounts, view_rights):
+    """A channel for the ruleset and the spec in `fds`; returns it and the parent's end of its socket."""
+    spec = json.loads(os.pread(fds["spec"], os.fstat(fds["spec"]).st_size, 0))
+    ruleset = fds.get("ruleset", -1)
+    if mounts is not None:
+        for grant in spec["expose"]:
+            mounts.expose(*grant)
+        if ruleset >= 0:
+            view = [[mounts.view_root, view_rights]] if mounts.view else []
+            add_rules(ruleset, spec["jail_rules"] + view)
+    # Not dumpable before any thread is confined: a program could otherwise trace its
+    # worker, whose memory is PID 1's. Not before: a process that is not dumpable has its
+    # /proc files owned by the host's root (a user's test of the setup could not read them).
+    check(libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0), "dumpable")
+    theirs, ours = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    ours.setblocking(True)
+    return Channel(ours, os.dup(ruleset) if ruleset >= 0 else -1, spec["seccomp"]), theirs
+
+
+def build(control, state_fd, result):
+    """A new ruleset's channel, for the native init, which runs this in a fresh interpreter (the
+    jail has no Python process to fork any more): answer the request on the control socket, keep
+    the mounts' state, and hand the init the channel ("R S": whether a ruleset and a seccomp
+    program follow its socket), or word that the request was answered without one."""
+    check(libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0), "dumpable")  # before anything: exec made us dumpable
+    state = json.loads(os.pread(state_fd, os.fstat(state_fd).st_size, 0))
+    mounts = Mounts.restore(state["mounts"]) if state["mounts"] else None
+    sock = socket.socket(fileno=control)
+    sock.setblocking(True)
+    with socket.socket(fileno=result) as out:
+        channel = answer_request(sock, mounts, state["view_rights"])
+        if not channel:
+            out.send(b"answered")
+            return
+        if mounts is not None:  # before the init hears of it: the next build starts from it
+            state["mounts"] = mounts.state()
+            data = json.dumps(state).encode()
+            os.ftruncate(state_fd, 0)
+            os.pwrite(state_fd, data, 0)
+        fds = [channel.sock.fileno()] + ([channel.ruleset] if channel.ruleset >= 0 else [])
+        if channel.seccomp:
+            fds.append(memfd("ollie-seccomp", bytes.fromhex(channel.seccomp)))
+        socket.send_fds(out, [f"{int(channel.ruleset >= 0)} {int(bool(channel.seccomp))}".encode()], fds)
+
+
+def memfd(name, data):
+    """A memfd holding `data`, inheritable (for the native init)."""
+    fd = os.memfd_create(name, 0)
+    os.write(fd, data)
+    return fd
+
+
+def ambient_capabilities(raise_them):
+    """Make our capabilities (every one, in the jail's user namespace) ambient, so that an exec
+    keeps them; or drop them from the ambient set again."""
+    if not raise_them:
+        libc.prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0)
+        return
+    caps = (CapData * 2)()
+    check(libc.capget(ctypes.byref(CAP_HEADER), caps), "capget")
+    for data in caps:
+        data.inheritable = data.permitted
+    check(libc.capset(ctypes.byref(CAP_HEADER), caps), "capset")
+    permitted = caps[0].permitted | caps[1].permitted << 32
+    for cap in range(64):
+        if permitted >> cap & 1:
+            check(libc.prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_RAISE, cap, 0, 0), "ambient capabilities")
 
 
 class Confined:
@@ -883,7 +1026,7 @@ def schedule_as_batch():
         pass
 
 
-def fork_server(fd):
+def fork_server(fd, native):
     """Serve ollie's requests for jails on socket `fd` until it closes: each request is one
     descriptor (the new jail's socket, its payload nothing) and is answered by a fork, whose child
     becomes the jail (`start`), reading its setup from that socket itself.
@@ -894,7 +1037,9 @@ def fork_server(fd):
     of this process's descriptors but the jail's socket and the standard three (its /dev/null
     stdin, ollie's stdout and stderr, as a helper started directly had): its first act is
     close_range. Its memory is this process's: the standard library and the empty requests, no
-    secret (started with an empty environment, no site directory, no package of ollie)."""
+    secret (started with an empty environment, no site directory, no package of ollie). `native`:
+    the native init's descriptors and the interpreter's path (init, python, its path, source), or
+    None (every jail's PID 1 stays this Python)."""
     sock = socket.socket(fileno=fd)
     sock.settimeout(1.0)  # a look for exited children at least every second
     schedule_as_batch()
@@ -920,7 +1065,9 @@ def fork_server(fd):
                     status = 1
                     try:
                         sock.detach()  # closed below with the rest; no object left to close its number again
-                        status = start(close_all_but(jail_fd))
+                        keep = (native[0], native[1], native[3]) if native else ()
+                        jail, kept = close_all_but(jail_fd, keep)
+                        status = start(jail, (kept[0], kept[1], native[2], kept[2]) if native else None)
                     finally:
                         os._exit(status)
             os.close(jail_fd)
@@ -932,7 +1079,7 @@ def fork_server(fd):
                 break
 
 
-def start(fd):
+def start(fd, native):
     """Become a jail: read the setup from socket `fd` (the only descriptor left beside 0-2), enter
     the namespaces, fork PID 1 and exit; PID 1 serves the socket."""
     sock = socket.socket(fileno=fd)
@@ -948,7 +1095,7 @@ def start(fd):
         check(libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0), "subreaper")  # orphans come to us to reap
         sock.send(json.dumps({"id": 0, "ready": True, "namespaces": refused}).encode())
         limit(setup["rlimits"])
-        Jail(sock, None, pid_one=False).serve()
+        Jail(sock, None, pid_one=False, native=native).serve()
         return 0
     fuse, view_error = [], ""
     try:
@@ -969,9 +1116,13 @@ def start(fd):
         os.close(fd)
     limit(setup["rlimits"])
     libc.malloc_trim(0)  # the free pages the setup left, back to the system: every jail keeps its own
-    Jail(sock, mounts, pid_one=True, view_rights=setup["view_rights"]).serve()
+    Jail(sock, mounts, pid_one=True, view_rights=setup["view_rights"], native=native).serve()
     return 0
 
 
 if __name__ == "__main__":
-    fork_server(int(sys.argv[1]))
+    if sys.argv[1] == "build":  # run by the native init, for a new ruleset
+        build(*map(int, sys.argv[2:5]))
+    else:  # SOCKET [INIT PYTHON PYTHON_PATH SOURCE]
+        fds = sys.argv[1:]
+        fork_server(int(fds[0]), (int(fds[1]), int(fds[2]), fds[3], int(fds[4])) if len(fds) == 5 else None)
