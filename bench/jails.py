@@ -26,6 +26,8 @@ import statistics
 import tempfile
 import time
 
+from agents import jail_pids, pss_kib  # the fork server's session: it and every jail process
+
 from ollie.tools import CallContext, execute
 
 
@@ -69,28 +71,6 @@ async def measured(what: str, n: int, work) -> None:
     print(f"{what:34} wall {wall:6.2f} s  CPU {used / n * 1000:6.2f} ms a call  {quantiles(lags)}")
 
 
-def jail_pss_kib() -> tuple[int, int]:
-    """PSS of every process of ollie's jails (their helper's command line), and how many."""
-    total = count = 0
-    me = str(os.getpid())
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit() or pid == me:
-            continue
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                argv = f.read().split(b"\0")
-            if len(argv) < 5 or argv[1:4] != [b"-I", b"-S", b"-c"] or b"The jail helper" not in argv[4]:
-                continue
-            with open(f"/proc/{pid}/smaps_rollup") as f:
-                for line in f:
-                    if line.startswith("Pss:"):
-                        total += int(line.split()[1])
-                        count += 1
-        except (OSError, IndexError):
-            continue
-    return total, count
-
-
 async def main(n: int, rounds: int, busy: float) -> None:
     os.system("uptime")
     with tempfile.TemporaryDirectory(dir="/var/tmp") as top:
@@ -117,8 +97,8 @@ async def main(n: int, rounds: int, busy: float) -> None:
 
         await measured(f"baseline: {n} plain `true` at once", n, baseline)
         await measured(f"cold: {n} first calls (jails start)", n, calls)
-        pss, procs = jail_pss_kib()
-        print(f"jails' memory: {pss / n / 1024:.2f} MiB a session (PSS of {procs} processes)")
+        procs = jail_pids()
+        print(f"jails' memory: {pss_kib(procs) / n / 1024:.2f} MiB a session (PSS of {len(procs)} processes)")
         for r in range(rounds - 1):
             await measured(f"warm {r + 1}: {n} calls in running jails", n, calls)
         if busy:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -430,3 +431,39 @@ async def test_without_a_c_compiler_pid_1_stays_python_and_serves_the_same(no_co
     cmdlines = [Path(f"/proc/{p}/cmdline").read_bytes() for p in processes]
     assert not [c for c in cmdlines if c.startswith(b"ollie-jail-init")]
     assert [c for c in cmdlines if b"The jail helper" in c]
+
+
+async def test_a_ruleset_whose_builder_dies_fails_its_call_and_the_jail_serves_on(run, tmp_path):
+    """The native init answers for a build that ends without answering (its Python killed here as
+    soon as it shows; it may not have read the request yet, or may have): the call fails saying
+    so, and the jail goes on serving its other rulesets."""
+    assert (await run("echo warm")).text() == "warm\n"
+    server = jail_mod._FORK_SERVER.pid
+    assert server is not None
+
+    async def kill_builder() -> bool:
+        for _ in range(2000):
+            for pid in _jail_processes(server):
+                try:
+                    argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+                except OSError:
+                    continue
+                if b"build" in argv[3:5]:
+                    os.kill(pid, signal.SIGKILL)
+                    return True
+            await asyncio.sleep(0.0005)
+        return False
+
+    for attempt in range(30):  # until one build is caught before it answers
+        cwd = tmp_path / f"other{attempt}"
+        cwd.mkdir()
+        ctx = CallContext(cwd=str(cwd), session_id="s", tmpdir=run.ctx.tmpdir, policies=run.ctx.policies)
+        killer = asyncio.create_task(kill_builder())
+        result = await run.server.call_tool("execute_code", {"steps": [{"code": "echo built"}]}, ctx)
+        killed = await killer
+        if result.is_error:
+            assert killed and "could not set up the ruleset (its helper died)" in result.text(), result.text()
+            break
+    else:
+        pytest.fail("no build was caught before it answered")
+    assert (await run("echo still")).text() == "still\n"

@@ -37,6 +37,7 @@ _JAILD = Path(__file__).with_name("jaild.py").read_text()
 _JAILINIT = Path(__file__).with_name("jailinit.c").read_bytes()
 _START_TIMEOUT = 10.0
 _SEND_TIMEOUT = 10.0
+_BUILD_TIMEOUT = 90.0  # a ruleset's setup (the native init gives its helper 60 s)
 _INLINE = 32 << 10  # a spawn request's argv and env up to this size travel in its packet
 _CHANNELS = 8  # idle channels kept per jail (one per ruleset: a session's cwd and policy)
 MFD_EXEC = 0x10  # Linux 6.3: a memfd that may be executed whatever vm.memfd_noexec says
@@ -336,7 +337,11 @@ class Jail:
         finally:
             os.close(memfd)
         try:
-            message, received = await reply
+            async with asyncio.timeout(_BUILD_TIMEOUT):
+                message, received = await reply
+        except TimeoutError:
+            control.end("the sandbox did not set up a ruleset in time")  # stuck: the next call starts another
+            raise JailError("the sandbox did not set up a ruleset in time") from None
         finally:
             control.replies.pop(rid, None)
         if "error" in message or len(received) != 1:

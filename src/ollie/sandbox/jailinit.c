@@ -37,6 +37,7 @@
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #ifndef SYS_landlock_restrict_self
@@ -51,6 +52,7 @@
 #endif
 
 #define MAX_FDS 8
+#define BUILD_SECONDS 60 /* a build that takes longer is killed, its request answered */
 
 struct channel {
     int sock, ruleset;
@@ -70,8 +72,16 @@ static size_t n_channels;
 static struct stage *stages;
 static size_t n_stages;
 static pid_t builder = -1; /* the Python child building a channel */
+static unsigned long building; /* the id of the request it answers */
+static double builder_deadline;
 static int builder_sock = -1; /* where it hands the channel back */
 static int retiring, children_fd = -1;
+
+static double now(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec + t.tv_nsec / 1e9;
+}
 
 static void *grow(void *array, size_t count, size_t size) {
     void *p = realloc(array, (count + 1) * size);
@@ -329,7 +339,10 @@ static void serve_channel(size_t i) {
 }
 
 /* The builder's end: its channel ("R S": whether a ruleset and a seccomp program follow the
-   socket) taken, or, if it never read the request (Python would not start), the request answered. */
+   socket) taken, or, if it did not answer (Python would not start, or died), the request answered
+   here (and taken off the socket if it was never read). */
+static unsigned long request_id(int flags);
+
 static void end_builder(void) {
     char buf[65536];
     int fds[MAX_FDS], n_fds, ruleset, seccomp;
@@ -345,17 +358,36 @@ static void end_builder(void) {
     builder_sock = -1;
     builder = -1;
     if (answered) return;
-    n = receive(control, buf, sizeof buf - 1, fds, &n_fds);
-    if (n <= 0 && n_fds == 0) return;
-    for (int k = 0; k < n_fds; k++) close(fds[k]);
-    buf[n > 0 ? n : 0] = 0;
+    if (request_id(MSG_PEEK | MSG_DONTWAIT) == building) request_id(MSG_DONTWAIT); /* never read: taken */
+    reply(control, building, "error", 0, "the sandbox could not set up the ruleset (its helper died)");
+}
+
+/* The id of the request waiting on the control socket (taken off it without MSG_PEEK); 0: none. */
+static unsigned long request_id(int flags) {
+    char buf[65536];
+    int fds[MAX_FDS], n_fds = 0;
+    struct iovec iov = {buf, sizeof buf - 1};
+    union {
+        struct cmsghdr h;
+        char space[CMSG_SPACE(MAX_FDS * sizeof(int))];
+    } ctl;
+    struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = &ctl, .msg_controllen = sizeof ctl};
+    ssize_t n = recvmsg(control, &msg, flags | MSG_CMSG_CLOEXEC);
+    if (n <= 0) return 0;
+    for (struct cmsghdr *c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(&msg, c))
+        if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS)
+            for (size_t i = 0; i < (c->cmsg_len - CMSG_LEN(0)) / sizeof(int) && n_fds < MAX_FDS; i++)
+                memcpy(&fds[n_fds++], CMSG_DATA(c) + i * sizeof(int), sizeof(int));
+    for (int k = 0; k < n_fds; k++) close(fds[k]); /* a peek's copies too: the message keeps its own */
+    buf[n] = 0;
     char *id = strstr(buf, "\"id\":");
-    if (id) reply(control, strtoul(id + 5, NULL, 10), "error", 0, "the sandbox could not run Python to set up a ruleset");
+    return id ? strtoul(id + 5, NULL, 10) : 0;
 }
 
 /* A request on the control socket: a child runs jaild.py's `build`, which reads and answers it. */
 static void start_builder(void) {
     int pair[2];
+    building = request_id(MSG_PEEK | MSG_DONTWAIT);
     if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, pair) < 0) return;
     pid_t pid = fork();
     if (pid == 0) {
@@ -383,6 +415,7 @@ static void start_builder(void) {
     }
     builder_sock = pair[0];
     builder = pid;
+    builder_deadline = now() + BUILD_SECONDS;
 }
 
 static void reap(void) {
@@ -452,7 +485,9 @@ int main(int argc, char **argv) {
         polled[n++] = (struct pollfd){signals, POLLIN, 0};
         polled[n++] = (struct pollfd){builder < 0 ? control : -1, POLLIN, 0};
         for (size_t i = 0; i < n_channels; i++) polled[n++] = (struct pollfd){channels[i]->sock, POLLIN, 0};
-        if (poll(polled, n, -1) < 0) continue;
+        int wait_ms = builder < 0 ? -1 : (int)((builder_deadline - now()) * 1000) + 1;
+        if (poll(polled, n, wait_ms < 0 && builder >= 0 ? 0 : wait_ms) < 0) continue;
+        if (builder >= 0 && now() >= builder_deadline) kill(builder, SIGKILL); /* reaped, answered below */
         if (polled[0].revents) {
             struct signalfd_siginfo info;
             while (read(signals, &info, sizeof info) == sizeof info) {
