@@ -108,14 +108,16 @@ static void reply(int sock, unsigned long id, const char *key, long status, cons
     send(sock, buf, n, MSG_NOSIGNAL | MSG_DONTWAIT); /* the parent gone: the next receive ends us */
 }
 
-static int receive(int sock, char *buf, size_t size, int *fds, int *n_fds) {
+/* A packet and its descriptors (close-on-exec), without waiting (`flags` may add MSG_PEEK: the
+   descriptors are then copies); its length, -2 if none is there, -1 at an error. */
+static int receive(int sock, char *buf, size_t size, int *fds, int *n_fds, int flags) {
     struct iovec iov = {buf, size};
     union {
         struct cmsghdr h;
         char space[CMSG_SPACE(MAX_FDS * sizeof(int))];
     } ctl;
     struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = &ctl, .msg_controllen = sizeof ctl};
-    ssize_t n = recvmsg(sock, &msg, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
+    ssize_t n = recvmsg(sock, &msg, MSG_CMSG_CLOEXEC | MSG_DONTWAIT | flags);
     *n_fds = 0;
     if (n < 0) return errno == EAGAIN || errno == EINTR ? -2 : -1;
     for (struct cmsghdr *c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(&msg, c)) {
@@ -303,7 +305,7 @@ static void serve_channel(size_t i) {
     struct channel *c = channels[i];
     char buf[65536];
     int fds[MAX_FDS], n_fds;
-    int n = receive(c->sock, buf, sizeof buf - 1, fds, &n_fds);
+    int n = receive(c->sock, buf, sizeof buf - 1, fds, &n_fds, 0);
     if (n == -2) return;
     if (n <= 0 && n_fds == 0) {
         end_channel(i);
@@ -338,15 +340,25 @@ static void serve_channel(size_t i) {
     for (int k = 0; k < n_fds; k++) close(fds[k]);
 }
 
+/* The id of the request waiting on the control socket (taken off it unless `flags` has MSG_PEEK); 0: none. */
+static unsigned long request_id(int flags) {
+    char buf[65536];
+    int fds[MAX_FDS], n_fds;
+    int n = receive(control, buf, sizeof buf - 1, fds, &n_fds, flags);
+    for (int k = 0; k < n_fds; k++) close(fds[k]);
+    if (n <= 0) return 0;
+    buf[n] = 0;
+    char *id = strstr(buf, "\"id\":");
+    return id ? strtoul(id + 5, NULL, 10) : 0;
+}
+
 /* The builder's end: its channel ("R S": whether a ruleset and a seccomp program follow the
    socket) taken, or, if it did not answer (Python would not start, or died), the request answered
    here (and taken off the socket if it was never read). */
-static unsigned long request_id(int flags);
-
 static void end_builder(void) {
     char buf[65536];
     int fds[MAX_FDS], n_fds, ruleset, seccomp;
-    int n = receive(builder_sock, buf, sizeof buf - 1, fds, &n_fds);
+    int n = receive(builder_sock, buf, sizeof buf - 1, fds, &n_fds, 0);
     buf[n > 0 ? n : 0] = 0;
     int answered = n > 0; /* it read the request and answered it, with a channel or an error */
     if (answered && sscanf(buf, "%d %d", &ruleset, &seccomp) == 2 && n_fds == 1 + !!ruleset + !!seccomp) {
@@ -358,36 +370,14 @@ static void end_builder(void) {
     builder_sock = -1;
     builder = -1;
     if (answered) return;
-    if (request_id(MSG_PEEK | MSG_DONTWAIT) == building) request_id(MSG_DONTWAIT); /* never read: taken */
+    if (request_id(MSG_PEEK) == building) request_id(0); /* never read: taken */
     reply(control, building, "error", 0, "the sandbox could not set up the ruleset (its helper died)");
-}
-
-/* The id of the request waiting on the control socket (taken off it without MSG_PEEK); 0: none. */
-static unsigned long request_id(int flags) {
-    char buf[65536];
-    int fds[MAX_FDS], n_fds = 0;
-    struct iovec iov = {buf, sizeof buf - 1};
-    union {
-        struct cmsghdr h;
-        char space[CMSG_SPACE(MAX_FDS * sizeof(int))];
-    } ctl;
-    struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = &ctl, .msg_controllen = sizeof ctl};
-    ssize_t n = recvmsg(control, &msg, flags | MSG_CMSG_CLOEXEC);
-    if (n <= 0) return 0;
-    for (struct cmsghdr *c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(&msg, c))
-        if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS)
-            for (size_t i = 0; i < (c->cmsg_len - CMSG_LEN(0)) / sizeof(int) && n_fds < MAX_FDS; i++)
-                memcpy(&fds[n_fds++], CMSG_DATA(c) + i * sizeof(int), sizeof(int));
-    for (int k = 0; k < n_fds; k++) close(fds[k]); /* a peek's copies too: the message keeps its own */
-    buf[n] = 0;
-    char *id = strstr(buf, "\"id\":");
-    return id ? strtoul(id + 5, NULL, 10) : 0;
 }
 
 /* A request on the control socket: a child runs jaild.py's `build`, which reads and answers it. */
 static void start_builder(void) {
     int pair[2];
-    building = request_id(MSG_PEEK | MSG_DONTWAIT);
+    building = request_id(MSG_PEEK);
     if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, pair) < 0) return;
     pid_t pid = fork();
     if (pid == 0) {
