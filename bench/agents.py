@@ -73,7 +73,11 @@ def jail_pids() -> list[int]:
             continue
         try:
             argv = Path(f"/proc/{name}/cmdline").read_bytes().split(b"\0")
-            if len(argv) > 4 and argv[1:4] == [b"-I", b"-S", b"-c"] and b"The jail helper" in argv[4]:
+            if (
+                b"-c" in argv
+                and argv.index(b"-c") + 1 < len(argv)
+                and b"The jail helper" in argv[argv.index(b"-c") + 1]
+            ):
                 servers.add(int(name))
         except OSError:
             continue

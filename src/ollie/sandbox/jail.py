@@ -35,12 +35,19 @@ from ..types import ConfigError
 # under $HOME), sandboxed code could rewrite what the next jail runs outside the sandbox.
 _JAILD = Path(__file__).with_name("jaild.py").read_text()
 _JAILINIT = Path(__file__).with_name("jailinit.c").read_bytes()
+# Where the fork server's Python (and, in a jail, a ruleset's build) takes its standard library
+# from: set, not searched for. Python's search looks for lib/python3X.zip in every directory above
+# the interpreter, which a program may write (a pyenv under $HOME, a session working in $HOME).
+_PYTHON_HOME = (
+    sys.base_prefix if sys.base_prefix == sys.base_exec_prefix else f"{sys.base_prefix}:{sys.base_exec_prefix}"
+)
 _START_TIMEOUT = 10.0
 _SEND_TIMEOUT = 10.0
 _BUILD_TIMEOUT = 90.0  # a ruleset's setup (the native init gives its helper 60 s)
 _INLINE = 32 << 10  # a spawn request's argv and env up to this size travel in its packet
 _CHANNELS = 8  # idle channels kept per jail (one per ruleset: a session's cwd and policy)
 MFD_EXEC = 0x10  # Linux 6.3: a memfd that may be executed whatever vm.memfd_noexec says
+_SYSTEM_PATH = "/usr/local/bin:/usr/bin:/bin"
 
 log = logging.getLogger(__name__)
 
@@ -297,7 +304,12 @@ class Jail:
         stderr: int,
     ) -> Stage:
         """Start `argv` under `confinement`; the fds are sent to the jail, and the caller keeps
-        (and closes) its own. A failure to start comes as the stage's exit: JailError."""
+        (and closes) its own. A failure to start comes as the stage's exit: JailError (SpawnError
+        at once for what no program can be given: a NUL byte, a variable's name with '=')."""
+        if bad := next((f for f in [cwd, *argv, *env.values()] if "\0" in f), None):
+            raise SpawnError(f"a NUL byte in {bad[:60]!r}")
+        if bad := next((k for k in env if not k or "=" in k or "\0" in k), None):
+            raise SpawnError(f"not a variable's name: {bad[:60]!r}")
         self.touch()
         channel = await self._channel(confinement)
         rid = channel.next_id()
@@ -415,8 +427,8 @@ class _ForkServer:
                 args += [str(native[0]), str(native[1]), sys.executable, str(native[2])]
             try:
                 self._process = subprocess.Popen(
-                    [sys.executable, "-I", "-S", "-c", _JAILD, *args],
-                    env={},
+                    [sys.executable, "-s", "-S", "-P", "-c", _JAILD, *args],
+                    env={"PYTHONHOME": _PYTHON_HOME},
                     stdin=subprocess.DEVNULL,
                     pass_fds=(theirs.fileno(), *native),
                     start_new_session=True,
@@ -516,39 +528,48 @@ def _memfd(data: bytes, name: str = "ollie-spec", flags: int = 0) -> int:
 
 
 def _native_init() -> bytes | None:
-    """The native init (jailinit.c) built for this machine: compiled once with the C compiler
-    (`$CC`, else `cc`) into ollie's data directory, which no jail sees (a sandboxed program must not
-    write what every later jail runs outside its sandbox); None without a compiler (a jail's PID 1
-    then stays Python, 2 MiB where the init takes a tenth of that)."""
+    """The native init (jailinit.c) built for this machine: compiled once with the system's C
+    compiler (`$CC` if it is an absolute path, else `cc` in the system's directories: never a
+    program found on the user's PATH, where a sandboxed program may have put one) into ollie's data
+    directory, which no jail sees (a sandboxed program must not write what every later jail runs
+    outside its sandbox); None without a compiler, or where it failed (said once, and remembered):
+    a jail's PID 1 then stays Python, 2 MiB where the init takes a twentieth of that."""
     digest = hashlib.sha256(_JAILINIT).hexdigest()[:16]
     built = config.data_path() / "jail-init" / f"ollie-jail-init-{digest}"
+    failed = built.with_suffix(".failed")
     try:
         return built.read_bytes()
     except OSError:
         pass
-    compiler = shutil.which(os.environ.get("CC") or "cc")
-    if compiler is None:
-        log.info("no C compiler: every jail's PID 1 stays a Python process")
+    cc = os.environ.get("CC", "")
+    compiler = cc if os.path.isabs(cc) else shutil.which("cc", path=_SYSTEM_PATH)
+    if compiler is None or failed.exists():
         return None
     built.parent.mkdir(parents=True, exist_ok=True)
     source, partial = built.with_suffix(".c"), built.with_name(f".{built.name}.{os.getpid()}")
     source.write_bytes(_JAILINIT)
+    why = ""
     try:
         for static in (["-static"], []):  # static: no dynamic linker's pages in every jail
             done = subprocess.run(
-                [compiler, "-O2", *static, "-o", str(partial), str(source)], capture_output=True, timeout=120
+                [compiler, "-O2", *static, "-o", str(partial), str(source)],
+                env={"PATH": _SYSTEM_PATH, "LC_ALL": "C"},  # its assembler and linker: the system's too
+                cwd="/",
+                capture_output=True,
+                timeout=120,
             )
             if done.returncode == 0:
                 os.replace(partial, built)
                 return built.read_bytes()
-        log.warning("the native jail init did not compile: %s", done.stderr.decode(errors="replace")[-500:])
-        return None
+        why = done.stderr.decode(errors="replace")[-2000:]
     except (OSError, subprocess.SubprocessError) as e:
-        log.warning("the native jail init did not compile: %s", e)
-        return None
+        why = str(e)
     finally:
         source.unlink(missing_ok=True)
         partial.unlink(missing_ok=True)
+    log.warning("the jails' native init did not compile (PID 1 stays Python; remove %s to try again): %s", failed, why)
+    failed.write_text(why)
+    return None
 
 
 def _native_fds() -> list[int]:

@@ -1,11 +1,12 @@
-"""The jail helper: a small process that starts sandboxed programs inside fresh namespaces.
+"""The jail helper: the fork server that starts jails, and each jail's setup.
 
-Run by `ollie.sandbox.jail` once, as `python -I -S -c SOURCE FD` (its source read once, when ollie
-started: a file a sandbox could rewrite is never run again): a fork server (`fork_server`) that
-has imported what a jail needs and forks a jail for each SOCK_SEQPACKET socket ollie sends it on
-`FD`; the jail reads its setup from that socket. It imports nothing of ollie (stdlib only, so it
-starts lean and trusts no package directory) and decides nothing: the parent sends the finished
-Landlock ruleset, seccomp program and resource limits; this process only applies them.
+Run by `ollie.sandbox.jail` once, as `python -s -S -P -c SOURCE FD [INIT PYTHON PATH JAILD]`, with
+PYTHONHOME alone in its environment (its source read once, when ollie started: a file a sandbox
+could rewrite is never run again): a fork server (`fork_server`) that has imported what a jail
+needs and forks a jail for each SOCK_SEQPACKET socket ollie sends it on `FD`; the jail reads its
+setup from that socket. It imports nothing of ollie (stdlib only, so it starts lean and trusts no
+package directory) and decides nothing: the parent sends the finished Landlock ruleset, seccomp
+program and resource limits; this process only applies them.
 
 The jail's first process enters new user, mount, IPC, PID (and, unless the setup grants network) network
 namespaces, then forks the jail's PID 1 and exits. PID 1 mounts a fresh /proc, a private tmpfs on
@@ -15,12 +16,16 @@ Given a `view` path, it also mounts a FUSE file system there whose /dev/fuse des
 the parent with its first message: the parent serves the jail's own view of ollie's files on it
 (a FUSE mount must be made with a descriptor opened in the mounting user namespace).
 
-For each ruleset the parent opens a channel to PID 1, a socket of its own, and asks on it for
-each program: PID 1 forks, and the child confines itself (limits, no new privileges, Landlock,
-seccomp, no capabilities), closes every other descriptor and execs the program. So a jail is one
-Python process between stages (a fork of the fork server: its pages mostly shared), and none of
-its processes is in a program's Landlock domain. Messages are JSON, one per packet; a payload too
-large for a packet (a channel's spec, a long argv or env) travels in a memfd whose descriptor
+For each ruleset the parent asks PID 1 for a channel, a socket of its own (JSON on the control
+socket), and asks on it for each program (NUL-separated fields: see `Channel.receive`). Once the
+first channel is open, PID 1 execs the native init (`jailinit.c`, the descriptors INIT, PYTHON
+and JAILD) in its own place, handing it what it serves (`Jail.become_native`): each program is
+then started by a child of the init that confines itself (no new privileges, Landlock, seccomp,
+no capabilities) and execs it, and a later ruleset's channel by `build`, which the init runs in
+a child of its own. Without the native init, PID 1 stays this Python process and starts each
+ruleset's programs from a thread confined by it (`Confined`). Either way no process of the jail
+but its programs is in a program's Landlock domain. Replies are JSON, one per packet; a payload
+too large for a packet (a channel's spec, a long argv or env) travels in a memfd whose descriptor
 comes with it.
 """
 
@@ -717,7 +722,8 @@ class Jail:
         args = [str(self.sock.fileno()), "1" if self.pid_one else "0", str(made[0]), str(python), python_path]
         try:
             ambient_capabilities(True)
-            os.execve(init, ["ollie-jail-init", *args, str(source), *channels], {})
+            home = {"PYTHONHOME": os.environ["PYTHONHOME"]} if "PYTHONHOME" in os.environ else {}
+            os.execve(init, ["ollie-jail-init", *args, str(source), *channels], home)  # for its builds
         except OSError:
             ambient_capabilities(False)
             for fd in handed:
@@ -854,28 +860,35 @@ def make_channel(fds, mounts, view_rights):
 
 def build(control, state_fd, result):
     """A new ruleset's channel, for the native init, which runs this in a fresh interpreter (the
-    jail has no Python process to fork any more): answer the request on the control socket, keep
-    the mounts' state, and hand the init the channel ("R S": whether a ruleset and a seccomp
-    program follow its socket), or word that the request was answered without one."""
+    jail has no Python process to fork any more): answer the request on the control socket and
+    hand the init "A C R S T" (whether the request was answered, and whether a channel's socket,
+    its ruleset, its seccomp program and the mounts' new state follow), the state whatever came of
+    the request (a grant refused half-way leaves the mounts it made), in a new memfd: the old one
+    stays whole for the next build should this one die."""
     check(libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0), "dumpable")  # before anything: exec made us dumpable
     state = json.loads(os.pread(state_fd, os.fstat(state_fd).st_size, 0))
     mounts = Mounts.restore(state["mounts"]) if state["mounts"] else None
     sock = socket.socket(fileno=control)
     sock.setblocking(True)
+    answered, channel = False, None
     with socket.socket(fileno=result) as out:
-        channel = answer_request(sock, mounts, state["view_rights"])
-        if not channel:
-            out.send(b"answered")
-            return
-        if mounts is not None:  # before the init hears of it: the next build starts from it
-            state["mounts"] = mounts.state()
-            data = json.dumps(state).encode()
-            os.ftruncate(state_fd, 0)
-            os.pwrite(state_fd, data, 0)
-        fds = [channel.sock.fileno()] + ([channel.ruleset] if channel.ruleset >= 0 else [])
-        if channel.seccomp:
-            fds.append(memfd("ollie-seccomp", bytes.fromhex(channel.seccomp)))
-        socket.send_fds(out, [f"{int(channel.ruleset >= 0)} {int(bool(channel.seccomp))}".encode()], fds)
+        try:
+            channel = answer_request(sock, mounts, state["view_rights"])
+            answered = True
+        finally:
+            fds, flags = [], [answered, bool(channel), False, False, mounts is not None]
+            if channel:
+                fds.append(channel.sock.fileno())
+                if channel.ruleset >= 0:
+                    fds.append(channel.ruleset)
+                    flags[2] = True
+                if channel.seccomp:
+                    fds.append(memfd("ollie-seccomp", bytes.fromhex(channel.seccomp)))
+                    flags[3] = True
+            if mounts is not None:
+                state["mounts"] = mounts.state()
+                fds.append(memfd("ollie-jail-state", json.dumps(state).encode()))
+            socket.send_fds(out, [" ".join(str(int(f)) for f in flags).encode()], fds)
 
 
 def memfd(name, data):

@@ -52,6 +52,7 @@
 #endif
 
 #define MAX_FDS 8
+extern char **environ;
 #define BUILD_SECONDS 60 /* a build that takes longer is killed, its request answered */
 
 struct channel {
@@ -63,6 +64,8 @@ struct stage {
     pid_t pid;
     struct channel *channel;
     unsigned long id;
+    int report;  /* the pipe its child reports a failure to start on, until it closes (-1 since) */
+    char *error; /* what that failure was, answered for it when it is reaped */
 };
 
 static int control, pid_one, state_fd, python_fd, source_fd;
@@ -74,6 +77,7 @@ static size_t n_stages;
 static pid_t builder = -1; /* the Python child building a channel */
 static unsigned long building; /* the id of the request it answers */
 static double builder_deadline;
+static int builder_killed; /* past its deadline: its reap is awaited */
 static int builder_sock = -1; /* where it hands the channel back */
 static int retiring, children_fd = -1;
 
@@ -105,7 +109,7 @@ static void reply(int sock, unsigned long id, const char *key, long status, cons
         n += snprintf(buf + n, sizeof buf - n, "%ld", status);
     }
     buf[n++] = '}';
-    send(sock, buf, n, MSG_NOSIGNAL | MSG_DONTWAIT); /* the parent gone: the next receive ends us */
+    send(sock, buf, n, MSG_NOSIGNAL); /* the parent gone: the next receive ends us */
 }
 
 /* A packet and its descriptors (close-on-exec), without waiting (`flags` may add MSG_PEEK: the
@@ -134,7 +138,10 @@ static int receive(int sock, char *buf, size_t size, int *fds, int *n_fds, int f
     return (int)n;
 }
 
-static void kill_group(pid_t pid) { kill(-pid, SIGKILL); }
+static void kill_group(pid_t pid) { /* and the process: a child stopped before it made its group */
+    kill(-pid, SIGKILL);
+    kill(pid, SIGKILL);
+}
 
 static struct stage *find_stage(pid_t pid) {
     for (size_t i = 0; i < n_stages; i++)
@@ -166,7 +173,23 @@ static void sweep(void) {
     }
 }
 
+/* What the child reported, if it has (its end of the pipe is closed once it execs or exits). */
+static void read_report(struct stage *s) {
+    char text[4200];
+    ssize_t n = read(s->report, text, sizeof text - 1);
+    if (n < 0 && (errno == EAGAIN || errno == EINTR)) return;
+    if (n > 0) {
+        text[n] = 0;
+        free(s->error);
+        s->error = strdup(text);
+    }
+    close(s->report);
+    s->report = -1;
+}
+
 static void drop_stage(struct stage *s) {
+    if (s->report >= 0) close(s->report);
+    free(s->error);
     *s = stages[--n_stages];
 }
 
@@ -210,9 +233,10 @@ static void add_channel(int sock, int ruleset, int seccomp) {
 
 enum { AT_CWD = 1, AT_EXEC, AT_CONFINE };
 
-/* The child's side of a spawn: never returns. Errors go to `report` as {errno, where}. */
+/* The child's side of a spawn: never returns. A failure goes to `report` as text. */
 static void become(struct channel *c, char *cwd, char **argv, char **env, int *stdio, int report) {
     int failure[2] = {0, AT_CONFINE};
+    char text[4200];
     sigset_t none;
     sigemptyset(&none);
     sigprocmask(SIG_SETMASK, &none, NULL);
@@ -226,7 +250,7 @@ static void become(struct channel *c, char *cwd, char **argv, char **env, int *s
         if (moved[i] < 0 || dup3(moved[i], i, i < 3 ? 0 : O_CLOEXEC) < 0) goto fail;
     report = 3;
     int ruleset = want == 5 ? 4 : -1;
-    syscall(SYS_close_range, want, ~0U, 0); /* nothing of ours: the parent's socket least of all */
+    if (syscall(SYS_close_range, want, ~0U, 0) < 0) goto fail; /* nothing of ours: the parent's socket least of all */
     if (prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0) < 0) goto fail;
     if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0) goto fail;
     if (ruleset >= 0 && (syscall(SYS_landlock_restrict_self, ruleset, 0) < 0 || close(ruleset) < 0)) goto fail;
@@ -240,7 +264,9 @@ static void become(struct channel *c, char *cwd, char **argv, char **env, int *s
     execve(argv[0], argv, env);
 fail:
     failure[0] = errno;
-    if (write(report, failure, sizeof failure) < 0) _exit(127);
+    const char *what = failure[1] == AT_CWD ? cwd : failure[1] == AT_EXEC ? argv[0] : "sandbox";
+    int n = snprintf(text, sizeof text, "%s: %s", what, strerror(failure[0]));
+    if (write(report, text, n < (int)sizeof text ? n : (int)sizeof text - 1) < 0) _exit(127);
     _exit(127);
 }
 
@@ -282,23 +308,12 @@ static void spawn(struct channel *c, unsigned long id, char *body, size_t len, i
         free(fields);
         return;
     }
-    int failure[2];
-    ssize_t got;
-    do got = read(report[0], failure, sizeof failure);
-    while (got < 0 && errno == EINTR);
-    close(report[0]);
-    if (got == sizeof failure) { /* it never became the program: reaped here, reported now */
-        char text[4200];
-        const char *what = failure[1] == AT_CWD ? cwd : failure[1] == AT_EXEC ? argv[0] : "sandbox";
-        snprintf(text, sizeof text, "%s: %s", what, strerror(failure[0]));
-        waitpid(pid, NULL, 0);
-        reply(c->sock, id, "error", 0, text);
-        free(fields);
-        return;
-    }
     free(fields);
+    /* Not waited for here: until it execs, the child is in no domain, and on a kernel without
+       Landlock's signal scoping a stage could stop it (and so us, were we waiting). */
+    fcntl(report[0], F_SETFL, O_NONBLOCK);
     stages = grow(stages, n_stages, sizeof *stages);
-    stages[n_stages++] = (struct stage){pid, c, id};
+    stages[n_stages++] = (struct stage){pid, c, id, report[0], NULL};
 }
 
 static void serve_channel(size_t i) {
@@ -312,16 +327,21 @@ static void serve_channel(size_t i) {
         return;
     }
     buf[n > 0 ? n : 0] = 0;
-    char *op = buf, *id_text = n > 0 ? buf + strlen(buf) + 1 : buf;
-    size_t head = n > 0 ? (size_t)(id_text - buf) : 0;
+    /* OP\0ID\0 then the body: a packet without both is not ollie's, and ignored */
+    size_t len = n > 0 ? (size_t)n : 0, op_len = strnlen(buf, len), id_len = 0, head = len + 1;
+    char *op = buf;
     unsigned long id = 0;
-    if (head < (size_t)n) {
-        id = strtoul(id_text, NULL, 10);
-        head += strlen(id_text) + 1;
+    if (op_len < len) {
+        id_len = strnlen(buf + op_len + 1, len - op_len - 1);
+        if (op_len + 1 + id_len < len) {
+            id = strtoul(buf + op_len + 1, NULL, 10);
+            head = op_len + 1 + id_len + 1;
+        }
     }
+    if (head > len) op = "";
     if (!strcmp(op, "spawn") && id) {
         char *body = buf + head, *copy = NULL;
-        size_t len = head < (size_t)n ? (size_t)n - head : 0;
+        len -= head;
         if (n_fds == 4) { /* the body in a memfd: a long argv or env */
             struct stat st;
             if (fstat(fds[3], &st) == 0 && st.st_size > 0 && (copy = malloc(st.st_size + 1)) &&
@@ -330,7 +350,7 @@ static void serve_channel(size_t i) {
                 body = copy, len = st.st_size;
             }
         }
-        body[len ? len : 0] = 0;
+        body[len] = 0;
         spawn(c, id, body, len, fds, n_fds);
         free(copy);
     } else if (!strcmp(op, "kill")) {
@@ -352,33 +372,49 @@ static unsigned long request_id(int flags) {
     return id ? strtoul(id + 5, NULL, 10) : 0;
 }
 
-/* The builder's end: its channel ("R S": whether a ruleset and a seccomp program follow the
-   socket) taken, or, if it did not answer (Python would not start, or died), the request answered
+/* The builder's end: its channel and the mounts' new state taken ("A C R S T": see jaild.py's
+   `build`), and, if it did not answer (Python would not start, or died), the request answered
    here (and taken off the socket if it was never read). */
 static void end_builder(void) {
-    char buf[65536];
-    int fds[MAX_FDS], n_fds, ruleset, seccomp;
+    char buf[64];
+    int fds[MAX_FDS], n_fds, f[5] = {0};
     int n = receive(builder_sock, buf, sizeof buf - 1, fds, &n_fds, 0);
     buf[n > 0 ? n : 0] = 0;
-    int answered = n > 0; /* it read the request and answered it, with a channel or an error */
-    if (answered && sscanf(buf, "%d %d", &ruleset, &seccomp) == 2 && n_fds == 1 + !!ruleset + !!seccomp) {
-        add_channel(fds[0], ruleset ? fds[1] : -1, seccomp ? fds[1 + !!ruleset] : -1);
+    int well_formed = n > 0 && sscanf(buf, "%d %d %d %d %d", &f[0], &f[1], &f[2], &f[3], &f[4]) == 5 &&
+                      n_fds == !!f[1] + !!f[2] + !!f[3] + !!f[4];
+    int answered = well_formed && f[0], k = 0; /* it read the request and answered it */
+    if (well_formed) {
+        int sock = f[1] ? fds[k++] : -1, ruleset = f[2] ? fds[k++] : -1, seccomp = f[3] ? fds[k++] : -1;
+        if (sock >= 0) add_channel(sock, ruleset, seccomp);
+        if (f[4]) close(state_fd), state_fd = fds[k++]; /* what the next build goes on from */
     } else {
-        for (int k = 0; k < n_fds; k++) close(fds[k]);
+        for (int i = 0; i < n_fds; i++) close(fds[i]);
     }
     close(builder_sock);
     builder_sock = -1;
     builder = -1;
+    builder_killed = 0;
     if (answered) return;
     if (request_id(MSG_PEEK) == building) request_id(0); /* never read: taken */
     reply(control, building, "error", 0, "the sandbox could not set up the ruleset (its helper died)");
+}
+
+/* The request waiting on the control socket, taken off it and answered with an error. */
+static void refuse_request(const char *why) {
+    char text[256];
+    snprintf(text, sizeof text, "the sandbox could not set up the ruleset: %s", why);
+    request_id(0);
+    reply(control, building, "error", 0, text);
 }
 
 /* A request on the control socket: a child runs jaild.py's `build`, which reads and answers it. */
 static void start_builder(void) {
     int pair[2];
     building = request_id(MSG_PEEK);
-    if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, pair) < 0) return;
+    if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, pair) < 0) {
+        refuse_request(strerror(errno));
+        return;
+    }
     pid_t pid = fork();
     if (pid == 0) {
         char args[5][16], source[32];
@@ -390,17 +426,21 @@ static void start_builder(void) {
         snprintf(source, sizeof source, "/proc/self/fd/%d", source_fd);
         fcntl(pair[1], F_SETFD, 0);
         fcntl(control, F_SETFD, 0); /* it reads the request itself, and answers it */
+        fcntl(state_fd, F_SETFD, 0);
         sigset_t none;
         sigemptyset(&none);
         sigprocmask(SIG_SETMASK, &none, NULL);
-        char *argv[] = {python_path, "-I", "-S", source, "build", args[0], args[1], args[2], args[3], args[4], NULL};
-        char *env[] = {NULL};
-        syscall(SYS_execveat, python_fd, "", argv, env, AT_EMPTY_PATH);
+        /* Our environment is PYTHONHOME alone: the standard library where ollie's Python has it
+           (read-only in every jail), never one found by a search a program could plant a file on. */
+        char *argv[] = {python_path, "-s", "-S", "-P", source, "build", args[0], args[1], args[2], args[3], args[4], NULL};
+        syscall(SYS_execveat, python_fd, "", argv, environ, AT_EMPTY_PATH);
         _exit(127);
     }
     close(pair[1]);
     if (pid < 0) {
+        int e = errno;
         close(pair[0]);
+        refuse_request(strerror(e));
         return;
     }
     builder_sock = pair[0];
@@ -414,22 +454,28 @@ static void reap(void) {
         if (waitid(P_ALL, 0, &info, WEXITED | WNOHANG | WNOWAIT) < 0 || info.si_pid == 0) return;
         pid_t pid = info.si_pid;
         struct stage *s = find_stage(pid);
-        struct stage done = s ? *s : (struct stage){0};
+        struct channel *channel = s ? s->channel : NULL;
+        unsigned long id = s ? s->id : 0;
+        char *error = NULL;
         if (s) {
             kill_group(pid); /* before the reap: until then the group's id cannot be reused */
+            if (s->report >= 0) read_report(s); /* it has exited: what it wrote is there */
+            error = s->error, s->error = NULL;
             drop_stage(s);
         }
         int status;
         waitpid(pid, &status, 0);
         if (pid == builder) end_builder();
-        if (done.channel)
-            reply(done.channel->sock, done.id, "status", WIFEXITED(status) ? WEXITSTATUS(status) : -WTERMSIG(status),
-                  NULL);
+        if (channel && error) reply(channel->sock, id, "error", 0, error);
+        else if (channel)
+            reply(channel->sock, id, "status", WIFEXITED(status) ? WEXITSTATUS(status) : -WTERMSIG(status), NULL);
+        free(error);
         sweep();
     }
 }
 
 static void end_all(void) {
+    if (builder > 0) kill(builder, SIGKILL); /* not a stage: no sweep would find it */
     while (n_channels) end_channel(n_channels - 1);
     if (pid_one) {
         kill(-1, SIGKILL);
@@ -453,6 +499,7 @@ int main(int argc, char **argv) {
     for (int sig = 1; sig < NSIG; sig++) signal(sig, SIG_DFL); /* Python ignored SIGPIPE, SIGXFSZ: not its programs */
     if (!pid_one) prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0);
     fcntl(control, F_SETFD, FD_CLOEXEC);
+    fcntl(state_fd, F_SETFD, FD_CLOEXEC); /* a build's child is given both */
     for (int i = 7; i < argc; i++) {
         int sock, ruleset, seccomp;
         if (sscanf(argv[i], "%d,%d,%d", &sock, &ruleset, &seccomp) == 3) add_channel(sock, ruleset, seccomp);
@@ -469,34 +516,54 @@ int main(int argc, char **argv) {
     if (signals < 0) return 1;
     reap(); /* what exited before we were here */
     struct pollfd *polled = NULL;
+    pid_t *reporting = NULL; /* the stage whose report pipe each entry past the channels' is */
     for (;;) {
-        size_t n = 0;
-        polled = grow(polled, n_channels + 2, sizeof *polled);
+        size_t n = 0, polled_channels = n_channels, n_reporting = 0;
+        polled = grow(polled, n_channels + n_stages + 2, sizeof *polled);
+        reporting = grow(reporting, n_stages, sizeof *reporting);
         polled[n++] = (struct pollfd){signals, POLLIN, 0};
-        polled[n++] = (struct pollfd){builder < 0 ? control : -1, POLLIN, 0};
+        /* While a build runs, its request waits on the socket: only the socket's end counts. */
+        polled[n++] = (struct pollfd){control, builder < 0 ? POLLIN : POLLRDHUP, 0};
         for (size_t i = 0; i < n_channels; i++) polled[n++] = (struct pollfd){channels[i]->sock, POLLIN, 0};
-        int wait_ms = builder < 0 ? -1 : (int)((builder_deadline - now()) * 1000) + 1;
-        if (poll(polled, n, wait_ms < 0 && builder >= 0 ? 0 : wait_ms) < 0) continue;
-        if (builder >= 0 && now() >= builder_deadline) kill(builder, SIGKILL); /* reaped, answered below */
+        for (size_t j = 0; j < n_stages; j++)
+            if (stages[j].report >= 0) {
+                polled[n++] = (struct pollfd){stages[j].report, POLLIN, 0};
+                reporting[n_reporting++] = stages[j].pid;
+            }
+        int wait_ms = -1;
+        if (builder >= 0 && !builder_killed) {
+            double left = builder_deadline - now();
+            wait_ms = left > 0 ? (int)(left * 1000) + 1 : 0;
+        }
+        if (poll(polled, n, wait_ms) < 0) continue;
+        if (builder >= 0 && !builder_killed && now() >= builder_deadline) {
+            kill(builder, SIGKILL); /* reaped, and its request answered, as it ends */
+            builder_killed = 1;
+        }
         if (polled[0].revents) {
             struct signalfd_siginfo info;
             while (read(signals, &info, sizeof info) == sizeof info) {
                 if (info.ssi_signo == SIGXCPU && !retiring) {
                     retiring = 1; /* our CPU limit: the parent starts another jail for new calls */
                     static const char retire[] = "{\"id\": 0, \"retire\": true}";
-                    send(control, retire, sizeof retire - 1, MSG_NOSIGNAL | MSG_DONTWAIT);
+                    send(control, retire, sizeof retire - 1, MSG_NOSIGNAL);
                 }
             }
             reap();
         }
-        if (polled[1].revents) {
+        if (polled[1].revents & (POLLRDHUP | POLLHUP | POLLERR)) end_all();
+        if (polled[1].revents & POLLIN && builder < 0) {
             char byte;
             ssize_t got = recv(control, &byte, 1, MSG_PEEK | MSG_DONTWAIT);
             if (got == 0 || (got < 0 && errno != EAGAIN && errno != EINTR)) end_all();
             if (got > 0) start_builder();
         }
-        for (size_t i = n_channels; i-- > 0;)
-            if (2 + i < n && polled[2 + i].revents) serve_channel(i);
+        for (size_t i = polled_channels; i-- > 0;)
+            if (i < n_channels && polled[2 + i].revents && polled[2 + i].fd == channels[i]->sock) serve_channel(i);
+        for (size_t k = 0; k < n_reporting; k++) {
+            struct stage *s = polled[2 + polled_channels + k].revents ? find_stage(reporting[k]) : NULL;
+            if (s && s->report == polled[2 + polled_channels + k].fd) read_report(s);
+        }
         if (retiring && n_stages == 0) end_all();
     }
 }
