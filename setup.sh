@@ -10,8 +10,9 @@ want_test=0
 [[ "${1:-}" == "--test" ]] && want_test=1
 
 # Debian packages: FUSE for the mount, the interpreters execute_code offers, tmux (the terminal
-# frontend's tests drive it in a tmux pane).
-APT_PACKAGES=(fuse3 jq gawk lua5.4 expect bc ed perl ripgrep tmux)
+# frontend's tests drive it in a tmux pane), a C compiler (the embedded model is built from source,
+# and the sandbox compiles its jails' native init once; libc6-dev lets it link that statically).
+APT_PACKAGES=(fuse3 jq gawk lua5.4 expect bc ed perl ripgrep tmux gcc libc6-dev)
 # The web page's tests drive a real headless Chromium through its driver.
 APT_TEST_PACKAGES=(chromium chromium-driver)
 # npm packages the tests run as real MCP servers.

@@ -7,8 +7,8 @@
  * CONTROL is the parent's socket, PID_ONE 1 for a PID namespace's init (0: a subreaper, the
  * kernel refused namespaces), STATE a memfd of the jail's mounts (jaild.py's, opaque here),
  * PYTHON a descriptor of the interpreter (PYTHON_PATH its path, its argv[0]), SOURCE one of
- * jaild.py, and each channel its socket,
- * its Landlock ruleset (-1: none) and a memfd of its seccomp program (-1: none).
+ * jaild.py, and each channel its socket, its Landlock ruleset (-1: none) and a memfd of its
+ * seccomp program (-1: none). The environment is PYTHONHOME alone, for the builds.
  *
  * A channel's requests (NUL-separated fields) start programs: `spawn ID` then, in the packet or in
  * a fourth descriptor's memfd, `ARGC CWD ARGV... ENV...`, with the program's stdin, stdout and
@@ -17,7 +17,8 @@
  * cwd and execs it, in a process group of its own; its exit comes back as JSON,
  * {"id": ID, "status": CODE} (negative: the signal) or {"id": ID, "error": TEXT}. A message on
  * the control socket asks for a new ruleset's channel, which needs mounts and Python: a child
- * runs jaild.py's `build` on it (and answers it), hands its channel back here, and exits.
+ * runs jaild.py's `build` on it (and answers it), hands its channel and the mounts' new state
+ * back here, and exits.
  * The control socket's end ends the jail: everything in it is killed. */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -40,6 +41,8 @@
 #include <time.h>
 #include <unistd.h>
 
+extern char **environ;
+
 #ifndef SYS_landlock_restrict_self
 #define SYS_landlock_restrict_self 446
 #endif
@@ -52,7 +55,6 @@
 #endif
 
 #define MAX_FDS 8
-extern char **environ;
 #define BUILD_SECONDS 60 /* a build that takes longer is killed, its request answered */
 
 struct channel {
