@@ -514,3 +514,11 @@ async def test_the_fork_server_takes_its_standard_library_from_where_ollies_pyth
         assert flags == [b"-s", b"-S", b"-P", b"-c"]  # not -I, which would ignore PYTHONHOME
     finally:
         await jail.close()
+
+
+def test_without_a_data_directory_to_build_in_the_init_is_left_out(tmp_path, monkeypatch):
+    """ollie run where its data directory cannot be written (here it is a file): no native init,
+    no error; every jail's PID 1 stays Python."""
+    (tmp_path / "data").write_text("not a directory")
+    monkeypatch.setenv("OLLIE_DATA_PATH", str(tmp_path / "data"))
+    assert jail_mod._native_init() is None

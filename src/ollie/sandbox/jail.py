@@ -12,6 +12,7 @@ exits.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import fcntl
 import hashlib
 import itertools
@@ -545,11 +546,11 @@ def _native_init() -> bytes | None:
     compiler = cc if os.path.isabs(cc) else shutil.which("cc", path=_SYSTEM_PATH)
     if compiler is None or failed.exists():
         return None
-    built.parent.mkdir(parents=True, exist_ok=True)
     source, partial = built.with_suffix(".c"), built.with_name(f".{built.name}.{os.getpid()}")
-    source.write_bytes(_JAILINIT)
     why = ""
     try:
+        built.parent.mkdir(parents=True, exist_ok=True)
+        source.write_bytes(_JAILINIT)
         for static in (["-static"], []):  # static: no dynamic linker's pages in every jail
             done = subprocess.run(
                 [compiler, "-O2", *static, "-o", str(partial), str(source)],
@@ -565,10 +566,16 @@ def _native_init() -> bytes | None:
     except (OSError, subprocess.SubprocessError) as e:
         why = str(e)
     finally:
-        source.unlink(missing_ok=True)
-        partial.unlink(missing_ok=True)
-    log.warning("the jails' native init did not compile (PID 1 stays Python; remove %s to try again): %s", failed, why)
-    failed.write_text(why)
+        for path in (source, partial):
+            with contextlib.suppress(OSError):
+                path.unlink()
+    log.warning(
+        "the jails' native init could not be built (PID 1 stays Python; remove %s to try again): %s", failed, why
+    )
+    try:
+        failed.write_text(why)
+    except OSError:
+        pass  # nowhere to remember it (a data directory not ours to write): tried again next time
     return None
 
 
