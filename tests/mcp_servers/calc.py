@@ -84,6 +84,7 @@ async def serve_http(sse: bool) -> None:
 
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
+    sock.listen(128)  # before the port is told: a client may connect at once (uvicorn listens later)
     app = server.sse_app() if sse else server.streamable_http_app()
     config = uvicorn.Config(app, log_level="warning")
     print(f"PORT {sock.getsockname()[1]}", flush=True)
