@@ -522,3 +522,8 @@ def test_without_a_data_directory_to_build_in_the_init_is_left_out(tmp_path, mon
     (tmp_path / "data").write_text("not a directory")
     monkeypatch.setenv("OLLIE_DATA_PATH", str(tmp_path / "data"))
     assert jail_mod._native_init() is None
+
+
+def test_ollie_jail_init_python_keeps_pid_1_python(monkeypatch):
+    monkeypatch.setenv("OLLIE_JAIL_INIT", "python")
+    assert jail_mod._native_init() is None
