@@ -524,6 +524,10 @@ def test_without_a_data_directory_to_build_in_the_init_is_left_out(tmp_path, mon
     assert jail_mod._native_init() is None
 
 
-def test_ollie_jail_init_python_keeps_pid_1_python(monkeypatch):
+def test_ollie_jail_init_python_keeps_pid_1_python_and_a_typo_is_named(monkeypatch, caplog, tmp_path):
     monkeypatch.setenv("OLLIE_JAIL_INIT", "python")
     assert jail_mod._native_init() is None
+    monkeypatch.setenv("OLLIE_JAIL_INIT", "pyhton")
+    monkeypatch.setenv("OLLIE_DATA_PATH", str(tmp_path / "data"))
+    jail_mod._native_init()
+    assert "OLLIE_JAIL_INIT='pyhton': neither 'native' nor 'python'" in caplog.text

@@ -536,8 +536,11 @@ def _native_init() -> bytes | None:
     outside its sandbox); None without a compiler, where it failed (said once, and remembered), or
     with OLLIE_JAIL_INIT=python: a jail's PID 1 then stays Python, 2 MiB where the init takes a
     twentieth of that."""
-    if os.environ.get("OLLIE_JAIL_INIT") == "python":  # asked for: the attack suites run so too (.ci/run)
+    wanted = os.environ.get("OLLIE_JAIL_INIT", "native")
+    if wanted == "python":  # asked for: the attack suites run so too (.ci/run)
         return None
+    if wanted != "native":
+        log.warning("OLLIE_JAIL_INIT=%r: neither 'native' nor 'python'; the native init it is", wanted)
     digest = hashlib.sha256(_JAILINIT).hexdigest()[:16]
     built = config.data_path() / "jail-init" / f"ollie-jail-init-{digest}"
     failed = built.with_suffix(".failed")

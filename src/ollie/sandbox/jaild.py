@@ -1047,12 +1047,12 @@ def fork_server(fd, native):
     Nothing of a session ever passes through this process, so nothing of one can reach another's
     jail: no setup, path or grant (those travel on the jail's own socket, to the child alone), no
     Landlock ruleset (sent later to the jail's PID 1, over that same socket). The child keeps none
-    of this process's descriptors but the jail's socket and the standard three (its /dev/null
-    stdin, ollie's stdout and stderr, as a helper started directly had): its first act is
-    close_range. Its memory is this process's: the standard library and the empty requests, no
-    secret (started with an empty environment, no site directory, no package of ollie). `native`:
-    the native init's descriptors and the interpreter's path (init, python, its path, source), or
-    None (every jail's PID 1 stays this Python)."""
+    of this process's descriptors but the jail's socket, `native`'s and the standard three (its
+    /dev/null stdin, ollie's stdout and stderr, as a helper started directly had): its first act
+    is close_range. Its memory is this process's: the standard library and the empty requests, no
+    secret (started with PYTHONHOME its whole environment, no site directory, no package of
+    ollie). `native`: the native init's descriptors and the interpreter's path (init, python, its
+    path, source, the same for every jail), or None (every jail's PID 1 stays this Python)."""
     sock = socket.socket(fileno=fd)
     sock.settimeout(1.0)  # a look for exited children at least every second
     schedule_as_batch()
