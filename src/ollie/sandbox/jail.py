@@ -563,7 +563,7 @@ def _native_init() -> bytes | None:
                 env={"PATH": _SYSTEM_PATH, "LC_ALL": "C"},  # its assembler and linker: the system's too
                 cwd="/",
                 capture_output=True,
-                timeout=120,
+                timeout=30,  # once per machine and version; every first call of this ollie waits for it
             )
             if done.returncode == 0:
                 os.replace(partial, built)
