@@ -52,6 +52,35 @@ async def test_the_events_of_one_read_come_as_one_text_chunk_and_later_ones_as_t
     assert texts == ["abcde", "f"] and isinstance(chunks[-1], Done)
 
 
+@pytest.mark.parametrize(
+    "text",
+    [
+        '{"choices": [{"delta": {"content": "t"}}]}',
+        ' {"a": 1}\n',  # whitespace around: json.loads allows it
+        '{"a": 1} {"b": 2}',  # more after it
+        '{"a": 1',
+        "",
+        "[DONE]",
+        "\ufeff{}",  # a byte-order mark
+        '"\\ud800"',  # a lone surrogate escape
+        "NaN",
+        "1e400",
+    ],
+)
+def test_a_stream_event_is_read_as_json_loads_reads_it(text):
+    """The streams' fast reading of an event gives what json.loads gives: the same value, or the
+    same error (which the backends quote to the user)."""
+    try:
+        expected = ("value", json.loads(text))
+    except json.JSONDecodeError as e:
+        expected = ("error", str(e))
+    try:
+        got = ("value", backends.json_value(text))
+    except json.JSONDecodeError as e:
+        got = ("error", str(e))
+    assert repr(got) == repr(expected)
+
+
 def test_coalesce_joins_runs_of_text_and_of_reasoning_only():
     call = ToolCallDelta(0, "id", "f", "{}")
     chunks = [

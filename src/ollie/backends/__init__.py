@@ -60,6 +60,21 @@ _REGISTRY: dict[str, str] = {
 }
 
 
+_scan_json: Callable[[str, int], tuple[Any, int]] = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
+
+
+def json_value(text: str) -> Any:
+    """`json.loads(text)`, the same value or the same error, at half its cost for a stream's
+    usual event (one JSON value, nothing around it), read by the decoder's C scanner directly:
+    a streamed answer parses some fifty of these a request. Anything else (whitespace around it,
+    more after it, no JSON) goes through json.loads, which says what is wrong."""
+    try:
+        value, end = _scan_json(text, 0)
+    except StopIteration:
+        return json.loads(text)
+    return value if end == len(text) else json.loads(text)
+
+
 def coalesce(chunks: list[Chunk]) -> list[Chunk]:
     """`chunks` with each run of text pieces (or of reasoning pieces) joined into one: what one
     read of a stream brought is then one chunk for the loop to handle (an event, a write to the

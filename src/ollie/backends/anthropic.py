@@ -43,6 +43,7 @@ from . import (
     ERROR_TYPE_STATUS,
     coalesce,
     http_error,
+    json_value,
     object_arguments,
     parse_url,
     status_error,
@@ -444,7 +445,7 @@ def _payload(request: dict[str, Any], tools: list[ToolSpec]) -> bytes:
 def _loads(data: str) -> dict[str, Any]:
     """An event's data as a JSON object; anything else is a BackendError that says what."""
     try:
-        event = json.loads(data)
+        event = json_value(data)
     except json.JSONDecodeError as e:
         raise BackendError(f"malformed stream event: {e}", provider=PROVIDER) from None
     except RecursionError:

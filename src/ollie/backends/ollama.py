@@ -34,7 +34,7 @@ from ..types import (
     Usage,
     UsageChunk,
 )
-from . import coalesce, http_error, object_arguments, parse_url, status_error, transport_error, url_setting
+from . import coalesce, http_error, json_value, object_arguments, parse_url, status_error, transport_error, url_setting
 from .openai import _tools_json
 
 if TYPE_CHECKING:
@@ -251,7 +251,7 @@ async def _chunks(batches: AsyncIterator[list[str]], turn: int) -> AsyncIterator
             if done or not line.strip():
                 continue
             try:
-                chunks = list(_line_chunks(json.loads(line), turn, calls))
+                chunks = list(_line_chunks(json_value(line), turn, calls))
             except RecursionError:  # the JSON decoder gave up on it
                 raise BackendError(
                     f"malformed stream line, nested too deeply to read: {line[:100]!r}…", provider=PROVIDER

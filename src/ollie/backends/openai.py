@@ -34,7 +34,7 @@ from ..types import (
     Usage,
     UsageChunk,
 )
-from . import coalesce, http_error, parse_url, status_error, transport_error, url_setting
+from . import coalesce, http_error, json_value, parse_url, status_error, transport_error, url_setting
 
 if TYPE_CHECKING:
     from . import _http
@@ -393,7 +393,7 @@ def _wire_message(m: Message) -> dict[str, Any]:
 def _loads(data: str, provider: str) -> Any:
     """An event's data as JSON; data that is no JSON is a BackendError that quotes the decoder."""
     try:
-        return json.loads(data)
+        return json_value(data)
     except json.JSONDecodeError as e:
         raise BackendError(f"malformed stream chunk: {e}", provider=provider) from None
     except RecursionError:
