@@ -28,9 +28,13 @@ and whatever else ran
 (a jail's own figures miss most of its short stages' time), with the share of the turn the
 machine was idle, and after the warm turn the memory per live session (the
 proportional set size of the server and of every jail process, less the server's before the
-sessions, over N). Issue 31's targets at 500 agents (1 s answers in 50 chunks, 4 tool calls a
-turn): warm steps/s >= 0.9x ideal, turn <= 1.1x ideal, `state` p99 <= 20 ms in both turns,
-<= 2 MiB per live session. `uptime` is printed before and after: the machine's load is the figures'.
+sessions, over N). Before the sandboxed run it prints the floor the machine sets: its CPU a step
+at the ideal rate (cores x delay / N: 4 ms for 500 agents on 2 cores), and what each stage's own
+program (`bash -c true`, started plainly) costs before any sandbox; with the A/B's whole-machine
+figure, that says how much of the machine is left for the sandbox. Issue 31's targets at 500
+agents (1 s answers in 50 chunks, 4 tool calls a turn): warm steps/s >= 0.9x ideal, turn <= 1.1x
+ideal, `state` p99 <= 20 ms in both turns, <= 2 MiB per live session. `uptime` is printed before
+and after: the machine's load is the figures'.
 Checkpoints (a git snapshot of the cwd each turn) are off unless `--checkpoints`: their cost is
 git's, not the loop's or the sandbox's.
 """
@@ -41,6 +45,7 @@ import argparse
 import json
 import os
 import resource
+import shutil
 import statistics
 import tempfile
 import time
@@ -128,6 +133,16 @@ def cat(path: Path) -> str:
 def q(values: list[float]) -> tuple[float, float, float]:
     s = sorted(values) or [0.0]
     return statistics.median(s), s[min(len(s) - 1, int(len(s) * 0.99))], s[-1]
+
+
+def program_cpu_ms(argv: list[str], n: int = 200) -> float:
+    """The CPU (user and system) one run of `argv` costs, started plainly (posix_spawn, waited):
+    what each sandboxed stage's own program costs the machine before any sandbox."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    for _ in range(n):
+        os.waitpid(os.posix_spawn(argv[0], argv, os.environ), 0)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return (after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime) / n * 1000
 
 
 def turn(
@@ -233,6 +248,17 @@ def run(
             sids = [new(s) for _ in range(n)]
             what = "sandboxed execute_code" if sandboxed else "noop (no sandbox)"
             print(f"{n} agents, {tools} calls of {what} a turn, answers of {delay:g} s in {chunks} chunks")
+            capacity = CORES * delay / n * 1000
+            if sandboxed:
+                bash = shutil.which("bash") or "/bin/bash"
+                program = program_cpu_ms([bash, "-c", "true"])
+                print(
+                    f"  the machine's CPU a step at the ideal rate: {capacity:.2f} ms ({CORES} cores); each stage's "
+                    f"own program (`bash -c true`, unsandboxed) takes {program:.2f} ms, "
+                    f"{program * tools / (tools + 1):.2f} ms a step"
+                )
+            else:
+                print(f"  the machine's CPU a step at the ideal rate: {capacity:.2f} ms ({CORES} cores)")
             for name in ("cold", "warm"):
                 r = turn(s, sids, ideal, mock.pid or 0, rate, within)
                 steps = n * (tools + 1)

@@ -6,18 +6,26 @@ Every stage runs in the session's jail (fresh namespaces, Landlock, seccomp, lim
 is the cost of asking the jail and of the confinement itself, not a fork of ollie's process.
 Targets: a sandboxed `true` stage <= 1.5x `subprocess.run(["bash", "-c", "true"])`, measured in a
 process that has the openai, anthropic and mcp SDKs imported (as an agent's does); 32 parallel
-`sleep 0.2` stages <= 0.3 s wall. Also printed: the jail's start (once per session) and a hook.
+`sleep 0.2` stages <= 0.3 s wall. Also printed: the jail's start (once per session), a hook, and
+what a stage costs the machine's CPU (its busy time over many stages in a row, from /proc/stat):
+ollie's share, and the jail's with the program's, against the same program started plainly: the
+figure that counts when hundreds of sessions run stages at once (bench/agents.py).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import os
+import resource
+import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+
+from agents import machine_idle  # the machine's idle seconds, from /proc/stat
 
 from ollie.agent import hooks
 from ollie.tools import CallContext, execute
@@ -41,6 +49,31 @@ async def true_stages(server, ctx, runs: int) -> tuple[float, float]:
         sandboxed.append(time.perf_counter() - t)
         assert not result.is_error, result.text()
     return median_ms(baseline), median_ms(sandboxed)
+
+
+def busy() -> float:
+    """CPU seconds the machine has spent (every core) since boot."""
+    return time.monotonic() * (os.cpu_count() or 1) - machine_idle()
+
+
+def own_cpu() -> float:
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+async def stage_cpu(server, ctx, runs: int) -> tuple[float, float, float]:
+    """ms of the machine's CPU a sandboxed `true` stage costs, of it ollie's, and a plain `bash -c
+    true` (posix_spawn, waited): stages one after another, so that the idle time is the gaps."""
+    true_call = {"steps": [{"code": "true"}]}
+    machine, own = busy(), own_cpu()
+    for _ in range(runs):
+        await server.call_tool("execute_code", true_call, ctx)
+    machine, own = busy() - machine, own_cpu() - own
+    bash, plain = shutil.which("bash") or "/bin/bash", busy()
+    for _ in range(runs):
+        os.waitpid(os.posix_spawn(bash, [bash, "-c", "true"], os.environ), 0)
+    plain = busy() - plain
+    return machine / runs * 1000, own / runs * 1000, plain / runs * 1000
 
 
 async def first_call_ms(cwd: str, ctx: CallContext) -> float:
@@ -88,6 +121,7 @@ async def main(runs: int) -> None:
         import openai  # noqa: F401
 
         base, box = await true_stages(server, ctx, runs)
+        cpu_box, cpu_ollie, cpu_plain = await stage_cpu(server, ctx, max(runs, 500))
         await server.close()
         start = await first_call_ms(cwd, ctx)
         hook = await hook_ms(cwd, max(runs // 4, 10))
@@ -100,6 +134,10 @@ async def main(runs: int) -> None:
     )
     print(
         f"  with the SDKs:      bash -c true {base:6.2f} ms   stage {box:6.2f} ms   ({box / base:.2f}x; target <= 1.5x)"
+    )
+    print(
+        f"  the machine's CPU a stage: {cpu_box:.2f} ms (ollie {cpu_ollie:.2f}, the jail and the program "
+        f"{cpu_box - cpu_ollie:.2f}); bash -c true started plainly {cpu_plain:.2f} ms ({cpu_box / cpu_plain:.2f}x)"
     )
     print(f"a session's first call (the jail starts): {start:.1f} ms   a sandboxed hook (`true`): {hook:.2f} ms")
     print(
