@@ -480,10 +480,11 @@ async def test_the_server_reaching_into_a_jails_view_is_refused_not_served(h):
     """A request on a session's view from outside its jail (pid 0 there): the server itself, led
     through /proc/<pid>/root into the view by a link its code planted, would wait on its own loop."""
     session = await h.new()
-    running_stage = asyncio.ensure_future(h.sh(session, "sleep 3"))
+    # a duration of its own: `sleep 3` also matched a `sleep 30` another test's jail still ran
+    running_stage = asyncio.ensure_future(h.sh(session, "sleep 3.25"))
     try:
         for _ in range(100):
-            pids = [p for p in running("sleep 3") if os.path.exists(f"/proc/{p}/root")]
+            pids = [p for p in running("sleep 3.25") if os.path.exists(f"/proc/{p}/root")]
             if pids:
                 break
             await asyncio.sleep(0.05)
