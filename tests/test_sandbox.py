@@ -301,9 +301,9 @@ def test_shared_decisions_are_made_anew_once_a_granted_path_is_another_file(home
     for d in (cwd, shared, mine, theirs):
         d.mkdir()
     first = sandbox.Sandboxes().get("default", str(cwd), "", (), (str(mine),), (str(shared),))
-    decisions = [d for k, d in sandbox._DECISIONS.items() if k[1] == str(cwd)]
+    decisions = [d for d in sandbox._DECISIONS.values() if d.policy.cwd == str(cwd)]
     again = sandbox.Sandboxes().get("default", str(cwd), "", (), (str(theirs),), (str(shared),))
-    assert len(decisions) == 1 and [d for k, d in sandbox._DECISIONS.items() if k[1] == str(cwd)] == decisions
+    assert len(decisions) == 1 and [d for d in sandbox._DECISIONS.values() if d.policy.cwd == str(cwd)] == decisions
     identity = os.stat(shared)
     exposed = {e[0]: tuple(e[-2:]) for e in again.confinement.spec["expose"]}
     assert exposed[str(shared)] == (identity.st_dev, identity.st_ino)
@@ -311,12 +311,38 @@ def test_shared_decisions_are_made_anew_once_a_granted_path_is_another_file(home
     shared.rename(tmp_path / "old")
     shared.mkdir()
     after = sandbox.Sandboxes().get("default", str(cwd), "", (), (str(theirs),), (str(shared),))
-    assert [d for k, d in sandbox._DECISIONS.items() if k[1] == str(cwd)] != decisions  # decided anew
+    assert [d for d in sandbox._DECISIONS.values() if d.policy.cwd == str(cwd)] != decisions  # decided anew
     new = os.stat(shared)
     exposed = {e[0]: tuple(e[-2:]) for e in after.confinement.spec["expose"]}
     assert exposed[str(shared)] == (new.st_dev, new.st_ino) != (identity.st_dev, identity.st_ino)
     assert str(theirs) in exposed and str(mine) not in exposed
     assert str(mine) in {e[0] for e in first.confinement.spec["expose"]}
+
+
+def test_sessions_in_other_cwds_share_only_what_does_not_depend_on_the_cwd(home, tmp_path):
+    # Sessions in cwds of their own share the policy's decisions but for their cwd and the grants
+    # reached through a symlink: one in a session's cwd (where its code may plant it) is refused
+    # for that session, though a session elsewhere was granted the path.
+    a, b, target = (tmp_path / n for n in ("a", "b", "target"))
+    for d in (a, b, target, target / "data"):
+        d.mkdir()
+    (b / "link").symlink_to(target)
+    write_policy(None, f"filesystem:\n  ro: ['{b}/link/data']\n")
+    scratch = [tmp_path / f"scratch-{n}" for n in range(3)]
+    for d in scratch:
+        d.mkdir()
+    first = sandbox.Sandboxes().get("default", str(a), "", (), (str(scratch[0]),))
+    assert str(target / "data") in {e[0] for e in first.confinement.spec["expose"]}
+    with pytest.raises(sandbox.SandboxError, match="through the symlink"):
+        sandbox.Sandboxes().get("default", str(b), "", (), (str(scratch[1]),))
+    # what a session elsewhere gets is what a decision of its own would give, in the same order
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    shared = sandbox.Sandboxes().get("default", str(elsewhere), "", (), (str(scratch[2]),))
+    alone = sandbox.Sandbox(sandbox.load_policy("default", str(elsewhere), "", (), (str(scratch[2]),)))
+    assert shared.confinement.spec["expose"] == alone.confinement.spec["expose"]
+    assert str(elsewhere) in {e[0] for e in shared.confinement.spec["expose"]}
+    assert str(a) not in {e[0] for e in shared.confinement.spec["expose"]}  # another session's cwd
 
 
 def test_templates_expand(home, tmp_path):

@@ -558,12 +558,10 @@ def _build(
     extra_rw: tuple[str, ...],
     extra_rwx: tuple[str, ...],
 ) -> Sandbox:
-    """A sandbox; with `extra_ro` (a session's own scratch directory), on decisions shared by
-    every session of the policy and cwd (`_Decisions`), only those paths decided anew."""
-    if not extra_ro:
-        return Sandbox(load_policy(name, cwd, tmpdir, extra_rox, (), extra_rw, extra_rwx))
+    """A sandbox, on decisions shared by every session of the policy (`_Decisions`): only the
+    paths they cannot share (`extra_ro`, a session's own scratch directory; its cwd) decided anew."""
     with _DECISIONS_LOCK:
-        key = (name, cwd, tmpdir, extra_rox, extra_rw, extra_rwx, tuple(_mtime(p) for p in policy_files(name)))
+        key = (name, tmpdir, extra_rox, extra_rw, extra_rwx, tuple(_mtime(p) for p in policy_files(name)))
         base = _DECISIONS.pop(key, None)
         if base is None or not base.fresh():
             if base is not None:
@@ -572,14 +570,19 @@ def _build(
         _DECISIONS[key] = base  # the newest last
         while len(_DECISIONS) > _DECISIONS_KEPT:
             _DECISIONS.pop(next(iter(_DECISIONS))).close()
-        return base.sandbox(extra_ro)
+        if base.policy.cwd == cwd:
+            return base.sandbox(base.policy, extra_ro)
+        return base.sandbox(load_policy(name, cwd, tmpdir, extra_rox, (), extra_rw, extra_rwx), extra_ro)
 
 
 class _Decisions:
-    """A policy's grants decided once for every session of one policy and cwd (reading the policy
-    and judging some fifty paths by descriptor: 2-3 ms), their descriptors kept open; each
-    session's sandbox adds its own scratch directory, judged as it would be with the others
-    (against the same writable grants), and builds its own Landlock ruleset on the descriptors.
+    """A policy's grants decided once for every session of the policy (reading the policy and
+    judging some fifty paths by descriptor: 2-3 ms), their descriptors kept open; each session's
+    sandbox adds its own scratch directory, judged as it would be with the others (against the
+    same writable grants), and builds its own Landlock ruleset on the descriptors.
+    A session in another cwd shares only the grants that do not depend on it: a path its policy
+    names too, reached without a symlink (a grant through one is judged against where code may
+    write, the cwd included), and not its cwd; the rest is decided anew as it would have been.
     Decisions are only reused while every path the policy names is still what it was: the same
     file (followed as a `stat` follows it), or still missing, and ollie's hidden and read-only
     directories are the same (`fresh`); else decided anew, as a new session always did."""
@@ -589,6 +592,7 @@ class _Decisions:
         self.hidden, self.read_only = identities(hidden_dirs()), identities(read_only_dirs())
         self.grants = grants.decide(policy, self.hidden, self.read_only)
         self._seen = self._look()
+        self._any_cwd = {(g.key, g.given): g for g in self.grants if not g.linked and g.given != policy.cwd}
 
     def _look(self) -> tuple:
         return tuple(_stat_identity(p) for key in FS_KEYS for p in self.policy.paths[key])
@@ -602,16 +606,28 @@ class _Decisions:
             and identities(read_only_dirs()) == self.read_only
         )
 
-    def sandbox(self, extra_ro: tuple[str, ...]) -> Sandbox:
+    def sandbox(self, policy: Policy, extra_ro: tuple[str, ...]) -> Sandbox:
+        """The sandbox of `policy` (this one's, or the same policy read for another cwd) with
+        `extra_ro` added."""
         extra = tuple(p for p in extra_ro if os.path.exists(p))  # as load_policy adds them
-        base = self.policy
         policy = dataclasses.replace(
-            base, paths={**base.paths, "ro": base.paths["ro"] + extra}, own=base.own | frozenset(extra_ro)
+            policy, paths={**policy.paths, "ro": policy.paths["ro"] + extra}, own=policy.own | frozenset(extra_ro)
         )
-        only_extra = dataclasses.replace(policy, paths={"ro": extra})
-        mine = grants.decide(only_extra, self.hidden, self.read_only, writable=self.grants)
-        try:
-            return Sandbox(policy, [*self.grants, *mine])
+        if policy.cwd == self.policy.cwd:
+            shared, rest = self.grants, {"ro": extra}
+        else:
+            shared, rest = [], {}
+            for key in FS_KEYS:
+                for path in policy.paths[key]:
+                    grant = self._any_cwd.get((key, path)) if path != policy.cwd else None
+                    if grant is None:
+                        rest[key] = (*rest.get(key, ()), path)
+                    else:
+                        shared.append(grant)
+        mine = grants.decide(dataclasses.replace(policy, paths=rest), self.hidden, self.read_only, writable=shared)
+        place = {(key, path): n for key in FS_KEYS for n, path in enumerate(policy.paths[key])}
+        try:  # in the policy's order, as one decision gives them (the jail binds them in it)
+            return Sandbox(policy, sorted([*shared, *mine], key=lambda g: place.get((g.key, g.given), 0)))
         finally:
             grants.close(mine)
 

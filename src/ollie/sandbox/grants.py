@@ -44,6 +44,8 @@ class Grant:
     fd: int  # O_PATH, until `close`
     own: bool  # ollie's own grant, which may lie in a hidden directory
     shared: bool  # writable by every session's code (the memory, the plans)
+    given: str = ""  # the path as the policy gave it
+    linked: bool = False  # reached through a symlink: judged against where code may write
 
     @property
     def writable(self) -> bool:
@@ -79,7 +81,7 @@ def decide(
                 if opened is None:
                     continue
                 own = path in policy.own and path != policy.cwd  # the cwd is never ollie's own
-                grant = Grant(opened.path, key, opened.fd, own, path in policy.shared)
+                grant = Grant(opened.path, key, opened.fd, own, path in policy.shared, path, bool(opened.links))
                 grants.append(grant)
                 if opened.links:
                     followed.append((grant, opened, path))
