@@ -294,15 +294,15 @@ async def test_sessions_of_one_cwd_share_its_decisions_and_each_reads_only_its_o
             await server.close()
 
 
-def test_shared_decisions_are_made_anew_once_a_granted_path_is_another_file(home, tmp_path):
+async def test_shared_decisions_are_made_anew_once_a_granted_path_is_another_file(home, tmp_path):
     # A session's first call always judged the grants as they are then; sharing keeps that: a
     # path of the policy replaced (here the shared writable directory) is decided again.
     cwd, shared, mine, theirs = (tmp_path / n for n in ("cwd", "shared", "mine", "theirs"))
     for d in (cwd, shared, mine, theirs):
         d.mkdir()
-    first = sandbox.Sandboxes().get("default", str(cwd), "", (), (str(mine),), (str(shared),))
+    first = await sandbox.Sandboxes().get_async("default", str(cwd), "", (), (str(mine),), (str(shared),))
     decisions = [d for d in sandbox._DECISIONS.values() if d.policy.cwd == str(cwd)]
-    again = sandbox.Sandboxes().get("default", str(cwd), "", (), (str(theirs),), (str(shared),))
+    again = await sandbox.Sandboxes().get_async("default", str(cwd), "", (), (str(theirs),), (str(shared),))
     assert len(decisions) == 1 and [d for d in sandbox._DECISIONS.values() if d.policy.cwd == str(cwd)] == decisions
     identity = os.stat(shared)
     exposed = {e[0]: tuple(e[-2:]) for e in again.confinement.spec["expose"]}
@@ -310,7 +310,7 @@ def test_shared_decisions_are_made_anew_once_a_granted_path_is_another_file(home
     assert str(theirs) in exposed and str(mine) not in exposed  # decided for each session
     shared.rename(tmp_path / "old")
     shared.mkdir()
-    after = sandbox.Sandboxes().get("default", str(cwd), "", (), (str(theirs),), (str(shared),))
+    after = await sandbox.Sandboxes().get_async("default", str(cwd), "", (), (str(theirs),), (str(shared),))
     assert [d for d in sandbox._DECISIONS.values() if d.policy.cwd == str(cwd)] != decisions  # decided anew
     new = os.stat(shared)
     exposed = {e[0]: tuple(e[-2:]) for e in after.confinement.spec["expose"]}
@@ -319,7 +319,7 @@ def test_shared_decisions_are_made_anew_once_a_granted_path_is_another_file(home
     assert str(mine) in {e[0] for e in first.confinement.spec["expose"]}
 
 
-def test_sessions_in_other_cwds_share_only_what_does_not_depend_on_the_cwd(home, tmp_path):
+async def test_sessions_in_other_cwds_share_only_what_does_not_depend_on_the_cwd(home, tmp_path):
     # Sessions in cwds of their own share the policy's decisions but for their cwd and the grants
     # reached through a symlink: one in a session's cwd (where its code may plant it) is refused
     # for that session, though a session elsewhere was granted the path.
@@ -331,14 +331,14 @@ def test_sessions_in_other_cwds_share_only_what_does_not_depend_on_the_cwd(home,
     scratch = [tmp_path / f"scratch-{n}" for n in range(3)]
     for d in scratch:
         d.mkdir()
-    first = sandbox.Sandboxes().get("default", str(a), "", (), (str(scratch[0]),))
+    first = await sandbox.Sandboxes().get_async("default", str(a), "", (), (str(scratch[0]),))
     assert str(target / "data") in {e[0] for e in first.confinement.spec["expose"]}
     with pytest.raises(sandbox.SandboxError, match="through the symlink"):
-        sandbox.Sandboxes().get("default", str(b), "", (), (str(scratch[1]),))
+        await sandbox.Sandboxes().get_async("default", str(b), "", (), (str(scratch[1]),))
     # what a session elsewhere gets is what a decision of its own would give, in the same order
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
-    shared = sandbox.Sandboxes().get("default", str(elsewhere), "", (), (str(scratch[2]),))
+    shared = await sandbox.Sandboxes().get_async("default", str(elsewhere), "", (), (str(scratch[2]),))
     alone = sandbox.Sandbox(sandbox.load_policy("default", str(elsewhere), "", (), (str(scratch[2]),)))
     assert shared.confinement.spec["expose"] == alone.confinement.spec["expose"]
     assert str(elsewhere) in {e[0] for e in shared.confinement.spec["expose"]}

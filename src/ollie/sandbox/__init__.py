@@ -492,8 +492,8 @@ class Sandboxes:
     ) -> Sandbox:
         key = self._key(name, cwd, tmpdir, extra_rox, extra_ro, extra_rw, extra_rwx)
         box = self._cache.get(key)
-        if box is None:
-            box = self._keep(key, _build(*key[:-1]))
+        if box is None:  # on the event loop (a hook's): never waiting on the builder's shared decisions
+            box = self._keep(key, Sandbox(load_policy(*key[:-1])))
         self._cache.move_to_end(key)
         return box
 
@@ -590,8 +590,8 @@ class _Decisions:
     def __init__(self, policy: Policy):
         self.policy = policy
         self.hidden, self.read_only = identities(hidden_dirs()), identities(read_only_dirs())
+        self._seen = self._look()  # before deciding: a path swapped meanwhile is then not fresh
         self.grants = grants.decide(policy, self.hidden, self.read_only)
-        self._seen = self._look()
         self._any_cwd = {(g.key, g.given): g for g in self.grants if not g.linked and g.given != policy.cwd}
 
     def _look(self) -> tuple:
@@ -619,7 +619,7 @@ class _Decisions:
             shared, rest = [], {}
             for key in FS_KEYS:
                 for path in policy.paths[key]:
-                    grant = self._any_cwd.get((key, path)) if path != policy.cwd else None
+                    grant = self._any_cwd.get((key, path)) if path != policy.cwd and path not in extra else None
                     if grant is None:
                         rest[key] = (*rest.get(key, ()), path)
                     else:
@@ -637,7 +637,7 @@ class _Decisions:
 
 _DECISIONS: OrderedDict[tuple, _Decisions] = OrderedDict()
 _DECISIONS_KEPT = 16
-_DECISIONS_LOCK = threading.Lock()  # builds run in the builder's thread and, for hooks, the loop's
+_DECISIONS_LOCK = threading.Lock()  # held by the builder's thread (a hook's build on the loop shares nothing)
 
 
 def _stat_identity(path: str) -> tuple[int, int] | None:
