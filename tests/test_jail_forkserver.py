@@ -531,3 +531,21 @@ def test_ollie_jail_init_python_keeps_pid_1_python_and_a_typo_is_named(monkeypat
     monkeypatch.setenv("OLLIE_DATA_PATH", str(tmp_path / "data"))
     jail_mod._native_init()
     assert "OLLIE_JAIL_INIT='pyhton': neither 'native' nor 'python'" in caplog.text
+
+
+def test_a_compiler_that_refuses_the_init_is_remembered_and_one_that_cannot_run_is_not(tmp_path, monkeypatch):
+    """A compile that failed is not tried at every start (a `.failed` file says why); one that could
+    not run at all (no such program, no room, a timeout on a busy machine) is tried by the next ollie."""
+    monkeypatch.setenv("OLLIE_DATA_PATH", str(tmp_path / "data"))
+    monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
+    assert jail_mod._native_init() is None
+    assert not list((tmp_path / "data" / "jail-init").glob("*.failed"))
+    monkeypatch.setenv("CC", "/bin/false")
+    assert jail_mod._native_init() is None
+    assert len(list((tmp_path / "data" / "jail-init").glob("*.failed"))) == 1
+    counting = tmp_path / "cc"
+    counting.write_text(f"#!/bin/sh\ntouch {tmp_path}/ran\nexit 1\n")
+    counting.chmod(0o755)
+    monkeypatch.setenv("CC", str(counting))  # not run: the failure is remembered
+    assert jail_mod._native_init() is None and not (tmp_path / "ran").exists()
+    assert sorted(p.suffix for p in (tmp_path / "data" / "jail-init").iterdir()) == [".failed"]  # nothing left over

@@ -552,8 +552,10 @@ def _native_init() -> bytes | None:
     compiler = cc if os.path.isabs(cc) else shutil.which("cc", path=_SYSTEM_PATH)
     if compiler is None or failed.exists():
         return None
-    source, partial = built.with_suffix(".c"), built.with_name(f".{built.name}.{os.getpid()}")
-    why = ""
+    # Names of this process's own: another ollie starting its first jail may be compiling too.
+    partial = built.with_name(f".{built.name}.{os.getpid()}")
+    source = partial.with_suffix(".c")
+    why, remembered = "", True
     try:
         built.parent.mkdir(parents=True, exist_ok=True)
         source.write_bytes(_JAILINIT)
@@ -569,19 +571,17 @@ def _native_init() -> bytes | None:
                 os.replace(partial, built)
                 return built.read_bytes()
         why = done.stderr.decode(errors="replace")[-2000:]
-    except (OSError, subprocess.SubprocessError) as e:
-        why = str(e)
+    except (OSError, subprocess.SubprocessError) as e:  # no room, a busy machine: tried again next time
+        why, remembered = str(e), False
     finally:
         for path in (source, partial):
             with contextlib.suppress(OSError):
                 path.unlink()
-    log.warning(
-        "the jails' native init could not be built (PID 1 stays Python; remove %s to try again): %s", failed, why
-    )
-    try:
-        failed.write_text(why)
-    except OSError:
-        pass  # nowhere to remember it (a data directory not ours to write): tried again next time
+    again = f"remove {failed} to try again" if remembered else "tried again by the next ollie"
+    log.warning("the jails' native init could not be built (PID 1 stays Python; %s): %s", again, why)
+    if remembered:  # a compiler that refuses it: not asked again at every start
+        with contextlib.suppress(OSError):  # nowhere to remember it: tried again next time
+            failed.write_text(why)
     return None
 
 
