@@ -570,9 +570,12 @@ def _build(
         _DECISIONS[key] = base  # the newest last
         while len(_DECISIONS) > _DECISIONS_KEPT:
             _DECISIONS.pop(next(iter(_DECISIONS))).close()
-        if base.policy.cwd == cwd:
-            return base.sandbox(base.policy, extra_ro)
-        return base.sandbox(load_policy(name, cwd, tmpdir, extra_rox, (), extra_rw, extra_rwx), extra_ro)
+        policy = (
+            base.policy
+            if base.policy.cwd == cwd
+            else load_policy(name, cwd, tmpdir, extra_rox, (), extra_rw, extra_rwx)
+        )
+        return base.sandbox(policy, extra_ro)
 
 
 class _Decisions:
@@ -616,14 +619,9 @@ class _Decisions:
         if policy.cwd == self.policy.cwd:
             shared, rest = self.grants, {"ro": extra}
         else:
-            shared, rest = [], {}
-            for key in FS_KEYS:
-                for path in policy.paths[key]:
-                    grant = self._any_cwd.get((key, path)) if path != policy.cwd and path not in extra else None
-                    if grant is None:
-                        rest[key] = (*rest.get(key, ()), path)
-                    else:
-                        shared.append(grant)
+            reusable = {k: g for k, g in self._any_cwd.items() if k[1] != policy.cwd and k[1] not in extra}
+            shared = [reusable[(k, p)] for k in FS_KEYS for p in policy.paths[k] if (k, p) in reusable]
+            rest = {k: tuple(p for p in policy.paths[k] if (k, p) not in reusable) for k in FS_KEYS}
         mine = grants.decide(dataclasses.replace(policy, paths=rest), self.hidden, self.read_only, writable=shared)
         place = {(key, path): n for key in FS_KEYS for n, path in enumerate(policy.paths[key])}
         try:  # in the policy's order, as one decision gives them (the jail binds them in it)
