@@ -434,10 +434,11 @@ async def test_without_a_c_compiler_pid_1_stays_python_and_serves_the_same(no_co
     assert [c for c in cmdlines if b"The jail helper" in c]
 
 
-async def test_a_ruleset_whose_builder_dies_fails_its_call_and_the_jail_serves_on(run, tmp_path):
+async def test_a_ruleset_whose_builder_dies_fails_its_call_and_a_new_jail_serves_the_next(run, tmp_path):
     """The native init answers for a build that ends without answering (its Python killed here as
     soon as it shows; it may not have read the request yet, or may have): the call fails saying
-    so, and the jail goes on serving its other rulesets."""
+    so. What the build mounted before it died is on record nowhere, so the jail retires: the next
+    call is served by a new one."""
     assert (await run("echo warm")).text() == "warm\n"
     server = jail_mod._FORK_SERVER.pid
     assert server is not None
@@ -459,6 +460,7 @@ async def test_a_ruleset_whose_builder_dies_fails_its_call_and_the_jail_serves_o
         cwd = tmp_path / f"other{attempt}"
         cwd.mkdir()
         ctx = CallContext(cwd=str(cwd), session_id="s", tmpdir=run.ctx.tmpdir, policies=run.ctx.policies)
+        jails = [j for j in run.server._jails._jails.values() if j.alive]
         killer = asyncio.create_task(kill_builder())
         result = await run.server.call_tool("execute_code", {"steps": [{"code": "echo built"}]}, ctx)
         killed = await killer
@@ -467,7 +469,14 @@ async def test_a_ruleset_whose_builder_dies_fails_its_call_and_the_jail_serves_o
             break
     else:
         pytest.fail("no build was caught before it answered")
+    assert len(jails) == 1
+    for _ in range(200):  # its retirement comes on the control socket, after the answer
+        if not jails[0].alive:
+            break
+        await asyncio.sleep(0.01)
+    assert not jails[0].alive
     assert (await run("echo still")).text() == "still\n"
+    assert [j for j in run.server._jails._jails.values() if j.alive] not in ([], jails)
 
 
 async def test_what_no_program_can_be_given_is_refused_before_the_jail_sees_it():
@@ -536,16 +545,30 @@ def test_ollie_jail_init_python_keeps_pid_1_python_and_a_typo_is_named(monkeypat
 def test_a_compiler_that_refuses_the_init_is_remembered_and_one_that_cannot_run_is_not(tmp_path, monkeypatch):
     """A compile that failed is not tried at every start (a `.failed` file says why); one that could
     not run at all (no such program, no room, a timeout on a busy machine) is tried by the next ollie."""
+    if shutil.which("cc", path=jail_mod._SYSTEM_PATH) is None:
+        pytest.skip("no C compiler")
     monkeypatch.setenv("OLLIE_DATA_PATH", str(tmp_path / "data"))
-    monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
+    monkeypatch.setenv("CC", "/usr/bin/ollie-no-such-cc")
     assert jail_mod._native_init() is None
     assert not list((tmp_path / "data" / "jail-init").glob("*.failed"))
     monkeypatch.setenv("CC", "/bin/false")
     assert jail_mod._native_init() is None
     assert len(list((tmp_path / "data" / "jail-init").glob("*.failed"))) == 1
-    counting = tmp_path / "cc"
-    counting.write_text(f"#!/bin/sh\ntouch {tmp_path}/ran\nexit 1\n")
-    counting.chmod(0o755)
-    monkeypatch.setenv("CC", str(counting))  # not run: the failure is remembered
-    assert jail_mod._native_init() is None and not (tmp_path / "ran").exists()
+    monkeypatch.delenv("CC")  # the system's cc would build it: not asked, the failure is remembered
+    assert jail_mod._native_init() is None
     assert sorted(p.suffix for p in (tmp_path / "data" / "jail-init").iterdir()) == [".failed"]  # nothing left over
+
+
+def test_a_cc_outside_the_systems_directories_is_not_run(tmp_path, monkeypatch, caplog):
+    """`$CC` in a directory a session's code may write (a project's toolchain) would run outside
+    the sandbox and build what every jail runs as its PID 1: the system's cc builds it instead."""
+    if shutil.which("cc", path=jail_mod._SYSTEM_PATH) is None:
+        pytest.skip("no C compiler")
+    planted = tmp_path / "cc"
+    planted.write_text(f"#!/bin/sh\ntouch {tmp_path}/ran\nexit 1\n")
+    planted.chmod(0o755)
+    monkeypatch.setenv("CC", str(planted))
+    monkeypatch.setenv("OLLIE_DATA_PATH", str(tmp_path / "data"))
+    built = jail_mod._native_init()
+    assert built is not None and built.startswith(b"\x7fELF") and not (tmp_path / "ran").exists()
+    assert f"CC={planted} is not in the system's directories" in caplog.text

@@ -49,6 +49,7 @@ _INLINE = 32 << 10  # a spawn request's argv and env up to this size travel in i
 _CHANNELS = 8  # idle channels kept per jail (one per ruleset: a session's cwd and policy)
 MFD_EXEC = 0x10  # Linux 6.3: a memfd that may be executed whatever vm.memfd_noexec says
 _SYSTEM_PATH = "/usr/local/bin:/usr/bin:/bin"
+_SYSTEM_DIRS = ("/usr/", "/bin/", "/sbin/", "/opt/")  # where a `$CC` is taken from: the system's, read-only in jails
 
 log = logging.getLogger(__name__)
 
@@ -530,8 +531,8 @@ def _memfd(data: bytes, name: str = "ollie-spec", flags: int = 0) -> int:
 
 def _native_init() -> bytes | None:
     """The native init (jailinit.c) built for this machine: compiled once with the system's C
-    compiler (`$CC` if it is an absolute path, else `cc` in the system's directories: never a
-    program found on the user's PATH, where a sandboxed program may have put one) into ollie's data
+    compiler (`$CC` if it leads into the system's directories, else `cc` there: never a program
+    found on the user's PATH or in a directory a sandboxed program may write) into ollie's data
     directory, which no jail sees (a sandboxed program must not write what every later jail runs
     outside its sandbox); None without a compiler, where it failed (said once, and remembered), or
     with OLLIE_JAIL_INIT=python: a jail's PID 1 then stays Python, 2 MiB where the init takes a
@@ -548,8 +549,10 @@ def _native_init() -> bytes | None:
         return built.read_bytes()
     except OSError:
         pass
-    cc = os.environ.get("CC", "")
-    compiler = cc if os.path.isabs(cc) else shutil.which("cc", path=_SYSTEM_PATH)
+    cc = os.path.realpath(os.environ["CC"]) if os.path.isabs(os.environ.get("CC", "")) else ""
+    if cc and not cc.startswith(_SYSTEM_DIRS):
+        log.warning("CC=%s is not in the system's directories %s: the jails' init is built with cc", cc, _SYSTEM_DIRS)
+    compiler = cc if cc.startswith(_SYSTEM_DIRS) else shutil.which("cc", path=_SYSTEM_PATH)
     if compiler is None or failed.exists():
         return None
     # Names of this process's own: another ollie starting its first jail may be compiling too.

@@ -60,6 +60,7 @@ extern char **environ;
 struct channel {
     int sock, ruleset;
     struct sock_fprog prog; /* len 0: no seccomp program */
+    int prog_broken;        /* one was given and could not be read: its stages are refused, never run without it */
 };
 
 struct stage {
@@ -82,6 +83,14 @@ static double builder_deadline;
 static int builder_killed; /* past its deadline: its reap is awaited */
 static int builder_sock = -1; /* where it hands the channel back */
 static int retiring, children_fd = -1;
+
+/* Take no more calls: the parent starts another jail for them; this one ends once its stages have. */
+static void retire(void) {
+    static const char message[] = "{\"id\": 0, \"retire\": true}";
+    if (retiring) return;
+    retiring = 1;
+    send(control, message, sizeof message - 1, MSG_NOSIGNAL);
+}
 
 static double now(void) {
     struct timespec t;
@@ -206,10 +215,11 @@ static void end_channel(size_t i) {
     channels[i] = channels[--n_channels];
 }
 
-/* The seccomp program in memfd `fd` (closed), or none. */
-static struct sock_fprog load_program(int fd) {
+/* The seccomp program in memfd `fd` (closed), or none; `broken` set if one was given and not read. */
+static struct sock_fprog load_program(int fd, int *broken) {
     struct sock_fprog prog = {0, NULL};
     struct stat st;
+    *broken = 0;
     if (fd < 0) return prog;
     if (fstat(fd, &st) == 0 && st.st_size > 0 && st.st_size % sizeof(struct sock_filter) == 0 &&
         st.st_size / sizeof(struct sock_filter) <= BPF_MAXINSNS) {
@@ -218,6 +228,7 @@ static struct sock_fprog load_program(int fd) {
             prog.len = st.st_size / sizeof(struct sock_filter);
     }
     close(fd);
+    *broken = prog.len == 0;
     return prog;
 }
 
@@ -226,7 +237,7 @@ static void add_channel(int sock, int ruleset, int seccomp) {
     if (!c) _exit(70);
     c->sock = sock;
     c->ruleset = ruleset;
-    c->prog = load_program(seccomp);
+    c->prog = load_program(seccomp, &c->prog_broken);
     fcntl(sock, F_SETFD, FD_CLOEXEC);
     if (ruleset >= 0) fcntl(ruleset, F_SETFD, FD_CLOEXEC);
     channels = grow(channels, n_channels, sizeof *channels);
@@ -256,6 +267,10 @@ static void become(struct channel *c, char *cwd, char **argv, char **env, int *s
     if (prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0) < 0) goto fail;
     if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0) goto fail;
     if (ruleset >= 0 && (syscall(SYS_landlock_restrict_self, ruleset, 0) < 0 || close(ruleset) < 0)) goto fail;
+    if (c->prog_broken) {
+        errno = EINVAL; /* its seccomp program could not be read */
+        goto fail;
+    }
     if (c->prog.len && prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &c->prog) < 0) goto fail;
     struct __user_cap_header_struct header = {_LINUX_CAPABILITY_VERSION_3, 0};
     struct __user_cap_data_struct caps[2] = {{0}};
@@ -389,8 +404,9 @@ static void end_builder(void) {
         int sock = f[1] ? fds[k++] : -1, ruleset = f[2] ? fds[k++] : -1, seccomp = f[3] ? fds[k++] : -1;
         if (sock >= 0) add_channel(sock, ruleset, seccomp);
         if (f[4]) close(state_fd), state_fd = fds[k++]; /* what the next build goes on from */
-    } else {
+    } else { /* it died before it handed back the mounts' state: what it mounted is on record nowhere */
         for (int i = 0; i < n_fds; i++) close(fds[i]);
+        retire();
     }
     close(builder_sock);
     builder_sock = -1;
@@ -545,11 +561,7 @@ int main(int argc, char **argv) {
         if (polled[0].revents) {
             struct signalfd_siginfo info;
             while (read(signals, &info, sizeof info) == sizeof info) {
-                if (info.ssi_signo == SIGXCPU && !retiring) {
-                    retiring = 1; /* our CPU limit: the parent starts another jail for new calls */
-                    static const char retire[] = "{\"id\": 0, \"retire\": true}";
-                    send(control, retire, sizeof retire - 1, MSG_NOSIGNAL);
-                }
+                if (info.ssi_signo == SIGXCPU) retire(); /* our CPU limit */
             }
             reap();
         }
