@@ -319,6 +319,23 @@ async def test_shared_decisions_are_made_anew_once_a_granted_path_is_another_fil
     assert str(mine) in {e[0] for e in first.confinement.spec["expose"]}
 
 
+async def test_a_granted_path_made_after_the_decisions_is_granted_to_the_next_session(home, tmp_path):
+    # A path the policy names that does not exist is left out; once made (rustup installs
+    # ~/.cargo while the server runs), the next session gets it, in this cwd and in another,
+    # as it did when every session read the policy itself.
+    cache = home / "late-cache"
+    write_policy(None, "filesystem:\n  rw: ['{HOME}/late-cache']\n")
+    cwd, other = tmp_path / "cwd", tmp_path / "other"
+    for d in (cwd, other):
+        d.mkdir()
+    before = await sandbox.Sandboxes().get_async("default", str(cwd), "")
+    assert str(cache) not in {e[0] for e in before.confinement.spec["expose"]}
+    cache.mkdir()
+    for where in (cwd, other):
+        after = await sandbox.Sandboxes().get_async("default", str(where), "")
+        assert str(cache) in {e[0] for e in after.confinement.spec["expose"]}, where
+
+
 async def test_sessions_in_other_cwds_share_only_what_does_not_depend_on_the_cwd(home, tmp_path):
     # Sessions in cwds of their own share the policy's decisions but for their cwd and the grants
     # reached through a symlink: one in a session's cwd (where its code may plant it) is refused

@@ -598,7 +598,9 @@ class _Decisions:
         self._any_cwd = {(g.key, g.given): g for g in self.grants if not g.linked and g.given != policy.cwd}
 
     def _look(self) -> tuple:
-        return tuple(_stat_identity(p) for key in FS_KEYS for p in self.policy.paths[key])
+        """What each path the policy names is now: a file, or missing (granted once it is made)."""
+        paths = [p for key in FS_KEYS for p in self.policy.paths[key]]
+        return tuple(_stat_identity(p) for p in [*paths, *self.policy.missing])
 
     def fresh(self) -> bool:
         """Still what a new decision would be: the same paths, and the same directories hidden

@@ -162,6 +162,7 @@ class Policy:
     own: frozenset[str]  # ollie's own grants (tools, scratch, memory, plans): shown from under its hidden directories
     optional: frozenset[str]  # built-in grants left out, rather than refused, when a planted symlink leads there
     paths: dict[str, tuple[str, ...]]  # a FS_KEYS name → absolute existing paths
+    missing: tuple[str, ...]  # the paths it names that did not exist (granted once they do)
     unrestricted_net: bool
     unix_sockets: bool  # may create AF_UNIX sockets (and so connect to any socket by path)
     bind_tcp: tuple[int, ...]
@@ -214,12 +215,12 @@ def load_policy(
     for path in (global_file, named_file):
         raw = _overlay(raw, _read_policy_file(path))
     values = _template_values(cwd, tmpdir)
-    paths = {key: _expand_paths(raw["filesystem"][key], values, f"filesystem.{key}") for key in FS_KEYS}
-    paths["rox"] += tuple(p for p in extra_rox if os.path.exists(p))
-    paths["ro"] += tuple(p for p in extra_ro if os.path.exists(p))
-    paths["rw"] += tuple(p for p in extra_rw if os.path.exists(p))
-    paths["rwx"] += tuple(p for p in extra_rwx if os.path.exists(p))
-    paths["rox"] += tuple(p for p in program_rox if os.path.exists(p))
+    named = {key: _expand_paths(raw["filesystem"][key], values, f"filesystem.{key}") for key in FS_KEYS}
+    named["rox"] += extra_rox + program_rox
+    named["ro"] += extra_ro
+    named["rw"] += extra_rw
+    named["rwx"] += extra_rwx
+    paths = {key: tuple(dict.fromkeys(p for p in named[key] if os.path.exists(p))) for key in FS_KEYS}
     net = raw["network"]
     unrestricted = bool(net.get("unrestricted") or net.get("enabled"))  # `enabled`: the Go name
     connect = _ports(net.get("connect_tcp"), "network.connect_tcp")
@@ -231,6 +232,7 @@ def load_policy(
         own=frozenset([*extra_rox, *extra_ro, *extra_rw, *extra_rwx, *([os.path.normpath(tmpdir)] if tmpdir else [])]),
         optional=frozenset(_expand_paths(_HOME_TOOLCHAINS, values, "filesystem.rox")),
         paths=paths,
+        missing=tuple(dict.fromkeys(p for key in FS_KEYS for p in named[key] if p not in paths[key])),
         unrestricted_net=unrestricted,
         unix_sockets=bool(net.get("unix")),
         bind_tcp=_ports(net.get("bind_tcp"), "network.bind_tcp"),
@@ -349,8 +351,7 @@ def _expand_paths(entries: list[str], values: dict[str, str], where: str) -> tup
         path = os.path.expanduser(_TEMPLATE.sub(lambda m: values[m.group(1)], entry))
         if not os.path.isabs(path):
             raise SandboxError(f"sandbox {where}: {entry!r} is not an absolute path")
-        if os.path.exists(path):
-            out.append(os.path.normpath(path))
+        out.append(os.path.normpath(path))
     return tuple(dict.fromkeys(out))
 
 
