@@ -289,14 +289,16 @@ async def test_the_file_servers_mount_is_hidden_wherever_it_is(fs_server):
     assert result.text() == "listed\n"
 
 
-def test_a_replaceable_symlink_to_ollies_files_is_refused(home, tmp_path, monkeypatch):
+@pytest.mark.parametrize("below", ["", "sub", "missing/deeper"])
+def test_a_replaceable_symlink_to_ollies_files_is_refused(home, tmp_path, monkeypatch, below):
     # With ~/.config/ollie a symlink (dotfile managers make them) and the session in $HOME, sandboxed
-    # code could point it elsewhere, and a later session would read its configuration from there.
+    # code could point it elsewhere, and a later session would read its configuration from there:
+    # the link the path itself, a directory above it, or above a part not made yet.
     real = home / "dotfiles" / "ollie"
-    real.mkdir(parents=True)
+    (real / "sub").mkdir(parents=True)
     link = home / ".config" / "linked"
     link.symlink_to(real)
-    monkeypatch.setenv("OLLIE_CFG_PATH", str(link))
+    monkeypatch.setenv("OLLIE_CFG_PATH", str(link / below) if below else str(link))
     policy = sandbox.load_policy("default", str(home), "")
     with pytest.raises(sandbox.SandboxError, match=f"reached through the symlink {link}.*{real}"):
         asyncio.run(sandbox.Jails().get(policy))

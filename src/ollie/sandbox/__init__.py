@@ -358,6 +358,8 @@ def _refuse_replaceable_links(policy: Policy) -> None:
     $HOME, an agents directory in the project) could be pointed elsewhere: the next jail would then
     hide the wrong place, and ollie read its configuration from the sandbox's choice."""
     for path in [*_own_paths(), *config.agents_path(), *config.tools_path(), *config.skills_path()]:
+        if not _through_symlink(str(path.absolute())):
+            continue
         parts = path.absolute().parts
         for n in range(2, len(parts) + 1):
             link = os.path.join(*parts[:n])
@@ -367,6 +369,19 @@ def _refuse_replaceable_links(policy: Policy) -> None:
                     f"replace; set the variable that names it to the real directory "
                     f"({os.path.realpath(path)})"
                 )
+
+
+def _through_symlink(path: str) -> bool:
+    """Whether a symlink lies on `path`'s way, up to its first missing part: one system call
+    (`openat2` refusing symlinks) where a jail's start would otherwise `lstat` every component of
+    each of ollie's paths."""
+    try:
+        os.close(open_real(path))
+    except LinkRefused:
+        return True
+    except OSError:  # missing (a symlink before the missing part is met first), or no directory
+        return False
+    return False
 
 
 # The Python that starts every jail, outside the sandbox: kept read-only in each jail even when a
