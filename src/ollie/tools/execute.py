@@ -268,21 +268,26 @@ class Server:
 def read_safe(arguments: dict[str, Any], ctx: CallContext | None = None) -> bool:
     """Whether a call only runs tool scripts marked `ollie:parallel read` in their first lines,
     so it may run beside other read-only calls."""
-    tool_dirs = _tool_dirs(ctx or CallContext())
     steps = arguments.get("steps") if isinstance(arguments, dict) else None
-    if not isinstance(steps, list) or not steps:
-        return False
+    leaves = _leaves(steps) if isinstance(steps, list) and steps else None
+    if leaves is None or not all(isinstance(leaf, dict) and isinstance(leaf.get("tool"), str) for leaf in leaves):
+        return False  # code (most calls): no tool directory looked up
+    tool_dirs = _tool_dirs(ctx or CallContext())
+    return all(
+        (script := _find_tool(leaf["tool"], tool_dirs)) is not None and _marked_read_safe(script) for leaf in leaves
+    )
+
+
+def _leaves(steps: list[Any]) -> list[Any] | None:
+    """The steps' commands, a parallel step's each; None if a step is no object or its
+    `parallel` no list."""
+    leaves: list[Any] = []
     for step in map(_given, steps):
-        leaves = step.get("parallel", [step]) if isinstance(step, dict) else None
-        if not isinstance(leaves, list):
-            return False
-        for leaf in leaves:
-            if not isinstance(leaf, dict) or not isinstance(leaf.get("tool"), str):
-                return False
-            script = _find_tool(leaf["tool"], tool_dirs)
-            if script is None or not _marked_read_safe(script):
-                return False
-    return True
+        parallel = step.get("parallel", [step]) if isinstance(step, dict) else None
+        if not isinstance(parallel, list):
+            return None
+        leaves += parallel
+    return leaves
 
 
 # ---- parsing: everything is checked before anything runs ---------------------------------------
