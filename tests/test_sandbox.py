@@ -336,6 +336,53 @@ async def test_a_granted_path_made_after_the_decisions_is_granted_to_the_next_se
         assert str(cache) in {e[0] for e in after.confinement.spec["expose"]}, where
 
 
+async def test_a_granted_path_made_while_the_decisions_are_made_is_granted_to_the_next_session(
+    home, tmp_path, monkeypatch
+):
+    # Made after the policy was read and before its paths were looked at: the decisions then
+    # stand for a policy without it, and must not take it for a path that was always there.
+    cache, cwd = home / "racing-cache", tmp_path / "cwd"
+    cwd.mkdir()
+    write_policy(None, "filesystem:\n  rw: ['{HOME}/racing-cache']\n")
+    read = sandbox.load_policy
+
+    def read_then_make(*args):
+        policy = read(*args)
+        cache.mkdir(exist_ok=True)
+        return policy
+
+    monkeypatch.setattr(sandbox, "load_policy", read_then_make)
+    await sandbox.Sandboxes().get_async("default", str(cwd), "")
+    after = await sandbox.Sandboxes().get_async("default", str(cwd), "")
+    assert str(cache) in {e[0] for e in after.confinement.spec["expose"]}
+
+
+async def test_a_session_gets_what_its_policy_names_now_though_decisions_are_shared(home, tmp_path, monkeypatch):
+    # Each session reads the policy for itself: a variable its templates name changed since (the
+    # env file edited), or the policy file revoked a grant with its time kept (`cp -p`), and the
+    # next session in the same cwd gets what a decision of its own would give.
+    mine, theirs, secret, cwd = (tmp_path / n for n in ("mine", "theirs", "secret", "cwd"))
+    for d in (mine, theirs, secret, cwd):
+        d.mkdir()
+
+    async def exposed(scratch: str) -> set[str]:
+        (tmp_path / scratch).mkdir()
+        box = await sandbox.Sandboxes().get_async("default", str(cwd), "", (), (str(tmp_path / scratch),))
+        fresh = sandbox.Sandbox(sandbox.load_policy("default", str(cwd), "", (), (str(tmp_path / scratch),)))
+        assert box.confinement.spec["expose"] == fresh.confinement.spec["expose"]
+        return {e[0] for e in box.confinement.spec["expose"]}
+
+    path = write_policy(None, f"filesystem:\n  rw: ['{{MY_DATA}}']\n  ro: ['{secret}']\n")
+    monkeypatch.setenv("MY_DATA", str(mine))
+    assert {str(mine), str(secret)} <= await exposed("s1")
+    monkeypatch.setenv("MY_DATA", str(theirs))
+    assert str(theirs) in await exposed("s2") and str(mine) not in await exposed("s3")
+    before = path.stat()
+    path.write_text("filesystem:\n  rw: ['{MY_DATA}']\n")
+    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert str(secret) not in await exposed("s4")
+
+
 async def test_sessions_in_other_cwds_share_only_what_does_not_depend_on_the_cwd(home, tmp_path):
     # Sessions in cwds of their own share the policy's decisions but for their cwd and the grants
     # reached through a symlink: one in a session's cwd (where its code may plant it) is refused

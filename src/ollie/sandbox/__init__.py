@@ -540,7 +540,7 @@ class Sandboxes:
 
     def _key(self, name: str, *rest: Any) -> tuple:
         files = self._files.get(name) or self._files.setdefault(name, policy_files(name))
-        return (name, *rest, tuple(_mtime(p) for p in files))
+        return (name, *rest, tuple(_version(p) for p in files))
 
     def _keep(self, key: tuple, box: Sandbox) -> Sandbox:
         self._cache[key] = box
@@ -576,20 +576,17 @@ def _build(
     """A sandbox, on decisions shared by every session of the policy (`_Decisions`): only the
     paths they cannot share (`extra_ro`, a session's own scratch directory; its cwd) decided anew."""
     with _DECISIONS_LOCK:
-        key = (name, tmpdir, extra_rox, extra_rw, extra_rwx, tuple(_mtime(p) for p in policy_files(name)))
+        key = (name, tmpdir, extra_rox, extra_rw, extra_rwx, tuple(_version(p) for p in policy_files(name)))
+        # read for every session: the variables its templates name may have changed since
+        policy = load_policy(name, cwd, tmpdir, extra_rox, (), extra_rw, extra_rwx)
         base = _DECISIONS.pop(key, None)
         if base is None or not base.fresh():
             if base is not None:
                 base.close()
-            base = _Decisions(load_policy(name, cwd, tmpdir, extra_rox, (), extra_rw, extra_rwx))
+            base = _Decisions(policy)
         _DECISIONS[key] = base  # the newest last
         while len(_DECISIONS) > _DECISIONS_KEPT:
             _DECISIONS.pop(next(iter(_DECISIONS))).close()
-        policy = (
-            base.policy
-            if base.policy.cwd == cwd
-            else load_policy(name, cwd, tmpdir, extra_rox, (), extra_rw, extra_rwx)
-        )
         return base.sandbox(policy, extra_ro)
 
 
@@ -598,9 +595,11 @@ class _Decisions:
     judging some fifty paths by descriptor: 2-3 ms), their descriptors kept open; each session's
     sandbox adds its own scratch directory, judged as it would be with the others (against the
     same writable grants), and builds its own Landlock ruleset on the descriptors.
-    A session in another cwd shares only the grants that do not depend on it: a path its policy
-    names too, reached without a symlink (a grant through one is judged against where code may
-    write, the cwd included), and not its cwd; the rest is decided anew as it would have been.
+    Each session reads the policy for itself (the variables its templates name may have changed).
+    One whose policy reads otherwise (another cwd, another value) shares only the grants that do
+    not depend on that: a path its policy names too, reached without a symlink (a grant through
+    one is judged against where code may write, the cwd included), and not its cwd; the rest is
+    decided anew as it would have been.
     Decisions are only reused while every path the policy names is still what it was: the same
     file (followed as a `stat` follows it), or still missing, and ollie's hidden and read-only
     directories are the same (`fresh`); else decided anew, as a new session always did."""
@@ -608,14 +607,18 @@ class _Decisions:
     def __init__(self, policy: Policy):
         self.policy = policy
         self.hidden, self.read_only = identities(hidden_dirs()), identities(read_only_dirs())
-        self._seen = self._look()  # before deciding: a path swapped meanwhile is then not fresh
+        # Before deciding (a path swapped meanwhile is then not fresh); the missing paths as the
+        # policy's reading found them (one made since is then granted by the next build).
+        self._seen = self._existing() + (None,) * len(policy.missing)
         self.grants = grants.decide(policy, self.hidden, self.read_only)
         self._any_cwd = {(g.key, g.given): g for g in self.grants if not g.linked and g.given != policy.cwd}
 
+    def _existing(self) -> tuple:
+        return tuple(_stat_identity(p) for key in FS_KEYS for p in self.policy.paths[key])
+
     def _look(self) -> tuple:
         """What each path the policy names is now: a file, or missing (granted once it is made)."""
-        paths = [p for key in FS_KEYS for p in self.policy.paths[key]]
-        return tuple(_stat_identity(p) for p in [*paths, *self.policy.missing])
+        return self._existing() + tuple(_stat_identity(p) for p in self.policy.missing)
 
     def fresh(self) -> bool:
         """Still what a new decision would be: the same paths, and the same directories hidden
@@ -627,13 +630,14 @@ class _Decisions:
         )
 
     def sandbox(self, policy: Policy, extra_ro: tuple[str, ...]) -> Sandbox:
-        """The sandbox of `policy` (this one's, or the same policy read for another cwd) with
-        `extra_ro` added."""
+        """The sandbox of `policy` (the same policy read for this session: for another cwd, or
+        with other values of its templates' variables) with `extra_ro` added."""
+        same = policy.cwd == self.policy.cwd and policy.paths == self.policy.paths
         extra = tuple(p for p in extra_ro if os.path.exists(p))  # as load_policy adds them
         policy = dataclasses.replace(
             policy, paths={**policy.paths, "ro": policy.paths["ro"] + extra}, own=policy.own | frozenset(extra_ro)
         )
-        if policy.cwd == self.policy.cwd:
+        if same:
             shared, rest = self.grants, {"ro": extra}
         else:
             reusable = {k: g for k, g in self._any_cwd.items() if k[1] != policy.cwd and k[1] not in extra}
@@ -663,11 +667,15 @@ def _stat_identity(path: str) -> tuple[int, int] | None:
     return st.st_dev, st.st_ino
 
 
-def _mtime(path: Path) -> int:
+def _version(path: Path) -> tuple[int, ...]:
+    """Which version of a policy file is there: its inode, size and times, the change time
+    included (`cp -p`, `rsync -a` and `touch -r` set the modification time back; nothing sets
+    the change time)."""
     try:
-        return path.stat().st_mtime_ns
+        st = path.stat()
     except OSError:
-        return 0
+        return ()
+    return st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns
 
 
 def superpowers_prefix() -> list[str]:
