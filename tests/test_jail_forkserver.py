@@ -20,6 +20,7 @@ from ollie import sandbox
 from ollie.sandbox import jail as jail_mod
 from ollie.sandbox.jail import Jail, JailSetup
 from ollie.tools import CallContext, execute
+from sandbox_helpers import write_policy
 from test_execute import alive
 
 pytestmark = pytest.mark.skipif(sandbox.landlock_abi() < 6, reason="needs Landlock ABI 6 (Linux 6.12)")
@@ -287,6 +288,42 @@ async def test_an_idle_jail_is_closed_and_started_again_on_the_next_call(monkeyp
         await asyncio.sleep(1.5)
         assert not server._jails._jails, "the idle jail was closed"
         assert (await call("cat /tmp/x 2>&1 || echo gone")).endswith("gone\n")  # a new jail, a new /tmp
+    finally:
+        await server.close()
+
+
+@pytest.mark.parametrize("change", ["made again", "a symlink to itself"])
+async def test_a_grant_changed_while_the_jail_was_closed_is_decided_anew(monkeypatch, tmp_path, home, change):
+    # The session's sandbox was decided with the directory as it was; its jail, closed while idle,
+    # starts again and finds the grant changed: the call has its sandbox decided anew (the new
+    # directory granted, or a symlinked path refused as a first call would) instead of every
+    # call failing for the session's life.
+    monkeypatch.setenv("OLLIE_JAIL_IDLE", "0.3")
+    cwd, data = tmp_path / "cwd", home / "data"
+    for d in (cwd, data):
+        d.mkdir()
+    write_policy(None, f"filesystem:\n  rw: ['{data}']\n")
+    server = execute.factory(str(cwd))()
+    ctx = CallContext(cwd=str(cwd), session_id="s", tmpdir="")
+
+    async def call(code: str):
+        return await server.call_tool("execute_code", {"steps": [{"code": code}]}, ctx)
+
+    try:
+        assert not (await call(f"echo one > {data}/f")).is_error
+        await asyncio.sleep(0.8)
+        assert not server._jails._jails, "the idle jail was closed"
+        data.rename(home / "old")
+        if change == "made again":
+            data.mkdir()
+            result = await call(f"echo two > {data}/f && cat {data}/f")
+            assert result.text() == "two\n" and not result.is_error, result.text()
+            assert (data / "f").read_text() == "two\n"
+        else:
+            data.symlink_to(home / "old")
+            for _ in range(2):  # refused as a new session's first call is, at every call
+                result = await call("echo ran")
+                assert result.is_error and f"grants {data} through the symlink" in result.text(), result.text()
     finally:
         await server.close()
 

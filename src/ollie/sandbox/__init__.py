@@ -548,6 +548,13 @@ class Sandboxes:
             self._cache.popitem(last=False)
         return box
 
+    def forget(self, box: Sandbox) -> None:
+        """Build `box`'s sandbox anew at its next `get`, on decisions made anew (`decide_anew`):
+        its jail found a grant changed since it was decided."""
+        for key in [k for k, b in self._cache.items() if b is box]:
+            del self._cache[key]
+        _DECISIONS_STALE.set()
+
     def clear(self) -> None:
         self._cache.clear()
 
@@ -576,6 +583,10 @@ def _build(
     """A sandbox, on decisions shared by every session of the policy (`_Decisions`): only the
     paths they cannot share (`extra_ro`, a session's own scratch directory; its cwd) decided anew."""
     with _DECISIONS_LOCK:
+        if _DECISIONS_STALE.is_set():
+            _DECISIONS_STALE.clear()
+            while _DECISIONS:
+                _DECISIONS.popitem()[1].close()
         key = (name, tmpdir, extra_rox, extra_rw, extra_rwx, tuple(_version(p) for p in policy_files(name)))
         # read for every session: the variables its templates name may have changed since
         policy = load_policy(name, cwd, tmpdir, extra_rox, (), extra_rw, extra_rwx)
@@ -657,6 +668,9 @@ class _Decisions:
 _DECISIONS: OrderedDict[tuple, _Decisions] = OrderedDict()
 _DECISIONS_KEPT = 16
 _DECISIONS_LOCK = threading.Lock()  # held by the builder's thread (a hook's build on the loop shares nothing)
+# Set when a jail found a grant changed that `fresh` may not see (a directory swapped for a
+# symlink to itself): the next build decides every policy anew.
+_DECISIONS_STALE = threading.Event()
 
 
 def _stat_identity(path: str) -> tuple[int, int] | None:

@@ -62,6 +62,11 @@ class SpawnError(JailError):
     """A program could not be started (not found, not executable, its cwd is gone)."""
 
 
+class GrantChanged(JailError):
+    """The jail found a grant changed since it was decided (a directory made again, a symlink
+    put on its way): the sandbox is to be decided anew."""
+
+
 @dataclass(frozen=True, slots=True)
 class JailSetup:
     """What is fixed for a jail's life: its network, its PID budget, its private /tmp, what it
@@ -334,6 +339,11 @@ class Jail:
                 os.close(fds[3])
         return stage
 
+    async def confine(self, confinement: Confinement) -> None:
+        """Set up `confinement`'s ruleset in the jail (its grants mounted), if it is not yet:
+        JailError, GrantChanged if a grant is no longer what was decided."""
+        await self._channel(confinement)
+
     async def _channel(self, confinement: Confinement) -> _Channel:
         channel = self._channels.get(confinement)
         if channel is not None and not channel.gone.done():
@@ -361,7 +371,8 @@ class Jail:
         if "error" in message or len(received) != 1:
             for fd in received:
                 os.close(fd)
-            raise JailError(f"the sandbox could not confine a program: {message.get('error')}")
+            why = f"the sandbox could not confine a program: {message.get('error')}"
+            raise GrantChanged(why) if message.get("changed") else JailError(why)
         channel = self._channels[confinement] = _Channel(socket.socket(fileno=received[0]))
         idle = [c for c, s in self._channels.items() if c is not confinement and (s.gone.done() or not s.stages)]
         for old in idle[: max(0, len(self._channels) - _CHANNELS)]:

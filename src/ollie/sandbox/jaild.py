@@ -179,6 +179,12 @@ def enter_namespaces(network):
 
 
 OWN_MOUNTS = ("/proc", "/dev/pts", "/dev/ptmx")  # mounted anew in the jail: not the host's files
+# A grant that is no longer what ollie decided: another file, reached through a symlink, gone.
+GRANT_CHANGED = (errno.ESTALE, errno.ELOOP, errno.ENOENT, errno.ENOTDIR)
+
+
+class GrantChanged(OSError):
+    """A grant changed since ollie decided it (ollie then decides its sandbox anew)."""
 
 
 class Mounts:
@@ -288,9 +294,19 @@ class Mounts:
             if own and not writable:  # a tool directory in the project: read-only in the jail
                 self._keep_read_only(path)
             return
+        before = self.exposed.get(path)
         self.exposed[path] = (writable, shared, (dev, ino))
         view_inside = self.view and self.view.startswith(path.rstrip("/") + "/")
-        self._bind(path, writable, (dev, ino), shared)
+        try:
+            self._bind(path, writable, (dev, ino), shared)
+        except OSError as e:  # not bound: a later ruleset binds it as it is decided then
+            if before is None:
+                del self.exposed[path]
+            else:
+                self.exposed[path] = before
+            if e.errno in GRANT_CHANGED:
+                raise GrantChanged(e.errno, e.strerror, e.filename) from None
+            raise
         self._restore_inside(path, writable)
         if view_inside:
             self._rebind_view(path)
@@ -829,7 +845,7 @@ def answer_request(sock, mounts, view_rights):
         rid = request["id"]
         ours, theirs = make_channel(dict(zip(request.get("fds", []), fds, strict=True)), mounts, view_rights)
     except (OSError, ValueError, KeyError, TypeError) as e:
-        reply(sock, {"id": rid, "error": describe(e)})
+        reply(sock, {"id": rid, "error": describe(e), "changed": isinstance(e, GrantChanged)})
         return False
     finally:
         for fd in fds:

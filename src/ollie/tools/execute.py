@@ -158,7 +158,7 @@ class Server:
             return ToolResult.of(f"unknown tool {name!r}; the execute server offers execute_code", is_error=True)
         try:
             steps, timeout, policy = _parse_arguments(arguments, ctx.policies)
-            job = await self._job(ctx, policy, timeout)
+            job = await self._confined_job(ctx, policy, timeout)
             stages = _parse_steps(steps, job.programs, job.sandbox.policy.limits.parallel)
         except (StepError, ConfigError) as e:
             return ToolResult.of(str(e), is_error=True)
@@ -173,6 +173,19 @@ class Server:
         if self._scratch:
             shutil.rmtree(self._scratch, ignore_errors=True)
             self._scratch = ""
+
+    async def _confined_job(self, ctx: CallContext, policy: str, timeout: float | None) -> _Job:
+        """The call's job, its sandbox set up in its jail. A grant the jail finds changed since
+        it was decided (a directory made again, a symlink put on its way) has the sandbox decided
+        anew, once: as a first call would have it now, not failing every call of the session."""
+        job = await self._job(ctx, policy, timeout)
+        try:
+            await job.jail.confine(job.sandbox.confinement)
+        except _jail.GrantChanged:
+            self._sandboxes.forget(job.sandbox)
+            job = await self._job(ctx, policy, timeout)
+            await job.jail.confine(job.sandbox.confinement)
+        return job
 
     async def _job(self, ctx: CallContext, policy: str, timeout: float | None) -> _Job:
         cwd = ctx.cwd or self.cwd
