@@ -328,6 +328,32 @@ async def test_a_grant_changed_while_the_jail_was_closed_is_decided_anew(monkeyp
         await server.close()
 
 
+async def test_a_working_directory_made_again_while_its_jail_runs_is_the_one_the_next_call_sees(tmp_path, home):
+    # `rm -rf proj && git clone ... proj` beside a live session: its running jail shows the old
+    # directory (gone), its sandbox grants the old inode; the next call works in the new one.
+    cwd = tmp_path / "proj"
+    cwd.mkdir()
+    (cwd / "old-file").write_text("")
+    server = execute.factory(str(cwd))()
+    ctx = CallContext(cwd=str(cwd), session_id="s", tmpdir="")
+
+    async def call(code: str) -> str:
+        result = await server.call_tool("execute_code", {"steps": [{"code": code}]}, ctx)
+        assert not result.is_error, result.text()
+        return result.text()
+
+    try:
+        assert await call("echo kept > /tmp/x; ls") == "old-file\n"
+        cwd.rename(tmp_path / "proj.old")
+        cwd.mkdir()
+        (cwd / "new-file").write_text("")
+        assert await call("ls; echo written > written") == "new-file\n"
+        assert (cwd / "written").read_text() == "written\n"
+        assert (await call("cat /tmp/x 2>&1 || echo gone")).endswith("gone\n")  # a new jail
+    finally:
+        await server.close()
+
+
 def test_jail_idle_reads_the_variable(monkeypatch):
     monkeypatch.setenv("OLLIE_JAIL_IDLE", "30")
     assert sandbox.jail_idle() == 30

@@ -43,6 +43,7 @@ __all__ = [
     "Sandbox",
     "SandboxError",
     "Sandboxes",
+    "decide_anew",
     "directory_within",
     "hidden_paths",
     "load_policy",
@@ -84,6 +85,8 @@ class Sandbox:
             # one is bound after it, on top.
             in_order = sorted(decided, key=lambda g: FS_KEYS.index(g.key))
             expose = [(g.path, g.writable, g.shared, g.own, *g.identity) for g in in_order]
+            # The working directory as decided: one made again since is another sandbox's.
+            self.cwd_identity = next((g.identity for g in decided if g.given == policy.cwd), None)
             # Where a program on PATH can run from: the grants as decided, never resolved again.
             self._exec_roots = tuple(g.path.rstrip("/") + "/" for g in decided if g.key in ("rox", "rwx"))
         finally:
@@ -329,6 +332,16 @@ class Jails:
         if self._jails or self._retired:
             self._watch(max(soonest, 0.05))
 
+    def renew(self) -> None:
+        """Start new jails at the next calls (the running ones show a working directory made
+        again since they started); each running one is closed once none of its programs runs."""
+        for jail in self._jails.values():
+            if jail.running:
+                self._retired.add(jail)
+        self._jails.clear()
+        if self._retired:
+            self._watch(0.05)
+
     async def close(self) -> None:
         if self._timer is not None:
             self._timer.cancel()
@@ -549,11 +562,9 @@ class Sandboxes:
         return box
 
     def forget(self, box: Sandbox) -> None:
-        """Build `box`'s sandbox anew at its next `get`, on decisions made anew (`decide_anew`):
-        its jail found a grant changed since it was decided."""
+        """Build `box`'s sandbox anew at its next `get` (a path it grants changed since)."""
         for key in [k for k, b in self._cache.items() if b is box]:
             del self._cache[key]
-        _DECISIONS_STALE.set()
 
     def clear(self) -> None:
         self._cache.clear()
@@ -671,6 +682,13 @@ _DECISIONS_LOCK = threading.Lock()  # held by the builder's thread (a hook's bui
 # Set when a jail found a grant changed that `fresh` may not see (a directory swapped for a
 # symlink to itself): the next build decides every policy anew.
 _DECISIONS_STALE = threading.Event()
+
+
+def decide_anew() -> None:
+    """Have the next build decide every policy anew: a jail found a grant changed since its
+    decision, in a way the decisions' freshness may not see (a directory swapped for a symlink
+    to itself)."""
+    _DECISIONS_STALE.set()
 
 
 def _stat_identity(path: str) -> tuple[int, int] | None:

@@ -175,14 +175,21 @@ class Server:
             self._scratch = ""
 
     async def _confined_job(self, ctx: CallContext, policy: str, timeout: float | None) -> _Job:
-        """The call's job, its sandbox set up in its jail. A grant the jail finds changed since
-        it was decided (a directory made again, a symlink put on its way) has the sandbox decided
-        anew, once: as a first call would have it now, not failing every call of the session."""
+        """The call's job, its sandbox set up in its jail, as a first call would have it now:
+        a working directory made again since its sandbox was decided has it decided anew and new
+        jails started (the running ones show the old one); a grant the jail finds changed when it
+        mounts it (a directory made again, a symlink put on its way) has every policy decided
+        anew, once, rather than failing every call of the session."""
         job = await self._job(ctx, policy, timeout)
+        if job.sandbox.cwd_identity not in (None, _identity(job.cwd)):
+            self._sandboxes.forget(job.sandbox)
+            self._jails.renew()
+            job = await self._job(ctx, policy, timeout)
         try:
             await job.jail.confine(job.sandbox.confinement)
         except _jail.GrantChanged:
             self._sandboxes.forget(job.sandbox)
+            sandbox.decide_anew()
             job = await self._job(ctx, policy, timeout)
             await job.jail.confine(job.sandbox.confinement)
         return job
@@ -329,6 +336,14 @@ class _Programs:
             if found:
                 return found
         return None
+
+
+def _identity(path: str) -> tuple[int, int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
 
 
 def _given(value: Any) -> Any:
