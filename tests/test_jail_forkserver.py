@@ -328,9 +328,13 @@ async def test_a_grant_changed_while_the_jail_was_closed_is_decided_anew(monkeyp
         await server.close()
 
 
-async def test_a_working_directory_made_again_while_its_jail_runs_is_the_one_the_next_call_sees(tmp_path, home):
+@pytest.mark.parametrize("idle", ["600", "0"])  # 0: jails are never closed for idleness
+async def test_a_working_directory_made_again_while_its_jail_runs_is_the_one_the_next_call_sees(
+    tmp_path, home, monkeypatch, idle
+):
     # `rm -rf proj && git clone ... proj` beside a live session: its running jail shows the old
     # directory (gone), its sandbox grants the old inode; the next call works in the new one.
+    monkeypatch.setenv("OLLIE_JAIL_IDLE", idle)
     cwd = tmp_path / "proj"
     cwd.mkdir()
     (cwd / "old-file").write_text("")
@@ -344,12 +348,44 @@ async def test_a_working_directory_made_again_while_its_jail_runs_is_the_one_the
 
     try:
         assert await call("echo kept > /tmp/x; ls") == "old-file\n"
+        [old] = server._jails._jails.values()
         cwd.rename(tmp_path / "proj.old")
         cwd.mkdir()
         (cwd / "new-file").write_text("")
         assert await call("ls; echo written > written") == "new-file\n"
         assert (cwd / "written").read_text() == "written\n"
         assert (await call("cat /tmp/x 2>&1 || echo gone")).endswith("gone\n")  # a new jail
+        for _ in range(50):  # the old jail, and its /tmp, go at once (not at the idle time)
+            if not old.running:
+                break
+            await asyncio.sleep(0.05)
+        assert not old.running
+    finally:
+        await server.close()
+
+
+async def test_a_link_in_a_jails_own_tmp_is_no_changed_grant(monkeypatch, tmp_path, home):
+    # Code plants a symlink in its private /tmp where a later policy's grant (a host directory
+    # under /tmp) is to be mounted: its own call fails, and no policy of any session is decided
+    # anew for it (the grant itself did not change).
+    shared, cwd = tmp_path / "host-shared", tmp_path / "cwd"
+    for d in (shared, cwd):
+        d.mkdir()
+    write_policy("build", f"filesystem:\n  rw: ['{shared}']\n")
+    anew: list[int] = []
+    monkeypatch.setattr(sandbox, "decide_anew", lambda: anew.append(1))
+    server = execute.factory(str(cwd))()
+    ctx = CallContext(cwd=str(cwd), session_id="s", tmpdir="", policies=("default", "build"))
+
+    async def call(code: str, policy: str = "default"):
+        return await server.call_tool("execute_code", {"steps": [{"code": code}], "sandbox": policy}, ctx)
+
+    try:
+        planted = await call(f"mkdir -p {shared.parent} && rmdir {shared} 2>/dev/null; ln -s /etc {shared} && echo ok")
+        assert planted.text() == "ok\n", planted.text()
+        result = await call(f"ls {shared}", "build")
+        assert result.is_error and "symbolic links" in result.text(), result.text()
+        assert anew == []
     finally:
         await server.close()
 

@@ -301,21 +301,30 @@ class Jails:
         return (cache,)
 
     def _watch(self, delay: float | None = None) -> None:
-        if self._timer is None and self._idle > 0:
-            loop = asyncio.get_running_loop()
-            self._timer = loop.call_later(self._idle if delay is None else delay, self._close_idle)
+        """Look at the jails after `delay` (the idle time by default), or sooner as asked: the
+        retired ones are closed then, once none of their programs runs."""
+        if self._idle <= 0 and not self._retired:
+            return
+        loop = asyncio.get_running_loop()
+        when = loop.time() + (self._idle if delay is None else delay)
+        if self._timer is not None and self._timer.when() <= when:
+            return
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer = loop.call_at(when, self._close_idle)
 
     def _close_idle(self) -> None:
-        """Close the jails idle for `idle` seconds; look again when the next one would be."""
+        """Close the retired jails none of whose programs runs, and the jails idle for `idle`
+        seconds; look again when the next one would be."""
         self._timer = None
         loop = asyncio.get_running_loop()
-        now, soonest = loop.time(), self._idle
+        now, soonest = loop.time(), self._idle or 0.5
         for jail in [j for j in self._retired if not j.busy]:
             self._retired.discard(jail)
             task = loop.create_task(jail.close())
             self._closing.add(task)
             task.add_done_callback(self._closing.discard)
-        for setup, jail in list(self._jails.items()):
+        for setup, jail in list(self._jails.items()) if self._idle > 0 else ():
             if not jail.alive:
                 del self._jails[setup]
                 if jail.running:
@@ -329,18 +338,21 @@ class Jails:
                 task = loop.create_task(jail.close())
                 self._closing.add(task)
                 task.add_done_callback(self._closing.discard)
+        if self._retired:  # programs of theirs run: looked at again soon, not at the idle time
+            soonest = min(soonest, 0.5)
         if self._jails or self._retired:
             self._watch(max(soonest, 0.05))
 
     def renew(self) -> None:
         """Start new jails at the next calls (the running ones show a working directory made
-        again since they started); each running one is closed once none of its programs runs."""
+        again since they started); each running one is closed as soon as none of its programs
+        runs (its private /tmp with it)."""
         for jail in self._jails.values():
             if jail.running:
                 self._retired.add(jail)
         self._jails.clear()
         if self._retired:
-            self._watch(0.05)
+            self._watch(0)
 
     async def close(self) -> None:
         if self._timer is not None:

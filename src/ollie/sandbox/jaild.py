@@ -179,8 +179,8 @@ def enter_namespaces(network):
 
 
 OWN_MOUNTS = ("/proc", "/dev/pts", "/dev/ptmx")  # mounted anew in the jail: not the host's files
-# A grant that is no longer what ollie decided: another file, reached through a symlink, gone.
-GRANT_CHANGED = (errno.ESTALE, errno.ELOOP, errno.ENOENT, errno.ENOTDIR)
+# Opening a grant's file on the host: it is gone, or reached through a symlink, since ollie decided it.
+GRANT_CHANGED = (errno.ELOOP, errno.ENOENT, errno.ENOTDIR)
 
 
 class GrantChanged(OSError):
@@ -299,13 +299,11 @@ class Mounts:
         view_inside = self.view and self.view.startswith(path.rstrip("/") + "/")
         try:
             self._bind(path, writable, (dev, ino), shared)
-        except OSError as e:  # not bound: a later ruleset binds it as it is decided then
+        except OSError:  # not bound: a later ruleset binds it as it is decided then
             if before is None:
                 del self.exposed[path]
             else:
                 self.exposed[path] = before
-            if e.errno in GRANT_CHANGED:
-                raise GrantChanged(e.errno, e.strerror, e.filename) from None
             raise
         self._restore_inside(path, writable)
         if view_inside:
@@ -346,16 +344,21 @@ class Mounts:
         (then from the inode the hidden directory's descriptor holds, beneath it, following no
         symlink); `expected`, the identity ollie decided, is checked first."""
         root = self._root(path)
-        if root is None:
-            source = open_path(path, RESOLVE_NO_SYMLINKS)
-        else:
-            source = open_path(
-                os.path.relpath(path, root), RESOLVE_NO_SYMLINKS | RESOLVE_BENEATH, dir_fd=self.hidden[root]
-            )
+        try:  # the host's file: gone, or reached through a symlink, it changed since ollie decided it
+            if root is None:
+                source = open_path(path, RESOLVE_NO_SYMLINKS)
+            else:
+                source = open_path(
+                    os.path.relpath(path, root), RESOLVE_NO_SYMLINKS | RESOLVE_BENEATH, dir_fd=self.hidden[root]
+                )
+        except OSError as e:
+            if e.errno in GRANT_CHANGED:
+                raise GrantChanged(e.errno, e.strerror, e.filename) from None
+            raise
         try:
             st = os.fstat(source)
             if expected is not None and (st.st_dev, st.st_ino) != tuple(expected):
-                raise OSError(errno.ESTALE, f"{path} is no longer the file ollie granted (replaced since)")
+                raise GrantChanged(errno.ESTALE, f"{path} is no longer the file ollie granted (replaced since)")
             if not (stat.S_ISDIR(st.st_mode) or stat.S_ISREG(st.st_mode)):
                 return  # a device: written through a read-only mount as well
             # The target's directories may be in writable places (the private /tmp, a hiding

@@ -182,7 +182,7 @@ class Server:
         anew, once, rather than failing every call of the session."""
         job = await self._job(ctx, policy, timeout)
         if job.sandbox.cwd_identity not in (None, _identity(job.cwd)):
-            self._sandboxes.forget(job.sandbox)
+            self._sandboxes.clear()  # every policy's sandbox for the session grants the old one
             self._jails.renew()
             job = await self._job(ctx, policy, timeout)
         try:
