@@ -405,7 +405,7 @@ def _through_symlink(path: str) -> bool:
     except LinkRefused:
         return True
     except OSError:  # missing (a symlink before the missing part is met first), or no directory
-        return False
+        pass
     return False
 
 
