@@ -12,14 +12,16 @@ import signal
 import subprocess
 import sys
 import threading
+from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from ollie import sandbox
 from ollie.sandbox import jail as jail_mod
 from ollie.sandbox.jail import Jail, JailSetup
-from ollie.tools import CallContext, execute
+from ollie.tools import CallContext, ToolResult, execute
 from sandbox_helpers import write_policy
 from test_execute import alive
 
@@ -268,26 +270,36 @@ async def test_a_dead_fork_server_is_started_again():
         await second.close()
 
 
+def one_session(cwd: Path, **context: Any) -> tuple[Any, Callable[..., Awaitable[ToolResult]]]:
+    """An execute server working in `cwd`, and a call of `execute_code` in it."""
+    server = execute.factory(str(cwd))()
+    ctx = CallContext(cwd=str(cwd), session_id="s", tmpdir="", **context)
+
+    async def call(code: str, policy: str = "default") -> ToolResult:
+        return await server.call_tool("execute_code", {"steps": [{"code": code}], "sandbox": policy}, ctx)
+
+    return server, call
+
+
+async def output(call: Callable[..., Awaitable[ToolResult]], code: str) -> str:
+    result = await call(code)
+    assert not result.is_error, result.text()
+    return result.text()
+
+
 async def test_an_idle_jail_is_closed_and_started_again_on_the_next_call(monkeypatch, tmp_path, home):
     monkeypatch.setenv("OLLIE_JAIL_IDLE", "0.5")
     cwd = tmp_path / "cwd"
     cwd.mkdir()
-    server = execute.factory(str(cwd))()
-    ctx = CallContext(cwd=str(cwd), session_id="s", tmpdir="")
-
-    async def call(code: str) -> str:
-        result = await server.call_tool("execute_code", {"steps": [{"code": code}]}, ctx)
-        assert not result.is_error, result.text()
-        return result.text()
-
+    server, call = one_session(cwd)
     try:
-        await call("echo kept > /tmp/x")
-        assert await call("cat /tmp/x") == "kept\n"  # the same jail while in use
-        await call("sleep 1.2")  # a running stage keeps its jail, however long
-        assert await call("cat /tmp/x") == "kept\n"
+        await output(call, "echo kept > /tmp/x")
+        assert await output(call, "cat /tmp/x") == "kept\n"  # the same jail while in use
+        await output(call, "sleep 1.2")  # a running stage keeps its jail, however long
+        assert await output(call, "cat /tmp/x") == "kept\n"
         await asyncio.sleep(1.5)
         assert not server._jails._jails, "the idle jail was closed"
-        assert (await call("cat /tmp/x 2>&1 || echo gone")).endswith("gone\n")  # a new jail, a new /tmp
+        assert (await output(call, "cat /tmp/x 2>&1 || echo gone")).endswith("gone\n")  # a new jail, a new /tmp
     finally:
         await server.close()
 
@@ -303,12 +315,7 @@ async def test_a_grant_changed_while_the_jail_was_closed_is_decided_anew(monkeyp
     for d in (cwd, data):
         d.mkdir()
     write_policy(None, f"filesystem:\n  rw: ['{data}']\n")
-    server = execute.factory(str(cwd))()
-    ctx = CallContext(cwd=str(cwd), session_id="s", tmpdir="")
-
-    async def call(code: str):
-        return await server.call_tool("execute_code", {"steps": [{"code": code}]}, ctx)
-
+    server, call = one_session(cwd)
     try:
         assert not (await call(f"echo one > {data}/f")).is_error
         await asyncio.sleep(0.8)
@@ -338,23 +345,16 @@ async def test_a_working_directory_made_again_while_its_jail_runs_is_the_one_the
     cwd = tmp_path / "proj"
     cwd.mkdir()
     (cwd / "old-file").write_text("")
-    server = execute.factory(str(cwd))()
-    ctx = CallContext(cwd=str(cwd), session_id="s", tmpdir="")
-
-    async def call(code: str) -> str:
-        result = await server.call_tool("execute_code", {"steps": [{"code": code}]}, ctx)
-        assert not result.is_error, result.text()
-        return result.text()
-
+    server, call = one_session(cwd)
     try:
-        assert await call("echo kept > /tmp/x; ls") == "old-file\n"
+        assert await output(call, "echo kept > /tmp/x; ls") == "old-file\n"
         [old] = server._jails._jails.values()
         cwd.rename(tmp_path / "proj.old")
         cwd.mkdir()
         (cwd / "new-file").write_text("")
-        assert await call("ls; echo written > written") == "new-file\n"
+        assert await output(call, "ls; echo written > written") == "new-file\n"
         assert (cwd / "written").read_text() == "written\n"
-        assert (await call("cat /tmp/x 2>&1 || echo gone")).endswith("gone\n")  # a new jail
+        assert (await output(call, "cat /tmp/x 2>&1 || echo gone")).endswith("gone\n")  # a new jail
         for _ in range(50):  # the old jail, and its /tmp, go at once (not at the idle time)
             if not old.running:
                 break
@@ -374,12 +374,7 @@ async def test_a_link_in_a_jails_own_tmp_is_no_changed_grant(monkeypatch, tmp_pa
     write_policy("build", f"filesystem:\n  rw: ['{shared}']\n")
     anew: list[int] = []
     monkeypatch.setattr(sandbox, "decide_anew", lambda: anew.append(1))
-    server = execute.factory(str(cwd))()
-    ctx = CallContext(cwd=str(cwd), session_id="s", tmpdir="", policies=("default", "build"))
-
-    async def call(code: str, policy: str = "default"):
-        return await server.call_tool("execute_code", {"steps": [{"code": code}], "sandbox": policy}, ctx)
-
+    server, call = one_session(cwd, policies=("default", "build"))
     try:
         planted = await call(f"mkdir -p {shared.parent} && rmdir {shared} 2>/dev/null; ln -s /etc {shared} && echo ok")
         assert planted.text() == "ok\n", planted.text()

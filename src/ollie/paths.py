@@ -212,14 +212,20 @@ def _parent_of(fd: int) -> int:
     return os.open(os.path.dirname(real_path(fd)) or "/", _FLAGS | os.O_DIRECTORY)
 
 
+def path_identity(path: str) -> Identity | None:
+    """Which file `path` names now (symlinks followed), or None if none."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
 def identities(paths: Iterable[str]) -> dict[Identity, str]:
     """Which files `paths` name now (symlinks followed: these are ollie's own, set by the user),
     by identity; paths that do not exist are left out."""
     found: dict[Identity, str] = {}
     for path in paths:
-        try:
-            st = os.stat(path)
-        except OSError:
-            continue
-        found.setdefault((st.st_dev, st.st_ino), path)
+        if (ident := path_identity(path)) is not None:
+            found.setdefault(ident, path)
     return found

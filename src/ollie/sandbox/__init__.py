@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import config
-from ..paths import LinkRefused, identities, identity, open_real, real_path, within
+from ..paths import LinkRefused, identities, identity, open_real, path_identity, real_path, within
 from . import grants
 from .jail import Confinement, Jail, JailSetup, userns_hint
 from .landlock import RO, RW, RWX, build_ruleset, fs_handled, landlock_abi
@@ -648,11 +648,11 @@ class _Decisions:
         self._any_cwd = {(g.key, g.given): g for g in self.grants if not g.linked and g.given != policy.cwd}
 
     def _existing(self) -> tuple:
-        return tuple(_stat_identity(p) for key in FS_KEYS for p in self.policy.paths[key])
+        return tuple(path_identity(p) for key in FS_KEYS for p in self.policy.paths[key])
 
     def _look(self) -> tuple:
         """What each path the policy names is now: a file, or missing (granted once it is made)."""
-        return self._existing() + tuple(_stat_identity(p) for p in self.policy.missing)
+        return self._existing() + tuple(path_identity(p) for p in self.policy.missing)
 
     def fresh(self) -> bool:
         """Still what a new decision would be: the same paths, and the same directories hidden
@@ -701,14 +701,6 @@ def decide_anew() -> None:
     decision, in a way the decisions' freshness may not see (a directory swapped for a symlink
     to itself)."""
     _DECISIONS_STALE.set()
-
-
-def _stat_identity(path: str) -> tuple[int, int] | None:
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return st.st_dev, st.st_ino
 
 
 def _version(path: Path) -> tuple[int, ...]:

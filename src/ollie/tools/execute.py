@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .. import config, sandbox, telemetry
+from ..paths import path_identity
 from ..sandbox import jail as _jail
 from ..types import ConfigError, InvalidValue
 from . import CallContext, ServerFactory, Tool, ToolResult, scripts
@@ -181,7 +182,7 @@ class Server:
         mounts it (a directory made again, a symlink put on its way) has every policy decided
         anew, once, rather than failing every call of the session."""
         job = await self._job(ctx, policy, timeout)
-        if job.sandbox.cwd_identity not in (None, _identity(job.cwd)):
+        if job.sandbox.cwd_identity not in (None, path_identity(job.cwd)):
             self._sandboxes.clear()  # every policy's sandbox for the session grants the old one
             self._jails.renew()
             job = await self._job(ctx, policy, timeout)
@@ -336,14 +337,6 @@ class _Programs:
             if found:
                 return found
         return None
-
-
-def _identity(path: str) -> tuple[int, int] | None:
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return st.st_dev, st.st_ino
 
 
 def _given(value: Any) -> Any:
