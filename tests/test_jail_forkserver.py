@@ -364,6 +364,23 @@ async def test_a_working_directory_made_again_while_its_jail_runs_is_the_one_the
         await server.close()
 
 
+async def test_a_hooks_working_directory_made_again_is_the_one_its_next_hook_sees(tmp_path, home):
+    from ollie.agent import hooks
+
+    cwd = tmp_path / "proj"
+    cwd.mkdir()
+    (cwd / "old-file").write_text("")
+    runner = hooks.Runner("hooks")
+    try:
+        assert (await hooks.run_command("ls", {}, str(cwd), {}, 20, runner))[:2] == (0, "old-file\n")
+        cwd.rename(tmp_path / "proj.old")
+        cwd.mkdir()
+        (cwd / "new-file").write_text("")
+        assert (await hooks.run_command("ls", {}, str(cwd), {}, 20, runner))[:2] == (0, "new-file\n")
+    finally:
+        await runner.close()
+
+
 async def test_a_link_in_a_jails_own_tmp_is_no_changed_grant(monkeypatch, tmp_path, home):
     # Code plants a symlink in its private /tmp where a later policy's grant (a host directory
     # under /tmp) is to be mounted: its own call fails, and no policy of any session is decided

@@ -170,8 +170,10 @@ class Runner:
         self._jails = sandbox.Jails()
 
     async def start(self, cmd: str, cwd: str, env: dict[str, str]) -> _Started:
-        box = self._sandboxes.get(self.policy, cwd, "")
-        jail = await self._jails.get(box.policy)
+        async def build() -> sandbox.Sandbox:
+            return self._sandboxes.get(self.policy, cwd, "")
+
+        box, jail = await sandbox.confined(self._sandboxes, self._jails, cwd, build)
         full_env = {**box.environ(), **env}
         if not jail.namespaces_refused:
             full_env["TMPDIR"] = "/tmp"  # the jail's own

@@ -24,7 +24,7 @@ import sys
 import threading
 import weakref
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -32,7 +32,7 @@ from typing import Any
 from .. import config
 from ..paths import LinkRefused, identities, identity, open_real, path_identity, real_path, within
 from . import grants
-from .jail import Confinement, Jail, JailSetup, userns_hint
+from .jail import Confinement, GrantChanged, Jail, JailSetup, userns_hint
 from .landlock import RO, RW, RWX, build_ruleset, fs_handled, landlock_abi
 from .policy import FS_KEYS, Limits, Policy, SandboxError, load_policy, policy_files
 from .seccomp import SECCOMP_MACHINES, seccomp_program, seccomp_supported
@@ -43,6 +43,7 @@ __all__ = [
     "Sandbox",
     "SandboxError",
     "Sandboxes",
+    "confined",
     "decide_anew",
     "directory_within",
     "hidden_paths",
@@ -363,6 +364,32 @@ class Jails:
         jails, self._jails = [*self._jails.values(), *self._retired], {}
         self._retired.clear()
         await asyncio.gather(*(j.close() for j in jails), *self._closing)
+
+
+async def confined(
+    sandboxes: Sandboxes, jails: Jails, cwd: str, build: Callable[[], Awaitable[Sandbox]]
+) -> tuple[Sandbox, Jail]:
+    """The sandbox `build` gives (from `sandboxes`) and its jail (of `jails`), the sandbox set up
+    in the jail, as a first call would have them now: a working directory made again since the
+    sandbox was decided (`rm -rf proj && git clone … proj`) has every sandbox of `sandboxes`
+    built anew and new jails started (the running ones show the old directory); a grant the jail
+    finds changed when it mounts it (a directory made again, a symlink put on its way) has every
+    policy decided anew, once, rather than failing every call of the session."""
+    box = await build()
+    if box.cwd_identity not in (None, path_identity(cwd)):
+        sandboxes.clear()
+        jails.renew()
+        box = await build()
+    jail = await jails.get(box.policy)
+    try:
+        await jail.confine(box.confinement)
+    except GrantChanged:
+        sandboxes.forget(box)
+        decide_anew()
+        box = await build()
+        jail = await jails.get(box.policy)
+        await jail.confine(box.confinement)
+    return box, jail
 
 
 def _make_mount_point(path: str) -> None:

@@ -22,7 +22,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from .. import config, sandbox, telemetry
-from ..paths import path_identity
 from ..sandbox import jail as _jail
 from ..types import ConfigError, InvalidValue
 from . import CallContext, ServerFactory, Tool, ToolResult, scripts
@@ -159,7 +158,7 @@ class Server:
             return ToolResult.of(f"unknown tool {name!r}; the execute server offers execute_code", is_error=True)
         try:
             steps, timeout, policy = _parse_arguments(arguments, ctx.policies)
-            job = await self._confined_job(ctx, policy, timeout)
+            job = await self._job(ctx, policy, timeout)
             stages = _parse_steps(steps, job.programs, job.sandbox.policy.limits.parallel)
         except (StepError, ConfigError) as e:
             return ToolResult.of(str(e), is_error=True)
@@ -175,40 +174,22 @@ class Server:
             shutil.rmtree(self._scratch, ignore_errors=True)
             self._scratch = ""
 
-    async def _confined_job(self, ctx: CallContext, policy: str, timeout: float | None) -> _Job:
-        """The call's job, its sandbox set up in its jail, as a first call would have it now:
-        a working directory made again since its sandbox was decided has it decided anew and new
-        jails started (the running ones show the old one); a grant the jail finds changed when it
-        mounts it (a directory made again, a symlink put on its way) has every policy decided
-        anew, once, rather than failing every call of the session."""
-        job = await self._job(ctx, policy, timeout)
-        if job.sandbox.cwd_identity not in (None, path_identity(job.cwd)):
-            self._sandboxes.clear()  # every policy's sandbox for the session grants the old one
-            self._jails.renew()
-            job = await self._job(ctx, policy, timeout)
-        try:
-            await job.jail.confine(job.sandbox.confinement)
-        except _jail.GrantChanged:
-            self._sandboxes.forget(job.sandbox)
-            sandbox.decide_anew()
-            job = await self._job(ctx, policy, timeout)
-            await job.jail.confine(job.sandbox.confinement)
-        return job
-
     async def _job(self, ctx: CallContext, policy: str, timeout: float | None) -> _Job:
         cwd = ctx.cwd or self.cwd
         if not os.path.isdir(cwd):
             raise StepError(f"working directory {cwd} does not exist")
         session_tmp = ctx.tmpdir
         tool_dirs = _tool_dirs(ctx)
-        box = await self._sandbox_for(policy, cwd, session_tmp, tool_dirs)
+        box, jail = await sandbox.confined(
+            self._sandboxes, self._jails, cwd, lambda: self._sandbox_for(policy, cwd, session_tmp, tool_dirs)
+        )
         limits = box.policy.limits
         timeout = float(timeout or min(DEFAULT_TIMEOUT, limits.timeout))
         if timeout > limits.timeout:
             raise StepError(
                 f"timeout: at most {limits.timeout:g} seconds (limits.timeout of sandbox policy {policy!r})"
             )
-        jail, notice = await self._jail_for(box.policy)
+        notice = self._notice(jail)
         if not self._namespaces:  # $TMPDIR is a directory of the host, granted by the policy
             session_tmp = session_tmp or self._scratch_dir()
             box = await self._sandbox_for(policy, cwd, session_tmp, tool_dirs)
@@ -259,23 +240,21 @@ class Server:
             self._shared = tuple(str(d) for d in config.shared_dirs())
         return self._shared
 
-    async def _jail_for(self, policy: sandbox.Policy) -> tuple[_jail.Jail, str]:
-        """The running jail for `policy`, and a notice for the first result when it runs without
-        namespaces."""
-        jail = await self._jails.get(policy)
+    def _notice(self, jail: _jail.Jail) -> str:
+        """What the first result says of how the sandbox runs, when it runs without a part."""
         if not self._seccomp_told:
             self._seccomp_told = True
-            return jail, (
+            return (
                 f"[sandbox: no seccomp filter for this {platform.machine()}; running with Landlock and the "
                 "namespaces alone, as general.best_effort allows: code may make sockets of any kind]"
             )
         if jail.view_error and not self._view_told:
             self._view_told = True
-            return jail, f"[no view of ollie's files at $OLLIE in this sandbox: {jail.view_error}]"
+            return f"[no view of ollie's files at $OLLIE in this sandbox: {jail.view_error}]"
         if not jail.namespaces_refused or not self._namespaces:
-            return jail, ""
+            return ""
         self._namespaces = False
-        return jail, (
+        return (
             f"[sandbox: {jail.namespaces_refused}; running with Landlock and seccomp alone, as "
             "general.best_effort allows: no process, network, /tmp or terminal isolation]"
         )
