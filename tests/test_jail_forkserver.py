@@ -364,6 +364,27 @@ async def test_a_working_directory_made_again_while_its_jail_runs_is_the_one_the
         await server.close()
 
 
+async def test_a_writable_grant_made_again_while_its_jail_runs_is_the_one_the_next_call_writes(tmp_path, home):
+    # `rm -rf ~/.cache/pip` beside a live session, pip making it again: the jail showed the old,
+    # deleted directory, and what the session's pip wrote there was lost.
+    cache, cwd = home / "cache", tmp_path / "cwd"
+    for d in (cache, cwd):
+        d.mkdir()
+    write_policy(None, f"filesystem:\n  rw: ['{cache}']\n")
+    server, call = one_session(cwd)
+    try:
+        await output(call, f"echo one > {cache}/f")
+        cache.rename(home / "cache.old")
+        cache.mkdir()
+        await output(call, f"echo two > {cache}/f")
+        assert (cache / "f").read_text() == "two\n"
+        cache.rename(home / "cache.gone")  # removed: left out of the next sandbox, as a new one's
+        result = await call(f"echo three > {cache}/f")
+        assert result.is_error and (home / "cache.gone" / "f").read_text() == "two\n", result.text()
+    finally:
+        await server.close()
+
+
 async def test_a_hooks_working_directory_made_again_is_the_one_its_next_hook_sees(tmp_path, home):
     from ollie.agent import hooks
 

@@ -173,7 +173,7 @@ class Runner:
         async def build() -> sandbox.Sandbox:
             return self._sandboxes.get(self.policy, cwd, "")
 
-        box, jail = await sandbox.confined(self._sandboxes, self._jails, cwd, build)
+        box, jail = await sandbox.confined(self._sandboxes, self._jails, build)
         full_env = {**box.environ(), **env}
         if not jail.namespaces_refused:
             full_env["TMPDIR"] = "/tmp"  # the jail's own

@@ -86,8 +86,9 @@ class Sandbox:
             # one is bound after it, on top.
             in_order = sorted(decided, key=lambda g: FS_KEYS.index(g.key))
             expose = [(g.path, g.writable, g.shared, g.own, *g.identity) for g in in_order]
-            # The working directory as decided: one made again since is another sandbox's.
-            self.cwd_identity = next((g.identity for g in decided if g.given == policy.cwd), None)
+            # The cwd and what code may write, as decided: one made again since (a cwd cloned
+            # anew, a cache removed) is another sandbox's, and a running jail shows the old.
+            self.watched = tuple((g.path, g.identity) for g in decided if g.writable or g.given == policy.cwd)
             # Where a program on PATH can run from: the grants as decided, never resolved again.
             self._exec_roots = tuple(g.path.rstrip("/") + "/" for g in decided if g.key in ("rox", "rwx"))
         finally:
@@ -366,17 +367,16 @@ class Jails:
         await asyncio.gather(*(j.close() for j in jails), *self._closing)
 
 
-async def confined(
-    sandboxes: Sandboxes, jails: Jails, cwd: str, build: Callable[[], Awaitable[Sandbox]]
-) -> tuple[Sandbox, Jail]:
+async def confined(sandboxes: Sandboxes, jails: Jails, build: Callable[[], Awaitable[Sandbox]]) -> tuple[Sandbox, Jail]:
     """The sandbox `build` gives (from `sandboxes`) and its jail (of `jails`), the sandbox set up
-    in the jail, as a first call would have them now: a working directory made again since the
-    sandbox was decided (`rm -rf proj && git clone … proj`) has every sandbox of `sandboxes`
-    built anew and new jails started (the running ones show the old directory); a grant the jail
-    finds changed when it mounts it (a directory made again, a symlink put on its way) has every
-    policy decided anew, once, rather than failing every call of the session."""
+    in the jail, as a first call would have them now: the working directory (`rm -rf proj && git
+    clone … proj`) or a directory code may write (a cache) made again or removed since the sandbox
+    was decided has every sandbox of `sandboxes` built anew and new jails started (the running
+    ones show the old directory); a grant the jail finds changed when it mounts it (a directory
+    made again, a symlink put on its way) has every policy decided anew, once, rather than failing
+    every call of the session."""
     box = await build()
-    if box.cwd_identity not in (None, path_identity(cwd)):
+    if any(path_identity(path) != identity for path, identity in box.watched):
         sandboxes.clear()
         jails.renew()
         box = await build()

@@ -181,7 +181,7 @@ class Server:
         session_tmp = ctx.tmpdir
         tool_dirs = _tool_dirs(ctx)
         box, jail = await sandbox.confined(
-            self._sandboxes, self._jails, cwd, lambda: self._sandbox_for(policy, cwd, session_tmp, tool_dirs)
+            self._sandboxes, self._jails, lambda: self._sandbox_for(policy, cwd, session_tmp, tool_dirs)
         )
         limits = box.policy.limits
         timeout = float(timeout or min(DEFAULT_TIMEOUT, limits.timeout))
