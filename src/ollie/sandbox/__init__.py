@@ -86,9 +86,17 @@ class Sandbox:
             # one is bound after it, on top.
             in_order = sorted(decided, key=lambda g: FS_KEYS.index(g.key))
             expose = [(g.path, g.writable, g.shared, g.own, *g.identity) for g in in_order]
-            # The cwd and what code may write, as decided: one made again since (a cwd cloned
-            # anew, a cache removed) is another sandbox's, and a running jail shows the old.
-            self.watched = tuple((g.path, g.identity) for g in decided if g.writable or g.given == policy.cwd)
+            # The cwd and the user's directories code may write, as decided: one made again since
+            # (a cwd cloned anew, a cache removed) is another sandbox's, and a running jail shows
+            # the old. (Not ollie's own, nor /dev's.)
+            self.watched = tuple(
+                (g.path, g.identity)
+                for g in decided
+                if (g.writable or g.given == policy.cwd)
+                and not g.own
+                and not g.path.startswith("/dev/")
+                and stat.S_ISDIR(os.fstat(g.fd).st_mode)
+            )
             # Where a program on PATH can run from: the grants as decided, never resolved again.
             self._exec_roots = tuple(g.path.rstrip("/") + "/" for g in decided if g.key in ("rox", "rwx"))
         finally:
