@@ -281,6 +281,15 @@ def one_session(cwd: Path, **context: Any) -> tuple[Any, Callable[..., Awaitable
     return server, call
 
 
+def session_writing(tmp_path: Path, granted: Path) -> tuple[Any, Callable[..., Awaitable[ToolResult]]]:
+    """`one_session` in a cwd of its own, its policy letting code write `granted` (made here)."""
+    cwd = tmp_path / "cwd"
+    for d in (cwd, granted):
+        d.mkdir()
+    write_policy(None, f"filesystem:\n  rw: ['{granted}']\n")
+    return one_session(cwd)
+
+
 async def output(call: Callable[..., Awaitable[ToolResult]], code: str) -> str:
     result = await call(code)
     assert not result.is_error, result.text()
@@ -332,11 +341,8 @@ async def test_a_grant_put_behind_a_symlink_to_itself_is_refused_as_a_first_call
     # sandbox is decided anew, which refuses it with the reason a new session's first call would
     # give, at every call.
     monkeypatch.setenv("OLLIE_JAIL_IDLE", "0.3")
-    cwd, data = tmp_path / "cwd", home / "data"
-    for d in (cwd, data):
-        d.mkdir()
-    write_policy(None, f"filesystem:\n  rw: ['{data}']\n")
-    server, call = one_session(cwd)
+    data = home / "data"
+    server, call = session_writing(tmp_path, data)
     try:
         await output(call, f"echo one > {data}/f")
         await asyncio.sleep(0.8)
@@ -382,11 +388,8 @@ async def test_a_working_directory_made_again_while_its_jail_runs_is_the_one_the
 async def test_a_writable_grant_made_again_while_its_jail_runs_is_the_one_the_next_call_writes(tmp_path, home):
     # `rm -rf ~/.cache/pip` beside a live session, pip making it again: the jail showed the old,
     # deleted directory, and what the session's pip wrote there was lost.
-    cache, cwd = home / "cache", tmp_path / "cwd"
-    for d in (cache, cwd):
-        d.mkdir()
-    write_policy(None, f"filesystem:\n  rw: ['{cache}']\n")
-    server, call = one_session(cwd)
+    cache = home / "cache"
+    server, call = session_writing(tmp_path, cache)
     try:
         await output(call, f"echo one > {cache}/f")
         cache.rename(home / "cache.old")
