@@ -311,12 +311,15 @@ class Jails:
         return (cache,)
 
     def _watch(self, delay: float | None = None) -> None:
-        """Look at the jails after `delay` (the idle time by default), or sooner as asked: the
-        retired ones are closed then, once none of their programs runs."""
-        if self._idle <= 0 and not self._retired:
-            return
+        """Look at the jails after `delay` (by default the idle time; none when jails are never
+        closed for idleness), or sooner if already asked: the retired ones are closed then, once
+        none of their programs runs."""
+        if delay is None:
+            if self._idle <= 0:
+                return
+            delay = self._idle
         loop = asyncio.get_running_loop()
-        when = loop.time() + (self._idle if delay is None else delay)
+        when = loop.time() + delay
         if self._timer is not None and self._timer.when() <= when:
             return
         if self._timer is not None:
@@ -350,7 +353,7 @@ class Jails:
                 task.add_done_callback(self._closing.discard)
         if self._retired:  # programs of theirs run: looked at again soon, not at the idle time
             soonest = min(soonest, 0.5)
-        if self._jails or self._retired:
+        if self._retired or (self._jails and self._idle > 0):
             self._watch(max(soonest, 0.05))
 
     def renew(self) -> None:
