@@ -355,6 +355,9 @@ async def test_a_granted_path_made_while_the_decisions_are_made_is_granted_to_th
     await sandbox.Sandboxes().get_async("default", str(cwd), "")
     after = await sandbox.Sandboxes().get_async("default", str(cwd), "")
     assert str(cache) in {e[0] for e in after.confinement.spec["expose"]}
+    # and the shared decisions were made anew with it, for the sessions after to share whole
+    [shared] = [d for d in sandbox._DECISIONS.values() if d.policy.cwd == str(cwd)]
+    assert str(cache) in shared.policy.paths["rw"]
 
 
 async def test_a_session_gets_what_its_policy_names_now_though_decisions_are_shared(home, tmp_path, monkeypatch):
