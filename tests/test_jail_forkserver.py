@@ -423,6 +423,53 @@ async def test_a_hooks_working_directory_made_again_is_the_one_its_next_hook_see
         await runner.close()
 
 
+async def test_a_read_only_grant_replaced_or_made_while_a_session_lives_is_granted_to_its_next_call(
+    tmp_path, home, monkeypatch
+):
+    # `ldconfig`, `update-ca-certificates` or a DHCP client replace /etc/ld.so.cache, the CA
+    # bundle or /etc/resolv.conf by a rename; rustup makes ~/.cargo/bin. A session whose sandbox
+    # was decided before kept the old file's Landlock rule (reads refused: no DNS, no TLS trust)
+    # or no rule at all, for its whole life. Now its next call gets a new ruleset, in the same
+    # jail (its /tmp kept), once the paths are looked at again (at most once a RECHECK seconds).
+    monkeypatch.setattr(sandbox, "RECHECK", 0)
+    conf, toolchain, cwd = home / "resolv.conf", home / "toolchain", tmp_path / "cwd"
+    cwd.mkdir()
+    conf.write_text("nameserver 10.0.0.1\n")
+    write_policy(None, f"filesystem:\n  ro: ['{conf}', '{toolchain}']\n")
+    server, call = one_session(cwd)
+    try:
+        assert await output(call, f"cat {conf}; echo kept > /tmp/x") == "nameserver 10.0.0.1\n"
+        [box] = server._sandboxes._cache.values()
+        for _ in range(3):  # nothing changed: the same sandbox, not one built at each call
+            await output(call, "true")
+        assert list(server._sandboxes._cache.values()) == [box]
+        (home / "resolv.conf.new").write_text("nameserver 10.0.0.2\n")
+        (home / "resolv.conf.new").rename(conf)
+        toolchain.mkdir()
+        (toolchain / "cargo").write_text("installed\n")
+        assert await output(call, f"cat {conf} {toolchain}/cargo /tmp/x") == "nameserver 10.0.0.2\ninstalled\nkept\n"
+    finally:
+        await server.close()
+
+
+async def test_a_read_only_grant_replaced_is_granted_to_the_next_hook(tmp_path, home, monkeypatch):
+    from ollie.agent import hooks
+
+    monkeypatch.setattr(sandbox, "RECHECK", 0)
+    conf, cwd = home / "hosts", tmp_path / "cwd"
+    cwd.mkdir()
+    conf.write_text("one\n")
+    write_policy("hooks", f"filesystem:\n  ro: ['{conf}']\n")
+    runner = hooks.Runner("hooks")
+    try:
+        assert (await hooks.run_command(f"cat {conf}", {}, str(cwd), {}, 20, runner))[:2] == (0, "one\n")
+        (home / "hosts.new").write_text("two\n")
+        (home / "hosts.new").rename(conf)
+        assert (await hooks.run_command(f"cat {conf}", {}, str(cwd), {}, 20, runner))[:2] == (0, "two\n")
+    finally:
+        await runner.close()
+
+
 async def test_a_link_in_a_jails_own_tmp_is_no_changed_grant(monkeypatch, tmp_path, home):
     # Code plants a symlink in its private /tmp where a later policy's grant (a host directory
     # under /tmp) is to be mounted: its own call fails, and no policy of any session is decided

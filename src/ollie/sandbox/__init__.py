@@ -22,6 +22,7 @@ import shutil
 import stat
 import sys
 import threading
+import time
 import weakref
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
@@ -63,6 +64,7 @@ class Sandbox:
     def __init__(self, policy: Policy, decided: list[grants.Grant] | None = None):
         """`decided`: the policy's grants, decided already (`_Decisions`; the caller closes them)."""
         self.policy = policy
+        self.decisions: _Decisions | None = None  # what it was built on, looked at again (`outdated`)
         abi = landlock_abi()
         if abi == 0 and not policy.best_effort:
             raise SandboxError(
@@ -124,6 +126,11 @@ class Sandbox:
         self._search_paths: dict[str, str] = {}
         self._env_names = re.compile("|".join(fnmatch.translate(p) for p in policy.env) or "(?!)")
         self._environ: dict[str, str] | None = None
+
+    def outdated(self) -> bool:
+        """Whether a path its policy grants read-only was replaced, or one it names was made,
+        since it was decided (`_Decisions.outdated`)."""
+        return self.decisions is not None and self.decisions.outdated()
 
     def search_path(self, path: str) -> str:
         """`path` without the directories the sandbox cannot execute from, so a program resolves
@@ -387,6 +394,9 @@ async def confined(sandboxes: Sandboxes, jails: Jails, build: Callable[[], Await
     made again, a symlink put on its way) has every policy decided anew, once, rather than failing
     every call of the session."""
     box = await build()
+    if box.outdated():  # a new ruleset, in the same jail: it shows the host's files as they are now
+        sandboxes.forget(box)
+        box = await build()
     if any(path_identity(path) != identity for path, identity in box.watched):
         sandboxes.clear()
         jails.renew()
@@ -571,7 +581,7 @@ class Sandboxes:
         key = self._key(name, cwd, tmpdir, extra_rox, extra_ro, extra_rw, extra_rwx)
         box = self._cache.get(key)
         if box is None:  # on the event loop (a hook's): never waiting on the builder's shared decisions
-            box = self._keep(key, Sandbox(load_policy(*key[:-1])))
+            box = self._keep(key, _decided_alone(load_policy(*key[:-1])))
         self._cache.move_to_end(key)
         return box
 
@@ -652,7 +662,7 @@ def _build(
         # read for every session: the variables its templates name may have changed since
         policy = load_policy(name, cwd, tmpdir, extra_rox, (), extra_rw, extra_rwx)
         base = _DECISIONS.pop(key, None)
-        if base is None or not base.fresh():
+        if base is None or base.stale or not base.fresh():
             if base is not None:
                 base.close()
             base = _Decisions(policy)
@@ -682,6 +692,23 @@ class _Decisions:
         # Before deciding (a path swapped meanwhile is then not fresh); the missing paths as the
         # policy's reading found them (one made since is then granted by the next build).
         self._seen = self._existing() + (None,) * len(policy.missing)
+        # What a running session's sandbox takes from these decisions that none of its calls looks
+        # at itself: the read-only grants as they were, and the paths still missing. Not the cwd
+        # nor the writable grants, which each call looks at (`Sandbox.watched`); nor ollie's own,
+        # which the jail finds changed when it mounts them (GrantChanged); nor what lies in the
+        # cwd, which the cwd's rule covers and no other session takes (its code could replace it).
+        named = [(key, p) for key in FS_KEYS for p in policy.paths[key]] + [("", p) for p in policy.missing]
+        in_cwd = policy.cwd.rstrip("/") + "/" if policy.cwd.rstrip("/") else "\0"  # none, or not /
+        self.named = tuple(
+            (p, seen)
+            for (key, p), seen in zip(named, self._seen, strict=True)
+            if p != policy.cwd
+            and not p.startswith(in_cwd)
+            and p not in policy.own
+            and (seen is None or key not in grants.WRITABLE)
+        )
+        self.stale = False  # one of them changed: every sandbox built on these is built anew
+        self._looked = time.monotonic()
         self.grants = grants.decide(policy, self.hidden, self.read_only)
         self._any_cwd = {(g.key, g.given): g for g in self.grants if not g.linked and g.given != policy.cwd}
 
@@ -701,6 +728,17 @@ class _Decisions:
             and identities(read_only_dirs()) == self.read_only
         )
 
+    def outdated(self) -> bool:
+        """Whether one of the `named` paths is another file now, or was made (`ldconfig` replaced
+        /etc/ld.so.cache, a DHCP client /etc/resolv.conf, rustup made ~/.cargo/bin), so that the
+        sandboxes built on these decisions refuse or lack what a new one would grant. Looked at
+        (some fifty `stat`s) at most once a RECHECK seconds, however many sessions share them."""
+        now = time.monotonic()
+        if not self.stale and now - self._looked >= RECHECK:
+            self._looked = now
+            self.stale = any(path_identity(p) != seen for p, seen in self.named)
+        return self.stale
+
     def sandbox(self, policy: Policy, extra_ro: tuple[str, ...]) -> Sandbox:
         """The sandbox of `policy` (the same policy read for this session: for another cwd, or
         with other values of its templates' variables) with `extra_ro` added."""
@@ -718,14 +756,29 @@ class _Decisions:
         mine = grants.decide(dataclasses.replace(policy, paths=rest), self.hidden, self.read_only, writable=shared)
         place = {(key, path): n for key in FS_KEYS for n, path in enumerate(policy.paths[key])}
         try:  # in the policy's order, as one decision gives them (the jail binds them in it)
-            return Sandbox(policy, sorted([*shared, *mine], key=lambda g: place.get((g.key, g.given), 0)))
+            box = Sandbox(policy, sorted([*shared, *mine], key=lambda g: place.get((g.key, g.given), 0)))
         finally:
             grants.close(mine)
+        box.decisions = self
+        return box
 
     def close(self) -> None:
         grants.close(self.grants)
 
 
+def _decided_alone(policy: Policy) -> Sandbox:
+    """A sandbox on decisions of its own (shared with no session), looked at again all the same."""
+    decisions = _Decisions(policy)
+    try:
+        return decisions.sandbox(policy, ())
+    finally:
+        decisions.close()
+
+
+# Seconds between two looks at the paths a policy's decisions name, for the sessions running on
+# them: how late a replaced or new grant may reach a running session, and how often code that can
+# replace a path other sessions' policies name can make each of them build its sandbox anew.
+RECHECK = 5.0
 _DECISIONS: OrderedDict[tuple, _Decisions] = OrderedDict()
 _DECISIONS_KEPT = 16
 _DECISIONS_LOCK = threading.Lock()  # held by the builder's thread (a hook's build on the loop shares nothing)
