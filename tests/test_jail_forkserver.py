@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -432,6 +433,7 @@ async def test_a_read_only_grant_replaced_or_made_while_a_session_lives_is_grant
     # or no rule at all, for its whole life. Now its next call gets a new ruleset, in the same
     # jail (its /tmp kept), once the paths are looked at again (at most once a RECHECK seconds).
     monkeypatch.setattr(sandbox, "RECHECK", 0)
+    monkeypatch.setattr(sandbox, "_next_look", 0.0)
     conf, toolchain, cwd = home / "resolv.conf", home / "toolchain", tmp_path / "cwd"
     cwd.mkdir()
     conf.write_text("nameserver 10.0.0.1\n")
@@ -452,10 +454,122 @@ async def test_a_read_only_grant_replaced_or_made_while_a_session_lives_is_grant
         await server.close()
 
 
+async def test_links_into_the_servers_own_mount_planted_by_code_in_home_stall_no_other_session(
+    tmp_path, home, monkeypatch
+):
+    # Code of a session working in $HOME points the missing toolchain paths other sessions' policy
+    # names, and a cache they may write, at ollie's own mount (served by this very loop, as `ollie
+    # srv` serves its mount). Another session looks at those paths again and at its cache: none is
+    # followed on the loop (which would wait on itself until its guard refuses, 0.1-0.2 s a path),
+    # its sandbox is built anew once and then kept (not at every look), and it keeps working with
+    # what it had (a fresh decision refuses the planted cache: its jail keeps showing the old one).
+    from ollie.sandbox.policy import _HOME_TOOLCHAINS
+    from ollie.vfs.fuse import Mount
+    from ollie.vfs.namespace import Namespace, StaticDir
+    from ollie.vfs.stores import TextFile
+
+    monkeypatch.setattr(sandbox, "RECHECK", 0)
+    monkeypatch.setattr(sandbox, "_next_look", 0.0)
+    mount = Mount(Namespace(StaticDir({"word": TextFile(lambda: "word\n")})), str(tmp_path / "mnt"))
+    await mount.start()
+    write_policy(None, "filesystem:\n  rw: ['{HOME}/.cache/pip']\n")
+    (home / ".cache" / "pip").mkdir(parents=True)
+    proj = tmp_path / "proj"
+    proj.mkdir()
+    victim, vcall = one_session(proj)
+    attacker, acall = one_session(home)
+    lags: list[float] = []
+    stop = asyncio.Event()
+
+    async def watch_the_loop() -> None:
+        while not stop.is_set():
+            t = asyncio.get_running_loop().time()
+            await asyncio.sleep(0.01)
+            lags.append(asyncio.get_running_loop().time() - t - 0.01)
+
+    watcher = asyncio.ensure_future(watch_the_loop())
+    try:
+        await output(vcall, "echo kept > /tmp/x")
+        await output(acall, "true")
+        homes = [p.replace("{HOME}/", "") for p in _HOME_TOOLCHAINS if p.startswith("{HOME}/")]
+        plant = [f"mkdir -p $(dirname ~/{p}) && ln -s {mount.path}/nothing-{n} ~/{p}" for n, p in enumerate(homes)]
+        plant[homes.index(".cargo/bin")] = f"mkdir -p ~/.cargo && ln -s {mount.path} ~/.cargo/bin"
+        await output(acall, "; ".join(plant))
+        shutil.rmtree(home / ".cache" / "pip")  # (code in $HOME, whose jail binds it, renames ~/.cache)
+        (home / ".cache" / "pip").symlink_to(mount.path)
+        took, boxes = [], []
+        for _ in range(4):
+            t = time.monotonic()
+            assert await output(vcall, "cat /tmp/x") == "kept\n"
+            took.append(time.monotonic() - t)
+            boxes.append(next(iter(victim._sandboxes._cache.values())))
+        assert max(took) < 0.5 and max(lags) < 0.3, (took, max(lags))
+        assert boxes[1] is boxes[2] is boxes[3], "built anew at every look"
+    finally:
+        stop.set()
+        await watcher
+        await victim.close()
+        await attacker.close()
+        await mount.unmount()
+
+
+async def test_a_link_planted_on_a_missing_grant_leaves_running_sessions_what_they_had(tmp_path, home, monkeypatch):
+    # Code working in $HOME plants a link where a grant the policy names is missing: a new session
+    # is refused (the link could be pointed anywhere), a running one keeps its sandbox, which
+    # grants no more, rather than failing every call from then on; it is not built again at
+    # every look after.
+    monkeypatch.setattr(sandbox, "RECHECK", 0)
+    monkeypatch.setattr(sandbox, "_next_look", 0.0)
+    write_policy(None, "filesystem:\n  rw: ['{HOME}/.cache/pip']\n")
+    proj, other = tmp_path / "proj", tmp_path / "other"
+    for d in (proj, other):
+        d.mkdir()
+    victim, vcall = one_session(proj)
+    attacker, acall = one_session(home)
+    newcomer, ncall = one_session(other)
+    try:
+        await output(vcall, "true")
+        await output(acall, "mkdir -p ~/.cache ~/.ssh && ln -s ~/.ssh ~/.cache/pip")
+        refused = await ncall("true")
+        assert refused.is_error and "through the symlink" in refused.text(), refused.text()
+        [box] = victim._sandboxes._cache.values()
+        for _ in range(3):
+            out = await output(vcall, f"ls {home}/.cache/pip/ 2>&1 || echo refused")
+            assert out.endswith("refused\n"), out
+        assert list(victim._sandboxes._cache.values()) == [box] and not box.stale
+    finally:
+        await victim.close()
+        await attacker.close()
+        await newcomer.close()
+
+
+async def test_a_toolchain_made_in_home_reaches_a_session_whose_decisions_a_home_session_made(
+    tmp_path, home, monkeypatch
+):
+    # The decisions a session working in $HOME made are shared with a session working elsewhere:
+    # what the first session's cwd covers is still looked at again for the second.
+    monkeypatch.setattr(sandbox, "RECHECK", 0)
+    monkeypatch.setattr(sandbox, "_next_look", 0.0)
+    proj = tmp_path / "proj"
+    proj.mkdir()
+    at_home, hcall = one_session(home)
+    in_proj, pcall = one_session(proj)
+    try:
+        await output(hcall, "true")  # decides first
+        await output(pcall, "true")
+        (home / ".cargo" / "bin").mkdir(parents=True)
+        (home / ".cargo" / "bin" / "cargo").write_text("installed\n")
+        assert await output(pcall, f"cat {home}/.cargo/bin/cargo") == "installed\n"
+    finally:
+        await at_home.close()
+        await in_proj.close()
+
+
 async def test_a_read_only_grant_replaced_is_granted_to_the_next_hook(tmp_path, home, monkeypatch):
     from ollie.agent import hooks
 
     monkeypatch.setattr(sandbox, "RECHECK", 0)
+    monkeypatch.setattr(sandbox, "_next_look", 0.0)
     conf, cwd = home / "hosts", tmp_path / "cwd"
     cwd.mkdir()
     conf.write_text("one\n")

@@ -339,37 +339,43 @@ async def test_a_granted_path_made_after_the_decisions_is_granted_to_the_next_se
 async def test_a_running_sessions_read_only_grants_are_looked_at_again_at_most_once_a_recheck(
     home, tmp_path, monkeypatch
 ):
-    # Every session sharing a policy's decisions is told when a path they grant read-only is
-    # replaced, or one they name is made; the paths are looked at once a RECHECK seconds at most
-    # (code that can replace such a path makes each session build its sandbox anew that often).
+    # A running session's sandbox is told when a path it grants read-only is replaced, or one its
+    # policy names is made; the paths are looked at once a RECHECK seconds at most, each once
+    # however many sessions name it (code that can replace such a path makes each session build
+    # its sandbox anew that often).
     conf, made, cwd = home / "conf", home / "made", tmp_path / "cwd"
-    cwd.mkdir()
+    (cwd / "vendor").mkdir(parents=True)
     conf.write_text("one\n")
-    (cwd / "vendor").mkdir()
     write_policy(None, f"filesystem:\n  ro: ['{conf}', '{made}', '{{CWD}}/vendor']\n  rw: ['{home}/cache']\n")
     box = await sandbox.Sandboxes().get_async("default", str(cwd), "")
-    named = {p for p, _ in box.decisions.named}
-    assert {str(conf), str(made)} <= named
-    # each call looks at the cwd itself; what lies in it, its rule covers (and its code may replace)
+    named = dict(box.named)
+    assert named[str(conf)] == (os.stat(conf).st_dev, os.stat(conf).st_ino)
+    assert named[str(made)] is None and named[f"{home}/cache"] is None  # missing: granted once made
+    # each call looks at its cwd itself; what lies in it, the cwd's rule covers
     assert str(cwd / "vendor") in box.policy.paths["ro"]
     assert str(cwd) not in named and str(cwd / "vendor") not in named
-    (home / "cache").mkdir()  # a writable one made: so is a missing one looked at
-    monkeypatch.setattr(sandbox, "RECHECK", 0)
-    assert box.outdated()
+    (home / "cache").mkdir()
+    monkeypatch.setattr(sandbox, "_next_look", 0.0)
+    await sandbox._look_again_if_due()
+    assert box.stale
     box = await sandbox.Sandboxes().get_async("default", str(cwd), "")
-    assert not box.outdated()
-    monkeypatch.setattr(sandbox, "RECHECK", 3600)
+    monkeypatch.setattr(sandbox, "_next_look", 0.0)
+    await sandbox._look_again_if_due()  # looked at now, not again for RECHECK seconds
+    assert not box.stale
     (home / "conf.new").write_text("two\n")
     (home / "conf.new").rename(conf)
-    assert not box.outdated()  # decided just now: not looked at before RECHECK seconds
-    monkeypatch.setattr(sandbox, "RECHECK", 0)
-    assert box.outdated()
+    await sandbox._look_again_if_due()
+    assert not box.stale
+    monkeypatch.setattr(sandbox, "_next_look", 0.0)
+    await sandbox._look_again_if_due()
+    assert box.stale
     made.mkdir()
     again = await sandbox.Sandboxes().get_async("default", str(cwd), "")
     exposed = {e[0]: tuple(e[-2:]) for e in again.confinement.spec["expose"]}
-    new = os.stat(conf)
-    assert exposed[str(conf)] == (new.st_dev, new.st_ino) and str(made) in exposed
-    assert not again.outdated()
+    assert exposed[str(conf)] == (os.stat(conf).st_dev, os.stat(conf).st_ino) and str(made) in exposed
+    monkeypatch.setattr(sandbox, "_next_look", 0.0)
+    await sandbox._look_again_if_due()
+    assert not again.stale
 
 
 async def test_a_granted_path_made_while_the_decisions_are_made_is_granted_to_the_next_session(

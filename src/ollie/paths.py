@@ -221,6 +221,20 @@ def path_identity(path: str) -> Identity | None:
     return st.st_dev, st.st_ino
 
 
+def real_identity(path: str) -> Identity | None:
+    """Which file the real path `path` names now, or None if none, or if a symlink lies on its way
+    (one planted since it was decided: followed, it could lead into ollie's own mount, whose
+    requests the event loop that asks would have to answer)."""
+    try:
+        fd = open_real(path)
+    except OSError:
+        return None
+    try:
+        return identity(fd)
+    finally:
+        os.close(fd)
+
+
 def identities(paths: Iterable[str]) -> dict[Identity, str]:
     """Which files `paths` name now (symlinks followed: these are ollie's own, set by the user),
     by identity; paths that do not exist are left out."""

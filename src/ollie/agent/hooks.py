@@ -171,7 +171,7 @@ class Runner:
 
     async def start(self, cmd: str, cwd: str, env: dict[str, str]) -> _Started:
         async def build() -> sandbox.Sandbox:
-            return self._sandboxes.get(self.policy, cwd, "")
+            return await self._sandboxes.get_async(self.policy, cwd, "")
 
         box, jail = await sandbox.confined(self._sandboxes, self._jails, build)
         full_env = {**box.environ(), **env}

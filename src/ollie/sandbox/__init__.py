@@ -31,7 +31,17 @@ from pathlib import Path
 from typing import Any
 
 from .. import config
-from ..paths import LinkRefused, identities, identity, open_real, path_identity, real_path, within
+from ..paths import (
+    Identity,
+    LinkRefused,
+    identities,
+    identity,
+    open_real,
+    path_identity,
+    real_identity,
+    real_path,
+    within,
+)
 from . import grants
 from .jail import Confinement, GrantChanged, Jail, JailSetup, userns_hint
 from .landlock import RO, RW, RWX, build_ruleset, fs_handled, landlock_abi
@@ -64,7 +74,10 @@ class Sandbox:
     def __init__(self, policy: Policy, decided: list[grants.Grant] | None = None):
         """`decided`: the policy's grants, decided already (`_Decisions`; the caller closes them)."""
         self.policy = policy
-        self.decisions: _Decisions | None = None  # what it was built on, looked at again (`outdated`)
+        # The paths it was decided on that no call looks at itself, each as it was then (None:
+        # missing): `_look_again` marks it `stale` once one is another file, or was made.
+        self.named: tuple[tuple[str, Identity | None], ...] = ()
+        self.stale = False
         abi = landlock_abi()
         if abi == 0 and not policy.best_effort:
             raise SandboxError(
@@ -91,7 +104,7 @@ class Sandbox:
             # The cwd and the user's directories code may write, as decided: one made again since
             # (a cwd cloned anew, a cache removed) is another sandbox's, and a running jail shows
             # the old. (Not ollie's own, nor /dev's.)
-            self.watched = tuple(
+            self.watched: tuple[tuple[str, Identity | None], ...] = tuple(
                 (g.path, g.identity)
                 for g in decided
                 if (g.writable or g.given == policy.cwd)
@@ -127,10 +140,13 @@ class Sandbox:
         self._env_names = re.compile("|".join(fnmatch.translate(p) for p in policy.env) or "(?!)")
         self._environ: dict[str, str] | None = None
 
-    def outdated(self) -> bool:
-        """Whether a path its policy grants read-only was replaced, or one it names was made,
-        since it was decided (`_Decisions.outdated`)."""
-        return self.decisions is not None and self.decisions.outdated()
+    def take_as_is(self) -> None:
+        """Its paths, as they are now, counted as what it was decided on: a decision refuses the
+        policy now (a link planted on a path it names), and the session keeps what it has, which
+        grants no more than before, until one changes again."""
+        self.named = tuple((path, _LOOKED.get(path, decided)) for path, decided in self.named)
+        self.watched = tuple((path, real_identity(path)) for path, _ in self.watched)
+        self.stale = False
 
     def search_path(self, path: str) -> str:
         """`path` without the directories the sandbox cannot execute from, so a program resolves
@@ -390,17 +406,28 @@ async def confined(sandboxes: Sandboxes, jails: Jails, build: Callable[[], Await
     in the jail, as a first call would have them now: the working directory (`rm -rf proj && git
     clone … proj`) or a directory code may write (a cache) made again or removed since the sandbox
     was decided has every sandbox of `sandboxes` built anew and new jails started (the running
-    ones show the old directory); a grant the jail finds changed when it mounts it (a directory
-    made again, a symlink put on its way) has every policy decided anew, once, rather than failing
-    every call of the session."""
+    ones show the old directory); a read-only grant replaced or a path made (`stale`) has the
+    sandbox built anew, in the same jail; if a decision now refuses the policy (a link planted on
+    a path it names), the session keeps what it has, which grants no more. A grant the jail finds
+    changed when it mounts it (a directory made again, a symlink put on its way) has every policy
+    decided anew, once, rather than failing every call of the session."""
     box = await build()
-    if box.outdated():  # a new ruleset, in the same jail: it shows the host's files as they are now
-        sandboxes.forget(box)
-        box = await build()
-    if any(path_identity(path) != identity for path, identity in box.watched):
-        sandboxes.clear()
-        jails.renew()
-        box = await build()
+    await _look_again_if_due()
+    # real paths, none of them followed through a link: one planted since could lead into ollie's
+    # own mount, whose requests this very loop would have to answer
+    moved = any(real_identity(path) != identity for path, identity in box.watched)
+    if box.stale or moved:
+        kept = sandboxes.forget(box)
+        try:
+            new = await build()
+        except SandboxError:
+            sandboxes.keep(kept, box)
+            box.take_as_is()
+        else:
+            if moved:  # the running jails show the old directory: new ones, for every sandbox
+                sandboxes.clear(but=new)
+                jails.renew()
+            box = new
     jail = await jails.get(box.policy)
     try:
         await jail.confine(box.confinement)
@@ -580,8 +607,8 @@ class Sandboxes:
     ) -> Sandbox:
         key = self._key(name, cwd, tmpdir, extra_rox, extra_ro, extra_rw, extra_rwx)
         box = self._cache.get(key)
-        if box is None:  # on the event loop (a hook's): never waiting on the builder's shared decisions
-            box = self._keep(key, _decided_alone(load_policy(*key[:-1])))
+        if box is None:  # in the caller's thread, shared with nobody, never looked at again (`get_async`'s are)
+            box = self._keep(key, Sandbox(load_policy(*key[:-1])))
         self._cache.move_to_end(key)
         return box
 
@@ -621,13 +648,22 @@ class Sandboxes:
             self._cache.popitem(last=False)
         return box
 
-    def forget(self, box: Sandbox) -> None:
-        """Build `box`'s sandbox anew at its next `get` (a path it grants changed since)."""
-        for key in [k for k, b in self._cache.items() if b is box]:
+    def forget(self, box: Sandbox) -> list[tuple]:
+        """Build `box`'s sandbox anew at its next `get` (a path it grants changed since); the keys
+        it was kept under."""
+        keys = [k for k, b in self._cache.items() if b is box]
+        for key in keys:
             del self._cache[key]
+        return keys
 
-    def clear(self) -> None:
-        self._cache.clear()
+    def keep(self, keys: list[tuple], box: Sandbox) -> None:
+        """`box` kept again under `keys` (a `forget` undone)."""
+        for key in keys:
+            self._keep(key, box)
+
+    def clear(self, but: Sandbox | None = None) -> None:
+        for key in [k for k, b in self._cache.items() if b is not but]:
+            del self._cache[key]
 
 
 _BUILDER: ThreadPoolExecutor | None = None
@@ -662,7 +698,7 @@ def _build(
         # read for every session: the variables its templates name may have changed since
         policy = load_policy(name, cwd, tmpdir, extra_rox, (), extra_rw, extra_rwx)
         base = _DECISIONS.pop(key, None)
-        if base is None or base.stale or not base.fresh():
+        if base is None or not base.fresh():
             if base is not None:
                 base.close()
             base = _Decisions(policy)
@@ -692,23 +728,6 @@ class _Decisions:
         # Before deciding (a path swapped meanwhile is then not fresh); the missing paths as the
         # policy's reading found them (one made since is then granted by the next build).
         self._seen = self._existing() + (None,) * len(policy.missing)
-        # What a running session's sandbox takes from these decisions that none of its calls looks
-        # at itself: the read-only grants as they were, and the paths still missing. Not the cwd
-        # nor the writable grants, which each call looks at (`Sandbox.watched`); nor ollie's own,
-        # which the jail finds changed when it mounts them (GrantChanged); nor what lies in the
-        # cwd, which the cwd's rule covers and no other session takes (its code could replace it).
-        named = [(key, p) for key in FS_KEYS for p in policy.paths[key]] + [("", p) for p in policy.missing]
-        in_cwd = policy.cwd.rstrip("/") + "/" if policy.cwd.rstrip("/") else "\0"  # none, or not /
-        self.named = tuple(
-            (p, seen)
-            for (key, p), seen in zip(named, self._seen, strict=True)
-            if p != policy.cwd
-            and not p.startswith(in_cwd)
-            and p not in policy.own
-            and (seen is None or key not in grants.WRITABLE)
-        )
-        self.stale = False  # one of them changed: every sandbox built on these is built anew
-        self._looked = time.monotonic()
         self.grants = grants.decide(policy, self.hidden, self.read_only)
         self._any_cwd = {(g.key, g.given): g for g in self.grants if not g.linked and g.given != policy.cwd}
 
@@ -728,16 +747,21 @@ class _Decisions:
             and identities(read_only_dirs()) == self.read_only
         )
 
-    def outdated(self) -> bool:
-        """Whether one of the `named` paths is another file now, or was made (`ldconfig` replaced
-        /etc/ld.so.cache, a DHCP client /etc/resolv.conf, rustup made ~/.cargo/bin), so that the
-        sandboxes built on these decisions refuse or lack what a new one would grant. Looked at
-        (some fifty `stat`s) at most once a RECHECK seconds, however many sessions share them."""
-        now = time.monotonic()
-        if not self.stale and now - self._looked >= RECHECK:
-            self._looked = now
-            self.stale = any(path_identity(p) != seen for p, seen in self.named)
-        return self.stale
+    def _named(self, policy: Policy) -> tuple[tuple[str, Identity | None], ...]:
+        """What `policy`'s sandbox takes from the host that none of its calls looks at itself: its
+        read-only grants and its paths still missing, as they are now (the shared ones as `fresh`
+        just saw them). Not its cwd nor its writable grants, which each call looks at
+        (`Sandbox.watched`); nor ollie's own, which the jail finds changed when it mounts them
+        (GrantChanged); nor what lies in its cwd, which the cwd's rule covers."""
+        seen = dict(zip([p for key in FS_KEYS for p in self.policy.paths[key]], self._seen, strict=False))
+        seen.update(dict.fromkeys(self.policy.missing))  # still missing: `fresh` saw them so
+        in_cwd = policy.cwd.rstrip("/") + "/" if policy.cwd.rstrip("/") else "\0"  # none, or not /
+        named = [(key, p) for key in FS_KEYS for p in policy.paths[key]] + [("", p) for p in policy.missing]
+        return tuple(
+            (p, seen[p] if p in seen else path_identity(p))
+            for key, p in named
+            if p != policy.cwd and not p.startswith(in_cwd) and p not in policy.own and key not in grants.WRITABLE
+        )
 
     def sandbox(self, policy: Policy, extra_ro: tuple[str, ...]) -> Sandbox:
         """The sandbox of `policy` (the same policy read for this session: for another cwd, or
@@ -753,35 +777,61 @@ class _Decisions:
             reusable = {k: g for k, g in self._any_cwd.items() if k[1] != policy.cwd and k[1] not in extra}
             shared = [reusable[(k, p)] for k in FS_KEYS for p in policy.paths[k] if (k, p) in reusable]
             rest = {k: tuple(p for p in policy.paths[k] if (k, p) not in reusable) for k in FS_KEYS}
+        named = self._named(policy)  # before deciding: a path swapped meanwhile is then seen changed
         mine = grants.decide(dataclasses.replace(policy, paths=rest), self.hidden, self.read_only, writable=shared)
         place = {(key, path): n for key in FS_KEYS for n, path in enumerate(policy.paths[key])}
         try:  # in the policy's order, as one decision gives them (the jail binds them in it)
             box = Sandbox(policy, sorted([*shared, *mine], key=lambda g: place.get((g.key, g.given), 0)))
         finally:
             grants.close(mine)
-        box.decisions = self
+        box.named = named
+        _LIVE.add(box)
         return box
 
     def close(self) -> None:
         grants.close(self.grants)
 
 
-def _decided_alone(policy: Policy) -> Sandbox:
-    """A sandbox on decisions of its own (shared with no session), looked at again all the same."""
-    decisions = _Decisions(policy)
-    try:
-        return decisions.sandbox(policy, ())
-    finally:
-        decisions.close()
-
-
-# Seconds between two looks at the paths a policy's decisions name, for the sessions running on
-# them: how late a replaced or new grant may reach a running session, and how often code that can
-# replace a path other sessions' policies name can make each of them build its sandbox anew.
+# Seconds between two looks at the paths the running sessions' sandboxes were decided on
+# (`_look_again`): how late a replaced or new grant may reach a running session, and how often code
+# that can replace a path other sessions' policies name can make each of them build its sandbox anew.
 RECHECK = 5.0
+_LIVE: weakref.WeakSet[Sandbox] = weakref.WeakSet()  # every sandbox `_Decisions.sandbox` built
+_LOOKED: dict[str, Identity | None] = {}  # what the last look saw
+_next_look = 0.0
+
+
+async def _look_again_if_due() -> None:
+    """`_look_again`, in the builder's thread (where the sandboxes were decided: a path leading
+    into ollie's own mount is answered there, never waited on by the loop that serves it), at most
+    once a RECHECK seconds, whichever call comes first."""
+    global _next_look
+    now = time.monotonic()
+    if now < _next_look:
+        return
+    _next_look = now + RECHECK
+    await asyncio.get_running_loop().run_in_executor(_builder(), _look_again)
+
+
+def _look_again() -> None:
+    """Mark `stale` every running sandbox one of whose `named` paths is another file now, or was
+    made (`ldconfig` replaced /etc/ld.so.cache, a DHCP client /etc/resolv.conf, rustup made
+    ~/.cargo/bin): it refuses or lacks what a new decision would grant. Each path is looked at once
+    (some fifty `stat`s, however many sessions)."""
+    global _LOOKED
+    looked: dict[str, Identity | None] = {}
+    for box in list(_LIVE):
+        for path, decided in box.named:
+            if path not in looked:
+                looked[path] = path_identity(path)
+            if looked[path] != decided:
+                box.stale = True
+    _LOOKED = looked
+
+
 _DECISIONS: OrderedDict[tuple, _Decisions] = OrderedDict()
 _DECISIONS_KEPT = 16
-_DECISIONS_LOCK = threading.Lock()  # held by the builder's thread (a hook's build on the loop shares nothing)
+_DECISIONS_LOCK = threading.Lock()  # held by the builder's thread (a `Sandboxes.get` shares nothing)
 # Set when a jail found a grant changed that `fresh` may not see (a directory swapped for a
 # symlink to itself): the next build decides every policy anew.
 _DECISIONS_STALE = threading.Event()
