@@ -12,7 +12,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -454,62 +453,95 @@ async def test_a_read_only_grant_replaced_or_made_while_a_session_lives_is_grant
         await server.close()
 
 
-async def test_links_into_the_servers_own_mount_planted_by_code_in_home_stall_no_other_session(
-    tmp_path, home, monkeypatch
-):
-    # Code of a session working in $HOME points the missing toolchain paths other sessions' policy
-    # names, and a cache they may write, at ollie's own mount (served by this very loop, as `ollie
-    # srv` serves its mount). Another session looks at those paths again and at its cache: none is
-    # followed on the loop (which would wait on itself until its guard refuses, 0.1-0.2 s a path),
-    # its sandbox is built anew once and then kept (not at every look), and it keeps working with
-    # what it had (a fresh decision refuses the planted cache: its jail keeps showing the old one).
-    from ollie.sandbox.policy import _HOME_TOOLCHAINS
+def _servers_own_mount(tmp_path: Path) -> Any:
+    """A FUSE mount served by this test's event loop, as `ollie srv` serves its own."""
     from ollie.vfs.fuse import Mount
     from ollie.vfs.namespace import Namespace, StaticDir
     from ollie.vfs.stores import TextFile
 
+    return Mount(Namespace(StaticDir({"word": TextFile(lambda: "word\n")})), str(tmp_path / "mnt"))
+
+
+def _asked_by_the_loop(caplog: Any) -> list[str]:
+    """The mount's requests that came from its own event loop (refused by its guard, 0.1-0.2 s late)."""
+    return [r.getMessage() for r in caplog.records if "from the loop thread" in r.getMessage()]
+
+
+async def test_what_code_in_home_plants_for_other_sessions_stalls_no_event_loop(tmp_path, home, monkeypatch, caplog):
+    # Code of a session working in $HOME points the missing toolchain paths other sessions'
+    # policy names at ollie's own mount (served by this very loop, as `ollie srv` serves its) and
+    # makes ~/.gitconfig a FIFO. Another session's paths are looked at again and its sandbox is
+    # built anew: nothing is asked of the mount by the loop (which would wait on itself until
+    # its guard refuses), the FIFO is not waited on (the loop hung for good), the session keeps
+    # working, and its sandbox is built anew once, not at every look.
+    from ollie.sandbox.policy import _HOME_TOOLCHAINS
+
     monkeypatch.setattr(sandbox, "RECHECK", 0)
     monkeypatch.setattr(sandbox, "_next_look", 0.0)
-    mount = Mount(Namespace(StaticDir({"word": TextFile(lambda: "word\n")})), str(tmp_path / "mnt"))
+    mount = _servers_own_mount(tmp_path)
     await mount.start()
-    write_policy(None, "filesystem:\n  rw: ['{HOME}/.cache/pip']\n")
-    (home / ".cache" / "pip").mkdir(parents=True)
     proj = tmp_path / "proj"
     proj.mkdir()
     victim, vcall = one_session(proj)
     attacker, acall = one_session(home)
-    lags: list[float] = []
-    stop = asyncio.Event()
-
-    async def watch_the_loop() -> None:
-        while not stop.is_set():
-            t = asyncio.get_running_loop().time()
-            await asyncio.sleep(0.01)
-            lags.append(asyncio.get_running_loop().time() - t - 0.01)
-
-    watcher = asyncio.ensure_future(watch_the_loop())
     try:
         await output(vcall, "echo kept > /tmp/x")
-        await output(acall, "true")
+        [before] = victim._sandboxes._cache.values()
         homes = [p.replace("{HOME}/", "") for p in _HOME_TOOLCHAINS if p.startswith("{HOME}/")]
         plant = [f"mkdir -p $(dirname ~/{p}) && ln -s {mount.path}/nothing-{n} ~/{p}" for n, p in enumerate(homes)]
         plant[homes.index(".cargo/bin")] = f"mkdir -p ~/.cargo && ln -s {mount.path} ~/.cargo/bin"
-        await output(acall, "; ".join(plant))
-        shutil.rmtree(home / ".cache" / "pip")  # (code in $HOME, whose jail binds it, renames ~/.cache)
-        (home / ".cache" / "pip").symlink_to(mount.path)
-        took, boxes = [], []
+        await output(acall, "; ".join([*plant, "mkfifo ~/.gitconfig"]))
+        boxes = []
         for _ in range(4):
-            t = time.monotonic()
-            assert await output(vcall, "cat /tmp/x") == "kept\n"
-            took.append(time.monotonic() - t)
+            assert await asyncio.wait_for(output(vcall, "cat /tmp/x"), 30) == "kept\n"
             boxes.append(next(iter(victim._sandboxes._cache.values())))
-        assert max(took) < 0.5 and max(lags) < 0.3, (took, max(lags))
-        assert boxes[1] is boxes[2] is boxes[3], "built anew at every look"
+        assert before is not boxes[0] and boxes == [boxes[0]] * 4, "built anew once, then kept"
+        new = tmp_path / "new"
+        new.mkdir()
+        newcomer, ncall = one_session(new)
+        try:
+            assert await asyncio.wait_for(output(ncall, "echo first"), 30) == "first\n"
+        finally:
+            await newcomer.close()
+        assert not _asked_by_the_loop(caplog)
     finally:
-        stop.set()
-        await watcher
         await victim.close()
         await attacker.close()
+        await mount.unmount()
+
+
+async def test_a_writable_grant_or_cwd_linked_into_the_servers_own_mount_stalls_no_event_loop(
+    tmp_path, home, monkeypatch, caplog
+):
+    # Each call looks at its cwd and the directories it may write: never through a link, which
+    # could lead into ollie's own mount. A cache made a link is refused as a new session's would
+    # be (its jails kept); once made again, the call works there; a cwd made a link is refused.
+    mount = _servers_own_mount(tmp_path)
+    await mount.start()
+    cache = home / ".cache" / "pip"
+    write_policy(None, "filesystem:\n  rw: ['{HOME}/.cache/pip']\n")
+    cache.mkdir(parents=True)
+    proj = tmp_path / "proj"
+    proj.mkdir()
+    server, call = one_session(proj)
+    try:
+        await output(call, f"echo one > {cache}/f")
+        cache.rename(cache.with_name("pip.old"))
+        cache.symlink_to(mount.path)
+        for _ in range(2):
+            refused = await call("true")
+            assert refused.is_error and "through the symlink" in refused.text(), refused.text()
+        cache.unlink()
+        cache.mkdir()
+        await output(call, f"echo two > {cache}/f")
+        assert (cache / "f").read_text() == "two\n"
+        proj.rename(tmp_path / "proj.old")
+        proj.symlink_to(mount.path)
+        refused = await call("true")
+        assert refused.is_error and "is reached through a symlink" in refused.text(), refused.text()
+        assert not _asked_by_the_loop(caplog)
+    finally:
+        await server.close()
         await mount.unmount()
 
 
@@ -533,10 +565,13 @@ async def test_a_link_planted_on_a_missing_grant_leaves_running_sessions_what_th
         refused = await ncall("true")
         assert refused.is_error and "through the symlink" in refused.text(), refused.text()
         [box] = victim._sandboxes._cache.values()
+        build, builds = sandbox._build, []
+        monkeypatch.setattr(sandbox, "_build", lambda *a: builds.append(a) or build(*a))
         for _ in range(3):
             out = await output(vcall, f"ls {home}/.cache/pip/ 2>&1 || echo refused")
             assert out.endswith("refused\n"), out
         assert list(victim._sandboxes._cache.values()) == [box] and not box.stale
+        assert len(builds) == 1, "tried again at every look"
     finally:
         await victim.close()
         await attacker.close()

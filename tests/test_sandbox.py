@@ -261,12 +261,12 @@ async def test_bad_policy_files_are_reported(run, text, message):
     assert str(path) in result.text() or "sandbox " in result.text()
 
 
-def test_policies_are_built_once_and_rebuilt_when_edited(home, tmp_path):
+async def test_policies_are_built_once_and_rebuilt_when_edited(home, tmp_path):
     boxes = sandbox.Sandboxes()
-    first = boxes.get("default", str(tmp_path), str(tmp_path))
-    assert boxes.get("default", str(tmp_path), str(tmp_path)) is first
+    first = await boxes.get_async("default", str(tmp_path), str(tmp_path))
+    assert await boxes.get_async("default", str(tmp_path), str(tmp_path)) is first
     write_policy(None, "env: [EXTRA]\n")
-    second = boxes.get("default", str(tmp_path), str(tmp_path))
+    second = await boxes.get_async("default", str(tmp_path), str(tmp_path))
     assert second is not first and "EXTRA" in second.policy.env
 
 

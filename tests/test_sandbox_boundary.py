@@ -142,7 +142,7 @@ async def test_the_jail_itself_refuses_to_show_a_hidden_directory(home, tmp_path
     is refused by the jail, which mounts nothing from under a hidden directory but ollie's own."""
     cfg = os.environ["OLLIE_CFG_PATH"]
     boxes, jails = sandbox.Sandboxes(), sandbox.Jails()
-    box = boxes.get("default", str(tmp_path), "")
+    box = await boxes.get_async("default", str(tmp_path), "")
     st = os.stat(cfg)
     box.confinement.spec["expose"].append([cfg, True, False, False, st.st_dev, st.st_ino])
     try:

@@ -235,6 +235,22 @@ def real_identity(path: str) -> Identity | None:
         os.close(fd)
 
 
+def real_dir_problem(path: str) -> str | None:
+    """What keeps the real path `path` from being a directory now, reached without a symlink
+    ("does not exist", "is reached through a symlink", "is not a directory"), or None. As
+    `real_identity`, it never follows a link planted since into ollie's own mount."""
+    try:
+        fd = open_real(path)
+    except LinkRefused:
+        return "is reached through a symlink"
+    except OSError:
+        return "does not exist"
+    try:
+        return None if stat.S_ISDIR(os.fstat(fd).st_mode) else "is not a directory"
+    finally:
+        os.close(fd)
+
+
 def identities(paths: Iterable[str]) -> dict[Identity, str]:
     """Which files `paths` name now (symlinks followed: these are ollie's own, set by the user),
     by identity; paths that do not exist are left out."""

@@ -32,6 +32,7 @@ from typing import Any, Protocol
 
 from .. import config, sandbox, telemetry
 from ..config import AgentConfig
+from ..paths import real_dir_problem
 from ..sandbox import jail as _jail
 from ..types import Event
 from .state import SessionState
@@ -126,8 +127,8 @@ async def run_command(
     for key, value in payload.items():
         text = value if isinstance(value, str) else json.dumps(value)
         variables[f"OLLIE_{key.upper()}"] = text.replace("\0", "").encode()[:VARIABLE_LIMIT].decode(errors="ignore")
-    if cwd and not os.path.isdir(cwd):
-        raise FileNotFoundError(f"the session's working directory {cwd} is gone")
+    if cwd and (why := real_dir_problem(cwd)):  # a link planted on it could lead into ollie's mount, served here
+        raise FileNotFoundError(f"the session's working directory {cwd} {why}")
     if runner is None:
         proc = await asyncio.create_subprocess_exec(
             config.system_program("sh"),
@@ -177,7 +178,7 @@ class Runner:
         full_env = {**box.environ(), **env}
         if not jail.namespaces_refused:
             full_env["TMPDIR"] = "/tmp"  # the jail's own
-        full_env["PATH"] = box.search_path(full_env.get("PATH") or os.defpath)
+        full_env["PATH"] = await box.search_path_async(full_env.get("PATH") or os.defpath)
         sh = shutil.which("sh", path=full_env["PATH"]) or "/bin/sh"
         fds = [os.pipe2(os.O_CLOEXEC) for _ in range(3)]  # stdin, stdout, stderr
         try:

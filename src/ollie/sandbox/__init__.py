@@ -1,7 +1,7 @@
 """The sandbox behind execute_code, hooks and tool servers (private; no stable API).
 
 The parent builds the Landlock ruleset and the seccomp program once per policy and directory
-(`Sandboxes.get`); a jail (`jail.py`, whose helper is `jaild.py`) applies them to each program it
+(`Sandboxes.get_async`); a jail (`jail.py`, whose helper is `jaild.py`) applies them to each program it
 starts, inside fresh user, PID, IPC, mount and (unless the policy grants network) network
 namespaces. docs/sandbox.md has the threat model.
 
@@ -104,7 +104,7 @@ class Sandbox:
             # The cwd and the user's directories code may write, as decided: one made again since
             # (a cwd cloned anew, a cache removed) is another sandbox's, and a running jail shows
             # the old. (Not ollie's own, nor /dev's.)
-            self.watched: tuple[tuple[str, Identity | None], ...] = tuple(
+            self.watched = tuple(
                 (g.path, g.identity)
                 for g in decided
                 if (g.writable or g.given == policy.cwd)
@@ -138,14 +138,20 @@ class Sandbox:
         )
         self._search_paths: dict[str, str] = {}
         self._env_names = re.compile("|".join(fnmatch.translate(p) for p in policy.env) or "(?!)")
-        self._environ: dict[str, str] | None = None
+        # Read when it is built (the builder's thread, for every session's): what they read lies
+        # where code may write ($HOME's git config, the PATH's directories), and could be a FIFO
+        # or lead into ollie's own mount, which the event loop would wait on.
+        self._environ = {k: v for k, v in os.environ.items() if self._env_names.match(k)}
+        if policy.dns:  # the resolver over TCP: the policy's port 53 (UDP stays refused)
+            self._environ["RES_OPTIONS"] = " ".join([self._environ.get("RES_OPTIONS", ""), "use-vc"]).strip()
+        self._environ.update(_git_identity(policy))
+        self.search_path(self._environ.get("PATH") or os.defpath)
 
     def take_as_is(self) -> None:
-        """Its paths, as they are now, counted as what it was decided on: a decision refuses the
-        policy now (a link planted on a path it names), and the session keeps what it has, which
-        grants no more than before, until one changes again."""
+        """Its paths, as the last look saw them, counted as what it was decided on: a decision
+        refuses the policy now (a link planted on a path it names), and the session keeps what it
+        has, which grants no more than before, until one changes again."""
         self.named = tuple((path, _LOOKED.get(path, decided)) for path, decided in self.named)
-        self.watched = tuple((path, real_identity(path)) for path, _ in self.watched)
         self.stale = False
 
     def search_path(self, path: str) -> str:
@@ -157,14 +163,16 @@ class Sandbox:
             kept = self._search_paths[path] = ":".join(dirs)
         return kept
 
+    async def search_path_async(self, path: str) -> str:
+        """`search_path`, a PATH not seen yet (a session's own) judged in the builder's thread."""
+        kept = self._search_paths.get(path)
+        if kept is None:
+            kept = await asyncio.get_running_loop().run_in_executor(_builder(), self.search_path, path)
+        return kept
+
     def environ(self) -> dict[str, str]:
         """The variables of ollie's environment that the policy lets in (read once: a sandbox is
         rebuilt when its policy changes, not when ollie's environment does)."""
-        if self._environ is None:
-            self._environ = {k: v for k, v in os.environ.items() if self._env_names.match(k)}
-            if self.policy.dns:  # the resolver over TCP: the policy's port 53 (UDP stays refused)
-                self._environ["RES_OPTIONS"] = " ".join([self._environ.get("RES_OPTIONS", ""), "use-vc"]).strip()
-            self._environ.update(_git_identity(self.policy))
         return dict(self._environ)
 
 
@@ -214,11 +222,14 @@ def _git_user(path: str) -> dict[str, str]:
     """user.name and user.email of a git config file: its [user] section's, the last one set wins,
     as git has it; a quoted value unquoted, a comment (# or ;) after it dropped."""
     found: dict[str, str] = {}
-    try:
-        with open(path, encoding="utf-8", errors="replace") as f:
-            lines = f.read(1 << 20).splitlines()
+    try:  # a regular file, opened without blocking: code working in $HOME could make it a FIFO
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
     except OSError:
         return found
+    with open(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return found
+        lines = f.read(1 << 20).decode("utf-8", "replace").splitlines()
     section = ""
     for line in lines:
         if header := _GIT_SECTION.match(line):
@@ -406,28 +417,18 @@ async def confined(sandboxes: Sandboxes, jails: Jails, build: Callable[[], Await
     in the jail, as a first call would have them now: the working directory (`rm -rf proj && git
     clone … proj`) or a directory code may write (a cache) made again or removed since the sandbox
     was decided has every sandbox of `sandboxes` built anew and new jails started (the running
-    ones show the old directory); a read-only grant replaced or a path made (`stale`) has the
-    sandbox built anew, in the same jail; if a decision now refuses the policy (a link planted on
-    a path it names), the session keeps what it has, which grants no more. A grant the jail finds
+    ones show the old directory); a read-only grant replaced or a path made (`Sandbox.stale`) has
+    the sandbox built anew, in the same jail (`Sandboxes.get_async`). A grant the jail finds
     changed when it mounts it (a directory made again, a symlink put on its way) has every policy
     decided anew, once, rather than failing every call of the session."""
-    box = await build()
     await _look_again_if_due()
+    box = await build()
     # real paths, none of them followed through a link: one planted since could lead into ollie's
     # own mount, whose requests this very loop would have to answer
-    moved = any(real_identity(path) != identity for path, identity in box.watched)
-    if box.stale or moved:
-        kept = sandboxes.forget(box)
-        try:
-            new = await build()
-        except SandboxError:
-            sandboxes.keep(kept, box)
-            box.take_as_is()
-        else:
-            if moved:  # the running jails show the old directory: new ones, for every sandbox
-                sandboxes.clear(but=new)
-                jails.renew()
-            box = new
+    if any(real_identity(path) != identity for path, identity in box.watched):
+        sandboxes.clear()
+        jails.renew()  # whatever the build says: they show the old directory
+        box = await build()  # a refusal is this call's error, and the next's, until it is fixed
     jail = await jails.get(box.policy)
     try:
         await jail.confine(box.confinement)
@@ -595,23 +596,6 @@ class Sandboxes:
         self._files: dict[str, tuple[Path, Path]] = {}  # policy name -> its files (found once)
         self._building: dict[tuple, asyncio.Future[Sandbox]] = {}
 
-    def get(
-        self,
-        name: str,
-        cwd: str,
-        tmpdir: str,
-        extra_rox: tuple[str, ...] = (),
-        extra_ro: tuple[str, ...] = (),
-        extra_rw: tuple[str, ...] = (),
-        extra_rwx: tuple[str, ...] = (),
-    ) -> Sandbox:
-        key = self._key(name, cwd, tmpdir, extra_rox, extra_ro, extra_rw, extra_rwx)
-        box = self._cache.get(key)
-        if box is None:  # in the caller's thread, shared with nobody, never looked at again (`get_async`'s are)
-            box = self._keep(key, Sandbox(load_policy(*key[:-1])))
-        self._cache.move_to_end(key)
-        return box
-
     async def get_async(
         self,
         name: str,
@@ -622,21 +606,20 @@ class Sandboxes:
         extra_rw: tuple[str, ...] = (),
         extra_rwx: tuple[str, ...] = (),
     ) -> Sandbox:
-        """`get`, a sandbox not built yet built in a thread: reading the policy and judging its
-        grants take 2-3 ms, which a burst of sessions' first calls would each stall the event
-        loop for. Calls that come meanwhile share the build."""
+        """The sandbox of a policy for a cwd, built in the builder's thread if it is not yet, or
+        built anew if it is `stale`: reading the policy and judging its grants take 2-3 ms, which
+        a burst of sessions' first calls would each stall the event loop for, and what they look
+        at could lead into ollie's own mount. Calls that come meanwhile share the build."""
         key = self._key(name, cwd, tmpdir, extra_rox, extra_ro, extra_rw, extra_rwx)
         box = self._cache.get(key)
-        if box is not None:
+        if box is not None and not box.stale:
             self._cache.move_to_end(key)
             return box
         building = self._building.get(key)
         if building is None:
-            loop = asyncio.get_running_loop()
-            building = self._building[key] = asyncio.ensure_future(loop.run_in_executor(_builder(), _build, *key[:-1]))
+            building = self._building[key] = asyncio.ensure_future(_build_anew(key[:-1], box))
             building.add_done_callback(lambda _: self._building.pop(key, None))
-        box = await asyncio.shield(building)
-        return self._cache.get(key) or self._keep(key, box)
+        return self._keep(key, await asyncio.shield(building))
 
     def _key(self, name: str, *rest: Any) -> tuple:
         files = self._files.get(name) or self._files.setdefault(name, policy_files(name))
@@ -648,22 +631,26 @@ class Sandboxes:
             self._cache.popitem(last=False)
         return box
 
-    def forget(self, box: Sandbox) -> list[tuple]:
-        """Build `box`'s sandbox anew at its next `get` (a path it grants changed since); the keys
-        it was kept under."""
-        keys = [k for k, b in self._cache.items() if b is box]
-        for key in keys:
+    def forget(self, box: Sandbox) -> None:
+        """Build `box`'s sandbox anew at its next `get_async` (a path it grants changed since)."""
+        for key in [k for k, b in self._cache.items() if b is box]:
             del self._cache[key]
-        return keys
 
-    def keep(self, keys: list[tuple], box: Sandbox) -> None:
-        """`box` kept again under `keys` (a `forget` undone)."""
-        for key in keys:
-            self._keep(key, box)
+    def clear(self) -> None:
+        self._cache.clear()
 
-    def clear(self, but: Sandbox | None = None) -> None:
-        for key in [k for k, b in self._cache.items() if b is not but]:
-            del self._cache[key]
+
+async def _build_anew(args: tuple, stale: Sandbox | None) -> Sandbox:
+    """`_build`, in the builder's thread; a `stale` sandbox (a path it was decided on changed) is
+    kept if a decision now refuses the policy (a link planted on a path it names): it grants no
+    more than before, and a new session gets the refusal."""
+    try:
+        return await asyncio.get_running_loop().run_in_executor(_builder(), _build, *args)
+    except SandboxError:
+        if stale is None:
+            raise
+        stale.take_as_is()
+        return stale
 
 
 _BUILDER: ThreadPoolExecutor | None = None
@@ -785,7 +772,7 @@ class _Decisions:
         finally:
             grants.close(mine)
         box.named = named
-        _LIVE.add(box)
+        _LIVE[id(box)] = box
         return box
 
     def close(self) -> None:
@@ -796,7 +783,9 @@ class _Decisions:
 # (`_look_again`): how late a replaced or new grant may reach a running session, and how often code
 # that can replace a path other sessions' policies name can make each of them build its sandbox anew.
 RECHECK = 5.0
-_LIVE: weakref.WeakSet[Sandbox] = weakref.WeakSet()  # every sandbox `_Decisions.sandbox` built
+# every sandbox `_Decisions.sandbox` built, by id: its removals may come from any thread, and
+# `valuerefs` copies the references at once
+_LIVE: weakref.WeakValueDictionary[int, Sandbox] = weakref.WeakValueDictionary()
 _LOOKED: dict[str, Identity | None] = {}  # what the last look saw
 _next_look = 0.0
 
@@ -820,7 +809,9 @@ def _look_again() -> None:
     (some fifty `stat`s, however many sessions)."""
     global _LOOKED
     looked: dict[str, Identity | None] = {}
-    for box in list(_LIVE):
+    for box in [ref() for ref in _LIVE.valuerefs()]:
+        if box is None:
+            continue
         for path, decided in box.named:
             if path not in looked:
                 looked[path] = path_identity(path)
@@ -831,7 +822,7 @@ def _look_again() -> None:
 
 _DECISIONS: OrderedDict[tuple, _Decisions] = OrderedDict()
 _DECISIONS_KEPT = 16
-_DECISIONS_LOCK = threading.Lock()  # held by the builder's thread (a `Sandboxes.get` shares nothing)
+_DECISIONS_LOCK = threading.Lock()  # held by the builder's thread
 # Set when a jail found a grant changed that `fresh` may not see (a directory swapped for a
 # symlink to itself): the next build decides every policy anew.
 _DECISIONS_STALE = threading.Event()

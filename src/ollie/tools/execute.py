@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .. import config, sandbox, telemetry
+from ..paths import real_dir_problem
 from ..sandbox import jail as _jail
 from ..types import ConfigError, InvalidValue
 from . import CallContext, ServerFactory, Tool, ToolResult, scripts
@@ -176,8 +177,8 @@ class Server:
 
     async def _job(self, ctx: CallContext, policy: str, timeout: float | None) -> _Job:
         cwd = ctx.cwd or self.cwd
-        if not os.path.isdir(cwd):
-            raise StepError(f"working directory {cwd} does not exist")
+        if why := real_dir_problem(cwd):  # a link planted on it could lead into ollie's mount, served here
+            raise StepError(f"working directory {cwd} {why}")
         session_tmp = ctx.tmpdir
         tool_dirs = _tool_dirs(ctx)
         box, jail = await sandbox.confined(
@@ -207,7 +208,7 @@ class Server:
             env["OLLIE"] = config.mount_point()
         else:
             env.pop("OLLIE", None)  # the user's mount is hidden from sandboxed code
-        system_path = env["PATH"] = box.search_path(env.get("PATH") or os.defpath)
+        system_path = env["PATH"] = await box.search_path_async(env.get("PATH") or os.defpath)
         return _Job(
             box,
             jail,
