@@ -235,14 +235,35 @@ def real_identity(path: str) -> Identity | None:
         os.close(fd)
 
 
+# What a cwd kept as a real path (a session's) that a symlink now lies on is.
+LINKED_CWD = (
+    "is reached through a symlink ({}): one put in place of a directory since the cwd was set (or a "
+    "cwd stored by an older ollie); set it again"
+)
+
+
+def first_link(path: str) -> str | None:
+    """The first symlink on `path`'s way, each part looked at by `lstat`, none followed past it
+    (a link could lead into ollie's own mount); None if there is none, or a part is missing."""
+    parts = path.split("/")
+    for n in range(2, len(parts) + 1):
+        part = "/".join(parts[:n])
+        try:
+            if stat.S_ISLNK(os.lstat(part).st_mode):
+                return part
+        except OSError:
+            return None
+    return None
+
+
 def real_dir_problem(path: str) -> str | None:
     """What keeps the real path `path` from being a directory now, reached without a symlink
-    ("does not exist", "is reached through a symlink", "is not a directory"), or None. As
-    `real_identity`, it never follows a link planted since into ollie's own mount."""
+    ("does not exist", `LINKED_CWD`, "is not a directory"), or None. As `real_identity`, it never
+    follows a link planted since into ollie's own mount."""
     try:
         fd = open_real(path)
     except LinkRefused:
-        return "is reached through a symlink"
+        return LINKED_CWD.format(first_link(path) or "?")
     except OSError:
         return "does not exist"
     try:

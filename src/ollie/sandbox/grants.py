@@ -21,10 +21,12 @@ from dataclasses import dataclass
 
 from .. import config
 from ..paths import (
+    LINKED_CWD,
     Identity,
     LinkRefused,
     Opened,
     PlantedLink,
+    first_link,
     identities,
     identity,
     open_following,
@@ -169,12 +171,7 @@ def _open(policy: Policy, path: str, planted: dict[Identity, str], mount: str) -
         ) from None
     except LinkRefused:
         if path == policy.cwd:
-            parts = path.split("/")
-            links = [p for n in range(2, len(parts) + 1) if os.path.islink(p := "/".join(parts[:n]))]
-            raise SandboxError(
-                f"the working directory {path} is reached through a symlink ({links[0] if links else '?'}): one put "
-                "in place of a directory since the cwd was set (or a cwd stored by an older ollie); set it again"
-            ) from None
+            raise SandboxError(f"the working directory {path} " + LINKED_CWD.format(first_link(path) or "?")) from None
         raise SandboxError(
             f"sandbox policy {policy.name!r} grants {path}, which leads through too many symlinks"
         ) from None
