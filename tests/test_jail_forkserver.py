@@ -270,6 +270,13 @@ async def test_a_dead_fork_server_is_started_again():
         await second.close()
 
 
+@pytest.fixture
+def looked_at_every_call(monkeypatch):
+    """Running sessions' paths looked at again at every call (`sandbox.RECHECK` 0), from the next."""
+    monkeypatch.setattr(sandbox, "RECHECK", 0)
+    monkeypatch.setattr(sandbox, "_next_look", 0.0)
+
+
 def one_session(cwd: Path, **context: Any) -> tuple[Any, Callable[..., Awaitable[ToolResult]]]:
     """An execute server working in `cwd`, and a call of `execute_code` in it."""
     server = execute.factory(str(cwd))()
@@ -424,15 +431,13 @@ async def test_a_hooks_working_directory_made_again_is_the_one_its_next_hook_see
 
 
 async def test_a_read_only_grant_replaced_or_made_while_a_session_lives_is_granted_to_its_next_call(
-    tmp_path, home, monkeypatch
+    looked_at_every_call, tmp_path, home
 ):
     # `ldconfig`, `update-ca-certificates` or a DHCP client replace /etc/ld.so.cache, the CA
     # bundle or /etc/resolv.conf by a rename; rustup makes ~/.cargo/bin. A session whose sandbox
     # was decided before kept the old file's Landlock rule (reads refused: no DNS, no TLS trust)
     # or no rule at all, for its whole life. Now its next call gets a new ruleset, in the same
     # jail (its /tmp kept), once the paths are looked at again (at most once a RECHECK seconds).
-    monkeypatch.setattr(sandbox, "RECHECK", 0)
-    monkeypatch.setattr(sandbox, "_next_look", 0.0)
     conf, toolchain, cwd = home / "resolv.conf", home / "toolchain", tmp_path / "cwd"
     cwd.mkdir()
     conf.write_text("nameserver 10.0.0.1\n")
@@ -467,7 +472,9 @@ def _asked_by_the_loop(caplog: Any) -> list[str]:
     return [r.getMessage() for r in caplog.records if "from the loop thread" in r.getMessage()]
 
 
-async def test_what_code_in_home_plants_for_other_sessions_stalls_no_event_loop(tmp_path, home, monkeypatch, caplog):
+async def test_what_code_in_home_plants_for_other_sessions_stalls_no_event_loop(
+    looked_at_every_call, tmp_path, home, caplog
+):
     # Code of a session working in $HOME points the missing toolchain paths other sessions'
     # policy names at ollie's own mount (served by this very loop, as `ollie srv` serves its) and
     # makes ~/.gitconfig a FIFO. Another session's paths are looked at again and its sandbox is
@@ -476,8 +483,6 @@ async def test_what_code_in_home_plants_for_other_sessions_stalls_no_event_loop(
     # working, and its sandbox is built anew once, not at every look.
     from ollie.sandbox.policy import _HOME_TOOLCHAINS
 
-    monkeypatch.setattr(sandbox, "RECHECK", 0)
-    monkeypatch.setattr(sandbox, "_next_look", 0.0)
     mount = _servers_own_mount(tmp_path)
     await mount.start()
     proj = tmp_path / "proj"
@@ -545,13 +550,13 @@ async def test_a_writable_grant_or_cwd_linked_into_the_servers_own_mount_stalls_
         await mount.unmount()
 
 
-async def test_a_link_planted_on_a_missing_grant_leaves_running_sessions_what_they_had(tmp_path, home, monkeypatch):
+async def test_a_link_planted_on_a_missing_grant_leaves_running_sessions_what_they_had(
+    looked_at_every_call, tmp_path, home, monkeypatch
+):
     # Code working in $HOME plants a link where a grant the policy names is missing: a new session
     # is refused (the link could be pointed anywhere), a running one keeps its sandbox, which
     # grants no more, rather than failing every call from then on; it is not built again at
     # every look after.
-    monkeypatch.setattr(sandbox, "RECHECK", 0)
-    monkeypatch.setattr(sandbox, "_next_look", 0.0)
     write_policy(None, "filesystem:\n  rw: ['{HOME}/.cache/pip']\n")
     proj, other = tmp_path / "proj", tmp_path / "other"
     for d in (proj, other):
@@ -579,12 +584,10 @@ async def test_a_link_planted_on_a_missing_grant_leaves_running_sessions_what_th
 
 
 async def test_a_toolchain_made_in_home_reaches_a_session_whose_decisions_a_home_session_made(
-    tmp_path, home, monkeypatch
+    looked_at_every_call, tmp_path, home
 ):
     # The decisions a session working in $HOME made are shared with a session working elsewhere:
     # what the first session's cwd covers is still looked at again for the second.
-    monkeypatch.setattr(sandbox, "RECHECK", 0)
-    monkeypatch.setattr(sandbox, "_next_look", 0.0)
     proj = tmp_path / "proj"
     proj.mkdir()
     at_home, hcall = one_session(home)
@@ -600,11 +603,9 @@ async def test_a_toolchain_made_in_home_reaches_a_session_whose_decisions_a_home
         await in_proj.close()
 
 
-async def test_a_read_only_grant_replaced_is_granted_to_the_next_hook(tmp_path, home, monkeypatch):
+async def test_a_read_only_grant_replaced_is_granted_to_the_next_hook(looked_at_every_call, tmp_path, home):
     from ollie.agent import hooks
 
-    monkeypatch.setattr(sandbox, "RECHECK", 0)
-    monkeypatch.setattr(sandbox, "_next_look", 0.0)
     conf, cwd = home / "hosts", tmp_path / "cwd"
     cwd.mkdir()
     conf.write_text("one\n")
