@@ -282,8 +282,9 @@ def one_session(cwd: Path, **context: Any) -> tuple[Any, Callable[..., Awaitable
     server = execute.factory(str(cwd))()
     ctx = CallContext(cwd=str(cwd), session_id="s", tmpdir="", **context)
 
-    async def call(code: str, policy: str = "default") -> ToolResult:
-        return await server.call_tool("execute_code", {"steps": [{"code": code}], "sandbox": policy}, ctx)
+    async def call(code: str, policy: str = "default", language: str = "bash") -> ToolResult:
+        step = {"code": code, "language": language}
+        return await server.call_tool("execute_code", {"steps": [step], "sandbox": policy}, ctx)
 
     return server, call
 
@@ -458,13 +459,19 @@ async def test_a_read_only_grant_replaced_or_made_while_a_session_lives_is_grant
         await server.close()
 
 
-def _servers_own_mount(tmp_path: Path) -> Any:
+@pytest.fixture
+async def mount(tmp_path: Path) -> Any:
     """A FUSE mount served by this test's event loop, as `ollie srv` serves its own."""
     from ollie.vfs.fuse import Mount
     from ollie.vfs.namespace import Namespace, StaticDir
     from ollie.vfs.stores import TextFile
 
-    return Mount(Namespace(StaticDir({"word": TextFile(lambda: "word\n")})), str(tmp_path / "mnt"))
+    mount = Mount(Namespace(StaticDir({"word": TextFile(lambda: "word\n")})), str(tmp_path / "mnt"))
+    await mount.start()
+    try:
+        yield mount
+    finally:
+        await mount.unmount()
 
 
 def _asked_by_the_loop(caplog: Any) -> list[str]:
@@ -473,7 +480,7 @@ def _asked_by_the_loop(caplog: Any) -> list[str]:
 
 
 async def test_what_code_in_home_plants_for_other_sessions_stalls_no_event_loop(
-    looked_at_every_call, tmp_path, home, caplog
+    mount, looked_at_every_call, tmp_path, home, caplog
 ):
     # Code of a session working in $HOME points the missing toolchain paths other sessions'
     # policy names at ollie's own mount (served by this very loop, as `ollie srv` serves its) and
@@ -483,8 +490,6 @@ async def test_what_code_in_home_plants_for_other_sessions_stalls_no_event_loop(
     # working, and its sandbox is built anew once, not at every look.
     from ollie.sandbox.policy import _HOME_TOOLCHAINS
 
-    mount = _servers_own_mount(tmp_path)
-    await mount.start()
     proj = tmp_path / "proj"
     proj.mkdir()
     victim, vcall = one_session(proj)
@@ -512,17 +517,14 @@ async def test_what_code_in_home_plants_for_other_sessions_stalls_no_event_loop(
     finally:
         await victim.close()
         await attacker.close()
-        await mount.unmount()
 
 
 async def test_a_writable_grant_or_cwd_linked_into_the_servers_own_mount_stalls_no_event_loop(
-    tmp_path, home, monkeypatch, caplog
+    mount, tmp_path, home, caplog
 ):
     # Each call looks at its cwd and the directories it may write: never through a link, which
     # could lead into ollie's own mount. A cache made a link is refused as a new session's would
     # be (its jails kept); once made again, the call works there; a cwd made a link is refused.
-    mount = _servers_own_mount(tmp_path)
-    await mount.start()
     cache = home / ".cache" / "pip"
     write_policy(None, "filesystem:\n  rw: ['{HOME}/.cache/pip']\n")
     cache.mkdir(parents=True)
@@ -547,7 +549,37 @@ async def test_a_writable_grant_or_cwd_linked_into_the_servers_own_mount_stalls_
         assert not _asked_by_the_loop(caplog)
     finally:
         await server.close()
-        await mount.unmount()
+
+
+async def test_a_program_linked_into_the_servers_own_mount_on_the_path_stalls_no_event_loop(
+    mount, looked_at_every_call, tmp_path, home, caplog
+):
+    # A session's PATH holds ~/.local/bin (a toolchain grant); code working in $HOME links a
+    # `bash`, a `python3` and an `sh` there into ollie's own mount. The interpreters of the
+    # session's stages and hooks are looked up off the loop: nothing is asked of the mount by the
+    # loop that serves it, and the programs further on the PATH run.
+    from ollie.agent import hooks
+
+    local_bin, proj = home / ".local" / "bin", tmp_path / "proj"
+    local_bin.mkdir(parents=True)
+    proj.mkdir()
+    path = {"PATH": f"{local_bin}:/usr/bin:/bin"}
+    victim, vcall = one_session(proj, env=path)
+    attacker, acall = one_session(home)
+    runner = hooks.Runner("hooks")
+    try:
+        assert await output(vcall, "echo one") == "one\n"
+        await output(acall, "; ".join(f"ln -s {mount.path}/{p} ~/.local/bin/{p}" for p in ("bash", "python3", "sh")))
+        for _ in range(2):
+            assert await output(vcall, "echo two") == "two\n"
+        three = await vcall("print('three')", language="python3")
+        assert not three.is_error and three.text() == "three\n", three.text()
+        assert (await hooks.run_command("echo four", {}, str(proj), path, 20, runner))[:2] == (0, "four\n")
+        assert not _asked_by_the_loop(caplog)
+    finally:
+        await runner.close()
+        await victim.close()
+        await attacker.close()
 
 
 async def test_a_link_planted_on_a_missing_grant_leaves_running_sessions_what_they_had(

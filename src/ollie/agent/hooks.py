@@ -179,7 +179,8 @@ class Runner:
         if not jail.namespaces_refused:
             full_env["TMPDIR"] = "/tmp"  # the jail's own
         full_env["PATH"] = await box.search_path_async(full_env.get("PATH") or os.defpath)
-        sh = shutil.which("sh", path=full_env["PATH"]) or "/bin/sh"
+        # off the loop: a link planted in a PATH directory could lead into ollie's own mount
+        sh = await asyncio.to_thread(shutil.which, "sh", path=full_env["PATH"]) or "/bin/sh"
         fds = [os.pipe2(os.O_CLOEXEC) for _ in range(3)]  # stdin, stdout, stderr
         try:
             stage = await jail.spawn(

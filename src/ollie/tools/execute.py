@@ -17,8 +17,9 @@ import platform
 import shutil
 import signal
 import tempfile
+import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from .. import config, sandbox, telemetry
@@ -147,6 +148,7 @@ class Server:
         self._scratch = ""  # $TMPDIR for calls whose context has none; removed on close
         self._wrapper = sandbox.superpowers_prefix()
         self._shared: tuple[str, ...] | None = None
+        self._found: dict[str, tuple[float, dict[tuple[str, ...], str | None]]] = {}  # by PATH: when, what
 
     async def list_tools(self) -> list[Tool]:
         # The scripts of the server's environment: a session's own OLLIE_TOOLS_PATH (its env)
@@ -161,6 +163,9 @@ class Server:
             steps, timeout, policy = _parse_arguments(arguments, ctx.policies)
             job = await self._job(ctx, policy, timeout)
             stages = _parse_steps(steps, job.programs, job.sandbox.policy.limits.parallel)
+            if job.programs.wanted:  # looked up off the loop, then parsed again with what was found
+                await job.programs.look_up()
+                stages = _parse_steps(steps, job.programs, job.sandbox.policy.limits.parallel)
         except (StepError, ConfigError) as e:
             return ToolResult.of(str(e), is_error=True)
         result = await _run_pipeline(stages, job)
@@ -215,7 +220,7 @@ class Server:
             cwd,
             env,
             timeout,
-            _Programs(system_path, tool_dirs),
+            _Programs(system_path, tool_dirs, self._found_on(system_path)),
             self._wrapper,
             _Budget(limits.output),
             notice,
@@ -230,6 +235,15 @@ class Server:
             tmp = (session_tmp,) if session_tmp else ()
             return await self._sandboxes.get_async(policy, cwd, "", rox, tmp, self._shared_dirs())
         return await self._sandboxes.get_async(policy, cwd, session_tmp, rox)
+
+    def _found_on(self, path: str) -> dict[tuple[str, ...], str | None]:
+        """The interpreters found on `path` (`_Programs.look_up`), for `sandbox.RECHECK` seconds:
+        one installed or removed meanwhile is seen that much later."""
+        now = time.monotonic()
+        when, found = self._found.get(path, (0.0, {}))
+        if now - when >= sandbox.RECHECK:
+            when, found = self._found[path] = (now, {})
+        return found
 
     def _shared_dirs(self) -> tuple[str, ...]:
         """The memory and the plans, which every session's code may read and write (found once).
@@ -306,12 +320,28 @@ _Stage = list[_Command]  # one command, or several run in parallel
 
 @dataclass(slots=True)
 class _Programs:
-    """Finds interpreters on the sandbox's PATH and scripts on the tools path."""
+    """Finds interpreters on the sandbox's PATH and scripts on the tools path. The PATH is looked
+    up off the event loop (`look_up`): code working in $HOME could plant a link in one of its
+    directories (`~/.local/bin/bash`) leading into ollie's own mount, which the loop serves."""
 
     path: str
     tool_dirs: tuple[str, ...]
+    found: dict[tuple[str, ...], str | None]  # what `look_up` found, by the names looked for
+    wanted: set[tuple[str, ...]] = field(default_factory=set)  # names not looked up yet
 
     def which(self, names: tuple[str, ...]) -> str | None:
+        """The first of `names` found, from what `look_up` found; one not looked up yet is
+        `wanted`, and stands in for itself until then (the caller looks up, then asks again)."""
+        if names in self.found:
+            return self.found[names]
+        self.wanted.add(names)
+        return names[0]
+
+    async def look_up(self) -> None:
+        wanted, self.wanted = self.wanted, set()
+        self.found.update(await asyncio.to_thread(lambda: {names: self._which(names) for names in wanted}))
+
+    def _which(self, names: tuple[str, ...]) -> str | None:
         for name in names:
             found = name if os.path.isabs(name) and os.access(name, os.X_OK) else shutil.which(name, path=self.path)
             if found:
