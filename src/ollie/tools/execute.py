@@ -11,6 +11,7 @@ killed whole when the stage ends, times out or is cancelled: nothing a stage sta
 from __future__ import annotations
 
 import asyncio
+import functools
 import math
 import os
 import platform
@@ -148,7 +149,6 @@ class Server:
         self._scratch = ""  # $TMPDIR for calls whose context has none; removed on close
         self._wrapper = sandbox.superpowers_prefix()
         self._shared: tuple[str, ...] | None = None
-        self._found: dict[str, tuple[float, dict[tuple[str, ...], str | None]]] = {}  # by PATH: when, what
 
     async def list_tools(self) -> list[Tool]:
         # The scripts of the server's environment: a session's own OLLIE_TOOLS_PATH (its env)
@@ -220,7 +220,7 @@ class Server:
             cwd,
             env,
             timeout,
-            _Programs(system_path, tool_dirs, self._found_on(system_path)),
+            _Programs(system_path, tool_dirs, _found_on(system_path)),
             self._wrapper,
             _Budget(limits.output),
             notice,
@@ -235,15 +235,6 @@ class Server:
             tmp = (session_tmp,) if session_tmp else ()
             return await self._sandboxes.get_async(policy, cwd, "", rox, tmp, self._shared_dirs())
         return await self._sandboxes.get_async(policy, cwd, session_tmp, rox)
-
-    def _found_on(self, path: str) -> dict[tuple[str, ...], str | None]:
-        """The interpreters found on `path` (`_Programs.look_up`), for `sandbox.RECHECK` seconds:
-        one installed or removed meanwhile is seen that much later."""
-        now = time.monotonic()
-        when, found = self._found.get(path, (0.0, {}))
-        if now - when >= sandbox.RECHECK:
-            when, found = self._found[path] = (now, {})
-        return found
 
     def _shared_dirs(self) -> tuple[str, ...]:
         """The memory and the plans, which every session's code may read and write (found once).
@@ -318,6 +309,27 @@ class _Command:
 _Stage = list[_Command]  # one command, or several run in parallel
 
 
+# The interpreters found on each PATH (`_Programs.look_up`), for every session whose sandbox
+# leaves it that PATH, and when; and the lookups under way, which the calls that want the same
+# share (500 sessions' first stages at once look up `bash` once).
+_FOUND: dict[str, tuple[float, dict[tuple[str, ...], str | None]]] = {}
+_LOOKING: dict[tuple[str, tuple[str, ...]], asyncio.Future[str | None]] = {}
+
+
+def _found_on(path: str) -> dict[tuple[str, ...], str | None]:
+    """What was found on `path`, for `sandbox.RECHECK` seconds: an interpreter installed or
+    removed meanwhile is seen that much later."""
+    now = time.monotonic()
+    when, found = _FOUND.get(path, (0.0, {}))
+    if now - when >= sandbox.RECHECK:
+        when, found = _FOUND[path] = (now, {})
+    return found
+
+
+def _looked(key: tuple[str, tuple[str, ...]], _: object) -> None:
+    _LOOKING.pop(key, None)
+
+
 @dataclass(slots=True)
 class _Programs:
     """Finds interpreters on the sandbox's PATH and scripts on the tools path. The PATH is looked
@@ -339,7 +351,13 @@ class _Programs:
 
     async def look_up(self) -> None:
         wanted, self.wanted = self.wanted, set()
-        self.found.update(await asyncio.to_thread(lambda: {names: self._which(names) for names in wanted}))
+        for names in wanted:
+            key = (self.path, names)
+            looking = _LOOKING.get(key)
+            if looking is None:
+                looking = _LOOKING[key] = asyncio.ensure_future(asyncio.to_thread(self._which, names))
+                looking.add_done_callback(functools.partial(_looked, key))
+            self.found[names] = await asyncio.shield(looking)
 
     def _which(self, names: tuple[str, ...]) -> str | None:
         for name in names:
