@@ -354,7 +354,7 @@ class _Programs:
         for names in wanted:
             key = (self.path, names)
             looking = _LOOKING.get(key)
-            if looking is None:
+            if looking is None or looking.get_loop() is not asyncio.get_running_loop():  # (a loop closed mid-way)
                 looking = _LOOKING[key] = asyncio.ensure_future(asyncio.to_thread(self._which, names))
                 looking.add_done_callback(functools.partial(_looked, key))
             self.found[names] = await asyncio.shield(looking)
