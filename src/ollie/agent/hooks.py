@@ -23,7 +23,6 @@ import asyncio
 import json
 import os
 import shlex
-import shutil
 import signal
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -179,8 +178,7 @@ class Runner:
         if not jail.namespaces_refused:
             full_env["TMPDIR"] = "/tmp"  # the jail's own
         full_env["PATH"] = await box.search_path_async(full_env.get("PATH") or os.defpath)
-        # off the loop: a link planted in a PATH directory could lead into ollie's own mount
-        sh = await asyncio.to_thread(shutil.which, "sh", path=full_env["PATH"]) or "/bin/sh"
+        sh = await sandbox.find_program(full_env["PATH"], ("sh",)) or "/bin/sh"
         fds = [os.pipe2(os.O_CLOEXEC) for _ in range(3)]  # stdin, stdout, stderr
         try:
             stage = await jail.spawn(

@@ -57,8 +57,10 @@ __all__ = [
     "confined",
     "decide_anew",
     "directory_within",
+    "find_program",
     "hidden_paths",
     "load_policy",
+    "programs_found",
     "seccomp_supported",
 ]
 
@@ -174,6 +176,47 @@ class Sandbox:
         """The variables of ollie's environment that the policy lets in (read once: a sandbox is
         rebuilt when its policy changes, not when ollie's environment does)."""
         return dict(self._environ)
+
+
+# The programs found on each PATH a sandbox leaves (`find_program`), for every session of that
+# PATH, and when; and the lookups under way, which the calls that want the same share (500
+# sessions' first stages at once look up `bash` once).
+_FOUND: dict[str, tuple[float, dict[tuple[str, ...], str | None]]] = {}
+_FINDING: dict[tuple[str, tuple[str, ...]], asyncio.Future[str | None]] = {}
+
+
+def programs_found(path: str) -> dict[tuple[str, ...], str | None]:
+    """What `find_program` found on `path`, by the names it looked for, for `RECHECK` seconds: a
+    program installed or removed meanwhile is seen that much later."""
+    now = time.monotonic()
+    when, found = _FOUND.get(path, (0.0, {}))
+    if now - when >= RECHECK:
+        when, found = _FOUND[path] = (now, {})
+    return found
+
+
+async def find_program(path: str, names: tuple[str, ...]) -> str | None:
+    """The first of `names` found on `path` (a sandbox's `search_path`), looked up in a thread: code
+    working in $HOME could plant a link in one of its directories (`~/.local/bin/bash`) leading
+    into ollie's own mount, which the event loop serves. Kept in `programs_found`."""
+    found = programs_found(path)
+    if names in found:
+        return found[names]
+    key = (path, names)
+    finding = _FINDING.get(key)
+    if finding is None or finding.get_loop() is not asyncio.get_running_loop():  # (a loop closed mid-way)
+        finding = _FINDING[key] = asyncio.ensure_future(asyncio.to_thread(_which, path, names))
+        finding.add_done_callback(lambda _: _FINDING.pop(key, None))
+    found[names] = await asyncio.shield(finding)
+    return found[names]
+
+
+def _which(path: str, names: tuple[str, ...]) -> str | None:
+    for name in names:
+        found = name if os.path.isabs(name) and os.access(name, os.X_OK) else shutil.which(name, path=path)
+        if found:
+            return found
+    return None
 
 
 def rlimits(limits: Limits) -> tuple[tuple[int, int, int], ...]:
@@ -715,6 +758,8 @@ class _Decisions:
         # Before deciding (a path swapped meanwhile is then not fresh); the missing paths as the
         # policy's reading found them (one made since is then granted by the next build).
         self._seen = self._existing() + (None,) * len(policy.missing)
+        named = [*(p for key in FS_KEYS for p in policy.paths[key]), *policy.missing]
+        self._seen_by_path = dict(zip(named, self._seen, strict=True))
         self.grants = grants.decide(policy, self.hidden, self.read_only)
         self._any_cwd = {(g.key, g.given): g for g in self.grants if not g.linked and g.given != policy.cwd}
 
@@ -740,8 +785,7 @@ class _Decisions:
         just saw them). Not its cwd nor its writable grants, which each call looks at
         (`Sandbox.watched`); nor ollie's own, which the jail finds changed when it mounts them
         (GrantChanged); nor what lies in its cwd, which the cwd's rule covers."""
-        seen = dict(zip([p for key in FS_KEYS for p in self.policy.paths[key]], self._seen, strict=False))
-        seen.update(dict.fromkeys(self.policy.missing))  # still missing: `fresh` saw them so
+        seen = self._seen_by_path
         in_cwd = policy.cwd.rstrip("/") + "/" if policy.cwd.rstrip("/") else "\0"  # none, or not /
         named = [(key, p) for key in FS_KEYS for p in policy.paths[key]] + [("", p) for p in policy.missing]
         return tuple(

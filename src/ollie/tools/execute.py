@@ -11,14 +11,12 @@ killed whole when the stage ends, times out or is cancelled: nothing a stage sta
 from __future__ import annotations
 
 import asyncio
-import functools
 import math
 import os
 import platform
 import shutil
 import signal
 import tempfile
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -220,7 +218,7 @@ class Server:
             cwd,
             env,
             timeout,
-            _Programs(system_path, tool_dirs, _found_on(system_path)),
+            _Programs(system_path, tool_dirs, sandbox.programs_found(system_path)),
             self._wrapper,
             _Budget(limits.output),
             notice,
@@ -309,27 +307,6 @@ class _Command:
 _Stage = list[_Command]  # one command, or several run in parallel
 
 
-# The interpreters found on each PATH (`_Programs.look_up`), for every session whose sandbox
-# leaves it that PATH, and when; and the lookups under way, which the calls that want the same
-# share (500 sessions' first stages at once look up `bash` once).
-_FOUND: dict[str, tuple[float, dict[tuple[str, ...], str | None]]] = {}
-_LOOKING: dict[tuple[str, tuple[str, ...]], asyncio.Future[str | None]] = {}
-
-
-def _found_on(path: str) -> dict[tuple[str, ...], str | None]:
-    """What was found on `path`, for `sandbox.RECHECK` seconds: an interpreter installed or
-    removed meanwhile is seen that much later."""
-    now = time.monotonic()
-    when, found = _FOUND.get(path, (0.0, {}))
-    if now - when >= sandbox.RECHECK:
-        when, found = _FOUND[path] = (now, {})
-    return found
-
-
-def _looked(key: tuple[str, tuple[str, ...]], _: object) -> None:
-    _LOOKING.pop(key, None)
-
-
 @dataclass(slots=True)
 class _Programs:
     """Finds interpreters on the sandbox's PATH and scripts on the tools path. The PATH is looked
@@ -338,7 +315,7 @@ class _Programs:
 
     path: str
     tool_dirs: tuple[str, ...]
-    found: dict[tuple[str, ...], str | None]  # what `look_up` found, by the names looked for
+    found: dict[tuple[str, ...], str | None]  # what was found, by the names looked for (`sandbox.programs_found`)
     wanted: set[tuple[str, ...]] = field(default_factory=set)  # names not looked up yet
 
     def which(self, names: tuple[str, ...]) -> str | None:
@@ -352,19 +329,7 @@ class _Programs:
     async def look_up(self) -> None:
         wanted, self.wanted = self.wanted, set()
         for names in wanted:
-            key = (self.path, names)
-            looking = _LOOKING.get(key)
-            if looking is None or looking.get_loop() is not asyncio.get_running_loop():  # (a loop closed mid-way)
-                looking = _LOOKING[key] = asyncio.ensure_future(asyncio.to_thread(self._which, names))
-                looking.add_done_callback(functools.partial(_looked, key))
-            self.found[names] = await asyncio.shield(looking)
-
-    def _which(self, names: tuple[str, ...]) -> str | None:
-        for name in names:
-            found = name if os.path.isabs(name) and os.access(name, os.X_OK) else shutil.which(name, path=self.path)
-            if found:
-                return found
-        return None
+            self.found[names] = await sandbox.find_program(self.path, names)
 
 
 def _given(value: Any) -> Any:
