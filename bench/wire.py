@@ -16,8 +16,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import functools
+import heapq
+import itertools
 import json
 import multiprocessing
+import os
 import sys
 from typing import Any
 
@@ -69,27 +72,77 @@ def _encoded(done: int, steps: int, tool: str, arguments: str, chunks: int, mode
     return [_sse({**base, **c}) for c in parts] + [b"data: [DONE]\n\n"]
 
 
-def _paced(writer, parts: list[bytes], delay: float) -> asyncio.Future:
-    """Write `parts` spread over `delay`, each on a schedule of its own (late wakeups do not add
-    up), by timer callbacks rather than a task's sleeps: the mock stays light beside the client it
-    measures. The future resolves after the last."""
-    loop = asyncio.get_running_loop()
-    ended = loop.create_future()
-    start = loop.time()
+class _Pacer:
+    """Every answer's events, each written at its own time (late wakeups do not add up), by one
+    timer for them all: the mock stays light beside the client it measures. A timer an event
+    (asyncio's `call_at`, a handle run by the loop, the transport's checks) cost the mock some
+    10 us of Python an event, 0.6 ms of the machine's CPU a step at 500 agents; here an event is
+    a heap's pop and a `send` on the socket (the transport's `write` when it holds data back)."""
 
-    def write(i: int) -> None:
-        if writer.is_closing():
-            if not ended.done():
+    def __init__(self) -> None:
+        self._due: list[tuple[float, int, asyncio.BaseTransport, list[bytes], int, float, asyncio.Future]] = []
+        self._timer: asyncio.TimerHandle | None = None
+        self._order = itertools.count()  # ties keep their order; no two entries are compared further
+
+    def add(self, writer: asyncio.StreamWriter, parts: list[bytes], delay: float) -> asyncio.Future:
+        """Write `parts` spread over `delay`; the future resolves after the last."""
+        loop = asyncio.get_running_loop()
+        ended = loop.create_future()
+        start = loop.time()
+        self._push(start + delay / len(parts), writer.transport, parts, 0, start, delay, ended)
+        return ended
+
+    def _push(self, when, transport, parts, i, start, delay, ended) -> None:
+        heapq.heappush(self._due, (when, next(self._order), transport, parts, i, start, delay, ended))
+        if self._timer is None or when < self._timer.when():
+            if self._timer is not None:
+                self._timer.cancel()
+            self._timer = asyncio.get_running_loop().call_at(when, self._fire)
+
+    def _fire(self) -> None:
+        self._timer = None
+        now = asyncio.get_running_loop().time()
+        due = self._due
+        while due and due[0][0] <= now:
+            _, _, transport, parts, i, start, delay, ended = heapq.heappop(due)
+            if transport.is_closing():
+                if not ended.done():
+                    ended.set_result(None)
+                continue
+            _send(transport, parts[i])
+            if i + 1 < len(parts):
+                heapq.heappush(
+                    due,
+                    (
+                        start + delay * (i + 2) / len(parts),
+                        next(self._order),
+                        transport,
+                        parts,
+                        i + 1,
+                        start,
+                        delay,
+                        ended,
+                    ),
+                )
+            elif not ended.done():
                 ended.set_result(None)
-            return
-        writer.write(parts[i])
-        if i + 1 < len(parts):
-            loop.call_at(start + delay * (i + 2) / len(parts), write, i + 1)
-        elif not ended.done():
-            ended.set_result(None)
+        if due:
+            self._timer = asyncio.get_running_loop().call_at(due[0][0], self._fire)
 
-    loop.call_at(start + delay / len(parts), write, 0)
-    return ended
+
+def _send(transport, data: bytes) -> None:
+    """`data` sent on the transport's socket at once, the rest (if the socket is full) through
+    the transport, which keeps the order: nothing goes around what it holds back."""
+    if transport.get_write_buffer_size() == 0:
+        try:  # (asyncio's socket wrapper has no `send`; a write to a socket is one)
+            sent = os.write(transport.get_extra_info("socket").fileno(), data)
+        except (BlockingIOError, InterruptedError):
+            sent = 0
+        except OSError:
+            return  # the client hung up: the transport finds out on its own
+        data = data[sent:]
+    if data:
+        transport.write(data)
 
 
 def _response(status: str, ctype: str, payload: bytes) -> bytes:
@@ -101,7 +154,16 @@ def _response(status: str, ctype: str, payload: bytes) -> bytes:
     )
 
 
-async def _handle(reader, writer, steps: int, tool: str, arguments: str, delay: float = 0, chunks: int = 0) -> None:
+async def _handle(
+    reader,
+    writer,
+    steps: int,
+    tool: str,
+    arguments: str,
+    delay: float = 0,
+    chunks: int = 0,
+    pacer: _Pacer | None = None,
+) -> None:
     try:
         while True:
             head = await reader.readuntil(b"\r\n\r\n")
@@ -125,12 +187,13 @@ async def _handle(reader, writer, steps: int, tool: str, arguments: str, delay: 
                     if delay <= 0:
                         out = _response("200 OK", "text/event-stream", b"".join(parts))
                     else:  # the answer spread over `delay`, one event at a time, as a model streams it
+                        pacer = pacer or _Pacer()
                         writer.write(
                             _response("200 OK", "text/event-stream", b"").replace(
                                 b"content-length: 0", b"content-length: %d" % sum(map(len, parts))
                             )
                         )
-                        await _paced(writer, parts, delay)
+                        await pacer.add(writer, parts, delay)
                         out = b""
             else:
                 out = _response("404 Not Found", "application/json", b'{"error": {"message": "not found"}}')
@@ -145,8 +208,9 @@ async def _handle(reader, writer, steps: int, tool: str, arguments: str, delay: 
 async def _serve(
     port: int, steps: int, tool: str, arguments: str, ready=None, delay: float = 0, chunks: int = 0
 ) -> None:
+    pacer = _Pacer()
     server = await asyncio.start_server(
-        lambda r, w: _handle(r, w, steps, tool, arguments, delay, chunks), "127.0.0.1", port, backlog=4096
+        lambda r, w: _handle(r, w, steps, tool, arguments, delay, chunks, pacer), "127.0.0.1", port, backlog=4096
     )
     bound = server.sockets[0].getsockname()[1]
     if ready is None:

@@ -168,6 +168,12 @@ class URL:
 # ---- connections and the pool -----------------------------------------------------------------
 
 
+# What ends an answer's stream (`Response.hold`): patterns looked for one by one, each starting
+# with a literal, which the regex engine finds by a fast scan (one pattern of alternatives is tried
+# at each quote of the JSON: 1.6 us a read of a 185-byte event against 0.6, at each read).
+Ends = tuple[re.Pattern[bytes], ...]
+
+
 class _Reader(asyncio.StreamReader):
     """asyncio's StreamReader that a streamed answer's reader can also wait on for a while
     (`held`): it is woken when the time is up, when what arrives holds its `until` pattern (the
@@ -175,15 +181,18 @@ class _Reader(asyncio.StreamReader):
     (Leaving the socket unread meanwhile, so that the pieces wait in the kernel, cost more than it
     saved: two epoll changes a hold, at 300 sessions 3.04 ms of CPU a step against 2.82.)"""
 
-    until: re.Pattern[bytes] | None = None  # set for the answer's life by whoever holds it
+    until: Ends | None = None  # set for the answer's life by whoever holds it
     _ended = False  # `until` was found in what arrived: no more holding
     _held: asyncio.Future[None] | None = None
 
     def feed_data(self, data: Iterable[SupportsIndex]) -> None:  # bytes, from the protocol
         super().feed_data(data)
-        if self.until is not None and not self._ended and self.until.search(data):  # type: ignore[call-overload]
-            self._ended = True
-            self._wake()
+        if self.until is not None and not self._ended:
+            for pattern in self.until:  # (a loop: a generator's any() costs a third of the searches)
+                if pattern.search(data):  # type: ignore[call-overload]
+                    self._ended = True
+                    self._wake()
+                    break
 
     def feed_eof(self) -> None:
         super().feed_eof()
@@ -214,7 +223,7 @@ class _Reader(asyncio.StreamReader):
         """Bytes that came and are not read yet (the base class's buffer)."""
         return len(self._buffer)  # type: ignore[attr-defined]
 
-    def watch(self, until: re.Pattern[bytes] | None) -> None:
+    def watch(self, until: Ends | None) -> None:
         """Hold for `until` from now on (None: do not hold)."""
         self.until, self._ended = until, False
 
@@ -1119,7 +1128,7 @@ class Response:
             parts.append(more)
         return b"".join(parts) if len(parts) > 1 else parts[0], bool(more) and self._conn is not None
 
-    def hold(self, until: re.Pattern[bytes]) -> None:
+    def hold(self, until: Ends) -> None:
         """From now on, after each list of `event_batches` or `line_batches` the next waits up to
         STREAM_HOLD seconds (or those of `hold.stream_hold`) for more, and comes at once when
         `until` (the pattern of the answer's end) or the body's end comes: a model's stream of a

@@ -58,7 +58,7 @@ PROVIDER = "anthropic"
 WINDOW_TTL = 60.0
 # What ends a stream (the stop reason's message_delta, message_stop, an error): the held events
 # go to their reader at once (openai.py's _END says why).
-_END = re.compile(rb'message_delta|message_stop|"type"\s*:\s*"error"|event:\s*error')
+_END = tuple(map(re.compile, (rb"message_delta", rb"message_stop", rb'"type"\s*:\s*"error"', rb"event:\s*error")))
 # event loop -> (URL, key, model) -> (when asked, its input window)
 _WINDOWS: weakref.WeakKeyDictionary[Any, dict[tuple[str, str, str], tuple[float, int]]] = weakref.WeakKeyDictionary()
 DEFAULT_URL = "https://api.anthropic.com"

@@ -44,7 +44,7 @@ PROVIDER = "ollama"
 SHOWN_TTL = 60.0
 # What ends a stream (its last line, an error): the held lines go to their reader at once
 # (openai.py's _END says why).
-_END = re.compile(rb'"done"\s*:\s*true|"error"\s*:')
+_END = tuple(map(re.compile, (rb'"done"\s*:\s*true', rb'"error"\s*:')))
 # event loop -> (URL, model) -> (when asked, its context length)
 _SHOWN: weakref.WeakKeyDictionary[Any, dict[tuple[str, str], tuple[float, int | None]]] = weakref.WeakKeyDictionary()
 DEFAULT_URL = "http://localhost:11434"

@@ -48,7 +48,8 @@ _MODELS: weakref.WeakKeyDictionary[Any, dict[tuple, tuple[float, asyncio.Future[
 MODELS_TTL = 60.0
 # What ends an answer's stream (a finish reason, the end marker, a failure): seen, the events
 # held for their reader (_http.STREAM_HOLD) go to it at once. A false match only stops the holding.
-_END = re.compile(rb'"finish_reason"\s*:\s*"|\[DONE\]|"error"\s*:')
+# (Patterns looked for one by one: _http.Ends says why.)
+_END = tuple(map(re.compile, (rb'"finish_reason"\s*:\s*"', rb"\[DONE\]", rb'"error"\s*:')))
 # finish_reason → stop reason; any other value is "other" (the raw value goes in Done.reason)
 _FINISH: dict[str, StopReason] = {
     "stop": "stop",
