@@ -582,6 +582,58 @@ async def test_a_program_linked_into_the_servers_own_mount_on_the_path_stalls_no
         await attacker.close()
 
 
+async def test_a_sandboxed_mcp_server_started_after_code_in_home_planted_links_stalls_no_event_loop(
+    mount, tmp_path, home, monkeypatch, caplog
+):
+    # Code of a session working in $HOME pointed the toolchain paths the `tools` policy names, and
+    # ~/.local/bin on the PATH, at ollie's own mount, and made ~/.gitconfig a FIFO. A stdio MCP
+    # server is then started, sandboxed, for another session: its policy is read, its sandbox
+    # decided and its PATH searched off the loop, so nothing is asked of the mount by the loop
+    # that serves it (which would wait on itself until its guard refused), and the server works.
+    from ollie.agent.env import build_agent_env
+    from ollie.config import AgentConfig
+    from ollie.sandbox.policy import _HOME_TOOLCHAINS
+    from ollie.tools import Dispatcher
+
+    for n, p in enumerate(p.replace("{HOME}/", "") for p in _HOME_TOOLCHAINS if p.startswith("{HOME}/")):
+        (home / p).parent.mkdir(parents=True, exist_ok=True)
+        (home / p).symlink_to(mount.path if p == ".cargo/bin" else f"{mount.path}/nothing-{n}")
+    os.mkfifo(home / ".gitconfig")
+    monkeypatch.setenv("PATH", f"{home}/.local/bin:/usr/bin:/bin")
+    proj = tmp_path / "proj"
+    proj.mkdir()
+    calc = Path(__file__).parent / "mcp_servers" / "calc.py"
+    d = Dispatcher()
+    try:
+        env = await build_agent_env(
+            AgentConfig(mcp_servers={"calc": {"command": sys.executable, "args": [str(calc)]}}), d, str(proj)
+        )
+        assert env.infos == []
+        added = await asyncio.wait_for(d.dispatch("add", {"a": 2, "b": 40}, CallContext(cwd=str(proj))), 60)
+        assert added.text() == "42", added.text()
+    finally:
+        await d.close()
+    assert not _asked_by_the_loop(caplog)
+
+
+async def test_a_hook_named_through_a_link_into_the_servers_own_mount_stalls_no_event_loop(
+    mount, tmp_path, home, caplog
+):
+    # An agent's hook is `./hooks/word`, a file of the project; the session's code made ./hooks a
+    # link into ollie's own mount. Whether sandboxed code could rewrite the hook's file is decided
+    # where the link is followed off the loop: nothing is asked of the mount by the loop that
+    # serves it (at each hook of each turn), and the turn goes on.
+    from ollie.config import AgentConfig
+    from test_sandbox_escapes import hook_run
+
+    proj = tmp_path / "proj"
+    proj.mkdir()
+    (proj / "hooks").symlink_to(mount.path)
+    sent, _ = await asyncio.wait_for(hook_run(AgentConfig(hooks={"preTurn": ["./hooks/word"]}), proj), 60)
+    assert sent.endswith("go"), sent
+    assert not _asked_by_the_loop(caplog)
+
+
 async def test_a_link_planted_on_a_missing_grant_leaves_running_sessions_what_they_had(
     looked_at_every_call, tmp_path, home, monkeypatch
 ):

@@ -413,24 +413,7 @@ async def _jailed_stdio(spec: ServerSpec, stderr: int) -> AsyncIterator[Any]:
     import mcp_types
     from mcp.shared.message import SessionMessage
 
-    program = _program(spec)
-    cache = str(tool_cache(spec.name))
-    policy = sandbox.load_policy(
-        spec.sandbox, spec.project, "", extra_rwx=(cache,), program_rox=_program_roots(program, spec.args)
-    )
-    box = sandbox.Sandbox(policy)
-    env = {
-        **box.environ(),
-        "HOME": "/tmp",
-        "TMPDIR": "/tmp",
-        "XDG_CACHE_HOME": cache,
-        "npm_config_cache": f"{cache}/npm",
-        "UV_CACHE_DIR": f"{cache}/uv",
-        "PIP_CACHE_DIR": f"{cache}/pip",
-        "PYTHONSAFEPATH": "1",
-        **spec.env,
-    }
-    env["PATH"] = box.search_path(env.get("PATH") or os.defpath)
+    program, box, env = await sandbox.off_loop(_jail_plan, spec)
     jails = sandbox.Jails()
     in_r, in_w = os.pipe2(os.O_CLOEXEC)
     out_r, out_w = os.pipe2(os.O_CLOEXEC)
@@ -502,6 +485,32 @@ def tool_cache(name: str) -> Path:
     next: its own, in ollie's data, which sandboxed code never sees."""
 
     return private_dir(data_path() / "tool-cache" / name)
+
+
+def _jail_plan(spec: ServerSpec) -> tuple[str, sandbox.Sandbox, dict[str, str]]:
+    """A jailed server's program, sandbox and environment: looked up, read and decided in the
+    sandbox's builder thread (`sandbox.off_loop`), since code working in $HOME or the project can
+    point what they look at (a toolchain's directory, ~/.local/bin on the PATH) into ollie's own
+    mount, on which the event loop that serves it would wait."""
+    program = _program(spec)
+    cache = str(tool_cache(spec.name))
+    policy = sandbox.load_policy(
+        spec.sandbox, spec.project, "", extra_rwx=(cache,), program_rox=_program_roots(program, spec.args)
+    )
+    box = sandbox.Sandbox(policy)
+    env = {
+        **box.environ(),
+        "HOME": "/tmp",
+        "TMPDIR": "/tmp",
+        "XDG_CACHE_HOME": cache,
+        "npm_config_cache": f"{cache}/npm",
+        "UV_CACHE_DIR": f"{cache}/uv",
+        "PIP_CACHE_DIR": f"{cache}/pip",
+        "PYTHONSAFEPATH": "1",
+        **spec.env,
+    }
+    env["PATH"] = box.search_path(env.get("PATH") or os.defpath)
+    return program, box, env
 
 
 def _program(spec: ServerSpec) -> str:

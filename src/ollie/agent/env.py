@@ -88,7 +88,7 @@ async def resolve_prompt(cfg: AgentConfig, cwd: str) -> str:
 async def _run_prompt_command(cmd: str, cfg: AgentConfig, cwd: str, runner: hooks.Runner | None) -> str:
     try:
         if runner is not None and not cfg.trust_writable_hooks:
-            hooks.refuse_writable(cmd, cwd, cfg.sandboxes)
+            await sandbox.off_loop(hooks.refuse_writable, cmd, cwd, cfg.sandboxes)
         code, out, err = await hooks.run_command(cmd, {}, cwd, {}, PROMPT_TIMEOUT, runner)
     except (OSError, sandbox.SandboxError) as e:
         raise config.ConfigError(f"prompt command {cmd!r} could not start: {e}") from None

@@ -86,7 +86,7 @@ class Hooks:
         for index, cmd in enumerate(commands):
             try:
                 if self.agent.hook_sandbox and not self.agent.trust_writable_hooks:
-                    refuse_writable(cmd, cwd, self.agent.sandboxes)
+                    await sandbox.off_loop(refuse_writable, cmd, cwd, self.agent.sandboxes)
                 with telemetry.hook(event, index) as span:
                     code, out, err = await run_command(cmd, payload, cwd, self._state.env, runner=self.runner())
                     span.exited(code, err.strip())
@@ -257,7 +257,9 @@ class _JailedProcess:
 
 
 def refuse_writable(cmd: str, cwd: str, policies: list[str]) -> None:
-    """Refuse a hook that runs a file the agent's code may have rewritten."""
+    """Refuse a hook that runs a file the agent's code may have rewritten. (Off the loop, with
+    `sandbox.off_loop`: the file's path is made real through the cwd, whose links the code
+    plants, into ollie's own mount, say.)"""
     try:
         words = shlex.split(cmd)
     except ValueError:

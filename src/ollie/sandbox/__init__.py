@@ -28,7 +28,7 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from .. import config
 from ..paths import (
@@ -47,6 +47,8 @@ from .jail import Confinement, GrantChanged, Jail, JailSetup, userns_hint
 from .landlock import RO, RW, RWX, build_ruleset, fs_handled, landlock_abi
 from .policy import FS_KEYS, Limits, Policy, SandboxError, load_policy, policy_files
 from .seccomp import SECCOMP_MACHINES, seccomp_program, seccomp_supported
+
+_T = TypeVar("_T")
 
 __all__ = [
     "Jails",
@@ -169,7 +171,7 @@ class Sandbox:
         """`search_path`, a PATH not seen yet (a session's own) judged in the builder's thread."""
         kept = self._search_paths.get(path)
         if kept is None:
-            kept = await asyncio.get_running_loop().run_in_executor(_builder(), self.search_path, path)
+            kept = await off_loop(self.search_path, path)
         return kept
 
     def environ(self) -> dict[str, str]:
@@ -688,7 +690,7 @@ async def _build_anew(args: tuple, stale: Sandbox | None) -> Sandbox:
     kept if a decision now refuses the policy (a link planted on a path it names): it grants no
     more than before, and a new session gets the refusal."""
     try:
-        return await asyncio.get_running_loop().run_in_executor(_builder(), _build, *args)
+        return await off_loop(_build, *args)
     except SandboxError:
         if stale is None:
             raise
@@ -697,6 +699,14 @@ async def _build_anew(args: tuple, stale: Sandbox | None) -> Sandbox:
 
 
 _BUILDER: ThreadPoolExecutor | None = None
+
+
+async def off_loop(fn: Callable[..., _T], *args: Any) -> _T:
+    """`fn(*args)` in the builder's thread: whatever reads the file system to decide a sandbox
+    (a policy, its paths, a PATH's directories, a program's place), which code working in $HOME
+    or a project can point into ollie's own mount: the thread's request is answered, where the
+    event loop that serves the mount would wait on itself."""
+    return await asyncio.get_running_loop().run_in_executor(_builder(), fn, *args)
 
 
 def _builder() -> ThreadPoolExecutor:
@@ -843,7 +853,7 @@ async def _look_again_if_due() -> None:
     if now < _next_look:
         return
     _next_look = now + RECHECK
-    await asyncio.get_running_loop().run_in_executor(_builder(), _look_again)
+    await off_loop(_look_again)
 
 
 def _look_again() -> None:
