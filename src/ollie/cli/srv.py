@@ -116,6 +116,7 @@ def _fg(args: argparse.Namespace) -> int:
     import asyncio
     import logging
 
+    from .. import eventloop
     from ..chatfmt import visible
     from ..fs.server import serve
     from .install import first_use
@@ -130,7 +131,8 @@ def _fg(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     ready = os.environ.pop("OLLIE_SRV_READY_FD", None)
     try:
-        asyncio.run(serve(opts, int(ready) if ready else None))
+        with asyncio.Runner(loop_factory=eventloop.new_loop) as runner:  # held streams' reads gather
+            runner.run(serve(opts, int(ready) if ready else None))
     except OSError as e:
         print(visible(f"ollie srv: {e}"), file=sys.stderr)
         return 1
