@@ -116,7 +116,6 @@ def _fg(args: argparse.Namespace) -> int:
     import asyncio
     import logging
 
-    from .. import eventloop
     from ..chatfmt import visible
     from ..fs.server import serve
     from .install import first_use
@@ -131,8 +130,7 @@ def _fg(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     ready = os.environ.pop("OLLIE_SRV_READY_FD", None)
     try:
-        with asyncio.Runner(loop_factory=eventloop.new_loop) as runner:  # held streams' reads gather
-            runner.run(serve(opts, int(ready) if ready else None))
+        asyncio.run(serve(opts, int(ready) if ready else None))
     except OSError as e:
         print(visible(f"ollie srv: {e}"), file=sys.stderr)
         return 1

@@ -20,7 +20,7 @@ import signal
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .. import config, eventloop
+from .. import config
 from ..vfs.fuse import Mount
 from ..vfs.ninep_server import serve_tcp, serve_unix
 from . import transcripts, tree, view
@@ -70,8 +70,6 @@ class Server:
             if self.opts.mount is not None:
                 self.mount = Mount(ns, str(self.opts.mount))
                 await self.mount.start()
-                # the mount's requests come at once however busy the loop (`ollie srv`'s loop gathers)
-                eventloop.urgent(asyncio.get_running_loop(), self.mount.fd)
             if self.opts.web:
                 from ..web.app import Web
 

@@ -719,11 +719,6 @@ class Mount:
             raise OSError(f"cannot mount {self.path}: {e or 'FUSE did not start'}") from None
         self._conn = conn
 
-    @property
-    def fd(self) -> int:
-        """The /dev/fuse descriptor the loop reads the mount's requests from (-1 before `start`)."""
-        return self._conn.fd if self._conn is not None else -1
-
     async def unmount(self, meanwhile: Callable[[], Awaitable[None]] | None = None) -> None:
         """Detach the mount, run `meanwhile` (closing the sessions: a jail's mount namespace holds a
         copy of this mount, and the file system ends only once the last copy goes), then wait for
