@@ -508,3 +508,25 @@ async def test_best_effort_without_a_seccomp_filter_says_so_in_the_first_result(
         await server.close()
     assert first.text().startswith("[sandbox: no seccomp filter for this riscv64") and first.text().endswith("hi\n")
     assert second.text() == "hi\n"
+
+
+async def test_a_program_is_found_once_a_recheck_for_a_path_and_paths_no_session_asks_for_are_forgotten(
+    monkeypatch, tmp_path
+):
+    # What a stage's interpreter lookup found is shared by every session of its PATH for RECHECK
+    # seconds (a program installed meanwhile is seen then); a PATH no session asked for since is
+    # dropped, so that sessions whose PATHs keep changing do not pile them up in the server.
+    monkeypatch.setattr(sandbox, "_FOUND", {})
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    path = str(bin_dir)
+    assert await sandbox.find_program(path, ("tool",)) is None
+    (bin_dir / "tool").write_text("#!/bin/sh\n")
+    (bin_dir / "tool").chmod(0o755)
+    assert await sandbox.find_program(path, ("tool",)) is None  # within RECHECK: what was found
+    when, found = sandbox._FOUND[path]
+    for n in range(100):
+        sandbox._FOUND[f"/gone/{n}"] = (when - sandbox.RECHECK, {("tool",): None})
+    sandbox._FOUND[path] = (when - sandbox.RECHECK, found)
+    assert await sandbox.find_program(path, ("tool",)) == str(bin_dir / "tool")
+    assert list(sandbox._FOUND) == [path]

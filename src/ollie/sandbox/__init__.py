@@ -193,6 +193,8 @@ def programs_found(path: str) -> dict[tuple[str, ...], str | None]:
     now = time.monotonic()
     when, found = _FOUND.get(path, (0.0, {}))
     if now - when >= RECHECK:
+        for old in [p for p, (then, _) in _FOUND.items() if now - then >= RECHECK]:
+            del _FOUND[old]  # PATHs no session asked for since do not pile up
         when, found = _FOUND[path] = (now, {})
     return found
 
@@ -728,24 +730,24 @@ def _build(
     extra_rwx: tuple[str, ...],
 ) -> Sandbox:
     """A sandbox, on decisions shared by every session of the policy (`_Decisions`): only the
-    paths they cannot share (`extra_ro`, a session's own scratch directory; its cwd) decided anew."""
-    with _DECISIONS_LOCK:
-        if _DECISIONS_STALE.is_set():
-            _DECISIONS_STALE.clear()
-            while _DECISIONS:
-                _DECISIONS.popitem()[1].close()
-        key = (name, tmpdir, extra_rox, extra_rw, extra_rwx, tuple(_version(p) for p in policy_files(name)))
-        # read for every session: the variables its templates name may have changed since
-        policy = load_policy(name, cwd, tmpdir, extra_rox, (), extra_rw, extra_rwx)
-        base = _DECISIONS.pop(key, None)
-        if base is None or not base.fresh():
-            if base is not None:
-                base.close()
-            base = _Decisions(policy)
-        _DECISIONS[key] = base  # the newest last
-        while len(_DECISIONS) > _DECISIONS_KEPT:
-            _DECISIONS.pop(next(iter(_DECISIONS))).close()
-        return base.sandbox(policy, extra_ro)
+    paths they cannot share (`extra_ro`, a session's own scratch directory; its cwd) decided anew.
+    Only in the builder's thread (`off_loop`), the one that touches `_DECISIONS`."""
+    if _DECISIONS_STALE.is_set():
+        _DECISIONS_STALE.clear()
+        while _DECISIONS:
+            _DECISIONS.popitem()[1].close()
+    key = (name, tmpdir, extra_rox, extra_rw, extra_rwx, tuple(_version(p) for p in policy_files(name)))
+    # read for every session: the variables its templates name may have changed since
+    policy = load_policy(name, cwd, tmpdir, extra_rox, (), extra_rw, extra_rwx)
+    base = _DECISIONS.pop(key, None)
+    if base is None or not base.fresh():
+        if base is not None:
+            base.close()
+        base = _Decisions(policy)
+    _DECISIONS[key] = base  # the newest last
+    while len(_DECISIONS) > _DECISIONS_KEPT:
+        _DECISIONS.pop(next(iter(_DECISIONS))).close()
+    return base.sandbox(policy, extra_ro)
 
 
 class _Decisions:
@@ -876,7 +878,6 @@ def _look_again() -> None:
 
 _DECISIONS: OrderedDict[tuple, _Decisions] = OrderedDict()
 _DECISIONS_KEPT = 16
-_DECISIONS_LOCK = threading.Lock()  # held by the builder's thread
 # Set when a jail found a grant changed that `fresh` may not see (a directory swapped for a
 # symlink to itself): the next build decides every policy anew.
 _DECISIONS_STALE = threading.Event()
