@@ -160,9 +160,9 @@ async def _handle(
     steps: int,
     tool: str,
     arguments: str,
-    delay: float = 0,
-    chunks: int = 0,
-    pacer: _Pacer | None = None,
+    delay: float,
+    chunks: int,
+    pacer: _Pacer,
 ) -> None:
     try:
         while True:
@@ -187,7 +187,6 @@ async def _handle(
                     if delay <= 0:
                         out = _response("200 OK", "text/event-stream", b"".join(parts))
                     else:  # the answer spread over `delay`, one event at a time, as a model streams it
-                        pacer = pacer or _Pacer()
                         writer.write(
                             _response("200 OK", "text/event-stream", b"").replace(
                                 b"content-length: 0", b"content-length: %d" % sum(map(len, parts))
