@@ -176,7 +176,7 @@ Ends = tuple[re.Pattern[bytes], ...]
 
 class _Reader(asyncio.StreamReader):
     """asyncio's StreamReader that a streamed answer's reader can also wait on for a while
-    (`held`): it is woken when the time is up, when what arrives holds its `until` pattern (the
+    (`held`): it is woken when the time is up, when what arrives holds one of its `until` patterns (the
     answer's end), or at the stream's end or failure, rather than at each piece that arrives.
     (Leaving the socket unread meanwhile, so that the pieces wait in the kernel, cost more than it
     saved: two epoll changes a hold, at 300 sessions 3.04 ms of CPU a step against 2.82.)"""
@@ -1131,7 +1131,7 @@ class Response:
     def hold(self, until: Ends) -> None:
         """From now on, after each list of `event_batches` or `line_batches` the next waits up to
         STREAM_HOLD seconds (or those of `hold.stream_hold`) for more, and comes at once when
-        `until` (the pattern of the answer's end) or the body's end comes: a model's stream of a
+        one of `until`'s patterns (the answer's end) or the body's end comes: a model's stream of a
         token every few ms wakes its reader a few times a second, not at each token, and its end
         is not held. A backend starts holding once its answer's first content came (so that comes
         at once). Not for an encoded body, in which the pattern cannot be seen."""
