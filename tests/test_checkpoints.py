@@ -344,3 +344,29 @@ def test_sessions_of_one_cwd_making_its_shadow_repository_at_once_all_get_a_whol
         assert (repo / "HEAD").is_file() and (repo / "config").is_file(), round_
         assert (repo / "info" / "attributes").is_file() and (repo / "objects").is_dir(), round_
         assert not [p for p in repo.parent.iterdir() if p.name.startswith(".")], "a temporary directory left"
+
+
+async def test_many_sessions_of_one_cwd_snapshotting_at_once_never_starve_the_loops_threads(tmp_path):
+    """Each session waited for the directory's lock in a thread of the loop's default pool: as
+    many sessions of one cwd as the pool has threads (a server's sub-agents in one project) held
+    them all waiting, and the session that had the lock needed one of them to go on: the whole
+    process stalled for good. Here the pool has two threads and six sessions start at once; and
+    while they run, the pool still serves others."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    cwd = _project(tmp_path / "p")
+    loop = asyncio.get_running_loop()
+    pool = ThreadPoolExecutor(2)
+    loop.set_default_executor(pool)
+    cores = [await _session(cwd, [_stage(f"echo {i} > f{i}.txt"), {"text": "done"}]) for i in range(6)]
+    try:
+        async with asyncio.timeout(60):
+            await asyncio.gather(*(core.submit("go") for core in cores))
+            assert await asyncio.to_thread(lambda: "served") == "served"
+        assert all(core.reply == "done" for core in cores)
+        assert sorted(p.name for p in cwd.glob("f*.txt")) == [f"f{i}.txt" for i in range(6)]
+        for core in cores:
+            assert (await commands.run(core, "checkpoints")).startswith("1\tturn 1\t")
+    finally:
+        for core in cores:
+            await core.close()

@@ -31,7 +31,9 @@ import os
 import shutil
 import stat
 import tempfile
+import threading
 import time
+import weakref
 from collections.abc import AsyncIterator, Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -235,6 +237,53 @@ class Checkpoints:
             f.write(json.dumps(record) + "\n")
 
 
+_QUEUES: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[Path, asyncio.Lock]] = weakref.WeakKeyDictionary()
+
+
+def _queue(repo: Path) -> asyncio.Lock:
+    """The running loop's queue for `repo`'s lock."""
+    queues = _QUEUES.setdefault(asyncio.get_running_loop(), {})
+    return queues.setdefault(repo, asyncio.Lock())
+
+
+async def _lock_file(fd: int) -> None:
+    """An exclusive flock on `fd`: at once if it is free, else waited for in a thread of its own
+    (for as long as another process's snapshot takes: none of the loop's pool). The thread locks
+    a copy of `fd` (the same open file, the same lock), which it closes once it has the lock: a
+    wait abandoned (the turn stopped, `fd` closed) then lets the lock go as soon as it is had."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return
+    except BlockingIOError:
+        pass
+    loop = asyncio.get_running_loop()
+    had = loop.create_future()
+    copy = os.dup(fd)
+
+    def wait() -> None:
+        error: OSError | None = None
+        try:
+            fcntl.flock(copy, fcntl.LOCK_EX)
+        except OSError as e:
+            error = e
+        finally:
+            os.close(copy)
+        with contextlib.suppress(RuntimeError):  # the loop closed meanwhile: no one waits
+            loop.call_soon_threadsafe(_settle, had, error)
+
+    threading.Thread(target=wait, name="ollie-checkpoint-lock", daemon=True).start()
+    await had
+
+
+def _settle(future: asyncio.Future[None], error: OSError | None) -> None:
+    if future.done():
+        return
+    if error is None:
+        future.set_result(None)
+    else:
+        future.set_exception(error)
+
+
 def _load(path: Path) -> list[Checkpoint]:
     found: dict[int, Checkpoint] = {}
     try:
@@ -344,14 +393,19 @@ class Shadow:
 
     @contextlib.asynccontextmanager
     async def _locked(self) -> AsyncIterator[None]:
-        """One snapshot or restore of this directory at a time, whichever session takes it."""
+        """One snapshot or restore of this directory at a time, whichever session takes it: the
+        sessions of this process queue on the loop, and only the first of them waits for the
+        file's lock (another process's session), in a thread of its own. (Each waited in a thread
+        of the loop's pool: as many sessions of one cwd as it has threads took them all, and the
+        one holding the lock needed one to go on.)"""
         await asyncio.to_thread(self._make)
-        fd = os.open(self.repo / "lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        try:
-            await asyncio.to_thread(fcntl.flock, fd, fcntl.LOCK_EX)
-            yield
-        finally:
-            os.close(fd)  # releases the lock
+        async with _queue(self.repo):
+            fd = os.open(self.repo / "lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            try:
+                await _lock_file(fd)
+                yield
+            finally:
+                os.close(fd)  # releases the lock
 
     async def snapshot(self) -> str:
         """The tree of the cwd as it is now (its files, the links in it, their modes)."""
