@@ -90,8 +90,41 @@ async def test_closing_the_stream_stops_generation():
             break
     await stream.aclose()
     # 4000 tokens would take over a minute; a stopped worker frees the model at once.
-    assert await asyncio.to_thread(loaded.lock.acquire, timeout=10)
-    loaded.lock.release()
+    async with asyncio.timeout(10):
+        assert await asyncio.wrap_future(loaded.worker.submit(lambda: "free")) == "free"
+
+
+async def test_generations_waiting_for_the_model_hold_none_of_the_loops_threads():
+    """Each generation waited for the model in a thread of the loop's pool: more sessions on the
+    local model than it has threads (sub-agents on the default backend) left none for the rest
+    of the process (a jail's start, a snapshot) until they were done."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor(2))
+    backend = backends.create("local")
+    await backend.load()
+    long = GenerationParams(temperature=0, max_tokens=400)
+    prompt = [Message("user", "Write a very long story about a dragon.")]
+    streams = [backend.stream(prompt, [], long) for _ in range(4)]
+    ended: list[int] = []
+
+    async def drain(i: int, stream) -> None:
+        async for _ in stream:
+            pass
+        ended.append(i)
+
+    tasks = [asyncio.create_task(drain(i, s)) for i, s in enumerate(streams)]
+    try:
+        await asyncio.sleep(0.2)  # every generation under way or queued for the model
+        async with asyncio.timeout(10):
+            assert await asyncio.to_thread(lambda: "served") == "served"
+        assert ended == []  # served while the model was still at work, not after it
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        for stream in streams:
+            await stream.aclose()
 
 
 async def test_the_model_is_loaded_once_per_process():

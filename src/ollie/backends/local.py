@@ -24,6 +24,7 @@ import re
 import threading
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import aclosing
 from dataclasses import dataclass
 from importlib import metadata
@@ -122,7 +123,10 @@ def check_gguf(path: Path) -> Path:
 @dataclass
 class _Loaded:
     llm: Any  # llama_cpp.Llama
-    lock: threading.Lock  # one generation at a time: a Llama context is not thread-safe
+    # One generation at a time (a Llama context is not thread-safe), in a thread of the model's
+    # own: generations waiting their turn hold none of the loop's pool, which its sessions'
+    # other work (a jail's start, a snapshot) needs meanwhile.
+    worker: ThreadPoolExecutor
     seconds: float  # how long loading took
     template: str
 
@@ -149,7 +153,8 @@ def _load(path: Path, n_ctx: int) -> _Loaded:
             start = time.perf_counter()
             llm = Llama(model_path=str(path), n_ctx=n_ctx, n_threads=os.cpu_count(), verbose=False)
             template = llm.metadata.get("tokenizer.chat_template") or CHATML
-            loaded = _Loaded(llm, threading.Lock(), time.perf_counter() - start, template)
+            worker = ThreadPoolExecutor(1, thread_name_prefix="ollie-local")
+            loaded = _Loaded(llm, worker, time.perf_counter() - start, template)
             _models[(path, n_ctx)] = loaded
         return loaded
 
@@ -385,7 +390,8 @@ async def _generate(
     loaded: _Loaded, tokens: list[int], params: GenerationParams, grammar: Any, max_tokens: int
 ) -> AsyncGenerator[str | tuple[int, str], None]:
     """Text pieces as they are generated, then (output tokens, finish reason). Closing the
-    iterator (the stream was cancelled) stops the worker after the token in progress."""
+    iterator (the stream was cancelled) stops the worker after the token in progress, or takes
+    the generation out of the model's queue if it has not started."""
     loop = asyncio.get_running_loop()
     queue: asyncio.Queue[Any] = asyncio.Queue()
     stop = threading.Event()
@@ -395,14 +401,13 @@ async def _generate(
 
     def work() -> None:
         try:
-            with loaded.lock:
-                for item in _tokens_to_text(loaded.llm, tokens, params, grammar, max_tokens, stop):
-                    put(item)
+            for item in _tokens_to_text(loaded.llm, tokens, params, grammar, max_tokens, stop):
+                put(item)
         except BaseException as e:  # handed to the stream, which raises it
             put(e)
         put(None)
 
-    worker = loop.run_in_executor(None, work)
+    worker = loop.run_in_executor(loaded.worker, work)
     try:
         while (item := await queue.get()) is not None:
             if isinstance(item, BaseException):
@@ -411,6 +416,7 @@ async def _generate(
         await worker
     finally:
         stop.set()
+        worker.cancel()  # one still queued never runs
 
 
 def _tokens_to_text(
