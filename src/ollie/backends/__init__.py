@@ -79,24 +79,30 @@ def coalesce(chunks: list[Chunk]) -> list[Chunk]:
     """`chunks` with each run of text pieces (or of reasoning pieces) joined into one: what one
     read of a stream brought is then one chunk for the loop to handle (an event, a write to the
     chat log), not one per token; the pieces arrive as fast, and a loop that is behind reads more
-    of them at once, so its work per chunk shrinks as its load grows."""
+    of them at once, so its work per chunk shrinks as its load grows. A run is joined once at its
+    end (a piece added at a time made its text again at each: some fifty pieces a read)."""
     if len(chunks) < 2:
         return chunks
     out: list[Chunk] = []
+    run: list[TextDelta | ReasoningDelta] = []
     for chunk in chunks:
-        last = out[-1] if out else None
-        if isinstance(chunk, TextDelta) and isinstance(last, TextDelta) and _texts(last, chunk):
-            out[-1] = TextDelta(last.text + chunk.text)
-        elif isinstance(chunk, ReasoningDelta) and isinstance(last, ReasoningDelta) and _texts(last, chunk):
-            out[-1] = ReasoningDelta(last.text + chunk.text)
-        else:
-            out.append(chunk)
+        if isinstance(chunk, (TextDelta, ReasoningDelta)) and isinstance(chunk.text, str):
+            if run and type(run[0]) is not type(chunk):
+                _close(run, out)
+            run.append(chunk)
+            continue
+        if run:
+            _close(run, out)
+        out.append(chunk)  # a call, usage, an end; or a piece that is not text (the loop's to refuse)
+    if run:
+        _close(run, out)
     return out
 
 
-def _texts(a: TextDelta | ReasoningDelta, b: TextDelta | ReasoningDelta) -> bool:
-    """Both pieces are text (one that is not is the loop's to refuse, as it came)."""
-    return isinstance(a.text, str) and isinstance(b.text, str)
+def _close(run: list[TextDelta | ReasoningDelta], out: list[Chunk]) -> None:
+    """The run's pieces as one, onto `out`; the run emptied."""
+    out.append(run[0] if len(run) == 1 else type(run[0])("".join(piece.text for piece in run)))
+    run.clear()
 
 
 def register(name: str, target: str | Callable[..., Backend]) -> None:
