@@ -370,3 +370,34 @@ async def test_many_sessions_of_one_cwd_snapshotting_at_once_never_starve_the_lo
     finally:
         for core in cores:
             await core.close()
+
+
+async def test_sessions_of_one_cwd_asking_at_once_share_a_snapshot_taken_after_they_asked(tmp_path, monkeypatch):
+    """Sub-agents or a job's runs in one project each took a `git status` of it, one after
+    another. A snapshot asked for while another waits its turn is that one: it starts after the
+    asking, so each turn's first snapshot still comes before its own change, and its last after."""
+    from ollie.agent.checkpoints import Shadow
+
+    runs = 0
+    take = Shadow._snapshot
+
+    async def counted(self):
+        nonlocal runs
+        runs += 1
+        return await take(self)
+
+    monkeypatch.setattr(Shadow, "_snapshot", counted)
+    cwd = _project(tmp_path / "p")
+    cores = [await _session(cwd, [_stage(f"echo {i} > f{i}.txt"), {"text": "done"}]) for i in range(6)]
+    try:
+        await asyncio.gather(*(core.submit("go") for core in cores))
+        assert runs <= 7 < 12  # the six first snapshots were one; twelve asked for
+        shadow = Shadow(str(cwd))
+        for i, core in enumerate(cores):
+            [turn] = core._rt.checkpoints.records()
+            before = await shadow._git("ls-tree", "--name-only", turn.before)
+            after = await shadow._git("ls-tree", "--name-only", turn.after)
+            assert f"f{i}.txt".encode() not in before.split() and f"f{i}.txt".encode() in after.split()
+    finally:
+        for core in cores:
+            await core.close()

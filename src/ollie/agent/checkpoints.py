@@ -237,13 +237,25 @@ class Checkpoints:
             f.write(json.dumps(record) + "\n")
 
 
-_QUEUES: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[Path, asyncio.Lock]] = weakref.WeakKeyDictionary()
+class _Queue:
+    """A shadow repository's sessions in this process (on one loop): their turns at its lock, and
+    the snapshot that waits for its turn, which whoever asks for one joins."""
+
+    def __init__(self) -> None:
+        self.lock = asyncio.Lock()
+        self.next: asyncio.Future[str] | None = None
 
 
-def _queue(repo: Path) -> asyncio.Lock:
-    """The running loop's queue for `repo`'s lock."""
+_QUEUES: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[Path, _Queue]] = weakref.WeakKeyDictionary()
+_RUNNING: set[asyncio.Future[str]] = set()  # shared snapshots under way: held until they end
+
+
+def _queue(repo: Path) -> _Queue:
+    """The running loop's queue of `repo`."""
     queues = _QUEUES.setdefault(asyncio.get_running_loop(), {})
-    return queues.setdefault(repo, asyncio.Lock())
+    if (queue := queues.get(repo)) is None:
+        queue = queues[repo] = _Queue()
+    return queue
 
 
 async def _lock_file(fd: int) -> None:
@@ -399,7 +411,7 @@ class Shadow:
         of the loop's pool: as many sessions of one cwd as it has threads took them all, and the
         one holding the lock needed one to go on.)"""
         await asyncio.to_thread(self._make)
-        async with _queue(self.repo):
+        async with _queue(self.repo).lock:
             fd = os.open(self.repo / "lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
             try:
                 await _lock_file(fd)
@@ -408,8 +420,21 @@ class Shadow:
                 os.close(fd)  # releases the lock
 
     async def snapshot(self) -> str:
-        """The tree of the cwd as it is now (its files, the links in it, their modes)."""
+        """The tree of the cwd as it is now (its files, the links in it, their modes). The
+        sessions of this process that ask for one while another's still waits its turn share
+        that one: it starts after they asked, so it holds what theirs would have (sub-agents or a
+        job's runs in one project took one `git status` each, one after another). Never
+        cancelled half-way by one who asked (git would leave its lock behind)."""
+        queue = _queue(self.repo)
+        if queue.next is None or queue.next.done():  # (done: it failed before its turn)
+            queue.next = asyncio.ensure_future(self._snapshot_in_turn(queue))
+            _RUNNING.add(queue.next)
+            queue.next.add_done_callback(_RUNNING.discard)
+        return await asyncio.shield(queue.next)
+
+    async def _snapshot_in_turn(self, queue: _Queue) -> str:
         async with self._locked():
+            queue.next = None  # under way: whoever asks from now on waits for the next
             return await self._snapshot()
 
     async def _snapshot(self) -> str:
