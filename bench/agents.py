@@ -36,7 +36,9 @@ agents (1 s answers in 50 chunks, 4 tool calls a turn): warm steps/s >= 0.9x ide
 ideal, `state` p99 <= 20 ms in both turns, <= 2 MiB per live session. `uptime` is printed before
 and after: the machine's load is the figures'.
 Checkpoints (a git snapshot of the cwd each turn) are off unless `--checkpoints`: their cost is
-git's, not the loop's or the sandbox's.
+git's, not the loop's or the sandbox's. The sessions work in one directory (sub-agents in one
+project), or with `--own-cwd` each in one of its own, holding 20 small files (agents at work in
+projects of their own, each snapshot its own `git`).
 """
 
 from __future__ import annotations
@@ -208,11 +210,15 @@ def turn(
     }
 
 
-def new(s: Server) -> str:
-    """A session working in a directory of its own: not one holding the server's mount (a session
-    that snapshots its cwd with git would read the mount its own server serves)."""
-    work = s.root / "work"
-    work.mkdir(exist_ok=True)
+def new(s: Server, own: str = "") -> str:
+    """A session working in `work` (or `work/<own>`, made with 20 small files): not a directory
+    holding the server's mount (a session that snapshots its cwd with git would read the mount
+    its own server serves)."""
+    work = s.root / "work" / own
+    if not work.is_dir():
+        work.mkdir(parents=True)
+        for i in range(20 if own else 0):
+            (work / f"file{i}.txt").write_text(f"line {i}\n" * 20)
     with open(s.mnt / "ctl", "r+") as f:
         f.write(f"new cwd={work}\n")
         f.flush()
@@ -229,6 +235,7 @@ def run(
     checkpoints: bool = False,
     rate: float = 500,
     within: float = 1.0,
+    own_cwd: bool = False,
 ) -> None:
     tool, arguments = ("execute_code", json.dumps({"steps": [{"code": "true"}]})) if sandboxed else ("noop", "{}")
     ideal = (tools + 1) * delay
@@ -245,7 +252,7 @@ def run(
         s.srv("start")
         try:
             base_pss = pss_kib([s.pid()])
-            sids = [new(s) for _ in range(n)]
+            sids = [new(s, f"a{i}" if own_cwd else "") for i in range(n)]
             what = "sandboxed execute_code" if sandboxed else "noop (no sandbox)"
             print(f"{n} agents, {tools} calls of {what} a turn, answers of {delay:g} s in {chunks} chunks")
             capacity = CORES * delay / n * 1000
@@ -306,14 +313,15 @@ def main() -> None:
         "--within", type=float, default=1.0, help="seconds the prompts are written over, evenly (default 1)"
     )
     ap.add_argument("--checkpoints", action="store_true", help="snapshot each turn's cwd (off by default: git's cost)")
+    ap.add_argument("--own-cwd", action="store_true", help="each session in a directory of its own (default: one)")
     args = ap.parse_args()
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     print(f"uptime before: {os.popen('uptime').read().strip()}")
     if not args.only_ab:
-        run(args.n, args.delay, args.chunks, args.tools, True, args.checkpoints, args.reads, args.within)
+        run(args.n, args.delay, args.chunks, args.tools, True, args.checkpoints, args.reads, args.within, args.own_cwd)
     if not args.no_ab:
-        run(args.n, args.delay, args.chunks, args.tools, False, args.checkpoints, args.reads, args.within)
+        run(args.n, args.delay, args.chunks, args.tools, False, args.checkpoints, args.reads, args.within, args.own_cwd)
     print(f"uptime after: {os.popen('uptime').read().strip()}")
 
 

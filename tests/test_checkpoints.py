@@ -401,3 +401,36 @@ async def test_sessions_of_one_cwd_asking_at_once_share_a_snapshot_taken_after_t
     finally:
         for core in cores:
             await core.close()
+
+
+async def test_snapshots_of_many_directories_at_once_run_a_few_at_a_time(tmp_path, monkeypatch):
+    """Hundreds of sessions' turns starting together, each in a project of its own, ran as many
+    `git`s at once (a first snapshot reads every file of its tree)."""
+    from ollie.agent import checkpoints
+    from ollie.agent.checkpoints import Shadow
+
+    monkeypatch.setattr(checkpoints, "_SNAPSHOTS", 2)
+    running = most = 0
+    take = Shadow._snapshot
+
+    async def counted(self):
+        nonlocal running, most
+        running += 1
+        most = max(most, running)
+        try:
+            return await take(self)
+        finally:
+            running -= 1
+
+    monkeypatch.setattr(Shadow, "_snapshot", counted)
+    cwds = [_project(tmp_path / f"p{i}") for i in range(6)]
+    cores = [await _session(cwd, [_stage("echo x > new.txt"), {"text": "done"}]) for cwd in cwds]
+    try:
+        await asyncio.gather(*(core.submit("go") for core in cores))
+        assert most == 2
+        for core, cwd in zip(cores, cwds, strict=True):
+            assert (await commands.run(core, "checkpoints")).startswith("1\tturn 1\t")
+            assert "delete new.txt" in await commands.run(core, "undo") and not (cwd / "new.txt").exists()
+    finally:
+        for core in cores:
+            await core.close()

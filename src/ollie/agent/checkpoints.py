@@ -248,6 +248,17 @@ class _Queue:
 
 _QUEUES: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[Path, _Queue]] = weakref.WeakKeyDictionary()
 _RUNNING: set[asyncio.Future[str]] = set()  # shared snapshots under way: held until they end
+# Snapshots under way at once on one loop, of any directories: hundreds of sessions' turns that
+# start together (each in a project of its own) ran as many `git`s at once.
+_SNAPSHOTS = 2 * max(2, os.cpu_count() or 1)
+_SLOTS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] = weakref.WeakKeyDictionary()
+
+
+def _slots() -> asyncio.Semaphore:
+    loop = asyncio.get_running_loop()
+    if (slots := _SLOTS.get(loop)) is None:
+        slots = _SLOTS[loop] = asyncio.Semaphore(_SNAPSHOTS)
+    return slots
 
 
 def _queue(repo: Path) -> _Queue:
@@ -433,7 +444,7 @@ class Shadow:
         return await asyncio.shield(queue.next)
 
     async def _snapshot_in_turn(self, queue: _Queue) -> str:
-        async with self._locked():
+        async with self._locked(), _slots():
             queue.next = None  # under way: whoever asks from now on waits for the next
             return await self._snapshot()
 
