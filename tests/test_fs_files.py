@@ -470,3 +470,21 @@ def test_a_cwd_on_the_servers_own_mount_is_refused_and_the_server_goes_on(fs_ser
     assert out.returncode != 0
     assert f"is on ollie's file server's mount {fs_server.mnt}" in (fs_server.mnt / "s" / sid / "chat").read_text()
     assert sid in fs_server.sh("cat s/idx", timeout=20).stdout  # the server answers on
+
+
+def test_a_cwd_that_a_link_leads_onto_the_servers_own_mount_is_refused_saying_so(fs_server):
+    """Through a link, the name check passed and the lookup (which the server refuses itself on
+    its own mount) failed as "not a directory", saying nothing of the mount."""
+    link = fs_server.work / "into-the-mount"
+    link.symlink_to(fs_server.mnt / "s")
+    try:
+        out = fs_server.sh(f"echo 'new cwd={link}' > ctl", check=False, timeout=20)
+        assert out.returncode != 0
+        sid = fs_server.new_session()
+        out = fs_server.sh(f"echo 'cwd {link}' > s/{sid}/ctl", check=False, timeout=20)
+        assert out.returncode != 0
+        chat = (fs_server.mnt / "s" / sid / "chat").read_text()
+        assert f"{fs_server.mnt}/s is on ollie's file server's mount {fs_server.mnt}" in chat
+        assert f"cwd={fs_server.work}\n" in fs_server.sh(f"cat s/{sid}/cfg", timeout=20).stdout
+    finally:
+        link.unlink()

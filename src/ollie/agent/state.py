@@ -133,6 +133,8 @@ class SessionState:
                 raise InvalidValue(f"cwd: {e}") from None
         else:
             path = os.path.realpath(path)
+            if mount := config.ollie_mount_of(path):  # a link led there
+                raise InvalidValue(f"cwd: {path} is on ollie's file server's mount {mount}; a session works elsewhere")
         if not os.path.isdir(path):
             raise InvalidValue(f"not a directory: {path}")
         self._cwd = path

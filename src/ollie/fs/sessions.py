@@ -332,13 +332,7 @@ class Sessions:
         if spec.get("name"):
             self.check_name(spec["name"])
         if spec.get("cwd"):
-            check_cwd(spec["cwd"])
-            if mount := config.ollie_mount_of(os.path.expanduser(spec["cwd"])):
-                raise FsError(
-                    E.EINVAL, f"cwd {spec['cwd']!r} is on ollie's file server's mount {mount}: work elsewhere"
-                )
-            if cwd_here and not os.path.isdir(self.cwd_of(spec)):
-                raise FsError(E.ENOENT, f"cwd {self.cwd_of(spec)!r} is not a directory")
+            self._check_cwd(spec, cwd_here)
         if worktrees.wanted(spec.get("worktree", "")):
             if spec.get("name"):
                 worktrees.check_id(spec["name"])
@@ -352,6 +346,20 @@ class Sessions:
                 config.load_agent(spec["agent"])
             except ConfigError as e:
                 raise FsError(E.EINVAL, str(e)) from None
+
+    def _check_cwd(self, spec: dict[str, str], here: bool) -> None:
+        """An absolute cwd off ollie's mount, by its name; `here`, also where its links lead, and
+        a directory."""
+        check_cwd(spec["cwd"])
+        if mount := config.ollie_mount_of(os.path.expanduser(spec["cwd"])):
+            raise FsError(E.EINVAL, f"cwd {spec['cwd']!r} is on ollie's file server's mount {mount}: work elsewhere")
+        if not here:
+            return
+        real = os.path.realpath(self.cwd_of(spec))
+        if mount := config.ollie_mount_of(real):  # a link led there
+            raise FsError(E.EINVAL, f"cwd {spec['cwd']!r} leads to {real}, on ollie's file server's mount {mount}")
+        if not os.path.isdir(real):
+            raise FsError(E.ENOENT, f"cwd {self.cwd_of(spec)!r} is not a directory")
 
     def cwd_of(self, spec: dict[str, str]) -> str:
         return os.path.expanduser(spec["cwd"]) if spec.get("cwd") else self.default_cwd
