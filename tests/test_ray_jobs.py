@@ -298,6 +298,48 @@ def test_an_unreachable_cluster_fails_the_submission_and_makes_nothing(tmp_path)
         srv.stop()
 
 
+# A cluster address that accepts and never answers, three jobs' attempts to join it, then a call
+# of the loop's pool: in a process of its own, where the Ray client left half-joined stays.
+_SILENT_CLUSTER = """
+import asyncio, os, socket
+from concurrent.futures import ThreadPoolExecutor
+from ollie.fs import ray_jobs
+from ollie.types import OllieError
+
+async def main():
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(8)
+    asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor(2))
+    ray_jobs.INIT_TIMEOUT = 1.0
+    executor = ray_jobs.RayExecutor(None, "127.0.0.1:%d" % listener.getsockname()[1])
+    for _ in range(3):
+        try:
+            await executor.ready()
+        except OllieError as e:
+            print("refused:", e, flush=True)
+    try:
+        async with asyncio.timeout(5):
+            await asyncio.to_thread(lambda: None)
+        print("served", flush=True)
+    except TimeoutError:
+        print("starved", flush=True)
+
+asyncio.new_event_loop().run_until_complete(main())
+os._exit(0)
+"""
+
+
+def test_a_cluster_that_never_answers_holds_none_of_the_loops_threads():
+    """`ray.init` on an address that accepts and never answers waits a minute and more: it waited
+    in a thread of the loop's pool, and each job's attempt took another, until the pool served no
+    one (a jail's start, a snapshot). A later attempt now waits for the one still under way."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+    out = subprocess.run([sys.executable, "-c", _SILENT_CLUSTER], capture_output=True, text=True, timeout=120, env=env)
+    assert out.stdout.count("did not answer in 1 s") == 3, out.stdout + out.stderr[-2000:]
+    assert out.stdout.rstrip().endswith("served"), out.stdout
+
+
 def test_sandboxed_code_on_a_worker_sees_neither_keys_nor_the_clusters_token(on_ray):
     (jid,) = on_ray.submit("agent=snoop\n---\nlook around\n")
     assert on_ray.wait(jid, timeout=90) == "done"

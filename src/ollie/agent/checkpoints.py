@@ -31,7 +31,6 @@ import os
 import shutil
 import stat
 import tempfile
-import threading
 import time
 import weakref
 from collections.abc import AsyncIterator, Callable
@@ -39,6 +38,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from .. import config
+from ..threads import in_own_thread
 from ..types import InvalidValue, OllieError
 
 MAX_FILE = 8 * 1024 * 1024  # bytes: a larger file, when first seen, is left out of checkpoints
@@ -279,32 +279,15 @@ async def _lock_file(fd: int) -> None:
         return
     except BlockingIOError:
         pass
-    loop = asyncio.get_running_loop()
-    had = loop.create_future()
     copy = os.dup(fd)
 
     def wait() -> None:
-        error: OSError | None = None
         try:
             fcntl.flock(copy, fcntl.LOCK_EX)
-        except OSError as e:
-            error = e
         finally:
             os.close(copy)
-        with contextlib.suppress(RuntimeError):  # the loop closed meanwhile: no one waits
-            loop.call_soon_threadsafe(_settle, had, error)
 
-    threading.Thread(target=wait, name="ollie-checkpoint-lock", daemon=True).start()
-    await had
-
-
-def _settle(future: asyncio.Future[None], error: OSError | None) -> None:
-    if future.done():
-        return
-    if error is None:
-        future.set_result(None)
-    else:
-        future.set_exception(error)
+    await in_own_thread(wait, "ollie-checkpoint-lock")
 
 
 def _load(path: Path) -> list[Checkpoint]:

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 from .. import config, sandbox, telemetry
 from ..agent.opening import open_session
 from ..chatfmt import marked, visible
+from ..threads import in_own_thread
 from ..types import ConfigError, Cost, OllieError, Usage
 from ..vfs.namespace import FsError
 from .job import Job, Spec, live_parent, outcome, session_settings
@@ -145,6 +146,7 @@ class RayExecutor:
         self._ray: Any = None
         self._remote: Any = None
         self._lock = asyncio.Lock()
+        self._joining: asyncio.Future[None] | None = None  # ray.init under way, in a thread of its own
 
     def check(self, spec: Spec, settings: dict[str, str], parent: Session | None, job_id: str) -> None:
         """The session's spec, its cwd not looked at here (a worker checks it where the job runs);
@@ -169,8 +171,13 @@ class RayExecutor:
                 import ray
             except ImportError:
                 raise ConfigError("OLLIE_BATCH_EXECUTOR=ray needs Ray: pip install 'ollie-agents[ray]'") from None
+            if self._joining is None or self._joining.done():
+                # In a thread of its own: one that outlasts INIT_TIMEOUT (an address that accepts
+                # and never answers: Ray's client waits a minute and more) is waited for again by
+                # the next job, and holds none of the loop's pool, which every session's work needs.
+                self._joining = in_own_thread(lambda: self._init(ray), "ollie-ray-init")
             try:
-                await asyncio.wait_for(asyncio.to_thread(self._init, ray), INIT_TIMEOUT)
+                await asyncio.wait_for(asyncio.shield(self._joining), INIT_TIMEOUT)
             except TimeoutError:
                 raise OllieError(f"the Ray cluster at {self._where} did not answer in {INIT_TIMEOUT:.0f} s") from None
             except Exception as e:  # ray.init raises ConnectionError, RuntimeError, ValueError …
