@@ -434,3 +434,28 @@ async def test_snapshots_of_many_directories_at_once_run_a_few_at_a_time(tmp_pat
     finally:
         for core in cores:
             await core.close()
+
+
+async def test_a_cwd_on_ollies_mount_is_never_snapshot(fs_server):
+    """`ollie run` started in a directory of the mount, or a program's `open_session` given one:
+    the first snapshot read every file there, and a file of the mount acts when read (a
+    `fifo.out` pops a queued prompt, `statewait` blocks until the state changes)."""
+    from ollie.agent.checkpoints import Shadow
+
+    inside = fs_server.mnt / "s"
+    infos: list[str] = []
+    core = await open_session(
+        backend="scripted",
+        script=[{"text": "ok"}],  # a turn's first snapshot starts with it, tool call or not
+        cwd=str(inside),
+        on_event=lambda e: infos.append(e.text) if e.kind == "info" else None,
+    )
+    try:
+        async with asyncio.timeout(60):
+            await core.submit("go")
+        assert any(
+            i.startswith(f"checkpoints: off (the cwd is on ollie's file server's mount {fs_server.mnt})") for i in infos
+        )
+        assert not Shadow(str(inside)).repo.exists()
+    finally:
+        await core.close()

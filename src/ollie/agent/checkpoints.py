@@ -313,7 +313,10 @@ def _load(path: Path) -> list[Checkpoint]:
 
 def _refused_cwd(cwd: str) -> str:
     """Why a cwd is not checkpointed: the root or the home directory (a whole tree of someone's
-    files, not a project)."""
+    files, not a project), or a mount of ollie's file server, whose files act when read (a
+    snapshot reads every file: `fifo.out` would pop prompts, `statewait` would block)."""
+    if mount := config.ollie_mount_of(cwd):  # by name: a lookup there may be this very process's
+        return f"the cwd is on ollie's file server's mount {mount}"
     real = os.path.realpath(cwd)
     if real in ("/", os.path.realpath(os.path.expanduser("~"))):
         return f"the cwd is {real}, not a project directory"
