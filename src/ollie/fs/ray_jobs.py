@@ -176,6 +176,7 @@ class RayExecutor:
                 # and never answers: Ray's client waits a minute and more) is waited for again by
                 # the next job, and holds none of the loop's pool, which every session's work needs.
                 self._joining = in_own_thread(lambda: self._init(ray), "ollie-ray-init")
+                self._joining.add_done_callback(_heard)  # its failure, once no one waits, is the next try's
             try:
                 await asyncio.wait_for(asyncio.shield(self._joining), INIT_TIMEOUT)
             except TimeoutError:
@@ -245,6 +246,12 @@ class RayExecutor:
         if self._ray is not None:
             await asyncio.to_thread(self._ray.shutdown)
             self._ray = None
+
+
+def _heard(future: asyncio.Future[None]) -> None:
+    """Take a future's outcome, so that a failure no one awaited is not logged as lost."""
+    if not future.cancelled():
+        future.exception()
 
 
 def ray_failure(error: Exception) -> str:
