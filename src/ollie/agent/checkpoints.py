@@ -246,24 +246,34 @@ class _Queue:
         self.next: asyncio.Future[str] | None = None
 
 
-_QUEUES: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[Path, _Queue]] = weakref.WeakKeyDictionary()
-_RUNNING: set[asyncio.Future[str]] = set()  # shared snapshots under way: held until they end
 # Snapshots under way at once on one loop, of any directories: hundreds of sessions' turns that
 # start together (each in a project of its own) ran as many `git`s at once.
 _SNAPSHOTS = 2 * max(2, os.cpu_count() or 1)
-_SLOTS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] = weakref.WeakKeyDictionary()
 
 
-def _slots() -> asyncio.Semaphore:
+class _Snapshots:
+    """This process's snapshots on one loop: each shadow repository's queue, the slots of those
+    under way at once, and the shared ones running (held until they end)."""
+
+    def __init__(self) -> None:
+        self.queues: dict[Path, _Queue] = {}
+        self.slots = asyncio.Semaphore(_SNAPSHOTS)
+        self.running: set[asyncio.Future[str]] = set()
+
+
+_ON_LOOP: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Snapshots] = weakref.WeakKeyDictionary()
+
+
+def _snapshots() -> _Snapshots:
     loop = asyncio.get_running_loop()
-    if (slots := _SLOTS.get(loop)) is None:
-        slots = _SLOTS[loop] = asyncio.Semaphore(_SNAPSHOTS)
-    return slots
+    if (found := _ON_LOOP.get(loop)) is None:
+        found = _ON_LOOP[loop] = _Snapshots()
+    return found
 
 
 def _queue(repo: Path) -> _Queue:
     """The running loop's queue of `repo`."""
-    queues = _QUEUES.setdefault(asyncio.get_running_loop(), {})
+    queues = _snapshots().queues
     if (queue := queues.get(repo)) is None:
         queue = queues[repo] = _Queue()
     return queue
@@ -422,15 +432,15 @@ class Shadow:
         that one: it starts after they asked, so it holds what theirs would have (sub-agents or a
         job's runs in one project took one `git status` each, one after another). Never
         cancelled half-way by one who asked (git would leave its lock behind)."""
-        queue = _queue(self.repo)
+        queue, running = _queue(self.repo), _snapshots().running
         if queue.next is None or queue.next.done():  # (done: it failed before its turn)
             queue.next = asyncio.ensure_future(self._snapshot_in_turn(queue))
-            _RUNNING.add(queue.next)
-            queue.next.add_done_callback(_RUNNING.discard)
+            running.add(queue.next)
+            queue.next.add_done_callback(running.discard)
         return await asyncio.shield(queue.next)
 
     async def _snapshot_in_turn(self, queue: _Queue) -> str:
-        async with self._locked(), _slots():
+        async with self._locked(), _snapshots().slots:
             queue.next = None  # under way: whoever asks from now on waits for the next
             return await self._snapshot()
 
