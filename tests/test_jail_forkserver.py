@@ -6,9 +6,11 @@ fork server: the attack suites (test_sandbox*.py, test_view_attacks.py) are its 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -268,6 +270,48 @@ async def test_a_dead_fork_server_is_started_again():
     finally:
         await first.close()
         await second.close()
+
+
+async def test_starts_that_find_the_fork_servers_queue_full_wait_for_room_and_ask_once_more(monkeypatch):
+    """A start that finds the fork server's queue full waits until it takes a packet again (no
+    retry every few ms meanwhile), and a start cancelled then leaves the others waiting."""
+    server = jail_mod._ForkServer()
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    ours.setblocking(False)
+    server._sock, server._owner = ours, os.getpid()
+    jails = [socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET) for _ in range(2)]
+    sent = 0
+    real_send_fds = socket.send_fds
+
+    def counted(*args: Any) -> int:
+        nonlocal sent
+        sent += 1
+        return real_send_fds(*args)
+
+    try:
+        while True:  # the server's queue, full
+            try:
+                ours.send(b"filler")
+            except BlockingIOError:
+                break
+        monkeypatch.setattr(jail_mod.socket, "send_fds", counted)
+        cancelled, waiting = (asyncio.create_task(server.fork(pair[1])) for pair in jails)
+        await asyncio.sleep(0.3)
+        assert not waiting.done() and sent == 2  # one try each, then a wait
+        cancelled.cancel()
+        theirs.setblocking(False)
+        with contextlib.suppress(BlockingIOError):
+            while theirs.recv(64) == b"filler":  # the server takes its queue
+                pass
+        await asyncio.wait_for(waiting, 5)
+        assert sent == 3 and cancelled.cancelled()
+        packet, fds, _, _ = socket.recv_fds(theirs, 64, 1)
+        assert packet == b"jail" and os.path.sameopenfile(fds[0], jails[1][1].fileno())
+        for fd in fds:
+            os.close(fd)
+    finally:
+        for sock in (ours, theirs, *(s for pair in jails for s in pair)):
+            sock.close()
 
 
 @pytest.fixture

@@ -421,6 +421,9 @@ class _ForkServer:
         self._sock: socket.socket | None = None
         self._process: subprocess.Popen[bytes] | None = None
         self._owner = 0  # the pid that started it: a forked ollie starts its own
+        self._waiters: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Future[bool]] = (
+            weakref.WeakKeyDictionary()
+        )
 
     def _running(self) -> socket.socket | None:
         return self._sock if self._owner == os.getpid() else None
@@ -469,7 +472,7 @@ class _ForkServer:
                         socket.send_fds(sock, [b"jail"], [jail.fileno()])
                     return
                 except BlockingIOError:  # its queue is full: it forks as fast as it can
-                    await asyncio.sleep(0.005)
+                    await self._writable(sock)
                 except OSError:
                     if attempt:
                         raise
@@ -478,6 +481,22 @@ class _ForkServer:
                             self._sock = None  # it died: start another
                             sock.close()
                     break
+
+    async def _writable(self, sock: socket.socket) -> None:
+        """Until `sock` takes a packet again, or fails (its server died): one wait a loop, shared
+        by the starts that found the queue full (a loop keeps one writer callback a descriptor)."""
+        loop = asyncio.get_running_loop()
+        waiter = self._waiters.get(loop)
+        if waiter is None or waiter.done():
+            waiter = self._waiters[loop] = loop.create_future()
+            fd = sock.fileno()
+
+            def ready() -> None:
+                loop.remove_writer(fd)
+                _settle(waiter, True)
+
+            loop.add_writer(fd, ready)
+        await asyncio.shield(waiter)  # a start cancelled leaves the others waiting
 
     @property
     def pid(self) -> int | None:
