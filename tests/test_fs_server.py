@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import os
 import stat
+import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -41,6 +43,33 @@ def test_start_status_stop(server):
     assert server.ollie("srv", "status", check=False).returncode == 1
     meta = json.loads((server.data / "sessions" / sid / "meta.json").read_text())
     assert meta["id"] == sid
+
+
+def test_a_shell_whose_directory_is_in_the_mount_does_not_hold_up_a_stop(server):
+    """`cd` into the mount in one terminal, `ollie srv stop` in another: the server ends at once
+    (it waited 10 s, then died of the wait, leaving its pid file), and the shell, once it uses the
+    detached mount, is told the server is gone."""
+    sid = server.new_session()
+    inside = subprocess.Popen(
+        ["bash", "-c", "read _; ls . 2>&1; pwd"],
+        cwd=server.mnt / "s" / sid,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        started = time.monotonic()
+        assert server.ollie("srv", "stop").stdout == "ollie srv: stopped\n"
+        assert time.monotonic() - started < 5
+        assert not (server.root / "ns" / "ollie.pid").exists() and not os.path.ismount(server.mnt)
+        assert "ollie srv: \n" not in (server.root / "ns" / "ollie.log").read_text()
+        out, _ = inside.communicate("\n", timeout=10)
+        assert "Transport endpoint is not connected" in out
+    finally:
+        inside.kill()
+        inside.wait()
+    server.start()  # the mount point serves again
+    assert (server.mnt / "s" / sid / "state").read_text() == "idle\n"
 
 
 def test_sessions_survive_kill_9(server):

@@ -132,7 +132,7 @@ def _fg(args: argparse.Namespace) -> int:
     try:
         asyncio.run(serve(opts, int(ready) if ready else None))
     except OSError as e:
-        print(visible(f"ollie srv: {e}"), file=sys.stderr)
+        print(visible(f"ollie srv: {e or type(e).__name__}"), file=sys.stderr)
         return 1
     return 0
 

@@ -62,6 +62,7 @@ CANCELLABLE = frozenset({K.READ, K.READDIR})
 UNKNOWN_INO = 0xFFFFFFFF
 VIEW_OPEN_MAX = 1024  # files a session's view may have open at once
 BATCH = 256  # requests read per wakeup of the loop at most, so that other work is not starved
+UNMOUNT_LINGER = 1.0  # seconds a detached mount's users have to let it go before it is ended
 GUARD_TICK = 0.1  # seconds; the loop's own request to the mount fails (EDEADLK) within two
 
 
@@ -316,6 +317,12 @@ class Connection:
             self.ready.exception()  # retrieved: nobody may be waiting
         if not self.done.done():
             self.done.set_result(None)
+
+    def abort(self) -> None:
+        """Stop serving a mount's own connection (one the loop reads) now: its descriptor is closed,
+        and whatever still uses the file system gets ENOTCONN, as after a server that died."""
+        assert self._on_loop, "a view's connection ends with its jail"
+        self._end()
 
     def _reply(self, unique: int, error: int = 0, body: bytes = b"") -> bool:
         if self._closed:
@@ -721,8 +728,8 @@ class Mount:
 
     async def unmount(self, meanwhile: Callable[[], Awaitable[None]] | None = None) -> None:
         """Detach the mount, run `meanwhile` (closing the sessions: a jail's mount namespace holds a
-        copy of this mount, and the file system ends only once the last copy goes), then wait for
-        the file system to end."""
+        copy of this mount, and the file system ends only once the last copy goes), then wait a
+        little for the file system to end, and end it if it lingers."""
         if self._conn is None:
             if meanwhile is not None:
                 await meanwhile()
@@ -730,7 +737,13 @@ class Mount:
         await asyncio.to_thread(fusermount_u, self.path)
         if meanwhile is not None:
             await meanwhile()
-        await asyncio.wait_for(asyncio.shield(self._conn.done), 10)
+        try:
+            await asyncio.wait_for(asyncio.shield(self._conn.done), UNMOUNT_LINGER)
+        except TimeoutError:
+            # Something still uses the detached mount (a shell whose directory is in it, a file
+            # held open, another process's jail): it would hold the server up for as long.
+            log.info("%s: still in use after the unmount; ending it", self.path)
+            self._conn.abort()
         self._conn = None
 
 
