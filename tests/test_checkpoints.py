@@ -86,6 +86,29 @@ async def test_undo_restores_exactly_what_the_turn_changed_in_a_plain_directory(
     await core.close()
 
 
+async def test_checkpoints_and_undos_outlive_the_process_that_made_them(tmp_path):
+    """`ollie run --session ID "/undo"`, or a server restarted: the checkpoints are read back from
+    the session's records (each was skipped as a torn line, and no undo was left)."""
+    cwd = _project(tmp_path / "plain")
+    before = _files(cwd)
+    core = await _session(cwd, [_stage(EDITS), {"text": "done"}, _stage("echo three > a.txt"), {"text": "done"}])
+    await core.submit("change things")
+    await core.submit("change more")
+    sid = core.session.id
+    await core.close()
+    again = await open_session(backend="scripted", script=[{"text": "-"}], session_id=sid)
+    listing = await commands.run(again, "checkpoints")
+    assert listing.startswith("1\tturn 2\t") and "\n2\tturn 1\t" in listing, listing
+    assert "restore a.txt" in await commands.run(again, "undo")
+    assert (cwd / "a.txt").read_text() == "two\n"
+    await again.close()
+    third = await open_session(backend="scripted", script=[{"text": "-"}], session_id=sid)
+    assert (await commands.run(third, "checkpoints")).startswith("1\tturn 1\t")  # the undo stands
+    await commands.run(third, "undo")
+    assert _files(cwd) == before and await commands.run(third, "checkpoints") == "(no checkpoints)"
+    await third.close()
+
+
 def _git(repo: Path, *args: str) -> str:
     env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t"}
     env["GIT_COMMITTER_EMAIL"] = "t@t"

@@ -309,7 +309,7 @@ def _load(path: Path) -> list[Checkpoint]:
     for line in lines:
         try:
             record = json.loads(line)
-            if "undone" in record:
+            if "turn" not in record:  # an undo's record: the turns it undid
                 for turn in record["undone"]:
                     if turn in found:
                         found[turn].undone = True
