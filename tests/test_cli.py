@@ -173,7 +173,16 @@ def test_run_on_the_embedded_model_by_default_makes_a_real_tool_call(tmp_path):
     assert out.stdout.startswith("assistant:") or out.stdout.startswith("->")
 
 
-def test_ctrl_c_stops_the_turn_at_once_keeps_what_it_completed_and_exits_130(script, tmp_path):
+@pytest.mark.parametrize(
+    "sig, said",
+    [(signal.SIGINT, "interrupted"), (signal.SIGTERM, "stopped by SIGTERM"), (signal.SIGHUP, "stopped by SIGHUP")],
+)
+def test_ctrl_c_or_a_stop_ends_the_turn_at_once_keeps_what_it_completed_and_exits_as_signalled(
+    script, tmp_path, sig, said
+):
+    """Ctrl-C, `timeout` or `docker stop` (SIGTERM), a closed terminal (SIGHUP): the turn stops,
+    what it completed and its cost are saved, and the session is named (SIGTERM killed the run,
+    leaving the session's metadata unsaved and its id unsaid)."""
     path = script(
         [
             {"tool_calls": [{"name": "execute_code", "arguments": {"steps": [{"code": "echo first"}]}}]},
@@ -189,17 +198,18 @@ def test_ctrl_c_stops_the_turn_at_once_keeps_what_it_completed_and_exits_130(scr
     try:
         assert proc.stdout.readline().startswith("-> execute_code(")
         assert proc.stdout.readline() == "first\n"  # the slow second step has begun
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(sig)
         out, err = proc.communicate(timeout=30)  # not 60 s: the delay is cut short
     finally:
         proc.kill()
         proc.wait()
-    assert proc.returncode == 130, err
+    assert proc.returncode == 128 + sig, err
     assert ":: interrupted" in out and "too late" not in out
     sid = err.split("session: ")[1].split()[0]
-    assert f"ollie: interrupted; the session is saved (continue with --session {sid})" in err
+    assert f"ollie: {said}; the session is saved (continue with --session {sid})" in err
     shown = ollie("sessions", "show", sid).stdout
     assert "user: go\n" in shown and "first\n" in shown
+    assert f"{sid}\t" in ollie("sessions").stdout and "\tgo" in ollie("sessions").stdout  # listed with its first prompt
 
 
 def test_a_script_with_turns_never_requested_fails_the_run(script):

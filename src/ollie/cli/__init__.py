@@ -184,29 +184,33 @@ async def _run_async(args: argparse.Namespace, prompt: str) -> int:
         script=args.script,
         on_event=output.show,
     )
-    interrupted = False
+    stopped_by = 0
+    stops = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)  # Ctrl-C; `timeout`, `docker stop`; a closed terminal
 
-    def interrupt() -> None:  # Ctrl-C stops the turn; what it completed is kept and saved
-        nonlocal interrupted
-        interrupted = True
+    def stop(signum: int) -> None:  # the turn stops; what it completed is kept and saved
+        nonlocal stopped_by
+        stopped_by = stopped_by or signum
         core.interrupt()
 
     loop = asyncio.get_running_loop()
-    loop.add_signal_handler(signal.SIGINT, interrupt)
+    for sig in stops:
+        loop.add_signal_handler(sig, stop, sig)
     try:
         if not output.closed:
             await commands.submit(core, prompt)
-        if not (output.errors or interrupted or output.closed):
+        if not (output.errors or stopped_by or output.closed):
             _check_script_consumed(core.backend, output.errors)
     finally:
-        loop.remove_signal_handler(signal.SIGINT)
+        for sig in stops:
+            loop.remove_signal_handler(sig)
         await core.close()
     if output.closed:
         return 141  # as a program killed by SIGPIPE: the shell's pipeline status says what happened
     print(f"session: {core.session_id}", file=sys.stderr)
-    if interrupted:
-        print(f"ollie: interrupted; the session is saved (continue with --session {core.session_id})", file=sys.stderr)
-        return 130
+    if stopped_by:
+        what = "interrupted" if stopped_by == signal.SIGINT else f"stopped by {signal.Signals(stopped_by).name}"
+        print(f"ollie: {what}; the session is saved (continue with --session {core.session_id})", file=sys.stderr)
+        return 128 + stopped_by  # as the shell reports a program the signal killed
     if output.errors:
         print(f"ollie: {visible(output.errors[-1].splitlines()[0])}", file=sys.stderr)
         return 1
