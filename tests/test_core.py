@@ -591,3 +591,28 @@ async def test_a_backend_switch_forgets_the_old_window(cores, tmp_path):
     (tmp_path / "other.json").write_text(json.dumps([{"text": "x"}]))
     await core.set_backend("scripted", str(tmp_path / "other.json"))
     assert core.ctxsz().window == 128_000  # until the new backend says otherwise
+
+
+async def test_a_backend_chosen_over_the_agents_is_not_asked_for_the_agents_model(ollie_dirs, monkeypatch):
+    """`ollie run --backend ollama` with an agent made for Anthropic: Ollama gets its own default
+    model (or OLLIE_MODEL), not `claude-…`; the agent's model stands with its own backend, or with
+    any when the agent names none."""
+    from ollie import open_session
+    from ollie.backends import ollama
+
+    monkeypatch.setenv("OLLIE_OLLAMA_URL", "http://127.0.0.1:9")  # nothing there: its window stays unknown
+    agents = ollie_dirs / "cfg" / "agents"
+    agents.mkdir(exist_ok=True)
+    (agents / "claude.json").write_text(json.dumps({"backend": "anthropic", "model": "claude-sonnet-4-5"}))
+    (agents / "anywhere.json").write_text(json.dumps({"model": "qwen3:8b"}))
+    (agents / "own.json").write_text(json.dumps({"backend": "ollama", "model": "qwen3:8b"}))
+
+    async def model_of(agent: str) -> str:
+        core = await open_session(agent=agent, backend="ollama")
+        await core.close()
+        return core.backend.model
+
+    assert await model_of("claude") == ollama.DEFAULT_MODEL
+    monkeypatch.setenv("OLLIE_MODEL", "mistral")
+    assert await model_of("claude") == "mistral"
+    assert await model_of("anywhere") == "qwen3:8b" and await model_of("own") == "qwen3:8b"

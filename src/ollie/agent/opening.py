@@ -137,9 +137,10 @@ async def _open(
     if not os.path.isdir(cwd):
         raise ConfigError(f"cwd {cwd!r} is not a directory")
     name = backend or (meta.backend if meta and not script else None) or cfg.backend or backends.default_name()
-    model = (
-        model or (meta.model if meta and name == meta.backend else None) or cfg.model or os.environ.get("OLLIE_MODEL")
-    )
+    # A model is another backend's name for it: one stored or configured for another backend is not asked for.
+    stored = meta.model if meta and name == meta.backend else None
+    configured = cfg.model if cfg.backend in ("", name) else None
+    model = model or stored or configured or os.environ.get("OLLIE_MODEL")
     options = {"script": script} if script is not None else {}
     be = backends.create(name, model or None, **options)
     new_dispatcher = dispatcher_factory({"execute": execute.factory(cwd, view), **servers})
