@@ -32,6 +32,8 @@ class Local:
             raise ConnectionError("pipe broke")
         if name == "own_timeout":  # a timeout of the server's own, as a jail slow to start raised it
             raise TimeoutError()
+        if name == "plain":  # a server written in haste: text, not a ToolResult
+            return "just text"
         return ToolResult.of(f"{name} {sorted(arguments.items())}")
 
     async def close(self) -> None:
@@ -98,6 +100,13 @@ async def test_a_failing_server_gives_an_error_result_and_the_others_carry_on():
     assert (await d.dispatch("fine", {}, CTX)).text() == "fine []"
     missing = await d.dispatch("gone_tool", {}, CTX)
     assert "server gone is unavailable: connection refused" in missing.text()
+
+
+async def test_a_server_that_returns_no_tool_result_gives_an_error_result_saying_so():
+    """A user's server returning a `str` ended the turn with "'str' object has no attribute 'text'"."""
+    d = dispatcher(mine=Local(Tool("plain")))
+    result = await d.dispatch("plain", {}, CTX)
+    assert result.is_error and result.text() == "tool plain failed: server mine returned a str, not a ToolResult"
 
 
 async def test_server_status_shows_each_server_its_tools_and_why_it_is_unavailable():

@@ -161,7 +161,7 @@ class Dispatcher:
         scope = asyncio.timeout(timeout)
         try:
             async with scope:
-                return await self._servers[server_name].call_tool(tool.name, arguments, ctx)
+                result = await self._servers[server_name].call_tool(tool.name, arguments, ctx)
         except TimeoutError as e:
             if not scope.expired():  # a timeout of the server's own (none of ours may be set): its failure
                 return ToolResult.of(f"tool {name} failed: {str(e) or 'timed out'}", is_error=True)
@@ -171,6 +171,10 @@ class Dispatcher:
         except Exception as e:  # a server's failure is the call's result, never the session's end
             self.invalidate()  # the server may be gone: the next listing shows it
             return ToolResult.of(f"tool {name} failed: {e}", is_error=True)
+        if not isinstance(result, ToolResult):  # a server of the user's, written in haste
+            kind = type(result).__name__
+            return ToolResult.of(f"tool {name} failed: server {server_name} returned a {kind}, not a ToolResult", True)
+        return result
 
     def _unknown(self, name: str, routes: dict[str, tuple[str, Tool]]) -> str:
         known = ", ".join(sorted(routes)) or "none"
