@@ -19,6 +19,7 @@ import pytest
 
 from ollie import open_session
 from ollie.agent import commands
+from ollie.agent.checkpoints import Shadow
 from ollie.types import InvalidValue
 
 
@@ -311,8 +312,6 @@ async def test_a_session_closed_while_its_first_snapshot_runs_waits_for_it_and_l
     the event loop from closing (a server's, a test's). Here the snapshot waits for another
     session's (which holds the lock of the directory's shadow repository a moment), so it is still
     running when the turn is stopped."""
-    from ollie.agent.checkpoints import Shadow
-
     cwd = _project(tmp_path / "p")
     shadow = Shadow(str(cwd))
     shadow._make()
@@ -337,8 +336,6 @@ async def test_a_session_closed_while_its_first_snapshot_runs_waits_for_it_and_l
 async def test_a_mount_below_the_cwd_is_left_out_of_snapshots(fs_server):
     """ollie's own mount below a session's cwd: reading its files acts (fifo.out pops a prompt,
     statewait blocks), and a server whose snapshot walked its own mount waited on itself."""
-    from ollie.agent.checkpoints import Shadow
-
     home = fs_server.home  # holds the server's mount at mnt/ollie
     (home / "notes.txt").write_text("mine\n")
     shadow = Shadow(str(home))
@@ -348,14 +345,32 @@ async def test_a_mount_below_the_cwd_is_left_out_of_snapshots(fs_server):
     assert b"/mnt/ollie/" in (shadow.repo / "info" / "exclude").read_bytes()
 
 
+async def test_ollies_own_directories_below_the_cwd_are_left_out_of_snapshots(tmp_path, monkeypatch):
+    """A session working where ollie keeps its data (`ollie srv start` run in that directory, a
+    job without a cwd): its snapshots took in ollie's sessions and the shadow repositories
+    themselves, growing by the whole of them at every turn."""
+    cwd = _project(tmp_path / "work")
+    for var, name in (("OLLIE_DATA_PATH", "data"), ("OLLIE_TMP_PATH", "tmp"), ("NAMESPACE", "ns")):
+        (cwd / name).mkdir()
+        (cwd / name / "f").write_text(var)
+        monkeypatch.setenv(var, str(cwd / name))
+    core = await _session(cwd, [_stage("echo two > a.txt"), {"text": "done"}, _stage("echo 3 > a.txt"), {"text": "ok"}])
+    await core.submit("one")
+    await core.submit("two")
+    [_, second] = core.checkpoints.live()
+    assert second.changes == "1 file changed, 1 insertion(+), 1 deletion(-)"
+    listed = (await Shadow(str(cwd))._git("ls-tree", "-r", "--name-only", second.after)).decode().split()
+    assert "a.txt" in listed and "sub/keep.txt" in listed
+    assert not [n for n in listed if n.split("/")[0] in ("data", "tmp", "ns")], listed
+    await core.close()
+
+
 def test_sessions_of_one_cwd_making_its_shadow_repository_at_once_all_get_a_whole_one(tmp_path):
     """Sessions of one server (one process) whose first turns start together in one cwd (a batch
     job's parallel runs) each make the directory's shadow repository in a thread: they built it in
     one temporary directory named by the process alone, each emptying the others' work, and one
     could move a half-made repository in place ("not a git repository" at every snapshot)."""
     from concurrent.futures import ThreadPoolExecutor
-
-    from ollie.agent.checkpoints import Shadow
 
     cwd = _project(tmp_path / "p")
     for round_ in range(5):
@@ -399,8 +414,6 @@ async def test_sessions_of_one_cwd_asking_at_once_share_a_snapshot_taken_after_t
     """Sub-agents or a job's runs in one project each took a `git status` of it, one after
     another. A snapshot asked for while another waits its turn is that one: it starts after the
     asking, so each turn's first snapshot still comes before its own change, and its last after."""
-    from ollie.agent.checkpoints import Shadow
-
     runs = 0
     take = Shadow._snapshot
 
@@ -430,7 +443,6 @@ async def test_snapshots_of_many_directories_at_once_run_a_few_at_a_time(tmp_pat
     """Hundreds of sessions' turns starting together, each in a project of its own, ran as many
     `git`s at once (a first snapshot reads every file of its tree)."""
     from ollie.agent import checkpoints
-    from ollie.agent.checkpoints import Shadow
 
     monkeypatch.setattr(checkpoints, "_SNAPSHOTS", 2)
     running = most = 0
@@ -463,8 +475,6 @@ async def test_a_cwd_on_ollies_mount_is_never_snapshot(fs_server):
     """`ollie run` started in a directory of the mount, or a program's `open_session` given one:
     the first snapshot read every file there, and a file of the mount acts when read (a
     `fifo.out` pops a queued prompt, `statewait` blocks until the state changes)."""
-    from ollie.agent.checkpoints import Shadow
-
     inside = fs_server.mnt / "s"
     infos: list[str] = []
     core = await open_session(

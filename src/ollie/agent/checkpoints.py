@@ -448,7 +448,7 @@ class Shadow:
         """`git status` names what changed since the last snapshot (its index and untracked cache
         make an unchanged file cost a stat, an unchanged directory too); only that is added, and a
         new tree is committed only when it differs."""
-        await asyncio.to_thread(self._exclude_mounts)
+        await asyncio.to_thread(self._exclude_not_the_projects)
         out = await self._git(
             "status", "--porcelain=v2", "-z", "--untracked-files=normal", "--no-renames", "--ignore-submodules=all"
         )
@@ -482,11 +482,13 @@ class Shadow:
             _write(self.repo / "last-tree", tree)
         return tree
 
-    def _exclude_mounts(self) -> None:
+    def _exclude_not_the_projects(self) -> None:
         """Keep what is mounted below the cwd out (another file system; ollie's own mount, whose
-        files act when read): info/exclude names them, rewritten only when they change, since
-        git's untracked cache starts again when it does."""
-        text = "".join("/" + _escape(m) + "/\n" for m in _mounts_below(self.cwd))
+        files act when read), and ollie's own directories there (its data, the shadow
+        repositories among it, its scratch): info/exclude names them, rewritten only when they
+        change, since git's untracked cache starts again when it does."""
+        below = sorted({*_mounts_below(self.cwd), *_ollies_own_below(self.cwd)})
+        text = "".join("/" + _escape(m) + "/\n" for m in below)
         if _read(self.repo / "info" / "exclude") != text.strip():
             _write(self.repo / "info" / "exclude", text.rstrip("\n"))
 
@@ -584,6 +586,15 @@ def _mounts_below(cwd: str) -> list[str]:
     """The mount points below `cwd`, relative to it."""
     prefix = cwd.rstrip("/") + "/"
     return sorted({point[len(prefix) :] for point, _ in config.mounts() if point.startswith(prefix)})
+
+
+def _ollies_own_below(cwd: str) -> list[str]:
+    """ollie's data, scratch and namespace directories where they lie below `cwd`, relative to
+    it (a session working in the directory that holds them snapshot its own shadow repository,
+    growing at every turn)."""
+    prefix = cwd.rstrip("/") + "/"
+    own = (os.path.realpath(d) for d in (config.data_path(), config.tmp_path(), config.namespace_path()))
+    return [d[len(prefix) :] for d in own if d.startswith(prefix)]
 
 
 def _size(path: str) -> int:
