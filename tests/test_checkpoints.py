@@ -365,6 +365,18 @@ async def test_ollies_own_directories_below_the_cwd_are_left_out_of_snapshots(tm
     await core.close()
 
 
+async def test_a_git_killed_half_way_leaves_no_lock_that_fails_the_snapshots_after_it(tmp_path):
+    """A server killed while a snapshot ran (`kill -9`, or a stop past its time) left git's
+    index.lock in the shadow repository: every later snapshot of that cwd failed."""
+    cwd = _project(tmp_path / "work")
+    shadow = Shadow(str(cwd))
+    first = await shadow.snapshot()
+    (shadow.repo / "index.lock").write_text("")  # as a git killed mid-run leaves it
+    (cwd / "new.txt").write_text("new\n")
+    second = await shadow.snapshot()
+    assert second != first and b"new.txt" in await shadow._git("ls-tree", "--name-only", second)
+
+
 def test_sessions_of_one_cwd_making_its_shadow_repository_at_once_all_get_a_whole_one(tmp_path):
     """Sessions of one server (one process) whose first turns start together in one cwd (a batch
     job's parallel runs) each make the directory's shadow repository in a thread: they built it in

@@ -422,6 +422,10 @@ class Shadow:
             fd = os.open(self.repo / "lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
             try:
                 await _lock_file(fd)
+                # Every git that writes this repository runs under this lock: an index lock found
+                # now is one a git killed half-way left (its server killed), and would fail every
+                # snapshot to come.
+                (self.repo / "index.lock").unlink(missing_ok=True)
                 yield
             finally:
                 os.close(fd)  # releases the lock
