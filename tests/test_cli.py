@@ -100,6 +100,26 @@ def test_bad_agent_config_names_file_field_and_fix(ollie_dirs):
     assert f"{agents / 'bad.json'}: field 'maxSteps' must be int" in out.stderr
 
 
+@pytest.mark.parametrize(
+    "field, said",
+    [
+        ({"temperature": float("nan")}, "field 'temperature': temperature: must be a finite number, got nan"),
+        ({"topP": 2}, "field 'topP': top_p: must be at most 1.0, got 2.0"),
+        ({"maxTokens": 0}, "field 'maxTokens': max_tokens: must be at least 1, got 0"),
+        ({"maxSteps": -4}, "maxSteps and contextWindow are counts"),
+    ],
+)
+def test_an_agent_config_with_a_value_no_provider_takes_is_refused_naming_it(field, said):
+    """`"temperature": NaN` (which Python's JSON reads) was taken, and every request of the agent
+    failed: NaN is no JSON."""
+    from ollie import config
+    from ollie.types import ConfigError
+
+    with pytest.raises(ConfigError) as refused:
+        config.parse_agent("x", field, "agents/x.json")
+    assert str(refused.value).startswith("agents/x.json: ") and said in str(refused.value)
+
+
 def test_trusted_tools_is_refused_not_ignored(ollie_dirs):
     # Go's agent configs have it; accepted and ignored, it would look like a grant that is not there.
     agents = ollie_dirs / "cfg" / "agents"

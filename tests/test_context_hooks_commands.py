@@ -357,6 +357,10 @@ async def test_slash_commands(cores, tmp_path, ollie_dirs):
     assert await run(core, events, "/models") == "scripted"
     assert "no model 'nonexistent'" in await run(core, events, "/model nonexistent")
     assert "temperature = 0.3" == await run(core, events, "/set temperature 0.3")
+    for bad, said in (("temperature nan", "must be a finite number"), ("top_p 1.5", "must be at most 1.0")):
+        assert said in await run(core, events, f"/set {bad}")  # every request after would fail
+    assert "must be at least 1" in await run(core, events, "/set max_tokens 0")
+    assert core.session.params.nonempty() == {"temperature": 0.3}
     assert "unknown backend 'nope'" in await run(core, events, "/backend nope")
     assert "no skills" in await run(core, events, "/skills")
     assert await run(core, events, "/clear") == "history cleared" and core.session.messages == []

@@ -616,3 +616,22 @@ async def test_a_backend_chosen_over_the_agents_is_not_asked_for_the_agents_mode
     monkeypatch.setenv("OLLIE_MODEL", "mistral")
     assert await model_of("claude") == "mistral"
     assert await model_of("anywhere") == "qwen3:8b" and await model_of("own") == "qwen3:8b"
+
+
+async def test_a_session_stored_with_a_value_now_refused_opens_without_it(ollie_dirs):
+    """`temperature=nan` was taken and stored before values were checked: the session opens, with
+    the rest of its settings, and its requests no longer fail."""
+    from ollie import open_session
+
+    core = await open_session(backend="scripted", script=[{"text": "x"}])
+    core.session.set_param("top_p", "0.5")
+    await core.submit("hi")
+    sid = core.session_id
+    await core.close()
+    meta_file = SessionStore(sid).dir / "meta.json"
+    meta = json.loads(meta_file.read_text())
+    meta["params"]["temperature"] = float("nan")
+    meta_file.write_text(json.dumps(meta))
+    again = await open_session(session_id=sid, backend="scripted", script=[{"text": "y"}])
+    assert again.session.params.nonempty() == {"top_p": 0.5}
+    await again.close()

@@ -355,6 +355,8 @@ def _check(cfg: AgentConfig, where: str) -> None:
     for server, spec in cfg.mcp_servers.items():
         if not isinstance(spec, dict) or not ("command" in spec or "url" in spec):
             raise ConfigError(f'{where}: mcpServers.{server} needs "command" (stdio) or "url" (HTTP)')
+    if cfg.max_steps < 0 or cfg.context_window < 0:
+        raise ConfigError(f"{where}: maxSteps and contextWindow are counts: 0 (none, or the backend's) or more")
     if not 0 < cfg.compact_warn <= cfg.compact_at <= 1:
         raise ConfigError(f"{where}: need 0 < compactWarn <= compactAt <= 1")
 

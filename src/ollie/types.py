@@ -6,6 +6,7 @@ Nothing here imports anything heavy; every other module of ollie may import this
 from __future__ import annotations
 
 import json
+import math
 import re
 from copy import deepcopy
 from dataclasses import dataclass, field, fields
@@ -231,7 +232,18 @@ class GenerationParams:
                 value = kind(value)
         except (TypeError, ValueError) as e:
             raise InvalidValue(f"{key}: expected {kind.__name__}, got {value!r}") from e
+        if why := _out_of_range(key, value):
+            raise InvalidValue(f"{key}: {why}, got {value!r}")
         setattr(self, key, value)
+
+    def restore(self, stored: dict[str, Any]) -> None:
+        """Set what a session stored, leaving out what `set` now refuses (a value stored before it
+        was checked, a parameter of another version): a session always opens."""
+        for key, value in stored.items():
+            try:
+                self.set(key, value)
+            except InvalidValue:
+                continue
 
     def nonempty(self) -> dict[str, Any]:
         """The parameters that are set, by name, in field order; lists and dicts copied (as
@@ -259,6 +271,23 @@ GENERATION_PARAM_TYPES: dict[str, type] = {  # in GenerationParams' field order
     "reasoning_effort": str,
     "reasoning_budget": int,
 }
+# What every provider refuses, checked when set (a NaN is not even JSON: every request would fail).
+_AT_LEAST = {"temperature": 0.0, "repetition_penalty": 0.0, "max_tokens": 1, "max_completion_tokens": 1}
+_AT_MOST = {"top_p": 1.0, "min_p": 1.0}
+
+
+def _out_of_range(key: str, value: Any) -> str:
+    if isinstance(value, float) and not math.isfinite(value):
+        return "must be a finite number"
+    low = _AT_LEAST.get(key, 0.0 if key in _AT_MOST else None)
+    if low is not None and value < low:
+        return f"must be at least {low}"
+    high = _AT_MOST.get(key)
+    if high is not None and value > high:
+        return f"must be at most {high}"
+    return ""
+
+
 assert list(GENERATION_PARAM_TYPES) == [f.name for f in fields(GenerationParams)]
 assert list(Usage().to_dict()) == [f.name for f in fields(Usage)]
 

@@ -60,8 +60,7 @@ class SessionState:
         self._messages = self.store.load_history()
         self.usage = Usage(**meta.usage) if meta.usage else Usage()
         self._env = dict(meta.env)
-        for k, v in meta.params.items():
-            self._params.set(k, v)
+        self._params.restore(meta.params)
         if meta.cwd and os.path.isdir(meta.cwd):
             self._cwd = meta.cwd
         self._plan = self.store.load_plan()

@@ -194,8 +194,7 @@ class Asleep:
 
     def settings(self) -> dict[str, Any]:
         m, params = self.meta, GenerationParams()
-        for key, value in m.params.items():
-            params.set(key, value)
+        params.restore(m.params)
         return {"backend": m.backend, "model": m.model, "agent": m.agent, "cwd": m.cwd, "params": params}
 
     def prompt_offset(self) -> int:
