@@ -357,6 +357,8 @@ def test_agent_configs_edited_in_place(fs_server):
     fs_server.sh("sed -i 's/30/4/' a/ed.json")
     assert json.loads((a / "ed.json").read_text())["maxSteps"] == 4
     assert fs_server.sh("sed -i 's/}/,,/' a/ed.json", check=False).returncode != 0
+    unknown = fs_server.sh("sed -i 's/maxSteps/maxStepz/' a/ed.json", check=False)  # valid JSON, a field unknown
+    assert unknown.returncode != 0 and "Invalid argument" in unknown.stderr, unknown.stderr  # not an I/O error
     assert json.loads((a / "ed.json").read_text())["maxSteps"] == 4
     assert "ed.json.err" in os.listdir(a)  # why it was refused (test_fs_namespace)
     shown = [n for n in os.listdir(a) if not n.endswith(".err")]

@@ -608,7 +608,10 @@ class DiskDir(Dir):
         self._check_writable(new)
         src, dst = self._file(old).path, self._file(new).path
         if self.validate:
-            self.validate(new, _read_text(src))
+            try:
+                self.validate(new, _read_text(src))
+            except Exception as e:  # the validator's message is the user's error (as at a write's close)
+                raise FsError(E.EINVAL, f"{new}: {e}") from None
         try:
             os.rename(src, dst)
         except OSError as e:
