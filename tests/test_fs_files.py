@@ -72,6 +72,25 @@ def test_write_to_prompt_empties_reply_at_once(fs_server):
     assert (s / "reply").read_text() == "slow answer"
 
 
+def test_a_command_written_to_prompt_returns_once_it_ran_and_reply_holds_what_it_said(fs_server):
+    """`s/sh` writes each line to prompt, waits for idle and prints `reply`: after `/cost` or
+    `!cmd` it printed the last turn's answer again."""
+    sid = fs_server.new_session()
+    s = fs_server.mnt / "s" / sid
+    (s / "prompt").write_text("first")
+    fs_server.wait_idle(sid)
+    out = fs_server.sh(
+        f"echo '!echo bang' > s/{sid}/prompt; cat s/{sid}/reply; echo; echo /usage > s/{sid}/prompt; cat s/{sid}/reply"
+    )
+    assert out.stdout.startswith("!echo bang\nbang\n") and "1 requests" in out.stdout, out.stdout
+    assert "Hello there" not in out.stdout
+    fs_server.sh(f"echo '/set temperature nan' > s/{sid}/prompt")
+    assert (s / "reply").read_text().startswith("/set: temperature: must be a finite number")
+    (s / "prompt").write_text("again")
+    fs_server.wait_idle(sid)
+    assert (s / "reply").read_text() == "Hello there"
+
+
 def test_queueing_while_a_turn_runs(fs_server):
     sid = fs_server.new_session()
     s = fs_server.mnt / "s" / sid

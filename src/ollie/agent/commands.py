@@ -73,22 +73,30 @@ def start(core: Core, line: str) -> asyncio.Future[None]:
     line = line.strip()
     if line.startswith("!"):
         return asyncio.ensure_future(_report(core, "!", _shell(core, line[1:].strip())))
-    if line.startswith("/"):
+    if is_command(line):
         name, _, arg = line[1:].partition(" ")
-        if name in COMMANDS:
-            return asyncio.ensure_future(_report(core, f"/{name}", run(core, name, arg)))
+        return asyncio.ensure_future(_report(core, f"/{name}", run(core, name, arg)))
     return core.start(line)
 
 
+def is_command(line: str) -> bool:
+    """A `/command` or a `!shell` line: run at once (even during a turn), never sent as a prompt."""
+    line = line.strip()
+    return line.startswith("!") or line.startswith("/") and line[1:].partition(" ")[0] in COMMANDS
+
+
 async def _report(core: Core, name: str, work: Awaitable[str | None]) -> None:
-    """A command's output becomes an info event, its failure an error event: never raised."""
+    """A command's output becomes an info event, its failure an error event: never raised. Either
+    is the session's `reply` when no turn runs (a script that reads it after a command)."""
     try:
         out = await work
     except Exception as e:
         core.emit(Event("error", f"{name}: {e}"))
+        core.answered(f"{name}: {e}")
         return
     if out:
         core.emit(Event("info", out))
+    core.answered(out or "")
 
 
 async def _shell(core: Core, cmd: str) -> str:

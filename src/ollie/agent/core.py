@@ -254,6 +254,11 @@ class Core:
                 return state.cwd
         return state.reply
 
+    def answered(self, text: str) -> None:
+        """What a command run between turns said becomes `reply` (a turn's end sets its own)."""
+        if not self.running:
+            self._rt.state.reply = text
+
     # ---- prompts -------------------------------------------------------------------------------------
     async def submit(self, prompt: str) -> None:
         """Run `prompt` (and every follow-up) to completion; while a turn runs, queue it instead.

@@ -209,13 +209,18 @@ class Session:
 
     # ---- what writes do ---------------------------------------------------------------------------
     async def submit(self, text: str) -> None:
-        """A line written to `prompt`: a command runs, a prompt starts a turn or queues behind one."""
+        """A line written to `prompt`: a prompt starts a turn or queues behind one; a command runs,
+        and the write returns once it ran (`reply` then holds what it said)."""
 
         core = await self.wake()
         if not text.strip():
             return
         self.prompt_prev = text.strip()  # as the prompt is stored
-        commands.start(core, text).add_done_callback(self._submitted)
+        running = commands.start(core, text)
+        if commands.is_command(text):
+            await asyncio.shield(running)  # a write interrupted leaves the command to end
+        else:
+            running.add_done_callback(self._submitted)
 
     def _submitted(self, task: asyncio.Future[None]) -> None:
         if not task.cancelled() and task.exception() is not None:
