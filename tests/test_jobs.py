@@ -116,6 +116,19 @@ def test_a_malformed_spec_is_refused_at_its_write_naming_the_line(jobs, spec, re
     assert os.listdir(jobs.b) == before
 
 
+@pytest.mark.parametrize(
+    "header",
+    ["agent=nobody", "backend=nosuch", "cwd=/nonexistent", "cwd=relative", "model=m\nagent=worker\nbackend=nosuch"],
+)
+def test_a_header_naming_what_is_not_there_fails_the_shells_write(jobs, header):
+    """`printf 'agent=nosuch\n---\nhi\n' > b/new` exited 0 and made no job: the agent, the
+    backend and the cwd were checked at the close, whose error a shell ignores."""
+    before = os.listdir(jobs.b)
+    out = jobs.srv.sh(f"printf '{header}\\n---\\nhi\\n' | cat > b/new", check=False)  # cat names the errno
+    assert out.returncode != 0 and ("Invalid argument" in out.stderr or "No such file" in out.stderr), out
+    assert os.listdir(jobs.b) == before
+
+
 def test_output_json_takes_json_and_fails_anything_else(jobs):
     good, bad = (
         jobs.submit("agent=json\noutput=json\n---\ngood\n")[0],
@@ -155,6 +168,8 @@ def test_b_q_waits_and_b_sched_returns_at_once(jobs):
     assert jobs.wait(jid) == "done" and (jobs.b / jid / "result").read_text() == "briefly\n"
     failed = jobs.srv.sh("b/q agent=json output=json no", check=False)
     assert failed.returncode == 1 and "failed: the answer is not JSON" in failed.stderr
+    refused = jobs.srv.sh("b/q agent=nosuch hi", check=False)  # why, not only "Invalid argument"
+    assert refused.returncode == 2 and "b/job: no agent 'nosuch'" in refused.stderr, refused.stderr
 
 
 def test_u_optimize_has_a_judge_pick_a_candidate(jobs):

@@ -5,8 +5,9 @@ jobs themselves are `jobs.Jobs`'.
 
 from __future__ import annotations
 
+import contextlib
 import errno as E
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 from ..chatfmt import cost_text, usage_text
@@ -35,14 +36,19 @@ def _first_line(text: str, width: int = 60) -> str:
 
 
 class NewJobHandle(OnCloseHandle):
-    """b/new: the spec's header lines are checked as they are written (a bad one fails its write,
-    and then nothing is made at close); at close the jobs are made. Reading gives the template, or
-    the new jobs' ids, one a line (reading after writing makes them at once), or why it failed."""
+    """b/new: the spec's header lines are checked as they are written, each alone and what they
+    ask together (an agent, a backend, a cwd that is there; a bad one fails its write, and then
+    nothing is made at close, whose error a shell ignores); at close the jobs are made. Reading
+    gives the template, or the new jobs' ids, one a line (reading after writing makes them at
+    once), or why it failed."""
 
-    def __init__(self, submit: Callable[[str], Any], ready: Callable[[], Awaitable[None]]):
+    def __init__(
+        self, submit: Callable[[str], Any], ready: Callable[[], Awaitable[None]], check: Callable[[Spec], None]
+    ):
         super().__init__(lambda: self._answer or TEMPLATE, self._make, SPEC_MAX)
         self._submit = submit
         self._ready = ready
+        self._check = check
         self._answer = ""
         self._error: FsError | None = None
 
@@ -63,6 +69,7 @@ class NewJobHandle(OnCloseHandle):
                 if line.strip() == "---":
                     break
                 parse_header_line(number, line, spec)
+            self._check(spec)
         except FsError as e:
             self._refuse(e)
             raise
@@ -89,15 +96,18 @@ class NewJobHandle(OnCloseHandle):
 class NewJobFile(File):
     mode = 0o644
 
-    def __init__(self, submit: Callable[[str], Any], ready: Callable[[], Awaitable[None]]):
+    def __init__(
+        self, submit: Callable[[str], Any], ready: Callable[[], Awaitable[None]], check: Callable[[Spec], None]
+    ):
         self._submit = submit
         self._ready = ready
+        self._check = check
 
     def size(self) -> int:
         return len(TEMPLATE)
 
     async def open(self, mode: OpenMode) -> Handle:
-        return NewJobHandle(self._submit, self._ready)
+        return NewJobHandle(self._submit, self._ready, self._check)
 
 
 class StatusWaitFile(File):
@@ -180,22 +190,28 @@ class JobsDir(Dir):
         self.jobs = jobs
         self.owner = owner
         self.fixed: dict[str, File] = {
-            "new": NewJobFile(self._submit, self._ready),
+            "new": NewJobFile(self._submit, self._ready, self._check),
             "idx": TextFile(lambda: index(self._mine())),
             **{name: script_file(text) for name, text in scripts.items()},
         }
 
     async def _submit(self, text: str) -> list[Job]:
-        try:
+        with self._owner_told():
             return await self.jobs.submit(text, self.owner)
-        except FsError as e:
-            if self.owner is not None:
-                self.owner.error(f"job refused: {e}")
-            raise
+
+    def _check(self, spec: Spec) -> None:
+        with self._owner_told():
+            self.jobs.check_spec(spec, self.owner)
 
     async def _ready(self) -> None:
-        try:
+        with self._owner_told():
             await self.jobs.ready()
+
+    @contextlib.contextmanager
+    def _owner_told(self) -> Iterator[None]:
+        """A refusal of a session's code's job is said in its chat too (its code sees an errno)."""
+        try:
+            yield
         except FsError as e:
             if self.owner is not None:
                 self.owner.error(f"job refused: {e}")
