@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import signal
@@ -182,6 +183,19 @@ def test_bad_ctl_write_fails_the_writer_and_lands_in_chat(fs_server):
         out = fs_server.sh(bad, check=False)
         assert out.returncode != 0, bad
     assert "idx" not in os.listdir(fs_server.mnt / "s")
+
+
+def test_a_refused_ctl_command_says_why_when_the_same_open_file_is_read(fs_server):
+    """Over the mount a writer gets only the errno: the root ctl kept no word of why (`new
+    agent=nosuch`, a worktree asked for outside a repository), where b/new and s/new say it."""
+    fd = os.open(fs_server.mnt / "ctl", os.O_RDWR)
+    try:
+        with pytest.raises(OSError) as refused:
+            os.write(fd, b"new agent=nosuch\n")
+        assert refused.value.errno == errno.EINVAL
+        assert os.pread(fd, 4096, 0).decode().startswith("error: no agent 'nosuch'")
+    finally:
+        os.close(fd)
 
 
 def test_cfg_reads_and_writes(fs_server):

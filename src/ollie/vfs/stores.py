@@ -196,7 +196,8 @@ def text_size(get: Callable[[], str]) -> Callable[[], int]:
 class CtlHandle(SnapshotHandle):
     """Acts on each complete line as it is written, so a bad command fails the write(2) the
     writer is waiting on. A last line without newline is acted on at close. Reading gives what
-    the commands answered (e.g. a new session's id), or `get()` before any command ran. The
+    the commands answered (e.g. a new session's id, or `error: …` for one refused), or `get()`
+    before any command ran. The
     answers are kept until the last close, charged to the writer's budget (`HELD`) as written data
     is: a writer that never reads would pile them up (`help`, a line after line); past the budget
     a write fails with ENOSPC, its command run but its answer not kept."""
@@ -229,12 +230,20 @@ class CtlHandle(SnapshotHandle):
 
     async def _run(self, raw: bytes) -> None:
         line = raw.decode(errors="replace").strip()
-        if line:
+        if not line:
+            return
+        try:
             out = await self._act(line)
-            if out:
-                out = out if out.endswith("\n") else out + "\n"
-                self._held.charge(len(out))
-                self._out.append(out)
+        except FsError as e:  # a mount's writer sees only the errno: reading the file back says why
+            self._keep(f"error: {e}")
+            raise
+        if out:
+            self._keep(out)
+
+    def _keep(self, out: str) -> None:
+        out = out if out.endswith("\n") else out + "\n"
+        self._held.charge(len(out))
+        self._out.append(out)
 
 
 class CtlFile(File):
