@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -379,6 +380,27 @@ def test_tools_call_runs_execute_code_under_the_policies_its_agent_allows(ollie_
     ran = ollie("tools", "call", "execute_code", call, "--agent", "wide", "--cwd", str(tmp_path))
     assert ran.returncode == 0, ran.stderr
     assert ran.stdout == "ran\n" and (tmp_path / "ran").exists()
+
+
+def test_a_call_without_a_policy_runs_under_the_first_its_agent_lists_and_a_missing_one_is_named(ollie_dirs, tmp_path):
+    """An agent whose "sandboxes" lacked `default` had every call refused ("policy 'default' is
+    not allowed"), and one naming no policy there was taken and failed each call alike."""
+    (ollie_dirs / "cfg" / "sandbox").mkdir()
+    (ollie_dirs / "cfg" / "sandbox" / "wide.yaml").write_text("filesystem:\n  rw: [/var/tmp]\n")
+    agents = ollie_dirs / "cfg" / "agents"
+    agents.mkdir()
+    (agents / "wide.json").write_text(json.dumps({"sandboxes": ["wide"]}))
+    (agents / "typo.json").write_text(json.dumps({"sandboxes": ["default", "wdie"]}))
+    mark = Path("/var/tmp") / f"ollie-test-{os.getpid()}"
+    call = json.dumps({"steps": [{"code": f"touch {mark} && echo ran"}]})
+    try:
+        ran = ollie("tools", "call", "execute_code", call, "--agent", "wide", "--cwd", str(tmp_path))
+        assert ran.returncode == 0 and ran.stdout == "ran\n" and mark.exists(), ran.stderr
+    finally:
+        mark.unlink(missing_ok=True)
+    typo = ollie("tools", "call", "execute_code", call, "--agent", "typo", "--cwd", str(tmp_path))
+    assert typo.returncode == 1 and not mark.exists()
+    assert f"{agents / 'typo.json'}: sandboxes: no sandbox policy 'wdie': create " in typo.stderr, typo.stderr
 
 
 def test_a_script_turn_that_is_no_object_is_refused_naming_it(script):

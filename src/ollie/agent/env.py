@@ -37,6 +37,7 @@ async def build_agent_env(
     one is listed, not started. If this raises, `dispatcher` has been closed."""
 
     try:
+        _check_policies(cfg)
         env = AgentEnv(cfg, dispatcher, cwd, await resolve_prompt(cfg, cwd))
         project, notices = await asyncio.to_thread(project_mcp.declared, cwd, cfg.mcp_servers)
         env.infos += notices
@@ -97,3 +98,13 @@ async def _run_prompt_command(cmd: str, cfg: AgentConfig, cwd: str, runner: hook
     if code != 0:
         raise config.ConfigError(f"prompt command {cmd!r} failed (exit {code}): {err.strip()[:500]}")
     return out.strip()
+
+
+def _check_policies(cfg: AgentConfig) -> None:
+    """The sandbox policies the agent names are there (one missing failed every call its model
+    made, naming the policy it had not asked for)."""
+    hooks_policy = [cfg.hook_sandbox] if isinstance(cfg.hook_sandbox, str) else []
+    for field_name, name in [*(("sandboxes", p) for p in cfg.sandboxes), *(("hookSandbox", p) for p in hooks_policy)]:
+        if why := sandbox.missing_policy(name):
+            where = cfg.path or f"agent {cfg.name!r}"
+            raise config.ConfigError(f"{where}: {field_name}: {why}, or name one that is there")

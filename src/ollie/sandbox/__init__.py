@@ -45,7 +45,7 @@ from ..paths import (
 from . import grants
 from .jail import Confinement, GrantChanged, Jail, JailSetup, userns_hint
 from .landlock import RO, RW, RWX, build_ruleset, fs_handled, landlock_abi
-from .policy import FS_KEYS, Limits, Policy, SandboxError, load_policy, policy_files
+from .policy import FS_KEYS, Limits, Policy, SandboxError, load_policy, missing_policy, policy_files
 from .seccomp import SECCOMP_MACHINES, seccomp_program, seccomp_supported
 
 _T = TypeVar("_T")
@@ -62,6 +62,7 @@ __all__ = [
     "find_program",
     "hidden_paths",
     "load_policy",
+    "missing_policy",
     "programs_found",
     "seccomp_supported",
 ]

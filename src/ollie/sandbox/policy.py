@@ -192,6 +192,15 @@ def policy_files(name: str) -> tuple[Path, Path]:
     return config.cfg_path() / "sandbox.yaml", config.cfg_path() / "sandbox" / f"{name}.yaml"
 
 
+def missing_policy(name: str) -> str:
+    """Why there is no policy `name` to load ("" when there is one), by its name alone."""
+    try:
+        named_file = policy_files(name)[1]
+    except SandboxError as e:
+        return str(e)
+    return "" if name in BUILTIN or named_file.is_file() else f"no sandbox policy {name!r}: create {named_file}"
+
+
 def load_policy(
     name: str,
     cwd: str,
@@ -208,9 +217,9 @@ def load_policy(
     shared by every session; a tool server's cache, `extra_rwx`). `program_rox` are what a tool
     server's program needs to read and run: granted as the policy's own entries are, and judged
     as they are (never one of ollie's hidden directories)."""
+    if why := missing_policy(name):
+        raise SandboxError(why)
     global_file, named_file = policy_files(name)
-    if name not in BUILTIN and not named_file.is_file():
-        raise SandboxError(f"no sandbox policy {name!r}: create {named_file}")
     raw: dict[str, Any] = BUILTIN.get(name, DEFAULT_POLICY)
     for path in (global_file, named_file):
         raw = _overlay(raw, _read_policy_file(path))

@@ -104,8 +104,7 @@ SCHEMA: dict[str, Any] = {
         },
         "sandbox": {
             "type": "string",
-            "default": "default",
-            "description": "Sandbox policy name (one the agent's config allows).",
+            "description": "Sandbox policy name (one the agent's config allows; without it, the first it lists).",
         },
     },
     "required": ["steps"],
@@ -353,7 +352,7 @@ def _parse_arguments(arguments: Any, allowed: tuple[str, ...]) -> tuple[list[Any
         isinstance(timeout, bool) or not isinstance(timeout, int | float) or not 0 < timeout < math.inf
     ):
         raise StepError(f"timeout: must be a positive number of seconds, got {timeout!r}")
-    policy = arguments.get("sandbox", "default")
+    policy = arguments.get("sandbox", allowed[0] if allowed else "default")
     if not isinstance(policy, str):
         raise StepError(f"sandbox: must be a policy name, got {policy!r}")
     if policy not in allowed:
