@@ -250,6 +250,19 @@ async def test_hook_exit_codes(cores, tmp_path):
     assert any("postTool hook 'exit 3' exited 3" in e.text for e in events if e.kind == "info")
 
 
+async def test_a_sandboxed_hook_kept_in_tmp_is_said_to_be_out_of_its_sight(cores, tmp_path):
+    """A hook script in /tmp, there and executable, failed with "not found" alone: the jail's /tmp
+    is its own."""
+    assert str(tmp_path).startswith("/tmp/")
+    script = tmp_path / "check.sh"
+    script.write_text("#!/bin/sh\nexit 0\n")
+    script.chmod(0o755)
+    core, _, _, events = await cores.open([{"text": "ok"}], cfg=AgentConfig(hooks={"preTurn": [str(script)]}))
+    await core.submit("go")
+    [said] = [e.text for e in events if e.kind == "info" and "preTurn hook" in e.text]
+    assert "exited 127" in said and f"a /tmp of its own, where {script} is not" in said, said
+
+
 async def test_post_turn_exit_2_becomes_the_next_prompt(cores):
     cfg = AgentConfig(
         hooks={"postTurn": ["[ \"$OLLIE_PROMPT\" = first ] && { echo 'now check the tests' >&2; exit 2; }; exit 0"]}

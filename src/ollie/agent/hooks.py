@@ -157,7 +157,19 @@ async def run_command(
         if isinstance(e, asyncio.CancelledError):
             raise
         return None, "", f"(killed after {timeout or TIMEOUT:g} s)"
-    return await process.wait(), out, err
+    code = await process.wait()
+    if code == 127 and runner is not None and (program := _program(cmd)).startswith("/tmp/"):
+        err += f"\n(a sandboxed hook has a /tmp of its own, where {program} is not: move it, or run hooks unsandboxed)"
+    return code, out, err
+
+
+def _program(cmd: str) -> str:
+    """The program a hook's command starts with."""
+    try:
+        words = shlex.split(cmd)
+    except ValueError:
+        words = cmd.split()
+    return words[0] if words else ""
 
 
 class Runner:
@@ -260,11 +272,7 @@ def refuse_writable(cmd: str, cwd: str, policies: list[str]) -> None:
     """Refuse a hook that runs a file the agent's code may have rewritten. (Off the loop, with
     `sandbox.off_loop`: the file's path is made real through the cwd, whose links the code
     plants, into ollie's own mount, say.)"""
-    try:
-        words = shlex.split(cmd)
-    except ValueError:
-        words = cmd.split()
-    program = words[0] if words else ""
+    program = _program(cmd)
     if "/" not in program:
         return  # a command looked up on PATH: the sandbox cannot write the system's directories
     path = os.path.realpath(os.path.join(cwd, os.path.expanduser(program)))
