@@ -132,6 +132,14 @@ def test_trusted_tools_is_refused_not_ignored(ollie_dirs):
     assert '"sandboxes"' in out.stderr and "Remove the field" in out.stderr
 
 
+def test_backends_marks_the_one_the_default_agent_runs_on(ollie_dirs):
+    assert "local  (default)" in ollie("backends").stdout.splitlines()  # no key, no agent: the embedded one
+    (ollie_dirs / "cfg" / "agents").mkdir()
+    (ollie_dirs / "cfg" / "agents" / "default.json").write_text(json.dumps({"backend": "scripted"}))
+    listed = ollie("backends").stdout.splitlines()
+    assert "scripted  (default)" in listed and "local" in listed
+
+
 def test_version():
     version = ollie("--version")
     assert version.returncode == 0 and version.stdout.startswith("ollie ")

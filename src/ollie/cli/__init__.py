@@ -316,10 +316,22 @@ def _sessions(args: argparse.Namespace) -> int:
 def _backends(args: argparse.Namespace) -> int:
     from .. import backends
 
-    default = backends.default_name()
+    default = _default_backend()
     for name in backends.names():
         print(f"{name}{'  (default)' if name == default else ''}")
     return 0
+
+
+def _default_backend() -> str:
+    """The backend `ollie run` uses when told none: the default agent's, else the environment's."""
+    from .. import backends, config
+    from ..types import ConfigError
+
+    try:
+        chosen = config.load_agent("default").backend
+    except ConfigError:  # `ollie run` says what is wrong with it
+        chosen = ""
+    return chosen or backends.default_name()
 
 
 def _models(args: argparse.Namespace) -> int:
@@ -329,7 +341,7 @@ def _models(args: argparse.Namespace) -> int:
 
     async def list_models() -> list[str]:
         options: dict[str, Any] = {"script": args.script} if args.script else {}
-        be = backends.create(_backend(args) or backends.default_name(), args.model, **options)
+        be = backends.create(_backend(args) or _default_backend(), args.model, **options)
         try:
             return sorted(await be.models())
         finally:
