@@ -13,6 +13,7 @@ own budget (ENOSPC past it), never everyone's.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import errno as E
 import itertools
@@ -197,10 +198,10 @@ class CtlHandle(SnapshotHandle):
     """Acts on each complete line as it is written, so a bad command fails the write(2) the
     writer is waiting on. A last line without newline is acted on at close. Reading gives what
     the commands answered (e.g. a new session's id, or `error: …` for one refused), or `get()`
-    before any command ran. The
-    answers are kept until the last close, charged to the writer's budget (`HELD`) as written data
-    is: a writer that never reads would pile them up (`help`, a line after line); past the budget
-    a write fails with ENOSPC, its command run but its answer not kept."""
+    before any command ran. The answers are kept until the last close, charged to the writer's
+    budget (`HELD`) as written data is: a writer that never reads would pile them up (`help`, a
+    line after line); past the budget a write fails with ENOSPC, its command run but its answer
+    not kept."""
 
     def __init__(self, act: Callable[[str], Awaitable[str | None]], get: Getter | None):
         super().__init__(self._answers)
@@ -235,7 +236,8 @@ class CtlHandle(SnapshotHandle):
         try:
             out = await self._act(line)
         except FsError as e:  # a mount's writer sees only the errno: reading the file back says why
-            self._keep(f"error: {e}")
+            with contextlib.suppress(FsError):  # past the writer's budget: the errno alone
+                self._keep(f"error: {e}")
             raise
         if out:
             self._keep(out)
