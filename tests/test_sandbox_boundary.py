@@ -283,7 +283,7 @@ async def test_a_sub_agent_runs_only_on_models_its_agent_allows(h, monkeypatch):
         f"""echo "new model=o1-pro" > $OLLIE/ctl; echo "model o1-pro" > $OLLIE/s/{child.id}/ctl
         printf 'model=o1-pro\\n---\\nhi\\n' > $OLLIE/b/new; cat $OLLIE/s/$OLLIE_SESSION_ID/chat; false""",
     )
-    assert out.count("write error: Permission denied") == 2, out  # new, and the sub-session's ctl
+    assert out.count("write error: Permission denied") == 3, out  # new, the sub-session's ctl, b/new's header
     assert out.count('runs on gpt-4.1-mini, gpt-4.1; list more under "models"') == 2, out  # new, and b/new
     assert child.settings()["model"] == "gpt-4.1" and len(h.sessions.all()) == 2 and not h.jobs.all()
     out = await h.fails(parent, f'echo "backend openai" > $OLLIE/s/{child.id}/ctl')  # to its default model?

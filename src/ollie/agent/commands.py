@@ -58,7 +58,7 @@ async def run(core: Core, name: str, arg: str = "") -> str | None:
     and InvalidValue for an unknown name."""
     cmd = COMMANDS.get(name)
     if cmd is None:
-        raise InvalidValue(f"unknown command {name!r}; commands: {', '.join(names())}")
+        raise InvalidValue(f"unknown command {name[:40]!r}; commands: {', '.join(names())}")
     return await cmd.run(core, arg.strip())
 
 

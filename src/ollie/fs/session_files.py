@@ -87,7 +87,7 @@ def root_ctl(sessions: SessionMaker) -> CtlFile:
             return None
         raise FsError(
             E.EINVAL,
-            f"unknown command {verb!r}; commands: new [agent=] [cwd=] [backend=] [model=] [name=] [worktree=1], "
+            f"unknown command {verb[:40]!r}; commands: new [agent=] [cwd=] [backend=] [model=] [name=] [worktree=1], "
             "kill <id>",
         )
 
@@ -376,7 +376,7 @@ async def _ctl(session: Session, sessions: Sessions, line: str) -> str | None:
         case "cwd" if arg:
             check_cwd(arg)
     if verb not in commands.COMMANDS:
-        raise FsError(E.EINVAL, f"unknown command {verb!r}; commands: {_ctl_help()}")
+        raise FsError(E.EINVAL, f"unknown command {verb[:40]!r}; commands: {_ctl_help()}")
     return await commands.run(core, verb, arg)
 
 
