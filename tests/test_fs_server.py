@@ -6,6 +6,7 @@ import json
 import os
 import stat
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -131,3 +132,42 @@ def test_directories_of_another_user_are_refused(tmp_path, theirs):
 def test_namespace_and_scratch_directories_are_private(server):
     for d in (server.root / "ns", server.root / "tmp", server.root / "tmp" / "scratch"):
         assert stat.S_IMODE(os.stat(d).st_mode) == 0o700, d
+
+
+def test_a_server_that_does_not_stop_in_time_is_killed_with_what_it_started(tmp_path, monkeypatch):
+    """A server stuck past the stop's timeout was killed alone: the `git` of a snapshot it had
+    started went on, orphaned, for as long as the snapshot took."""
+    from ollie.cli import build_parser, srv
+
+    ns = tmp_path / "ns"
+    ns.mkdir(mode=0o700)
+    monkeypatch.setenv("NAMESPACE", str(ns))
+    stuck = (
+        "import signal, subprocess, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+        "print(subprocess.Popen(['sleep', '300']).pid, flush=True); time.sleep(300)"
+    )
+    server = subprocess.Popen(
+        [sys.executable, "-c", stuck], start_new_session=True, stdout=subprocess.PIPE, text=True
+    )  # as `ollie srv start` starts it: the leader of a process group
+    try:
+        child = int(server.stdout.readline())
+        (ns / "ollie.pid").write_text(f"{server.pid}\n")
+        monkeypatch.setattr(srv, "STOP_TIMEOUT", 0.5)
+        assert srv._stop(build_parser().parse_args(["srv", "stop"])) == 1
+        assert server.wait(5) == -9
+        assert _gone(child)
+    finally:
+        server.kill()
+        server.wait()
+
+
+def _gone(pid: int, timeout: float = 5) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] in ("Z", "X"):
+                return True
+        except FileNotFoundError:
+            return True
+        time.sleep(0.05)
+    return False

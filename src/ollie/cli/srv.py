@@ -208,7 +208,7 @@ def _stop(args: argparse.Namespace) -> int:
     try:
         os.kill(pid, signal.SIGTERM)
         if not select.select([fd], [], [], STOP_TIMEOUT)[0]:
-            os.kill(pid, signal.SIGKILL)
+            _kill_group(pid)
             _clean_after_kill(opts)
             print(f"ollie srv: pid {pid} did not stop in {STOP_TIMEOUT:.0f} s: killed", file=sys.stderr)
             return 1
@@ -216,6 +216,21 @@ def _stop(args: argparse.Namespace) -> int:
         os.close(fd)
     print("ollie srv: stopped")
     return 0
+
+
+def _kill_group(pid: int) -> None:
+    """Kill the server, and what it started in its process group (a `git` taking a snapshot,
+    which would go on without it): `ollie srv start` makes it the leader of one."""
+    import signal
+
+    try:
+        group = os.getpgid(pid)
+    except ProcessLookupError:
+        return
+    if group == pid:
+        os.killpg(group, signal.SIGKILL)
+    else:  # `ollie srv fg`: the terminal's group, not the server's
+        os.kill(pid, signal.SIGKILL)
 
 
 def _recorded_mount(opts) -> str:
