@@ -3,7 +3,7 @@
 import pytest
 
 from ollie.backends.scripted import ScriptedBackend
-from ollie.types import Done, GenerationParams, Message
+from ollie.types import ConfigError, Done, GenerationParams, Message
 
 
 async def last_chunk(turn):
@@ -28,3 +28,11 @@ async def last_chunk(turn):
 )
 async def test_a_scripts_stop_reason_reaches_done(turn, done):
     assert await last_chunk(turn) == done
+
+
+def test_an_empty_script_is_a_script_not_a_file_named_after_the_model():
+    """`open_session(backend="scripted", script=[])` read a file called "scripted"."""
+    backend = ScriptedBackend.from_options(model=None, script=[])
+    assert backend.model == "scripted"
+    with pytest.raises(ConfigError, match="give a script"):
+        ScriptedBackend.from_options(model=None, script=None)

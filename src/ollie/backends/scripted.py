@@ -138,8 +138,8 @@ class ScriptedBackend:
 
     @classmethod
     def from_options(cls, model: str | None = None, script: Any = None, **_: Any) -> ScriptedBackend:
-        source = script or model
-        if not source:
+        source = script if script is not None else model  # an empty script is one: every request fails
+        if source is None or source == "":
             raise ConfigError("scripted backend: give a script (--script FILE, or the file as the model)")
         return cls(source, model=str(model or "scripted"))
 
