@@ -154,6 +154,29 @@ def test_bang_runs_in_the_users_shell_and_its_output_goes_to_the_model(server, t
     assert "shell-said-bar" in history and "what did it say?" in history
 
 
+def test_ctrl_c_stops_a_bang_command_and_leaving_during_one_is_at_once(server, tmux):
+    """Nothing stopped a `!cmd`; leaving during one blanked the screen until it ended (its shell
+    killed, a child of it kept the output open), and the child went on."""
+    server.agent("bang", rules=[{"match": ".", "text": "ok"}])
+    cwd = workdir(server, "bang")
+    tmux.ollie("--agent", "bang", cwd=cwd)
+    tmux.wait_for(" idle ")
+    tmux.type("!sleep 41.3; echo late > late.txt")
+    tmux.keys("Enter")
+    tmux.wait_for("(running)")
+    tmux.keys("C-c")
+    tmux.wait_for("(interrupted)", timeout=5)
+    tmux.type("!sleep 41.4; echo late > late.txt")
+    tmux.keys("Enter")
+    tmux.wait_for("(running)")
+    started = time.monotonic()
+    tmux.keys("C-d")  # leaving (a second Ctrl-C within a second of the first leaves too)
+    tmux.wait_for("[exited 0]", timeout=10)
+    assert time.monotonic() - started < 5
+    assert subprocess.run(["pgrep", "-f", "sleep 41.[34]"], capture_output=True).stdout == b""
+    assert not (cwd / "late.txt").exists()
+
+
 def test_slash_commands_of_the_core_and_of_the_terminal(server, tmp_path):
     server.agent("cmds", rules=[{"match": ".", "text": "ok"}])
     cwd = workdir(server, "cmds")

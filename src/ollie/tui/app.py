@@ -121,6 +121,7 @@ class TuiApp:
         self._ctrl_c_at = 0.0
         self._lines = 0
         self._tasks: set[asyncio.Task[Any]] = set()
+        self._shell: asyncio.Future[tuple[int, str]] | None = None  # a !cmd running
 
         self.input = TextArea(
             multiline=True,
@@ -252,7 +253,10 @@ class TuiApp:
             self.app.exit()
             return
         self._ctrl_c_at = now
-        if self.state != "idle":
+        if self._shell is not None:  # the user's own !cmd, which the session knows nothing of
+            self._shell.cancel()
+            self.say("interrupted (Ctrl-C again to leave)")
+        elif self.state != "idle":
             self.spawn(self.interrupt())
             self.say("interrupting (Ctrl-C again to leave)")
         elif self.input.buffer.text:
@@ -337,7 +341,16 @@ class TuiApp:
         env = await self._session_env()
         block = self.conv.add_local("shell", "(running)", head=cmd)
         self.invalidate()
-        code, out = await run_shell(cmd, self.cwd, env)
+        self._shell = asyncio.ensure_future(run_shell(cmd, self.cwd, env))
+        try:
+            code, out = await self._shell
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():  # we are cancelled (leaving), not only the command
+                raise
+            code, out = 130, "(interrupted)"
+        finally:
+            self._shell = None
         block.lines = visible(out).split("\n") if out else []
         if code:
             block.lines.append(f"(exit status {code})")

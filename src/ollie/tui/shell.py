@@ -8,7 +8,9 @@ in a shell. Its output is offered to the model with the next prompt.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
+import signal
 
 TIMEOUT = 300.0
 ATTACH_MAX = 16_000  # characters of output sent to the model (the middle is cut)
@@ -31,7 +33,10 @@ async def run_shell(cmd: str, cwd: str, env: dict[str, str], timeout: float = TI
     try:
         out, _ = await asyncio.wait_for(proc.communicate(), timeout)
     except (TimeoutError, asyncio.CancelledError) as e:
-        proc.kill()
+        # The whole group: a child left holding the output (`sleep 60; …`) would keep the wait
+        # going until it ended.
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
         await proc.wait()
         if isinstance(e, asyncio.CancelledError):
             raise
