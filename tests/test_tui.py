@@ -203,6 +203,12 @@ def slash_commands(server: FsServer, tmux: Tmux, cwd: Path) -> None:
     tmux.type("/mod")
     tmux.keys("Tab")
     tmux.wait_for("> /model")
+    tmux.keys("C-u")
+    tmux.type("/cos")
+    tmux.keys("Tab")
+    tmux.wait_for("> /cost")
+    tmux.keys("Enter")  # a command chosen in the menu runs at once (the Enter only closed the menu)
+    tmux.wait_for(":: costLast=")
 
 
 def test_the_last_session_of_the_directory_is_resumed_and_new_starts_another(server, tmux):
@@ -487,6 +493,19 @@ def test_the_renderer_folds_colours_diffs_and_summarises_calls():
     assert "... 2 more lines" in folded
     steps = json.dumps({"steps": [{"code": "ls\nwc -l"}, {"code": "sort"}]})
     assert render.call_head(f"execute_code({steps})") == ("execute_code", "ls (+1 lines) | sort")
+
+
+def test_tabs_are_shown_as_the_spaces_to_their_tab_stop_in_answers_and_output():
+    """The screen showed `^I`: tab-indented code (Go, a Makefile) and tab-separated output were
+    not what was copied from it."""
+    c = Conversation()
+    c.feed("assistant: ```go\nfunc main() {\n\tfmt.Println(1)\n}\n```\na\tb\n")
+    c.feed('-> execute_code({"steps": [{"code": "x"}]})\ncol1\tcol2\n')
+    shown = render.plain(render.Renderer().render(c.blocks, expanded=True))
+    assert "\t" not in shown
+    assert "\n        fmt.Println(1)\n" in shown and "a       b" in shown
+    [output] = [line for line in shown.splitlines() if "col2" in line]
+    assert output == "    col1        col2"  # its stops counted from the screen's edge, as a terminal does
 
 
 def test_env_file_edits_keep_other_lines(tmp_path):

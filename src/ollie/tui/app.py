@@ -212,9 +212,11 @@ class TuiApp:
         @kb.add("enter", filter=focus)
         def _(event: KeyPressEvent) -> None:
             buf = self.input.buffer
-            if buf.complete_state and buf.complete_state.current_completion:
-                buf.apply_completion(buf.complete_state.current_completion)
-                return
+            if buf.complete_state:  # what the menu chose is in the line already
+                chosen = buf.complete_state.current_completion is not None
+                buf.complete_state = None
+                if chosen and not buf.text.lstrip().startswith("/"):
+                    return  # a file named mid-prompt: the prompt goes on; a /command runs at once
             text = buf.text
             if not text.strip():
                 return

@@ -381,12 +381,33 @@ class Renderer:
             key = (len(b.lines), len(b.lines[-1]) if b.lines else -1, expanded)
             cached = self._cache.get(b.seq)
             if cached is None or cached[0] != key:
-                frags = block(b, expanded)
+                frags = expand_tabs(block(b, expanded))
                 if frags and not frags[-1][1].endswith("\n"):
                     frags.append(("", "\n"))
                 cached = self._cache[b.seq] = (key, frags)
             out += cached[1]
         return out
+
+
+def expand_tabs(fragments: Fragments, width: int = 8) -> Fragments:
+    """Tabs as the spaces to the next tab stop of their line (the screen showed `^I`: Go's code,
+    Makefiles and tab-separated output, and what was copied from it was not the code)."""
+    out: Fragments = []
+    column = 0
+    for style, text in fragments:
+        if "\t" in text:
+            pieces = []
+            for i, part in enumerate(text.split("\t")):
+                if i:
+                    pieces.append(" " * (width - column % width))
+                    column += width - column % width
+                pieces.append(part)
+                column = len(part) - part.rfind("\n") - 1 if "\n" in part else column + len(part)
+            text = "".join(pieces)
+        else:
+            column = len(text) - text.rfind("\n") - 1 if "\n" in text else column + len(text)
+        out.append((style, text))
+    return out
 
 
 def plain(fragments: Fragments) -> str:
