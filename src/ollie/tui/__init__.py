@@ -109,7 +109,13 @@ async def pick(ns: Namespace) -> str | None:
     firsts = await asyncio.gather(*(ns.first_prompt(s.id) for s in ordered))
     for i, (s, first) in enumerate(zip(ordered, firsts, strict=True), 1):
         print(visible(f"{i:3}  {s.id}  {s.cwd}  {first[:50]}"))
-    answer = (await asyncio.to_thread(input, "session (number, empty to cancel): ")).strip()
-    if answer.isdigit() and 1 <= int(answer) <= len(ordered):
-        return ordered[int(answer) - 1].id
-    return None
+    while True:
+        try:
+            answer = (await asyncio.to_thread(input, "session (number, empty to cancel): ")).strip()
+        except EOFError:
+            return None
+        if not answer:
+            return None
+        if answer.isdigit() and 1 <= int(answer) <= len(ordered):
+            return ordered[int(answer) - 1].id
+        print(visible(f"ollie: no session {answer!r} in the list; give a number from 1 to {len(ordered)}"))
