@@ -634,7 +634,8 @@ async def main():
     cwd = sys.argv[1]
     server = execute.factory(cwd)()
     ctx = CallContext(cwd=cwd, tmpdir=sys.argv[2])
-    for code in ("echo confined", f"echo confined; cat {sys.argv[3]}"):
+    bind = "python3 -c 'import socket; socket.create_server((\"127.0.0.1\", 0)); print(\"bound\")'"
+    for code in ("echo confined", f"echo confined; cat {sys.argv[3]}", f"echo confined; {bind}"):
         result = await server.call_tool("execute_code", {"steps": [{"code": code}]}, ctx)
         print(repr(result.text()), result.is_error)
     await server.close()
@@ -653,10 +654,12 @@ def test_without_namespaces_the_sandbox_refuses_unless_best_effort_and_says_so(h
     assert "confined" not in first.split("best_effort")[-1]  # nothing ran
     write_policy(None, "general:\n  best_effort: true\n")
     out = subprocess.run(argv, capture_output=True, text=True, timeout=60, env=os.environ).stdout
-    first, second = out.splitlines()
+    first, second, third = out.splitlines()
     assert "[sandbox: namespaces are refused" in first and "Landlock and seccomp alone" in first
     assert "confined" in first and first.endswith("False")
     assert "confined" in second and "Permission denied" in second and "s3cr3t" not in second  # Landlock holds
+    # On the host's network (no namespace of its own), no port is the code's to serve on.
+    assert "confined" in third and "PermissionError" in third and "bound" not in third.replace("confined", "")
 
 
 async def test_a_cwd_that_another_session_swapped_for_a_symlink_is_refused(home, tmp_path):

@@ -76,8 +76,11 @@ class Sandbox:
     the seccomp program, resource limits), the environment filter and the PATH directories the
     sandbox can execute from."""
 
-    def __init__(self, policy: Policy, decided: list[grants.Grant] | None = None):
-        """`decided`: the policy's grants, decided already (`_Decisions`; the caller closes them)."""
+    def __init__(self, policy: Policy, decided: list[grants.Grant] | None = None, in_jail: bool = False):
+        """`decided`: the policy's grants, decided already (`_Decisions`; the caller closes them).
+        `in_jail`: its programs run in a jail's namespaces (never without them: a jail whose
+        namespaces the kernel refused runs another sandbox), whose network is its own loopback
+        unless the policy reaches the host's."""
         self.policy = policy
         # The paths it was decided on that no call looks at itself, each as it was then (None:
         # missing): `_look_again` marks it `stale` once one is another file, or was made.
@@ -96,11 +99,12 @@ class Sandbox:
                 f"{platform.machine()}: without it sandboxed code could make any socket; set general.best_effort: "
                 f"true in {config.cfg_path() / 'sandbox.yaml'} to run with Landlock and the namespaces alone"
             )
+        own_network = in_jail and not policy.network
         owned = decided is None
         if decided is None:
             decided = grants.decide(policy, identities(hidden_dirs()), identities(read_only_dirs()))
         try:
-            ruleset = build_ruleset(policy, decided, abi) if abi else -1
+            ruleset = build_ruleset(policy, decided, abi, own_network) if abi else -1
             # Every path granted, as decided: the jail mounts a grant only if it is still that file.
             # In the policy's order (ro, rox, rw, rwx, tmpfile): a writable grant inside a readable
             # one is bound after it, on top.
@@ -137,7 +141,7 @@ class Sandbox:
                     ["/dev/pts", RW & handled],
                     ["/dev/ptmx", RW & handled],
                 ],
-                "seccomp": seccomp_program(policy).hex(),
+                "seccomp": seccomp_program(policy, own_network).hex(),
                 "expose": expose,
             },
         )
@@ -653,12 +657,14 @@ class Sandboxes:
         extra_ro: tuple[str, ...] = (),
         extra_rw: tuple[str, ...] = (),
         extra_rwx: tuple[str, ...] = (),
+        in_jail: bool = False,
     ) -> Sandbox:
         """The sandbox of a policy for a cwd, built in the builder's thread if it is not yet, or
         built anew if it is `stale`: reading the policy and judging its grants take 2-3 ms, which
         a burst of sessions' first calls would each stall the event loop for, and what they look
-        at could lead into ollie's own mount. Calls that come meanwhile share the build."""
-        key = self._key(name, cwd, tmpdir, extra_rox, extra_ro, extra_rw, extra_rwx)
+        at could lead into ollie's own mount. Calls that come meanwhile share the build.
+        `in_jail`: as `Sandbox` takes it."""
+        key = self._key(name, cwd, tmpdir, extra_rox, extra_ro, extra_rw, extra_rwx, in_jail)
         box = self._cache.get(key)
         if box is not None and not box.stale:
             self._cache.move_to_end(key)
@@ -729,6 +735,7 @@ def _build(
     extra_ro: tuple[str, ...],
     extra_rw: tuple[str, ...],
     extra_rwx: tuple[str, ...],
+    in_jail: bool,
 ) -> Sandbox:
     """A sandbox, on decisions shared by every session of the policy (`_Decisions`): only the
     paths they cannot share (`extra_ro`, a session's own scratch directory; its cwd) decided anew.
@@ -748,7 +755,7 @@ def _build(
     _DECISIONS[key] = base  # the newest last
     while len(_DECISIONS) > _DECISIONS_KEPT:
         _DECISIONS.pop(next(iter(_DECISIONS))).close()
-    return base.sandbox(policy, extra_ro)
+    return base.sandbox(policy, extra_ro, in_jail)
 
 
 class _Decisions:
@@ -807,9 +814,10 @@ class _Decisions:
             if p != policy.cwd and not p.startswith(in_cwd) and p not in policy.own and key not in grants.WRITABLE
         )
 
-    def sandbox(self, policy: Policy, extra_ro: tuple[str, ...]) -> Sandbox:
+    def sandbox(self, policy: Policy, extra_ro: tuple[str, ...], in_jail: bool) -> Sandbox:
         """The sandbox of `policy` (the same policy read for this session: for another cwd, or
-        with other values of its templates' variables) with `extra_ro` added."""
+        with other values of its templates' variables) with `extra_ro` added (`in_jail`: as
+        `Sandbox` takes it)."""
         same = policy.cwd == self.policy.cwd and policy.paths == self.policy.paths
         extra = tuple(p for p in extra_ro if os.path.exists(p))  # as load_policy adds them
         policy = dataclasses.replace(
@@ -825,7 +833,7 @@ class _Decisions:
         mine = grants.decide(dataclasses.replace(policy, paths=rest), self.hidden, self.read_only, writable=shared)
         place = {(key, path): n for key in FS_KEYS for n, path in enumerate(policy.paths[key])}
         try:  # in the policy's order, as one decision gives them (the jail binds them in it)
-            box = Sandbox(policy, sorted([*shared, *mine], key=lambda g: place.get((g.key, g.given), 0)))
+            box = Sandbox(policy, sorted([*shared, *mine], key=lambda g: place.get((g.key, g.given), 0)), in_jail)
         finally:
             grants.close(mine)
         box.named = named

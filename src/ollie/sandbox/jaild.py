@@ -9,9 +9,10 @@ package directory) and decides nothing: the parent sends the finished Landlock r
 program and resource limits; this process only applies them.
 
 The jail's first process enters new user, mount, IPC, PID (and, unless the setup grants network) network
-namespaces, then forks the jail's PID 1 and exits. PID 1 mounts a fresh /proc, a private tmpfs on
-/tmp, a new /dev/pts instance, hides the setup's `hide` directories under empty tmpfs mounts, caps
-the number of PIDs, and serves its socket until it closes, when everything in the jail dies.
+namespaces (bringing the new one's loopback up), then forks the jail's PID 1 and exits. PID 1
+mounts a fresh /proc, a private tmpfs on /tmp, a new /dev/pts instance, hides the setup's `hide`
+directories under empty tmpfs mounts, caps the number of PIDs, and serves its socket until it
+closes, when everything in the jail dies.
 Given a `view` path, it also mounts a FUSE file system there whose /dev/fuse descriptor it sends
 the parent with its first message: the parent serves the jail's own view of ollie's files on it
 (a FUSE mount must be made with a descriptor opened in the mounting user namespace).
@@ -176,6 +177,16 @@ def enter_namespaces(network):
     with open("/proc/self/gid_map", "w") as f:
         f.write(f"{gid} {gid} 1")
     return ""
+
+
+SIOCSIFFLAGS, IFF_UP = 0x8914, 0x1
+
+
+def loopback_up():
+    """The jail's own network namespace has a loopback, down: up, its programs' servers and
+    clients reach each other over it (a test's server on any port), and nothing else."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        fcntl.ioctl(s, SIOCSIFFLAGS, b"lo".ljust(16, b"\0") + IFF_UP.to_bytes(2, sys.byteorder) + bytes(22))
 
 
 OWN_MOUNTS = ("/proc", "/dev/pts", "/dev/ptmx")  # mounted anew in the jail: not the host's files
@@ -1121,6 +1132,8 @@ def start(fd, native):
         return 0
     setup = json.loads(data)
     refused = enter_namespaces(setup["network"])
+    if not refused and not setup["network"]:
+        loopback_up()
     if os.fork():
         return 0  # the server lives on (in a jail, as its PID 1); the parent watches it through the socket
     if refused:

@@ -66,10 +66,13 @@ def fs_handled(abi: int) -> int:
     return handled
 
 
-def build_ruleset(policy: Policy, grants: list[Grant], abi: int) -> int:
+def build_ruleset(policy: Policy, grants: list[Grant], abi: int, own_network: bool = False) -> int:
     """A ruleset fd (close-on-exec) that the child enters: the policy's network rules, and its
-    filesystem rules on the descriptors `grants` decided."""
-    restrict_net = not policy.unrestricted_net
+    filesystem rules on the descriptors `grants` decided. `own_network`: the child runs in a
+    network namespace of its own, its loopback all there is to reach (a jail's, when the policy
+    reaches no host network): TCP is not restricted there, so that a test's server on any port,
+    and its clients, work."""
+    restrict_net = not (policy.unrestricted_net or own_network)
     if restrict_net and abi < 4:
         if not policy.best_effort:
             raise SandboxError(

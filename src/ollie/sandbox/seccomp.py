@@ -65,8 +65,10 @@ def _arg(n: int) -> int:
     return 16 + 8 * n  # offset of args[n]'s low word in seccomp_data (little-endian machines)
 
 
-def seccomp_program(policy: Policy) -> bytes:
+def seccomp_program(policy: Policy, own_network: bool = False) -> bytes:
     """The BPF filter a sandboxed program runs under, as the kernel's `struct sock_filter` array.
+    `own_network`: the program runs in a network namespace of its own (`build_ruleset`), where
+    TCP reaches nothing but its loopback, as if `network.unrestricted` held for TCP.
 
     - io_uring is refused (ENOSYS): its operations make sockets and open files without the
       system calls this filter sees.
@@ -104,9 +106,9 @@ def seccomp_program(policy: Policy) -> bytes:
     ]
     if not policy.unix_sockets:
         prog.append((_JEQ, "socketpair", 0, nr["socketpair"]))
-    if not (policy.unrestricted_net or policy.bind_tcp or policy.unix_sockets):
+    if not (policy.unrestricted_net or own_network or policy.bind_tcp or policy.unix_sockets):
         prog.append((_JEQ, "eacces", 0, nr["listen"]))
-    if not policy.unrestricted_net:
+    if not (policy.unrestricted_net or own_network):
         prog += [
             (_JEQ, "flags3", 0, nr["sendto"]),
             (_JEQ, "flags3", 0, nr["sendmmsg"]),

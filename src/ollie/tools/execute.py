@@ -230,7 +230,7 @@ class Server:
         rox = tool_dirs + tuple(str(d) for d in config.skills_path() if d.is_dir())
         if self._namespaces:
             tmp = (session_tmp,) if session_tmp else ()
-            return await self._sandboxes.get_async(policy, cwd, "", rox, tmp, self._shared_dirs())
+            return await self._sandboxes.get_async(policy, cwd, "", rox, tmp, self._shared_dirs(), in_jail=True)
         return await self._sandboxes.get_async(policy, cwd, session_tmp, rox)
 
     def _shared_dirs(self) -> tuple[str, ...]:
