@@ -135,6 +135,28 @@ async def test_a_server_of_its_own_on_any_port_serves_its_clients_and_nothing_ou
         assert result.text().splitlines() == ["ping True", "OSError", "OSError"], result.text()
 
 
+async def test_multiprocessing_works_on_a_dev_shm_of_the_jails_own(run):
+    """Python's multiprocessing (Queue, Pool, ProcessPoolExecutor: `pytest -n`) needs POSIX
+    semaphores in /dev/shm, which the jail kept read-only: every one failed with EROFS. The jail
+    has its own now; the host's stays out of sight, and nothing written in the jail's reaches it."""
+    host = Path("/dev/shm") / f"ollie-host-{os.getpid()}"
+    host.write_text("the host's")
+    try:
+        code = (
+            "import multiprocessing as mp, concurrent.futures as cf, os\n"
+            "q = mp.Queue(); q.put(1); print(q.get())\n"
+            "with mp.Pool(2) as p: print(p.map(abs, [-1, -2]))\n"
+            "with cf.ProcessPoolExecutor(2) as e: print(list(e.map(abs, [-3])))\n"
+            f"print(os.path.exists('{host}'))\n"
+            f"open('/dev/shm/ollie-jail-{os.getpid()}', 'w').write('x')\n"
+        )
+        result = await run(code, "python3")
+        assert result.text() == "1\n[1, 2]\n[3]\nFalse\n", result.text()
+        assert not Path(f"/dev/shm/ollie-jail-{os.getpid()}").exists()
+    finally:
+        host.unlink()
+
+
 async def test_cannot_reach_unix_sockets(run, tmp_path):
     # Landlock does not govern connecting to a socket by path (tmux, ssh-agent, docker, ollie's own
     # server): the sandbox refuses to create Unix sockets at all unless the policy says network.unix.

@@ -134,10 +134,11 @@ class Sandbox:
         self.confinement = Confinement(
             ruleset,
             {
-                # The jail's own /proc, /tmp and pseudo-terminals, which the parent's rules cannot name.
+                # The jail's own /proc, /tmp, /dev/shm and pseudo-terminals, which the parent's rules cannot name.
                 "jail_rules": [
                     ["/proc", RO & handled],
                     ["/tmp", RWX & handled],
+                    ["/dev/shm", RW & handled],
                     ["/dev/pts", RW & handled],
                     ["/dev/ptmx", RW & handled],
                 ],

@@ -10,7 +10,7 @@ program and resource limits; this process only applies them.
 
 The jail's first process enters new user, mount, IPC, PID (and, unless the setup grants network) network
 namespaces (bringing the new one's loopback up), then forks the jail's PID 1 and exits. PID 1
-mounts a fresh /proc, a private tmpfs on /tmp, a new /dev/pts instance, hides the setup's `hide`
+mounts a fresh /proc, private tmpfs on /tmp and /dev/shm, a new /dev/pts instance, hides the setup's `hide`
 directories under empty tmpfs mounts, caps the number of PIDs, and serves its socket until it
 closes, when everything in the jail dies.
 Given a `view` path, it also mounts a FUSE file system there whose /dev/fuse descriptor it sends
@@ -234,6 +234,8 @@ class Mounts:
             if os.path.isdir(path) and self._root(path) is None:
                 self._protect(path, "/")
         mount("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, f"size={tmp_size},mode=1777")
+        if os.path.isdir("/dev/shm"):  # POSIX shared memory and semaphores (multiprocessing's): the jail's own
+            mount("tmpfs", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, f"size={tmp_size},mode=1777")
         try:
             mount("devpts", "/dev/pts", "devpts", MS_NOSUID | MS_NOEXEC, "newinstance,ptmxmode=0666,mode=0620")
             mount("/dev/pts/ptmx", "/dev/ptmx", None, MS_BIND)

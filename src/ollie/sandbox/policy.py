@@ -96,7 +96,7 @@ DEFAULT_POLICY: dict[str, Any] = {
         "timeout": 600,  # the most seconds a call may ask for
         "output": "10M",  # output kept of one call, all its stages and branches together
         "parallel": 64,  # branches of one parallel stage
-        "tmpdir": "1G",  # size of the private /tmp (which holds $TMPDIR)
+        "tmpdir": "1G",  # size of the private /tmp (which holds $TMPDIR), and of the private /dev/shm
     },
     "general": {"best_effort": False},
 }
