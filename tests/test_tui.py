@@ -674,9 +674,9 @@ def test_resume_picks_a_session_from_a_list_most_recent_first(server, tmux):
     rows = [ln for ln in screen.split("\n") if ids[older] in ln or ids[newer] in ln]
     assert rows[0].split() == ["1", ids[newer], str(newer), "the", "newer", "one"]
     assert rows[1].split()[:2] == ["2", ids[older]]
-    tmux.type("7")  # not in the list: said, and asked again (it left without a word)
+    tmux.type("99")  # past the list (30 at most): said, and asked again (it left without a word)
     tmux.keys("Enter")
-    tmux.wait_for("no session '7' in the list; give a number from 1 to")
+    tmux.wait_for("no session '99' in the list; give a number from 1 to")
     tmux.type("2")
     tmux.keys("Enter")
     screen = tmux.wait_for("> the older one")

@@ -218,26 +218,27 @@ class CtlHandle(SnapshotHandle):
 
     async def write(self, offset: int, data: bytes) -> int:
         for line in self._lines.feed(data):
-            await self._run(line)
+            await self._run(line, tell=True)
         return len(data)
 
     async def flush(self) -> None:
-        await self._run(self._lines.rest())
+        await self._run(self._lines.rest())  # at a close: nobody reads a refusal back
 
     async def release(self) -> None:
         self._lines.clear()
         self._held.charge(-sum(map(len, self._out)))
         self._out.clear()
 
-    async def _run(self, raw: bytes) -> None:
+    async def _run(self, raw: bytes, tell: bool = False) -> None:
         line = raw.decode(errors="replace").strip()
         if not line:
             return
         try:
             out = await self._act(line)
         except FsError as e:  # a mount's writer sees only the errno: reading the file back says why
-            with contextlib.suppress(FsError):  # past the writer's budget: the errno alone
-                self._keep(f"error: {e}")
+            if tell:
+                with contextlib.suppress(FsError):  # past the writer's budget: the errno alone
+                    self._keep(f"error: {e}")
             raise
         if out:
             self._keep(out)
