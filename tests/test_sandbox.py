@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import socket
 from pathlib import Path
 
@@ -155,6 +156,20 @@ async def test_multiprocessing_works_on_a_dev_shm_of_the_jails_own(run):
         assert not Path(f"/dev/shm/ollie-jail-{os.getpid()}").exists()
     finally:
         host.unlink()
+
+
+async def test_a_grant_under_dev_shm_is_shown_over_the_jails_own(run):
+    """Over the jail's private /dev/shm, a directory a policy grants there is the host's again (it
+    was refused as "no longer the file ollie granted", the jail's tmpfs in its place)."""
+    granted = Path("/dev/shm") / f"ollie-granted-{os.getpid()}"
+    granted.mkdir()
+    try:
+        write_policy("wide", f"filesystem:\n  rw: ['{granted}']\n")
+        result = await run(f"echo shared > {granted}/f && ls /dev/shm", sandbox="wide")
+        assert result.text() == f"{granted.name}\n", result.text()
+        assert (granted / "f").read_text() == "shared\n"
+    finally:
+        shutil.rmtree(granted)
 
 
 async def test_cannot_reach_unix_sockets(run, tmp_path):

@@ -629,13 +629,18 @@ class Fprog(ctypes.Structure):
 libc = ctypes.CDLL(None, use_errno=True)
 assert libc.prctl(38, 1, 0, 0, 0) == 0
 assert libc.prctl(22, 2, ctypes.byref(Fprog(len(code), ctypes.addressof(buf)))) == 0
+from ollie import sandbox
 from ollie.tools import CallContext, execute
 async def main():
     cwd = sys.argv[1]
     server = execute.factory(cwd)()
     ctx = CallContext(cwd=cwd, tmpdir=sys.argv[2])
     bind = "python3 -c 'import socket; socket.create_server((\"127.0.0.1\", 0)); print(\"bound\")'"
-    for code in ("echo confined", f"echo confined; cat {sys.argv[3]}", f"echo confined; {bind}"):
+    codes = ("echo confined", f"echo confined; cat {sys.argv[3]}", f"echo confined; {bind}")
+    if sys.argv[4:] == ["as if no seccomp filter were built here"]:
+        server._seccomp_told = False  # its notice comes first, as on a machine without one
+        codes = (f"echo confined; {bind}",)
+    for code in codes:
         result = await server.call_tool("execute_code", {"steps": [{"code": code}]}, ctx)
         print(repr(result.text()), result.is_error)
     await server.close()
@@ -660,6 +665,21 @@ def test_without_namespaces_the_sandbox_refuses_unless_best_effort_and_says_so(h
     assert "confined" in second and "Permission denied" in second and "s3cr3t" not in second  # Landlock holds
     # On the host's network (no namespace of its own), no port is the code's to serve on.
     assert "confined" in third and "PermissionError" in third and "bound" not in third.replace("confined", "")
+
+
+def test_without_namespaces_the_first_call_has_every_port_refused_whatever_else_it_is_told(home, tmp_path):
+    """The first call of a session whose jail found namespaces refused ran under the sandbox made
+    for a network of the jail's own (TCP free) when another notice came first (no seccomp filter
+    for the machine): on the host's network, every port open."""
+    cwd, scratch = tmp_path / "cwd", tmp_path / "scratch"
+    cwd.mkdir()
+    scratch.mkdir()
+    write_policy(None, "general:\n  best_effort: true\n")
+    flag = "as if no seccomp filter were built here"
+    argv = [sys.executable, "-c", NO_NAMESPACES, str(cwd), str(scratch), str(home / "x"), flag]
+    [first] = subprocess.run(argv, capture_output=True, text=True, timeout=60, env=os.environ).stdout.splitlines()
+    assert "namespaces are refused" in first and "no seccomp filter" in first, first
+    assert "PermissionError" in first and "bound" not in first.replace("confined", ""), first
 
 
 async def test_a_cwd_that_another_session_swapped_for_a_symlink_is_refused(home, tmp_path):

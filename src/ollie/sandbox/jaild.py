@@ -189,6 +189,9 @@ def loopback_up():
         fcntl.ioctl(s, SIOCSIFFLAGS, b"lo".ljust(16, b"\0") + IFF_UP.to_bytes(2, sys.byteorder) + bytes(22))
 
 
+# The jail's own tmpfs, over the host's directories (/dev/shm: POSIX shared memory and semaphores,
+# multiprocessing's); what a policy grants under them is shown again.
+PRIVATE_TMPFS = ("/tmp", "/dev/shm")
 OWN_MOUNTS = ("/proc", "/dev/pts", "/dev/ptmx")  # mounted anew in the jail: not the host's files
 # Opening a grant's file on the host: it is gone, or reached through a symlink, since ollie decided it.
 GRANT_CHANGED = (errno.ELOOP, errno.ENOENT, errno.ENOTDIR)
@@ -215,7 +218,7 @@ class Mounts:
         self.exposed = {}  # path -> (writable, shared, identity): how it was bound, to bind it so again
         self.view, self.view_root = "", -1  # the view's mount point, and an O_PATH fd of its root
         self.pinned = set()  # directories bound onto themselves, so that they cannot be renamed
-        for path in ["/tmp", *hide]:
+        for path in [*PRIVATE_TMPFS, *hide]:
             if path not in self.hidden:
                 try:  # by the real path ollie resolved: a symlink on it now was planted since
                     self.hidden[path] = open_path(path, RESOLVE_NO_SYMLINKS, os.O_DIRECTORY)
@@ -223,7 +226,7 @@ class Mounts:
                     continue
         mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
         for path in self.hidden:
-            if path != "/tmp" and self._root(os.path.dirname(path)) is None:  # not gone with a hidden parent
+            if path not in PRIVATE_TMPFS and self._root(os.path.dirname(path)) is None:  # not under a hidden parent
                 self._hide(path, "/")
         self.servers = ollie_mounts()  # hidden wherever they are: their directories may have moved
         for path in self.servers:
@@ -233,9 +236,14 @@ class Mounts:
         for path in protect:
             if os.path.isdir(path) and self._root(path) is None:
                 self._protect(path, "/")
-        mount("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, f"size={tmp_size},mode=1777")
-        if os.path.isdir("/dev/shm"):  # POSIX shared memory and semaphores (multiprocessing's): the jail's own
-            mount("tmpfs", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, f"size={tmp_size},mode=1777")
+        self._own_filesystems(tmp_size)
+
+    def _own_filesystems(self, tmp_size):
+        """The jail's private tmpfs (over the host's directories, kept in `hidden` to show what a
+        policy grants there again) and its own pseudo-terminals."""
+        for path in PRIVATE_TMPFS:
+            if path in self.hidden:
+                mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV, f"size={tmp_size},mode=1777")
         try:
             mount("devpts", "/dev/pts", "devpts", MS_NOSUID | MS_NOEXEC, "newinstance,ptmxmode=0666,mode=0620")
             mount("/dev/pts/ptmx", "/dev/ptmx", None, MS_BIND)
@@ -297,7 +305,8 @@ class Mounts:
         if any(path == m or path.startswith(m + "/") for m in OWN_MOUNTS):
             return  # the jail's own, granted by its own rules
         root = self._root(path)
-        if root not in (None, "/tmp") and not own:  # /tmp: the host's, hidden as a whole, shown again in part
+        # (the host's /tmp and /dev/shm are hidden as a whole, and shown again in part)
+        if root not in (None, *PRIVATE_TMPFS) and not own:
             raise OSError(errno.EACCES, f"{path}: one of ollie's hidden directories")
         if writable and any(path == p or path.startswith(p.rstrip("/") + "/") for p in self.protected):
             raise OSError(errno.EACCES, f"{path}: in a directory the jail keeps read-only")

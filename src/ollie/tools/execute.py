@@ -244,23 +244,27 @@ class Server:
         return self._shared
 
     def _notice(self, jail: _jail.Jail) -> str:
-        """What the first result says of how the sandbox runs, when it runs without a part."""
+        """What the first results say of how the sandbox runs, when it runs without a part. A jail
+        whose namespaces the kernel refused turns this server to sandboxes made for their absence
+        first, whatever else is said: its calls must never run under one that counts on them (a
+        network of the jail's own). (Once it returned the seccomp notice before looking.)"""
+        notices = []
+        if jail.namespaces_refused and self._namespaces:
+            self._namespaces = False
+            notices.append(
+                f"[sandbox: {jail.namespaces_refused}; running with Landlock and seccomp alone, as "
+                "general.best_effort allows: no process, network, /tmp or terminal isolation]"
+            )
         if not self._seccomp_told:
             self._seccomp_told = True
-            return (
+            notices.append(
                 f"[sandbox: no seccomp filter for this {platform.machine()}; running with Landlock and the "
                 "namespaces alone, as general.best_effort allows: code may make sockets of any kind]"
             )
         if jail.view_error and not self._view_told:
             self._view_told = True
-            return f"[no view of ollie's files at $OLLIE in this sandbox: {jail.view_error}]"
-        if not jail.namespaces_refused or not self._namespaces:
-            return ""
-        self._namespaces = False
-        return (
-            f"[sandbox: {jail.namespaces_refused}; running with Landlock and seccomp alone, as "
-            "general.best_effort allows: no process, network, /tmp or terminal isolation]"
-        )
+            notices.append(f"[no view of ollie's files at $OLLIE in this sandbox: {jail.view_error}]")
+        return "\n".join(notices)
 
     def _scratch_dir(self) -> str:
         if not self._scratch:
