@@ -231,7 +231,7 @@ def test_the_last_session_of_the_directory_is_resumed_and_new_starts_another(ser
 
 
 def test_80x24_keeps_the_status_line_and_input(server, tmp_path):
-    server.agent("small", turns=[{"text": "\n".join(f"line {i}" for i in range(60))}])
+    server.agent("small", turns=[{"text": "\n".join(f"line {i}" for i in range(60))}, {"text": "the second answer"}])
     cwd = workdir(server, "small")
     t = Tmux(tmp_path, server.env, width=80, height=24)
     try:
@@ -249,6 +249,11 @@ def test_80x24_keeps_the_status_line_and_input(server, tmp_path):
         assert "line 20" in screen and "PgDn" in screen
         t.keys("PageDown", "PageDown", "PageDown")
         t.wait_for("line 59")
+        t.keys("PageUp")
+        t.wait_for("PgDn")
+        t.type("more")  # sent while scrolled back: its answer is followed (the view stayed back)
+        t.keys("Enter")
+        assert "PgDn" not in t.wait_for("the second answer")
     finally:
         t.close()
 

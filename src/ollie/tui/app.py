@@ -221,6 +221,7 @@ class TuiApp:
             if not text.strip():
                 return
             buf.reset(append_to_history=True)
+            self.top = None  # what is sent, and its answer, are at the end: follow it again
             self.spawn(self.submit(text))
 
         @kb.add("c-j", filter=focus)
