@@ -555,6 +555,8 @@ async def test_memory_file_size_and_tmpdir_are_bounded(run, tmp_path):
     assert result.is_error and "MemoryError" in result.text()
     result = await run("head -c 2M /dev/zero > big", sandbox="small")
     assert result.is_error and (tmp_path / "cwd" / "big").stat().st_size <= 1 << 20
+    # the shell's 153 (SIGXFSZ) names the setting: "File size limit exceeded" alone did not
+    assert "(a file reached limits.file_size of the sandbox policy: 1 MiB)" in result.text(), result.text()
     result = await run("dd if=/dev/zero of=$TMPDIR/big bs=64k count=64 2>&1; ls $TMPDIR")
     assert "No space left" not in result.text()  # the default allows 1 GiB
     result = await run("for i in 1 2 3; do head -c 512K /dev/zero > $TMPDIR/part$i || exit 1; done", sandbox="small")
@@ -564,7 +566,9 @@ async def test_memory_file_size_and_tmpdir_are_bounded(run, tmp_path):
 async def test_cpu_time_is_bounded(run):
     write_policy("small", "limits:\n  cpu: 1\n")
     result = await run("while :; do :; done", sandbox="small", timeout=20)
-    assert result.is_error and "killed by SIGXCPU" in result.text()
+    assert (
+        result.is_error and "killed by SIGXCPU (a process used limits.cpu of the sandbox policy: 1 s" in result.text()
+    )
 
 
 async def test_call_shape_is_bounded(run):

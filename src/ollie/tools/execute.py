@@ -594,8 +594,19 @@ async def _run_command(cmd: _Command, stdin: bytes | None, job: _Job) -> _Outcom
     status = process.status
     if status:
         why = f"exit status {status}" if status > 0 else f"killed by {signal.Signals(-status).name}"
-        return _Outcome(output, f"execution failed: {why}", status)
+        return _Outcome(output, f"execution failed: {why}{_limit_hit(status, job.sandbox.policy.limits)}", status)
     return _Outcome(output, status=0)
+
+
+def _limit_hit(status: int, limits: sandbox.Limits) -> str:
+    """Which of the sandbox's limits a program's death points at (its own, or a shell's `128 + n`
+    for a child it ran): "File size limit exceeded" alone names no setting to change."""
+    signum = -status if status < 0 else status - 128
+    if signum == signal.SIGXFSZ:
+        return f" (a file reached limits.file_size of the sandbox policy: {_size_text(limits.file_size)})"
+    if signum == signal.SIGXCPU:
+        return f" (a process used limits.cpu of the sandbox policy: {limits.cpu} s of CPU)"
+    return ""
 
 
 class _Process:
