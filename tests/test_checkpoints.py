@@ -306,36 +306,6 @@ async def test_a_slow_first_snapshot_is_not_waited_for_and_the_next_turn_has_one
     await core.close()
 
 
-async def test_a_turn_ends_without_waiting_for_a_first_snapshot_it_does_not_keep(tmp_path, monkeypatch):
-    """A turn that called no tool (or went on without its first snapshot) stayed `thinking` until
-    the snapshot of its cwd ended, however long: the first of a large tree reads every file."""
-    from ollie.agent import checkpoints
-
-    real = Shadow._snapshot
-    ended: list[float] = []
-
-    async def slow(self):
-        await asyncio.sleep(3)
-        try:
-            return await real(self)
-        finally:
-            ended.append(asyncio.get_running_loop().time())
-
-    monkeypatch.setattr(Shadow, "_snapshot", slow)
-    monkeypatch.setattr(checkpoints, "WAIT_MAX", 0.2)
-    cwd = _project(tmp_path / "p")
-    core = await _session(cwd, [{"text": "just words"}, _stage("echo 1 > a.txt"), {"text": "done"}])
-    loop = asyncio.get_running_loop()
-    started = loop.time()
-    await core.submit("talk")
-    assert loop.time() - started < 1.5 and not ended and core.reply == "just words"
-    started = loop.time()
-    await core.submit("change")
-    assert loop.time() - started < 1.5 and (cwd / "a.txt").read_text() == "1\n"
-    await core.close()  # waits for the snapshots under way: no git left running
-    assert ended and not [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
-
-
 async def test_a_session_closed_while_its_first_snapshot_runs_waits_for_it_and_leaves_no_task(tmp_path):
     """A turn stopped twice (an interrupt, then the session's close) while its first snapshot ran
     left that snapshot with no owner: git at work in the cwd after the close, and a task that kept

@@ -123,7 +123,6 @@ class Checkpoints:
         self._before = asyncio.ensure_future(Shadow(cwd).snapshot())
         self._snapshots.add(self._before)
         self._before.add_done_callback(self._snapshots.discard)
-        self._before.add_done_callback(_seen)  # its failure matters only to a turn that awaits it
 
     async def before_change(self) -> None:
         """Before each tool call: the turn's first snapshot must be taken (once a turn). One that
@@ -165,12 +164,11 @@ class Checkpoints:
             await asyncio.gather(*self._snapshots, return_exceptions=True)
 
     async def turn_ended(self) -> None:
-        """Snapshot the cwd again and keep the turn's checkpoint. A turn that called no tool, or
-        went on without its first snapshot, keeps none, and does not wait for that snapshot: it
-        ends in the background (the first of a large tree reads every file; `close` waits for it)."""
+        """Snapshot the cwd again and keep the turn's checkpoint (a turn that called no tool keeps
+        none: its first snapshot is only waited for)."""
         turn, self._turn = self._turn, None
         if turn is None or turn is _SKIPPED:
-            self._before = None
+            await self._taken()
             return
         try:
             shadow = Shadow(turn.cwd)
@@ -321,11 +319,6 @@ def _load(path: Path) -> list[Checkpoint]:
         except (ValueError, TypeError, KeyError):
             continue  # a line torn by a crash: the others stand
     return sorted(found.values(), key=lambda c: c.turn)
-
-
-def _seen(future: asyncio.Future[str]) -> None:
-    if not future.cancelled():
-        future.exception()  # retrieved: asyncio logs no "never retrieved" for one no turn awaited
 
 
 def _refused_cwd(cwd: str) -> str:
