@@ -3,6 +3,7 @@ frames, and by our own client. The namespace is built from the real stores plus 
 blocks until cancelled."""
 
 import asyncio
+import contextlib
 import errno
 import gc
 import os
@@ -15,6 +16,7 @@ import py9p
 import pytest
 
 from ollie.config import socket_path
+from ollie.fs.session_files import WaitHandle as SessionWaitHandle
 from ollie.tui.client import ChatReader
 from ollie.tui.client import Namespace as TerminalNamespace
 from ollie.types import ConfigError
@@ -604,4 +606,54 @@ async def test_a_text_at_hand_is_opened_and_read_without_a_task_and_an_awaited_o
             await client.clunk(fid)
     finally:
         await client.close()
+        await srv.close()
+
+
+class Turns:
+    """A session's `state` and `statewait` in miniature; reading `state` starts a turn just after
+    (the race of a prompt typed as a terminal starts following its session)."""
+
+    def __init__(self):
+        self.state = "idle"
+        self.changed = asyncio.Event()
+
+    def read_state(self) -> str:
+        now, self.state = self.state, "thinking"
+        self.changed.set()
+        return now + "\n"
+
+    async def wait(self, seen: str, timeout: float) -> str:
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout):
+                while self.state == seen:
+                    self.changed.clear()
+                    await self.changed.wait()
+        return self.state
+
+
+class StateWait(File):
+    def __init__(self, turns: Turns):
+        self.turns = turns
+
+    async def open(self, mode):
+        return SessionWaitHandle(self.turns.state, self.turns.wait)
+
+
+async def test_the_terminal_sees_a_turn_that_starts_between_its_read_of_state_and_its_wait(tmp_path):
+    """It once read `state`, then opened `statewait`: a turn started in between was where the
+    wait began, so "thinking" was never shown (until the wait's 5 s ran out, the turn often over)."""
+    turns = Turns()
+    root = StaticDir(
+        {"s": StaticDir({"x": StaticDir({"state": TextFile(turns.read_state), "statewait": StateWait(turns)})})}
+    )
+    sock = tmp_path / "ollie"
+    srv = await serve_unix(Namespace(root), sock)
+    c = await Client.connect(f"unix!{sock}")
+    states = TerminalNamespace(c, f"unix!{sock}", local=True).wait_state("x")
+    try:
+        async with asyncio.timeout(2):  # the wait's own timeout is 4 to 5 s
+            assert [await anext(states), await anext(states)] == ["idle", "thinking"]
+    finally:
+        await states.aclose()
+        await c.close()
         await srv.close()

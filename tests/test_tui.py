@@ -204,8 +204,7 @@ def slash_commands(server: FsServer, tmux: Tmux, cwd: Path) -> None:
     tmux.keys("Tab")
     tmux.wait_for("> /model")
     tmux.keys("C-u")
-    tmux.type("/cos")
-    tmux.keys("Tab")
+    tmux.tmux("send-keys", "-t", "t", "/cos", "Tab")  # typed ahead (or over ssh): the keys come in one read
     tmux.wait_for("> /cost")
     tmux.keys("Enter")  # a command chosen in the menu runs at once (the Enter only closed the menu)
     tmux.wait_for(":: costLast=")

@@ -18,7 +18,8 @@ from collections.abc import Iterable
 from typing import Any
 
 from prompt_toolkit.application import Application
-from prompt_toolkit.completion import CompleteEvent, Completer, Completion
+from prompt_toolkit.buffer import Buffer
+from prompt_toolkit.completion import CompleteEvent, Completer, Completion, get_common_complete_suffix
 from prompt_toolkit.data_structures import Point
 from prompt_toolkit.document import Document
 from prompt_toolkit.filters import has_focus
@@ -123,6 +124,7 @@ class TuiApp:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._shell: asyncio.Future[tuple[int, str]] | None = None  # a !cmd running
 
+        self.completer = TuiCompleter(self)
         self.input = TextArea(
             multiline=True,
             height=Dimension(min=1, max=8),
@@ -130,7 +132,7 @@ class TuiApp:
             prompt="> ",
             wrap_lines=True,
             history=history or InMemoryHistory(),
-            completer=TuiCompleter(self),
+            completer=self.completer,
             complete_while_typing=True,
         )
         self.output = Window(
@@ -224,6 +226,10 @@ class TuiApp:
             self.top = None  # what is sent, and its answer, are at the end: follow it again
             self.spawn(self.submit(text))
 
+        @kb.add("tab", filter=focus)
+        def _(event: KeyPressEvent) -> None:
+            self.tab(self.input.buffer)
+
         @kb.add("c-j", filter=focus)
         @kb.add("escape", "enter", filter=focus)
         def _(event: KeyPressEvent) -> None:
@@ -248,6 +254,20 @@ class TuiApp:
             self.expanded = not self.expanded
 
         return kb
+
+    def tab(self, buf: Buffer) -> None:
+        """The menu's next entry when it is open; else what is typed completed now (prompt_toolkit's
+        own Tab asks for completions in the background, and loses its insertion when the ones for
+        the last key typed are still to come: keys typed ahead, or over ssh, arrive together)."""
+        if buf.complete_state and buf.complete_state.completions:
+            buf.complete_next()
+            return
+        completions = list(self.completer.get_completions(buf.document, CompleteEvent(completion_requested=True)))
+        if len(completions) == 1:
+            buf.apply_completion(completions[0])
+        elif completions:
+            buf.insert_text(get_common_complete_suffix(buf.document, completions))
+            buf.start_completion()
 
     def ctrl_c(self) -> None:
         """Interrupt the turn; clear the input when idle; a second one within a second leaves."""

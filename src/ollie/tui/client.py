@@ -164,11 +164,13 @@ class Namespace:
 
     async def wait_state(self, sid: str) -> AsyncIterator[str]:
         """The session's state now, then each time it changes (from `statewait`, which blocks up
-        to 5 s and then repeats the state: repeats are passed on, so callers see a heartbeat)."""
-        yield (await self.read(f"s/{sid}/state")).strip()
+        to 5 s and then repeats the state: repeats are passed on, so callers see a heartbeat).
+        `statewait` is opened before `state` is read: it waits for a change from the state at its
+        open, so a turn that starts between the two is news to it, not its starting point."""
         fid = await self.client.walk(f"s/{sid}/statewait")
         try:
             await self.client.open(fid, P.OREAD)
+            yield (await self.read(f"s/{sid}/state")).strip()
             while True:
                 yield (await self.client.read(fid, 0, 256)).decode().strip()
         finally:
