@@ -6,10 +6,12 @@ the sandbox planted, and metadata (modes, times, extended attributes) changed ou
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
 import shutil
 import stat
+import subprocess
 import tempfile
 import textwrap
 import time
@@ -493,3 +495,49 @@ async def test_the_server_reaching_into_a_jails_view_is_refused_not_served(h):
             await asyncio.wait_for(asyncio.to_thread(os.listdir, view + "/s"), 10)
     finally:
         await running_stage
+
+
+# ---- the work tree above a cwd (`{REPO}`) -----------------------------------------------------------------
+
+
+async def test_a_repository_at_home_or_in_a_shared_directory_grants_nothing_above_the_cwd(home, tmp_path):
+    """A dotfiles repository at $HOME would grant all of it (~/.ssh among it); a `.git` anyone may
+    make in /tmp, or one of another user's, is no repository of yours (git refuses them too)."""
+    subprocess.run(["git", "init", "-q", str(home)], check=True)
+    cwd = home / "project" / "sub"
+    cwd.mkdir(parents=True)
+    result = await call(cwd, "git status 2>&1 | head -1; cat ~/.ssh/id_rsa ../README 2>&1", tmp_path)
+    assert "not a git repository" in result.text() and SECRET not in result.text()
+    assert sandbox.repository_root(str(cwd), str(home)) == ""
+    linked_home = tmp_path / "home-link"  # $HOME through a link, the cwd a real path
+    linked_home.symlink_to(home)
+    assert sandbox.repository_root(str(cwd), str(linked_home)) == ""
+    shared = tmp_path / "shared"
+    (shared / ".git").mkdir(parents=True)
+    (shared / "p").mkdir()
+    assert sandbox.repository_root(str(shared / "p"), str(home)) == str(shared)
+    shared.chmod(0o1777)
+    assert sandbox.repository_root(str(shared / "p"), str(home)) == ""
+    shared.chmod(0o755)
+    os.chown(shared, 65534, 65534)
+    assert sandbox.repository_root(str(shared / "p"), str(home)) == ""
+
+
+def test_a_work_tree_swapped_for_a_link_before_its_grant_is_left_out(home, tmp_path):
+    """The work tree is found from the cwd by path, then granted by descriptor: a directory above
+    the cwd swapped for a link meanwhile (by a session whose cwd is above it, outside $HOME, where
+    no rule of this policy looks for planted links) grants nothing, not the link's target."""
+    repo = tmp_path / "srv" / "mono"
+    (repo / ".git").mkdir(parents=True)
+    (repo / "pkg").mkdir()
+    policy = sandbox.load_policy("default", str(repo / "pkg"), "")
+    assert policy.repo == str(repo) and str(repo) in policy.paths["rox"]
+    repo.rename(tmp_path / "srv" / "moved")
+    repo.symlink_to(home / ".ssh")
+    others = dataclasses.replace(policy, paths={**policy.paths, "rwx": ()})  # the cwd moved away with it
+    decided = sandbox.grants.decide(others, {}, {})
+    try:
+        assert [g for g in decided if g.given == str(repo) or ".ssh" in g.path] == []
+        assert any(g.given == "/usr" for g in decided)  # the rest decided as ever
+    finally:
+        sandbox.grants.close(decided)

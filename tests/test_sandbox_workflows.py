@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from ollie import sandbox
+from ollie.tools import CallContext, execute
 from sandbox_helpers import write_policy
 
 pytestmark = pytest.mark.skipif(sandbox.landlock_abi() < 6, reason="needs Landlock ABI 6 (Linux 6.12)")
@@ -94,6 +95,50 @@ async def test_git_commit_in_the_project(run):
     )
     result = await run(code)
     assert (result.is_error, result.text().strip()) == (False, "2")
+
+
+def monorepo(root: Path) -> Path:
+    """A git repository with a package below its root and the root's hoisted node_modules/.bin;
+    returns the package's directory."""
+    package = root / "packages" / "app"
+    package.mkdir(parents=True)
+    (root / "README").write_text("the monorepo\n")
+    tools = root / "node_modules" / ".bin"
+    tools.mkdir(parents=True)
+    (tools / "check-it").write_text("#!/bin/sh\necho root tests pass\n")
+    (tools / "check-it").chmod(0o755)
+    git = ["git", "-C", str(root), "-c", "user.name=a", "-c", "user.email=a@b"]
+    subprocess.run([*git, "init", "-q"], check=True)
+    subprocess.run([*git, "add", "README"], check=True)
+    subprocess.run([*git, "commit", "-q", "-m", "first"], check=True)
+    return package
+
+
+async def in_cwd(cwd: Path, tmp_path: Path, code: str) -> tuple[bool, str]:
+    server = execute.factory(str(cwd))()
+    ctx = CallContext(cwd=str(cwd), session_id="s", tmpdir=str(tmp_path))
+    try:
+        result = await server.call_tool("execute_code", {"steps": [{"code": code}]}, ctx)
+        return result.is_error, result.text()
+    finally:
+        await server.close()
+
+
+async def test_a_package_of_a_monorepo_uses_git_and_the_roots_tools(home, tmp_path):
+    """A session in a subdirectory of a repository: git finds the repository above its cwd, the
+    root's tools run, the rest of the work tree is read, not written."""
+    package = monorepo(home / "work" / "mono")
+    code = (
+        "git log --format=%s && git status --short . && ../../node_modules/.bin/check-it && cat ../../README && "
+        "{ echo x > ../../new; } 2>&1 | grep -o 'Read-only file system'"
+    )
+    assert await in_cwd(package, tmp_path, code) == (
+        False,
+        "first\nroot tests pass\nthe monorepo\nRead-only file system\n",
+    )
+    write_policy(None, "general:\n  repository: false\n")  # the user's choice: the cwd alone
+    is_error, text = await in_cwd(package, tmp_path, "git log --format=%s 2>&1; cat ../../README 2>&1")
+    assert "not a git repository" in text and "Permission denied" in text and "monorepo" not in text
 
 
 # ---- name resolution with connect_tcp -------------------------------------------------------------

@@ -45,7 +45,16 @@ from ..paths import (
 from . import grants
 from .jail import Confinement, GrantChanged, Jail, JailSetup, userns_hint
 from .landlock import RO, RW, RWX, build_ruleset, fs_handled, landlock_abi
-from .policy import FS_KEYS, Limits, Policy, SandboxError, load_policy, missing_policy, policy_files
+from .policy import (
+    FS_KEYS,
+    Limits,
+    Policy,
+    SandboxError,
+    load_policy,
+    missing_policy,
+    policy_files,
+    repository_root,
+)
 from .seccomp import SECCOMP_MACHINES, seccomp_program, seccomp_supported
 
 _T = TypeVar("_T")
@@ -64,6 +73,7 @@ __all__ = [
     "load_policy",
     "missing_policy",
     "programs_found",
+    "repository_root",
     "seccomp_supported",
 ]
 

@@ -1,7 +1,8 @@
 """A policy's grants, decided once: each path opened into a descriptor and judged through it.
 
 - The working directory is kept as a real path: a symlink on it now was planted since (by code
-  that writes its parent), so none is followed.
+  that writes its parent), so none is followed. So is the work tree it lies in (`{REPO}`), found
+  from it: that grant is left out instead.
 - Any other grant follows symlinks as the user set them up (`/etc/localtime`, a symlinked
   cache), but not one in a directory sandboxed code can write under this very policy: that link
   could be pointed anywhere before the next call.
@@ -156,7 +157,7 @@ def _open(policy: Policy, path: str, planted: dict[Identity, str], mount: str) -
             "sandboxed code reaches its own view of it at $OLLIE instead"
         )
     try:
-        if path == policy.cwd:
+        if path in (policy.cwd, policy.repo):
             fd = open_real(path)
             return Opened(fd, real_path(fd), [])
         return open_following(path, lambda parent: _written(parent, planted))
@@ -170,6 +171,8 @@ def _open(policy: Policy, path: str, planted: dict[Identity, str], mount: str) -
             f"sandboxed code could point anywhere ({e.strerror}); grant the real path instead"
         ) from None
     except LinkRefused:
+        if path == policy.repo:
+            return None
         if path == policy.cwd:
             raise SandboxError(f"the working directory {path} " + LINKED_CWD.format(first_link(path) or "?")) from None
         raise SandboxError(

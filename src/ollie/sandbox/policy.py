@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -70,6 +71,9 @@ DEFAULT_POLICY: dict[str, Any] = {
             # Toolchains and programs installed under $HOME, read and run (none holds a secret:
             # not ~/.cargo itself, whose credentials.toml does): `cargo test`, `npm test` under nvm, ...
             *_HOME_TOOLCHAINS,
+            # The git work tree a cwd below its root lies in (`repository_root`): git finds its
+            # repository, a monorepo's hoisted node_modules/.bin and .venv run.
+            "{REPO}",
         ],
         # /proc: ps, /dev/fd and Python need it; Landlock's ptrace rule already hides the environ,
         # memory and fds of every process outside the sandbox.
@@ -98,7 +102,7 @@ DEFAULT_POLICY: dict[str, Any] = {
         "parallel": 64,  # branches of one parallel stage
         "tmpdir": "1G",  # size of the private /tmp (which holds $TMPDIR), and of the private /dev/shm
     },
-    "general": {"best_effort": False},
+    "general": {"best_effort": False, "repository": True},
 }
 
 # Hooks run commands from the agent's config: they read (and may run) the project, never change it.
@@ -136,7 +140,7 @@ _SCHEMA = {
     "network": ("enabled", "unrestricted", "bind_tcp", "connect_tcp", "unix", "dns"),
     "env": None,
     "limits": _LIMIT_KEYS,
-    "general": ("best_effort",),
+    "general": ("best_effort", "repository"),
 }
 
 
@@ -158,6 +162,7 @@ class Policy:
 
     name: str
     cwd: str  # the working directory it was expanded for (a real path; "" for none)
+    repo: str  # the git work tree it lies in below the root (`repository_root`; "" for none)
     shared: tuple[str, ...]  # granted writable to every session (the memory, the plans): no symlinks there
     own: frozenset[str]  # ollie's own grants (tools, scratch, memory, plans): shown from under its hidden directories
     optional: frozenset[str]  # built-in grants left out, rather than refused, when a planted symlink leads there
@@ -223,7 +228,7 @@ def load_policy(
     raw: dict[str, Any] = BUILTIN.get(name, DEFAULT_POLICY)
     for path in (global_file, named_file):
         raw = _overlay(raw, _read_policy_file(path))
-    values = _template_values(cwd, tmpdir)
+    values = _template_values(cwd, tmpdir, repository=raw["general"].get("repository") is not False)
     named = {key: _expand_paths(raw["filesystem"][key], values, f"filesystem.{key}") for key in FS_KEYS}
     named["rox"] += extra_rox + program_rox
     named["ro"] += extra_ro
@@ -237,9 +242,10 @@ def load_policy(
     return Policy(
         name=name,
         cwd=cwd,
+        repo=values["REPO"],
         shared=tuple(p for p in extra_rw if os.path.exists(p)),
         own=frozenset([*extra_rox, *extra_ro, *extra_rw, *extra_rwx, *([os.path.normpath(tmpdir)] if tmpdir else [])]),
-        optional=frozenset(_expand_paths(_HOME_TOOLCHAINS, values, "filesystem.rox")),
+        optional=frozenset(_expand_paths([*_HOME_TOOLCHAINS, "{REPO}"], values, "filesystem.rox")),
         paths=paths,
         missing=tuple(dict.fromkeys(p for key in FS_KEYS for p in named[key] if p not in paths[key])),
         unrestricted_net=unrestricted,
@@ -333,12 +339,13 @@ def _overlay(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _template_values(cwd: str, tmpdir: str) -> dict[str, str]:
+def _template_values(cwd: str, tmpdir: str, repository: bool = True) -> dict[str, str]:
     home = os.path.expanduser("~")
     env = os.environ
     return {
         **env,
         "CWD": cwd,
+        "REPO": repository_root(cwd, home) if repository and cwd else "",
         "HOME": home,
         "TMPDIR": tmpdir,
         "XDG_CONFIG_HOME": env.get("XDG_CONFIG_HOME") or f"{home}/.config",
@@ -349,6 +356,38 @@ def _template_values(cwd: str, tmpdir: str) -> dict[str, str]:
         "OLLIE_DATA_PATH": str(config.data_path()),
         "OLLIE": str(config.mount_path()),
     }
+
+
+def repository_root(cwd: str, home: str) -> str:
+    """The root of the git work tree that `cwd` (a real path) lies in below its root, "" if none:
+    the nearest directory above it whose `.git` is a directory (a `.git` file is a submodule's
+    or a worktree's, whose repository lies elsewhere: a superproject holds a submodule's). The
+    search stops where git's would not be safe to follow, and grants nothing there: at `home` and
+    above it (a dotfiles repository would grant all of $HOME), at a directory not the user's (git
+    refuses those too) or one anyone may write (/tmp, where any user could make a `.git`), and at
+    another file system (as git does). Only a candidate: the grant is then judged by descriptor."""
+    try:
+        here = os.lstat(cwd)
+    except OSError:
+        return ""
+    path, uid = cwd, os.geteuid()
+    homes = {home, os.path.realpath(home)}  # the cwd is a real path; $HOME may lead through a link
+    while True:
+        try:
+            if stat.S_ISDIR(os.lstat(os.path.join(path, ".git")).st_mode):
+                return "" if path == cwd else path
+        except OSError:
+            pass
+        parent = os.path.dirname(path)
+        if parent == path or any(parent == h or h.startswith(parent.rstrip("/") + "/") for h in homes):
+            return ""
+        try:
+            st = os.lstat(parent)
+        except OSError:
+            return ""
+        if st.st_dev != here.st_dev or st.st_uid != uid or st.st_mode & (stat.S_IWOTH | stat.S_ISVTX):
+            return ""
+        path = parent
 
 
 def _expand_paths(entries: list[str], values: dict[str, str], where: str) -> tuple[str, ...]:
