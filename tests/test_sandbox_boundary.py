@@ -21,6 +21,7 @@ import pytest
 
 from agent_helpers import running
 from ollie import sandbox
+from ollie.paths import identities
 from ollie.tools import CallContext, execute
 from sandbox_helpers import API_KEY, SECRET, write_policy
 from view_helpers import start_child
@@ -501,8 +502,8 @@ async def test_the_server_reaching_into_a_jails_view_is_refused_not_served(h):
 
 
 async def test_a_repository_at_home_or_in_a_shared_directory_grants_nothing_above_the_cwd(home, tmp_path):
-    """A dotfiles repository at $HOME would grant all of it (~/.ssh among it); a `.git` anyone may
-    make in /tmp, or one of another user's, is no repository of yours (git refuses them too)."""
+    """A dotfiles repository at $HOME would grant all of it (~/.ssh among it); a `.git` another
+    user may make (in /tmp, in a directory of theirs or of a group's) is no repository of yours."""
     subprocess.run(["git", "init", "-q", str(home)], check=True)
     cwd = home / "project" / "sub"
     cwd.mkdir(parents=True)
@@ -512,27 +513,64 @@ async def test_a_repository_at_home_or_in_a_shared_directory_grants_nothing_abov
     linked_home = tmp_path / "home-link"  # $HOME through a link, the cwd a real path
     linked_home.symlink_to(home)
     assert sandbox.repository_root(str(cwd), str(linked_home)) == ""
-    shared = tmp_path / "shared"
+    (home / ".config" / "nvim").mkdir(parents=True)  # ~/.config kept in git: gh's token is there
+    (home / ".config" / ".git").mkdir()
+    assert sandbox.repository_root(str(home / ".config" / "nvim"), str(home)) == ""
+    outside = tmp_path / "srv" / "mono"  # not below $HOME (ollie run as root: /etc kept in git)
+    (outside / ".git").mkdir(parents=True)
+    (outside / "p").mkdir()
+    assert sandbox.repository_root(str(outside / "p"), str(home)) == ""
+    shared = home / "shared"
     (shared / ".git").mkdir(parents=True)
     (shared / "p").mkdir()
     assert sandbox.repository_root(str(shared / "p"), str(home)) == str(shared)
-    shared.chmod(0o1777)
-    assert sandbox.repository_root(str(shared / "p"), str(home)) == ""
-    shared.chmod(0o755)
-    os.chown(shared, 65534, 65534)
-    assert sandbox.repository_root(str(shared / "p"), str(home)) == ""
+    for mode, owner in ((0o1777, None), (0o775, 65534), (0o755, 65534)):
+        shared.chmod(mode)
+        os.chown(shared, owner if mode == 0o755 else os.geteuid(), owner if owner else os.getegid())
+        assert sandbox.repository_root(str(shared / "p"), str(home)) == "", (oct(mode), owner)
+
+
+def test_the_cwds_own_git_never_chooses_what_its_sandbox_reads(home):
+    """Code writes its cwd: were its `.git` looked at, making it a file (or removing it) would
+    make its next sandbox, or a sub-agent's there, read the repository around it."""
+    outer = home / "work"
+    lib = outer / "vendor" / "lib"
+    (lib / ".git").mkdir(parents=True)
+    (outer / ".git").mkdir()
+    assert sandbox.repository_root(str(lib), str(home)) == str(outer)
+    (lib / ".git").rmdir()
+    (lib / ".git").write_text("gitdir: elsewhere\n")
+    assert sandbox.repository_root(str(lib), str(home)) == str(outer)
+
+
+def test_no_work_tree_for_tool_servers_nor_one_holding_ollies_configuration(home, monkeypatch):
+    """A stdio tool server (the network, its secrets) would run a program planted in the tree (a
+    .venv/bin on PATH); a tree holding ollie's configuration (a dotfiles repository `stow`ed) is
+    left out, for code run without a jail would read it."""
+    repo = home / "dotfiles"
+    (repo / ".git").mkdir(parents=True)
+    (repo / "nvim").mkdir()
+    assert str(repo) not in sandbox.load_policy("tools", str(repo / "nvim"), "").paths["rox"]
+    policy = sandbox.load_policy("default", str(repo / "nvim"), "")
+    assert str(repo) in policy.paths["rox"]
+    (repo / "ollie").mkdir()
+    decided = sandbox.grants.decide(policy, identities([str(repo / "ollie")]), {})
+    try:
+        assert [g.path for g in decided if g.given == str(repo)] == []
+        assert any(g.given == str(repo / "nvim") for g in decided)  # the cwd granted as ever
+    finally:
+        sandbox.grants.close(decided)
 
 
 def test_a_work_tree_swapped_for_a_link_before_its_grant_is_left_out(home, tmp_path):
-    """The work tree is found from the cwd by path, then granted by descriptor: a directory above
-    the cwd swapped for a link meanwhile (by a session whose cwd is above it, outside $HOME, where
-    no rule of this policy looks for planted links) grants nothing, not the link's target."""
-    repo = tmp_path / "srv" / "mono"
+    """The work tree is found from the cwd by path, then opened as the cwd is, following no
+    link: one swapped in meanwhile grants nothing, not the link's target."""
+    repo = home / "srv" / "mono"
     (repo / ".git").mkdir(parents=True)
     (repo / "pkg").mkdir()
     policy = sandbox.load_policy("default", str(repo / "pkg"), "")
     assert policy.repo == str(repo) and str(repo) in policy.paths["rox"]
-    repo.rename(tmp_path / "srv" / "moved")
+    repo.rename(home / "srv" / "moved")
     repo.symlink_to(home / ".ssh")
     others = dataclasses.replace(policy, paths={**policy.paths, "rwx": ()})  # the cwd moved away with it
     decided = sandbox.grants.decide(others, {}, {})

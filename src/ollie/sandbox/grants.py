@@ -83,6 +83,9 @@ def decide(
                 opened = _open(policy, path, planted, mount)
                 if opened is None:
                     continue
+                if path == policy.repo and _holds_hidden(opened.fd, hidden):
+                    os.close(opened.fd)
+                    continue
                 own = path in policy.own and path != policy.cwd  # the cwd is never ollie's own
                 grant = Grant(opened.path, key, opened.fd, own, path in policy.shared, path, bool(opened.links))
                 grants.append(grant)
@@ -180,6 +183,24 @@ def _open(policy: Policy, path: str, planted: dict[Identity, str], mount: str) -
         ) from None
     except OSError as e:
         raise SandboxError(f"sandbox policy {policy.name!r} grants {path}: {e.strerror}") from None
+
+
+def _holds_hidden(fd: int, hidden: dict[Identity, str]) -> bool:
+    """Whether one of ollie's hidden directories lies in the directory `fd` (by descriptor). A jail
+    hides them wherever they are, but code run without one (`best_effort`) would read them there:
+    the work tree around a cwd is left out rather than granted with ollie's configuration inside."""
+    tree = {identity(fd): "tree"}
+    for path in hidden.values():
+        try:
+            inner = os.open(path, os.O_PATH | os.O_CLOEXEC)
+        except OSError:
+            continue
+        try:
+            if within(inner, tree) is not None:
+                return True
+        finally:
+            os.close(inner)
+    return False
 
 
 def _written(parent: int, planted: dict[Identity, str]) -> str | None:

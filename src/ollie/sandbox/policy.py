@@ -122,6 +122,9 @@ TOOLS_POLICY: dict[str, Any] = {
     **DEFAULT_POLICY,
     "filesystem": {
         **DEFAULT_POLICY["filesystem"],
+        # not the work tree around the cwd: a program planted there (a .venv/bin on PATH) would be
+        # found and run, with the server's network and its secrets
+        "rox": [p for p in DEFAULT_POLICY["filesystem"]["rox"] if p != "{REPO}"],
         "ro": [*DEFAULT_POLICY["filesystem"]["ro"], "{CWD}"],
         "rwx": ["{TMPDIR}"],
     },
@@ -359,34 +362,39 @@ def _template_values(cwd: str, tmpdir: str, repository: bool = True) -> dict[str
 
 
 def repository_root(cwd: str, home: str) -> str:
-    """The root of the git work tree that `cwd` (a real path) lies in below its root, "" if none:
-    the nearest directory above it whose `.git` is a directory (a `.git` file is a submodule's
-    or a worktree's, whose repository lies elsewhere: a superproject holds a submodule's). The
-    search stops where git's would not be safe to follow, and grants nothing there: at `home` and
-    above it (a dotfiles repository would grant all of $HOME), at a directory not the user's (git
-    refuses those too) or one anyone may write (/tmp, where any user could make a `.git`), and at
-    another file system (as git does). Only a candidate: the grant is then judged by descriptor."""
+    """The root of the git work tree that `cwd` (a real path) lies in, "" if none: the nearest
+    directory strictly above it whose `.git` is a directory. The cwd's own `.git` is not looked at:
+    its code writes it, and would otherwise choose (by making it a file, or removing it) whether its
+    next sandbox reads the tree around it. Found only strictly below $HOME (told by identity, not
+    by path: a bind mount or a link names it otherwise) and outside its dot-directories (a
+    dotfiles repository, `~/.config` as one, would grant its secrets); never through a directory
+    not the user's or one another user may write (git refuses those too), nor across a mount (as
+    git does). Only a candidate: the grant is then opened and judged by descriptor."""
     try:
-        here = os.lstat(cwd)
+        here, top = os.lstat(cwd), os.stat(home)
     except OSError:
         return ""
-    path, uid = cwd, os.geteuid()
-    homes = {home, os.path.realpath(home)}  # the cwd is a real path; $HOME may lead through a link
+    home_id, uid, gid = (top.st_dev, top.st_ino), os.geteuid(), os.getegid()
+    found, path = "", cwd
     while True:
-        try:
-            if stat.S_ISDIR(os.lstat(os.path.join(path, ".git")).st_mode):
-                return "" if path == cwd else path
-        except OSError:
-            pass
         parent = os.path.dirname(path)
-        if parent == path or any(parent == h or h.startswith(parent.rstrip("/") + "/") for h in homes):
-            return ""
+        if parent == path:
+            return ""  # not below $HOME
         try:
             st = os.lstat(parent)
         except OSError:
             return ""
-        if st.st_dev != here.st_dev or st.st_uid != uid or st.st_mode & (stat.S_IWOTH | stat.S_ISVTX):
+        if (st.st_dev, st.st_ino) == home_id:
+            return "" if os.path.basename(path).startswith(".") else found
+        shared = st.st_mode & (stat.S_IWOTH | stat.S_ISVTX) or (st.st_mode & stat.S_IWGRP and st.st_gid != gid)
+        if st.st_dev != here.st_dev or st.st_uid != uid or shared:
             return ""
+        if not found:
+            try:
+                if stat.S_ISDIR(os.lstat(os.path.join(parent, ".git")).st_mode):
+                    found = parent
+            except OSError:
+                pass
         path = parent
 
 
