@@ -87,6 +87,24 @@ async def test_cargo_test_finds_a_toolchain_under_home(run, monkeypatch):
     assert not result.is_error and "1 passed" in result.text(), result.text()
 
 
+@pytest.mark.skipif(not shutil.which("javac"), reason="needs a JDK")
+async def test_javac_compiles_and_java_runs_with_the_jdks_configuration_under_etc(run):
+    """Debian's JDK keeps its java.security under /etc/java-<version>: without it javac (and
+    Gradle, Maven) died with "Error loading java.security file"."""
+    (cwd_of(run) / "Hello.java").write_text(
+        'public class Hello { public static void main(String[] a) { System.out.println("hello, java"); } }\n'
+    )
+    result = await run("javac Hello.java 2>&1 && java Hello", timeout=120)
+    assert (result.is_error, result.text()) == (False, "hello, java\n")
+
+
+@pytest.mark.skipif(not shutil.which("fc-match"), reason="needs fontconfig")
+async def test_fontconfig_finds_its_configuration_and_cache(run):
+    """Plots and headless browsers find fonts through fontconfig (/etc/fonts, its system cache)."""
+    result = await run("fc-match sans 2>&1")
+    assert not result.is_error and "Fontconfig error" not in result.text() and ".ttf" in result.text(), result.text()
+
+
 async def test_git_commit_in_the_project(run):
     code = (
         "git init -q . && git -c user.name=a -c user.email=a@b commit -q --allow-empty -m first && "

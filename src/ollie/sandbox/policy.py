@@ -28,11 +28,14 @@ class SandboxError(ConfigError):
 
 
 # The parts of /etc that programs read: loader, users and groups, name resolution, time, locale,
-# terminfo, CA certificates. Not shadow, gshadow, sudoers, ssh host keys or ssl/private.
+# terminfo, CA certificates, fontconfig. Not shadow, gshadow, sudoers, ssh host keys or ssl/private.
 _ETC = """ld.so.cache ld.so.conf ld.so.conf.d passwd group nsswitch.conf hosts host.conf resolv.conf
     gai.conf services protocols localtime timezone locale.alias locale.conf default/locale mime.types
     magic magic.mime inputrc terminfo ssl/certs ssl/openssl.cnf ca-certificates ca-certificates.conf
-    pki/tls/certs os-release lsb-release debian_version perl python3 gitconfig""".split()
+    pki/tls/certs os-release lsb-release debian_version perl python3 gitconfig fonts""".split()
+# A JDK's configuration (its lib/jvm.cfg and conf/security/java.security are links there on Debian:
+# without it javac, Gradle and Maven fail with "Error loading java.security file").
+_ETC += sorted(name for name in os.listdir("/etc") if name.startswith("java-")) if os.path.isdir("/etc") else []
 
 _HOME_TOOLCHAINS = [
     "{RUSTUP_HOME}",
@@ -77,7 +80,8 @@ DEFAULT_POLICY: dict[str, Any] = {
         ],
         # /proc: ps, /dev/fd and Python need it; Landlock's ptrace rule already hides the environ,
         # memory and fds of every process outside the sandbox.
-        "ro": [f"/etc/{p}" for p in _ETC] + ["/proc", "/sys/devices/system/cpu", "/dev/random", "/dev/urandom"],
+        "ro": [f"/etc/{p}" for p in _ETC]
+        + ["/var/cache/fontconfig", "/proc", "/sys/devices/system/cpu", "/dev/random", "/dev/urandom"],
         # /dev/ptmx and /dev/pts: expect's spawn needs a pseudo-terminal.
         "rw": ["/dev/null", "/dev/zero", "/dev/full", "/dev/ptmx", "/dev/pts"],
         # The project and $TMPDIR run what they hold (./configure, make check's ./t, .venv/bin/pytest,
