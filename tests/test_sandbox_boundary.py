@@ -11,6 +11,7 @@ import json
 import os
 import shutil
 import stat
+import struct
 import subprocess
 import tempfile
 import textwrap
@@ -22,6 +23,7 @@ import pytest
 from agent_helpers import running
 from ollie import sandbox
 from ollie.paths import identities
+from ollie.sandbox import policy
 from ollie.tools import CallContext, execute
 from sandbox_helpers import API_KEY, SECRET, write_policy
 from view_helpers import start_child
@@ -528,6 +530,35 @@ async def test_a_repository_at_home_or_in_a_shared_directory_grants_nothing_abov
         shared.chmod(mode)
         os.chown(shared, owner if mode == 0o755 else os.geteuid(), owner if owner else os.getegid())
         assert sandbox.repository_root(str(shared / "p"), str(home)) == "", (oct(mode), owner)
+    os.chown(shared, os.geteuid(), os.getegid())
+    shared.chmod(0o755)
+    assert sandbox.repository_root(str(shared / "p"), str(home)) == str(shared)
+    # an ACL letting uid 65534 write (its mask is what the group's bits then show: 755 stays 775)
+    user_obj, user, group_obj, mask, other = 0x01, 0x02, 0x04, 0x10, 0x20
+    entries = [(user_obj, 7, 0xFFFFFFFF), (user, 7, 65534), (group_obj, 5, 0xFFFFFFFF), (mask, 7, 0xFFFFFFFF)]
+    acl = struct.pack("<I", 2) + b"".join(struct.pack("<HHI", *e) for e in [*entries, (other, 5, 0xFFFFFFFF)])
+    os.setxattr(shared, "system.posix_acl_access", acl)
+    assert sandbox.repository_root(str(shared / "p"), str(home)) == ""
+    os.removexattr(shared, "system.posix_acl_access")
+    os.chown(shared / ".git", 65534, 65534)  # a `.git` another user made: not the user's repository
+    assert sandbox.repository_root(str(shared / "p"), str(home)) == ""
+    assert sandbox.repository_root(str(cwd), "/") == ""  # $HOME=/ (a container's user without one)
+
+
+def test_a_dotfiles_repository_is_never_granted_whole(home):
+    """Kept in git and linked into place (`stow`): ~/.config/gh/hosts.yml, or ollie's own env file,
+    lies in the repository. A session in one of its packages gets its cwd, not the repository."""
+    dotfiles = home / "dotfiles"
+    (dotfiles / ".git").mkdir(parents=True)
+    (dotfiles / "gh" / ".config" / "gh").mkdir(parents=True)
+    (dotfiles / "gh" / ".config" / "gh" / "hosts.yml").write_text("oauth_token: gho_SECRET\n")
+    (dotfiles / "nvim" / ".config" / "nvim").mkdir(parents=True)
+    assert sandbox.repository_root(str(dotfiles / "nvim"), str(home)) == str(dotfiles)  # nothing linked yet
+    assert sandbox.repository_root(str(dotfiles / "nvim" / ".config" / "nvim"), str(home)) == ""  # a dot-directory
+    (home / ".config" / "gh").mkdir(parents=True)
+    (home / ".config" / "gh" / "hosts.yml").symlink_to(dotfiles / "gh" / ".config" / "gh" / "hosts.yml")
+    policy._linked.clear()  # what was seen a moment ago is kept for 5 s
+    assert sandbox.repository_root(str(dotfiles / "nvim"), str(home)) == ""
 
 
 def test_the_cwds_own_git_never_chooses_what_its_sandbox_reads(home):

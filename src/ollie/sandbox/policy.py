@@ -11,10 +11,13 @@ extend, scalars replace).
 
 from __future__ import annotations
 
+import grp
 import os
+import pwd
 import re
 import stat
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -367,39 +370,99 @@ def _template_values(cwd: str, tmpdir: str, repository: bool = True) -> dict[str
 
 def repository_root(cwd: str, home: str) -> str:
     """The root of the git work tree that `cwd` (a real path) lies in, "" if none: the nearest
-    directory strictly above it whose `.git` is a directory. The cwd's own `.git` is not looked at:
-    its code writes it, and would otherwise choose (by making it a file, or removing it) whether its
-    next sandbox reads the tree around it. Found only strictly below $HOME (told by identity, not
-    by path: a bind mount or a link names it otherwise) and outside its dot-directories (a
-    dotfiles repository, `~/.config` as one, would grant its secrets); never through a directory
-    not the user's or one another user may write (git refuses those too), nor across a mount (as
-    git does). Only a candidate: the grant is then opened and judged by descriptor."""
+    directory strictly above it whose `.git` is a directory of the user's. The cwd's own `.git` is
+    not looked at: its code writes it, and would otherwise choose (by making it a file, or removing
+    it) whether its next sandbox reads the tree around it. Found only strictly below $HOME (told by
+    identity: a bind mount or a link names it otherwise; not when $HOME is / or not the user's),
+    with no dot-directory on the way from $HOME to the cwd, and not in a dotfiles repository (one
+    $HOME's files link into, as `stow` makes them): a work tree granted whole would grant their
+    secrets. Never through a directory another user may write (`_only_mine`: git refuses some of
+    those too), nor across a mount (as git does). Only a candidate: the grant is then opened and
+    judged by descriptor."""
     try:
         here, top = os.lstat(cwd), os.stat(home)
     except OSError:
         return ""
-    home_id, uid, gid = (top.st_dev, top.st_ino), os.geteuid(), os.getegid()
-    found, path = "", cwd
+    uid = os.geteuid()
+    if top.st_uid != uid or os.path.realpath(home) == "/":
+        return ""
+    home_id, found, path = (top.st_dev, top.st_ino), "", cwd
     while True:
+        if os.path.basename(path).startswith("."):
+            return ""  # ~/.config/nvim, ~/dotfiles/nvim/.config/nvim: a dot-directory on the way
         parent = os.path.dirname(path)
-        if parent == path:
-            return ""  # not below $HOME
         try:
             st = os.lstat(parent)
         except OSError:
             return ""
         if (st.st_dev, st.st_ino) == home_id:
-            return "" if os.path.basename(path).startswith(".") else found
-        shared = st.st_mode & (stat.S_IWOTH | stat.S_ISVTX) or (st.st_mode & stat.S_IWGRP and st.st_gid != gid)
-        if st.st_dev != here.st_dev or st.st_uid != uid or shared:
-            return ""
+            return "" if not found or _linked_from(home, found) else found
+        if parent == path or st.st_dev != here.st_dev or not _only_mine(parent, st):
+            return ""  # / reached without $HOME; another file system; a directory shared
         if not found:
             try:
-                if stat.S_ISDIR(os.lstat(os.path.join(parent, ".git")).st_mode):
+                git = os.lstat(os.path.join(parent, ".git"))
+                if stat.S_ISDIR(git.st_mode) and git.st_uid == uid:
                     found = parent
             except OSError:
                 pass
         path = parent
+
+
+def _only_mine(path: str, st: os.stat_result) -> bool:
+    """Whether only the user may write the directory `path`: theirs, neither sticky nor writable
+    by others, with no ACL (whose mask shows as the group's bits), and writable by its group only
+    when that is the user's private group (named as the user, no other member)."""
+    if st.st_uid != os.geteuid() or st.st_mode & (stat.S_IWOTH | stat.S_ISVTX):
+        return False
+    try:
+        os.getxattr(path, "system.posix_acl_access", follow_symlinks=False)
+        return False
+    except OSError:
+        pass  # ENODATA: none (or no ACLs on this file system)
+    if not st.st_mode & stat.S_IWGRP:
+        return True
+    try:
+        group, me = grp.getgrgid(st.st_gid), pwd.getpwuid(os.geteuid()).pw_name
+    except KeyError:
+        return False
+    return st.st_gid == os.getegid() and group.gr_name == me and set(group.gr_mem) <= {me}
+
+
+_LINKED_FOR = 5.0  # seconds a look for $HOME's links into a work tree is kept (each session reads its policy)
+_linked: dict[tuple[str, str], tuple[float, bool]] = {}
+
+
+def _linked_from(home: str, tree: str) -> bool:
+    """Whether a symlink in $HOME, or in a directory of its dot-directories (two levels: ~/.zshrc,
+    ~/.config/gh/hosts.yml), leads into `tree`: a dotfiles repository, whose files `stow` (or
+    the user) linked into place, holding the secrets they keep there. Directories of more than
+    1,000 entries (caches) are passed over."""
+    now = time.monotonic()
+    known = _linked.get((home, tree))
+    if known is not None and now - known[0] < _LINKED_FOR:
+        return known[1]
+    inside, todo, found = tree.rstrip("/") + "/", [(home, 0)], False
+    while todo and not found:
+        directory, depth = todo.pop()
+        try:
+            with os.scandir(directory) as it:
+                entries = [e for _, e in zip(range(1001), it, strict=False)]
+        except OSError:
+            continue
+        if len(entries) > 1000 and depth:
+            continue
+        for entry in entries:
+            if entry.is_symlink():
+                found = os.path.realpath(entry.path).startswith(inside)
+                if found:
+                    break
+            elif depth < 2 and (depth or entry.name.startswith(".")) and entry.is_dir(follow_symlinks=False):
+                todo.append((entry.path, depth + 1))
+    if len(_linked) > 256:
+        _linked.clear()
+    _linked[(home, tree)] = (now, found)
+    return found
 
 
 def _expand_paths(entries: list[str], values: dict[str, str], where: str) -> tuple[str, ...]:
