@@ -503,10 +503,22 @@ async def test_the_server_reaching_into_a_jails_view_is_refused_not_served(h):
 # ---- the work tree above a cwd (`{REPO}`) -----------------------------------------------------------------
 
 
+def git_repo(root: Path, *tracked: str) -> Path:
+    """A git repository at `root` whose index holds `tracked` (files made with their directories)."""
+    root.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["git", "init", "-q", str(root)], check=True)
+    for name in tracked:
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(f"{name}\n")
+    if tracked:
+        subprocess.run(["git", "-C", str(root), "add", *tracked], check=True)
+    return root
+
+
 async def test_a_repository_at_home_or_in_a_shared_directory_grants_nothing_above_the_cwd(home, tmp_path):
     """A dotfiles repository at $HOME would grant all of it (~/.ssh among it); a `.git` another
     user may make (in /tmp, in a directory of theirs or of a group's) is no repository of yours."""
-    subprocess.run(["git", "init", "-q", str(home)], check=True)
+    git_repo(home, "project/README")
     cwd = home / "project" / "sub"
     cwd.mkdir(parents=True)
     result = await call(cwd, "git status 2>&1 | head -1; cat ~/.ssh/id_rsa ../README 2>&1", tmp_path)
@@ -515,16 +527,11 @@ async def test_a_repository_at_home_or_in_a_shared_directory_grants_nothing_abov
     linked_home = tmp_path / "home-link"  # $HOME through a link, the cwd a real path
     linked_home.symlink_to(home)
     assert sandbox.repository_root(str(cwd), str(linked_home)) == ""
-    (home / ".config" / "nvim").mkdir(parents=True)  # ~/.config kept in git: gh's token is there
-    (home / ".config" / ".git").mkdir()
+    git_repo(home / ".config", "nvim/init.lua")  # ~/.config kept in git: gh's token is there
     assert sandbox.repository_root(str(home / ".config" / "nvim"), str(home)) == ""
-    outside = tmp_path / "srv" / "mono"  # not below $HOME (ollie run as root: /etc kept in git)
-    (outside / ".git").mkdir(parents=True)
-    (outside / "p").mkdir()
+    outside = git_repo(tmp_path / "srv" / "mono", "p/README")  # not below $HOME (as root: /etc in git)
     assert sandbox.repository_root(str(outside / "p"), str(home)) == ""
-    shared = home / "shared"
-    (shared / ".git").mkdir(parents=True)
-    (shared / "p").mkdir()
+    shared = git_repo(home / "shared", "p/README")
     assert sandbox.repository_root(str(shared / "p"), str(home)) == str(shared)
     for mode, owner in ((0o1777, None), (0o775, 65534), (0o755, 65534)):
         shared.chmod(mode)
@@ -547,40 +554,64 @@ async def test_a_repository_at_home_or_in_a_shared_directory_grants_nothing_abov
 
 def test_a_dotfiles_repository_is_never_granted_whole(home):
     """Kept in git and linked into place (`stow`): ~/.config/gh/hosts.yml, or ollie's own env file,
-    lies in the repository. A session in one of its packages gets its cwd, not the repository."""
-    dotfiles = home / "dotfiles"
-    (dotfiles / ".git").mkdir(parents=True)
-    (dotfiles / "gh" / ".config" / "gh").mkdir(parents=True)
-    (dotfiles / "gh" / ".config" / "gh" / "hosts.yml").write_text("oauth_token: gho_SECRET\n")
-    (dotfiles / "nvim" / ".config" / "nvim").mkdir(parents=True)
-    assert sandbox.repository_root(str(dotfiles / "nvim"), str(home)) == str(dotfiles)  # nothing linked yet
-    assert sandbox.repository_root(str(dotfiles / "nvim" / ".config" / "nvim"), str(home)) == ""  # a dot-directory
-    (home / ".config" / "gh").mkdir(parents=True)
-    (home / ".config" / "gh" / "hosts.yml").symlink_to(dotfiles / "gh" / ".config" / "gh" / "hosts.yml")
-    policy._linked.clear()  # what was seen a moment ago is kept for 5 s
+    lies in the repository. A session in one of its packages gets its cwd, not the repository:
+    told by a link from $HOME into it (to it, or through a bind mount of $HOME), or by its name
+    or a dotfiles manager's file at its root."""
+    conf = git_repo(home / "conf", "gh/.config/gh/hosts.yml", "nvim/.config/nvim/init.lua", "fish/x.fish")
+    assert sandbox.repository_root(str(conf / "nvim"), str(home)) == str(conf)  # nothing linked yet
+    assert sandbox.repository_root(str(conf / "nvim" / ".config" / "nvim"), str(home)) == ""  # a dot-directory
+    for link, target in (
+        (home / ".config" / "gh" / "hosts.yml", conf / "gh" / ".config" / "gh" / "hosts.yml"),
+        (home / ".config" / "fish" / "conf.d" / "x.fish", conf / "fish" / "x.fish"),  # three levels down
+        (home / ".confrepo", conf),  # the root itself
+    ):
+        link.parent.mkdir(parents=True, exist_ok=True)
+        link.symlink_to(target)
+        policy._linked.clear()  # what was seen a moment ago is kept for 5 s
+        assert sandbox.repository_root(str(conf / "nvim"), str(home)) == "", link
+        link.unlink()
+    policy._linked.clear()
+    assert sandbox.repository_root(str(conf / "nvim"), str(home)) == str(conf)
+    (conf / ".stowrc").write_text("--target=~\n")
+    assert sandbox.repository_root(str(conf / "nvim"), str(home)) == ""
+    dotfiles = git_repo(home / "dotfiles", "nvim/init.lua")
     assert sandbox.repository_root(str(dotfiles / "nvim"), str(home)) == ""
 
 
-def test_the_cwds_own_git_never_chooses_what_its_sandbox_reads(home):
-    """Code writes its cwd: were its `.git` looked at, making it a file (or removing it) would
-    make its next sandbox, or a sub-agent's there, read the repository around it."""
-    outer = home / "work"
+def test_the_work_tree_is_the_project_the_repository_tracks_not_a_stray_one_around_it(home):
+    """Code writes its cwd: were the cwd's own `.git` looked at, making it a file (or removing it)
+    would make its next sandbox, or a sub-agent's there, read the repository around it. What
+    decides is what the repository around it tracks (its index, which code below its root cannot
+    write): a stray `git init` in ~/work, tracking nothing of a project, grants none of them the
+    others' files; a monorepo's package, tracked, gets its root. Index formats 2 to 4 are read."""
+    outer = git_repo(home / "work", "vendor/README")
     lib = outer / "vendor" / "lib"
-    (lib / ".git").mkdir(parents=True)
-    (outer / ".git").mkdir()
+    git_repo(lib)
     assert sandbox.repository_root(str(lib), str(home)) == str(outer)
-    (lib / ".git").rmdir()
+    shutil.rmtree(lib / ".git")
     (lib / ".git").write_text("gitdir: elsewhere\n")
     assert sandbox.repository_root(str(lib), str(home)) == str(outer)
+    stray = git_repo(home / "src")  # nothing added
+    client = git_repo(stray / "client-a", "app.py")
+    (stray / "client-b").mkdir()
+    (stray / "client-b" / ".env").write_text("SECRET=1\n")
+    assert sandbox.repository_root(str(client), str(home)) == ""
+    (client / "sub").mkdir()
+    assert sandbox.repository_root(str(client / "sub"), str(home)) == ""  # nothing of it tracked yet
+    git_repo(client, "sub/x.py")
+    assert sandbox.repository_root(str(client / "sub"), str(home)) == str(client)
+    for version in ("3", "4", "2"):
+        subprocess.run(["git", "-C", str(outer), "update-index", "--index-version", version], check=True)
+        assert sandbox.repository_root(str(lib), str(home)) == str(outer), version
+    (outer / ".git" / "index").write_bytes(b"DIRC\0\0\0\x02\0\0\0\x05garbage")
+    assert sandbox.repository_root(str(lib), str(home)) == ""
 
 
 def test_no_work_tree_for_tool_servers_nor_one_holding_ollies_configuration(home, monkeypatch):
     """A stdio tool server (the network, its secrets) would run a program planted in the tree (a
-    .venv/bin on PATH); a tree holding ollie's configuration (a dotfiles repository `stow`ed) is
-    left out, for code run without a jail would read it."""
-    repo = home / "dotfiles"
-    (repo / ".git").mkdir(parents=True)
-    (repo / "nvim").mkdir()
+    .venv/bin on PATH); a tree holding ollie's configuration (its directory `stow`ed, not linked)
+    is left out, for code run without a jail would read it."""
+    repo = git_repo(home / "conf", "nvim/init.lua")
     assert str(repo) not in sandbox.load_policy("tools", str(repo / "nvim"), "").paths["rox"]
     policy = sandbox.load_policy("default", str(repo / "nvim"), "")
     assert str(repo) in policy.paths["rox"]
@@ -596,9 +627,7 @@ def test_no_work_tree_for_tool_servers_nor_one_holding_ollies_configuration(home
 def test_a_work_tree_swapped_for_a_link_before_its_grant_is_left_out(home, tmp_path):
     """The work tree is found from the cwd by path, then opened as the cwd is, following no
     link: one swapped in meanwhile grants nothing, not the link's target."""
-    repo = home / "srv" / "mono"
-    (repo / ".git").mkdir(parents=True)
-    (repo / "pkg").mkdir()
+    repo = git_repo(home / "srv" / "mono", "pkg/README")
     policy = sandbox.load_policy("default", str(repo / "pkg"), "")
     assert policy.repo == str(repo) and str(repo) in policy.paths["rox"]
     repo.rename(home / "srv" / "moved")

@@ -127,7 +127,8 @@ def monorepo(root: Path) -> Path:
     (tools / "check-it").chmod(0o755)
     git = ["git", "-C", str(root), "-c", "user.name=a", "-c", "user.email=a@b"]
     subprocess.run([*git, "init", "-q"], check=True)
-    subprocess.run([*git, "add", "README"], check=True)
+    (package / "index.js").write_text("module.exports = 1\n")
+    subprocess.run([*git, "add", "README", "packages/app/index.js"], check=True)
     subprocess.run([*git, "commit", "-q", "-m", "first"], check=True)
     return package
 

@@ -11,11 +11,13 @@ extend, scalars replace).
 
 from __future__ import annotations
 
+import functools
 import grp
 import os
 import pwd
 import re
 import stat
+import struct
 import sys
 import time
 from dataclasses import dataclass
@@ -23,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import config
+from ..paths import identity, within
 from ..types import ConfigError
 
 
@@ -375,10 +378,12 @@ def repository_root(cwd: str, home: str) -> str:
     it) whether its next sandbox reads the tree around it. Found only strictly below $HOME (told by
     identity: a bind mount or a link names it otherwise; not when $HOME is / or not the user's),
     with no dot-directory on the way from $HOME to the cwd, and not in a dotfiles repository (one
-    $HOME's files link into, as `stow` makes them): a work tree granted whole would grant their
-    secrets. Never through a directory another user may write (`_only_mine`: git refuses some of
-    those too), nor across a mount (as git does). Only a candidate: the grant is then opened and
-    judged by descriptor."""
+    $HOME's files link into, as `stow` makes them, or one marked as such): a work tree granted
+    whole would grant their secrets. Only when the repository tracks the cwd's directory at its
+    top (`_tracks`): a stray `git init` in ~/work is not the project of every repository below it.
+    Never through a directory another user may write (`_only_mine`: git refuses some of those
+    too), nor across a mount (as git does). Only a candidate: the grant is then opened and judged
+    by descriptor."""
     try:
         here, top = os.lstat(cwd), os.stat(home)
     except OSError:
@@ -396,7 +401,9 @@ def repository_root(cwd: str, home: str) -> str:
         except OSError:
             return ""
         if (st.st_dev, st.st_ino) == home_id:
-            return "" if not found or _linked_from(home, found) else found
+            if not found or _dotfiles(found) or _linked_from(home, found):
+                return ""
+            return found if _tracks(found, os.path.relpath(cwd, found).split("/")[0]) else ""
         if parent == path or st.st_dev != here.st_dev or not _only_mine(parent, st):
             return ""  # / reached without $HOME; another file system; a directory shared
         if not found:
@@ -429,21 +436,56 @@ def _only_mine(path: str, st: os.stat_result) -> bool:
     return st.st_gid == os.getegid() and group.gr_name == me and set(group.gr_mem) <= {me}
 
 
+# Files at a work tree's root that say it holds dotfiles (stow, dotbot, chezmoi, dotter, rcm): code
+# below the root cannot make or remove them.
+_DOTFILES_MARKS = (
+    ".stowrc",
+    ".stow-local-ignore",
+    "install.conf.yaml",
+    ".chezmoiroot",
+    ".chezmoiignore",
+    ".dotter",
+    "rcrc",
+)
+
+
+def _dotfiles(tree: str) -> bool:
+    return os.path.basename(tree) in ("dotfiles", "dots") or any(
+        os.path.lexists(os.path.join(tree, mark)) for mark in _DOTFILES_MARKS
+    )
+
+
 _LINKED_FOR = 5.0  # seconds a look for $HOME's links into a work tree is kept (each session reads its policy)
 _linked: dict[tuple[str, str], tuple[float, bool]] = {}
 
 
 def _linked_from(home: str, tree: str) -> bool:
-    """Whether a symlink in $HOME, or in a directory of its dot-directories (two levels: ~/.zshrc,
-    ~/.config/gh/hosts.yml), leads into `tree`: a dotfiles repository, whose files `stow` (or
-    the user) linked into place, holding the secrets they keep there. Directories of more than
-    1,000 entries (caches) are passed over."""
+    """Whether a symlink in $HOME, or below its dot-directories (three levels: ~/.zshrc,
+    ~/.config/gh/hosts.yml, ~/.config/fish/conf.d/x.fish), leads to `tree` or into it (by
+    identity: a bind mount names it otherwise): a dotfiles repository, whose files `stow` (or the
+    user) linked into place, holding the secrets they keep there. Directories of more than 1,000
+    entries (caches) are passed over."""
     now = time.monotonic()
     known = _linked.get((home, tree))
     if known is not None and now - known[0] < _LINKED_FOR:
         return known[1]
-    inside, todo, found = tree.rstrip("/") + "/", [(home, 0)], False
-    while todo and not found:
+    try:
+        tree_fd = os.open(tree, os.O_PATH | os.O_CLOEXEC)
+    except OSError:
+        return True  # gone since: grant nothing
+    try:
+        found = _links_into(home, {identity(tree_fd): tree})
+    finally:
+        os.close(tree_fd)
+    if len(_linked) > 256:
+        _linked.clear()
+    _linked[(home, tree)] = (now, found)
+    return found
+
+
+def _links_into(home: str, tree: dict[tuple[int, int], str]) -> bool:
+    todo = [(home, 0)]
+    while todo:
         directory, depth = todo.pop()
         try:
             with os.scandir(directory) as it:
@@ -454,15 +496,78 @@ def _linked_from(home: str, tree: str) -> bool:
             continue
         for entry in entries:
             if entry.is_symlink():
-                found = os.path.realpath(entry.path).startswith(inside)
-                if found:
-                    break
-            elif depth < 2 and (depth or entry.name.startswith(".")) and entry.is_dir(follow_symlinks=False):
+                try:
+                    target = os.open(entry.path, os.O_PATH | os.O_CLOEXEC)
+                except OSError:
+                    continue  # dangling
+                try:
+                    if within(target, tree) is not None:
+                        return True
+                finally:
+                    os.close(target)
+            elif depth < 3 and (depth or entry.name.startswith(".")) and entry.is_dir(follow_symlinks=False):
                 todo.append((entry.path, depth + 1))
-    if len(_linked) > 256:
-        _linked.clear()
-    _linked[(home, tree)] = (now, found)
-    return found
+    return False
+
+
+@functools.lru_cache(maxsize=64)
+def _tracked_names(index: str, mtime_ns: int, size: int, hash_size: int) -> frozenset[str]:
+    """The first path components of every entry of the git index file `index` (formats 2 to 4);
+    empty when it cannot be read as one. Only the names at the top are kept, for a large index."""
+    try:
+        with open(index, "rb") as f:
+            data = f.read()
+    except OSError:
+        return frozenset()
+    if len(data) < 12 or data[:4] != b"DIRC":
+        return frozenset()
+    version, count = struct.unpack(">II", data[4:12])
+    if version not in (2, 3, 4):
+        return frozenset()
+    names: set[bytes] = set()
+    pos, previous = 12, b""
+    fixed = 40 + hash_size + 2  # stat data, the object's name, the flags
+    try:
+        for _ in range(count):
+            flags = struct.unpack(">H", data[pos + fixed - 2 : pos + fixed])[0]
+            start = pos + fixed + (2 if version >= 3 and flags & 0x4000 else 0)
+            if version == 4:
+                strip, start = _varint(data, start)
+                end = data.index(b"\0", start)
+                path = previous[: len(previous) - strip] + data[start:end]
+                pos, previous = end + 1, path
+            else:
+                end = data.index(b"\0", start)
+                path = data[start:end]
+                pos += (end - pos + 8) // 8 * 8  # NUL-padded to a multiple of 8, at least one NUL
+            names.add(path.split(b"/", 1)[0])
+    except (ValueError, struct.error):
+        return frozenset()
+    return frozenset(n.decode("utf-8", "surrogateescape") for n in names)
+
+
+def _varint(data: bytes, pos: int) -> tuple[int, int]:
+    """git's offset varint (index format 4): the value and the position after it."""
+    byte = data[pos]
+    value, pos = byte & 0x7F, pos + 1
+    while byte & 0x80:
+        byte = data[pos]
+        value, pos = ((value + 1) << 7) | (byte & 0x7F), pos + 1
+    return value, pos
+
+
+def _tracks(root: str, top: str) -> bool:
+    """Whether the repository at `root` tracks something in its top-level directory `top` (the
+    one the cwd lies in): what the user committed or added, which code below the root cannot
+    change. A split or unreadable index tracks nothing here."""
+    git = os.path.join(root, ".git")
+    try:
+        st = os.stat(os.path.join(git, "index"))
+        with open(os.path.join(git, "config"), "rb") as f:
+            sha256 = b"sha256" in f.read(65536)
+    except OSError:
+        return False
+    return top in _tracked_names(os.path.join(git, "index"), st.st_mtime_ns, st.st_size, 32 if sha256 else 20)
 
 
 def _expand_paths(entries: list[str], values: dict[str, str], where: str) -> tuple[str, ...]:
