@@ -15,6 +15,7 @@ import struct
 import subprocess
 import tempfile
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -603,8 +604,29 @@ def test_the_work_tree_is_the_project_the_repository_tracks_not_a_stray_one_arou
     for version in ("3", "4", "2"):
         subprocess.run(["git", "-C", str(outer), "update-index", "--index-version", version], check=True)
         assert sandbox.repository_root(str(lib), str(home)) == str(outer), version
-    (outer / ".git" / "index").write_bytes(b"DIRC\0\0\0\x02\0\0\0\x05garbage")
+    index = outer / ".git" / "index"
+    index.write_bytes(b"DIRC\0\0\0\x04\0\0\0\x05" + b"\xff" * 80)
     assert sandbox.repository_root(str(lib), str(home)) == ""
+
+
+def test_an_index_planted_by_code_that_writes_the_root_stalls_and_fills_nothing(home):
+    """A parent session's code writes its cwd, and so the `.git` a sub-agent's search reads: a
+    FIFO there would hold the sandbox builder's thread (every session's) in its open, a sparse
+    file of terabytes would be read into memory."""
+    repo = git_repo(home / "parent", "sub/x")
+    index = repo / ".git" / "index"
+    index.unlink()
+    os.mkfifo(index)
+    found: list[str] = []
+    looking = threading.Thread(target=lambda: found.append(sandbox.repository_root(str(repo / "sub"), str(home))))
+    looking.daemon = True
+    looking.start()
+    looking.join(10)
+    assert found == [""]
+    index.unlink()
+    with open(index, "wb") as f:
+        f.truncate(policy.INDEX_LIMIT + 1)
+    assert sandbox.repository_root(str(repo / "sub"), str(home)) == ""
 
 
 def test_no_work_tree_for_tool_servers_nor_one_holding_ollies_configuration(home, monkeypatch):

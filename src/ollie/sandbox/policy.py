@@ -11,7 +11,7 @@ extend, scalars replace).
 
 from __future__ import annotations
 
-import functools
+import contextlib
 import grp
 import os
 import pwd
@@ -20,6 +20,7 @@ import stat
 import struct
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -510,15 +511,9 @@ def _links_into(home: str, tree: dict[tuple[int, int], str]) -> bool:
     return False
 
 
-@functools.lru_cache(maxsize=64)
-def _tracked_names(index: str, mtime_ns: int, size: int, hash_size: int) -> frozenset[str]:
-    """The first path components of every entry of the git index file `index` (formats 2 to 4);
-    empty when it cannot be read as one. Only the names at the top are kept, for a large index."""
-    try:
-        with open(index, "rb") as f:
-            data = f.read()
-    except OSError:
-        return frozenset()
+def _tracked_names(data: bytes, hash_size: int) -> frozenset[str]:
+    """The first path components of every entry of a git index (formats 2 to 4); empty when
+    `data` cannot be read as one. Only the names at the top are kept, for a large index."""
     if len(data) < 12 or data[:4] != b"DIRC":
         return frozenset()
     version, count = struct.unpack(">II", data[4:12])
@@ -541,7 +536,7 @@ def _tracked_names(index: str, mtime_ns: int, size: int, hash_size: int) -> froz
                 path = data[start:end]
                 pos += (end - pos + 8) // 8 * 8  # NUL-padded to a multiple of 8, at least one NUL
             names.add(path.split(b"/", 1)[0])
-    except (ValueError, struct.error):
+    except (ValueError, IndexError, struct.error):
         return frozenset()
     return frozenset(n.decode("utf-8", "surrogateescape") for n in names)
 
@@ -556,18 +551,63 @@ def _varint(data: bytes, pos: int) -> tuple[int, int]:
     return value, pos
 
 
+INDEX_LIMIT = 512 << 20  # bytes of a git index read at most (a monorepo of a million files: ~100 MB)
+
+
+# The top names of each git index read, by what the index file was (device, inode, mtime, size).
+_tracked: dict[tuple[int, int, int, int, int], frozenset[str]] = {}
+
+
 def _tracks(root: str, top: str) -> bool:
     """Whether the repository at `root` tracks something in its top-level directory `top` (the
     one the cwd lies in): what the user committed or added, which code below the root cannot
     change. A split or unreadable index tracks nothing here."""
-    git = os.path.join(root, ".git")
     try:
-        st = os.stat(os.path.join(git, "index"))
-        with open(os.path.join(git, "config"), "rb") as f:
-            sha256 = b"sha256" in f.read(65536)
+        return top in _index_names(os.path.join(root, ".git"))
     except OSError:
         return False
-    return top in _tracked_names(os.path.join(git, "index"), st.st_mtime_ns, st.st_size, 32 if sha256 else 20)
+
+
+def _index_names(git: str) -> frozenset[str]:
+    with _regular(os.path.join(git, "config"), 1 << 20) as config:
+        if config is None:
+            return frozenset()
+        hash_size = 32 if b"sha256" in _read(config, 1 << 20) else 20
+    with _regular(os.path.join(git, "index"), INDEX_LIMIT) as index:
+        if index is None:
+            return frozenset()
+        st = os.fstat(index)
+        key = (st.st_dev, st.st_ino, st.st_mtime_ns, st.st_size, hash_size)
+        names = _tracked.get(key)
+        if names is None:
+            if len(_tracked) >= 64:
+                _tracked.clear()
+            names = _tracked[key] = _tracked_names(_read(index, INDEX_LIMIT), hash_size)
+    return names
+
+
+@contextlib.contextmanager
+def _regular(path: str, limit: int) -> Iterator[int | None]:
+    """A descriptor of `path` if it is a regular file of at most `limit` bytes, else None: never
+    a FIFO (whose open would wait for a writer) nor a device, whatever a link there leads to."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        yield None
+        return
+    try:
+        st = os.fstat(fd)
+        yield fd if stat.S_ISREG(st.st_mode) and st.st_size <= limit else None
+    finally:
+        os.close(fd)
+
+
+def _read(fd: int, limit: int) -> bytes:
+    parts, size = [], 0
+    while size <= limit and (part := os.read(fd, 1 << 20)):
+        parts.append(part)
+        size += len(part)
+    return b"".join(parts)
 
 
 def _expand_paths(entries: list[str], values: dict[str, str], where: str) -> tuple[str, ...]:
