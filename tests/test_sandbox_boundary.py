@@ -10,6 +10,7 @@ import dataclasses
 import json
 import os
 import shutil
+import signal
 import stat
 import struct
 import subprocess
@@ -661,3 +662,21 @@ def test_a_work_tree_swapped_for_a_link_before_its_grant_is_left_out(home, tmp_p
         assert any(g.given == "/usr" for g in decided)  # the rest decided as ever
     finally:
         sandbox.grants.close(decided)
+
+
+def test_the_look_for_dotfiles_links_never_waits_on_a_far_file_system(home, fs_server):
+    """A link in $HOME into a FUSE or network mount whose server no longer answers (an sshfs whose
+    host is gone; here ollie's own mount, its server stopped): following it would hold the
+    builder's thread, every session's, for good."""
+    conf = git_repo(home / "conf", "nvim/init.lua")
+    (home / "remote").symlink_to(fs_server.mnt / f"never-looked-up-{os.getpid()}")
+    os.kill(fs_server.pid(), signal.SIGSTOP)
+    try:
+        found: list[str] = []
+        looking = threading.Thread(target=lambda: found.append(sandbox.repository_root(str(conf / "nvim"), str(home))))
+        looking.daemon = True
+        looking.start()
+        looking.join(10)
+        assert found == [str(conf)]
+    finally:
+        os.kill(fs_server.pid(), signal.SIGCONT)

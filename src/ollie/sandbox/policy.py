@@ -484,7 +484,13 @@ def _linked_from(home: str, tree: str) -> bool:
     return found
 
 
+# File systems whose lookups may wait on another process or host (and never end, if it is gone):
+# the scan for links neither follows a link into one nor lists one.
+_FAR = ("nfs", "nfs4", "cifs", "smb3", "smbfs", "9p", "ceph", "glusterfs", "autofs", "afs", "lustre", "gpfs")
+
+
 def _links_into(home: str, tree: dict[tuple[int, int], str]) -> bool:
+    far = [point.rstrip("/") + "/" for point, kind in config.mounts() if kind.startswith("fuse") or kind in _FAR]
     todo = [(home, 0)]
     while todo:
         directory, depth = todo.pop()
@@ -497,18 +503,31 @@ def _links_into(home: str, tree: dict[tuple[int, int], str]) -> bool:
             continue
         for entry in entries:
             if entry.is_symlink():
-                try:
-                    target = os.open(entry.path, os.O_PATH | os.O_CLOEXEC)
-                except OSError:
-                    continue  # dangling
-                try:
-                    if within(target, tree) is not None:
-                        return True
-                finally:
-                    os.close(target)
+                if _leads_into(entry.path, tree, far):
+                    return True
             elif depth < 3 and (depth or entry.name.startswith(".")) and entry.is_dir(follow_symlinks=False):
-                todo.append((entry.path, depth + 1))
+                if entry.path + "/" not in far:
+                    todo.append((entry.path, depth + 1))
     return False
+
+
+def _leads_into(link: str, tree: dict[tuple[int, int], str], far: list[str]) -> bool:
+    """Whether the symlink `link` leads to `tree` or into it, by identity; a link whose target
+    lies on a far file system (`_FAR`, FUSE: ollie's own mount among them) is not followed."""
+    try:
+        target = os.path.normpath(os.path.join(os.path.dirname(link), os.readlink(link))) + "/"
+    except OSError:
+        return False
+    if any(target.startswith(point) for point in far):
+        return False
+    try:
+        fd = os.open(link, os.O_PATH | os.O_CLOEXEC)
+    except OSError:
+        return False  # dangling
+    try:
+        return within(fd, tree) is not None
+    finally:
+        os.close(fd)
 
 
 def _tracked_names(data: bytes, hash_size: int) -> frozenset[str]:
