@@ -25,7 +25,7 @@ import pytest
 from agent_helpers import running
 from ollie import sandbox
 from ollie.paths import identities
-from ollie.sandbox import policy
+from ollie.sandbox import repository
 from ollie.tools import CallContext, execute
 from sandbox_helpers import API_KEY, SECRET, write_policy
 from view_helpers import start_child
@@ -569,10 +569,10 @@ def test_a_dotfiles_repository_is_never_granted_whole(home):
     ):
         link.parent.mkdir(parents=True, exist_ok=True)
         link.symlink_to(target)
-        policy._linked.clear()  # what was seen a moment ago is kept for 5 s
+        repository._linked.clear()  # what was seen a moment ago is kept for 5 s
         assert sandbox.repository_root(str(conf / "nvim"), str(home)) == "", link
         link.unlink()
-    policy._linked.clear()
+    repository._linked.clear()
     assert sandbox.repository_root(str(conf / "nvim"), str(home)) == str(conf)
     (conf / ".stowrc").write_text("--target=~\n")
     assert sandbox.repository_root(str(conf / "nvim"), str(home)) == ""
@@ -626,7 +626,7 @@ def test_an_index_planted_by_code_that_writes_the_root_stalls_and_fills_nothing(
     assert found == [""]
     index.unlink()
     with open(index, "wb") as f:
-        f.truncate(policy.INDEX_LIMIT + 1)
+        f.truncate(repository.INDEX_LIMIT + 1)
     assert sandbox.repository_root(str(repo / "sub"), str(home)) == ""
 
 
@@ -680,3 +680,56 @@ def test_the_look_for_dotfiles_links_never_waits_on_a_far_file_system(home, fs_s
         assert found == [str(conf)]
     finally:
         os.kill(fs_server.pid(), signal.SIGCONT)
+
+
+def within_seconds(fn, seconds: float = 10):
+    """What `fn()` returns, run in a thread: AssertionError if it has not returned in `seconds`."""
+    found: list = []
+    worker = threading.Thread(target=lambda: found.append(fn()), daemon=True)
+    worker.start()
+    worker.join(seconds)
+    assert found, f"still running after {seconds} s"
+    return found[0]
+
+
+def test_a_crafted_index_costs_little_and_tracks_nothing():
+    """Who writes a repository's `.git` (a parent session's code, for a sub-agent below it) writes
+    its index: the builder thread, every session's, reads it. A format-4 path length of endless
+    continuation bytes (quadratic in Python's integers), paths that grow by a byte an entry (their
+    set grew quadratically in memory), a path longer than any file's."""
+    head = b"DIRC" + struct.pack(">II", 4, 1)
+    entry = bytes(40 + 20) + struct.pack(">H", 1)
+    endless = head + entry + b"\xff" * 2_000_000 + b"\0"
+    assert within_seconds(lambda: repository.index_tracks(endless, 20, b"pkg")) is False
+    count = 200_000
+    growing = b"DIRC" + struct.pack(">II", 4, count) + (entry + b"\0a\0") * count
+    assert within_seconds(lambda: repository.index_tracks(growing, 20, b"pkg")) is False
+    long_path = b"DIRC" + struct.pack(">II", 2, 1) + entry + b"a" * 5000 + bytes(8)
+    assert repository.index_tracks(long_path, 20, b"a" * 5000) is False
+    one = b"DIRC" + struct.pack(">II", 2, 1) + entry + b"pkg/x" + bytes(3)
+    assert repository.index_tracks(one, 20, b"pkg") is True  # the same shape, well formed
+
+
+def test_the_look_for_dotfiles_links_is_bounded_and_reads_no_proc_file(home, tmp_path):
+    """A link from $HOME to a directory hundreds of levels deep is not walked up to the root (it
+    counts as leading into the tree: granting less is the error to make); an index that is a
+    link to a file of /proc (which says it holds nothing, then gives gigabytes) is not read."""
+    conf = git_repo(home / "conf", "nvim/init.lua")
+    deep, before = tmp_path / "deep", os.getcwd()
+    deep.mkdir()
+    os.chdir(deep)
+    try:
+        for _ in range(repository.LEVELS + 10):
+            os.mkdir("d")
+            os.chdir("d")
+        bottom = os.getcwd()
+    finally:
+        os.chdir(before)
+    (home / ".deep").symlink_to(bottom)
+    assert sandbox.repository_root(str(conf / "nvim"), str(home)) == ""
+    (home / ".deep").unlink()
+    repository._linked.clear()
+    assert sandbox.repository_root(str(conf / "nvim"), str(home)) == str(conf)
+    (conf / ".git" / "index").unlink()
+    (conf / ".git" / "index").symlink_to("/proc/self/pagemap")
+    assert within_seconds(lambda: sandbox.repository_root(str(conf / "nvim"), str(home))) == ""

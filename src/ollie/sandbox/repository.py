@@ -1,0 +1,312 @@
+"""The git work tree a session's cwd lies in (the default policy's `{REPO}`): found from the cwd
+by path, every step a question sandboxed code cannot answer for the user.
+
+A session in a package of a monorepo reads and runs the whole work tree, so that git finds its
+repository and the root's tools run. What decides is what only the user controls: a `.git`
+directory above the cwd (never the cwd's own, which its code writes), that repository's index
+tracking the cwd's directory, directories on the way that no one else may write, below $HOME
+and outside its dot-directories, and no sign of a dotfiles repository. Everything read is
+bounded, and nothing read can block: the builder thread that asks decides every session's
+sandbox. The grant found is then opened and judged by descriptor (`grants.py`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import grp
+import os
+import pwd
+import re
+import stat
+import struct
+import time
+from collections.abc import Iterator
+
+from .. import config
+from ..paths import Identity, identity
+
+# Files at a work tree's root that say it holds dotfiles (stow, dotbot, chezmoi, dotter, rcm): code
+# below the root can neither make nor remove them.
+DOTFILES_MARKS = (
+    ".stowrc",
+    ".stow-local-ignore",
+    "install.conf.yaml",
+    ".chezmoiroot",
+    ".chezmoiignore",
+    ".dotter",
+    "rcrc",
+)
+DOTFILES_NAMES = ("dotfiles", "dots")
+LINKS_KEPT_FOR = 5.0  # seconds a look for $HOME's links into a work tree is kept (each session reads its policy)
+SCAN_LIMIT = 20_000  # entries of $HOME and its dot-directories looked at, at most; past it, a dotfiles repository
+LEVELS = 256  # directories walked up from a link's target, at most; past it, a dotfiles repository
+INDEX_LIMIT = 512 << 20  # bytes of a git index read at most (a monorepo of a million files: ~100 MB)
+PATH_LIMIT = 4096  # bytes of a path in a git index; a longer one makes the index unreadable here
+# File systems whose lookups may wait on another process or host (and never end, if it is gone):
+# the look for links neither follows a link into one nor lists one.
+FAR = ("nfs", "nfs4", "cifs", "smb3", "smbfs", "9p", "ceph", "glusterfs", "autofs", "afs", "lustre", "gpfs")
+_OBJECT_FORMAT = re.compile(rb"^\s*objectformat\s*=\s*sha256\s*$", re.IGNORECASE | re.MULTILINE)
+
+_linked: dict[tuple[str, str], tuple[float, bool]] = {}
+_tracked: dict[tuple[int, int, int, int, int, str], bool] = {}  # by what the index file was, and the name
+
+
+def repository_root(cwd: str, home: str) -> str:
+    """The root of the git work tree that `cwd` (a real path) lies in, "" if none: the nearest
+    directory strictly above it whose `.git` is a directory of the user's, when that repository
+    tracks the cwd's directory at its top (`tracks`: a stray `git init` in ~/work is not the
+    project of every repository below it). The cwd's own `.git` is not looked at: its code writes
+    it, and would otherwise choose (by making it a file, or removing it) whether its next sandbox
+    reads the tree around it. Found only strictly below $HOME (told by identity: a bind mount or a
+    link names it otherwise; not when $HOME is / or not the user's), with no dot-directory on the
+    way from $HOME to the cwd, and never a dotfiles repository (`dotfiles`): granted whole, it
+    would grant the secrets kept there. Never through a directory another user may write
+    (`only_mine`), nor across a mount (as git does)."""
+    try:
+        here, top = os.lstat(cwd), os.stat(home)
+    except OSError:
+        return ""
+    uid = os.geteuid()
+    if top.st_uid != uid or os.path.realpath(home) == "/":
+        return ""
+    home_id, found, path = (top.st_dev, top.st_ino), "", cwd
+    while True:
+        if os.path.basename(path).startswith("."):
+            return ""  # ~/.config/nvim, ~/dotfiles/nvim/.config/nvim: a dot-directory on the way
+        parent = os.path.dirname(path)
+        try:
+            st = os.lstat(parent)
+        except OSError:
+            return ""
+        if (st.st_dev, st.st_ino) == home_id:
+            if not found or dotfiles(found, parent, home):
+                return ""
+            return found if tracks(found, os.path.relpath(cwd, found).split("/")[0]) else ""
+        if parent == path or st.st_dev != here.st_dev or not only_mine(parent, st):
+            return ""  # / reached without $HOME; another file system; a directory shared
+        if not found:
+            try:
+                git = os.lstat(os.path.join(parent, ".git"))
+                if stat.S_ISDIR(git.st_mode) and git.st_uid == uid:
+                    found = parent
+            except OSError:
+                pass
+        path = parent
+
+
+def only_mine(path: str, st: os.stat_result) -> bool:
+    """Whether only the user may write the directory `path`: theirs, neither sticky nor writable
+    by others, with no ACL (whose mask shows as the group's bits), and writable by its group only
+    when that is the user's private group (named as the user, no other member)."""
+    if st.st_uid != os.geteuid() or st.st_mode & (stat.S_IWOTH | stat.S_ISVTX):
+        return False
+    try:
+        os.getxattr(path, "system.posix_acl_access", follow_symlinks=False)
+        return False
+    except OSError:
+        pass  # ENODATA: none (or no ACLs on this file system)
+    if not st.st_mode & stat.S_IWGRP:
+        return True
+    try:
+        group, me = grp.getgrgid(st.st_gid), pwd.getpwuid(os.geteuid()).pw_name
+    except KeyError:
+        return False
+    return st.st_gid == os.getegid() and group.gr_name == me and set(group.gr_mem) <= {me}
+
+
+# ---- dotfiles ------------------------------------------------------------------------------------------
+def dotfiles(tree: str, home_seen: str, home: str) -> bool:
+    """Whether the work tree `tree` holds dotfiles: named or marked so at its root, or one a
+    symlink in $HOME, or below its dot-directories (three levels: ~/.zshrc, ~/.config/gh/hosts.yml,
+    ~/.config/fish/conf.d/x.fish), leads to or into, as `stow` makes them. `home_seen` is $HOME as
+    the walk from the cwd reached it (through a bind mount, another path than `home`)."""
+    if os.path.basename(tree) in DOTFILES_NAMES or any(os.path.lexists(os.path.join(tree, m)) for m in DOTFILES_MARKS):
+        return True
+    now = time.monotonic()
+    known = _linked.get((home, tree))
+    if known is not None and now - known[0] < LINKS_KEPT_FOR:
+        return known[1]
+    rel = os.path.relpath(tree, home_seen)
+    names = {tree, *(os.path.normpath(os.path.join(h, rel)) for h in (home, os.path.realpath(home)))}
+    try:
+        tree_fd = os.open(tree, os.O_PATH | os.O_CLOEXEC)
+    except OSError:
+        return True  # gone since: grant nothing
+    try:
+        found = _links_into(home, identity(tree_fd), names)
+    finally:
+        os.close(tree_fd)
+    if len(_linked) > 256:
+        _linked.clear()
+    _linked[(home, tree)] = (now, found)
+    return found
+
+
+def _links_into(home: str, tree: Identity, names: set[str]) -> bool:
+    """The look `dotfiles` makes; a link it cannot follow to the end counts as one into the tree,
+    and so does a look past SCAN_LIMIT entries: granting less is the error to make."""
+    far = [point.rstrip("/") + "/" for point, kind in config.mounts() if kind.startswith("fuse") or kind in FAR]
+    todo, seen = [(home, 0)], 0
+    while todo:
+        directory, depth = todo.pop()
+        if directory.rstrip("/") + "/" in far:
+            continue
+        try:
+            with os.scandir(directory) as it:
+                entries = [e for _, e in zip(range(1001), it, strict=False)]
+        except OSError:
+            continue
+        if len(entries) > 1000 and depth:
+            continue  # a cache
+        seen += len(entries)
+        if seen > SCAN_LIMIT:
+            return True
+        for entry in entries:
+            try:
+                if entry.is_symlink():
+                    if _leads_into(entry.path, tree, names, far):
+                        return True
+                elif depth < 3 and (depth or entry.name.startswith(".")) and entry.is_dir(follow_symlinks=False):
+                    todo.append((entry.path, depth + 1))
+            except OSError:
+                return True
+    return False
+
+
+def _leads_into(link: str, tree: Identity, names: set[str], far: list[str]) -> bool:
+    """Whether the symlink `link` leads to the tree or into it: by identity, walking up from its
+    target (LEVELS at most); by the tree's paths where the walk may not pass (a directory that
+    cannot be searched). A link whose target lies on a far file system is not followed."""
+    target = os.path.normpath(os.path.join(os.path.dirname(link), os.readlink(link)))
+    if any((target + "/").startswith(point) for point in far):
+        return False
+    try:
+        here = os.open(link, os.O_PATH | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return False  # dangling
+    except PermissionError:  # a directory on its way cannot be searched
+        return _named(link, names)
+    try:
+        for _ in range(LEVELS):
+            seen = identity(here)
+            if seen == tree:
+                return True
+            try:
+                up = os.open("..", os.O_PATH | os.O_CLOEXEC, dir_fd=here)
+            except NotADirectoryError:
+                up = os.open(os.path.dirname(os.readlink(f"/proc/self/fd/{here}")), os.O_PATH | os.O_CLOEXEC)
+            except PermissionError:
+                return _named(link, names)
+            os.close(here)
+            here = up
+            if identity(here) == seen:
+                return False  # the root
+        return True
+    finally:
+        os.close(here)
+
+
+def _named(link: str, names: set[str]) -> bool:
+    """Whether the path `link` leads to (made real as far as it can be) is the tree's or in it."""
+    real = os.path.realpath(link)
+    return any(real == n or real.startswith(n.rstrip("/") + "/") for n in names)
+
+
+# ---- the index -----------------------------------------------------------------------------------------
+def tracks(root: str, top: str) -> bool:
+    """Whether the repository at `root` tracks something in its top-level directory `top` (the
+    one the cwd lies in): what the user committed or added, which code below the root cannot
+    change. An index that cannot be read here (split, malformed, too large) tracks nothing."""
+    git = os.path.join(root, ".git")
+    try:
+        with _regular(os.path.join(git, "config"), 1 << 20) as config_file:
+            if config_file is None:
+                return False
+            hash_size = 32 if _OBJECT_FORMAT.search(_read(config_file)) else 20
+        with _regular(os.path.join(git, "index"), INDEX_LIMIT) as index:
+            if index is None:
+                return False
+            st = os.fstat(index)
+            key = (st.st_dev, st.st_ino, st.st_mtime_ns, st.st_size, hash_size, top)
+            if key not in _tracked:
+                if len(_tracked) >= 256:
+                    _tracked.clear()
+                _tracked[key] = index_tracks(_read(index), hash_size, os.fsencode(top))
+            return _tracked[key]
+    except OSError:
+        return False
+
+
+def index_tracks(data: bytes, hash_size: int, top: bytes) -> bool:
+    """Whether the git index `data` (formats 2 to 4) holds `top` or a path in it; False for one
+    that cannot be read as an index. Its entries are sorted by path: the look ends past `top`."""
+    if len(data) < 12 or data[:4] != b"DIRC":
+        return False
+    version, count = struct.unpack(">II", data[4:12])
+    if version not in (2, 3, 4):
+        return False
+    inside, pos, previous = top + b"/", 12, b""
+    fixed = 40 + hash_size + 2  # stat data, the object's name, the flags
+    try:
+        for _ in range(count):
+            flags = struct.unpack(">H", data[pos + fixed - 2 : pos + fixed])[0]
+            start = pos + fixed + (2 if version >= 3 and flags & 0x4000 else 0)
+            if version == 4:
+                strip, start = _varint(data, start)
+                if strip > len(previous):
+                    return False
+                end = data.index(b"\0", start, start + PATH_LIMIT + 1)
+                path = previous[: len(previous) - strip] + data[start:end]
+                pos, previous = end + 1, path
+            else:
+                end = data.index(b"\0", start, start + PATH_LIMIT + 1)
+                path = data[start:end]
+                pos += (end - pos + 8) // 8 * 8  # NUL-padded to a multiple of 8, at least one NUL
+            if len(path) > PATH_LIMIT:
+                return False
+            if path == top or path.startswith(inside):
+                return True
+            if path > inside:
+                return False
+    except (ValueError, IndexError, struct.error):
+        return False
+    return False
+
+
+def _varint(data: bytes, pos: int) -> tuple[int, int]:
+    """git's offset varint (index format 4): the value and the position after it; ValueError
+    past five bytes (a path's length to strip never needs more)."""
+    byte = data[pos]
+    value, pos, length = byte & 0x7F, pos + 1, 1
+    while byte & 0x80:
+        if length == 5:
+            raise ValueError("varint too long")
+        byte = data[pos]
+        value, pos, length = ((value + 1) << 7) | (byte & 0x7F), pos + 1, length + 1
+    return value, pos
+
+
+@contextlib.contextmanager
+def _regular(path: str, limit: int) -> Iterator[int | None]:
+    """A descriptor of `path` if it is a regular file of 12 to `limit` bytes, else None: never a
+    FIFO (whose open would wait for a writer) nor a device, whatever a link there leads to; nor a
+    file of /proc, which says it holds nothing (so none is read past its size, `_read`)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        yield None
+        return
+    try:
+        st = os.fstat(fd)
+        yield fd if stat.S_ISREG(st.st_mode) and 12 <= st.st_size <= limit else None
+    finally:
+        os.close(fd)
+
+
+def _read(fd: int) -> bytes:
+    """The file `fd`, up to the size it said it had when opened."""
+    size, parts, got = os.fstat(fd).st_size, [], 0
+    while got < size and (part := os.read(fd, min(1 << 20, size - got))):
+        parts.append(part)
+        got += len(part)
+    return b"".join(parts)
