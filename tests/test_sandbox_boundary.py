@@ -733,3 +733,42 @@ def test_the_look_for_dotfiles_links_is_bounded_and_reads_no_proc_file(home, tmp
     (conf / ".git" / "index").unlink()
     (conf / ".git" / "index").symlink_to("/proc/self/pagemap")
     assert within_seconds(lambda: sandbox.repository_root(str(conf / "nvim"), str(home))) == ""
+
+
+def test_nothing_the_search_reads_waits_on_a_far_file_system_even_through_links(home, fs_server):
+    """Its server stopped, ollie's own mount stands for an sshfs whose host is gone: an index that
+    is a link there (planted where a parent's code writes), or a link from $HOME that reaches it
+    through another link, would hold the builder's thread, every session's, for good."""
+    conf = git_repo(home / "conf", "nvim/init.lua")
+    (home / "hop").symlink_to(fs_server.mnt / f"never-looked-up-{os.getpid()}")
+    (home / ".cfgdir").mkdir()
+    (home / ".cfgdir" / "evil").symlink_to(home / "hop")
+    parent = git_repo(home / "parent", "sub/x")
+    (parent / ".git" / "index").unlink()
+    (parent / ".git" / "index").symlink_to(fs_server.mnt / f"index-{os.getpid()}")
+    os.kill(fs_server.pid(), signal.SIGSTOP)
+    try:
+        assert within_seconds(lambda: sandbox.repository_root(str(conf / "nvim"), str(home))) == str(conf)
+        assert within_seconds(lambda: sandbox.repository_root(str(parent / "sub"), str(home))) == ""
+    finally:
+        os.kill(fs_server.pid(), signal.SIGCONT)
+
+
+def test_the_look_for_dotfiles_links_sees_all_of_home_and_passes_over_odd_links(home, monkeypatch):
+    """A $HOME of thousands of files is looked at whole, and on NFS too (its own mount is not one
+    to keep away from); a link that loops or leads through a file leads nowhere, and takes the
+    work tree from no one."""
+    conf = git_repo(home / "conf", "zsh/zshrc", "nvim/init.lua")
+    for n in range(3000):
+        (home / f"file{n:04}").touch()
+    (home / ".zshrc").symlink_to(conf / "zsh" / "zshrc")
+    assert sandbox.repository_root(str(conf / "nvim"), str(home)) == ""
+    (home / ".zshrc").unlink()
+    repository._linked.clear()
+    (home / ".loop").symlink_to(".loop")
+    (home / ".through-a-file").symlink_to(home / "file0001" / "x")
+    assert sandbox.repository_root(str(conf / "nvim"), str(home)) == str(conf)
+    (home / ".zshrc").symlink_to(conf / "zsh" / "zshrc")
+    repository._linked.clear()
+    monkeypatch.setattr(repository.config, "mounts", lambda: [("/", "ext4"), (str(home), "nfs4")])
+    assert sandbox.repository_root(str(conf / "nvim"), str(home)) == ""

@@ -13,6 +13,7 @@ sandbox. The grant found is then opened and judged by descriptor (`grants.py`).
 from __future__ import annotations
 
 import contextlib
+import errno
 import grp
 import os
 import pwd
@@ -23,7 +24,7 @@ import time
 from collections.abc import Iterator
 
 from .. import config
-from ..paths import Identity, identity
+from ..paths import Identity, identity, open_real
 
 # Files at a work tree's root that say it holds dotfiles (stow, dotbot, chezmoi, dotter, rcm): code
 # below the root can neither make nor remove them.
@@ -38,9 +39,12 @@ DOTFILES_MARKS = (
 )
 DOTFILES_NAMES = ("dotfiles", "dots")
 LINKS_KEPT_FOR = 5.0  # seconds a look for $HOME's links into a work tree is kept (each session reads its policy)
-SCAN_LIMIT = 20_000  # entries of $HOME and its dot-directories looked at, at most; past it, a dotfiles repository
+SCAN_LIMIT = 50_000  # entries of $HOME and its dot-directories looked at, at most; past it, a dotfiles repository
+# Dot-directories of $HOME the look passes over: caches and toolchains, of many files, none a dotfile.
+CACHES = (".cache", ".npm", ".m2", ".gradle", ".cargo", ".rustup", ".pyenv", ".nvm", ".sdkman", ".bun", ".deno")
+HOPS = 40  # symlinks followed on one path, as the kernel's limit
 LEVELS = 256  # directories walked up from a link's target, at most; past it, a dotfiles repository
-INDEX_LIMIT = 512 << 20  # bytes of a git index read at most (a monorepo of a million files: ~100 MB)
+INDEX_LIMIT = 256 << 20  # bytes of a git index read at most (a monorepo of a million files: ~100 MB)
 PATH_LIMIT = 4096  # bytes of a path in a git index; a longer one makes the index unreadable here
 # File systems whose lookups may wait on another process or host (and never end, if it is gone):
 # the look for links neither follows a link into one nor lists one.
@@ -143,49 +147,67 @@ def dotfiles(tree: str, home_seen: str, home: str) -> bool:
 
 
 def _links_into(home: str, tree: Identity, names: set[str]) -> bool:
-    """The look `dotfiles` makes; a link it cannot follow to the end counts as one into the tree,
-    and so does a look past SCAN_LIMIT entries: granting less is the error to make."""
-    far = [point.rstrip("/") + "/" for point, kind in config.mounts() if kind.startswith("fuse") or kind in FAR]
+    """The look `dotfiles` makes. Caches and toolchains (CACHES) are passed over; a look past
+    SCAN_LIMIT entries counts as finding a link into the tree: granting less is the error to make."""
+    far = _far_mounts([home, *names])
     todo, seen = [(home, 0)], 0
     while todo:
         directory, depth = todo.pop()
-        if directory.rstrip("/") + "/" in far:
-            continue
         try:
             with os.scandir(directory) as it:
-                entries = [e for _, e in zip(range(1001), it, strict=False)]
-        except OSError:
-            continue
-        if len(entries) > 1000 and depth:
-            continue  # a cache
-        seen += len(entries)
-        if seen > SCAN_LIMIT:
-            return True
-        for entry in entries:
-            try:
-                if entry.is_symlink():
-                    if _leads_into(entry.path, tree, names, far):
+                for entry in it:
+                    seen += 1
+                    if seen > SCAN_LIMIT:
                         return True
-                elif depth < 3 and (depth or entry.name.startswith(".")) and entry.is_dir(follow_symlinks=False):
-                    todo.append((entry.path, depth + 1))
-            except OSError:
-                return True
+                    if entry.is_symlink():
+                        if _leads_into(entry.path, tree, names, far):
+                            return True
+                    elif (
+                        depth < 3
+                        and (depth or (entry.name.startswith(".") and entry.name not in CACHES))
+                        and entry.is_dir(follow_symlinks=False)
+                        and not _is_far(entry.path, far)
+                    ):
+                        todo.append((entry.path, depth + 1))
+        except OSError:
+            continue  # a directory that cannot be read: code that could make it so could remove its links
     return False
 
 
+def _far_mounts(near: list[str]) -> list[str]:
+    """The mount points of FUSE and network file systems (FAR), but those holding `near` (the
+    look walks them anyway: $HOME on NFS is no reason to look at none of its links)."""
+    return [
+        point
+        for point in (p.rstrip("/") + "/" for p, kind in config.mounts() if kind.startswith("fuse") or kind in FAR)
+        if not any((n.rstrip("/") + "/").startswith(point) for n in near)
+    ]
+
+
+def _is_far(path: str, far: list[str]) -> bool:
+    return any((path.rstrip("/") + "/").startswith(point) for point in far)
+
+
 def _leads_into(link: str, tree: Identity, names: set[str], far: list[str]) -> bool:
-    """Whether the symlink `link` leads to the tree or into it: by identity, walking up from its
-    target (LEVELS at most); by the tree's paths where the walk may not pass (a directory that
-    cannot be searched). A link whose target lies on a far file system is not followed."""
-    target = os.path.normpath(os.path.join(os.path.dirname(link), os.readlink(link)))
-    if any((target + "/").startswith(point) for point in far):
-        return False
+    """Whether the symlink `link` leads to the tree or into it: by identity, walking up from where
+    it leads (LEVELS at most); by the tree's paths where a directory on the way cannot be
+    searched. A link that leads onto a far file system, at any hop, is not followed there."""
     try:
-        here = os.open(link, os.O_PATH | os.O_CLOEXEC)
+        real, whole = _resolve(link, far)
+    except OSError:
+        return False  # missing, a loop, through a file: it leads nowhere
+    if real is None:
+        return False
+    if not whole:
+        return _named(real, names)
+    try:
+        here = open_real(real)
     except FileNotFoundError:
-        return False  # dangling
-    except PermissionError:  # a directory on its way cannot be searched
-        return _named(link, names)
+        return False
+    except PermissionError:
+        return _named(real, names)
+    except OSError:
+        return True  # a link swapped in since
     try:
         for _ in range(LEVELS):
             seen = identity(here)
@@ -194,9 +216,9 @@ def _leads_into(link: str, tree: Identity, names: set[str], far: list[str]) -> b
             try:
                 up = os.open("..", os.O_PATH | os.O_CLOEXEC, dir_fd=here)
             except NotADirectoryError:
-                up = os.open(os.path.dirname(os.readlink(f"/proc/self/fd/{here}")), os.O_PATH | os.O_CLOEXEC)
+                up = os.open(os.path.dirname(real), os.O_PATH | os.O_CLOEXEC)
             except PermissionError:
-                return _named(link, names)
+                return _named(real, names)
             os.close(here)
             here = up
             if identity(here) == seen:
@@ -206,9 +228,39 @@ def _leads_into(link: str, tree: Identity, names: set[str], far: list[str]) -> b
         os.close(here)
 
 
-def _named(link: str, names: set[str]) -> bool:
-    """Whether the path `link` leads to (made real as far as it can be) is the tree's or in it."""
-    real = os.path.realpath(link)
+def _resolve(path: str, far: list[str]) -> tuple[str | None, bool]:
+    """Where `path` leads, its symlinks followed a component at a time (HOPS at most: ELOOP),
+    nothing looked at on a far file system: (None, True) if it leads onto one; (the path as far as
+    it was made real, False) if a directory on the way cannot be searched."""
+    done, todo, hops = "/", [p for p in reversed(path.split("/")) if p], 0
+    while todo:
+        part = todo.pop()
+        if part == "..":
+            done = os.path.dirname(done)
+            continue
+        if part == ".":
+            continue
+        here = os.path.join(done, part)
+        if _is_far(here, far):
+            return None, True
+        try:
+            st = os.lstat(here)
+        except PermissionError:
+            return os.path.join(here, *reversed(todo)), False
+        if not stat.S_ISLNK(st.st_mode):
+            done = here
+            continue
+        hops += 1
+        if hops > HOPS:
+            raise OSError(errno.ELOOP, "too many links", path)
+        target = os.readlink(here)
+        done = "/" if target.startswith("/") else done
+        todo.extend(p for p in reversed(target.split("/")) if p)
+    return done, True
+
+
+def _named(real: str, names: set[str]) -> bool:
+    """Whether the path `real` is the tree's or in it, by the tree's names."""
     return any(real == n or real.startswith(n.rstrip("/") + "/") for n in names)
 
 
@@ -216,14 +268,17 @@ def _named(link: str, names: set[str]) -> bool:
 def tracks(root: str, top: str) -> bool:
     """Whether the repository at `root` tracks something in its top-level directory `top` (the
     one the cwd lies in): what the user committed or added, which code below the root cannot
-    change. An index that cannot be read here (split, malformed, too large) tracks nothing."""
-    git = os.path.join(root, ".git")
+    change. An index that cannot be read here (split, malformed, too large, a link) tracks nothing."""
     try:
-        with _regular(os.path.join(git, "config"), 1 << 20) as config_file:
+        git = os.open(os.path.join(root, ".git"), os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        with _regular(git, "config", 1 << 20) as config_file:
             if config_file is None:
                 return False
             hash_size = 32 if _OBJECT_FORMAT.search(_read(config_file)) else 20
-        with _regular(os.path.join(git, "index"), INDEX_LIMIT) as index:
+        with _regular(git, "index", INDEX_LIMIT) as index:
             if index is None:
                 return False
             st = os.fstat(index)
@@ -233,11 +288,13 @@ def tracks(root: str, top: str) -> bool:
                     _tracked.clear()
                 _tracked[key] = index_tracks(_read(index), hash_size, os.fsencode(top))
             return _tracked[key]
-    except OSError:
+    except (OSError, MemoryError):
         return False
+    finally:
+        os.close(git)
 
 
-def index_tracks(data: bytes, hash_size: int, top: bytes) -> bool:
+def index_tracks(data: bytes | bytearray, hash_size: int, top: bytes) -> bool:
     """Whether the git index `data` (formats 2 to 4) holds `top` or a path in it; False for one
     that cannot be read as an index. Its entries are sorted by path: the look ends past `top`."""
     if len(data) < 12 or data[:4] != b"DIRC":
@@ -245,22 +302,23 @@ def index_tracks(data: bytes, hash_size: int, top: bytes) -> bool:
     version, count = struct.unpack(">II", data[4:12])
     if version not in (2, 3, 4):
         return False
-    inside, pos, previous = top + b"/", 12, b""
+    inside, pos, path = top + b"/", 12, bytearray()
     fixed = 40 + hash_size + 2  # stat data, the object's name, the flags
     try:
         for _ in range(count):
             flags = struct.unpack(">H", data[pos + fixed - 2 : pos + fixed])[0]
             start = pos + fixed + (2 if version >= 3 and flags & 0x4000 else 0)
-            if version == 4:
+            if version == 4:  # the previous path less its last `strip` bytes, then these (edited in place)
                 strip, start = _varint(data, start)
-                if strip > len(previous):
+                if strip > len(path):
                     return False
                 end = data.index(b"\0", start, start + PATH_LIMIT + 1)
-                path = previous[: len(previous) - strip] + data[start:end]
-                pos, previous = end + 1, path
+                del path[len(path) - strip :]
+                path += data[start:end]
+                pos = end + 1
             else:
                 end = data.index(b"\0", start, start + PATH_LIMIT + 1)
-                path = data[start:end]
+                path[:] = data[start:end]
                 pos += (end - pos + 8) // 8 * 8  # NUL-padded to a multiple of 8, at least one NUL
             if len(path) > PATH_LIMIT:
                 return False
@@ -273,7 +331,7 @@ def index_tracks(data: bytes, hash_size: int, top: bytes) -> bool:
     return False
 
 
-def _varint(data: bytes, pos: int) -> tuple[int, int]:
+def _varint(data: bytes | bytearray, pos: int) -> tuple[int, int]:
     """git's offset varint (index format 4): the value and the position after it; ValueError
     past five bytes (a path's length to strip never needs more)."""
     byte = data[pos]
@@ -287,12 +345,13 @@ def _varint(data: bytes, pos: int) -> tuple[int, int]:
 
 
 @contextlib.contextmanager
-def _regular(path: str, limit: int) -> Iterator[int | None]:
-    """A descriptor of `path` if it is a regular file of 12 to `limit` bytes, else None: never a
-    FIFO (whose open would wait for a writer) nor a device, whatever a link there leads to; nor a
-    file of /proc, which says it holds nothing (so none is read past its size, `_read`)."""
+def _regular(directory: int, name: str, limit: int) -> Iterator[int | None]:
+    """A descriptor of `name` in `directory` if it is a regular file of 12 to `limit` bytes, else
+    None: never a link (which could lead onto a file system that never answers), a FIFO (whose
+    open would wait for a writer) nor a device; nor a file of /proc, which says it holds nothing
+    (none is read past the size it gives, `_read`)."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        fd = os.open(name, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=directory)
     except OSError:
         yield None
         return
@@ -303,10 +362,12 @@ def _regular(path: str, limit: int) -> Iterator[int | None]:
         os.close(fd)
 
 
-def _read(fd: int) -> bytes:
-    """The file `fd`, up to the size it said it had when opened."""
-    size, parts, got = os.fstat(fd).st_size, [], 0
-    while got < size and (part := os.read(fd, min(1 << 20, size - got))):
-        parts.append(part)
-        got += len(part)
-    return b"".join(parts)
+def _read(fd: int) -> bytearray:
+    """The file `fd`, up to the size it said it had when opened, into one buffer."""
+    data = bytearray(os.fstat(fd).st_size)
+    view, got = memoryview(data), 0
+    while got < len(data) and (n := os.readv(fd, [view[got:]])):
+        got += n
+    view.release()
+    del data[got:]
+    return data
