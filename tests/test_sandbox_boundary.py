@@ -772,3 +772,29 @@ def test_the_look_for_dotfiles_links_sees_all_of_home_and_passes_over_odd_links(
     repository._linked.clear()
     monkeypatch.setattr(repository.config, "mounts", lambda: [("/", "ext4"), (str(home), "nfs4")])
     assert sandbox.repository_root(str(conf / "nvim"), str(home)) == ""
+
+
+def test_what_the_search_reads_of_a_repository_costs_little_and_counts_loops_into_it(home):
+    """A `.git/config` of blank lines (a regular expression whose spaces spanned lines took an
+    hour on a megabyte); a link of $HOME's into the tree that its code made a loop still says
+    dotfiles; a link to a project's program in ~/.local/bin says nothing; the deepest mount holding
+    a path decides whether it is far (an autofs /home is, the NFS $HOME in it is not)."""
+    conf = git_repo(home / "conf", "zsh/zshrc", "nvim/init.lua", "bin/tool")
+    with open(conf / ".git" / "config", "a") as f:
+        f.write("\n" * 1_000_000)
+    assert within_seconds(lambda: sandbox.repository_root(str(conf / "nvim"), str(home))) == str(conf)
+    (home / ".local" / "bin").mkdir(parents=True)
+    (home / ".local" / "bin" / "tool").symlink_to(conf / "bin" / "tool")
+    repository._linked.clear()
+    assert sandbox.repository_root(str(conf / "nvim"), str(home)) == str(conf)
+    (conf / "zsh" / "zshrc").unlink()
+    (conf / "zsh" / "zshrc").symlink_to("zshrc")  # a loop, made by code in conf/zsh
+    (home / ".zshrc").symlink_to(conf / "zsh" / "zshrc")
+    repository._linked.clear()
+    assert sandbox.repository_root(str(conf / "nvim"), str(home)) == ""
+    mounts = [("/", "ext4"), ("/autohome", "autofs"), (f"/autohome/{home.name}", "nfs4")]
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(repository.config, "mounts", lambda: mounts)
+        near = repository._mounts([f"/autohome/{home.name}"])
+    assert repository._is_far(f"/autohome/{home.name}/.config/x", near) is False
+    assert repository._is_far("/autohome/someone-else/tools/x", near) is True

@@ -24,7 +24,7 @@ import time
 from collections.abc import Iterator
 
 from .. import config
-from ..paths import Identity, identity, open_real
+from ..paths import Identity, LinkRefused, identity, open_real
 
 # Files at a work tree's root that say it holds dotfiles (stow, dotbot, chezmoi, dotter, rcm): code
 # below the root can neither make nor remove them.
@@ -42,6 +42,8 @@ LINKS_KEPT_FOR = 5.0  # seconds a look for $HOME's links into a work tree is kep
 SCAN_LIMIT = 50_000  # entries of $HOME and its dot-directories looked at, at most; past it, a dotfiles repository
 # Dot-directories of $HOME the look passes over: caches and toolchains, of many files, none a dotfile.
 CACHES = (".cache", ".npm", ".m2", ".gradle", ".cargo", ".rustup", ".pyenv", ".nvm", ".sdkman", ".bun", ".deno")
+# Where links to a project's own programs go (`ln -s ~/src/tool/tool ~/.local/bin/`): not a sign of dotfiles.
+PROGRAM_DIRS = (".local/bin",)
 HOPS = 40  # symlinks followed on one path, as the kernel's limit
 LEVELS = 256  # directories walked up from a link's target, at most; past it, a dotfiles repository
 INDEX_LIMIT = 256 << 20  # bytes of a git index read at most (a monorepo of a million files: ~100 MB)
@@ -49,7 +51,8 @@ PATH_LIMIT = 4096  # bytes of a path in a git index; a longer one makes the inde
 # File systems whose lookups may wait on another process or host (and never end, if it is gone):
 # the look for links neither follows a link into one nor lists one.
 FAR = ("nfs", "nfs4", "cifs", "smb3", "smbfs", "9p", "ceph", "glusterfs", "autofs", "afs", "lustre", "gpfs")
-_OBJECT_FORMAT = re.compile(rb"^\s*objectformat\s*=\s*sha256\s*$", re.IGNORECASE | re.MULTILINE)
+# Within a line only (`\s` would span lines, and backtrack over a config of blank lines quadratically).
+_OBJECT_FORMAT = re.compile(rb"^[ \t]*objectformat[ \t]*=[ \t]*sha256[ \t]*$", re.IGNORECASE | re.MULTILINE)
 
 _linked: dict[tuple[str, str], tuple[float, bool]] = {}
 _tracked: dict[tuple[int, int, int, int, int, str], bool] = {}  # by what the index file was, and the name
@@ -147,9 +150,13 @@ def dotfiles(tree: str, home_seen: str, home: str) -> bool:
 
 
 def _links_into(home: str, tree: Identity, names: set[str]) -> bool:
-    """The look `dotfiles` makes. Caches and toolchains (CACHES) are passed over; a look past
-    SCAN_LIMIT entries counts as finding a link into the tree: granting less is the error to make."""
-    far = _far_mounts([home, *names])
+    """The look `dotfiles` makes, from $HOME's real path (the mounts are named by theirs).
+    Caches, toolchains (CACHES) and program directories (PROGRAM_DIRS) are passed over; a link
+    that cannot be followed to its end for a reason code could cause, and a look past SCAN_LIMIT
+    entries, count as finding a link into the tree: granting less is the error to make."""
+    home = os.path.realpath(home)
+    mounts = _mounts([home, *names])
+    skipped = {os.path.join(home, d) for d in PROGRAM_DIRS}
     todo, seen = [(home, 0)], 0
     while todo:
         directory, depth = todo.pop()
@@ -159,55 +166,84 @@ def _links_into(home: str, tree: Identity, names: set[str]) -> bool:
                     seen += 1
                     if seen > SCAN_LIMIT:
                         return True
-                    if entry.is_symlink():
-                        if _leads_into(entry.path, tree, names, far):
-                            return True
-                    elif (
-                        depth < 3
-                        and (depth or (entry.name.startswith(".") and entry.name not in CACHES))
-                        and entry.is_dir(follow_symlinks=False)
-                        and not _is_far(entry.path, far)
-                    ):
-                        todo.append((entry.path, depth + 1))
+                    if _is_far(entry.path, mounts) or entry.path in skipped:
+                        continue  # not even `lstat`ed (a file system that reports no types asks it)
+                    try:
+                        if entry.is_symlink():
+                            if _leads_into(entry.path, tree, names, mounts):
+                                return True
+                        elif (
+                            depth < 3
+                            and (depth or (entry.name.startswith(".") and entry.name not in CACHES))
+                            and entry.is_dir(follow_symlinks=False)
+                        ):
+                            todo.append((entry.path, depth + 1))
+                    except OSError:
+                        continue  # gone since it was listed
         except OSError:
             continue  # a directory that cannot be read: code that could make it so could remove its links
     return False
 
 
-def _far_mounts(near: list[str]) -> list[str]:
-    """The mount points of FUSE and network file systems (FAR), but those holding `near` (the
-    look walks them anyway: $HOME on NFS is no reason to look at none of its links)."""
-    return [
-        point
-        for point in (p.rstrip("/") + "/" for p, kind in config.mounts() if kind.startswith("fuse") or kind in FAR)
-        if not any((n.rstrip("/") + "/").startswith(point) for n in near)
-    ]
+def _mounts(near: list[str]) -> list[tuple[str, bool]]:
+    """Every mount point (with a slash), deepest first, and whether it is far: FUSE or a network
+    file system (FAR), but not the deepest one holding a path of `near` ($HOME, the tree), which
+    the look walks anyway ($HOME on NFS is no reason to look at none of its links)."""
+    points = sorted(
+        ((p.rstrip("/") + "/", kind.startswith("fuse") or kind in FAR) for p, kind in config.mounts()),
+        key=lambda m: len(m[0]),
+        reverse=True,
+    )
+    holding = {next((p for p, _ in points if (n.rstrip("/") + "/").startswith(p)), "") for n in near}
+    return [(p, far and p not in holding) for p, far in points]
 
 
-def _is_far(path: str, far: list[str]) -> bool:
-    return any((path.rstrip("/") + "/").startswith(point) for point in far)
+def _is_far(path: str, mounts: list[tuple[str, bool]]) -> bool:
+    """Whether the deepest mount holding `path` is far (`_mounts`): an autofs /home is, though
+    $HOME's own NFS mount below it is not."""
+    path = path.rstrip("/") + "/"
+    return next((far for point, far in mounts if path.startswith(point)), False)
 
 
-def _leads_into(link: str, tree: Identity, names: set[str], far: list[str]) -> bool:
-    """Whether the symlink `link` leads to the tree or into it: by identity, walking up from where
-    it leads (LEVELS at most); by the tree's paths where a directory on the way cannot be
-    searched. A link that leads onto a far file system, at any hop, is not followed there."""
+class _Into(Exception):
+    """A link's way passes through the tree, or could not be followed for a reason code could cause."""
+
+
+def _leads_into(link: str, tree: Identity, names: set[str], mounts: list[tuple[str, bool]]) -> bool:
+    """Whether the symlink `link` leads to the tree or into it: its way passing through the tree
+    by name, or where it ends lying in it by identity (walking up LEVELS at most); by the tree's
+    names alone where a directory on the way cannot be searched. Nothing on a far file system is
+    looked up. A loop, a missing part or a file on the way, outside the tree, lead nowhere."""
     try:
-        real, whole = _resolve(link, far)
+        real, whole = _resolve(link, names, mounts)
+    except _Into:
+        return True
     except OSError:
-        return False  # missing, a loop, through a file: it leads nowhere
+        return False  # a loop, a missing part, a file on the way: outside the tree (named as it went)
     if real is None:
         return False
     if not whole:
         return _named(real, names)
     try:
         here = open_real(real)
-    except FileNotFoundError:
-        return False
     except PermissionError:
         return _named(real, names)
+    except (FileNotFoundError, NotADirectoryError):
+        return False
     except OSError:
-        return True  # a link swapped in since
+        return True  # a link swapped in since it was resolved
+    try:
+        return _lies_in(here, real, tree)
+    except OSError:
+        return True  # changed under the walk
+    finally:
+        os.close(here)
+
+
+def _lies_in(fd: int, real: str, tree: Identity) -> bool:
+    """Whether the file `fd` (at `real`) is the tree or lies in it, walking up by descriptor
+    (LEVELS at most: past them, it counts as in it)."""
+    here = os.dup(fd)
     try:
         for _ in range(LEVELS):
             seen = identity(here)
@@ -216,9 +252,7 @@ def _leads_into(link: str, tree: Identity, names: set[str], far: list[str]) -> b
             try:
                 up = os.open("..", os.O_PATH | os.O_CLOEXEC, dir_fd=here)
             except NotADirectoryError:
-                up = os.open(os.path.dirname(real), os.O_PATH | os.O_CLOEXEC)
-            except PermissionError:
-                return _named(real, names)
+                up = open_real(os.path.dirname(real))
             os.close(here)
             here = up
             if identity(here) == seen:
@@ -228,10 +262,12 @@ def _leads_into(link: str, tree: Identity, names: set[str], far: list[str]) -> b
         os.close(here)
 
 
-def _resolve(path: str, far: list[str]) -> tuple[str | None, bool]:
-    """Where `path` leads, its symlinks followed a component at a time (HOPS at most: ELOOP),
-    nothing looked at on a far file system: (None, True) if it leads onto one; (the path as far as
-    it was made real, False) if a directory on the way cannot be searched."""
+def _resolve(path: str, names: set[str], mounts: list[tuple[str, bool]]) -> tuple[str | None, bool]:
+    """Where `path` leads, its symlinks followed a component at a time, each looked at through a
+    descriptor of its directory opened following no link (a directory swapped for a link since
+    leads nowhere else): (None, True) if it leads onto a far file system; (the path as far as it
+    was made real, False) if a directory on the way cannot be searched. _Into when the way passes
+    through the tree by name, or a directory on it became a link; ELOOP past HOPS links."""
     done, todo, hops = "/", [p for p in reversed(path.split("/")) if p], 0
     while todo:
         part = todo.pop()
@@ -241,19 +277,29 @@ def _resolve(path: str, far: list[str]) -> tuple[str | None, bool]:
         if part == ".":
             continue
         here = os.path.join(done, part)
-        if _is_far(here, far):
+        if _is_far(here, mounts):
             return None, True
+        if _named(here, names):
+            raise _Into
         try:
-            st = os.lstat(here)
+            directory = open_real(done)
         except PermissionError:
             return os.path.join(here, *reversed(todo)), False
-        if not stat.S_ISLNK(st.st_mode):
-            done = here
-            continue
-        hops += 1
-        if hops > HOPS:
-            raise OSError(errno.ELOOP, "too many links", path)
-        target = os.readlink(here)
+        except LinkRefused:
+            raise _Into from None
+        try:
+            st = os.stat(part, dir_fd=directory, follow_symlinks=False)
+            if not stat.S_ISLNK(st.st_mode):
+                done = here
+                continue
+            hops += 1
+            if hops > HOPS:
+                raise OSError(errno.ELOOP, "too many links", path)
+            target = os.readlink(part, dir_fd=directory)
+        except PermissionError:
+            return os.path.join(here, *reversed(todo)), False
+        finally:
+            os.close(directory)
         done = "/" if target.startswith("/") else done
         todo.extend(p for p in reversed(target.split("/")) if p)
     return done, True
