@@ -798,3 +798,37 @@ def test_what_the_search_reads_of_a_repository_costs_little_and_counts_loops_int
         near = repository._mounts([f"/autohome/{home.name}"])
     assert repository._is_far(f"/autohome/{home.name}/.config/x", near) is False
     assert repository._is_far("/autohome/someone-else/tools/x", near) is True
+
+
+def test_the_walk_up_from_the_cwd_follows_no_link_planted_on_its_way(home, fs_server, monkeypatch):
+    """A parent's code swaps a directory on its sub-agent's cwd for a link onto a mount that never
+    answers (here ollie's own, its server stopped): the walk starts from the cwd opened following
+    no link. Also: a look for links that runs out of time says dotfiles (granting less); a stowed
+    ~/.m2/settings.xml is seen (a cache's top entries are looked at); a name says dotfiles in any
+    case; a far file system mounted over a near one at the same point is far."""
+    parent = git_repo(home / "parentcwd", "pkg/sub/x")
+    sub = parent / "pkg" / "sub"
+    assert sandbox.repository_root(str(sub), str(home)) == str(parent)
+    (parent / "pkg").rename(parent / "pkg.old")
+    (parent / "pkg").symlink_to(fs_server.mnt / f"never-looked-up-{os.getpid()}")
+    os.kill(fs_server.pid(), signal.SIGSTOP)
+    try:
+        assert within_seconds(lambda: sandbox.repository_root(str(sub), str(home))) == ""
+    finally:
+        os.kill(fs_server.pid(), signal.SIGCONT)
+    conf = git_repo(home / "conf", "m2/settings.xml", "nvim/init.lua")
+    repository._linked.clear()
+    with monkeypatch.context() as patch:
+        patch.setattr(repository, "LOOK_SECONDS", 0.0)
+        assert sandbox.repository_root(str(conf / "nvim"), str(home)) == ""
+    repository._linked.clear()
+    assert sandbox.repository_root(str(conf / "nvim"), str(home)) == str(conf)
+    (home / ".m2").mkdir()
+    (home / ".m2" / "settings.xml").symlink_to(conf / "m2" / "settings.xml")
+    repository._linked.clear()
+    assert sandbox.repository_root(str(conf / "nvim"), str(home)) == ""
+    private = git_repo(home / "Dotfiles-private", "nvim/init.lua")
+    assert sandbox.repository_root(str(private / "nvim"), str(home)) == ""
+    with monkeypatch.context() as patch:
+        patch.setattr(repository.config, "mounts", lambda: [("/", "ext4"), ("/x", "tmpfs"), ("/x", "fuse.sshfs")])
+        assert repository._is_far("/x/y", repository._mounts([str(home)])) is True

@@ -27,7 +27,7 @@ from .. import config
 from ..paths import Identity, LinkRefused, identity, open_real
 
 # Files at a work tree's root that say it holds dotfiles (stow, dotbot, chezmoi, dotter, rcm): code
-# below the root can neither make nor remove them.
+# below the root can neither make nor remove them. Names too (any case; "dotfiles-private").
 DOTFILES_MARKS = (
     ".stowrc",
     ".stow-local-ignore",
@@ -37,13 +37,18 @@ DOTFILES_MARKS = (
     ".dotter",
     "rcrc",
 )
-DOTFILES_NAMES = ("dotfiles", "dots")
+DOTFILES_NAMES = ("dotfiles", ".dotfiles", "dots")
 LINKS_KEPT_FOR = 5.0  # seconds a look for $HOME's links into a work tree is kept (each session reads its policy)
 SCAN_LIMIT = 50_000  # entries of $HOME and its dot-directories looked at, at most; past it, a dotfiles repository
-# Dot-directories of $HOME the look passes over: caches and toolchains, of many files, none a dotfile.
-CACHES = (".cache", ".npm", ".m2", ".gradle", ".cargo", ".rustup", ".pyenv", ".nvm", ".sdkman", ".bun", ".deno")
-# Where links to a project's own programs go (`ln -s ~/src/tool/tool ~/.local/bin/`): not a sign of dotfiles.
-PROGRAM_DIRS = (".local/bin",)
+LOOK_SECONDS = 2.0  # the longest a look for $HOME's links may take; past it, a dotfiles repository
+# Below $HOME, passed over by the look: bulky caches and toolchains (their top entries, where a
+# stowed settings.xml or credentials.toml would be, are looked at), and ~/.local/bin, where links
+# to a project's own programs go (`ln -s ~/src/tool/tool ~/.local/bin/`: no sign of dotfiles).
+PASSED_OVER = (
+    ".cache", ".npm/_cacache", ".m2/repository", ".gradle/caches", ".gradle/wrapper", ".cargo/registry",
+    ".cargo/git", ".rustup/toolchains", ".pyenv/versions", ".nvm/versions", ".sdkman/candidates",
+    ".bun/install", ".deno/deps", ".local/share/Trash", ".local/bin",
+)  # fmt: skip
 HOPS = 40  # symlinks followed on one path, as the kernel's limit
 LEVELS = 256  # directories walked up from a link's target, at most; past it, a dotfiles repository
 INDEX_LIMIT = 256 << 20  # bytes of a git index read at most (a monorepo of a million files: ~100 MB)
@@ -68,66 +73,94 @@ def repository_root(cwd: str, home: str) -> str:
     link names it otherwise; not when $HOME is / or not the user's), with no dot-directory on the
     way from $HOME to the cwd, and never a dotfiles repository (`dotfiles`): granted whole, it
     would grant the secrets kept there. Never through a directory another user may write
-    (`only_mine`), nor across a mount (as git does)."""
+    (`only_mine`), nor across a mount (as git does). Walked up by descriptor from the cwd opened
+    following no link: a link planted on the way (onto a mount that never answers) is not followed."""
     try:
-        here, top = os.lstat(cwd), os.stat(home)
-    except OSError:
-        return ""
-    uid = os.geteuid()
-    if top.st_uid != uid or os.path.realpath(home) == "/":
-        return ""
-    home_id, found, path = (top.st_dev, top.st_ino), "", cwd
-    while True:
-        if os.path.basename(path).startswith("."):
-            return ""  # ~/.config/nvim, ~/dotfiles/nvim/.config/nvim: a dot-directory on the way
-        parent = os.path.dirname(path)
-        try:
-            st = os.lstat(parent)
-        except OSError:
+        top = os.stat(home)
+        if top.st_uid != os.geteuid() or os.path.realpath(home) == "/":
             return ""
-        if (st.st_dev, st.st_ino) == home_id:
-            if not found or dotfiles(found, parent, home):
-                return ""
-            return found if tracks(found, os.path.relpath(cwd, found).split("/")[0]) else ""
-        if parent == path or st.st_dev != here.st_dev or not only_mine(parent, st):
-            return ""  # / reached without $HOME; another file system; a directory shared
-        if not found:
-            try:
-                git = os.lstat(os.path.join(parent, ".git"))
-                if stat.S_ISDIR(git.st_mode) and git.st_uid == uid:
-                    found = parent
-            except OSError:
-                pass
-        path = parent
+        here = open_real(cwd)
+    except (OSError, ValueError):
+        return ""  # a link on the cwd's way (grants.py refuses the cwd itself, naming it)
+    found_fd = [-1]
+    try:
+        return _walk(cwd, here, (top.st_dev, top.st_ino), home, found_fd)
+    except (OSError, ValueError):
+        return ""
+    finally:
+        os.close(here)
+        if found_fd[0] >= 0:
+            os.close(found_fd[0])
 
 
-def only_mine(path: str, st: os.stat_result) -> bool:
-    """Whether only the user may write the directory `path`: theirs, neither sticky nor writable
-    by others, with no ACL (whose mask shows as the group's bits), and writable by its group only
-    when that is the user's private group (named as the user, no other member)."""
+def _walk(cwd: str, fd: int, home_id: Identity, home: str, found_fd: list[int]) -> str:
+    """`repository_root`'s walk, from the cwd's descriptor `fd` (which the caller closes) up to
+    $HOME; `found_fd` holds the work tree's descriptor once found (the caller closes it)."""
+    dev, uid, path, found = os.fstat(fd).st_dev, os.geteuid(), cwd, ""
+    here = os.dup(fd)
+    try:
+        while True:
+            if os.path.basename(path).startswith("."):
+                return ""  # ~/.config/nvim, ~/dotfiles/nvim/.config/nvim: a dot-directory on the way
+            parent_fd = os.open("..", os.O_PATH | os.O_CLOEXEC, dir_fd=here)
+            os.close(here)
+            here, parent = parent_fd, os.path.dirname(path)
+            st = os.fstat(here)
+            if (st.st_dev, st.st_ino) == home_id:
+                if not found or dotfiles(found, found_fd[0], parent, home):
+                    return ""
+                return found if tracks(found_fd[0], os.path.relpath(cwd, found).split("/")[0]) else ""
+            if parent == path or st.st_dev != dev or not only_mine(here, st):
+                return ""  # / reached without $HOME; another file system; a directory shared
+            if not found:
+                git = os.stat(".git", dir_fd=here, follow_symlinks=False) if _has(here, ".git") else None
+                if git is not None and stat.S_ISDIR(git.st_mode) and git.st_uid == uid:
+                    found, found_fd[0] = parent, os.dup(here)
+            path = parent
+    finally:
+        os.close(here)
+
+
+def _has(directory: int, name: str) -> bool:
+    try:
+        os.stat(name, dir_fd=directory, follow_symlinks=False)
+        return True
+    except FileNotFoundError:
+        return False
+
+
+def only_mine(fd: int, st: os.stat_result) -> bool:
+    """Whether only the user may write the directory `fd` (whose status is `st`): theirs, neither
+    sticky nor writable by others, with no ACL (whose mask shows as the group's bits), and
+    writable by its group only when that is the user's private group (named as the user, no other
+    member; the gid compared first, so that a group of a slow directory service is not asked)."""
     if st.st_uid != os.geteuid() or st.st_mode & (stat.S_IWOTH | stat.S_ISVTX):
         return False
     try:
-        os.getxattr(path, "system.posix_acl_access", follow_symlinks=False)
+        os.getxattr(f"/proc/self/fd/{fd}", "system.posix_acl_access")
         return False
     except OSError:
         pass  # ENODATA: none (or no ACLs on this file system)
     if not st.st_mode & stat.S_IWGRP:
         return True
+    if st.st_gid != os.getegid():
+        return False
     try:
         group, me = grp.getgrgid(st.st_gid), pwd.getpwuid(os.geteuid()).pw_name
     except KeyError:
         return False
-    return st.st_gid == os.getegid() and group.gr_name == me and set(group.gr_mem) <= {me}
+    return group.gr_name == me and set(group.gr_mem) <= {me}
 
 
 # ---- dotfiles ------------------------------------------------------------------------------------------
-def dotfiles(tree: str, home_seen: str, home: str) -> bool:
-    """Whether the work tree `tree` holds dotfiles: named or marked so at its root, or one a
-    symlink in $HOME, or below its dot-directories (three levels: ~/.zshrc, ~/.config/gh/hosts.yml,
-    ~/.config/fish/conf.d/x.fish), leads to or into, as `stow` makes them. `home_seen` is $HOME as
-    the walk from the cwd reached it (through a bind mount, another path than `home`)."""
-    if os.path.basename(tree) in DOTFILES_NAMES or any(os.path.lexists(os.path.join(tree, m)) for m in DOTFILES_MARKS):
+def dotfiles(tree: str, tree_fd: int, home_seen: str, home: str) -> bool:
+    """Whether the work tree `tree` (open as `tree_fd`) holds dotfiles: named or marked so at its
+    root, or one a symlink in $HOME, or below it (dot-directories at its top, three levels:
+    ~/.zshrc, ~/.config/gh/hosts.yml, ~/.config/fish/conf.d/x.fish), leads to or into, as `stow`
+    makes them. `home_seen` is $HOME as the walk from the cwd reached it (through a bind mount,
+    another path than `home`)."""
+    name = os.path.basename(tree).lower()
+    if name in DOTFILES_NAMES or name.startswith("dotfiles") or any(_has(tree_fd, m) for m in DOTFILES_MARKS):
         return True
     now = time.monotonic()
     known = _linked.get((home, tree))
@@ -135,28 +168,21 @@ def dotfiles(tree: str, home_seen: str, home: str) -> bool:
         return known[1]
     rel = os.path.relpath(tree, home_seen)
     names = {tree, *(os.path.normpath(os.path.join(h, rel)) for h in (home, os.path.realpath(home)))}
-    try:
-        tree_fd = os.open(tree, os.O_PATH | os.O_CLOEXEC)
-    except OSError:
-        return True  # gone since: grant nothing
-    try:
-        found = _links_into(home, identity(tree_fd), names)
-    finally:
-        os.close(tree_fd)
+    found = _links_into(home, identity(tree_fd), names, now + LOOK_SECONDS)
     if len(_linked) > 256:
         _linked.clear()
     _linked[(home, tree)] = (now, found)
     return found
 
 
-def _links_into(home: str, tree: Identity, names: set[str]) -> bool:
-    """The look `dotfiles` makes, from $HOME's real path (the mounts are named by theirs).
-    Caches, toolchains (CACHES) and program directories (PROGRAM_DIRS) are passed over; a link
-    that cannot be followed to its end for a reason code could cause, and a look past SCAN_LIMIT
-    entries, count as finding a link into the tree: granting less is the error to make."""
+def _links_into(home: str, tree: Identity, names: set[str], deadline: float) -> bool:
+    """The look `dotfiles` makes, from $HOME's real path (the mounts are named by theirs). Bulky
+    caches and toolchains (PASSED_OVER) are passed over; a link that cannot be followed to its end
+    for a reason code could cause, and a look past SCAN_LIMIT entries or its `deadline`, count as
+    finding a link into the tree: granting less is the error to make."""
     home = os.path.realpath(home)
     mounts = _mounts([home, *names])
-    skipped = {os.path.join(home, d) for d in PROGRAM_DIRS}
+    skipped = {os.path.join(home, d) for d in PASSED_OVER}
     todo, seen = [(home, 0)], 0
     while todo:
         directory, depth = todo.pop()
@@ -164,18 +190,16 @@ def _links_into(home: str, tree: Identity, names: set[str]) -> bool:
             with os.scandir(directory) as it:
                 for entry in it:
                     seen += 1
-                    if seen > SCAN_LIMIT:
+                    if seen > SCAN_LIMIT or time.monotonic() > deadline:
                         return True
                     if _is_far(entry.path, mounts) or entry.path in skipped:
                         continue  # not even `lstat`ed (a file system that reports no types asks it)
                     try:
                         if entry.is_symlink():
-                            if _leads_into(entry.path, tree, names, mounts):
+                            if _leads_into(entry.path, tree, names, mounts, deadline):
                                 return True
                         elif (
-                            depth < 3
-                            and (depth or (entry.name.startswith(".") and entry.name not in CACHES))
-                            and entry.is_dir(follow_symlinks=False)
+                            depth < 3 and (depth or entry.name.startswith(".")) and entry.is_dir(follow_symlinks=False)
                         ):
                             todo.append((entry.path, depth + 1))
                     except OSError:
@@ -186,16 +210,17 @@ def _links_into(home: str, tree: Identity, names: set[str]) -> bool:
 
 
 def _mounts(near: list[str]) -> list[tuple[str, bool]]:
-    """Every mount point (with a slash), deepest first, and whether it is far: FUSE or a network
-    file system (FAR), but not the deepest one holding a path of `near` ($HOME, the tree), which
-    the look walks anyway ($HOME on NFS is no reason to look at none of its links)."""
-    points = sorted(
-        ((p.rstrip("/") + "/", kind.startswith("fuse") or kind in FAR) for p, kind in config.mounts()),
-        key=lambda m: len(m[0]),
-        reverse=True,
-    )
-    holding = {next((p for p, _ in points if (n.rstrip("/") + "/").startswith(p)), "") for n in near}
-    return [(p, far and p not in holding) for p, far in points]
+    """Every mount point (with a slash), deepest first, and whether it is far: one of the file
+    systems mounted there is FUSE or a network one (FAR), and it is not the deepest point holding
+    a path of `near` ($HOME, the tree), which the look walks anyway ($HOME on NFS is no reason to
+    look at none of its links)."""
+    far: dict[str, bool] = {}
+    for point, kind in config.mounts():
+        point = point.rstrip("/") + "/"
+        far[point] = far.get(point, False) or kind.startswith("fuse") or kind in FAR
+    points = sorted(far, key=len, reverse=True)
+    holding = {next((p for p in points if (n.rstrip("/") + "/").startswith(p)), "") for n in near}
+    return [(p, far[p] and p not in holding) for p in points]
 
 
 def _is_far(path: str, mounts: list[tuple[str, bool]]) -> bool:
@@ -209,13 +234,13 @@ class _Into(Exception):
     """A link's way passes through the tree, or could not be followed for a reason code could cause."""
 
 
-def _leads_into(link: str, tree: Identity, names: set[str], mounts: list[tuple[str, bool]]) -> bool:
+def _leads_into(link: str, tree: Identity, names: set[str], mounts: list[tuple[str, bool]], deadline: float) -> bool:
     """Whether the symlink `link` leads to the tree or into it: its way passing through the tree
     by name, or where it ends lying in it by identity (walking up LEVELS at most); by the tree's
     names alone where a directory on the way cannot be searched. Nothing on a far file system is
     looked up. A loop, a missing part or a file on the way, outside the tree, lead nowhere."""
     try:
-        real, whole = _resolve(link, names, mounts)
+        real, whole = _resolve(link, names, mounts, deadline)
     except _Into:
         return True
     except OSError:
@@ -262,14 +287,17 @@ def _lies_in(fd: int, real: str, tree: Identity) -> bool:
         os.close(here)
 
 
-def _resolve(path: str, names: set[str], mounts: list[tuple[str, bool]]) -> tuple[str | None, bool]:
+def _resolve(path: str, names: set[str], mounts: list[tuple[str, bool]], deadline: float) -> tuple[str | None, bool]:
     """Where `path` leads, its symlinks followed a component at a time, each looked at through a
     descriptor of its directory opened following no link (a directory swapped for a link since
     leads nowhere else): (None, True) if it leads onto a far file system; (the path as far as it
     was made real, False) if a directory on the way cannot be searched. _Into when the way passes
-    through the tree by name, or a directory on it became a link; ELOOP past HOPS links."""
+    through the tree by name, a directory on it became a link, or past the look's `deadline`;
+    ELOOP past HOPS links."""
     done, todo, hops = "/", [p for p in reversed(path.split("/")) if p], 0
     while todo:
+        if time.monotonic() > deadline:
+            raise _Into
         part = todo.pop()
         if part == "..":
             done = os.path.dirname(done)
@@ -311,12 +339,13 @@ def _named(real: str, names: set[str]) -> bool:
 
 
 # ---- the index -----------------------------------------------------------------------------------------
-def tracks(root: str, top: str) -> bool:
-    """Whether the repository at `root` tracks something in its top-level directory `top` (the
-    one the cwd lies in): what the user committed or added, which code below the root cannot
-    change. An index that cannot be read here (split, malformed, too large, a link) tracks nothing."""
+def tracks(root: int, top: str) -> bool:
+    """Whether the repository at `root` (a directory's descriptor) tracks something in its
+    top-level directory `top` (the one the cwd lies in): what the user committed or added, which
+    code below the root cannot change. An index that cannot be read here (split, malformed, too
+    large, a link) tracks nothing."""
     try:
-        git = os.open(os.path.join(root, ".git"), os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        git = os.open(".git", os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=root)
     except OSError:
         return False
     try:
