@@ -1,5 +1,5 @@
-"""The git work tree a session's cwd lies in (the default policy's `{REPO}`): found from the cwd
-by path, every step a question sandboxed code cannot answer for the user.
+"""The git work tree a session's cwd lies in (the default policy's `{REPO}`): found walking up
+from the cwd by descriptor, every step a question sandboxed code cannot answer for the user.
 
 A session in a package of a monorepo reads and runs the whole work tree, so that git finds its
 repository and the root's tools run. What decides is what only the user controls: a `.git`
@@ -113,7 +113,7 @@ def _walk(cwd: str, fd: int, home_id: Identity, home: str, found_fd: list[int]) 
             if parent == path or st.st_dev != dev or not only_mine(here, st):
                 return ""  # / reached without $HOME; another file system; a directory shared
             if not found:
-                git = os.stat(".git", dir_fd=here, follow_symlinks=False) if _has(here, ".git") else None
+                git = _lstat(here, ".git")
                 if git is not None and stat.S_ISDIR(git.st_mode) and git.st_uid == uid:
                     found, found_fd[0] = parent, os.dup(here)
             path = parent
@@ -121,12 +121,11 @@ def _walk(cwd: str, fd: int, home_id: Identity, home: str, found_fd: list[int]) 
         os.close(here)
 
 
-def _has(directory: int, name: str) -> bool:
+def _lstat(directory: int, name: str) -> os.stat_result | None:
     try:
-        os.stat(name, dir_fd=directory, follow_symlinks=False)
-        return True
+        return os.stat(name, dir_fd=directory, follow_symlinks=False)
     except FileNotFoundError:
-        return False
+        return None
 
 
 def only_mine(fd: int, st: os.stat_result) -> bool:
@@ -160,7 +159,9 @@ def dotfiles(tree: str, tree_fd: int, home_seen: str, home: str) -> bool:
     makes them. `home_seen` is $HOME as the walk from the cwd reached it (through a bind mount,
     another path than `home`)."""
     name = os.path.basename(tree).lower()
-    if name in DOTFILES_NAMES or name.startswith("dotfiles") or any(_has(tree_fd, m) for m in DOTFILES_MARKS):
+    if name in DOTFILES_NAMES or name.startswith("dotfiles"):
+        return True
+    if any(_lstat(tree_fd, mark) is not None for mark in DOTFILES_MARKS):
         return True
     now = time.monotonic()
     known = _linked.get((home, tree))
