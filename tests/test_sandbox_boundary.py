@@ -832,3 +832,21 @@ def test_the_walk_up_from_the_cwd_follows_no_link_planted_on_its_way(home, fs_se
     with monkeypatch.context() as patch:
         patch.setattr(repository.config, "mounts", lambda: [("/", "ext4"), ("/x", "tmpfs"), ("/x", "fuse.sshfs")])
         assert repository._is_far("/x/y", repository._mounts([str(home)])) is True
+
+
+def test_a_cwd_moved_while_its_way_up_is_walked_grants_nothing(home):
+    """A parent's code renames its sub-agent's cwd deeper while the walk goes up by descriptor:
+    the names it walks by then say other directories than the descriptors it judges (one too
+    many, past $HOME). Played here without the race: the walk's names are the cwd's old ones."""
+    deep = home / "proj" / "x1" / "x2" / "sub"
+    deep.mkdir(parents=True)
+    git_repo(home / "proj" / "x1", "proj/f")  # tracks the top the old names would give
+    fd = os.open(deep, os.O_PATH)
+    found_fd = [-1]
+    try:
+        home_id = (os.stat(home).st_dev, os.stat(home).st_ino)
+        assert repository._walk(str(home / "proj" / "sub"), fd, home_id, str(home), found_fd) == ""
+    finally:
+        os.close(fd)
+        if found_fd[0] >= 0:
+            os.close(found_fd[0])

@@ -106,10 +106,13 @@ def _walk(cwd: str, fd: int, home_id: Identity, home: str, found_fd: list[int]) 
             os.close(here)
             here, parent = parent_fd, os.path.dirname(path)
             st = os.fstat(here)
+            if not _names(parent, st):
+                return ""  # moved while walked: the name would say another directory than was judged
             if (st.st_dev, st.st_ino) == home_id:
                 if not found or dotfiles(found, found_fd[0], parent, home):
                     return ""
-                return found if tracks(found_fd[0], os.path.relpath(cwd, found).split("/")[0]) else ""
+                top = os.path.relpath(cwd, found).split("/")[0]
+                return found if tracks(found_fd[0], top) and _names(found, os.fstat(found_fd[0])) else ""
             if parent == path or st.st_dev != dev or not only_mine(here, st):
                 return ""  # / reached without $HOME; another file system; a directory shared
             if not found:
@@ -119,6 +122,12 @@ def _walk(cwd: str, fd: int, home_id: Identity, home: str, found_fd: list[int]) 
             path = parent
     finally:
         os.close(here)
+
+
+def _names(path: str, st: os.stat_result) -> bool:
+    """Whether `path` names, now, the directory whose status is `st` (following no last link)."""
+    seen = os.stat(path, follow_symlinks=False)
+    return (seen.st_dev, seen.st_ino) == (st.st_dev, st.st_ino)
 
 
 def _lstat(directory: int, name: str) -> os.stat_result | None:
@@ -138,8 +147,9 @@ def only_mine(fd: int, st: os.stat_result) -> bool:
     try:
         os.getxattr(f"/proc/self/fd/{fd}", "system.posix_acl_access")
         return False
-    except OSError:
-        pass  # ENODATA: none (or no ACLs on this file system)
+    except OSError as e:
+        if e.errno not in (errno.ENODATA, errno.EOPNOTSUPP):
+            return False  # not known to have none
     if not st.st_mode & stat.S_IWGRP:
         return True
     if st.st_gid != os.getegid():
