@@ -155,6 +155,7 @@ async def test_a_package_of_a_monorepo_uses_git_and_the_roots_tools(home, tmp_pa
         False,
         "first\nroot tests pass\nthe monorepo\nRead-only file system\n",
     )
+    assert sandbox.repository_root(f"{package}/./", os.environ["HOME"]) == str(package.parent.parent)
     write_policy(None, "general:\n  repository: false\n")  # the user's choice: the cwd alone
     is_error, text = await in_cwd(package, tmp_path, "git log --format=%s 2>&1; cat ../../README 2>&1")
     assert "not a git repository" in text and "Permission denied" in text and "monorepo" not in text

@@ -75,6 +75,9 @@ def repository_root(cwd: str, home: str) -> str:
     would grant the secrets kept there. Never through a directory another user may write
     (`only_mine`), nor across a mount (as git does). Walked up by descriptor from the cwd opened
     following no link: a link planted on the way (onto a mount that never answers) is not followed."""
+    if not os.path.isabs(cwd):
+        return ""
+    cwd = os.path.normpath(cwd)  # a trailing slash or a `/./` (opened following no link all the same)
     try:
         top = os.stat(home)
         if top.st_uid != os.geteuid() or os.path.realpath(home) == "/":
