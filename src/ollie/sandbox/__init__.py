@@ -53,8 +53,8 @@ from .policy import (
     load_policy,
     missing_policy,
     policy_files,
-    repository_root,
 )
+from .repository import repository_root
 from .seccomp import SECCOMP_MACHINES, seccomp_program, seccomp_supported
 
 _T = TypeVar("_T")

@@ -37,7 +37,7 @@ DOTFILES_MARKS = (
     ".dotter",
     "rcrc",
 )
-DOTFILES_NAMES = ("dotfiles", ".dotfiles", "dots")
+DOTFILES_NAMES = ("dots",)  # and any name starting with "dotfiles"
 LINKS_KEPT_FOR = 5.0  # seconds a look for $HOME's links into a work tree is kept (each session reads its policy)
 SCAN_LIMIT = 50_000  # entries of $HOME and its dot-directories looked at, at most; past it, a dotfiles repository
 LOOK_SECONDS = 2.0  # the longest a look for $HOME's links may take; past it, a dotfiles repository
@@ -128,9 +128,16 @@ def _walk(cwd: str, fd: int, home_id: Identity, home: str, found_fd: list[int]) 
 
 
 def _names(path: str, st: os.stat_result) -> bool:
-    """Whether `path` names, now, the directory whose status is `st` (following no last link)."""
-    seen = os.stat(path, follow_symlinks=False)
-    return (seen.st_dev, seen.st_ino) == (st.st_dev, st.st_ino)
+    """Whether `path` names, now, the directory whose status is `st`, looked up following no link
+    (one swapped onto its way since could lead onto a mount that never answers)."""
+    try:
+        fd = open_real(path)
+    except OSError:
+        return False
+    try:
+        return identity(fd) == (st.st_dev, st.st_ino)
+    finally:
+        os.close(fd)
 
 
 def _lstat(directory: int, name: str) -> os.stat_result | None:
