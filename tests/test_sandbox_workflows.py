@@ -159,6 +159,9 @@ async def test_a_package_of_a_monorepo_uses_git_and_the_roots_tools(home, tmp_pa
     write_policy(None, "general:\n  repository: false\n")  # the user's choice: the cwd alone
     is_error, text = await in_cwd(package, tmp_path, "git log --format=%s 2>&1; cat ../../README 2>&1")
     assert "not a git repository" in text and "Permission denied" in text and "monorepo" not in text
+    write_policy(None, "general:\n  repository: sometimes\n")
+    is_error, text = await in_cwd(package, tmp_path, "true")
+    assert is_error and "general.repository must be true or false, got 'sometimes'" in text
 
 
 # ---- name resolution with connect_tcp -------------------------------------------------------------

@@ -235,8 +235,11 @@ def load_policy(
     raw: dict[str, Any] = BUILTIN.get(name, DEFAULT_POLICY)
     for path in (global_file, named_file):
         raw = _overlay(raw, _read_policy_file(path))
+    repository = raw["general"].get("repository", True)
+    if not isinstance(repository, bool):
+        raise SandboxError(f"sandbox general.repository must be true or false, got {repository!r}")
     named_repo = any("{REPO}" in entry for key in FS_KEYS for entry in raw["filesystem"][key])
-    values = _template_values(cwd, tmpdir, repository=named_repo and raw["general"].get("repository") is not False)
+    values = _template_values(cwd, tmpdir, repository=named_repo and repository)
     named = {key: _expand_paths(raw["filesystem"][key], values, f"filesystem.{key}") for key in FS_KEYS}
     named["rox"] += extra_rox + program_rox
     named["ro"] += extra_ro
