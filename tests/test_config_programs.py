@@ -112,6 +112,25 @@ async def test_a_stdio_server_is_confined_to_its_home_with_only_its_variables(ho
         await d.close()
 
 
+async def test_a_stdio_servers_cache_is_granted_when_ollies_data_lies_through_a_symlink(home, tmp_path, monkeypatch):
+    """A linked ~/.local/share (dotfiles set-ups make one): the server's cache is granted by its
+    real path; through the link in $HOME, where code may write, it was refused and the server
+    never started."""
+    real = tmp_path / "elsewhere"
+    real.mkdir()
+    (home / ".local").mkdir()
+    (home / ".local" / "share").symlink_to(real)
+    monkeypatch.setenv("OLLIE_DATA_PATH", str(home / ".local" / "share" / "ollie"))
+    d = Dispatcher()
+    env = await build_agent_env(AgentConfig(mcp_servers={"calc": {"command": PY, "args": [str(CALC)]}}), d, str(home))
+    try:
+        assert env.infos == []
+        cache = (await d.dispatch("env", {"name": "XDG_CACHE_HOME"}, CallContext(cwd=str(home)))).text()
+        assert cache == str(real / "ollie" / "tool-cache" / "calc")
+    finally:
+        await d.close()
+
+
 async def test_a_stdio_server_may_run_unsandboxed_when_its_entry_says_so(home, tmp_path):
     d = Dispatcher()
     servers = {"calc": {"command": PY, "args": [str(CALC)], "sandbox": False}}

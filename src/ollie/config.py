@@ -53,8 +53,14 @@ def data_path() -> Path:
 def shared_dirs() -> tuple[Path, Path]:
     """The memory and the plans: directories every session's sandboxed code may read and write
     (shown on the mount as m/ and pl/), created private to the user if missing."""
-    data = Path(os.path.realpath(data_path()))  # the jail hides real paths, and shows them again
-    return private_dir(data / "memory"), private_dir(data / "plans")
+    return data_dir("memory"), data_dir("plans")
+
+
+def data_dir(*names: str) -> Path:
+    """A directory in ollie's data by its real path, private to the user (made if missing): one a
+    jail shows its code (the jail hides ollie's data by real path and shows such a grant again, and
+    a symlink on the way, such as a linked ~/.local/share, would make it a grant through a link)."""
+    return private_dir(Path(os.path.realpath(data_path())).joinpath(*names))
 
 
 def tmp_path() -> Path:

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from . import __version__, sandbox
-from .config import data_path, private_dir
+from .config import data_dir, data_path
 from .tools import CallContext, Server, Tool, ToolResult
 from .types import ConfigError, OllieError
 
@@ -484,7 +484,7 @@ def tool_cache(name: str) -> Path:
     """The directory a stdio server keeps its caches in (npm's, uv's, pip's) from one start to the
     next: its own, in ollie's data, which sandboxed code never sees."""
 
-    return private_dir(data_path() / "tool-cache" / name)
+    return data_dir("tool-cache", name)
 
 
 def _jail_plan(spec: ServerSpec) -> tuple[str, sandbox.Sandbox, dict[str, str]]:
