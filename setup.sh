@@ -13,8 +13,8 @@ want_test=0
 # frontend's tests drive it in a tmux pane), a C compiler (the embedded model is built from source,
 # and the sandbox compiles its jails' native init once; libc6-dev lets it link that statically).
 APT_PACKAGES=(fuse3 jq gawk lua5.4 expect bc ed perl ripgrep tmux gcc libc6-dev)
-# The web page's tests drive a real headless Chromium through its driver.
-APT_TEST_PACKAGES=(chromium chromium-driver)
+# The web page's tests drive a real headless Chromium through its driver; the sandbox's run `go test`.
+APT_TEST_PACKAGES=(chromium chromium-driver golang-go)
 # npm packages the tests run as real MCP servers.
 NPM_TEST_PACKAGES=("@modelcontextprotocol/server-everything")
 

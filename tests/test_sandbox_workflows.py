@@ -4,6 +4,10 @@ TCP port resolves names. Each workflow is run for real through execute_code."""
 
 from __future__ import annotations
 
+import functools
+import hashlib
+import http.server
+import json
 import os
 import shutil
 import socket
@@ -12,11 +16,12 @@ import subprocess
 import sys
 import textwrap
 import threading
+import zipfile
 from pathlib import Path
 
 import pytest
 
-from ollie import sandbox
+from ollie import config, sandbox
 from ollie.tools import CallContext, execute
 from sandbox_helpers import write_policy
 
@@ -113,6 +118,132 @@ async def test_git_commit_in_the_project(run):
     )
     result = await run(code)
     assert (result.is_error, result.text().strip()) == (False, "2")
+
+
+# ---- the toolchains' caches ----------------------------------------------------------------------
+
+
+async def test_a_cwds_cache_lasts_from_jail_to_jail_and_is_no_other_cwds(home, tmp_path):
+    """Sandboxed code caches in a directory of its cwd's own ($XDG_CACHE_HOME), kept from one
+    session to the next; a session in another project neither sees nor reaches it (what one
+    project's code wrote there would be what the other's build reads); `general.cache: false`
+    leaves caching to the policy's grants."""
+    one, other = home / "work" / "one", home / "work" / "other"
+    one.mkdir(parents=True)
+    other.mkdir()
+    write = 'mkdir -p "$XDG_CACHE_HOME/tool" && echo built > "$XDG_CACHE_HOME/tool/entry" && echo "$XDG_CACHE_HOME"'
+    is_error, cache = await in_cwd(one, tmp_path, write)
+    assert not is_error and cache.strip().startswith(str(config.data_path() / "sandbox-cache")), cache
+    assert await in_cwd(one, tmp_path, 'cat "$XDG_CACHE_HOME/tool/entry"') == (False, "built\n")
+    peek = f'test "$XDG_CACHE_HOME" != {cache.strip()} && cat {cache.strip()}/tool/entry 2>&1 | grep -c "No such"'
+    assert await in_cwd(other, tmp_path, peek) == (False, "1\n")
+    write_policy(None, "general:\n  cache: false\n")
+    peek = f'echo "[$XDG_CACHE_HOME]"; cat {cache.strip()}/tool/entry 2>&1 | grep -c "No such"'
+    assert await in_cwd(one, tmp_path, peek) == (False, "[]\n1\n")
+
+
+
+async def test_the_cache_is_granted_when_ollies_data_lies_through_a_symlink_in_home(home, tmp_path, monkeypatch):
+    """A linked ~/.local/share (dotfiles set-ups make one) puts ollie's data behind a symlink in
+    $HOME, where code may write: the cache is granted by its real path, not refused as a grant
+    through a link."""
+    real = tmp_path / "elsewhere"
+    real.mkdir()
+    (home / ".local").mkdir()
+    (home / ".local" / "share").symlink_to(real)
+    monkeypatch.setenv("OLLIE_DATA_PATH", str(home / ".local" / "share" / "ollie"))
+    cwd = home / "work"
+    cwd.mkdir()
+    is_error, text = await in_cwd(cwd, tmp_path, 'touch "$XDG_CACHE_HOME/entry" && echo "$XDG_CACHE_HOME"')
+    assert not is_error and text.startswith(f"{real}/ollie/sandbox-cache/work-"), text
+
+
+GO = shutil.which("go")
+
+
+@pytest.mark.skipif(not GO, reason="needs Go")
+async def test_go_test_builds_a_module_with_a_dependency_from_the_module_cache(home, tmp_path):
+    """`go test` in the default sandbox: its build cache is the cwd's own cache (the real
+    ~/.cache/go-build is read-only: "failed to initialize build cache"), the dependencies come
+    from the module cache, which code reads and may not change (the user's own builds use it)."""
+    proxy = tmp_path / "proxy" / "example.com" / "dep" / "@v"
+    proxy.mkdir(parents=True)
+    (proxy / "list").write_text("v1.0.0\n")
+    (proxy / "v1.0.0.info").write_text('{"Version": "v1.0.0", "Time": "2026-01-01T00:00:00Z"}')
+    (proxy / "v1.0.0.mod").write_text("module example.com/dep\n\ngo 1.19\n")
+    with zipfile.ZipFile(proxy / "v1.0.0.zip", "w") as z:
+        z.writestr("example.com/dep@v1.0.0/go.mod", "module example.com/dep\n\ngo 1.19\n")
+        z.writestr("example.com/dep@v1.0.0/dep.go", "package dep\n\nfunc Twice(n int) int { return 2 * n }\n")
+    project = home / "work" / "use"
+    project.mkdir(parents=True)
+    (project / "go.mod").write_text("module example.com/use\n\ngo 1.19\n\nrequire example.com/dep v1.0.0\n")
+    (project / "use.go").write_text(
+        'package use\n\nimport "example.com/dep"\n\nfunc Four() int { return dep.Twice(2) }\n'
+    )
+    (project / "use_test.go").write_text(
+        'package use\n\nimport "testing"\n\nfunc TestFour(t *testing.T) { if Four() != 4 { t.Fatal(Four()) } }\n'
+    )
+    fetch = {"GOPROXY": f"file://{tmp_path}/proxy", "GONOSUMDB": "example.com", "GOFLAGS": "-mod=mod -modcacherw"}
+    subprocess.run([GO, "mod", "download", "example.com/dep"], cwd=project, env={**os.environ, **fetch}, check=True)
+    subprocess.run([GO, "mod", "tidy"], cwd=project, env={**os.environ, **fetch}, check=True, capture_output=True)
+    code = (
+        "go test ./... 2>&1 | awk '{print $1, $2}'; ls $XDG_CACHE_HOME | grep -x go-build; "
+        "{ echo x >> ~/go/pkg/mod/example.com/dep@v1.0.0/dep.go; } 2>&1 | grep -o 'Permission denied'"
+    )
+    is_error, text = await in_cwd(project, tmp_path, code)
+    assert (is_error, text) == (False, "ok example.com/use\ngo-build\nPermission denied\n"), text
+
+
+CARGO_BIN = Path(RUSTUP_HOME) / "toolchains"
+
+
+@pytest.mark.skipif(not CARGO or not os.path.isdir(RUSTUP_HOME), reason="needs a Rust toolchain")
+async def test_cargo_test_builds_a_crate_with_a_dependency_from_the_registry_cache(home, tmp_path, monkeypatch):
+    """A crate's dependencies, downloaded into ~/.cargo/registry (from a sparse registry, as
+    crates.io is), build offline in the default sandbox, which reads that cache and not ~/.cargo
+    itself (credentials.toml)."""
+    monkeypatch.setenv("RUSTUP_HOME", RUSTUP_HOME)
+    cargo_home = home / ".cargo"
+    (cargo_home).mkdir()
+    (cargo_home / "credentials.toml").write_text('[registry]\ntoken = "cio-secret"\n')
+    monkeypatch.setenv("CARGO_HOME", str(cargo_home))
+    toolchain = next(p for p in sorted(CARGO_BIN.iterdir()) if (p / "bin" / "cargo").exists()) / "bin"
+    dep = tmp_path / "dep"
+    (dep / "src").mkdir(parents=True)
+    (dep / "Cargo.toml").write_text('[package]\nname = "twice"\nversion = "0.1.0"\nedition = "2021"\n')
+    (dep / "src" / "lib.rs").write_text("pub fn twice(n: i32) -> i32 { 2 * n }\n")
+    plain = {**os.environ, "PATH": f"{toolchain}:{os.environ['PATH']}"}
+    package = ["cargo", "package", "-q", "--allow-dirty", "--no-verify", "--offline"]
+    subprocess.run(package, cwd=dep, env=plain, check=True)
+    served = tmp_path / "served"
+    (served / "index" / "tw" / "ic").mkdir(parents=True)
+    crate = (dep / "target" / "package" / "twice-0.1.0.crate").read_bytes()
+    (served / "twice-0.1.0.crate").write_bytes(crate)
+    entry = {"name": "twice", "vers": "0.1.0", "deps": [], "features": {}, "yanked": False}
+    entry["cksum"] = hashlib.sha256(crate).hexdigest()
+    (served / "index" / "tw" / "ic" / "twice").write_text(json.dumps(entry) + "\n")
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(served))
+    with http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler) as registry:
+        threading.Thread(target=registry.serve_forever, daemon=True).start()
+        url = f"http://127.0.0.1:{registry.server_address[1]}"
+        (served / "index" / "config.json").write_text(json.dumps({"dl": url + "/{crate}-{version}.crate"}))
+        project = home / "work" / "ruse"
+        (project / "src").mkdir(parents=True)
+        (project / ".cargo").mkdir()
+        (project / ".cargo" / "config.toml").write_text(f'[registries.local]\nindex = "sparse+{url}/index/"\n')
+        (project / "Cargo.toml").write_text(
+            '[package]\nname = "ruse"\nversion = "0.1.0"\nedition = "2021"\n\n'
+            '[dependencies]\ntwice = { version = "0.1", registry = "local" }\n'
+        )
+        (project / "src" / "lib.rs").write_text("#[test]\nfn four() { assert_eq!(twice::twice(2), 4); }\n")
+        subprocess.run(["cargo", "fetch", "-q"], cwd=project, env=plain, check=True)
+        registry.shutdown()
+    code = (
+        f"export PATH={toolchain}:$PATH; cargo test --offline -q 2>&1 | grep -m1 'test result'; "
+        "cat $CARGO_HOME/credentials.toml 2>&1 | grep -c denied"
+    )
+    is_error, text = await in_cwd(project, tmp_path, code)
+    assert not is_error and "1 passed" in text and text.endswith("\n1\n") and "cio-secret" not in text, text
 
 
 def monorepo(root: Path) -> Path:

@@ -165,6 +165,9 @@ class Sandbox:
         if policy.dns:  # the resolver over TCP: the policy's port 53 (UDP stays refused)
             self._environ["RES_OPTIONS"] = " ".join([self._environ.get("RES_OPTIONS", ""), "use-vc"]).strip()
         self._environ.update(_git_identity(policy))
+        if policy.cache:  # where Go, pip, pre-commit, ccache and npm cache (unless the policy passes its own)
+            self._environ.setdefault("XDG_CACHE_HOME", policy.cache)
+            self._environ.setdefault("npm_config_cache", f"{policy.cache}/npm")
         self.search_path(self._environ.get("PATH") or os.defpath)
 
     def take_as_is(self) -> None:

@@ -11,6 +11,7 @@ extend, scalars replace).
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import sys
@@ -54,6 +55,18 @@ _HOME_TOOLCHAINS = [
     "{HOME}/.bun/bin",
     "{HOME}/.deno/bin",
 ]
+# What toolchains downloaded (public sources, read-only: written by a sandbox, they would change the
+# user's own builds): a Go or Rust project's dependencies build offline. Not ~/.cargo itself
+# (credentials.toml), nor ~/go/src (GOPATH-era projects of the user's own).
+_HOME_DOWNLOADS = [
+    "{GOMODCACHE}",
+    "{GOPATH}/pkg/mod",
+    "{HOME}/go/pkg/mod",
+    "{CARGO_HOME}/registry",
+    "{CARGO_HOME}/git",
+    "{HOME}/.cargo/registry",
+    "{HOME}/.cargo/git",
+]
 
 DEFAULT_POLICY: dict[str, Any] = {
     "filesystem": {
@@ -81,20 +94,23 @@ DEFAULT_POLICY: dict[str, Any] = {
         # /proc: ps, /dev/fd and Python need it; Landlock's ptrace rule already hides the environ,
         # memory and fds of every process outside the sandbox.
         "ro": [f"/etc/{p}" for p in _ETC]
-        + ["/var/cache/fontconfig", "/proc", "/sys/devices/system/cpu", "/dev/random", "/dev/urandom"],
+        + ["/var/cache/fontconfig", "/proc", "/sys/devices/system/cpu", "/dev/random", "/dev/urandom"]
+        + _HOME_DOWNLOADS,
         # /dev/ptmx and /dev/pts: expect's spawn needs a pseudo-terminal.
         "rw": ["/dev/null", "/dev/zero", "/dev/full", "/dev/ptmx", "/dev/pts"],
         # The project and $TMPDIR run what they hold (./configure, make check's ./t, .venv/bin/pytest,
         # node_modules/.bin): refusing it bought nothing, since code runs anything through an
         # interpreter or ld.so. In a jail, /tmp and $TMPDIR are its private tmpfs (granted by the jail).
-        "rwx": ["{CWD}", "{TMPDIR}"],
+        # {CACHE}: the cwd's own cache directory, its $XDG_CACHE_HOME (`cache_dir`).
+        "rwx": ["{CWD}", "{TMPDIR}", "{CACHE}"],
         "tmpfile": [],
     },
     # dns: with connect_tcp, name resolution too (over TCP port 53: UDP stays refused).
     "network": {"unrestricted": False, "bind_tcp": [], "connect_tcp": [], "unix": False, "dns": True},
     "env": [
         *["PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LANGUAGE", "LC_*", "TERM", "TZ"],
-        *["RUSTUP_HOME", "CARGO_HOME", "NVM_DIR", "GOPATH", "GOROOT", "JAVA_HOME"],  # where toolchains are
+        # where toolchains are
+        *["RUSTUP_HOME", "CARGO_HOME", "NVM_DIR", "GOPATH", "GOROOT", "GOMODCACHE", "JAVA_HOME"],
     ],
     "limits": {
         "processes": 512,  # processes and threads alive at once in a session's jail (at least 300)
@@ -106,7 +122,7 @@ DEFAULT_POLICY: dict[str, Any] = {
         "parallel": 64,  # branches of one parallel stage
         "tmpdir": "1G",  # size of the private /tmp (which holds $TMPDIR), and of the private /dev/shm
     },
-    "general": {"best_effort": False, "repository": True},
+    "general": {"best_effort": False, "repository": True, "cache": True},
 }
 
 # Hooks run commands from the agent's config: they read (and may run) the project, never change it.
@@ -147,7 +163,7 @@ _SCHEMA = {
     "network": ("enabled", "unrestricted", "bind_tcp", "connect_tcp", "unix", "dns"),
     "env": None,
     "limits": _LIMIT_KEYS,
-    "general": ("best_effort", "repository"),
+    "general": ("best_effort", "repository", "cache"),
 }
 
 
@@ -170,6 +186,7 @@ class Policy:
     name: str
     cwd: str  # the working directory it was expanded for (a real path; "" for none)
     repo: str  # the git work tree it lies in below the root (`repository_root`; "" for none)
+    cache: str  # the cwd's cache directory, its code's $XDG_CACHE_HOME (`cache_dir`; "" for none)
     shared: tuple[str, ...]  # granted writable to every session (the memory, the plans): no symlinks there
     own: frozenset[str]  # ollie's own grants (tools, scratch, memory, plans): shown from under its hidden directories
     optional: frozenset[str]  # built-in grants left out, rather than refused, when a planted symlink leads there
@@ -235,16 +252,23 @@ def load_policy(
     raw: dict[str, Any] = BUILTIN.get(name, DEFAULT_POLICY)
     for path in (global_file, named_file):
         raw = _overlay(raw, _read_policy_file(path))
-    repository = raw["general"].get("repository", True)
-    if not isinstance(repository, bool):
-        raise SandboxError(f"sandbox general.repository must be true or false, got {repository!r}")
-    named_repo = any("{REPO}" in entry for key in FS_KEYS for entry in raw["filesystem"][key])
-    values = _template_values(cwd, tmpdir, repository=named_repo and repository)
+    general = {key: raw["general"].get(key, True) for key in ("repository", "cache")}
+    for key, value in general.items():
+        if not isinstance(value, bool):
+            raise SandboxError(f"sandbox general.{key} must be true or false, got {value!r}")
+    entries = [entry for key in FS_KEYS for entry in raw["filesystem"][key]]
+    values = _template_values(
+        cwd,
+        tmpdir,
+        repository=general["repository"] and any("{REPO}" in entry for entry in entries),
+        cache=general["cache"] and any("{CACHE}" in entry for entry in entries),
+    )
     named = {key: _expand_paths(raw["filesystem"][key], values, f"filesystem.{key}") for key in FS_KEYS}
     named["rox"] += extra_rox + program_rox
     named["ro"] += extra_ro
     named["rw"] += extra_rw
     named["rwx"] += extra_rwx
+    own_dirs = (tmpdir, values["CACHE"])
     paths = {key: tuple(dict.fromkeys(p for p in named[key] if os.path.exists(p))) for key in FS_KEYS}
     net = raw["network"]
     unrestricted = bool(net.get("unrestricted") or net.get("enabled"))  # `enabled`: the Go name
@@ -254,9 +278,10 @@ def load_policy(
         name=name,
         cwd=cwd,
         repo=values["REPO"],
+        cache=values["CACHE"],
         shared=tuple(p for p in extra_rw if os.path.exists(p)),
-        own=frozenset([*extra_rox, *extra_ro, *extra_rw, *extra_rwx, *([os.path.normpath(tmpdir)] if tmpdir else [])]),
-        optional=frozenset(_expand_paths([*_HOME_TOOLCHAINS, "{REPO}"], values, "filesystem.rox")),
+        own=frozenset([*extra_rox, *extra_ro, *extra_rw, *extra_rwx, *(os.path.normpath(p) for p in own_dirs if p)]),
+        optional=frozenset(_expand_paths([*_HOME_TOOLCHAINS, *_HOME_DOWNLOADS, "{REPO}"], values, "filesystem.rox")),
         paths=paths,
         missing=tuple(dict.fromkeys(p for key in FS_KEYS for p in named[key] if p not in paths[key])),
         unrestricted_net=unrestricted,
@@ -350,13 +375,23 @@ def _overlay(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _template_values(cwd: str, tmpdir: str, repository: bool = True) -> dict[str, str]:
+def cache_dir(cwd: str) -> str:
+    """The cache directory of the sessions working in `cwd` (a real path), made if missing: in
+    ollie's data, one per cwd, so that what one project's code writes there (a Go build cache, a
+    pip wheel) is never what another project's build reads."""
+    name = re.sub(r"[^A-Za-z0-9._-]", "_", os.path.basename(cwd))[:40] or "root"
+    digest = hashlib.sha256(cwd.encode(errors="surrogateescape")).hexdigest()[:16]
+    return str(config.data_dir("sandbox-cache", f"{name}-{digest}"))
+
+
+def _template_values(cwd: str, tmpdir: str, repository: bool = True, cache: bool = True) -> dict[str, str]:
     home = os.path.expanduser("~")
     env = os.environ
     return {
         **env,
         "CWD": cwd,
         "REPO": repository_root(cwd, home) if repository and cwd else "",
+        "CACHE": cache_dir(cwd) if cache and cwd else "",
         "HOME": home,
         "TMPDIR": tmpdir,
         "XDG_CONFIG_HOME": env.get("XDG_CONFIG_HOME") or f"{home}/.config",
