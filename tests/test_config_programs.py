@@ -258,4 +258,4 @@ def test_ollie_takes_no_program_from_a_path_the_project_leads(home, tmp_path, mo
     (home / ".gitconfig").write_text('[user]\n\tname = "Ada L" # the author\n\temail = ada@example.com\n')
     env = sandbox.Sandbox(sandbox.load_policy("default", str(tmp_path / "project"), "")).environ()
     assert not proof.exists()
-    assert (env["GIT_CONFIG_VALUE_0"], env["GIT_CONFIG_VALUE_1"]) == ("Ada L", "ada@example.com")
+    assert Path(env["GIT_CONFIG_GLOBAL"]).read_text() == '[user]\n\temail = "ada@example.com"\n\tname = "Ada L"\n'

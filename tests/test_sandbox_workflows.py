@@ -142,7 +142,6 @@ async def test_a_cwds_cache_lasts_from_jail_to_jail_and_is_no_other_cwds(home, t
     assert await in_cwd(one, tmp_path, peek) == (False, "[]\n1\n")
 
 
-
 async def test_the_cache_is_granted_when_ollies_data_lies_through_a_symlink_in_home(home, tmp_path, monkeypatch):
     """A linked ~/.local/share (dotfiles set-ups make one) puts ollie's data behind a symlink in
     $HOME, where code may write: the cache is granted by its real path, not refused as a grant
@@ -391,3 +390,11 @@ async def test_git_works_with_your_identity_and_without_the_rest_of_your_gitconf
     )
     result = await run(code)
     assert result.text() == "Ada L <ada@example.com>\n0\n", result.text()
+    # a repository's own identity wins over yours, as in git outside the sandbox (it lost to the
+    # identity the sandbox passed, at the scope of git's command line)
+    code = (
+        "git config user.email 'ada@work.example' && git commit -q --allow-empty -m second && "
+        "git log -1 --format='%an <%ae>' && git config --global user.name"
+    )
+    result = await run(code)
+    assert result.text() == "Ada L <ada@work.example>\nAda L\n", result.text()

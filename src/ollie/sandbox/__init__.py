@@ -164,7 +164,8 @@ class Sandbox:
         self._environ = {k: v for k, v in os.environ.items() if self._env_names.match(k)}
         if policy.dns:  # the resolver over TCP: the policy's port 53 (UDP stays refused)
             self._environ["RES_OPTIONS"] = " ".join([self._environ.get("RES_OPTIONS", ""), "use-vc"]).strip()
-        self._environ.update(_git_identity(policy))
+        if policy.git_config:  # the identity commits need, in place of a ~/.gitconfig git may not read
+            self._environ["GIT_CONFIG_GLOBAL"] = policy.git_config
         if policy.cache:  # where Go, pip, pre-commit, ccache and npm cache (unless the policy passes its own)
             self._environ.setdefault("XDG_CACHE_HOME", policy.cache)
             self._environ.setdefault("npm_config_cache", f"{policy.cache}/npm")
@@ -250,66 +251,6 @@ def rlimits(limits: Limits) -> tuple[tuple[int, int, int], ...]:
         (_RLIMIT_FSIZE, limits.file_size, limits.file_size),
         (_RLIMIT_CORE, 0, 0),
     )
-
-
-def _git_identity(policy: Policy) -> dict[str, str]:
-    """git dies ("unknown error occurred while reading the configuration files") on a global config
-    it may not read, ~/.gitconfig outside the grants: in its place, only the identity commits need,
-    read from it here (no alias, include or credential helper it may hold crosses over), by
-    reading the file, never by running a git found on a PATH the project may lead."""
-    global_config = _git_global_config()
-    if not global_config or any(
-        global_config == p or global_config.startswith(p.rstrip("/") + "/")
-        for paths in policy.paths.values()
-        for p in paths
-    ):
-        return {}
-    env = {"GIT_CONFIG_GLOBAL": "/dev/null"}
-    identity = [(f"user.{k}", v) for k, v in _git_user(global_config).items()]
-    for n, (key, value) in enumerate(identity):
-        env[f"GIT_CONFIG_KEY_{n}"], env[f"GIT_CONFIG_VALUE_{n}"] = key, value
-    env["GIT_CONFIG_COUNT"] = str(len(identity))
-    return env
-
-
-def _git_global_config() -> str:
-    """The global git config that exists, if any (git reads both; either unreadable is fatal)."""
-    home = os.path.expanduser("~")
-    xdg = os.environ.get("XDG_CONFIG_HOME") or os.path.join(home, ".config")
-    found = [p for p in (os.path.join(home, ".gitconfig"), os.path.join(xdg, "git", "config")) if os.path.exists(p)]
-    return os.path.realpath(found[0]) if found else ""
-
-
-_GIT_SECTION = re.compile(r"\s*\[\s*([A-Za-z0-9.-]+)\s*(\"[^\"]*\")?\s*\]")
-_GIT_VALUE = re.compile(r"\s*(name|email)\s*=\s*(.*)", re.IGNORECASE)
-
-
-def _git_user(path: str) -> dict[str, str]:
-    """user.name and user.email of a git config file: its [user] section's, the last one set wins,
-    as git has it; a quoted value unquoted, a comment (# or ;) after it dropped."""
-    found: dict[str, str] = {}
-    try:  # a regular file, opened without blocking: code working in $HOME could make it a FIFO
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
-    except OSError:
-        return found
-    with open(fd, "rb") as f:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return found
-        lines = f.read(1 << 20).decode("utf-8", "replace").splitlines()
-    section = ""
-    for line in lines:
-        if header := _GIT_SECTION.match(line):
-            section = header[1].lower() if header[2] is None else ""
-            continue
-        if section == "user" and (item := _GIT_VALUE.match(line)):
-            value = item[2].strip()
-            if value.startswith('"') and '"' in value[1:]:
-                value = value[1 : value.index('"', 1)]
-            else:
-                value = re.split(r"\s[#;]", value, maxsplit=1)[0].strip()
-            if value and "\0" not in value:
-                found[item[1].lower()] = value
-    return found
 
 
 def _real(path: str) -> str:

@@ -21,6 +21,7 @@ from typing import Any
 
 from .. import config
 from ..types import ConfigError
+from . import gitidentity
 from .repository import repository_root
 
 
@@ -187,6 +188,7 @@ class Policy:
     cwd: str  # the working directory it was expanded for (a real path; "" for none)
     repo: str  # the git work tree it lies in below the root (`repository_root`; "" for none)
     cache: str  # the cwd's cache directory, its code's $XDG_CACHE_HOME (`cache_dir`; "" for none)
+    git_config: str  # its git's global config, the user's identity alone (`gitidentity`; "" for the real one)
     shared: tuple[str, ...]  # granted writable to every session (the memory, the plans): no symlinks there
     own: frozenset[str]  # ollie's own grants (tools, scratch, memory, plans): shown from under its hidden directories
     optional: frozenset[str]  # built-in grants left out, rather than refused, when a planted symlink leads there
@@ -268,8 +270,12 @@ def load_policy(
     named["ro"] += extra_ro
     named["rw"] += extra_rw
     named["rwx"] += extra_rwx
-    own_dirs = (tmpdir, values["CACHE"])
+    own_paths = [tmpdir, values["CACHE"]]
     paths = {key: tuple(dict.fromkeys(p for p in named[key] if os.path.exists(p))) for key in FS_KEYS}
+    git_config = gitidentity.global_config(tuple(p for key in FS_KEYS for p in paths[key]))
+    if git_config and git_config != os.devnull:
+        paths["ro"] += (git_config,)
+        own_paths.append(git_config)
     net = raw["network"]
     unrestricted = bool(net.get("unrestricted") or net.get("enabled"))  # `enabled`: the Go name
     connect = _ports(net.get("connect_tcp"), "network.connect_tcp")
@@ -279,8 +285,9 @@ def load_policy(
         cwd=cwd,
         repo=values["REPO"],
         cache=values["CACHE"],
+        git_config=git_config,
         shared=tuple(p for p in extra_rw if os.path.exists(p)),
-        own=frozenset([*extra_rox, *extra_ro, *extra_rw, *extra_rwx, *(os.path.normpath(p) for p in own_dirs if p)]),
+        own=frozenset([*extra_rox, *extra_ro, *extra_rw, *extra_rwx, *(os.path.normpath(p) for p in own_paths if p)]),
         optional=frozenset(_expand_paths([*_HOME_TOOLCHAINS, *_HOME_DOWNLOADS, "{REPO}"], values, "filesystem.rox")),
         paths=paths,
         missing=tuple(dict.fromkeys(p for key in FS_KEYS for p in named[key] if p not in paths[key])),
