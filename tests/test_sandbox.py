@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from ollie import sandbox
+from ollie.sandbox import gitidentity
 from ollie.tools import CallContext, execute
 from sandbox_helpers import API_KEY, SECRET, write_policy
 from test_execute import alive
@@ -588,3 +589,28 @@ async def test_a_program_is_found_once_a_recheck_for_a_path_and_paths_no_session
     sandbox._FOUND[path] = (when - sandbox.RECHECK, found)
     assert await sandbox.find_program(path, ("tool",)) == str(bin_dir / "tool")
     assert list(sandbox._FOUND) == [path]
+
+
+def test_the_git_identity_is_read_as_git_reads_it_and_nothing_else(home):
+    """The identity the sandbox's git gets: the last one set wins, an [include]'s in its place, a
+    setting on its section's line counts, a section git would not take hides what follows it,
+    and an includeIf's identity comes with its condition (a ./ pattern made absolute)."""
+    (home / "id").mkdir()
+    (home / "id" / "base").write_text("[user]\n\tname = From Include\n\temail = old@example.com\n")
+    (home / "id" / "work").write_text('[user] email = "w@corp.example" # work\n[credential]\n\thelper = SECRET\n')
+    (home / ".gitconfig").write_text(
+        "[user]\n\tname = Ada\n"
+        "[include]\n\tpath = id/base\n"
+        "[user] email = ada@example.com ; mine\n"
+        '[url "x\\"y"]\n\tname = Mallory\n'
+        '[includeIf "gitdir:./work/"]\n\tpath = ~/id/work\n'
+        '[includeIf "onbranch:main"]\n\tpath = id/missing\n'
+    )
+    text = Path(gitidentity.global_config(())).read_text()
+    work = Path(text.split('path = "')[1].split('"')[0]).read_text()
+    assert text.startswith('[user]\n\temail = "ada@example.com"\n\tname = "From Include"\n[includeIf "gitdir:')
+    assert f'[includeIf "gitdir:{home}/work/"]' in text and "onbranch" not in text and "Mallory" not in text
+    assert work == '[user]\n\temail = "w@corp.example"\n'
+    assert gitidentity.global_config((str(home),)) == ""  # a policy that grants it: git reads the real one
+    (home / ".gitconfig").write_text("[core]\n\teditor = vi\n")
+    assert gitidentity.global_config(()) == os.devnull  # no identity: nothing for git to read

@@ -383,7 +383,9 @@ async def test_git_works_with_your_identity_and_without_the_rest_of_your_gitconf
     (home / ".gitconfig").write_text(
         "[user]\n\tname = Ada L\n\temail = ada@example.com\n"
         '[url "https://tok-SECRET@github.com/"]\n\tinsteadOf = https://github.com/\n'
+        f'[includeIf "gitdir:{run.ctx.cwd}/work/"]\n\tpath = .gitconfig-work\n'
     )
+    (home / ".gitconfig-work").write_text("[user]\n\temail = ada@corp.example\n[credential]\n\thelper = SECRET\n")
     code = (
         "git init -q . && git commit -q --allow-empty -m first && git log --format='%an <%ae>' && "
         "git config --list --show-origin | grep -c SECRET; true"
@@ -398,3 +400,10 @@ async def test_git_works_with_your_identity_and_without_the_rest_of_your_gitconf
     )
     result = await run(code)
     assert result.text() == "Ada L <ada@work.example>\nAda L\n", result.text()
+    # the identity an includeIf chooses for a directory of work, and nothing else of its file
+    code = (
+        "git init -q work && cd work && git commit -q --allow-empty -m first && "
+        "git log --format='%an <%ae>' && git config --list --show-origin | grep -c SECRET; true"
+    )
+    result = await run(code)
+    assert result.text() == "Ada L <ada@corp.example>\n0\n", result.text()

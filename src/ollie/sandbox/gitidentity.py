@@ -2,10 +2,11 @@
 
 git dies ("unknown error occurred while reading the configuration files") on a global config it may
 not read, and ~/.gitconfig lies outside the grants. In its place the sandbox's git reads, as its
-global config (`GIT_CONFIG_GLOBAL`), a file holding only the user's name and email: no alias,
-include, credential helper or URL rewrite (which may hold a token) crosses over, and a repository's
-own `user.name` or `user.email` still wins, as global settings lose to local ones. The identity is
-read from the file here, never by running a git found on a PATH the project may lead."""
+global config (`GIT_CONFIG_GLOBAL`), a file holding only the user's name and email (and each
+`includeIf` that chooses another, with a file of that identity alone): no alias, credential helper
+or URL rewrite (which may hold a token) crosses over, and a repository's own `user.name` or
+`user.email` still wins, as global settings lose to local ones. The identity is read from the
+files here, never by running a git found on a PATH the project may lead."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import os
 import re
 import stat
 import threading
+from collections.abc import Sequence
 
 from .. import config
 
@@ -28,14 +30,18 @@ def global_config(granted: tuple[str, ...]) -> str:
     real = _user_global_config()
     if not real or any(real == p or real.startswith(p.rstrip("/") + "/") for p in granted):
         return ""
-    user = _user(real)
-    return identity_file(user) if user else os.devnull
+    user, conditional = _identity(real)
+    return identity_file(user, conditional) if user or conditional else os.devnull
 
 
-def identity_file(user: dict[str, str]) -> str:
-    """A git config file of ollie's data holding `user` (name, email) and nothing else, shared by
-    every sandbox of that identity; written whole under a temporary name, then renamed."""
+def identity_file(user: dict[str, str], conditional: Sequence[tuple[str, dict[str, str]]] = ()) -> str:
+    """A git config file of ollie's data holding `user` (name, email) and nothing else but, for
+    each `conditional` (an `includeIf` condition and the identity its file sets), that condition
+    including a file of that identity alone; shared by every sandbox of those identities, written
+    whole under a temporary name, then renamed."""
     text = "[user]\n" + "".join(f'\t{key} = "{_quoted(value)}"\n' for key, value in sorted(user.items()))
+    for condition, identity in conditional:
+        text += f'[includeIf "{condition}"]\n\tpath = "{_quoted(identity_file(identity))}"\n'
     directory = config.data_dir("sandbox-git")
     path = directory / f"{hashlib.sha256(text.encode()).hexdigest()[:16]}.gitconfig"
     if not path.exists():
@@ -57,29 +63,55 @@ def _user_global_config() -> str:
     return os.path.realpath(found[0]) if found else ""
 
 
-def _user(path: str) -> dict[str, str]:
-    """user.name and user.email of a git config file: its [user] section's, the last one set wins,
-    as git has it; a quoted value unquoted, a comment (# or ;) after it dropped."""
-    found: dict[str, str] = {}
-    try:  # a regular file, opened without blocking: code working in $HOME could make it a FIFO
+def _identity(path: str) -> tuple[dict[str, str], list[tuple[str, dict[str, str]]]]:
+    """The identity a global config sets, its `[include]`s' read in place (the last set wins, as
+    git has it), and each `[includeIf]` whose file sets one: its condition (a `gitdir:` pattern
+    relative to the config's directory made absolute), for git in the sandbox to judge."""
+    user: dict[str, str] = {}
+    conditional: list[tuple[str, dict[str, str]]] = []
+    for section, condition, key, value in _entries(path):
+        if section == "user" and condition is None and key in ("name", "email"):
+            user[key] = value
+        elif key == "path" and (section, condition is None) in (("include", True), ("includeif", False)):
+            included = os.path.join(os.path.dirname(path), os.path.expanduser(value))
+            found = {k: v for s, c, k, v in _entries(included) if s == "user" and c is None and k in ("name", "email")}
+            if section == "include":
+                user.update(found)
+            elif found and condition is not None:
+                condition = re.sub(r"^(gitdir(?:/i)?:)\./", lambda m: f"{m[1]}{os.path.dirname(path)}/", condition)
+                conditional.append((condition, found))
+    return user, conditional
+
+
+_SECTION = re.compile(r'\s*\[\s*([A-Za-z0-9.-]+)\s*(?:"([^"\\]*)")?\s*\]')
+_VALUE = re.compile(r"\s*([A-Za-z][A-Za-z0-9-]*)\s*=\s*(.*)")
+
+
+def _entries(path: str) -> list[tuple[str, str | None, str, str]]:
+    """(section, subsection, key, value) of each setting of a git config file, the names in lower
+    case; a quoted value unquoted, a comment (# or ;) after it dropped. Read only as a regular
+    file, opened without blocking (code working in $HOME could make it a FIFO), 1 MiB at most."""
+    try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
     except OSError:
-        return found
+        return []
     with open(fd, "rb") as f:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return found
+            return []
         lines = f.read(1 << 20).decode("utf-8", "replace").splitlines()
-    section = ""
+    entries: list[tuple[str, str | None, str, str]] = []
+    section, subsection = "", None
     for line in lines:
-        if header := _SECTION.match(line):
-            section = header[1].lower() if header[2] is None else ""
-            continue
-        if section == "user" and (item := _VALUE.match(line)):
+        if line.lstrip().startswith("["):  # a header, perhaps a setting after it on its line
+            header = _SECTION.match(line)
+            section, subsection = (header[1].lower(), header[2]) if header else ("", None)
+            line = line[header.end() :] if header else ""
+        if section and (item := _VALUE.match(line)):
             value = item[2].strip()
             if value.startswith('"') and '"' in value[1:]:
                 value = value[1 : value.index('"', 1)]
             else:
                 value = re.split(r"\s[#;]", value, maxsplit=1)[0].strip()
             if value and "\0" not in value:
-                found[item[1].lower()] = value
-    return found
+                entries.append((section, subsection, item[1].lower(), value))
+    return entries
