@@ -87,6 +87,9 @@ async def test_a_stdio_server_is_confined_to_its_home_with_only_its_variables(ho
     project = home / "project"
     project.mkdir()
     (project / "readme").write_text("the project\n")
+    private_module = home / "go" / "pkg" / "mod" / "corp.example" / "p.go"  # every project's, for its network
+    private_module.parent.mkdir(parents=True)
+    private_module.write_text("package p // PRIVATE-MODULE\n")
     d = Dispatcher()
     servers = {"calc": {"command": PY, "args": [str(CALC)], "env": {"MINE": "${OLLIE_TEST_TOKEN}"}}}
     env = await build_agent_env(AgentConfig(mcp_servers=servers), d, str(project))
@@ -104,6 +107,7 @@ async def test_a_stdio_server_is_confined_to_its_home_with_only_its_variables(ho
         assert await run("read", path=str(project / "readme")) == "the project\n"  # the project, read-only
         for path in (home / ".ssh" / "id_rsa", Path(os.environ["OLLIE_CFG_PATH"]) / "env"):
             assert SECRET not in await run("read", path=str(path)) and API_KEY not in await run("read", path=str(path))
+        assert "PRIVATE-MODULE" not in await run("read", path=str(private_module))
         for path in (project / "w", home / ".bashrc", cache / "kept", Path("/tmp/.npmrc")):
             await run("write", path=str(path), text="x")
         assert (cache / "kept").exists() and not (project / "w").exists() and not (home / ".bashrc").exists()

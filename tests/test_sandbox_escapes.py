@@ -301,15 +301,41 @@ def test_a_replaceable_symlink_to_ollies_files_is_refused(home, tmp_path, monkey
     monkeypatch.setenv("OLLIE_CFG_PATH", str(link / below) if below else str(link))
     policy = sandbox.load_policy("default", str(home), "")
     with pytest.raises(sandbox.SandboxError, match=f"reached through the symlink {link}.*{real}"):
-        asyncio.run(sandbox.Jails().get(policy))
+        sandbox.Sandbox(policy)
     policy = sandbox.load_policy("default", str(tmp_path), "")  # a cwd that cannot touch the link
     jails = sandbox.Jails()
 
     async def start_and_close():
-        await jails.get(policy)
+        await jails.get(sandbox.Sandbox(policy).policy)
         await jails.close()
 
     asyncio.run(start_and_close())
+
+
+async def test_a_running_jail_takes_no_ruleset_whose_code_could_replace_a_link_to_ollies_data(
+    home, tmp_path, monkeypatch
+):
+    """ollie's data behind a linked ~/.local/share, and a session whose jail runs: its cwd then
+    becomes $HOME (`/cwd ~`). The check was made only when a jail started, so the later ruleset's
+    code replaced the link and the next ollie read its data, and ran its jails' native init, from
+    the code's directory."""
+    real = home / "dots" / "share"
+    real.mkdir(parents=True)
+    (home / ".local").mkdir()
+    (home / ".local" / "share").symlink_to(real)
+    monkeypatch.setenv("OLLIE_DATA_PATH", str(home / ".local" / "share" / "ollie"))
+    work = home / "work"
+    work.mkdir()
+    server = execute.factory(str(work))()
+    swap = f"rm {home}/.local/share && ln -s {work} {home}/.local/share && echo swapped"
+    try:
+        first = await server.call_tool("execute_code", {"steps": [{"code": "echo ran"}]}, CallContext(cwd=str(work)))
+        assert (first.is_error, first.text()) == (False, "ran\n")
+        after = await server.call_tool("execute_code", {"steps": [{"code": swap}]}, CallContext(cwd=str(home)))
+    finally:
+        await server.close()
+    assert after.is_error and f"reached through the symlink {home}/.local/share" in after.text(), after.text()
+    assert os.readlink(home / ".local" / "share") == str(real)
 
 
 async def test_tool_scripts_stay_visible_inside_the_hidden_configuration(run, home):

@@ -134,6 +134,7 @@ async def test_a_cwds_cache_lasts_from_jail_to_jail_and_is_no_other_cwds(home, t
     write = 'mkdir -p "$XDG_CACHE_HOME/tool" && echo built > "$XDG_CACHE_HOME/tool/entry" && echo "$XDG_CACHE_HOME"'
     is_error, cache = await in_cwd(one, tmp_path, write)
     assert not is_error and cache.strip().startswith(str(config.data_path() / "sandbox-cache")), cache
+    assert (config.data_path() / "sandbox-cache").stat().st_mode & 0o777 == 0o700  # no other user's to enter
     assert await in_cwd(one, tmp_path, 'cat "$XDG_CACHE_HOME/tool/entry"') == (False, "built\n")
     peek = f'test "$XDG_CACHE_HOME" != {cache.strip()} && cat {cache.strip()}/tool/entry 2>&1 | grep -c "No such"'
     assert await in_cwd(other, tmp_path, peek) == (False, "1\n")

@@ -60,7 +60,10 @@ def data_dir(*names: str) -> Path:
     """A directory in ollie's data by its real path, private to the user (made if missing): one a
     jail shows its code (the jail hides ollie's data by real path and shows such a grant again, and
     a symlink on the way, such as a linked ~/.local/share, would make it a grant through a link)."""
-    return private_dir(Path(os.path.realpath(data_path())).joinpath(*names))
+    path = Path(os.path.realpath(data_path()))
+    for name in names:  # each private, not only the last (mkdir's parents get the umask's mode)
+        path = private_dir(path / name)
+    return path
 
 
 def tmp_path() -> Path:

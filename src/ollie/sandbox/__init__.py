@@ -109,6 +109,9 @@ class Sandbox:
                 f"{platform.machine()}: without it sandboxed code could make any socket; set general.best_effort: "
                 f"true in {config.cfg_path() / 'sandbox.yaml'} to run with Landlock and the namespaces alone"
             )
+        # For every policy, not only a jail's first: a running jail takes a later ruleset (another
+        # policy, or a cwd of `$HOME` after `/cwd ~`) whose code could replace such a link.
+        _refuse_replaceable_links(policy)
         own_network = in_jail and not policy.network
         owned = decided is None
         if decided is None:
@@ -309,7 +312,6 @@ class Jails:
         if jail is None or not jail.alive:
             if jail is not None and jail.running:  # ending once its programs have: closed once they have
                 self._retired.add(jail)
-            _refuse_replaceable_links(policy)
             starting = self._starting.get(setup)
             if starting is None:  # one start for the calls that come meanwhile (none left running unowned)
                 starting = self._starting[setup] = asyncio.ensure_future(self._start(setup))
@@ -461,10 +463,11 @@ def _make_mount_point(path: str) -> None:
 
 def _refuse_replaceable_links(policy: Policy) -> None:
     """A jail hides ollie's directories where their paths lead when it starts, and ollie reads its
-    configuration (agents with their hooks) and tool scripts by those paths. A symlink on one in a
-    directory the sandbox can write (a dotfile manager's `~/.config/ollie -> ...`, a session in
-    $HOME, an agents directory in the project) could be pointed elsewhere: the next jail would then
-    hide the wrong place, and ollie read its configuration from the sandbox's choice."""
+    configuration (agents with their hooks), its data (the jails' native init) and tool scripts by
+    those paths. A symlink on one in a directory the sandbox can write (a dotfile manager's
+    `~/.config/ollie -> ...`, a session in $HOME, an agents directory in the project) could be
+    pointed elsewhere: the next jail would then hide the wrong place, and ollie read its
+    configuration and run its init from the sandbox's choice."""
     for path in [*_own_paths(), *config.agents_path(), *config.tools_path(), *config.skills_path()]:
         if not _through_symlink(str(path.absolute())):
             continue

@@ -146,11 +146,13 @@ TOOLS_POLICY: dict[str, Any] = {
         # not the work tree around the cwd: a program planted there (a .venv/bin on PATH) would be
         # found and run, with the server's network and its secrets
         "rox": [p for p in DEFAULT_POLICY["filesystem"]["rox"] if p != "{REPO}"],
-        "ro": [*DEFAULT_POLICY["filesystem"]["ro"], "{CWD}"],
+        # nor the toolchains' downloads: the private modules and crates of every project of yours,
+        # which a server's network would carry off
+        "ro": [*(p for p in DEFAULT_POLICY["filesystem"]["ro"] if p not in _HOME_DOWNLOADS), "{CWD}"],
         "rwx": ["{TMPDIR}"],
     },
     "network": {**DEFAULT_POLICY["network"], "unrestricted": True},
-    "env": [v for v in DEFAULT_POLICY["env"] if v != "HOME"],
+    "env": [v for v in DEFAULT_POLICY["env"] if v not in ("HOME", "GOMODCACHE")],
 }
 BUILTIN = {"default": DEFAULT_POLICY, "hooks": HOOK_POLICY, "tools": TOOLS_POLICY}
 
