@@ -19,9 +19,6 @@ from collections.abc import Sequence
 
 from .. import config
 
-_SECTION = re.compile(r"\s*\[\s*([A-Za-z0-9.-]+)\s*(\"[^\"]*\")?\s*\]")
-_VALUE = re.compile(r"\s*(name|email)\s*=\s*(.*)", re.IGNORECASE)
-
 
 def global_config(granted: tuple[str, ...]) -> str:
     """What the sandbox's git reads as its global config: "" when the user has none or a grant

@@ -56,8 +56,8 @@ _HOME_TOOLCHAINS = [
     "{HOME}/.bun/bin",
     "{HOME}/.deno/bin",
 ]
-# What toolchains downloaded (public sources, read-only: written by a sandbox, they would change the
-# user's own builds): a Go or Rust project's dependencies build offline. Not ~/.cargo itself
+# What toolchains downloaded, read-only (written by a sandbox, they would change the user's own
+# builds): a Go or Rust project's dependencies build offline. Not ~/.cargo itself
 # (credentials.toml), nor ~/go/src (GOPATH-era projects of the user's own).
 _HOME_DOWNLOADS = [
     "{GOMODCACHE}",
