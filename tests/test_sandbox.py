@@ -614,3 +614,19 @@ def test_the_git_identity_is_read_as_git_reads_it_and_nothing_else(home):
     assert gitidentity.global_config((str(home),)) == ""  # a policy that grants it: git reads the real one
     (home / ".gitconfig").write_text("[core]\n\teditor = vi\n")
     assert gitidentity.global_config(()) == os.devnull  # no identity: nothing for git to read
+
+
+def test_the_git_identity_read_is_bounded_and_shows_nothing_of_ollies_files(home):
+    """~/.gitconfig is the code's to write when a session works in $HOME, and every session's
+    sandbox build reads it: an include of ollie's hidden configuration gives nothing, includes past
+    the sixteenth files are not read, and a header of a million blanks is parsed at once (its
+    pattern took 25 minutes: each split of the blanks between two of its parts was tried)."""
+    cfg = Path(os.environ["OLLIE_CFG_PATH"])
+    (cfg / "who.ini").write_text("[user]\n\tname = HIDDEN-NAME\n")
+    (home / "late").write_text("[user]\n\temail = late@example.com\n")
+    lines = ["[user]\n\tname = Ada\n", f"[include]\n\tpath = {cfg}/who.ini\n"]
+    lines += ["[include]\n\tpath = ~/nothing-here\n"] * 14 + ["[include]\n\tpath = ~/late\n"]
+    (home / ".gitconfig").write_text("".join(lines))
+    assert Path(gitidentity.global_config(())).read_text() == '[user]\n\tname = "Ada"\n'
+    (home / ".gitconfig").write_text("[a" + " " * (1 << 19) + "x\n[user] name = Bo\n")
+    assert Path(gitidentity.global_config(())).read_text() == '[user]\n\tname = "Bo"\n'

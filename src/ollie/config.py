@@ -114,6 +114,18 @@ def skills_path() -> list[Path]:
     return list(_path_list(os.environ.get("OLLIE_SKILLS_PATH") or str(cfg_path() / "skills")))
 
 
+def own_paths() -> list[Path]:
+    """ollie's own directories: its configuration, data, runtime files and namespaces."""
+    return [cfg_path(), data_path(), tmp_path(), namespace_path()]
+
+
+def hidden_dirs() -> list[str]:
+    """ollie's directories that sandboxed code never sees, and no policy may grant: its
+    configuration (API keys, agent configs with hooks, policies), its stored sessions, the session
+    scratch directories, the file server's socket directory, and every agents directory."""
+    return [str(p) for p in (*own_paths(), *agents_path())]
+
+
 SYSTEM_BIN = "/usr/bin:/bin:/usr/sbin:/sbin"
 
 

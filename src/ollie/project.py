@@ -15,7 +15,6 @@ import os
 from dataclasses import dataclass
 
 from . import config, paths
-from .sandbox import hidden_dirs
 
 INSTRUCTION_FILES = ("AGENTS.md", "CLAUDE.md")  # in each directory, the first one found
 INSTRUCTIONS_MAX = 32 * 1024  # bytes of instructions in all, as Codex bounds them
@@ -48,7 +47,7 @@ def read_text(directory: str, name: str, limit: int, trusted: bool = False) -> t
     there cannot be read. `trusted`: a directory of ollie's own (hidden from the sandbox), whose
     files may lie in it."""
 
-    hidden = {} if trusted else paths.identities(hidden_dirs())
+    hidden = {} if trusted else paths.identities(config.hidden_dirs())
     try:
         raw, size = paths.read_beneath(directory, name, limit, hidden)
     except (FileNotFoundError, NotADirectoryError):

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from .. import config
+from ..config import hidden_dirs
 from ..paths import (
     Identity,
     LinkRefused,
@@ -468,7 +469,7 @@ def _refuse_replaceable_links(policy: Policy) -> None:
     `~/.config/ollie -> ...`, a session in $HOME, an agents directory in the project) could be
     pointed elsewhere: the next jail would then hide the wrong place, and ollie read its
     configuration and run its init from the sandbox's choice."""
-    for path in [*_own_paths(), *config.agents_path(), *config.tools_path(), *config.skills_path()]:
+    for path in [*config.own_paths(), *config.agents_path(), *config.tools_path(), *config.skills_path()]:
         if not _through_symlink(str(path.absolute())):
             continue
         parts = path.absolute().parts
@@ -509,17 +510,6 @@ def _uv_cache() -> str:
     return os.path.realpath(cache) if os.path.isdir(cache) else ""
 
 
-def _own_paths() -> list[Path]:
-    return [config.cfg_path(), config.data_path(), config.tmp_path(), config.namespace_path()]
-
-
-def hidden_dirs() -> list[str]:
-    """ollie's directories that sandboxed code never sees, and no policy may grant: its
-    configuration (API keys, agent configs with hooks, policies), its stored sessions, the session
-    scratch directories, the file server's socket directory, and every agents directory."""
-    return [str(p) for p in (*_own_paths(), *config.agents_path())]
-
-
 def hidden_paths() -> tuple[str, ...]:
     """What a jail hides under empty mounts besides /tmp, whatever a policy grants around it: the
     hidden directories (`hidden_dirs`, made now if missing: a jail can only hide, and pin, what
@@ -532,7 +522,7 @@ def _made(paths: list[str]) -> list[str]:
     """The real paths of `paths`, each made first if missing (a jail can only hide or protect, and
     pin, what exists, and sandboxed code must not make a directory ollie reads first), but for those
     inside one of ollie's own directories (hidden whole) and those nobody may make here."""
-    own = [os.path.realpath(p) for p in _own_paths()]
+    own = [os.path.realpath(p) for p in config.own_paths()]
     made = []
     for path in map(Path, paths):
         real = os.path.realpath(path)  # a symlinked config is hidden where it is

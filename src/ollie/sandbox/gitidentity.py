@@ -18,6 +18,7 @@ import threading
 from collections.abc import Sequence
 
 from .. import config
+from ..paths import Identity, identities, within
 
 
 def global_config(granted: tuple[str, ...]) -> str:
@@ -60,18 +61,31 @@ def _user_global_config() -> str:
     return os.path.realpath(found[0]) if found else ""
 
 
+class _Budget:
+    """What reading one global config and its includes may cost: a file of the user's that code
+    working in $HOME can write, parsed in the thread that builds every session's sandbox."""
+
+    files = 16  # the config and its includes
+    size = 1 << 20  # bytes read of them all
+
+
 def _identity(path: str) -> tuple[dict[str, str], list[tuple[str, dict[str, str]]]]:
     """The identity a global config sets, its `[include]`s' read in place (the last set wins, as
     git has it), and each `[includeIf]` whose file sets one: its condition (a `gitdir:` pattern
     relative to the config's directory made absolute), for git in the sandbox to judge."""
+    budget, hidden = _Budget(), identities(config.hidden_dirs())
     user: dict[str, str] = {}
     conditional: list[tuple[str, dict[str, str]]] = []
-    for section, condition, key, value in _entries(path):
+    for section, condition, key, value in _entries(path, budget, hidden):
         if section == "user" and condition is None and key in ("name", "email"):
             user[key] = value
         elif key == "path" and (section, condition is None) in (("include", True), ("includeif", False)):
             included = os.path.join(os.path.dirname(path), os.path.expanduser(value))
-            found = {k: v for s, c, k, v in _entries(included) if s == "user" and c is None and k in ("name", "email")}
+            found = {
+                k: v
+                for s, c, k, v in _entries(included, budget, hidden)
+                if s == "user" and c is None and k in ("name", "email")
+            }
             if section == "include":
                 user.update(found)
             elif found and condition is not None:
@@ -80,25 +94,37 @@ def _identity(path: str) -> tuple[dict[str, str], list[tuple[str, dict[str, str]
     return user, conditional
 
 
-_SECTION = re.compile(r'\s*\[\s*([A-Za-z0-9.-]+)\s*(?:"([^"\\]*)")?\s*\]')
-_VALUE = re.compile(r"\s*([A-Za-z][A-Za-z0-9-]*)\s*=\s*(.*)")
+# Possessive: a header of a million blanks is not tried at each split of them between two \s*.
+_SECTION = re.compile(r'\s*+\[\s*+([A-Za-z0-9.-]++)\s*+(?:"([^"\\]*+)")?\s*+\]')
+_VALUE = re.compile(r"\s*+([A-Za-z][A-Za-z0-9-]*+)\s*+=\s*+(.*)")
 
 
-def _entries(path: str) -> list[tuple[str, str | None, str, str]]:
+def _entries(path: str, budget: _Budget, hidden: dict[Identity, str]) -> list[tuple[str, str | None, str, str]]:
     """(section, subsection, key, value) of each setting of a git config file, the names in lower
-    case; a quoted value unquoted, a comment (# or ;) after it dropped. Read only as a regular
-    file, opened without blocking (code working in $HOME could make it a FIFO), 1 MiB at most."""
+    case; a quoted value unquoted, a comment (# or ;) after it dropped. Read within `budget`, only
+    as a regular file outside ollie's `hidden` directories (an include could name its keys), looked
+    at before it is opened (opening a device may do something) and opened without blocking."""
+    if budget.files <= 0 or budget.size <= 0:
+        return []
+    budget.files -= 1
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
+        found = os.open(path, os.O_PATH | os.O_CLOEXEC)
     except OSError:
         return []
-    with open(fd, "rb") as f:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
+    try:
+        if not stat.S_ISREG(os.fstat(found).st_mode) or within(found, hidden) is not None:
             return []
-        lines = f.read(1 << 20).decode("utf-8", "replace").splitlines()
+        fd = os.open(f"/proc/self/fd/{found}", os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
+    except OSError:
+        return []
+    finally:
+        os.close(found)
+    with open(fd, "rb") as f:
+        data = f.read(budget.size)
+    budget.size -= len(data)
     entries: list[tuple[str, str | None, str, str]] = []
     section, subsection = "", None
-    for line in lines:
+    for line in data.decode("utf-8", "replace").splitlines():
         if line.lstrip().startswith("["):  # a header, perhaps a setting after it on its line
             header = _SECTION.match(line)
             section, subsection = (header[1].lower(), header[2]) if header else ("", None)
