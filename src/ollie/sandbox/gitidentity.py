@@ -15,21 +15,38 @@ import os
 import re
 import stat
 import threading
+import time
 from collections.abc import Sequence
 
 from .. import config
 from ..paths import Identity, identities, within
 
+# Seconds an identity read stays what new sandboxes get while the global config is the same file,
+# unchanged (every session's first call builds a sandbox: 500 at once read the files once), as long
+# as the sandboxes' look at their paths (RECHECK): an include changed is seen that much later.
+REREAD = 5.0
+_READ: dict[tuple, tuple[float, str]] = {}  # a global config (path, file, change) -> when it was read, what it gave
+
 
 def global_config(granted: tuple[str, ...]) -> str:
     """What the sandbox's git reads as its global config: "" when the user has none or a grant
     (`granted`, real paths) lets it read the real one; /dev/null when it holds no identity; else
-    a file in ollie's data (`identity_file`)."""
+    a file in ollie's data (`identity_file`). A change reaches new sandboxes within REREAD seconds."""
     real = _user_global_config()
     if not real or any(real == p or real.startswith(p.rstrip("/") + "/") for p in granted):
         return ""
-    user, conditional = _identity(real)
-    return identity_file(user, conditional) if user or conditional else os.devnull
+    try:
+        st = os.stat(real)
+    except OSError:
+        return ""
+    now, key = time.monotonic(), (real, st.st_dev, st.st_ino, st.st_mtime_ns, st.st_size)
+    when, given = _READ.get(key, (-REREAD, ""))
+    if now - when >= REREAD or not os.path.exists(given):
+        user, conditional = _identity(real)
+        given = identity_file(user, conditional) if user or conditional else os.devnull
+        _READ.clear()  # one config at a time: the one before is not asked for again
+        _READ[key] = (now, given)
+    return given
 
 
 def identity_file(user: dict[str, str], conditional: Sequence[tuple[str, dict[str, str]]] = ()) -> str:
