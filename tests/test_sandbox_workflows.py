@@ -408,3 +408,7 @@ async def test_git_works_with_your_identity_and_without_the_rest_of_your_gitconf
     )
     result = await run(code)
     assert result.text() == "Ada L <ada@corp.example>\n0\n", result.text()
+    # the identities of another global config (another user's $HOME, an old one) are not shown
+    other = Path(sandbox.gitidentity.identity_file({"name": "Someone Else"}))
+    result = await run(f"cat {other} 2>&1; ls $(dirname $GIT_CONFIG_GLOBAL)")
+    assert "Someone Else" not in result.text() and result.text().endswith("0.gitconfig\nconfig\n"), result.text()

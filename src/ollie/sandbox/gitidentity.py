@@ -50,20 +50,32 @@ def global_config(granted: tuple[str, ...]) -> str:
 
 
 def identity_file(user: dict[str, str], conditional: Sequence[tuple[str, dict[str, str]]] = ()) -> str:
-    """A git config file of ollie's data holding `user` (name, email) and nothing else but, for
-    each `conditional` (an `includeIf` condition and the identity its file sets), that condition
-    including a file of that identity alone; shared by every sandbox of those identities, written
-    whole under a temporary name, then renamed."""
-    text = "[user]\n" + "".join(f'\t{key} = "{_quoted(value)}"\n' for key, value in sorted(user.items()))
-    for condition, identity in conditional:
-        text += f'[includeIf "{condition}"]\n\tpath = "{_quoted(identity_file(identity))}"\n'
-    directory = config.data_dir("sandbox-git")
-    path = directory / f"{hashlib.sha256(text.encode()).hexdigest()[:16]}.gitconfig"
-    if not path.exists():
-        temporary = directory / f".{path.name}.{os.getpid()}.{threading.get_ident()}"
-        temporary.write_text(text)
-        os.replace(temporary, path)
-    return str(path)
+    """A git config file holding `user` (name, email) and nothing else but, for each `conditional`
+    (an `includeIf` condition and the identity its file sets), that condition including a file of
+    that identity alone; in a directory of ollie's data of those identities only (the sandbox is
+    granted the directory: no other identity of yours, a work email in a personal project's), shared
+    by every sandbox of theirs; each file written whole under a temporary name, then renamed."""
+    texts = [_user_text(identity) for _, identity in conditional]
+    conditions = [condition for condition, _ in conditional]
+    key = hashlib.sha256("\0".join([_user_text(user), *conditions, *texts]).encode()).hexdigest()[:16]
+    directory = config.data_dir("sandbox-git", key)
+    names = [f"{n}.gitconfig" for n in range(len(texts))]
+    files = dict(zip(names, texts, strict=True))
+    files["config"] = _user_text(user) + "".join(
+        f'[includeIf "{condition}"]\n\tpath = "{_quoted(str(directory / name))}"\n'
+        for condition, name in zip(conditions, names, strict=True)
+    )
+    for name, text in files.items():
+        path = directory / name
+        if not path.exists():
+            temporary = directory / f".{name}.{os.getpid()}.{threading.get_ident()}"
+            temporary.write_text(text)
+            os.replace(temporary, path)
+    return str(directory / "config")
+
+
+def _user_text(user: dict[str, str]) -> str:
+    return "[user]\n" + "".join(f'\t{key} = "{_quoted(value)}"\n' for key, value in sorted(user.items()))
 
 
 def _quoted(value: str) -> str:

@@ -275,7 +275,7 @@ def load_policy(
     own_paths = [tmpdir, values["CACHE"]]
     paths = {key: tuple(dict.fromkeys(p for p in named[key] if os.path.exists(p))) for key in FS_KEYS}
     git_config = gitidentity.global_config(tuple(p for key in FS_KEYS for p in paths[key]))
-    if git_config and git_config != os.devnull:  # its directory: the identities its includeIfs name are there
+    if git_config and git_config != os.devnull:  # its directory: the identities its includeIfs name
         paths["ro"] += (os.path.dirname(git_config),)
         own_paths.append(os.path.dirname(git_config))
     net = raw["network"]
