@@ -7,11 +7,13 @@ import asyncio
 import os
 import shutil
 import socket
+import time
 from pathlib import Path
 
 import pytest
 
-from ollie import sandbox
+from ollie import config, sandbox
+from ollie.sandbox import caches as caches_module
 from ollie.sandbox import gitidentity
 from ollie.tools import CallContext, execute
 from sandbox_helpers import API_KEY, SECRET, write_policy
@@ -630,3 +632,23 @@ def test_the_git_identity_read_is_bounded_and_shows_nothing_of_ollies_files(home
     assert Path(gitidentity.global_config(())).read_text() == '[user]\n\tname = "Ada"\n'
     (home / ".gitconfig").write_text("[a" + " " * (1 << 19) + "x\n[user] name = Bo\n")
     assert Path(gitidentity.global_config(())).read_text() == '[user]\n\tname = "Bo"\n'
+
+
+def test_a_cache_no_session_used_for_a_month_is_trimmed(home, tmp_path):
+    """Every cwd's code gets a cache in ollie's data (a test's temporary cwd too): each use marks
+    it, and one unused for KEEP_DAYS is removed, what its code wrote with it, through no link."""
+    caches = config.data_dir("sandbox-cache")
+    used = Path(caches_module.cache_dir(str(tmp_path / "project")))
+    old = caches / "gone-0123456789abcdef"
+    (old / "go-build" / "ab").mkdir(parents=True)
+    (old / "go-build" / "ab" / "entry").write_text("built")
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "keep").write_text("not the cache's")
+    (old / "link").symlink_to(outside)
+    month_ago = time.time() - (caches_module.KEEP_DAYS + 1) * 86400
+    for path in (old, used):
+        os.utime(path, (month_ago, month_ago))
+    assert Path(caches_module.cache_dir(str(tmp_path / "project"))) == used  # used again: marked
+    assert caches_module.trim(caches, time.time()) == [old.name]
+    assert not old.exists() and used.is_dir() and (outside / "keep").read_text() == "not the cache's"

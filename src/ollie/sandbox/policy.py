@@ -11,7 +11,6 @@ extend, scalars replace).
 
 from __future__ import annotations
 
-import hashlib
 import os
 import re
 import sys
@@ -22,6 +21,7 @@ from typing import Any
 from .. import config
 from ..types import ConfigError
 from . import gitidentity
+from .caches import cache_dir
 from .repository import repository_root
 
 
@@ -382,15 +382,6 @@ def _overlay(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
         else:
             out[key] = value
     return out
-
-
-def cache_dir(cwd: str) -> str:
-    """The cache directory of the sessions working in `cwd` (a real path), made if missing: in
-    ollie's data, one per cwd, so that what one project's code writes there (a Go build cache, a
-    pip wheel) is never what another project's build reads."""
-    name = re.sub(r"[^A-Za-z0-9._-]", "_", os.path.basename(cwd))[:40] or "root"
-    digest = hashlib.sha256(cwd.encode(errors="surrogateescape")).hexdigest()[:16]
-    return str(config.data_dir("sandbox-cache", f"{name}-{digest}"))
 
 
 def _template_values(cwd: str, tmpdir: str, repository: bool = True, cache: bool = True) -> dict[str, str]:
