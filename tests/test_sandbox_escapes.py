@@ -784,3 +784,39 @@ async def test_a_link_one_session_plants_in_the_shared_dirs_leads_no_other_sessi
     )
     assert "Too many levels of symbolic links" in result.text()
     assert sorted(os.listdir(proj_b)) == []
+
+
+async def test_installs_hard_linked_from_a_shared_store_are_read_only_in_the_jail(home, tmp_path):
+    """uv installs a virtualenv's packages as hard links from its cache, pnpm a project's from its
+    store: written through the cwd's name, a file changed in every other virtualenv, `uv tool`
+    (ollie's own among them) and pnpm project linking it, run outside the sandbox. Those stay
+    read-only; a virtualenv of copies, and node_modules around .pnpm (vite's cache), do not."""
+    store = home / ".cache" / "store"
+    store.mkdir(parents=True)
+    (store / "pkg.py").write_text("X = 'from the store'\n")
+    (store / "dep.js").write_text("module.exports = 1\n")
+    cwd = home / "work" / "project"
+    site = cwd / ".venv" / "lib" / "python3.11" / "site-packages"
+    site.mkdir(parents=True)
+    (cwd / ".venv" / "pyvenv.cfg").write_text("home = /usr/bin\nuv = 0.5.0\n")
+    os.link(store / "pkg.py", site / "pkg.py")
+    pnpm = cwd / "node_modules" / ".pnpm" / "dep@1.0.0" / "node_modules" / "dep"
+    pnpm.mkdir(parents=True)
+    os.link(store / "dep.js", pnpm / "index.js")
+    copies = cwd / "venv" / "lib" / "python3.11" / "site-packages"
+    copies.mkdir(parents=True)
+    (cwd / "venv" / "pyvenv.cfg").write_text("home = /usr/bin\n")
+    (copies / "own.py").write_text("X = 1\n")
+    code = (
+        f"PYTHONPATH={site} python3 -c 'import pkg; print(pkg.X)'; "
+        f"for f in {site}/pkg.py {pnpm}/index.js; do "
+        "{ echo 'PLANTED' >> $f; } 2>&1 | grep -o 'Read-only file system'; done; "
+        f"echo 'mine' >> {copies}/own.py && mkdir node_modules/.vite && echo writable"
+    )
+    server = execute.factory(str(cwd))()
+    try:
+        result = await server.call_tool("execute_code", {"steps": [{"code": code}]}, CallContext(cwd=str(cwd)))
+    finally:
+        await server.close()
+    assert result.text() == "from the store\nRead-only file system\nRead-only file system\nwritable\n", result.text()
+    assert "PLANTED" not in (store / "pkg.py").read_text() + (store / "dep.js").read_text()

@@ -346,13 +346,14 @@ class Jails:
     def _link_sources(self, policy: Policy) -> tuple[str, ...]:
         """Where installed packages may be hard links to: uv's cache (uv links by default).
         Writable there, a file is writable in the virtualenv too, whatever its mount says; so
-        read-only in the jail, unless the policy grants the cache itself (not a directory around it)."""
+        read-only in the jail, unless the policy grants the cache itself (not a directory around it).
+        And the other way round, the cwd's installs linked from such a store (`policy.linked`)."""
         cache = self._uv_cache
         if not cache or any(
             p == cache or p.startswith(cache + "/") for key in ("rw", "rwx") for p in policy.paths[key]
         ):
-            return ()
-        return (cache,)
+            return policy.linked
+        return (cache, *policy.linked)
 
     def _watch(self, delay: float | None = None) -> None:
         """Look at the jails after `delay` (by default the idle time; none when jails are never

@@ -22,6 +22,7 @@ from .. import config
 from ..types import ConfigError
 from . import gitidentity
 from .caches import cache_dir
+from .linked import linked_installs
 from .repository import repository_root
 
 
@@ -191,6 +192,7 @@ class Policy:
     repo: str  # the git work tree it lies in below the root (`repository_root`; "" for none)
     cache: str  # the cwd's cache directory, its code's $XDG_CACHE_HOME (`cache_dir`; "" for none)
     git_config: str  # its git's global config, the user's identity alone (`gitidentity`; "" for the real one)
+    linked: tuple[str, ...]  # the cwd's installs hard-linked from a shared store (`linked_installs`): read-only
     shared: tuple[str, ...]  # granted writable to every session (the memory, the plans): no symlinks there
     own: frozenset[str]  # ollie's own grants (tools, scratch, memory, plans): shown from under its hidden directories
     optional: frozenset[str]  # built-in grants left out, rather than refused, when a planted symlink leads there
@@ -288,6 +290,7 @@ def load_policy(
         repo=values["REPO"],
         cache=values["CACHE"],
         git_config=git_config,
+        linked=linked_installs(cwd) if cwd else (),
         shared=tuple(p for p in extra_rw if os.path.exists(p)),
         own=frozenset([*extra_rox, *extra_ro, *extra_rw, *extra_rwx, *(os.path.normpath(p) for p in own_paths if p)]),
         optional=frozenset(_expand_paths([*_HOME_TOOLCHAINS, *_HOME_DOWNLOADS, "{REPO}"], values, "filesystem.rox")),
