@@ -14,7 +14,7 @@ import pytest
 
 from ollie import config, sandbox
 from ollie.sandbox import caches as caches_module
-from ollie.sandbox import gitidentity
+from ollie.sandbox import gitidentity, userconfig
 from ollie.tools import CallContext, execute
 from sandbox_helpers import API_KEY, SECRET, write_policy
 from test_execute import alive
@@ -652,3 +652,23 @@ def test_a_cache_no_session_used_for_a_month_is_trimmed(home, tmp_path):
     assert Path(caches_module.cache_dir(str(tmp_path / "project"))) == used  # used again: marked
     assert caches_module.trim(caches, time.time()) == [old.name]
     assert not old.exists() and used.is_dir() and (outside / "keep").read_text() == "not the cache's"
+
+
+def test_a_tools_configuration_is_granted_only_without_a_secret(tmp_path):
+    """cargo's, npm's and pip's configurations are read by the sandbox unless one holds a token,
+    a password, a secret or a credential, under any key, or a URL with a password."""
+    cases = {
+        "[net]\ngit-fetch-with-cli = true\n": True,
+        "[global]\nindex-url = https://pypi.example/simple\n": True,
+        '[registries.corp]\ntoken = "abc"\n': False,
+        "//registry.npmjs.org/:_authToken=npm_abc\n": False,
+        "[global]\nindex-url = https://me:pw@pypi.example/simple\n": False,
+        "_password=cGFzcw==\n": False,
+        "GITHUB_API_KEY = x\n": False,
+    }
+    for n, (text, granted) in enumerate(cases.items()):
+        (tmp_path / f"c{n}").write_text(text)
+        assert userconfig.secret_free(str(tmp_path / f"c{n}")) is granted, text
+    (tmp_path / "big").write_text("x = 1\n" * 20000)
+    os.mkfifo(tmp_path / "fifo")
+    assert not userconfig.secret_free(str(tmp_path / "big")) and not userconfig.secret_free(str(tmp_path / "fifo"))

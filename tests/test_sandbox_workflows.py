@@ -206,6 +206,8 @@ async def test_cargo_test_builds_a_crate_with_a_dependency_from_the_registry_cac
     cargo_home = home / ".cargo"
     (cargo_home).mkdir()
     (cargo_home / "credentials.toml").write_text('[registry]\ntoken = "cio-secret"\n')
+    # read (cargo dies on a config it may not read: "failed to read configuration file"), holding no secret
+    (cargo_home / "config.toml").write_text("[term]\nverbose = false\n")
     monkeypatch.setenv("CARGO_HOME", str(cargo_home))
     toolchain = next(p for p in sorted(CARGO_BIN.iterdir()) if (p / "bin" / "cargo").exists()) / "bin"
     dep = tmp_path / "dep"
@@ -244,6 +246,19 @@ async def test_cargo_test_builds_a_crate_with_a_dependency_from_the_registry_cac
     )
     is_error, text = await in_cwd(project, tmp_path, code)
     assert not is_error and "1 passed" in text and text.endswith("\n1\n") and "cio-secret" not in text, text
+
+
+@pytest.mark.skipif(not shutil.which("npm"), reason="needs npm")
+async def test_your_npmrc_is_read_unless_it_holds_a_token(home, tmp_path):
+    """~/.npmrc unreadable made yarn die and npm warn; read when it holds no secret, else npm and
+    yarn are told to read none (npm_config_userconfig), and it stays out of reach."""
+    cwd = home / "work" / "web"
+    cwd.mkdir(parents=True)
+    (home / ".npmrc").write_text("init-license=MIT\n")
+    assert await in_cwd(cwd, tmp_path, "npm config get init-license 2>&1") == (False, "MIT\n")
+    (home / ".npmrc").write_text("init-license=MIT\n//registry.example/:_authToken=npm-SECRET\n")
+    is_error, text = await in_cwd(cwd, tmp_path, "npm config get init-license 2>&1; cat ~/.npmrc 2>&1; true")
+    assert "npm-SECRET" not in text and text.startswith("ISC\n") and "Permission denied" in text, text
 
 
 def monorepo(root: Path) -> Path:

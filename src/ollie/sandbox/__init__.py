@@ -170,6 +170,9 @@ class Sandbox:
             self._environ["RES_OPTIONS"] = " ".join([self._environ.get("RES_OPTIONS", ""), "use-vc"]).strip()
         if policy.git_config:  # the identity commits need, in place of a ~/.gitconfig git may not read
             self._environ["GIT_CONFIG_GLOBAL"] = policy.git_config
+        npmrc = os.path.join(os.path.expanduser("~"), ".npmrc")
+        if os.path.lexists(npmrc) and npmrc not in {g.given for g in decided}:  # a token in it, or a link
+            self._environ.setdefault("npm_config_userconfig", os.devnull)  # yarn dies on one it may not read
         if policy.cache:  # where Go, pip, pre-commit, ccache and npm cache (unless the policy passes its own)
             self._environ.setdefault("XDG_CACHE_HOME", policy.cache)
             self._environ.setdefault("npm_config_cache", f"{policy.cache}/npm")

@@ -20,7 +20,7 @@ from typing import Any
 
 from .. import config
 from ..types import ConfigError
-from . import gitidentity
+from . import gitidentity, userconfig
 from .caches import cache_dir
 from .linked import linked_installs
 from .repository import repository_root
@@ -274,6 +274,8 @@ def load_policy(
     named["ro"] += extra_ro
     named["rw"] += extra_rw
     named["rwx"] += extra_rwx
+    configs = _expand_paths(list(userconfig.CONFIGS), values, "filesystem.ro")
+    named["ro"] += tuple(p for p in configs if os.path.exists(p) and userconfig.secret_free(p))
     own_paths = [tmpdir, values["CACHE"]]
     paths = {key: tuple(dict.fromkeys(p for p in named[key] if os.path.exists(p))) for key in FS_KEYS}
     git_config = gitidentity.global_config(tuple(p for key in FS_KEYS for p in paths[key]))
@@ -293,7 +295,7 @@ def load_policy(
         linked=linked_installs(cwd) if cwd else (),
         shared=tuple(p for p in extra_rw if os.path.exists(p)),
         own=frozenset([*extra_rox, *extra_ro, *extra_rw, *extra_rwx, *(os.path.normpath(p) for p in own_paths if p)]),
-        optional=frozenset(_expand_paths([*_HOME_TOOLCHAINS, *_HOME_DOWNLOADS, "{REPO}"], values, "filesystem.rox")),
+        optional=frozenset([*_expand_paths([*_HOME_TOOLCHAINS, *_HOME_DOWNLOADS, "{REPO}"], values, ""), *configs]),
         paths=paths,
         missing=tuple(dict.fromkeys(p for key in FS_KEYS for p in named[key] if p not in paths[key])),
         unrestricted_net=unrestricted,
