@@ -7,6 +7,7 @@ import asyncio
 import os
 import shutil
 import socket
+import subprocess
 import time
 from pathlib import Path
 
@@ -646,12 +647,15 @@ def test_a_cache_no_session_used_for_a_month_is_trimmed(home, tmp_path):
     outside.mkdir()
     (outside / "keep").write_text("not the cache's")
     (old / "link").symlink_to(outside)
+    deep = caches / "aaa-deep-0123456789ab"  # deeper than rmtree recurses, looked at first: it stopped the trim
+    subprocess.run(["mkdir", "-p", str(deep / "/".join(["d"] * 1100))], check=True)  # (makedirs recurses too)
     month_ago = time.time() - (caches_module.KEEP_DAYS + 1) * 86400
-    for path in (old, used):
+    for path in (old, used, deep):
         os.utime(path, (month_ago, month_ago))
     assert Path(caches_module.cache_dir(str(tmp_path / "project"))) == used  # used again: marked
-    assert caches_module.trim(caches, time.time()) == [old.name]
-    assert not old.exists() and used.is_dir() and (outside / "keep").read_text() == "not the cache's"
+    assert old.name in caches_module.trim(caches, time.time())
+    assert not old.exists() and not deep.exists() and used.is_dir()
+    assert (outside / "keep").read_text() == "not the cache's"
 
 
 def test_a_tools_configuration_is_granted_only_without_a_secret(tmp_path):
@@ -665,6 +669,14 @@ def test_a_tools_configuration_is_granted_only_without_a_secret(tmp_path):
         "[global]\nindex-url = https://me:pw@pypi.example/simple\n": False,
         "_password=cGFzcw==\n": False,
         "GITHUB_API_KEY = x\n": False,
+        # what a red-team pass got past a check of the keys alone
+        '[registries]\nmy = { index = "sparse+https://r.example/", token = "cio" }\n': False,
+        '[registry]\n"\\u0074oken" = "cio"\n': False,
+        '[http]\nproxy = "alice:hunter2@proxy:3128"\n': False,
+        '[env]\nGH_PAT = "ghp_abc"\n': False,
+        'key="-----BEGIN PRIVATE KEY-----\\nMIIE"\n': False,
+        "registry=https://npm_abc@r.example/\n": False,
+        '[target.x86_64-unknown-linux-gnu]\nrustflags = ["-C", "link-arg=-fuse-ld=mold"]\n': True,
     }
     for n, (text, granted) in enumerate(cases.items()):
         (tmp_path / f"c{n}").write_text(text)

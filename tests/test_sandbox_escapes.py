@@ -795,16 +795,24 @@ async def test_installs_hard_linked_from_a_shared_store_are_read_only_in_the_jai
     store.mkdir(parents=True)
     (store / "pkg.py").write_text("X = 'from the store'\n")
     (store / "dep.js").write_text("module.exports = 1\n")
+    (store / "METADATA").write_text("Name: pkg\n")
     cwd = home / "work" / "project"
     site = cwd / ".venv" / "lib" / "python3.11" / "site-packages"
-    site.mkdir(parents=True)
-    (cwd / ".venv" / "pyvenv.cfg").write_text("home = /usr/bin\nuv = 0.5.0\n")
+    (site / "pkg-1.0.dist-info").mkdir(parents=True)
     os.link(store / "pkg.py", site / "pkg.py")
+    os.link(store / "METADATA", site / "pkg-1.0.dist-info" / "METADATA")
+    # what a red-team pass did to hide them: pyvenv.cfg a link (Python follows it, a check of it
+    # did not), and a crowd of entries in site-packages ahead of the linked ones (a sample missed them)
+    (cwd / ".venv" / "real.cfg").write_text("home = /usr/bin\nuv = 0.5.0\n")
+    (cwd / ".venv" / "pyvenv.cfg").symlink_to("real.cfg")
+    for n in range(200):
+        (site / f"aaa{n}").mkdir()
     pnpm = cwd / "node_modules" / ".pnpm" / "dep@1.0.0" / "node_modules" / "dep"
     pnpm.mkdir(parents=True)
     os.link(store / "dep.js", pnpm / "index.js")
     copies = cwd / "venv" / "lib" / "python3.11" / "site-packages"
-    copies.mkdir(parents=True)
+    (copies / "own-1.0.dist-info").mkdir(parents=True)
+    (copies / "own-1.0.dist-info" / "METADATA").write_text("Name: own\n")
     (cwd / "venv" / "pyvenv.cfg").write_text("home = /usr/bin\n")
     (copies / "own.py").write_text("X = 1\n")
     code = (

@@ -249,7 +249,7 @@ async def test_cargo_test_builds_a_crate_with_a_dependency_from_the_registry_cac
 
 
 @pytest.mark.skipif(not shutil.which("npm"), reason="needs npm")
-async def test_your_npmrc_is_read_unless_it_holds_a_token(home, tmp_path):
+async def test_your_npmrc_is_read_unless_it_holds_a_token(home, tmp_path, monkeypatch):
     """~/.npmrc unreadable made yarn die and npm warn; read when it holds no secret, else npm and
     yarn are told to read none (npm_config_userconfig), and it stays out of reach."""
     cwd = home / "work" / "web"
@@ -259,6 +259,20 @@ async def test_your_npmrc_is_read_unless_it_holds_a_token(home, tmp_path):
     (home / ".npmrc").write_text("init-license=MIT\n//registry.example/:_authToken=npm-SECRET\n")
     is_error, text = await in_cwd(cwd, tmp_path, "npm config get init-license 2>&1; cat ~/.npmrc 2>&1; true")
     assert "npm-SECRET" not in text and text.startswith("ISC\n") and "Permission denied" in text, text
+    # a token added while a session runs (`npm login` writes the same file): judged again once changed
+    (home / ".npmrc").write_text("init-license=MIT\n")
+    server = execute.factory(str(cwd))()
+    ctx = CallContext(cwd=str(cwd), session_id="s", tmpdir=str(tmp_path))
+    read = {"steps": [{"code": "cat ~/.npmrc 2>&1; true"}]}
+    try:
+        assert (await server.call_tool("execute_code", read, ctx)).text() == "init-license=MIT\n"
+        with open(home / ".npmrc", "a") as npmrc:
+            npmrc.write("//registry.example/:_authToken=npm-LATER\n")
+        monkeypatch.setattr(sandbox, "_next_look", 0.0)  # the look at granted paths, due now (every 5 s)
+        text = (await server.call_tool("execute_code", read, ctx)).text()
+    finally:
+        await server.close()
+    assert "npm-LATER" not in text and "Permission denied" in text, text
 
 
 def monorepo(root: Path) -> Path:

@@ -33,12 +33,10 @@ from typing import Any, TypeVar
 from .. import config
 from ..config import hidden_dirs
 from ..paths import (
-    Identity,
     LinkRefused,
     identities,
     identity,
     open_real,
-    path_identity,
     real_identity,
     real_path,
     within,
@@ -80,6 +78,7 @@ __all__ = [
 
 
 _RLIMIT_CPU, _RLIMIT_FSIZE, _RLIMIT_DATA, _RLIMIT_CORE = 0, 1, 2, 4
+Decided = tuple[int, ...] | None  # what a granted path was decided on (`as_decided`)
 
 
 class Sandbox:
@@ -95,7 +94,7 @@ class Sandbox:
         self.policy = policy
         # The paths it was decided on that no call looks at itself, each as it was then (None:
         # missing): `_look_again` marks it `stale` once one is another file, or was made.
-        self.named: tuple[tuple[str, Identity | None], ...] = ()
+        self.named: tuple[tuple[str, Decided], ...] = ()
         self.stale = False
         abi = landlock_abi()
         if abi == 0 and not policy.best_effort:
@@ -736,11 +735,11 @@ class _Decisions:
         self._any_cwd = {(g.key, g.given): g for g in self.grants if not g.linked and g.given != policy.cwd}
 
     def _existing(self) -> tuple:
-        return tuple(path_identity(p) for key in FS_KEYS for p in self.policy.paths[key])
+        return tuple(as_decided(p) for key in FS_KEYS for p in self.policy.paths[key])
 
     def _look(self) -> tuple:
         """What each path the policy names is now: a file, or missing (granted once it is made)."""
-        return self._existing() + tuple(path_identity(p) for p in self.policy.missing)
+        return self._existing() + tuple(as_decided(p) for p in self.policy.missing)
 
     def fresh(self) -> bool:
         """Still what a new decision would be: the same paths, and the same directories hidden
@@ -751,7 +750,7 @@ class _Decisions:
             and identities(read_only_dirs()) == self.read_only
         )
 
-    def _named(self, policy: Policy) -> tuple[tuple[str, Identity | None], ...]:
+    def _named(self, policy: Policy) -> tuple[tuple[str, Decided], ...]:
         """What `policy`'s sandbox takes from the host that none of its calls looks at itself: its
         read-only grants and its paths still missing, as they are now (the shared ones as `fresh`
         just saw them). Not its cwd nor its writable grants, which each call looks at
@@ -761,7 +760,7 @@ class _Decisions:
         in_cwd = policy.cwd.rstrip("/") + "/" if policy.cwd.rstrip("/") else "\0"  # none, or not /
         named = [(key, p) for key in FS_KEYS for p in policy.paths[key]] + [("", p) for p in policy.missing]
         return tuple(
-            (p, seen[p] if p in seen else path_identity(p))
+            (p, seen[p] if p in seen else as_decided(p))
             for key, p in named
             if p != policy.cwd and not p.startswith(in_cwd) and p not in policy.own and key not in grants.WRITABLE
         )
@@ -803,7 +802,7 @@ RECHECK = 5.0
 # every sandbox `_Decisions.sandbox` built, by id: its removals may come from any thread, and
 # `valuerefs` copies the references at once
 _LIVE: weakref.WeakValueDictionary[int, Sandbox] = weakref.WeakValueDictionary()
-_LOOKED: dict[str, Identity | None] = {}  # what the last look saw
+_LOOKED: dict[str, Decided] = {}  # what the last look saw
 _next_look = 0.0
 
 
@@ -819,19 +818,30 @@ async def _look_again_if_due() -> None:
     await off_loop(_look_again)
 
 
+def as_decided(path: str) -> Decided:
+    """What a granted path was decided on: which file it names (symlinks followed), and for a
+    regular file its size and change time too (a configuration judged free of secrets is judged
+    again once it changes, whichever name it keeps); None if none."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns) if stat.S_ISREG(st.st_mode) else (st.st_dev, st.st_ino)
+
+
 def _look_again() -> None:
     """Mark `stale` every running sandbox one of whose `named` paths is another file now, or was
     made (`ldconfig` replaced /etc/ld.so.cache, a DHCP client /etc/resolv.conf, rustup made
     ~/.cargo/bin): it refuses or lacks what a new decision would grant. Each path is looked at once
     (some fifty `stat`s, however many sessions)."""
     global _LOOKED
-    looked: dict[str, Identity | None] = {}
+    looked: dict[str, Decided] = {}
     for box in [ref() for ref in _LIVE.valuerefs()]:
         if box is None:
             continue
         for path, decided in box.named:
             if path not in looked:
-                looked[path] = path_identity(path)
+                looked[path] = as_decided(path)
             if looked[path] != decided:
                 box.stale = True
     _LOOKED = looked

@@ -11,6 +11,7 @@ import hashlib
 import os
 import re
 import shutil
+import subprocess
 import threading
 import time
 from pathlib import Path
@@ -55,8 +56,17 @@ def trim(caches: Path, now: float) -> list[str]:
         try:
             unused = now - entry.stat(follow_symlinks=False).st_mtime > KEEP_DAYS * _DAY
             if unused and entry.is_dir(follow_symlinks=False):
-                shutil.rmtree(entry.path, ignore_errors=True)
+                _remove(entry.path)
                 removed.append(entry.name)
         except OSError:  # gone meanwhile
             continue
     return removed
+
+
+def _remove(path: str) -> None:
+    """`path` and what is in it, following no link; a tree deeper than rmtree recurses (code can
+    make one) by the system's `rm`."""
+    try:
+        shutil.rmtree(path, ignore_errors=True)
+    except RecursionError:
+        subprocess.run([config.system_program("rm"), "-rf", "--one-file-system", "--", path], check=False)

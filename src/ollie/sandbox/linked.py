@@ -6,7 +6,6 @@ project that links it, where the user runs it outside any sandbox. A jail keeps 
 
 from __future__ import annotations
 
-import itertools
 import os
 import stat
 from collections.abc import Callable
@@ -15,13 +14,15 @@ from ..paths import open_real
 
 _DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
 _VENVS = (".venv", "venv")
-_SAMPLE = 64  # entries of site-packages looked at, and of each package directory among them
+_MOST = 20000  # entries of a lib or site-packages looked at; past them, counted as linked
+# site-packages looked at: (device, inode, mtime) -> whether a distribution's files are linked
+_SEEN: dict[tuple[int, int, int], bool] = {}
 
 
 def linked_installs(cwd: str) -> tuple[str, ...]:
-    """`cwd`'s (a real path) virtualenvs' `lib` where a sample of their site-packages holds a
-    hard-linked file, and pnpm's `node_modules/.pnpm`: looked at by descriptor, following no
-    symlink (code writes the cwd: a link there could lead anywhere, a dead mount included)."""
+    """`cwd`'s (a real path) virtualenvs' `lib` whose installed packages are hard-linked, and
+    pnpm's `node_modules/.pnpm`: looked at by descriptor, following no symlink (code writes the
+    cwd: a link there could lead anywhere, a dead mount included)."""
     try:
         found_cwd = open_real(cwd)
     except OSError:
@@ -61,22 +62,22 @@ def _open_dir(parent: int, *names: str) -> int | None:
 
 
 def _links_packages(top: int, venv: str) -> bool:
-    """Whether `venv` in `top` is a virtualenv a sample of whose installed files is hard-linked."""
-    home = _open_dir(top, venv)
-    if home is None:
-        return False
-    try:
-        lib = _open_dir(home, "lib") if _is(home, "pyvenv.cfg", stat.S_ISREG) else None
-    finally:
-        os.close(home)
+    """Whether `venv` in `top` holds a site-packages (`lib/<python>/site-packages`) where an
+    installed distribution's METADATA has another name (uv links every file of a package alike).
+    Every distribution is looked at, not a sample (code could crowd the linked ones out of one
+    while nothing is linked yet); past `_MOST` entries, or unsure, it counts as linked."""
+    lib = _open_dir(top, venv, "lib")
     if lib is None:
         return False
     try:
-        for version in _entries(lib, stat.S_ISDIR):
+        versions = _entries(lib, stat.S_ISDIR)
+        if versions is None:
+            return True
+        for version in versions:
             site = _open_dir(lib, version, "site-packages")
             if site is not None:
                 try:
-                    if _holds_link(site):
+                    if _distributions_linked(site):
                         return True
                 finally:
                     os.close(site)
@@ -85,32 +86,48 @@ def _links_packages(top: int, venv: str) -> bool:
         os.close(lib)
 
 
-def _holds_link(site: int) -> bool:
-    """Whether one of the first files of `site`, or of its first package directories, has another name."""
-    if _entries(site, stat.S_ISREG, linked=True):
+def _distributions_linked(site: int) -> bool:
+    st = os.fstat(site)
+    key = (st.st_dev, st.st_ino, st.st_mtime_ns)  # an install adds or replaces a .dist-info: a new mtime
+    if key not in _SEEN:
+        if len(_SEEN) > 256:
+            _SEEN.clear()
+        _SEEN[key] = _any_metadata_linked(site)
+    return _SEEN[key]
+
+
+def _any_metadata_linked(site: int) -> bool:
+    names = _entries(site, stat.S_ISDIR)
+    if names is None:
         return True
-    for name in _entries(site, stat.S_ISDIR):
-        package = _open_dir(site, name)
-        if package is not None:
-            try:
-                if _entries(package, stat.S_ISREG, linked=True):
-                    return True
-            finally:
-                os.close(package)
+    for name in names:
+        if not name.endswith(".dist-info"):
+            continue
+        info = _open_dir(site, name)
+        if info is None:
+            continue
+        try:
+            if os.stat("METADATA", dir_fd=info, follow_symlinks=False).st_nlink > 1:
+                return True
+        except OSError:
+            continue
+        finally:
+            os.close(info)
     return False
 
 
-def _entries(directory: int, kind: Callable[[int], bool], linked: bool = False) -> list[str]:
-    """The names of the first _SAMPLE entries of `directory` of that `kind` (and hard-linked)."""
+def _entries(directory: int, kind: Callable[[int], bool]) -> list[str] | None:
+    """The names of `directory`'s entries of that `kind`; None past _MOST entries."""
     found = []
     with os.scandir(directory) as listing:
-        for entry in itertools.islice(listing, _SAMPLE):
+        for n, entry in enumerate(listing):
+            if n >= _MOST:
+                return None
             try:
-                st = entry.stat(follow_symlinks=False)
+                if kind(entry.stat(follow_symlinks=False).st_mode):
+                    found.append(entry.name)
             except OSError:
                 continue
-            if kind(st.st_mode) and (not linked or st.st_nlink > 1):
-                found.append(entry.name)
     return found
 
 

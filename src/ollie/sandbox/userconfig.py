@@ -2,7 +2,7 @@
 secret. Some tools die on a configuration they may not read (cargo on `~/.cargo/config.toml`,
 yarn on `~/.npmrc`) or lose its settings (pip its index and certificates); the same files often
 hold a registry's token. Each is read here first, in the builder's thread, and granted read-only
-only when no key names a token, password, secret or credential and no URL carries one."""
+only when nothing in it looks like a secret (`_SECRET`)."""
 
 from __future__ import annotations
 
@@ -11,9 +11,17 @@ import re
 import stat
 
 LIMIT = 64 << 10  # a larger configuration is not read, nor granted
-# (user:password@ in a URL; possessive: no backtracking over a long line)
-_URL_CREDENTIAL = re.compile(r"://[^\s/@:]*+:[^\s/@]*+@")
-_SECRET_KEY = re.compile(r"token|passw|secret|_auth|credential|api[-_]?key", re.IGNORECASE)
+# What a secret looks like anywhere in a line (a key, an inline table's key, a value): a word that
+# names one, a private key, a token's well-known prefix, cargo's [env] (variables for builds), a
+# name before an @ in a URL or host (user@, user:password@), an escape that could spell one (TOML's
+# \u). Leaving out a harmless file costs little. (Each run of a name is tried once, from its start,
+# possessively: linear in the line.)
+_SECRET = re.compile(
+    r"token|passw|secret|_auth|credential|api[-_]?key|private key|\\u|^\s*\[\s*env\s*\]"
+    r"|ghp_|gho_|ghs_|github_pat_|glpat-|pypi-|xox[abp]-|AKIA"
+    r"|(?<![^\s/@:=\"'])[^\s/@:=\"']++(?::[^\s/@:\"']*+)?@[\w.-]",
+    re.IGNORECASE | re.MULTILINE,
+)
 
 # The files (or a directory and its pip.conf), by template, as a policy names paths.
 CONFIGS = (
@@ -51,7 +59,4 @@ def secret_free(path: str) -> bool:
         os.close(found)
     with open(fd, "rb") as f:
         data = f.read(LIMIT + 1)
-    text = data.decode("utf-8", "replace")
-    if len(data) > LIMIT or _URL_CREDENTIAL.search(text):
-        return False
-    return not any(_SECRET_KEY.search(line.split("=", 1)[0]) for line in text.splitlines() if "=" in line)
+    return len(data) <= LIMIT and not _SECRET.search(data.decode("utf-8", "replace"))
