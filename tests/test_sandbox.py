@@ -411,7 +411,8 @@ async def test_a_running_sessions_read_only_grants_are_looked_at_again_at_most_o
     write_policy(None, f"filesystem:\n  ro: ['{conf}', '{made}', '{{CWD}}/vendor']\n  rw: ['{home}/cache']\n")
     box = await sandbox.Sandboxes().get_async("default", str(cwd), "")
     named = dict(box.named)
-    assert named[str(conf)] == (os.stat(conf).st_dev, os.stat(conf).st_ino)
+    st = os.stat(conf)  # a file: which one, and its size and change time (changed in place, judged again)
+    assert named[str(conf)] == (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
     assert named[str(made)] is None and named[f"{home}/cache"] is None  # missing: granted once made
     # each call looks at its cwd itself; what lies in it, the cwd's rule covers
     assert str(cwd / "vendor") in box.policy.paths["ro"]

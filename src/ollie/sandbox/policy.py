@@ -270,12 +270,14 @@ def load_policy(
         cache=general["cache"] and any("{CACHE}" in entry for entry in entries),
     )
     named = {key: _expand_paths(raw["filesystem"][key], values, f"filesystem.{key}") for key in FS_KEYS}
+    # the tools' configurations judged free of secrets, before ollie's own grants (as a shared
+    # decision orders them: a session's own come last)
+    configs = _expand_paths(list(userconfig.CONFIGS), values, "filesystem.ro")
+    named["ro"] += tuple(p for p in configs if os.path.exists(p) and userconfig.secret_free(p))
     named["rox"] += extra_rox + program_rox
     named["ro"] += extra_ro
     named["rw"] += extra_rw
     named["rwx"] += extra_rwx
-    configs = _expand_paths(list(userconfig.CONFIGS), values, "filesystem.ro")
-    named["ro"] += tuple(p for p in configs if os.path.exists(p) and userconfig.secret_free(p))
     own_paths = [tmpdir, values["CACHE"]]
     paths = {key: tuple(dict.fromkeys(p for p in named[key] if os.path.exists(p))) for key in FS_KEYS}
     git_config = gitidentity.global_config(tuple(p for key in FS_KEYS for p in paths[key]))
