@@ -411,9 +411,16 @@ def _template_values(cwd: str, tmpdir: str, repository: bool = True, cache: bool
     }
 
 
+# Entries that name no variable nor ~, as they expand (most of a policy: read at every session's start)
+_PLAIN: dict[str, str] = {}
+
+
 def _expand_paths(entries: list[str], values: dict[str, str], where: str) -> tuple[str, ...]:
     out = []
     for entry in entries:
+        if (plain := _PLAIN.get(entry)) is not None:
+            out.append(plain)
+            continue
         names = _TEMPLATE.findall(entry)
         if any(not values.get(n) for n in names):
             continue  # an unset variable would silently widen the path (e.g. "{X}/" → "/")
@@ -421,6 +428,8 @@ def _expand_paths(entries: list[str], values: dict[str, str], where: str) -> tup
         if not os.path.isabs(path):
             raise SandboxError(f"sandbox {where}: {entry!r} is not an absolute path")
         out.append(os.path.normpath(path))
+        if not names and not entry.startswith("~") and len(_PLAIN) < 4096:
+            _PLAIN[entry] = out[-1]
     return tuple(dict.fromkeys(out))
 
 
