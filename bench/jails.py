@@ -22,12 +22,14 @@ import argparse
 import asyncio
 import os
 import resource
+import shutil
 import statistics
 import tempfile
 import time
 
 from agents import jail_pids, pss_kib  # the fork server's session: it and every jail process
 
+from ollie.sandbox.caches import cache_dir
 from ollie.tools import CallContext, execute
 
 
@@ -120,6 +122,8 @@ async def main(n: int, rounds: int, busy: float) -> None:
             await measured(f"baseline: {n} plain programs busy {busy:g} s", n, plain_burns)
             await measured(f"busy: {n} stages busy {busy:g} s", n, burns)
         await asyncio.gather(*(s.close() for s in servers))
+        for d in cwds:  # the caches their first calls made in ollie's data, used no more
+            shutil.rmtree(cache_dir(os.path.realpath(d)), ignore_errors=True)
     os.system("uptime")
 
 
