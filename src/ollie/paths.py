@@ -106,6 +106,27 @@ def read_beneath(directory: str, name: str, limit: int, hidden: dict[Identity, s
         os.close(data)
 
 
+def open_regular(path: str, hidden: dict[Identity, str] | None = None) -> tuple[int, os.stat_result] | None:
+    """A descriptor to read the regular file `path` (links followed) and its stat, for a file of the
+    user's that code may have replaced: looked at first by an O_PATH descriptor (opening a device
+    may act, a FIFO wait), then opened from it without blocking; None if it is missing, no regular
+    file, or lies in one of the `hidden` directories (ollie's own, whose contents the caller would
+    pass on). The caller closes the descriptor."""
+    try:
+        found = os.open(path, _FLAGS)
+    except OSError:
+        return None
+    try:
+        st = os.fstat(found)
+        if not stat.S_ISREG(st.st_mode) or (hidden and within(found, hidden) is not None):
+            return None
+        return os.open(f"/proc/self/fd/{found}", os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY), st
+    except OSError:
+        return None
+    finally:
+        os.close(found)
+
+
 @dataclass(slots=True)
 class Opened:
     """A path opened once: its descriptor, the real path it had then, and the directories in

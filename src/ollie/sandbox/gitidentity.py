@@ -13,13 +13,12 @@ from __future__ import annotations
 import hashlib
 import os
 import re
-import stat
 import threading
 import time
 from collections.abc import Sequence
 
 from .. import config
-from ..paths import Identity, identities, within
+from ..paths import Identity, identities, open_regular
 
 # Seconds an identity read stays what new sandboxes get while the global config is the same file,
 # unchanged (every session's first call builds a sandbox: 500 at once read the files once), as long
@@ -136,19 +135,9 @@ def _entries(path: str, budget: _Budget, hidden: dict[Identity, str]) -> list[tu
     if budget.files <= 0 or budget.size <= 0:
         return []
     budget.files -= 1
-    try:
-        found = os.open(path, os.O_PATH | os.O_CLOEXEC)
-    except OSError:
+    if (opened := open_regular(path, hidden)) is None:
         return []
-    try:
-        if not stat.S_ISREG(os.fstat(found).st_mode) or within(found, hidden) is not None:
-            return []
-        fd = os.open(f"/proc/self/fd/{found}", os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
-    except OSError:
-        return []
-    finally:
-        os.close(found)
-    with open(fd, "rb") as f:
+    with open(opened[0], "rb") as f:
         data = f.read(budget.size)
     budget.size -= len(data)
     entries: list[tuple[str, str | None, str, str]] = []

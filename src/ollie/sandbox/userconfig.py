@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import os
 import re
-import stat
+
+from ..paths import open_regular
 
 LIMIT = 64 << 10  # a larger configuration is not read, nor granted
 # What a secret looks like anywhere in a line (a key, an inline table's key, a value): a word that
@@ -44,28 +45,18 @@ _JUDGED: dict[str, tuple[tuple[int, ...], bool]] = {}
 
 def secret_free(path: str) -> bool:
     """Whether `path` (a directory: its pip.conf) is a regular file of at most LIMIT bytes holding
-    no secret: opened without blocking, looked at before it is read (a device's open may act)."""
+    no secret (`open_regular`: looked at before it is opened, opened without blocking)."""
     if os.path.isdir(path):
         path = os.path.join(path, "pip.conf")
         if not os.path.lexists(path):
             return True
-    try:
-        found = os.open(path, os.O_PATH | os.O_CLOEXEC)
-    except OSError:
+    if (opened := open_regular(path)) is None:
         return False
-    try:
-        st = os.fstat(found)
-        if not stat.S_ISREG(st.st_mode) or st.st_size > LIMIT:
-            return False
+    fd, st = opened
+    with open(fd, "rb") as f:
         seen = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
         if (judged := _JUDGED.get(path)) is not None and judged[0] == seen:
             return judged[1]
-        fd = os.open(f"/proc/self/fd/{found}", os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
-    except OSError:
-        return False
-    finally:
-        os.close(found)
-    with open(fd, "rb") as f:
         data = f.read(LIMIT + 1)
     free = len(data) <= LIMIT and not _SECRET.search(data.decode("utf-8", "replace"))
     _JUDGED[path] = (seen, free)
