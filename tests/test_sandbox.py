@@ -16,6 +16,7 @@ import pytest
 from ollie import config, sandbox
 from ollie.sandbox import caches as caches_module
 from ollie.sandbox import gitidentity, userconfig
+from ollie.sandbox.linked import linked_installs
 from ollie.tools import CallContext, execute
 from sandbox_helpers import API_KEY, SECRET, write_policy
 from test_execute import alive
@@ -685,3 +686,15 @@ def test_a_tools_configuration_is_granted_only_without_a_secret(tmp_path):
     (tmp_path / "big").write_text("x = 1\n" * 20000)
     os.mkfifo(tmp_path / "fifo")
     assert not userconfig.secret_free(str(tmp_path / "big")) and not userconfig.secret_free(str(tmp_path / "fifo"))
+
+
+def test_what_the_look_for_linked_installs_reads_is_bounded(tmp_path):
+    """Code that writes the cwd can fill a virtualenv with entries for the builder's thread to look
+    at: past a few in its lib, it counts as linked (kept read-only) rather than looked through."""
+    site = tmp_path / ".venv" / "lib" / "python3.11" / "site-packages"
+    (site / "own-1.0.dist-info").mkdir(parents=True)
+    (site / "own-1.0.dist-info" / "METADATA").write_text("Name: own\n")
+    assert linked_installs(str(tmp_path)) == ()  # copies only: writable
+    for n in range(8):
+        (tmp_path / ".venv" / "lib" / f"python3.{n}x").mkdir()
+    assert linked_installs(str(tmp_path)) == (f"{tmp_path}/.venv/lib",)

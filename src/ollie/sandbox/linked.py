@@ -14,7 +14,8 @@ from ..paths import open_real
 
 _DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
 _VENVS = (".venv", "venv")
-_MOST = 20000  # entries of a lib or site-packages looked at; past them, counted as linked
+_MOST = 20000  # entries of a site-packages looked at; past them, counted as linked
+_PYTHONS = 8  # entries of a virtualenv's lib (one python3.X as a rule); past them, counted as linked
 # site-packages looked at: (device, inode, mtime) -> whether a distribution's files are linked
 _SEEN: dict[tuple[int, int, int], bool] = {}
 
@@ -65,12 +66,13 @@ def _links_packages(top: int, venv: str) -> bool:
     """Whether `venv` in `top` holds a site-packages (`lib/<python>/site-packages`) where an
     installed distribution's METADATA has another name (uv links every file of a package alike).
     Every distribution is looked at, not a sample (code could crowd the linked ones out of one
-    while nothing is linked yet); past `_MOST` entries, or unsure, it counts as linked."""
+    while nothing is linked yet); past `_PYTHONS` entries in lib or `_MOST` in a site-packages (what
+    the builder's thread would look at for code that made them), it counts as linked."""
     lib = _open_dir(top, venv, "lib")
     if lib is None:
         return False
     try:
-        versions = _entries(lib, stat.S_ISDIR)
+        versions = _entries(lib, stat.S_ISDIR, _PYTHONS)
         if versions is None:
             return True
         for version in versions:
@@ -116,12 +118,12 @@ def _any_metadata_linked(site: int) -> bool:
     return False
 
 
-def _entries(directory: int, kind: Callable[[int], bool]) -> list[str] | None:
-    """The names of `directory`'s entries of that `kind`; None past _MOST entries."""
+def _entries(directory: int, kind: Callable[[int], bool], most: int = _MOST) -> list[str] | None:
+    """The names of `directory`'s entries of that `kind`; None past `most` entries."""
     found = []
     with os.scandir(directory) as listing:
         for n, entry in enumerate(listing):
-            if n >= _MOST:
+            if n >= most:
                 return None
             try:
                 if kind(entry.stat(follow_symlinks=False).st_mode):
