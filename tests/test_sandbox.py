@@ -637,6 +637,22 @@ def test_the_git_identity_read_is_bounded_and_shows_nothing_of_ollies_files(home
     assert Path(gitidentity.global_config(())).read_text() == '[user]\n\tname = "Bo"\n'
 
 
+def test_no_file_of_ollies_own_mount_is_read_for_a_sandbox(home, fs_server):
+    """Code working in $HOME writes ~/.gitconfig and ~/.npmrc, which every session's sandbox build
+    reads in the builder's thread: an include, or a link, into ollie's own mount (here a session's
+    `statewait`) had the builder's thread, every session's, read a file whose reading acts
+    (`fifo.out` pops a session's queued prompt, `worktree` commits) or waits (5 s each, 17 a build:
+    a session's first call took 80 s); its server is ollie itself."""
+    sid = fs_server.new_session()
+    wait = fs_server.mnt / "s" / sid / "statewait"
+    (home / ".npmrc").symlink_to(wait)
+    (home / ".gitconfig").write_text("[user]\n\tname = Ada\n" + f"[include]\n\tpath = {wait}\n" * 3)
+    t0 = time.monotonic()
+    assert userconfig.secret_free(str(home / ".npmrc")) is False
+    assert Path(gitidentity.global_config(())).read_text() == '[user]\n\tname = "Ada"\n'
+    assert time.monotonic() - t0 < 2
+
+
 def test_a_cache_no_session_used_for_a_month_is_trimmed(home, tmp_path):
     """Every cwd's code gets a cache in ollie's data (a test's temporary cwd too): each use marks
     it, and one unused for KEEP_DAYS is removed, what its code wrote with it, through no link."""

@@ -110,21 +110,43 @@ def open_regular(path: str, hidden: dict[Identity, str] | None = None) -> tuple[
     """A descriptor to read the regular file `path` (links followed) and its stat, for a file of the
     user's that code may have replaced: looked at first by an O_PATH descriptor (opening a device
     may act, a FIFO wait), then opened from it without blocking; None if it is missing, no regular
-    file, or lies in one of the `hidden` directories (ollie's own, whose contents the caller would
-    pass on). The caller closes the descriptor."""
+    file, lies on a mount of ollie's file server (`on_server_mount`) or in one of the `hidden`
+    directories (ollie's own, whose contents the caller would pass on). The caller closes the
+    descriptor."""
     try:
         found = os.open(path, _FLAGS)
     except OSError:
         return None
     try:
         st = os.fstat(found)
-        if not stat.S_ISREG(st.st_mode) or (hidden and within(found, hidden) is not None):
+        if not stat.S_ISREG(st.st_mode) or on_server_mount(st) or (hidden and within(found, hidden) is not None):
             return None
         return os.open(f"/proc/self/fd/{found}", os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY), st
     except OSError:
         return None
     finally:
         os.close(found)
+
+
+def on_server_mount(st: os.stat_result) -> bool:
+    """Whether the file `st` is of lies on a mount of an ollie file server (FUSE, fsname "ollie"),
+    told by its device: reading a file there acts (`fifo.out` pops a session's queued prompt,
+    `worktree` commits) or waits (`statewait`), and the server is ollie itself. A disk's device is
+    never one (FUSE's are anonymous, major 0); unsure (no /proc), it counts as one."""
+    if os.major(st.st_dev) != 0:
+        return False
+    try:
+        with open("/proc/self/mountinfo", "rb") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return True
+    device = f"{os.major(st.st_dev)}:{os.minor(st.st_dev)}".encode()
+    for line in lines:
+        fields, _, fs = line.partition(b" - ")
+        kind, source = (fs.split(b" ") + [b"", b""])[:2]
+        if fields.split(b" ")[2:3] == [device] and kind.startswith(b"fuse") and b"ollie" in (kind[5:], source):
+            return True
+    return False
 
 
 @dataclass(slots=True)
