@@ -8,6 +8,7 @@ import os
 import shutil
 import socket
 import subprocess
+import threading
 import time
 from pathlib import Path
 
@@ -674,6 +675,57 @@ def test_a_cache_no_session_used_for_a_month_is_trimmed(home, tmp_path):
     assert old.name in caches_module.trim(caches, time.time())
     assert not old.exists() and not deep.exists() and used.is_dir()
     assert (outside / "keep").read_text() == "not the cache's"
+
+
+def _exchange(cache: str, stop) -> None:
+    """Sandboxed code in its cache: its directory `d` and a link `l` swapped as fast as it goes."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    while not stop.is_set():
+        libc.syscall(316, -100, f"{cache}/d".encode(), -100, f"{cache}/l".encode(), 2)  # RENAME_EXCHANGE
+
+
+def test_the_trim_opens_nothing_a_link_in_a_cache_leads_to(home, tmp_path):
+    """The trim removes what sandboxed code wrote in its cache (code can make its cache look a month
+    unused: it sets its times). shutil.rmtree looked at a directory, then opened its name following
+    links: a directory swapped for a link between the two (one trim in four) had ollie open what
+    the code chose, blocking (a FIFO held the trim's thread for good; a device may act)."""
+    import multiprocessing
+
+    caches = config.data_dir("sandbox-cache")
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    opened, stop_rescue = [], threading.Event()
+
+    def rescue() -> None:  # a writer for the FIFO: its open succeeds only while the trim has it open
+        while not stop_rescue.is_set():
+            try:
+                os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+                opened.append(1)
+            except OSError:
+                time.sleep(0.001)
+
+    rescuer = threading.Thread(target=rescue, daemon=True)
+    rescuer.start()
+    month_ago = time.time() - (caches_module.KEEP_DAYS + 1) * 86400
+    try:
+        for n in range(40):
+            cache = caches / f"c{n}-0123456789abcdef"
+            (cache / "x" / "d" / "sub").mkdir(parents=True)  # in a directory of its (the cache's mtime stays)
+            (cache / "x" / "l").symlink_to(fifo)
+            os.utime(cache, (month_ago, month_ago))
+            stop = multiprocessing.get_context("fork").Event()
+            swapper = multiprocessing.get_context("fork").Process(target=_exchange, args=(f"{cache}/x", stop))
+            swapper.start()
+            time.sleep(0.01)
+            caches_module.trim(caches, time.time())
+            stop.set()
+            swapper.join()
+    finally:
+        stop_rescue.set()
+        rescuer.join()
+    assert not opened, "the trim opened the code's FIFO"
 
 
 def test_a_tools_configuration_is_granted_only_without_a_secret(tmp_path):

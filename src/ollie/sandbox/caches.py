@@ -10,7 +10,6 @@ from __future__ import annotations
 import hashlib
 import os
 import re
-import shutil
 import subprocess
 import threading
 import time
@@ -64,9 +63,10 @@ def trim(caches: Path, now: float) -> list[str]:
 
 
 def _remove(path: str) -> None:
-    """`path` and what is in it, following no link; a tree deeper than rmtree recurses (code can
-    make one) by the system's `rm`."""
-    try:
-        shutil.rmtree(path, ignore_errors=True)
-    except RecursionError:
-        subprocess.run([config.system_program("rm"), "-rf", "--one-file-system", "--", path], check=False)
+    """`path` and what is in it, by the system's `rm`, which opens each directory following no link
+    and without blocking: shutil.rmtree looks at a name, then opens it following links (code that
+    swaps a directory of its cache for a link meanwhile had ollie open its choice, a FIFO that held
+    the trim for good, a device), and recurses no deeper than Python does (code can make a tree
+    deeper)."""
+    rm = [config.system_program("rm"), "-rf", "--one-file-system", "--", path]
+    subprocess.run(rm, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
