@@ -14,7 +14,7 @@ from ..paths import open_real
 
 _DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
 _VENVS = (".venv", "venv")
-_MOST = 20000  # entries of a site-packages looked at; past them, counted as linked
+_MOST = 20000  # entries of a cwd's site-packages looked at, all together; past them, counted as linked
 _PYTHONS = 8  # entries of a virtualenv's lib (one python3.X as a rule); past them, counted as linked
 # site-packages looked at: (device, inode, mtime) -> whether a distribution's files are linked
 _SEEN: dict[tuple[int, int, int], bool] = {}
@@ -35,7 +35,8 @@ def linked_installs(cwd: str) -> tuple[str, ...]:
     finally:
         os.close(found_cwd)
     try:
-        found = [f"{cwd}/{venv}/lib" for venv in _VENVS if _links_packages(top, venv)]
+        budget = [_MOST]  # for every site-packages of the cwd: code can make 8 a virtualenv, and two of those
+        found = [f"{cwd}/{venv}/lib" for venv in _VENVS if _links_packages(top, venv, budget)]
         pnpm = _open_dir(top, "node_modules", ".pnpm")
         if pnpm is not None:
             found.append(f"{cwd}/node_modules/.pnpm")
@@ -62,24 +63,24 @@ def _open_dir(parent: int, *names: str) -> int | None:
     return fd
 
 
-def _links_packages(top: int, venv: str) -> bool:
+def _links_packages(top: int, venv: str, budget: list[int]) -> bool:
     """Whether `venv` in `top` holds a site-packages (`lib/<python>/site-packages`) where an
     installed distribution's METADATA has another name (uv links every file of a package alike).
     Every distribution is looked at, not a sample (code could crowd the linked ones out of one
-    while nothing is linked yet); past `_PYTHONS` entries in lib or `_MOST` in a site-packages (what
+    while nothing is linked yet); past `_PYTHONS` entries in lib or `budget` in its site-packages (what
     the builder's thread would look at for code that made them), it counts as linked."""
     lib = _open_dir(top, venv, "lib")
     if lib is None:
         return False
     try:
-        versions = _entries(lib, stat.S_ISDIR, _PYTHONS)
+        versions = _entries(lib, stat.S_ISDIR, [_PYTHONS])
         if versions is None:
             return True
         for version in versions:
             site = _open_dir(lib, version, "site-packages")
             if site is not None:
                 try:
-                    if _distributions_linked(site):
+                    if _distributions_linked(site, budget):
                         return True
                 finally:
                     os.close(site)
@@ -88,18 +89,18 @@ def _links_packages(top: int, venv: str) -> bool:
         os.close(lib)
 
 
-def _distributions_linked(site: int) -> bool:
+def _distributions_linked(site: int, budget: list[int]) -> bool:
     st = os.fstat(site)
     key = (st.st_dev, st.st_ino, st.st_mtime_ns)  # an install adds or replaces a .dist-info: a new mtime
     if key not in _SEEN:
         if len(_SEEN) > 256:
             _SEEN.clear()
-        _SEEN[key] = _any_metadata_linked(site)
+        _SEEN[key] = _any_metadata_linked(site, budget)
     return _SEEN[key]
 
 
-def _any_metadata_linked(site: int) -> bool:
-    names = _entries(site, stat.S_ISDIR)
+def _any_metadata_linked(site: int, budget: list[int]) -> bool:
+    names = _entries(site, stat.S_ISDIR, budget)
     if names is None:
         return True
     for name in names:
@@ -118,13 +119,15 @@ def _any_metadata_linked(site: int) -> bool:
     return False
 
 
-def _entries(directory: int, kind: Callable[[int], bool], most: int = _MOST) -> list[str] | None:
-    """The names of `directory`'s entries of that `kind`; None past `most` entries."""
+def _entries(directory: int, kind: Callable[[int], bool], budget: list[int]) -> list[str] | None:
+    """The names of `directory`'s entries of that `kind`, each entry taken from `budget` (shared by
+    the directories of one look); None once it is spent."""
     found = []
     with os.scandir(directory) as listing:
-        for n, entry in enumerate(listing):
-            if n >= most:
+        for entry in listing:
+            if budget[0] <= 0:
                 return None
+            budget[0] -= 1
             try:
                 if kind(entry.stat(follow_symlinks=False).st_mode):
                     found.append(entry.name)
