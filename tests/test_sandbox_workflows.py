@@ -4,6 +4,7 @@ TCP port resolves names. Each workflow is run for real through execute_code."""
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import hashlib
 import http.server
@@ -250,8 +251,8 @@ async def test_cargo_test_builds_a_crate_with_a_dependency_from_the_registry_cac
 
 @pytest.mark.skipif(not shutil.which("npm"), reason="needs npm")
 async def test_your_npmrc_is_read_unless_it_holds_a_token(home, tmp_path, monkeypatch):
-    """~/.npmrc unreadable made yarn die and npm warn; read when it holds no secret, else npm and
-    yarn are told to read none (npm_config_userconfig), and it stays out of reach."""
+    """~/.npmrc unreadable made yarn die and npm warn; npm and yarn read a copy of it when it holds
+    no secret, else none (npm_config_userconfig), and the file itself stays out of reach."""
     cwd = home / "work" / "web"
     cwd.mkdir(parents=True)
     (home / ".npmrc").write_text("init-license=MIT\n")
@@ -259,20 +260,43 @@ async def test_your_npmrc_is_read_unless_it_holds_a_token(home, tmp_path, monkey
     (home / ".npmrc").write_text("init-license=MIT\n//registry.example/:_authToken=npm-SECRET\n")
     is_error, text = await in_cwd(cwd, tmp_path, "npm config get init-license 2>&1; cat ~/.npmrc 2>&1; true")
     assert "npm-SECRET" not in text and text.startswith("ISC\n") and "Permission denied" in text, text
-    # a token added while a session runs (`npm login` writes the same file): judged again once changed
+
+
+@pytest.mark.skipif(not shutil.which("npm"), reason="needs npm")
+async def test_a_token_npm_login_writes_while_code_runs_never_shows(home, tmp_path, monkeypatch):
+    """`npm login` writes its token into ~/.npmrc in place: what code reads is a copy of the file
+    as it was judged, so neither a stage already running nor the calls before the next look at the
+    grants see the token; a change without one reaches the session at that look."""
+    cwd = home / "work" / "web"
+    cwd.mkdir(parents=True)
     (home / ".npmrc").write_text("init-license=MIT\n")
     server = execute.factory(str(cwd))()
     ctx = CallContext(cwd=str(cwd), session_id="s", tmpdir=str(tmp_path))
-    read = {"steps": [{"code": "cat ~/.npmrc 2>&1; true"}]}
+    poll = (
+        'for i in $(seq 100); do cat ~/.npmrc "$npm_config_userconfig" 2>&1; [ -e ready ] && break; '
+        'sleep 0.05; done; sleep 0.3; cat ~/.npmrc "$npm_config_userconfig" 2>&1; true'
+    )
+    license = {"steps": [{"code": "npm config get init-license 2>&1; cat ~/.npmrc 2>&1; true"}]}
+    monkeypatch.setattr(sandbox, "_next_look", float("inf"))  # no look at the grants but those asked for
     try:
-        assert (await server.call_tool("execute_code", read, ctx)).text() == "init-license=MIT\n"
-        with open(home / ".npmrc", "a") as npmrc:
+        running = asyncio.create_task(server.call_tool("execute_code", {"steps": [{"code": poll}]}, ctx))
+        await asyncio.sleep(1.0)
+        with open(home / ".npmrc", "a") as npmrc:  # in place, as npm login writes it
             npmrc.write("//registry.example/:_authToken=npm-LATER\n")
-        monkeypatch.setattr(sandbox, "_next_look", 0.0)  # the look at granted paths, due now (every 5 s)
-        text = (await server.call_tool("execute_code", read, ctx)).text()
+        (cwd / "ready").touch()
+        polled = (await running).text()
+        before_look = (await server.call_tool("execute_code", license, ctx)).text()
+        monkeypatch.setattr(sandbox, "_next_look", 0.0)  # the look at the grants, due now (every 5 s)
+        after_look = (await server.call_tool("execute_code", license, ctx)).text()
+        (home / ".npmrc").write_text("init-license=Apache-2.0\n")  # the token gone again
+        monkeypatch.setattr(sandbox, "_next_look", 0.0)
+        changed = (await server.call_tool("execute_code", license, ctx)).text()
     finally:
         await server.close()
-    assert "npm-LATER" not in text and "Permission denied" in text, text
+    assert "init-license=MIT" in polled and "npm-LATER" not in polled, polled
+    assert before_look.startswith("MIT\n") and "npm-LATER" not in before_look, before_look
+    assert after_look.startswith("ISC\n") and "npm-LATER" not in after_look, after_look
+    assert changed.startswith("Apache-2.0\n") and "Permission denied" in changed, changed
 
 
 def monorepo(root: Path) -> Path:

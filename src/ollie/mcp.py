@@ -500,6 +500,9 @@ def _jail_plan(spec: ServerSpec) -> tuple[str, sandbox.Sandbox, dict[str, str]]:
     box = sandbox.Sandbox(policy)
     env = {
         **box.environ(),
+        # no configuration of $HOME, where the model's code may have planted one (an ~/.npmrc's
+        # node-options run a script of its choosing, with the server's network)
+        **{copy.variable: os.devnull for copy in policy.copies},
         "HOME": "/tmp",
         "TMPDIR": "/tmp",
         "XDG_CACHE_HOME": cache,

@@ -39,6 +39,24 @@ class PlantedLink(LinkRefused):
 Identity = tuple[int, int]  # (st_dev, st_ino): which file, whatever path names it
 
 
+Decided = tuple[int, ...] | None  # what a sandbox's grant was decided on (`as_decided`)
+
+
+def as_decided(path: str) -> Decided:
+    """What a granted path was decided on: which file it names (symlinks followed), and for a
+    regular file its size and change time too (a configuration judged free of secrets is judged
+    again once it changes, whichever name it keeps); None if none."""
+    try:
+        return decided(os.stat(path))
+    except OSError:
+        return None
+
+
+def decided(st: os.stat_result) -> tuple[int, ...]:
+    """`as_decided` for the file `st` is of."""
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns) if stat.S_ISREG(st.st_mode) else (st.st_dev, st.st_ino)
+
+
 def identity(fd: int) -> Identity:
     st = os.fstat(fd)
     return st.st_dev, st.st_ino

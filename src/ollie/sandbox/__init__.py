@@ -33,7 +33,9 @@ from typing import Any, TypeVar
 from .. import config
 from ..config import hidden_dirs
 from ..paths import (
+    Decided,
     LinkRefused,
+    as_decided,
     identities,
     identity,
     open_real,
@@ -78,7 +80,6 @@ __all__ = [
 
 
 _RLIMIT_CPU, _RLIMIT_FSIZE, _RLIMIT_DATA, _RLIMIT_CORE = 0, 1, 2, 4
-Decided = tuple[int, ...] | None  # what a granted path was decided on (`as_decided`)
 
 
 class Sandbox:
@@ -169,9 +170,8 @@ class Sandbox:
             self._environ["RES_OPTIONS"] = " ".join([self._environ.get("RES_OPTIONS", ""), "use-vc"]).strip()
         if policy.git_config:  # the identity commits need, in place of a ~/.gitconfig git may not read
             self._environ["GIT_CONFIG_GLOBAL"] = policy.git_config
-        npmrc = os.path.join(os.path.expanduser("~"), ".npmrc")
-        if os.path.lexists(npmrc) and npmrc not in {g.given for g in decided}:  # a token in it, or a link
-            self._environ.setdefault("npm_config_userconfig", os.devnull)  # yarn dies on one it may not read
+        for copy in policy.copies:  # /dev/null for one holding a token: yarn dies on one it may not read
+            self._environ.setdefault(copy.variable, copy.path)
         if policy.cache:  # where Go, pip, pre-commit, ccache and npm cache (unless the policy passes its own)
             self._environ.setdefault("XDG_CACHE_HOME", policy.cache)
             self._environ.setdefault("npm_config_cache", f"{policy.cache}/npm")
@@ -755,7 +755,8 @@ class _Decisions:
         read-only grants and its paths still missing, as they are now (the shared ones as `fresh`
         just saw them). Not its cwd nor its writable grants, which each call looks at
         (`Sandbox.watched`); nor ollie's own, which the jail finds changed when it mounts them
-        (GrantChanged); nor what lies in its cwd, which the cwd's rule covers."""
+        (GrantChanged); nor what lies in its cwd, which the cwd's rule covers. And the files given
+        as copies (`userconfig.judged_copy`), as they were judged."""
         seen = self._seen_by_path
         in_cwd = policy.cwd.rstrip("/") + "/" if policy.cwd.rstrip("/") else "\0"  # none, or not /
         named = [(key, p) for key in FS_KEYS for p in policy.paths[key]] + [("", p) for p in policy.missing]
@@ -763,7 +764,7 @@ class _Decisions:
             (p, seen[p] if p in seen else as_decided(p))
             for key, p in named
             if p != policy.cwd and not p.startswith(in_cwd) and p not in policy.own and key not in grants.WRITABLE
-        )
+        ) + tuple((copy.source, copy.seen) for copy in policy.copies)
 
     def sandbox(self, policy: Policy, extra_ro: tuple[str, ...], in_jail: bool) -> Sandbox:
         """The sandbox of `policy` (the same policy read for this session: for another cwd, or
@@ -816,17 +817,6 @@ async def _look_again_if_due() -> None:
         return
     _next_look = now + RECHECK
     await off_loop(_look_again)
-
-
-def as_decided(path: str) -> Decided:
-    """What a granted path was decided on: which file it names (symlinks followed), and for a
-    regular file its size and change time too (a configuration judged free of secrets is judged
-    again once it changes, whichever name it keeps); None if none."""
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns) if stat.S_ISREG(st.st_mode) else (st.st_dev, st.st_ino)
 
 
 def _look_again() -> None:

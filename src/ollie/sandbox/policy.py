@@ -192,6 +192,7 @@ class Policy:
     repo: str  # the git work tree it lies in below the root (`repository_root`; "" for none)
     cache: str  # the cwd's cache directory, its code's $XDG_CACHE_HOME (`cache_dir`; "" for none)
     git_config: str  # its git's global config, the user's identity alone (`gitidentity`; "" for the real one)
+    copies: tuple[userconfig.Copy, ...]  # tools' configurations given as copies of what was judged
     linked: tuple[str, ...]  # the cwd's installs hard-linked from a shared store (`linked_installs`): read-only
     shared: tuple[str, ...]  # granted writable to every session (the memory, the plans): no symlinks there
     own: frozenset[str]  # ollie's own grants (tools, scratch, memory, plans): shown from under its hidden directories
@@ -284,6 +285,16 @@ def load_policy(
     if git_config and git_config != os.devnull:  # its directory: the identities its includeIfs name
         paths["ro"] += (os.path.dirname(git_config),)
         own_paths.append(os.path.dirname(git_config))
+    copies = tuple(
+        userconfig.judged_copy(source, variable)
+        for template, variable in userconfig.COPIED
+        for source in _expand_paths([template], values, "filesystem.ro")
+        if os.path.lexists(source)
+    )
+    for copy in copies:  # each in a directory of its own
+        if copy.path != os.devnull:
+            paths["ro"] += (os.path.dirname(copy.path),)
+            own_paths.append(os.path.dirname(copy.path))
     net = raw["network"]
     unrestricted = bool(net.get("unrestricted") or net.get("enabled"))  # `enabled`: the Go name
     connect = _ports(net.get("connect_tcp"), "network.connect_tcp")
@@ -294,6 +305,7 @@ def load_policy(
         repo=values["REPO"],
         cache=values["CACHE"],
         git_config=git_config,
+        copies=copies,
         linked=linked_installs(cwd) if cwd else (),
         shared=tuple(p for p in extra_rw if os.path.exists(p)),
         own=frozenset([*extra_rox, *extra_ro, *extra_rw, *extra_rwx, *(os.path.normpath(p) for p in own_paths if p)]),

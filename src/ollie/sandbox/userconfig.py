@@ -2,14 +2,20 @@
 secret. Some tools die on a configuration they may not read (cargo on `~/.cargo/config.toml`,
 yarn on `~/.npmrc`) or lose its settings (pip its index and certificates); the same files often
 hold a registry's token. Each is read here first, in the builder's thread, and granted read-only
-only when nothing in it looks like a secret (`_SECRET`)."""
+only when nothing in it looks like a secret (`_SECRET`). A file that a tool of the user's writes a
+token into in place (`npm login`, ~/.npmrc) is granted as a copy of what was judged, in ollie's data
+(`COPIED`, `judged_copy`): a token written there later never shows to code, running or not."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
+import threading
+from typing import NamedTuple
 
-from ..paths import open_regular
+from .. import config
+from ..paths import Decided, as_decided, decided, open_regular
 
 LIMIT = 64 << 10  # a larger configuration is not read, nor granted
 # What a secret looks like anywhere in a line (a key, an inline table's key, a value): a word that
@@ -30,7 +36,6 @@ CONFIGS = (
     "{CARGO_HOME}/config",
     "{HOME}/.cargo/config.toml",
     "{HOME}/.cargo/config",
-    "{HOME}/.npmrc",
     "{XDG_CONFIG_HOME}/pip/pip.conf",
     "{HOME}/.pip/pip.conf",
     "/etc/pip.conf",
@@ -38,9 +43,24 @@ CONFIGS = (
 )
 
 
+# The files granted as a copy, by template, with the variable that tells their tool where it lies.
+COPIED = (("{HOME}/.npmrc", "npm_config_userconfig"),)  # npm's and yarn's
+
 # What each file was judged, by which file it was and when it last changed: every session's start
 # reads the policy (500 at once would read and search the same files 500 times).
 _JUDGED: dict[str, tuple[tuple[int, ...], bool]] = {}
+
+
+class Copy(NamedTuple):
+    """A configuration given to code as a copy (`judged_copy`)."""
+
+    variable: str  # what tells its tool where it lies
+    path: str  # the copy, or /dev/null when the file holds a secret (or is no regular file)
+    source: str  # the user's file
+    seen: Decided  # which file the source was (`paths.as_decided`): judged again once it changes
+
+
+_COPIES: dict[str, tuple[Decided, str]] = {}  # source -> what it was (as `seen`), its copy
 
 
 def secret_free(path: str) -> bool:
@@ -58,6 +78,38 @@ def secret_free(path: str) -> bool:
         if (judged := _JUDGED.get(path)) is not None and judged[0] == seen:
             return judged[1]
         data = f.read(LIMIT + 1)
-    free = len(data) <= LIMIT and not _SECRET.search(data.decode("utf-8", "replace"))
+    free = _free(data)
     _JUDGED[path] = (seen, free)
     return free
+
+
+def _free(data: bytes) -> bool:
+    """Whether a configuration's bytes (LIMIT + 1 of them read) are few enough and hold no secret."""
+    return len(data) <= LIMIT and not _SECRET.search(data.decode("utf-8", "replace"))
+
+
+def judged_copy(source: str, variable: str) -> Copy:
+    """`source` as code may read it: a copy of its bytes, judged free of secrets as `secret_free`
+    judges, in a directory of ollie's data of that copy alone (named by its content; the sandbox
+    is granted the directory), else /dev/null. The bytes judged are the bytes given: the file is
+    read once, by descriptor."""
+    if (opened := open_regular(source)) is None:  # no regular file, or one not to read
+        return Copy(variable, os.devnull, source, as_decided(source))
+    fd, st = opened
+    seen = decided(st)
+    with open(fd, "rb") as f:
+        known = _COPIES.get(source)
+        if known is not None and known[0] == seen and (known[1] == os.devnull or os.path.exists(known[1])):
+            return Copy(variable, known[1], source, seen)
+        data = f.read(LIMIT + 1)
+    path = os.devnull
+    if _free(data):
+        key = hashlib.sha256(data).hexdigest()[:16]
+        copy = config.data_dir("sandbox-config", key) / os.path.basename(source).lstrip(".")
+        if not copy.exists():
+            temporary = copy.with_name(f".{copy.name}.{os.getpid()}.{threading.get_ident()}")
+            temporary.write_bytes(data)
+            os.replace(temporary, copy)
+        path = str(copy)
+    _COPIES[source] = (seen, path)
+    return Copy(variable, path, source, seen)
