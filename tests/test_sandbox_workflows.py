@@ -15,6 +15,7 @@ import socket
 import struct
 import subprocess
 import sys
+import tempfile
 import textwrap
 import threading
 import zipfile
@@ -297,6 +298,20 @@ async def test_a_token_npm_login_writes_while_code_runs_never_shows(home, tmp_pa
     assert before_look.startswith("MIT\n") and "npm-LATER" not in before_look, before_look
     assert after_look.startswith("ISC\n") and "npm-LATER" not in after_look, after_look
     assert changed.startswith("Apache-2.0\n") and "Permission denied" in changed, changed
+
+
+async def test_a_linked_npmrc_is_not_copied_from_where_code_could_point_it(home, tmp_path):
+    """Code that writes $HOME can make ~/.npmrc a link to a file it may not read (another
+    project's notes, secret-free): ollie reads the file to copy it, so a link in a directory code
+    may write is not followed, and npm reads none."""
+    cwd = home / "work" / "web"
+    cwd.mkdir(parents=True)
+    with tempfile.TemporaryDirectory(dir="/var/tmp") as elsewhere:  # granted to no sandbox
+        (Path(elsewhere) / "notes").write_text("plan=MARKER-OUTSIDE\n")
+        (home / ".npmrc").symlink_to(Path(elsewhere) / "notes")
+        code = 'echo "$npm_config_userconfig"; cat "$npm_config_userconfig" 2>&1; cat ~/.npmrc 2>&1; true'
+        is_error, text = await in_cwd(cwd, tmp_path, code)
+    assert not is_error and text.startswith("/dev/null\n") and "MARKER-OUTSIDE" not in text, text
 
 
 def monorepo(root: Path) -> Path:

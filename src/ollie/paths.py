@@ -124,15 +124,24 @@ def read_beneath(directory: str, name: str, limit: int, hidden: dict[Identity, s
         os.close(data)
 
 
-def open_regular(path: str, hidden: dict[Identity, str] | None = None) -> tuple[int, os.stat_result] | None:
+def open_regular(
+    path: str, hidden: dict[Identity, str] | None = None, planted: dict[Identity, str] | None = None
+) -> tuple[int, os.stat_result] | None:
     """A descriptor to read the regular file `path` (links followed) and its stat, for a file of the
     user's that code may have replaced: looked at first by an O_PATH descriptor (opening a device
     may act, a FIFO wait), then opened from it without blocking; None if it is missing, no regular
     file, lies on a mount of ollie's file server (`on_server_mount`) or in one of the `hidden`
-    directories (ollie's own, whose contents the caller would pass on). The caller closes the
-    descriptor."""
+    directories (ollie's own, whose contents the caller would pass on). With `planted`, a symlink in
+    one of those directories (where code may write, and so point it anywhere) is not followed: None.
+    The caller closes the descriptor."""
     try:
-        found = os.open(path, _FLAGS)
+        if planted is None:
+            found = os.open(path, _FLAGS)
+        else:
+            opened = open_following(path, lambda parent: within(parent, planted))
+            found = opened.fd
+            for parent, _ in opened.links:
+                os.close(parent)
     except OSError:
         return None
     try:

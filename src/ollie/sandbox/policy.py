@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import config
+from ..paths import identities
 from ..types import ConfigError
 from . import gitidentity, userconfig
 from .caches import cache_dir
@@ -285,12 +286,16 @@ def load_policy(
     if git_config and git_config != os.devnull:  # its directory: the identities its includeIfs name
         paths["ro"] += (os.path.dirname(git_config),)
         own_paths.append(os.path.dirname(git_config))
-    copies = tuple(
-        userconfig.judged_copy(source, variable)
+    sources = [
+        (source, variable)
         for template, variable in userconfig.COPIED
         for source in _expand_paths([template], values, "filesystem.ro")
         if os.path.lexists(source)
-    )
+    ]
+    # where code may write, and so plant a symlink: its writable grants, its cwd, $HOME (as `grants`)
+    writable = [*paths["rw"], *paths["rwx"], *paths["tmpfile"], *filter(None, (cwd, os.path.expanduser("~")))]
+    planted = identities(writable) if sources else {}
+    copies = tuple(userconfig.judged_copy(source, variable, planted) for source, variable in sources)
     for copy in copies:  # each in a directory of its own
         if copy.path != os.devnull:
             paths["ro"] += (os.path.dirname(copy.path),)

@@ -15,7 +15,7 @@ import threading
 from typing import NamedTuple
 
 from .. import config
-from ..paths import Decided, as_decided, decided, open_regular
+from ..paths import Decided, Identity, as_decided, decided, open_regular
 
 LIMIT = 64 << 10  # a larger configuration is not read, nor granted
 # What a secret looks like anywhere in a line (a key, an inline table's key, a value): a word that
@@ -88,12 +88,13 @@ def _free(data: bytes) -> bool:
     return len(data) <= LIMIT and not _SECRET.search(data.decode("utf-8", "replace"))
 
 
-def judged_copy(source: str, variable: str) -> Copy:
+def judged_copy(source: str, variable: str, writable: dict[Identity, str]) -> Copy:
     """`source` as code may read it: a copy of its bytes, judged free of secrets as `secret_free`
     judges, in a directory of ollie's data of that copy alone (named by its content; the sandbox
     is granted the directory), else /dev/null. The bytes judged are the bytes given: the file is
-    read once, by descriptor."""
-    if (opened := open_regular(source)) is None:  # no regular file, or one not to read
+    read once, by descriptor. Not through a symlink in a `writable` directory (where code may write:
+    one it planted there would have ollie copy it a file it may not read)."""
+    if (opened := open_regular(source, planted=writable)) is None:  # no regular file, or one not to read
         return Copy(variable, os.devnull, source, as_decided(source))
     fd, st = opened
     seen = decided(st)
