@@ -15,7 +15,7 @@ import threading
 from typing import NamedTuple
 
 from .. import config
-from ..paths import Decided, Identity, as_decided, decided, open_regular
+from ..paths import Decided, Identity, as_decided, decided, identities, open_regular
 
 LIMIT = 64 << 10  # a larger configuration is not read, nor granted
 # What a secret looks like anywhere in a line (a key, an inline table's key, a value): a word that
@@ -93,8 +93,10 @@ def judged_copy(source: str, variable: str, writable: dict[Identity, str]) -> Co
     judges, in a directory of ollie's data of that copy alone (named by its content; the sandbox
     is granted the directory), else /dev/null. The bytes judged are the bytes given: the file is
     read once, by descriptor. Not through a symlink in a `writable` directory (where code may write:
-    one it planted there would have ollie copy it a file it may not read)."""
-    if (opened := open_regular(source, planted=writable)) is None:  # no regular file, or one not to read
+    one it planted there would have ollie copy it a file it may not read), nor from ollie's hidden
+    directories."""
+    hidden = identities(config.hidden_dirs())
+    if (opened := open_regular(source, hidden, writable)) is None:  # no regular file, or one not to read
         return Copy(variable, os.devnull, source, as_decided(source))
     fd, st = opened
     seen = decided(st)
