@@ -300,6 +300,28 @@ async def test_a_token_npm_login_writes_while_code_runs_never_shows(home, tmp_pa
     assert changed.startswith("Apache-2.0\n") and "Permission denied" in changed, changed
 
 
+@pytest.mark.skipif(not shutil.which("npm"), reason="needs npm")
+async def test_an_npmrc_made_while_a_session_runs_reaches_it_at_the_next_look(home, tmp_path, monkeypatch):
+    """A session started with no ~/.npmrc: one made later (the user's first `npm config set`) is
+    looked at as one changed is, so the calls after the next look read a copy of it, not the file
+    they may not read (yarn dies on it)."""
+    cwd = home / "work" / "web"
+    cwd.mkdir(parents=True)
+    server = execute.factory(str(cwd))()
+    ctx = CallContext(cwd=str(cwd), session_id="s", tmpdir=str(tmp_path))
+    license = {"steps": [{"code": 'npm config get init-license 2>&1; echo "[$npm_config_userconfig]"'}]}
+    monkeypatch.setattr(sandbox, "_next_look", float("inf"))
+    try:
+        before = (await server.call_tool("execute_code", license, ctx)).text()
+        (home / ".npmrc").write_text("init-license=MIT\n")
+        monkeypatch.setattr(sandbox, "_next_look", 0.0)  # the look at the grants, due now (every 5 s)
+        after = (await server.call_tool("execute_code", license, ctx)).text()
+    finally:
+        await server.close()
+    assert before == "ISC\n[/dev/null]\n", before
+    assert after.startswith("MIT\n[") and "sandbox-config" in after, after
+
+
 async def test_a_linked_npmrc_is_not_copied_from_where_code_could_point_it(home, tmp_path):
     """Code that writes $HOME can make ~/.npmrc a link to a file it may not read (another
     project's notes, secret-free): ollie reads the file to copy it, so a link in a directory code

@@ -286,11 +286,11 @@ def load_policy(
     if git_config and git_config != os.devnull:  # its directory: the identities its includeIfs name
         paths["ro"] += (os.path.dirname(git_config),)
         own_paths.append(os.path.dirname(git_config))
+    # missing ones too (/dev/null, seen as none): the look that finds one made gives it, as changed
     sources = [
         (source, variable)
         for template, variable in userconfig.COPIED
         for source in _expand_paths([template], values, "filesystem.ro")
-        if os.path.lexists(source)
     ]
     # where code may write, and so plant a symlink: its writable grants, its cwd, $HOME (as `grants`)
     writable = [*paths["rw"], *paths["rwx"], *paths["tmpfile"], *filter(None, (cwd, os.path.expanduser("~")))]
