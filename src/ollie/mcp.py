@@ -494,15 +494,14 @@ def _jail_plan(spec: ServerSpec) -> tuple[str, sandbox.Sandbox, dict[str, str]]:
     mount, on which the event loop that serves it would wait."""
     program = _program(spec)
     cache = str(tool_cache(spec.name))
+    # no configuration of $HOME (`copied`), where the model's code may have planted one: an
+    # ~/.npmrc's node-options would run a script of its choosing, with the server's network
     policy = sandbox.load_policy(
-        spec.sandbox, spec.project, "", extra_rwx=(cache,), program_rox=_program_roots(program, spec.args)
+        spec.sandbox, spec.project, "", extra_rwx=(cache,), program_rox=_program_roots(program, spec.args), copied=False
     )
     box = sandbox.Sandbox(policy)
     env = {
         **box.environ(),
-        # no configuration of $HOME, where the model's code may have planted one (an ~/.npmrc's
-        # node-options run a script of its choosing, with the server's network)
-        **{copy.variable: os.devnull for copy in policy.copies},
         "HOME": "/tmp",
         "TMPDIR": "/tmp",
         "XDG_CACHE_HOME": cache,

@@ -247,13 +247,15 @@ def load_policy(
     extra_rw: tuple[str, ...] = (),
     extra_rwx: tuple[str, ...] = (),
     program_rox: tuple[str, ...] = (),
+    copied: bool = True,
 ) -> Policy:
     """Read, validate and expand the policy `name` for a call running in `cwd` ("" for `tmpdir`
     drops the policy's `{TMPDIR}` entries: a jail grants its private /tmp itself). The extra paths
     are ollie's own grants on top (tool script directories; the memory and the plans, `extra_rw`,
     shared by every session; a tool server's cache, `extra_rwx`). `program_rox` are what a tool
     server's program needs to read and run: granted as the policy's own entries are, and judged
-    as they are (never one of ollie's hidden directories)."""
+    as they are (never one of ollie's hidden directories). `copied`: the tools' configurations
+    given as copies (`userconfig.COPIED`); a tool server, whose $HOME is its own, reads none."""
     if why := missing_policy(name):
         raise SandboxError(why)
     global_file, named_file = policy_files(name)
@@ -289,7 +291,7 @@ def load_policy(
     # missing ones too (/dev/null, seen as none): the look that finds one made gives it, as changed
     sources = [
         (source, variable)
-        for template, variable in userconfig.COPIED
+        for template, variable in (userconfig.COPIED if copied else ())
         for source in _expand_paths([template], values, "filesystem.ro")
     ]
     # where code may write, and so plant a symlink: its writable grants, its cwd, $HOME (as `grants`)
