@@ -336,6 +336,21 @@ async def test_a_linked_npmrc_is_not_copied_from_where_code_could_point_it(home,
     assert not is_error and text.startswith("/dev/null\n") and "MARKER-OUTSIDE" not in text, text
 
 
+async def test_what_cannot_be_written_for_the_sandbox_leaves_it_out_and_the_session_working(home, tmp_path):
+    """The ~/.npmrc copy and git's identity file that cannot be written (a full disk; here a file
+    where their directory goes) give npm no configuration and git no identity, said in the log,
+    rather than failing every session's sandbox build."""
+    cwd = home / "work" / "web"
+    cwd.mkdir(parents=True)
+    (home / ".npmrc").write_text("init-license=MIT\n")
+    (home / ".gitconfig").write_text("[user]\n\tname = Ada\n")
+    config.data_path().mkdir(parents=True, exist_ok=True)
+    for name in ("sandbox-config", "sandbox-git"):
+        (config.data_path() / name).write_text("not a directory")
+    code = 'echo "$npm_config_userconfig" "$GIT_CONFIG_GLOBAL"'
+    assert await in_cwd(cwd, tmp_path, code) == (False, "/dev/null /dev/null\n")
+
+
 def monorepo(root: Path) -> Path:
     """A git repository with a package below its root and the root's hoisted node_modules/.bin;
     returns the package's directory."""

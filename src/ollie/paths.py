@@ -14,8 +14,10 @@ import ctypes
 import errno
 import os
 import stat
+import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from pathlib import Path
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _SYS_OPENAT2 = 437  # the same on every arch
@@ -55,6 +57,15 @@ def as_decided(path: str) -> Decided:
 def decided(st: os.stat_result) -> tuple[int, ...]:
     """`as_decided` for the file `st` is of."""
     return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns) if stat.S_ISREG(st.st_mode) else (st.st_dev, st.st_ino)
+
+
+def write_new(path: Path, data: bytes) -> None:
+    """`data` as the file `path`, unless it is there (a file named by its content, which holds the
+    same): written whole under a temporary name, then renamed, so no reader sees half of it."""
+    if not path.exists():
+        temporary = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}")
+        temporary.write_bytes(data)
+        os.replace(temporary, path)
 
 
 def identity(fd: int) -> Identity:

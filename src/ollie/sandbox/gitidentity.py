@@ -11,14 +11,16 @@ files here, never by running a git found on a PATH the project may lead."""
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import re
-import threading
 import time
 from collections.abc import Sequence
 
 from .. import config
-from ..paths import Identity, identities, open_regular
+from ..paths import Identity, identities, open_regular, write_new
+
+log = logging.getLogger(__name__)
 
 # Seconds an identity read stays what new sandboxes get while the global config is the same file,
 # unchanged (every session's first call builds a sandbox: 500 at once read the files once), as long
@@ -42,7 +44,11 @@ def global_config(granted: tuple[str, ...]) -> str:
     when, given = _READ.get(key, (-REREAD, ""))
     if now - when >= REREAD or not os.path.exists(given):
         user, conditional = _identity(real)
-        given = identity_file(user, conditional) if user or conditional else os.devnull
+        try:
+            given = identity_file(user, conditional) if user or conditional else os.devnull
+        except OSError as e:  # a full disk, say: git commits with no identity, and the next build tries again
+            log.warning("your git identity is not given to sandboxed code: its file could not be written: %s", e)
+            return os.devnull
         _READ.clear()  # one config at a time: the one before is not asked for again
         _READ[key] = (now, given)
     return given
@@ -65,11 +71,7 @@ def identity_file(user: dict[str, str], conditional: Sequence[tuple[str, dict[st
         for condition, name in zip(conditions, names, strict=True)
     )
     for name, text in files.items():
-        path = directory / name
-        if not path.exists():
-            temporary = directory / f".{name}.{os.getpid()}.{threading.get_ident()}"
-            temporary.write_text(text)
-            os.replace(temporary, path)
+        write_new(directory / name, text.encode())
     return str(directory / "config")
 
 

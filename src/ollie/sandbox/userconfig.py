@@ -9,13 +9,15 @@ token into in place (`npm login`, ~/.npmrc) is granted as a copy of what was jud
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import re
-import threading
 from typing import NamedTuple
 
 from .. import config
-from ..paths import Decided, Identity, as_decided, decided, identities, open_regular
+from ..paths import Decided, Identity, as_decided, decided, identities, open_regular, write_new
+
+log = logging.getLogger(__name__)
 
 LIMIT = 64 << 10  # a larger configuration is not read, nor granted
 # What a secret looks like anywhere in a line (a key, an inline table's key, a value): a word that
@@ -95,6 +97,8 @@ def judged_copy(source: str, variable: str, writable: dict[Identity, str]) -> Co
     read once, by descriptor. Not through a symlink in a `writable` directory (where code may write:
     one it planted there would have ollie copy it a file it may not read), nor from ollie's hidden
     directories."""
+    if not os.path.lexists(source):  # (most users have none: no look at ollie's directories for it)
+        return Copy(variable, os.devnull, source, None)
     hidden = identities(config.hidden_dirs())
     if (opened := open_regular(source, hidden, writable)) is None:  # no regular file, or one not to read
         return Copy(variable, os.devnull, source, as_decided(source))
@@ -105,14 +109,15 @@ def judged_copy(source: str, variable: str, writable: dict[Identity, str]) -> Co
         if known is not None and known[0] == seen and (known[1] == os.devnull or os.path.exists(known[1])):
             return Copy(variable, known[1], source, seen)
         data = f.read(LIMIT + 1)
-    path = os.devnull
-    if _free(data):
-        key = hashlib.sha256(data).hexdigest()[:16]
+    if not _free(data):
+        _COPIES[source] = (seen, os.devnull)
+        return Copy(variable, os.devnull, source, seen)
+    key = hashlib.sha256(data).hexdigest()[:16]
+    try:
         copy = config.data_dir("sandbox-config", key) / os.path.basename(source).lstrip(".")
-        if not copy.exists():
-            temporary = copy.with_name(f".{copy.name}.{os.getpid()}.{threading.get_ident()}")
-            temporary.write_bytes(data)
-            os.replace(temporary, copy)
-        path = str(copy)
-    _COPIES[source] = (seen, path)
-    return Copy(variable, path, source, seen)
+        write_new(copy, data)
+    except OSError as e:  # a full disk, say: the tool reads no configuration, and the next build tries again
+        log.warning("%s is not given to sandboxed code: its copy could not be written: %s", source, e)
+        return Copy(variable, os.devnull, source, seen)
+    _COPIES[source] = (seen, str(copy))
+    return Copy(variable, str(copy), source, seen)
