@@ -9,13 +9,14 @@ import platform
 import shutil
 import socket
 import subprocess
+import tempfile
 import threading
 import time
 from pathlib import Path
 
 import pytest
 
-from ollie import config, sandbox
+from ollie import config, paths, sandbox
 from ollie.sandbox import caches as caches_module
 from ollie.sandbox import gitidentity, linked, userconfig
 from ollie.sandbox.linked import linked_installs
@@ -654,6 +655,24 @@ def test_no_file_of_ollies_own_mount_is_read_for_a_sandbox(home, fs_server):
     assert userconfig.secret_free(str(home / ".cargo" / "config.toml")) is False
     assert Path(gitidentity.global_config(())).read_text() == '[user]\n\tname = "Ada"\n'
     assert time.monotonic() - t0 < 2
+
+
+def test_a_file_on_a_memory_file_system_costs_no_look_at_the_mount_table(monkeypatch):
+    """Every configuration a sandbox reads is asked whether it lies on ollie's mount. A file system
+    with an anonymous device (tmpfs here; an overlay root in a container, btrfs) is not FUSE: its
+    type says so, and the mount table, which the question read for each of them, stays unread."""
+    fd, name = tempfile.mkstemp(dir="/dev/shm")
+    read: list[str] = []
+    real_open = open
+    monkeypatch.setattr("builtins.open", lambda path, *a, **k: read.append(str(path)) or real_open(path, *a, **k))
+    try:
+        st = os.fstat(fd)
+        assert os.major(st.st_dev) == 0
+        assert paths.on_server_mount(fd, st) is False
+        assert read == []
+    finally:
+        os.close(fd)
+        os.unlink(name)
 
 
 def test_a_cache_no_session_used_for_a_month_is_trimmed(home, tmp_path):

@@ -24,6 +24,7 @@ _SYS_OPENAT2 = 437  # the same on every arch
 _RESOLVE_NO_MAGICLINKS, _RESOLVE_NO_SYMLINKS, _RESOLVE_BENEATH = 0x02, 0x04, 0x08
 _FLAGS = os.O_PATH | os.O_CLOEXEC
 _MAX_LINKS = 40  # as the kernel's own resolution
+_FUSE_SUPER_MAGIC = 0x65735546
 
 
 class _OpenHow(ctypes.Structure):
@@ -157,7 +158,7 @@ def open_regular(
         return None
     try:
         st = os.fstat(found)
-        if not stat.S_ISREG(st.st_mode) or on_server_mount(st) or (hidden and within(found, hidden) is not None):
+        if not stat.S_ISREG(st.st_mode) or on_server_mount(found, st) or (hidden and within(found, hidden) is not None):
             return None
         return os.open(f"/proc/self/fd/{found}", os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY), st
     except OSError:
@@ -166,12 +167,13 @@ def open_regular(
         os.close(found)
 
 
-def on_server_mount(st: os.stat_result) -> bool:
-    """Whether the file `st` is of lies on a mount of an ollie file server (FUSE, fsname "ollie"),
-    told by its device: reading a file there acts (`fifo.out` pops a session's queued prompt,
-    `worktree` commits) or waits (`statewait`), and the server is ollie itself. A disk's device is
-    never one (FUSE's are anonymous, major 0); unsure (no /proc), it counts as one."""
-    if os.major(st.st_dev) != 0:
+def on_server_mount(fd: int, st: os.stat_result) -> bool:
+    """Whether the file open at `fd` (`st` its stat) lies on a mount of an ollie file server (FUSE,
+    fsname "ollie"): reading a file there acts (`fifo.out` pops a session's queued prompt,
+    `worktree` commits) or waits (`statewait`), and the server is ollie itself. Only a FUSE file
+    system can be one (its type, asked of the descriptor; a disk's device, major number not 0, never
+    is); then the mount table decides, by device. Unsure (no /proc), a FUSE file counts as one."""
+    if os.major(st.st_dev) != 0 or _fs_type(fd) not in (_FUSE_SUPER_MAGIC, None):
         return False
     try:
         with open("/proc/self/mountinfo", "rb") as f:
@@ -185,6 +187,14 @@ def on_server_mount(st: os.stat_result) -> bool:
         if fields.split(b" ")[2:3] == [device] and kind.startswith(b"fuse") and b"ollie" in (kind[5:], source):
             return True
     return False
+
+
+def _fs_type(fd: int) -> int | None:
+    """The type (f_type, a magic number) of the file system `fd` lies on; None if fstatfs fails."""
+    buf = ctypes.create_string_buffer(256)  # struct statfs begins with its type, a word
+    if _libc.fstatfs(fd, buf) != 0:
+        return None
+    return ctypes.c_ulong.from_buffer(buf).value & 0xFFFFFFFF
 
 
 @dataclass(slots=True)
