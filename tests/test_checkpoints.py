@@ -241,6 +241,28 @@ async def test_sandboxed_code_cannot_reach_or_forge_the_checkpoints(tmp_path, ol
     await core.close()
 
 
+async def test_a_git_the_turn_planted_on_the_path_is_never_what_snapshots_run(tmp_path, monkeypatch):
+    """With a project's virtualenv activated, its bin directory leads the PATH, and the model's code
+    writes the cwd: a `git` it planted there ran, as the user and unsandboxed, at the snapshot
+    ending the very turn that wrote it. Snapshots run the system's git."""
+    cwd = _project(tmp_path / "p")
+    escaped = tmp_path / "escaped"
+    monkeypatch.setenv("PATH", f"{cwd}/.venv/bin:{os.environ['PATH']}")
+    plant = (
+        f"mkdir -p .venv/bin && printf '#!/bin/sh\\necho ran >> {escaped}\\nexec /usr/bin/git \"$@\"\\n' "
+        "> .venv/bin/git && chmod +x .venv/bin/git && echo 2 > a.txt"
+    )
+    core = await _session(cwd, [_stage(plant), {"text": "ok"}, _stage("echo 3 > a.txt"), {"text": "ok"}])
+    await core.submit("one")
+    await core.submit("two")
+    assert os.access(cwd / ".venv" / "bin" / "git", os.X_OK)  # planted, and first on the PATH
+    assert not escaped.exists()
+    assert [c.turn for c in core.checkpoints.live()] == [1, 2]
+    assert "restore a.txt" in await commands.run(core, "undo")
+    assert (cwd / "a.txt").read_text() == "2\n"
+    await core.close()
+
+
 async def test_a_link_the_turn_planted_is_replaced_not_written_through(tmp_path):
     cwd = _project(tmp_path / "p")
     outside = tmp_path / "outside"

@@ -86,7 +86,7 @@ def enabled() -> str:
     """Why checkpoints are off ("" when they are on)."""
     if os.environ.get("OLLIE_CHECKPOINTS", "on").lower() in ("0", "off", "no", "false"):
         return "OLLIE_CHECKPOINTS is off"
-    if shutil.which("git") is None:
+    if shutil.which("git", path=config.SYSTEM_BIN) is None:
         return "git is not installed"
     return ""
 
@@ -346,7 +346,7 @@ class Shadow:
 
     def _env(self) -> dict[str, str]:
         return {
-            "PATH": os.environ.get("PATH", os.defpath),
+            "PATH": config.SYSTEM_BIN,  # git's own helpers: never a project's .venv/bin, code's to fill
             "HOME": str(self.repo),  # no ~/.config/git of anyone's
             "LC_ALL": "C",
             "GIT_DIR": str(self.repo),
@@ -371,7 +371,7 @@ class Shadow:
         """Run git on the shadow repository; CheckpointError if it fails (with `fatal_only`, only
         if it gave up: `add --ignore-errors` exits 1 for a file that vanished while it ran)."""
         proc = await asyncio.create_subprocess_exec(
-            "git",
+            config.system_program("git"),  # it runs as the user, unsandboxed: the system's alone
             *args,
             cwd=self.cwd,
             env=self._env(),
