@@ -9,10 +9,11 @@ cd "$(dirname "$0")"
 want_test=0
 [[ "${1:-}" == "--test" ]] && want_test=1
 
-# Debian packages: FUSE for the mount, the interpreters execute_code offers, tmux (the terminal
-# frontend's tests drive it in a tmux pane), a C compiler (the embedded model is built from source,
-# and the sandbox compiles its jails' native init once; libc6-dev lets it link that statically).
-APT_PACKAGES=(fuse3 jq gawk lua5.4 expect bc ed perl ripgrep tmux gcc libc6-dev)
+# Debian packages: Python and its venv module (a fresh Debian has neither), FUSE for the mount, git
+# (checkpoints), the interpreters execute_code offers, tmux (the terminal frontend's tests drive it
+# in a tmux pane), C and C++ compilers (the embedded model is built from source, and the sandbox
+# compiles its jails' native init once; libc6-dev lets it link that statically).
+APT_PACKAGES=(python3-venv git fuse3 jq gawk lua5.4 expect bc ed perl ripgrep tmux gcc g++ libc6-dev)
 # The web page's tests drive a real headless Chromium through its driver; the sandbox's run `go test`.
 APT_TEST_PACKAGES=(chromium chromium-driver golang-go)
 # npm packages the tests run as real MCP servers.
