@@ -368,6 +368,27 @@ def test_loopback_only_without_a_token_file(web, tmp_path):
     assert not Path(tmp_path / "x.pid").exists()
 
 
+def test_a_token_from_the_environment_is_held_to_a_token_files_length(monkeypatch):
+    """`srv start` hands the token to its server in $OLLIE_WEB_TOKEN, which a service's unit may set
+    too: a short one opened the page to the network, where a file's is refused under 16 characters."""
+    import argparse
+
+    from ollie.cli.srv import web_token
+    from ollie.types import ConfigError
+
+    no_file = argparse.Namespace(web_token_file=None)
+    monkeypatch.setenv("OLLIE_WEB_TOKEN", "abc")
+    for host in ("0.0.0.0", "127.0.0.1"):
+        with pytest.raises(ConfigError, match="OLLIE_WEB_TOKEN: a web token must be 16 characters at least"):
+            web_token(no_file, host)
+    monkeypatch.setenv("OLLIE_WEB_TOKEN", "k" * 32)
+    assert web_token(no_file, "0.0.0.0") == "k" * 32
+    monkeypatch.delenv("OLLIE_WEB_TOKEN")
+    assert web_token(no_file, "127.0.0.1") == ""  # generated
+    with pytest.raises(ConfigError, match="--web-token-file"):
+        web_token(no_file, "0.0.0.0")
+
+
 def test_candidates_and_the_judges_pick_side_by_side(web, browser):
     """u/optimize's shape: jobs <name>-0, <name>-1 and a judge <name>-judge-0 naming one."""
     for spec in (

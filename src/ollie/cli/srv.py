@@ -63,22 +63,24 @@ def web_address(text: str) -> tuple[str, int]:
 
 def web_token(args: argparse.Namespace, host: str) -> str:
     """The token from --web-token-file, else $OLLIE_WEB_TOKEN (how `srv start` hands it to the
-    server), else "" (generated). Anything but loopback needs a file: a generated token would be
-    known only to this machine's user, and a page open to the network with a weak one is not."""
+    server, and a service's unit may give it), else "" (generated). A token given must be long;
+    anything but loopback needs one: a generated token would be known only to this machine's user,
+    and a page open to the network with a weak one is not."""
     from ..types import ConfigError
     from ..web.app import is_loopback
 
     if args.web_token_file:
-        text = Path(args.web_token_file).expanduser().read_text().strip()
-        if len(text) < 16:
-            raise ConfigError(f"{args.web_token_file}: a web token must be 16 characters at least, and random")
-        return text
-    if not is_loopback(host) and not os.environ.get("OLLIE_WEB_TOKEN"):
+        source, text = args.web_token_file, Path(args.web_token_file).expanduser().read_text().strip()
+    else:
+        source, text = "OLLIE_WEB_TOKEN", os.environ.get("OLLIE_WEB_TOKEN", "").strip()
+    if text and len(text) < 16:
+        raise ConfigError(f"{source}: a web token must be 16 characters at least, and random")
+    if not text and not is_loopback(host):
         raise ConfigError(
             f"--web {host}: a web page reachable from other machines needs a token you chose: "
             "give --web-token-file PATH (a file holding a long random token)"
         )
-    return os.environ.get("OLLIE_WEB_TOKEN", "")
+    return text
 
 
 def _options(args: argparse.Namespace):
