@@ -64,7 +64,8 @@ HELP = """ollie: this session's view of the files ($OLLIE)
 """
 
 # Commands a session's code may give its sub-sessions (through ctl, or /name in prompt). Not
-# `agents` or `sessions` (they list beyond the view), nor rn and save (the server's names and tr/).
+# `agents` or `sessions` (they list beyond the view), nor rn and save (the server's names and tr/),
+# nor checkpoints, undo and rewind (ollie writes the cwd for those, unsandboxed: the user's to give).
 CHILD_COMMANDS = {
     "stop", "inject", "irw", "queue", "backend", "model", "agent", "cwd", "set", "compact", "clear",
     "history", "help", "context", "cost", "usage", "models", "skills", "tools", "mcp", "sp",
