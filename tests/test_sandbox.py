@@ -315,7 +315,7 @@ async def test_network_rules_open_exactly_the_listed_ports(run):
         ("env: PATH\n", "env must be a list of variable names"),
         ("filesystem: {rw: [\n", "invalid YAML"),
         ("limits:\n  processes: 10\n", "limits.processes must be at least 300"),
-        ("limits:\n  memory: lots\n", "limits.memory must be a size such as 512M or 2G"),
+        ("limits:\n  memory: lots\n", "limits.memory must be a size such as 512M or 2G (or unlimited)"),
         ("limits:\n  cpu: -1\n", "limits.cpu must be a positive number"),
         ("limits:\n  disk: 1G\n", "unknown key limits.disk"),
     ],

@@ -55,6 +55,22 @@ async def test_make_check_builds_and_runs_its_test_program(run):
     assert (result.is_error, result.text()) == (False, "all 3 tests passed\n")
 
 
+@pytest.mark.skipif(not shutil.which("cc"), reason="needs cc")
+async def test_a_sanitizer_build_runs_under_a_policy_without_the_heaps_bound(run):
+    """`make test` of a C project built with AddressSanitizer: its shadow memory, terabytes reserved
+    and hardly used, counts against RLIMIT_DATA, so the default 4G fails every such program (and
+    numbers below a machine's size would too); `memory: unlimited` lifts the bound for a policy."""
+    (cwd_of(run) / "t.c").write_text('#include <stdio.h>\nint main(void) { puts("asan ok"); return 0; }\n')
+    built = await run("cc -fsanitize=address -o t t.c 2>&1 && echo built", timeout=60)
+    if built.is_error or "built" not in built.text():
+        pytest.skip(f"this cc cannot build with AddressSanitizer: {built.text()[-200:]}")
+    failed = await run("./t")
+    assert failed.is_error and "AddressSanitizer failed to allocate" in failed.text()
+    write_policy("wide", "limits:\n  memory: unlimited\n")
+    result = await run("./t", sandbox="wide")
+    assert (result.is_error, result.text()) == (False, "asan ok\n")
+
+
 async def test_a_virtualenvs_own_scripts_run_and_install_into_it(run):
     pkg = cwd_of(run) / "hello"
     (pkg / "hello").mkdir(parents=True)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import re
+import resource
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -117,7 +118,7 @@ DEFAULT_POLICY: dict[str, Any] = {
     ],
     "limits": {
         "processes": 512,  # processes and threads alive at once in a session's jail (at least 300)
-        "memory": "4G",  # data (heap) of one process
+        "memory": "4G",  # data (heap) of one process, or "unlimited"
         "cpu": 600,  # CPU seconds of one process
         "file_size": "1G",  # the largest file a process may write
         "timeout": 600,  # the most seconds a call may ask for
@@ -334,7 +335,9 @@ def _limits(raw: dict[str, Any]) -> Limits:
     values = {}
     for key in _LIMIT_KEYS:
         value = raw[key]
-        if key in _SIZE_LIMITS:
+        if key == "memory" and str(value).strip().lower() == "unlimited":
+            value = resource.RLIM_INFINITY  # sanitizers reserve terabytes of shadow, which the limit counts
+        elif key in _SIZE_LIMITS:
             value = _size(value, f"limits.{key}")
         elif isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
             raise SandboxError(f"sandbox limits.{key} must be a positive number, got {value!r}")
@@ -350,7 +353,8 @@ def _size(value: Any, where: str) -> int:
         return value
     match = re.fullmatch(r"\s*(\d+)\s*([KMG]?)i?B?\s*", str(value), re.IGNORECASE)
     if not match or int(match[1]) == 0:
-        raise SandboxError(f"sandbox {where} must be a size such as 512M or 2G, got {value!r}")
+        also = " (or unlimited)" if where == "limits.memory" else ""
+        raise SandboxError(f"sandbox {where} must be a size such as 512M or 2G{also}, got {value!r}")
     return int(match[1]) << {"": 0, "K": 10, "M": 20, "G": 30}[match[2].upper()]
 
 
