@@ -772,6 +772,17 @@ def test_a_tools_configuration_is_granted_only_without_a_secret(tmp_path):
         'key="-----BEGIN PRIVATE KEY-----\\nMIIE"\n': False,
         "registry=https://npm_abc@r.example/\n": False,
         '[target.x86_64-unknown-linux-gnu]\nrustflags = ["-C", "link-arg=-fuse-ld=mold"]\n': True,
+        # names of secrets that hold none: cargo's recommended providers, a mirror named pypi-…
+        '[registry]\nglobal-credential-providers = ["cargo:token", "cargo:libsecret"]\n': True,
+        '[registry]\nglobal-credential-providers = [\n  "cargo:token",\n]\n': True,
+        '[registries.corp]\ncredential-provider = "cargo:token"\nindex = "sparse+https://r.example/"\n': True,
+        "[global]\nindex-url = https://art.example/api/pypi/pypi-remote/simple\n": True,
+        # ... but not a provider of the user's, whose arguments may be anything, nor what follows
+        '[registry]\nglobal-credential-providers = ["/bin/fetch --token abc"]\n': False,
+        '[registry]\nglobal-credential-providers = ["cargo:token"] # token abc\n': False,
+        '[registry]\ncredential-provider = "cargo:token"\ntoken = "abc"\n': False,
+        "[pypi]\npassword = pypi-AgEIcHlwaS5vcmcCJGE0ZjQ5YjE5LWZjYmMtNDk3OC1iYjg5\n": False,
+        "upload = pypi-AgEIcHlwaS5vcmcCJGE0ZjQ5YjE5LWZjYmMtNDk3OC1iYjg5\n": False,
     }
     for n, (text, granted) in enumerate(cases.items()):
         (tmp_path / f"c{n}").write_text(text)

@@ -27,9 +27,18 @@ LIMIT = 64 << 10  # a larger configuration is not read, nor granted
 # possessively: linear in the line.)
 _SECRET = re.compile(
     r"token|passw|secret|_auth|credential|api[-_]?key|private key|\\u|^\s*\[\s*env\s*\]"
-    r"|ghp_|gho_|ghs_|github_pat_|glpat-|pypi-|xox[abp]-|AKIA"
+    r"|ghp_|gho_|ghs_|github_pat_|glpat-|pypi-[\w-]{32}|xox[abp]-|AKIA"
     r"|(?<![^\s/@:=\"'])[^\s/@:=\"']++(?::[^\s/@:\"']*+)?@[\w.-]",
     re.IGNORECASE | re.MULTILINE,
+)
+
+# What is left out before the search, being no secret though it names one: cargo's choice of its
+# built-in credential providers (`global-credential-providers = ["cargo:token"]`, as cargo's docs
+# recommend; a provider that is a command of the user's may carry arguments, and stays judged).
+_NAMED_NOT_HELD = re.compile(
+    r"^[ \t]*(?:[\w.-]+\.)?(?:global-credential-providers|credential-provider)[ \t]*=[ \t]*"
+    r'(?:\[\s*(?:"cargo:[a-z-]+"\s*,\s*)*(?:"cargo:[a-z-]+"\s*)?\]|"cargo:[a-z-]+")[ \t]*$',
+    re.MULTILINE,
 )
 
 # The files (or a directory and its pip.conf), by template, as a policy names paths.
@@ -87,7 +96,7 @@ def secret_free(path: str) -> bool:
 
 def _free(data: bytes) -> bool:
     """Whether a configuration's bytes (LIMIT + 1 of them read) are few enough and hold no secret."""
-    return len(data) <= LIMIT and not _SECRET.search(data.decode("utf-8", "replace"))
+    return len(data) <= LIMIT and not _SECRET.search(_NAMED_NOT_HELD.sub("", data.decode("utf-8", "replace")))
 
 
 def judged_copy(source: str, variable: str, writable: dict[Identity, str]) -> Copy:
