@@ -122,6 +122,26 @@ async def test_javac_compiles_and_java_runs_with_the_jdks_configuration_under_et
 
 
 @pytest.mark.skipif(not shutil.which("fc-match"), reason="needs fontconfig")
+@pytest.mark.skipif(not shutil.which("mvn"), reason="needs Maven")
+async def test_maven_starts_and_builds_once_a_policy_gives_it_its_settings(run):
+    """Debian's Maven reads its launcher's configuration from /etc/maven, and artifacts from
+    ~/.m2/repository (read-only, as Go's and Cargo's downloads). Its settings.xml files are left
+    out, since they hold the servers' passwords: Maven stops on one it may not read, until a policy
+    grants it (docs/sandbox.md)."""
+    assert "Apache Maven" in (await run("mvn -v")).text()
+    (cwd_of(run) / "pom.xml").write_text(
+        '<project xmlns="http://maven.apache.org/POM/4.0.0"><modelVersion>4.0.0</modelVersion>'
+        "<groupId>t</groupId><artifactId>t</artifactId><version>1</version></project>\n"
+    )
+    settings = [p for p in ("/etc/maven/settings.xml", "/usr/share/maven/conf/settings.xml") if os.path.exists(p)]
+    if settings:
+        refused = await run("mvn -o -q validate", timeout=120)
+        assert refused.is_error and "Non-readable settings" in refused.text()
+    write_policy("wide", "filesystem:\n  ro: [" + ", ".join(os.path.realpath(p) for p in settings) + "]\n")
+    result = await run("mvn -o -q -B validate && echo valid", sandbox="wide", timeout=120)
+    assert not result.is_error and result.text().endswith("valid\n"), result.text()
+
+
 async def test_fontconfig_finds_its_configuration_and_cache(run):
     """Plots and headless browsers find fonts through fontconfig (/etc/fonts, its system cache)."""
     result = await run("fc-match sans 2>&1")

@@ -37,7 +37,8 @@ class SandboxError(ConfigError):
 _ETC = """ld.so.cache ld.so.conf ld.so.conf.d passwd group nsswitch.conf hosts host.conf resolv.conf
     gai.conf services protocols localtime timezone locale.alias locale.conf default/locale mime.types
     magic magic.mime inputrc terminfo ssl/certs ssl/openssl.cnf ca-certificates ca-certificates.conf
-    pki/tls/certs os-release lsb-release debian_version perl python3 gitconfig fonts""".split()
+    pki/tls/certs os-release lsb-release debian_version perl python3 gitconfig fonts
+    maven/m2.conf maven/logging maven/toolchains.xml""".split()  # not maven/settings.xml: servers' passwords
 # A JDK's configuration (its lib/jvm.cfg and conf/security/java.security are links there on Debian:
 # without it javac, Gradle and Maven fail with "Error loading java.security file").
 _ETC += sorted(name for name in os.listdir("/etc") if name.startswith("java-")) if os.path.isdir("/etc") else []
@@ -70,6 +71,7 @@ _HOME_DOWNLOADS = [
     "{CARGO_HOME}/git",
     "{HOME}/.cargo/registry",
     "{HOME}/.cargo/git",
+    "{HOME}/.m2/repository",  # Maven's artifacts (not ~/.m2/settings.xml: servers' passwords)
 ]
 
 DEFAULT_POLICY: dict[str, Any] = {
