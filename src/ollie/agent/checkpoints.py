@@ -87,7 +87,7 @@ def enabled() -> str:
     if os.environ.get("OLLIE_CHECKPOINTS", "on").lower() in ("0", "off", "no", "false"):
         return "OLLIE_CHECKPOINTS is off"
     if shutil.which("git", path=config.SYSTEM_BIN) is None:
-        return "git is not installed"
+        return f"no git in {config.SYSTEM_BIN} (checkpoints run the system's, never one found on PATH)"
     return ""
 
 
