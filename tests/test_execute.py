@@ -51,7 +51,9 @@ def alive(marker: str) -> list[int]:
         except (OSError, IndexError):
             continue
         try:
-            if not select.select([pidfd], [], [], 2)[0]:
+            waiting = select.poll()  # not select(): a long suite's descriptors pass its 1024
+            waiting.register(pidfd, select.POLLIN)
+            if not waiting.poll(2000):
                 found.append(int(pid))
         finally:
             os.close(pidfd)
