@@ -436,6 +436,35 @@ async def test_a_package_of_a_monorepo_uses_git_and_the_roots_tools(home, tmp_pa
     assert is_error and "general.repository must be true or false, got 'sometimes'" in text
 
 
+async def test_a_sub_agents_worktree_runs_git_on_the_repository_it_was_made_from(home, tmp_path):
+    """ollie makes a `worktree=1` sub-agent's worktree at <root>/.ollie/worktrees/<id>: a cwd in a
+    dot-directory of the work tree, whose `.git` file leads to <root>/.git, out of its sandbox, so
+    git failed there ("not a git repository"). A worktree the repository has registered brings the
+    work tree as {REPO} does; a directory that only looks like one, or whose registration is a
+    link, brings nothing."""
+    root = home / "work" / "proj"
+    root.mkdir(parents=True)
+    git = ["git", "-C", str(root), "-c", "user.name=a", "-c", "user.email=a@b"]
+    subprocess.run([*git, "init", "-q"], check=True)
+    (root / "f.txt").write_text("one\n")
+    subprocess.run([*git, "add", "f.txt"], check=True)
+    subprocess.run([*git, "commit", "-q", "-m", "first"], check=True)
+    tree = root / ".ollie" / "worktrees" / "w1"
+    subprocess.run([*git, "worktree", "add", "-q", "-b", "ollie/w1", str(tree)], check=True)
+    code = "echo two >> f.txt && git log --format=%s && git status --short && git diff --stat | tail -1"
+    assert await in_cwd(tree, tmp_path, code) == (False, "first\n M f.txt\n 1 file changed, 1 insertion(+)\n")
+    assert sandbox.repository_root(str(tree), os.environ["HOME"]) == str(root)
+    fake = root / ".ollie" / "worktrees" / "w2"  # made by hand: no registration
+    fake.mkdir()
+    (fake / ".git").write_text(f"gitdir: {root}/.git/worktrees/w1\n")
+    is_error, text = await in_cwd(fake, tmp_path, "git log --format=%s 2>&1; cat ../../../f.txt 2>&1")
+    assert "first" not in text and "Permission denied" in text
+    (fake.parent / "w3").mkdir()
+    (root / ".git" / "worktrees" / "w3").symlink_to(root / ".git" / "worktrees" / "w1")
+    assert sandbox.repository_root(str(fake.parent / "w3"), os.environ["HOME"]) == ""
+    assert sandbox.repository_root(str(fake), os.environ["HOME"]) == ""
+
+
 # ---- name resolution with connect_tcp -------------------------------------------------------------
 
 

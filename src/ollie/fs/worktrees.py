@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .. import config
+from ..sandbox.repository import WORKTREES
 from ..tools import CallContext, execute
 from ..vfs.namespace import FsError
 
@@ -41,7 +42,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("ollie.fs.worktrees")
 
-PLACE = ".ollie/worktrees"  # beneath the repository's root
+PLACE = WORKTREES  # beneath the repository's root (where the sandbox looks for the repository)
 EXCLUDE = "/.ollie/worktrees/"  # the line added to .git/info/exclude
 BRANCH = "ollie/{}"
 TIMEOUT = 300  # seconds a git stage may take (a large checkout), within the policy's limit

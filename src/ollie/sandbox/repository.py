@@ -59,6 +59,12 @@ FAR = ("nfs", "nfs4", "cifs", "smb3", "smbfs", "9p", "ceph", "glusterfs", "autof
 # Within a line only (`\s` would span lines, and backtrack over a config of blank lines quadratically).
 _OBJECT_FORMAT = re.compile(rb"^[ \t]*objectformat[ \t]*=[ \t]*sha256[ \t]*$", re.IGNORECASE | re.MULTILINE)
 
+# Where ollie makes a sub-agent's git worktree (`worktree=1`): <root>/.ollie/worktrees/<id>. A cwd
+# there lies in a dot-directory of the work tree, which is no dotfiles' place when the repository
+# at <root> has that worktree registered (`registered`): git in the worktree reads <root>/.git.
+WORKTREES = ".ollie/worktrees"
+_WORKTREE = re.compile(rf"^(?P<root>/.+)/{re.escape(WORKTREES)}/(?P<id>[^/.][^/]*)(?:/.*)?$")
+
 _linked: dict[tuple[str, str], tuple[float, bool]] = {}
 _tracked: dict[tuple[int, int, int, int, int, str], bool] = {}  # by what the index file was, and the name
 
@@ -87,7 +93,7 @@ def repository_root(cwd: str, home: str) -> str:
         return ""  # a link on the cwd's way (grants.py refuses the cwd itself, naming it)
     found_fd = [-1]
     try:
-        return _walk(cwd, here, (top.st_dev, top.st_ino), home, found_fd)
+        return _walk(cwd, here, (top.st_dev, top.st_ino), home, found_fd, _WORKTREE.match(cwd))
     except (OSError, ValueError):
         return ""
     finally:
@@ -96,14 +102,19 @@ def repository_root(cwd: str, home: str) -> str:
             os.close(found_fd[0])
 
 
-def _walk(cwd: str, fd: int, home_id: Identity, home: str, found_fd: list[int]) -> str:
+def _walk(
+    cwd: str, fd: int, home_id: Identity, home: str, found_fd: list[int], worktree: re.Match[str] | None = None
+) -> str:
     """`repository_root`'s walk, from the cwd's descriptor `fd` (which the caller closes) up to
-    $HOME; `found_fd` holds the work tree's descriptor once found (the caller closes it)."""
+    $HOME; `found_fd` holds the work tree's descriptor once found (the caller closes it).
+    `worktree`: the cwd lies where ollie makes a sub-agent's worktree (`_WORKTREE`)."""
     dev, uid, path, found = os.fstat(fd).st_dev, os.geteuid(), cwd, ""
     here = os.dup(fd)
     try:
         while True:
-            if os.path.basename(path).startswith("."):
+            if os.path.basename(path).startswith(".") and not (
+                worktree and not found and path == f"{worktree['root']}/{WORKTREES.split('/')[0]}"
+            ):
                 return ""  # ~/.config/nvim, ~/dotfiles/nvim/.config/nvim: a dot-directory on the way
             parent_fd = os.open("..", os.O_PATH | os.O_CLOEXEC, dir_fd=here)
             os.close(here)
@@ -115,7 +126,11 @@ def _walk(cwd: str, fd: int, home_id: Identity, home: str, found_fd: list[int]) 
                 if not found or dotfiles(found, found_fd[0], parent, home):
                     return ""
                 top = os.path.relpath(cwd, found).split("/")[0]
-                return found if tracks(found_fd[0], top) and _names(found, os.fstat(found_fd[0])) else ""
+                if worktree and found == worktree["root"]:
+                    known = registered(found_fd[0], worktree["id"])  # the worktree, not `top`, is the sign
+                else:
+                    known = tracks(found_fd[0], top)
+                return found if known and _names(found, os.fstat(found_fd[0])) else ""
             if parent == path or st.st_dev != dev or not only_mine(here, st):
                 return ""  # / reached without $HOME; another file system; a directory shared
             if not found:
@@ -360,6 +375,21 @@ def _named(real: str, names: set[str]) -> bool:
 
 
 # ---- the index -----------------------------------------------------------------------------------------
+def registered(root: int, wid: str) -> bool:
+    """Whether the repository at `root` (a directory's descriptor) has the worktree `wid` among its
+    own (`.git/worktrees/<wid>`, a directory of the user's reached through no link): made by `git
+    worktree add` on that repository, which code below the worktree's parent cannot do."""
+    try:
+        fd = open_real(f".git/worktrees/{wid}", beneath=root)
+    except (OSError, ValueError):
+        return False
+    try:
+        st = os.fstat(fd)
+        return stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid()
+    finally:
+        os.close(fd)
+
+
 def tracks(root: int, top: str) -> bool:
     """Whether the repository at `root` (a directory's descriptor) tracks something in its
     top-level directory `top` (the one the cwd lies in): what the user committed or added, which
