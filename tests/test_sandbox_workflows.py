@@ -468,6 +468,25 @@ async def test_a_sub_agents_worktree_runs_git_on_the_repository_it_was_made_from
 # ---- name resolution with connect_tcp -------------------------------------------------------------
 
 
+async def test_udp_on_the_jails_own_loopback_works_where_it_reaches_nothing_else(run):
+    """A test that logs to syslog over UDP, or runs a DNS server of its own: without a network
+    grant the jail has a network of its own, where UDP reaches its loopback alone (the host's
+    services are not there); with the host's network (`connect_tcp`), UDP stays refused."""
+    echo = (
+        "import socket\n"
+        "a = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\na.bind(('127.0.0.1', 0))\n"
+        "b = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\nb.sendto(b'ping', a.getsockname())\n"
+        "print(a.recvfrom(16)[0].decode())\n"
+        "import logging.handlers\nlogging.handlers.SysLogHandler(('127.0.0.1', 514)).emit(logging.makeLogRecord({}))\n"
+        "print('logged')\n"
+    )
+    result = await run(echo, "python3")
+    assert (result.is_error, result.text()) == (False, "ping\nlogged\n")
+    write_policy("net", "network:\n  connect_tcp: [443]\n")
+    refused = await run(echo, "python3", sandbox="net")
+    assert refused.is_error and "Permission denied" in refused.text()
+
+
 async def test_connect_tcp_brings_name_resolution_over_tcp_and_nothing_over_udp(run):
     write_policy("net", "network:\n  connect_tcp: [443]\n")
     probe = (

@@ -45,7 +45,8 @@ _ARCH = {
 }
 _IO_URING = (425, 426, 427)  # setup, enter, register: the same on every arch
 _AF_UNIX, _AF_INET, _AF_INET6, _AF_NETLINK = 1, 2, 10, 16
-_SOCK_STREAM, _SOCK_SEQPACKET, _SOCK_TYPE_MASK, _IPPROTO_TCP, _NETLINK_ROUTE = 1, 5, 0xF, 6, 0
+_SOCK_STREAM, _SOCK_DGRAM, _SOCK_SEQPACKET, _SOCK_TYPE_MASK, _NETLINK_ROUTE = 1, 2, 5, 0xF, 0
+_IPPROTO_TCP, _IPPROTO_UDP = 6, 17
 _MSG_FASTOPEN = 0x20000000
 _EPERM, _EACCES, _ENOSYS, _EAFNOSUPPORT = 1, 13, 38, 97
 _RET_ALLOW, _RET_ERRNO = 0x7FFF0000, 0x00050000
@@ -80,8 +81,9 @@ def seccomp_program(policy: Policy, own_network: bool = False) -> bytes:
       know the caller's pid, so `setpgid(0, getpid())` is refused too (EPERM).
     - socket(2) by list, everything else refused: AF_UNIX only with `network.unix` (Landlock does
       not govern connecting by path); TCP over IPv4/6 (Landlock governs its ports); with
-      `network.unrestricted` any IPv4/6 socket and rtnetlink (name resolution needs them).
-      No UDP, MPTCP, raw, packet, vsock, sock_diag or other families otherwise.
+      `network.unrestricted` any IPv4/6 socket and rtnetlink (name resolution needs them); in a
+      network namespace of its own, UDP over IPv4/6 too (it reaches that loopback alone).
+      No UDP with the host's network, no MPTCP, raw, packet, vsock, sock_diag or other families.
     - without `network.unix`, socketpair(2) makes stream and seqpacket pairs only: a datagram one
       could send to any socket by path.
     - without `network.unrestricted`, no TCP Fast Open (sendto/sendmsg with MSG_FASTOPEN connect
@@ -160,11 +162,14 @@ def seccomp_program(policy: Policy, own_network: bool = False) -> bytes:
             "inet",
             (_LD, 0, 0, _arg(1)),
             (_AND, 0, 0, _SOCK_TYPE_MASK),
+            *([(_JEQ, "udp", 0, _SOCK_DGRAM)] if own_network else []),
             (_JEQ, 0, "eacces", _SOCK_STREAM),
             (_LD, 0, 0, _arg(2)),
             (_JEQ, "allow", 0, 0),
             (_JEQ, "allow", "eacces", _IPPROTO_TCP),
         ]
+        if own_network:  # UDP too: it reaches the jail's own loopback alone (a test's syslog or DNS)
+            prog += ["udp", (_LD, 0, 0, _arg(2)), (_JEQ, "allow", 0, 0), (_JEQ, "allow", "eacces", _IPPROTO_UDP)]
     prog += [
         "eafnosupport",
         (_RET, 0, 0, _RET_ERRNO | _EAFNOSUPPORT),
