@@ -783,10 +783,20 @@ def test_a_tools_configuration_is_granted_only_without_a_secret(tmp_path):
         '[registry]\ncredential-provider = "cargo:token"\ntoken = "abc"\n': False,
         "[pypi]\npassword = pypi-AgEIcHlwaS5vcmcCJGE0ZjQ5YjE5LWZjYmMtNDk3OC1iYjg5\n": False,
         "upload = pypi-AgEIcHlwaS5vcmcCJGE0ZjQ5YjE5LWZjYmMtNDk3OC1iYjg5\n": False,
+        # cargo's [env] in TOML's other spellings, which a red-team pass read through the sandbox
+        '[env.STRIPE_KEY]\nvalue = "sk_live_51Hq8ZbK2eX9mN4pL7vR3tY6u"\n': False,
+        'env.OPENAI_KEY = "sk-proj-abc"\n': False,
+        'env = { STRIPE_KEY = "sk_live_abc" }\n': False,
+        '["env"]\nSTRIPE_KEY = "sk_live_abc"\n': False,
+        "[ 'env' ]\nSTRIPE_KEY = 'sk_live_abc'\n": False,
+        "[build]\njobs = 4\n[environment-free]\nx = 1\n": True,
     }
     for n, (text, granted) in enumerate(cases.items()):
         (tmp_path / f"c{n}").write_text(text)
         assert userconfig.secret_free(str(tmp_path / f"c{n}")) is granted, text
+    (tmp_path / "blank").write_text("\n" * 65000 + "[net]\n")  # was 6.5 s of the builder's thread: each
+    t0 = time.monotonic()  # line's start tried the rest of the blank lines for an [env]
+    assert userconfig.secret_free(str(tmp_path / "blank")) and time.monotonic() - t0 < 2
     (tmp_path / "big").write_text("x = 1\n" * 20000)
     os.mkfifo(tmp_path / "fifo")
     assert not userconfig.secret_free(str(tmp_path / "big")) and not userconfig.secret_free(str(tmp_path / "fifo"))

@@ -21,12 +21,13 @@ log = logging.getLogger(__name__)
 
 LIMIT = 64 << 10  # a larger configuration is not read, nor granted
 # What a secret looks like anywhere in a line (a key, an inline table's key, a value): a word that
-# names one, a private key, a token's well-known prefix, cargo's [env] (variables for builds), a
-# name before an @ in a URL or host (user@, user:password@), an escape that could spell one (TOML's
-# \u). Leaving out a harmless file costs little. (Each run of a name is tried once, from its start,
-# possessively: linear in the line.)
+# names one, a private key, a token's well-known prefix, cargo's env table (variables for builds)
+# in any of TOML's spellings ([env], [env.KEY], env.KEY =, env = {…}, quoted), a name before an @
+# in a URL or host (user@, user:password@), an escape that could spell one (TOML's \u). Leaving out
+# a harmless file costs little. (Each run of a name is tried once, from its start, possessively, and
+# a line's start skips blanks within the line only: linear in the file, blank lines included.)
 _SECRET = re.compile(
-    r"token|passw|secret|_auth|credential|api[-_]?key|private key|\\u|^\s*\[\s*env\s*\]"
+    r"token|passw|secret|_auth|credential|api[-_]?key|private key|\\u|^[ \t]*\[?[ \t]*[\"']?env[\"']?[ \t]*[.=\]]"
     r"|ghp_|gho_|ghs_|github_pat_|glpat-|pypi-[\w-]{32}|xox[abp]-|AKIA"
     r"|(?<![^\s/@:=\"'])[^\s/@:=\"']++(?::[^\s/@:\"']*+)?@[\w.-]",
     re.IGNORECASE | re.MULTILINE,
