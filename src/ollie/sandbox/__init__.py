@@ -18,6 +18,7 @@ import fnmatch
 import os
 import platform
 import re
+import resource
 import shutil
 import stat
 import sys
@@ -704,7 +705,10 @@ def _build(
             base.close()
         base = _Decisions(policy)
     _DECISIONS[key] = base  # the newest last
-    while len(_DECISIONS) > _DECISIONS_KEPT:
+    budget = _descriptor_budget()
+    while len(_DECISIONS) > _DECISIONS_KEPT or (
+        len(_DECISIONS) > 1 and sum(len(d.grants) for d in _DECISIONS.values()) > budget
+    ):
         _DECISIONS.pop(next(iter(_DECISIONS))).close()
     return base.sandbox(policy, extra_ro, in_jail)
 
@@ -839,6 +843,16 @@ def _look_again() -> None:
 
 _DECISIONS: OrderedDict[tuple, _Decisions] = OrderedDict()
 _DECISIONS_KEPT = 16
+
+
+def _descriptor_budget() -> int:
+    """How many descriptors the kept decisions may hold (some seventy each): a quarter of the
+    process's limit. An app embedding ollie at the usual soft limit of 1,024 (a test suite giving
+    each test a $HOME of its own: a policy decided anew each time) came within fifty of it."""
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    return 1 << 30 if soft == resource.RLIM_INFINITY else soft // 4
+
+
 # Set when a jail found a grant changed that `fresh` may not see (a directory swapped for a
 # symlink to itself): the next build decides every policy anew.
 _DECISIONS_STALE = threading.Event()
