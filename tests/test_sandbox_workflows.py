@@ -55,6 +55,16 @@ async def test_make_check_builds_and_runs_its_test_program(run):
     assert (result.is_error, result.text()) == (False, "all 3 tests passed\n")
 
 
+@pytest.mark.skipif(not os.path.exists("/etc/profile"), reason="no /etc/profile here")
+async def test_a_login_shell_starts_without_complaint(run):
+    """Some tools run their commands with `bash -lc`: a login shell reads /etc/profile (and an
+    interactive one /etc/bash.bashrc), which the sandbox refused, so every such command began with
+    "/etc/profile: Permission denied". They are read as the tools' configurations are: when
+    nothing in them looks like a secret (an admin's proxy password)."""
+    result = await run("bash -lc 'echo ok' 2>&1")
+    assert (result.is_error, result.text()) == (False, "ok\n")
+
+
 @pytest.mark.skipif(not shutil.which("cc"), reason="needs cc")
 async def test_a_sanitizer_build_runs_under_a_policy_without_the_heaps_bound(run):
     """`make test` of a C project built with AddressSanitizer: its shadow memory, terabytes reserved

@@ -52,6 +52,10 @@ CONFIGS = (
     "{HOME}/.pip/pip.conf",
     "/etc/pip.conf",
     "/etc/xdg/pip",
+    # a login shell's (`bash -l`, `bash -lc` as some tools run commands): where an admin may export a
+    # proxy with its password; /etc/profile.d stays out (its scripts are skipped, unreadable)
+    "/etc/profile",
+    "/etc/bash.bashrc",
 )
 
 
