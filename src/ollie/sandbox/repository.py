@@ -113,7 +113,7 @@ def _walk(
     try:
         while True:
             if os.path.basename(path).startswith(".") and not (
-                worktree and not found and path == f"{worktree['root']}/{WORKTREES.split('/')[0]}"
+                worktree and not found and path == os.path.join(worktree["root"], os.path.dirname(WORKTREES))
             ):
                 return ""  # ~/.config/nvim, ~/dotfiles/nvim/.config/nvim: a dot-directory on the way
             parent_fd = os.open("..", os.O_PATH | os.O_CLOEXEC, dir_fd=here)
@@ -374,7 +374,6 @@ def _named(real: str, names: set[str]) -> bool:
     return any(real == n or real.startswith(n.rstrip("/") + "/") for n in names)
 
 
-# ---- the index -----------------------------------------------------------------------------------------
 def registered(root: int, wid: str) -> bool:
     """Whether the repository at `root` (a directory's descriptor) has the worktree `wid` among its
     own (`.git/worktrees/<wid>`, a directory of the user's reached through no link): made by `git
@@ -390,6 +389,7 @@ def registered(root: int, wid: str) -> bool:
         os.close(fd)
 
 
+# ---- the index -----------------------------------------------------------------------------------------
 def tracks(root: int, top: str) -> bool:
     """Whether the repository at `root` (a directory's descriptor) tracks something in its
     top-level directory `top` (the one the cwd lies in): what the user committed or added, which
