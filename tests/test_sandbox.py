@@ -828,6 +828,22 @@ asyncio.run(main())
 """
 
 
+def test_a_copy_that_cannot_be_written_whole_leaves_nothing_behind(tmp_path):
+    """A configuration's copy (or a git identity file) is written under a temporary name, then
+    renamed: one cut short by a full disk (here the file size limit) left its half in ollie's data,
+    one more at each build that tried again."""
+    script = (
+        "import resource, signal, sys\nfrom pathlib import Path\nfrom ollie.paths import write_new\n"
+        "signal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"
+        "resource.setrlimit(resource.RLIMIT_FSIZE, (4096, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))\n"
+        "try:\n    write_new(Path(sys.argv[1]) / 'npmrc', b'x' * 100_000)\n"
+        "except OSError as e:\n    print(e.errno)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", script, str(tmp_path)], capture_output=True, text=True, timeout=60)
+    assert out.stdout.strip() == "27", out.stderr  # EFBIG
+    assert os.listdir(tmp_path) == []
+
+
 def test_an_app_at_the_usual_descriptor_limit_keeps_its_descriptors(tmp_path):
     """Each policy's grants are decided once and their descriptors kept (some seventy a decision)
     for the next session. A test suite embedding ollie gives each test a $HOME of its own, so each

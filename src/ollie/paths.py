@@ -62,11 +62,17 @@ def decided(st: os.stat_result) -> tuple[int, ...]:
 
 def write_new(path: Path, data: bytes) -> None:
     """`data` as the file `path`, unless it is there (a file named by its content, which holds the
-    same): written whole under a temporary name, then renamed, so no reader sees half of it."""
-    if not path.exists():
-        temporary = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}")
+    same): written whole under a temporary name, then renamed, so no reader sees half of it. A write
+    that fails (a full disk) leaves no half of it behind either."""
+    if path.exists():
+        return
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}")
+    try:
         temporary.write_bytes(data)
         os.replace(temporary, path)
+    except BaseException:
+        temporary.unlink(missing_ok=True)
+        raise
 
 
 def identity(fd: int) -> Identity:
