@@ -86,7 +86,7 @@ def enabled() -> str:
     """Why checkpoints are off ("" when they are on)."""
     if os.environ.get("OLLIE_CHECKPOINTS", "on").lower() in ("0", "off", "no", "false"):
         return "OLLIE_CHECKPOINTS is off"
-    if shutil.which("git", path=config.SYSTEM_BIN) is None:
+    if not os.path.isabs(config.system_program("git")):  # the one snapshots run
         return f"no git in {config.SYSTEM_BIN} (checkpoints run the system's, never one found on PATH)"
     return ""
 
