@@ -22,7 +22,7 @@ from ollie.sandbox import caches as caches_module
 from ollie.sandbox import gitidentity, linked, userconfig
 from ollie.sandbox.linked import linked_installs
 from ollie.tools import CallContext, execute
-from sandbox_helpers import API_KEY, SECRET, write_policy
+from sandbox_helpers import API_KEY, NATIVE_INIT, SECRET, write_policy
 from test_execute import alive
 
 pytestmark = pytest.mark.skipif(sandbox.landlock_abi() < 6, reason="needs Landlock ABI 6 (Linux 6.12)")
@@ -183,11 +183,14 @@ async def test_a_grant_under_dev_shm_is_shown_over_the_jails_own(run):
 
 async def test_cannot_reach_unix_sockets(run, tmp_path):
     # Landlock does not govern connecting to a socket by path (tmux, ssh-agent, docker, ollie's own
-    # server): the sandbox refuses to create Unix sockets at all unless the policy says network.unix.
+    # server): the jail's init makes every connect(2) itself and refuses a socket file that is not
+    # on the jail's own /tmp or /dev/shm (the Python init refuses to make Unix sockets at all),
+    # unless the policy says network.unix. The cwd, which the jail shows, holds the host's socket.
+    sock = tmp_path / "cwd" / "sock"
     listener = socket.socket(socket.AF_UNIX)
-    listener.bind(str(tmp_path / "sock"))
+    listener.bind(str(sock))
     listener.listen()
-    code = f"import socket; socket.socket(socket.AF_UNIX).connect({str(tmp_path / 'sock')!r}); print('connected')"
+    code = f"import socket; socket.socket(socket.AF_UNIX).connect({str(sock)!r}); print('connected')"
     with listener:
         result = await run(code, "python3")
         assert result.is_error and "PermissionError" in result.text() and "connected" not in result.text()
@@ -195,10 +198,54 @@ async def test_cannot_reach_unix_sockets(run, tmp_path):
             "import socket; a, b = socket.socketpair(); a.send(b'pair'); print(b.recv(4).decode())", "python3"
         )
         assert result.text() == "pair\n"  # in-process socket pairs still work
-        # With network.unix, a socket the policy's paths show (the jail hides the rest of /tmp).
-        write_policy("unix", f"network:\n  unix: true\nfilesystem:\n  ro: [{tmp_path}]\n")
+        write_policy("unix", "network:\n  unix: true\n")
         result = await run(code, "python3", sandbox="unix")
         assert result.text() == "connected\n"
+
+
+@pytest.mark.skipif(not NATIVE_INIT, reason="the Python init lets a jail make no Unix socket at all")
+async def test_programs_of_a_jail_talk_over_unix_sockets(run, tmp_path):
+    # What test suites do: a server on a socket in $TMPDIR (by path, relative, from a thread), an
+    # abstract one, and multiprocessing's forkserver (Python 3.14's default) and Manager.
+    (tmp_path / "cwd" / "talk.py").write_text(
+        """
+import multiprocessing, os, socket, tempfile, threading
+
+def square(x):
+    return x * x
+
+def talk(address):
+    client = socket.socket(socket.AF_UNIX)
+    client.connect(address)
+    client.send(b"hi")
+    return server.accept()[0].recv(2).decode()
+
+if __name__ == "__main__":
+    directory = tempfile.mkdtemp()
+    server = socket.socket(socket.AF_UNIX)
+    server.bind(os.path.join(directory, "server.sock"))
+    server.listen()
+    print(talk(os.path.join(directory, "server.sock")))
+    os.chdir(directory)
+    print(talk("server.sock"))
+    heard = []
+    thread = threading.Thread(target=lambda: heard.append(talk("server.sock")))
+    thread.start()
+    thread.join()
+    print(heard[0])
+    server = socket.socket(socket.AF_UNIX)
+    server.bind("\\0ollie-test")
+    server.listen()
+    print(talk("\\0ollie-test"))
+    with multiprocessing.get_context("forkserver").Pool(2, maxtasksperchild=1) as pool:
+        print(sum(pool.map(square, range(10))))
+    with multiprocessing.Manager() as manager:
+        shared = manager.dict(answer=42)
+        print(shared["answer"])
+"""
+    )
+    result = await run("python3 talk.py", timeout=60)
+    assert result.text() == "hi\nhi\nhi\nhi\n285\n42\n"
 
 
 async def test_the_hosts_tmp_is_out_of_sight(run, tmp_path):

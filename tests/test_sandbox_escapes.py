@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import platform
 import shutil
 import signal
 import socket
@@ -19,7 +20,7 @@ from ollie import sandbox
 from ollie.agent import hooks
 from ollie.config import AgentConfig, ConfigError, parse_agent
 from ollie.tools import CallContext, execute
-from sandbox_helpers import API_KEY, SECRET, write_policy
+from sandbox_helpers import API_KEY, NATIVE_INIT, SECRET, write_policy
 from test_execute import alive
 
 pytestmark = pytest.mark.skipif(sandbox.landlock_abi() < 6, reason="needs Landlock ABI 6 (Linux 6.12)")
@@ -66,6 +67,11 @@ async def test_io_uring_is_refused(run):
         ("AF_NETLINK", "SOCK_RAW", 0, "EAFNOSUPPORT"),
         ("AF_PACKET", "SOCK_RAW", 0, "EAFNOSUPPORT"),
         ("AF_INET", "SOCK_STREAM", 0, "ok"),  # plain TCP sockets: Landlock decides their ports
+        # Unix sockets whose connect(2) the jail's init makes (with the Python init: none at all);
+        # never a datagram one, which could send to any socket by path
+        ("AF_UNIX", "SOCK_STREAM", 0, "ok" if NATIVE_INIT else "EACCES"),
+        ("AF_UNIX", "SOCK_SEQPACKET", 0, "ok" if NATIVE_INIT else "EACCES"),
+        ("AF_UNIX", "SOCK_DGRAM", 0, "EACCES"),
     ],
 )
 async def test_sockets_by_list(run, family, kind, proto, expected):
@@ -106,6 +112,94 @@ async def test_a_datagram_socketpair_cannot_send_to_a_socket_by_path(run, home):
             receiver.recv(10)
     result = await run(errno_of("socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)"), "python3")
     assert result.text() == "ok\n"
+
+
+def host_listener(path: Path) -> socket.socket:
+    """A Unix socket of the host's, listening at `path`, that accepts without waiting."""
+    listener = socket.socket(socket.AF_UNIX)
+    listener.bind(str(path))
+    listener.listen(64)
+    listener.setblocking(False)
+    return listener
+
+
+def accepted(listener: socket.socket) -> bool:
+    try:
+        listener.accept()[0].close()
+        return True
+    except BlockingIOError:
+        return False
+
+
+async def test_a_unix_socket_connects_to_no_socket_file_of_the_hosts(run, tmp_path):
+    # The host's socket lies in the cwd, which the jail shows; its path, a relative name, /proc's
+    # links and a link to it in the jail's own /tmp all end at the host's file, which is refused.
+    host = tmp_path / "cwd" / "host.sock"
+    with host_listener(host) as listener:
+        tries = [
+            repr(str(host)),
+            "'host.sock'",
+            "'/proc/self/cwd/host.sock'",
+            f"'/proc/' + str(os.getpid()) + '/root{host}'",
+            "'/tmp/link'",
+        ]
+        code = f"os.symlink({str(host)!r}, '/tmp/link')\n"
+        for target in tries:
+            code += f"try:\n socket.socket(socket.AF_UNIX).connect({target}); print('connected')\n"
+            code += "except OSError as e:\n print(errno.errorcode[e.errno])\n"
+        result = await run(f"import errno, os, socket\n{code}", "python3")
+        assert result.text() == "EACCES\n" * len(tries)
+        assert not accepted(listener)
+
+
+@pytest.mark.skipif(not NATIVE_INIT, reason="the Python init lets a jail make no Unix socket at all")
+async def test_an_address_rewritten_while_its_connect_is_judged_still_reaches_no_host_socket(run, tmp_path):
+    # The init reads the address once, from the program's memory, and connects what it read: a
+    # thread that flips the buffer between the jail's own socket and the host's, thousands of
+    # times during the calls, gets the jail's or an error, never the host's.
+    host = tmp_path / "cwd" / "host.sock"
+    code = f"""
+import ctypes, os, socket, threading
+libc = ctypes.CDLL(None, use_errno=True)
+mine = socket.socket(socket.AF_UNIX); mine.bind("/tmp/mine"); mine.listen(4096)
+names = [b"/tmp/mine", {str(host).encode()!r}]
+addr = ctypes.create_string_buffer(110)
+def put(name): ctypes.memmove(addr, b"\\x01\\x00" + name + b"\\x00", len(name) + 3)
+put(names[1])
+done = False
+def flip():
+    i = 0
+    while not done:
+        put(names[i % 2]); i += 1
+threading.Thread(target=flip).start()
+ours = 0
+for _ in range(1500):
+    s = socket.socket(socket.AF_UNIX)
+    if libc.connect(s.fileno(), addr, 110) == 0:
+        ours += 1
+        mine.accept()[0].close()
+    s.close()
+done = True
+print("connected to the jail's own" if ours else "never connected")
+"""
+    with host_listener(host) as listener:
+        result = await run(code, "python3", timeout=120)
+        assert result.text() == "connected to the jail's own\n"
+        assert not accepted(listener)
+
+
+async def test_a_program_cannot_take_over_the_supervision_of_its_connect_calls(run):
+    # A filter of its own with a listener would be asked before the init's, and could answer
+    # "continue": the kernel would then connect a Unix socket to any path. seccomp(2) refuses it.
+    code = (
+        "class Prog(ctypes.Structure):\n"
+        "    _fields_ = [('len', ctypes.c_ushort), ('filter', ctypes.c_void_p)]\n"
+        "allow = ctypes.create_string_buffer(b'\\x06\\x00\\x00\\x00\\x00\\x00\\xff\\x7f')\n"
+        "prog = Prog(1, ctypes.addressof(allow))\n"
+    )
+    nr = {"x86_64": 317, "aarch64": 277}[platform.machine()]
+    result = await run(errno_of(code + syscall(nr, "1", "8", "ctypes.byref(prog)")), "python3")
+    assert result.text() == ("EPERM\n" if NATIVE_INIT else "ok\n")  # without the init's listener, nothing to take over
 
 
 @pytest.mark.skipif(sys.prefix == sys.base_prefix, reason="needs a virtualenv (its parent becomes the cwd)")

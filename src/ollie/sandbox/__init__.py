@@ -158,6 +158,13 @@ class Sandbox:
                     ["/dev/ptmx", RW & handled],
                 ],
                 "seccomp": seccomp_program(policy, own_network).hex(),
+                # For a jail's native init, which makes the programs' connect(2) calls itself:
+                # Unix sockets among the jail's own programs (a test's server, multiprocessing).
+                "seccomp_supervised": (
+                    seccomp_program(policy, own_network, supervised=True).hex()
+                    if own_network and not policy.unix_sockets
+                    else ""
+                ),
                 "expose": expose,
             },
         )

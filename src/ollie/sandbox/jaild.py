@@ -604,8 +604,9 @@ class Channel:
     its programs are started by its `worker`, a thread confined by the ruleset (started with the
     first of them: a jail that hands its channels to the native init never starts one)."""
 
-    def __init__(self, sock, ruleset, seccomp):
+    def __init__(self, sock, ruleset, seccomp, supervised=""):
         self.sock, self.ruleset, self.seccomp = sock, ruleset, seccomp
+        self.supervised = supervised  # the native init's program, whose connect(2) calls it makes (hex; "": none)
         self._worker = None
         self.pids = {}  # request id -> pid, while running
         self.closed = False
@@ -670,8 +671,9 @@ class Jail:
     subreaper) and is killed: nothing outlives its stage, and looking costs one read of our
     children's list, not a walk of /proc."""
 
-    def __init__(self, sock, mounts, pid_one, view_rights=0, native=None):
+    def __init__(self, sock, mounts, pid_one, view_rights=0, native=None, own_network=False):
         self.sock = sock
+        self.own_network = own_network  # in a network namespace of its own (the native init may then supervise)
         self.native = native  # (init, python, its path, source): what become_native execs, or None
         self.view_rights = view_rights  # the Landlock rights every program gets on the view
         self.mounts = mounts
@@ -755,12 +757,14 @@ class Jail:
         channels = []
         for c in self.channels:
             made.append(memfd("ollie-seccomp", bytes.fromhex(c.seccomp)) if c.seccomp else -1)
-            channels.append(f"{c.sock.fileno()},{c.ruleset},{made[-1]}")
+            made.append(memfd("ollie-seccomp", bytes.fromhex(c.supervised)) if c.supervised else -1)
+            channels.append(f"{c.sock.fileno()},{c.ruleset},{made[-2]},{made[-1]}")
         handed = [self.sock.fileno(), python, source, *(self.mounts.descriptors() if self.mounts else [])]
         handed += [fd for c in self.channels for fd in (c.sock.fileno(), c.ruleset) if fd >= 0]
         for fd in handed:
             os.set_inheritable(fd, True)
-        args = [str(self.sock.fileno()), "1" if self.pid_one else "0", str(made[0]), str(python), python_path]
+        pid_one = ("2" if self.own_network else "1") if self.pid_one else "0"
+        args = [str(self.sock.fileno()), pid_one, str(made[0]), str(python), python_path]
         try:
             ambient_capabilities(True)
             home = {"PYTHONHOME": os.environ["PYTHONHOME"]} if "PYTHONHOME" in os.environ else {}
@@ -896,14 +900,15 @@ def make_channel(fds, mounts, view_rights):
     check(libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0), "dumpable")
     theirs, ours = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     ours.setblocking(True)
-    return Channel(ours, os.dup(ruleset) if ruleset >= 0 else -1, spec["seccomp"]), theirs
+    ruleset = os.dup(ruleset) if ruleset >= 0 else -1
+    return Channel(ours, ruleset, spec["seccomp"], spec.get("seccomp_supervised", "")), theirs
 
 
 def build(control, state_fd, result):
     """A new ruleset's channel, for the native init, which runs this in a fresh interpreter (the
     jail has no Python process to fork any more): answer the request on the control socket and
-    hand the init "A C R S T" (whether the request was answered, and whether a channel's socket,
-    its ruleset, its seccomp program and the mounts' new state follow), the state whatever came of
+    hand the init "A C R S U T" (whether the request was answered, and whether a channel's socket,
+    its ruleset, its seccomp program, its supervised one and the mounts' new state follow), the state whatever came of
     the request (a grant refused half-way leaves the mounts it made), in a new memfd: the old one
     stays whole for the next build should this one die."""
     check(libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0), "dumpable")  # before anything: exec made us dumpable
@@ -917,7 +922,7 @@ def build(control, state_fd, result):
             channel = answer_request(sock, mounts, state["view_rights"])
             answered = True
         finally:
-            fds, flags = [], [answered, bool(channel), False, False, mounts is not None]
+            fds, flags = [], [answered, bool(channel), False, False, False, mounts is not None]
             if channel:
                 fds.append(channel.sock.fileno())
                 if channel.ruleset >= 0:
@@ -926,6 +931,9 @@ def build(control, state_fd, result):
                 if channel.seccomp:
                     fds.append(memfd("ollie-seccomp", bytes.fromhex(channel.seccomp)))
                     flags[3] = True
+                if channel.supervised:
+                    fds.append(memfd("ollie-seccomp", bytes.fromhex(channel.supervised)))
+                    flags[4] = True
             if mounts is not None:
                 state["mounts"] = mounts.state()
                 fds.append(memfd("ollie-jail-state", json.dumps(state).encode()))
@@ -1172,7 +1180,8 @@ def start(fd, native):
         os.close(fd)
     limit(setup["rlimits"])
     libc.malloc_trim(0)  # the free pages the setup left, back to the system: every jail keeps its own
-    Jail(sock, mounts, pid_one=True, view_rights=setup["view_rights"], native=native).serve()
+    own_network = not setup["network"]
+    Jail(sock, mounts, pid_one=True, view_rights=setup["view_rights"], native=native, own_network=own_network).serve()
     return 0
 
 

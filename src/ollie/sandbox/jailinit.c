@@ -4,11 +4,12 @@
  *
  *   ollie-jail-init CONTROL PID_ONE STATE PYTHON PYTHON_PATH SOURCE [SOCK,RULESET,SECCOMP ...]
  *
- * CONTROL is the parent's socket, PID_ONE 1 for a PID namespace's init (0: a subreaper, the
- * kernel refused namespaces), STATE a memfd of the jail's mounts (jaild.py's, opaque here),
+ * CONTROL is the parent's socket, PID_ONE 1 for a PID namespace's init (2: one with a network
+ * namespace of its own too; 0: a subreaper, the kernel refused namespaces), STATE a memfd of the jail's mounts (jaild.py's, opaque here),
  * PYTHON a descriptor of the interpreter (PYTHON_PATH its path, its argv[0]), SOURCE one of
- * jaild.py, and each channel its socket, its Landlock ruleset (-1: none) and a memfd of its
- * seccomp program (-1: none). The environment is PYTHONHOME alone, for the builds.
+ * jaild.py, and each channel its socket, its Landlock ruleset (-1: none) and memfds of its
+ * seccomp programs (-1: none): the plain one, and the supervised one, which sends its programs'
+ * connect(2) calls to us (see `supervise`), used where this kernel lets us supervise. The environment is PYTHONHOME alone, for the builds.
  *
  * A channel's requests (NUL-separated fields) start programs: `spawn ID` then, in the packet or in
  * a fourth descriptor's memfd, `ARGC CWD ARGV... ENV...`, with the program's stdin, stdout and
@@ -26,17 +27,23 @@
 #include <linux/capability.h>
 #include <linux/filter.h>
 #include <linux/seccomp.h>
+#include <netinet/in.h>
 #include <poll.h>
+#include <stddef.h>
 #include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/prctl.h>
 #include <sys/signalfd.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sys/time.h>
+#include <sys/uio.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -49,6 +56,15 @@ extern char **environ;
 #ifndef SYS_close_range
 #define SYS_close_range 436
 #endif
+#ifndef SYS_pidfd_open
+#define SYS_pidfd_open 434
+#endif
+#ifndef SYS_pidfd_getfd
+#define SYS_pidfd_getfd 438
+#endif
+#ifndef SECCOMP_FILTER_FLAG_WAIT_KILLABLE_RECV
+#define SECCOMP_FILTER_FLAG_WAIT_KILLABLE_RECV (1UL << 5)
+#endif
 #ifndef PR_CAP_AMBIENT
 #define PR_CAP_AMBIENT 47
 #define PR_CAP_AMBIENT_CLEAR_ALL 4
@@ -57,18 +73,23 @@ extern char **environ;
 #define MAX_FDS 8
 #define BUILD_SECONDS 60 /* a build that takes longer is killed, its request answered */
 
+struct program {
+    struct sock_fprog prog; /* len 0: none */
+    int broken;             /* one was given and could not be read: its stages are refused, never run without it */
+};
+
 struct channel {
     int sock, ruleset;
-    struct sock_fprog prog; /* len 0: no seccomp program */
-    int prog_broken;        /* one was given and could not be read: its stages are refused, never run without it */
+    struct program plain, supervised; /* supervised: the plain one, but its connect(2) calls come to us */
 };
 
 struct stage {
     pid_t pid;
     struct channel *channel;
     unsigned long id;
-    int report;  /* the pipe its child reports a failure to start on, until it closes (-1 since) */
-    char *error; /* what that failure was, answered for it when it is reaped */
+    int report;   /* the socket its child reports a failure to start on, until it closes (-1 since) */
+    char *error;  /* what that failure was, answered for it when it is reaped */
+    int listener; /* its seccomp filter's notifications, when supervised (-1: none) */
 };
 
 static int control, pid_one, state_fd, python_fd, source_fd;
@@ -78,6 +99,12 @@ static size_t n_channels;
 static struct stage *stages;
 static size_t n_stages;
 static pid_t builder = -1; /* the Python child building a channel */
+static pid_t *handlers;    /* the children answering a supervised connect(2) each */
+static size_t n_handlers;
+static int own_network;    /* the jail's network namespace is its own: its loopback is all it reaches */
+static int can_supervise;  /* this kernel gives us a filter's notifications, and its targets' descriptors */
+static struct seccomp_notif_sizes notif_sizes;
+static dev_t jail_devices[2]; /* the jail's private /tmp and /dev/shm */
 static unsigned long building; /* the id of the request it answers */
 static double builder_deadline;
 static int builder_killed; /* past its deadline: its reap is awaited */
@@ -160,6 +187,12 @@ static struct stage *find_stage(pid_t pid) {
     return NULL;
 }
 
+static int is_handler(pid_t pid) {
+    for (size_t i = 0; i < n_handlers; i++)
+        if (handlers[i] == pid) return 1;
+    return 0;
+}
+
 /* Kill our children that are neither a running program nor in one's group, nor the builder. */
 static void sweep(void) {
     char list[65536], path[64], stat[1024];
@@ -168,7 +201,7 @@ static void sweep(void) {
     list[n] = 0;
     for (char *tok = strtok(list, " \n"); tok; tok = strtok(NULL, " \n")) {
         pid_t pid = (pid_t)atol(tok);
-        if (pid <= 0 || pid == builder || find_stage(pid)) continue;
+        if (pid <= 0 || pid == builder || find_stage(pid) || is_handler(pid)) continue;
         snprintf(path, sizeof path, "/proc/%d/stat", pid);
         int fd = open(path, O_RDONLY | O_CLOEXEC);
         if (fd < 0) continue;
@@ -184,11 +217,18 @@ static void sweep(void) {
     }
 }
 
-/* What the child reported, if it has (its end of the pipe is closed once it execs or exits). */
-static void read_report(struct stage *s) {
+/* What the child reported, if it has: its filter's listener ("L" and the descriptor), or why it
+   failed (its end of the socket is closed once it execs or exits). 1: a listener, and more may follow. */
+static int read_report(struct stage *s) {
     char text[4200];
-    ssize_t n = read(s->report, text, sizeof text - 1);
-    if (n < 0 && (errno == EAGAIN || errno == EINTR)) return;
+    int fds[MAX_FDS], n_fds;
+    int n = receive(s->report, text, sizeof text - 1, fds, &n_fds, 0);
+    if (n == -2) return 0;
+    if (n == 1 && text[0] == 'L' && n_fds == 1 && s->listener < 0) {
+        s->listener = fds[0];
+        return 1;
+    }
+    for (int k = 0; k < n_fds; k++) close(fds[k]);
     if (n > 0) {
         text[n] = 0;
         free(s->error);
@@ -196,10 +236,12 @@ static void read_report(struct stage *s) {
     }
     close(s->report);
     s->report = -1;
+    return 0;
 }
 
 static void drop_stage(struct stage *s) {
     if (s->report >= 0) close(s->report);
+    if (s->listener >= 0) close(s->listener); /* a process of its group still asking gets ENOSYS */
     free(s->error);
     *s = stages[--n_stages];
 }
@@ -210,34 +252,35 @@ static void end_channel(size_t i) {
         if (stages[j].channel == c) kill_group(stages[j].pid), stages[j].channel = NULL;
     close(c->sock);
     if (c->ruleset >= 0) close(c->ruleset);
-    free(c->prog.filter);
+    free(c->plain.prog.filter);
+    free(c->supervised.prog.filter);
     free(c);
     channels[i] = channels[--n_channels];
 }
 
-/* The seccomp program in memfd `fd` (closed), or none; `broken` set if one was given and not read. */
-static struct sock_fprog load_program(int fd, int *broken) {
-    struct sock_fprog prog = {0, NULL};
+/* The seccomp program in memfd `fd` (closed), or none; `broken` if one was given and not read. */
+static struct program load_program(int fd) {
+    struct program p = {{0, NULL}, 0};
     struct stat st;
-    *broken = 0;
-    if (fd < 0) return prog;
+    if (fd < 0) return p;
     if (fstat(fd, &st) == 0 && st.st_size > 0 && st.st_size % sizeof(struct sock_filter) == 0 &&
         st.st_size / sizeof(struct sock_filter) <= BPF_MAXINSNS) {
-        prog.filter = malloc(st.st_size);
-        if (prog.filter && pread(fd, prog.filter, st.st_size, 0) == st.st_size)
-            prog.len = st.st_size / sizeof(struct sock_filter);
+        p.prog.filter = malloc(st.st_size);
+        if (p.prog.filter && pread(fd, p.prog.filter, st.st_size, 0) == st.st_size)
+            p.prog.len = st.st_size / sizeof(struct sock_filter);
     }
     close(fd);
-    *broken = prog.len == 0;
-    return prog;
+    p.broken = p.prog.len == 0;
+    return p;
 }
 
-static void add_channel(int sock, int ruleset, int seccomp) {
+static void add_channel(int sock, int ruleset, int seccomp, int supervised) {
     struct channel *c = malloc(sizeof *c);
     if (!c) _exit(70);
     c->sock = sock;
     c->ruleset = ruleset;
-    c->prog = load_program(seccomp, &c->prog_broken);
+    c->plain = load_program(seccomp);
+    c->supervised = load_program(supervised);
     fcntl(sock, F_SETFD, FD_CLOEXEC);
     if (ruleset >= 0) fcntl(ruleset, F_SETFD, FD_CLOEXEC);
     channels = grow(channels, n_channels, sizeof *channels);
@@ -245,6 +288,243 @@ static void add_channel(int sock, int ruleset, int seccomp) {
 }
 
 enum { AT_CWD = 1, AT_EXEC, AT_CONFINE };
+
+/* ---- Supervised connect(2) ----
+ * Landlock does not govern connecting to a Unix socket by path, so a plain program may make no
+ * AF_UNIX socket that could connect. A supervised one may: its filter sends every connect(2) of
+ * the jail's programs here, and a handler (a child of ours, so that a connect that waits holds
+ * up nothing else) makes it itself, on the program's own socket (pidfd_getfd), with the address
+ * read once from the program's memory: what is connected is what was decided, whatever the
+ * program's other threads rewrite meanwhile. It connects
+ *   - IPv4 and IPv6 sockets as asked: the jail's network is its own, its loopback all there is;
+ *   - Unix sockets to an abstract name (the jail's network's own namespace of them), or to a
+ *     socket file on the jail's private /tmp or /dev/shm, found by the handler itself (after any
+ *     link) and connected to by that descriptor: only the jail's own programs make sockets there.
+ * A socket file anywhere else (the user's ssh-agent, docker, tmux, ollie's own server) is
+ * refused with EACCES. The filter refuses a program's own listener (seccomp's NEW_LISTENER): the
+ * newest filter's listener answers first, and could let the call through unexamined. */
+
+/* Install `prog` with a listener, handed to the init over `report` ("L" and the descriptor). */
+static int install_supervised(struct sock_fprog *prog, int report) {
+    long fd = syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER,
+                      SECCOMP_FILTER_FLAG_NEW_LISTENER | SECCOMP_FILTER_FLAG_WAIT_KILLABLE_RECV, prog);
+    if (fd < 0 && errno == EINVAL) /* before Linux 5.19: a signal may restart a call being answered */
+        fd = syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER, SECCOMP_FILTER_FLAG_NEW_LISTENER, prog);
+    if (fd < 0) return -1;
+    int listener = (int)fd;
+    char tag = 'L';
+    struct iovec iov = {&tag, 1};
+    union {
+        struct cmsghdr h;
+        char space[CMSG_SPACE(sizeof(int))];
+    } ctl;
+    struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = &ctl, .msg_controllen = sizeof ctl};
+    struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof(int));
+    memcpy(CMSG_DATA(c), &listener, sizeof listener);
+    ssize_t sent = sendmsg(report, &msg, MSG_NOSIGNAL);
+    close(listener); /* never the program's: whoever holds it answers for the filter */
+    return sent == 1 ? 0 : -1;
+}
+
+/* Whether notification `id` still waits: its program is alive and in the call, so the pid (and
+   the descriptors and memory read through it since the notification came) are that program's. */
+static int waiting(int listener, __u64 id) {
+    return ioctl(listener, SECCOMP_IOCTL_NOTIF_ID_VALID, &id) == 0;
+}
+
+static void interrupted(int sig) {
+    (void)sig; /* a connect that waits is woken each second to see whether its program still does */
+}
+
+/* connect(2) of `sock` in this handler, as the program's own call would have; 0 or an errno. */
+static int connect_for(int listener, __u64 id, int sock, const struct sockaddr *addr, socklen_t len) {
+    for (int r = connect(sock, addr, len);; r = connect(sock, addr, len)) {
+        if (r == 0) return 0;
+        if (errno != EINTR && errno != EALREADY) return errno;
+        if (!waiting(listener, id)) _exit(0); /* nobody waits for the answer */
+        if (errno == EALREADY) { /* a TCP connect under way since the last wakeup: its outcome */
+            struct pollfd p = {sock, POLLOUT, 0};
+            if (poll(&p, 1, 1000) <= 0) continue;
+            int error = 0;
+            socklen_t size = sizeof error;
+            return getsockopt(sock, SOL_SOCKET, SO_ERROR, &error, &size) < 0 ? errno : error;
+        }
+    }
+}
+
+static int on_jail_device(dev_t dev) {
+    return dev == jail_devices[0] || dev == jail_devices[1];
+}
+
+/* A Unix socket's connect to a path: only to a socket file on the jail's own file systems. */
+static int connect_unix_path(int listener, const struct seccomp_notif *req, int sock, const char *path) {
+    int dir = AT_FDCWD;
+    if (path[0] != '/') { /* relative to the calling thread's cwd */
+        char cwd[64];
+        snprintf(cwd, sizeof cwd, "/proc/%u/cwd", req->pid);
+        dir = open(cwd, O_PATH | O_DIRECTORY | O_CLOEXEC);
+        if (dir < 0 || !waiting(listener, req->id)) return EACCES;
+    }
+    char own[sizeof(((struct sockaddr_un *)0)->sun_path) + 32];
+    const char *rest = !strncmp(path, "/proc/self/", 11)          ? path + 11
+                       : !strncmp(path, "/proc/thread-self/", 18) ? path + 18
+                                                                  : NULL;
+    if (rest) { /* the program's /proc, not ours */
+        snprintf(own, sizeof own, "/proc/%u/%s", req->pid, rest);
+        path = own;
+    }
+    int found = openat(dir, path, O_PATH | O_CLOEXEC);
+    int error = found < 0 ? errno : 0;
+    if (dir >= 0) close(dir);
+    if (found < 0) return error;
+    struct stat st;
+    if (fstat(found, &st) < 0) error = errno;
+    else if (!S_ISSOCK(st.st_mode)) error = ECONNREFUSED; /* as the kernel says of a file that is not a socket */
+    else if (!on_jail_device(st.st_dev)) error = EACCES;
+    if (!error) {
+        struct sockaddr_un via = {.sun_family = AF_UNIX};
+        snprintf(via.sun_path, sizeof via.sun_path, "/proc/self/fd/%d", found);
+        error = connect_for(listener, req->id, sock, (struct sockaddr *)&via,
+                            offsetof(struct sockaddr_un, sun_path) + strlen(via.sun_path) + 1);
+    }
+    close(found);
+    return error;
+}
+
+/* A pidfd of thread `tid`, whose descriptors pidfd_getfd then takes (before Linux 6.9, which
+   opens one of a thread, its process's: threads share their descriptors unless one unshared them). */
+static int thread_pidfd(pid_t tid) {
+    int fd = (int)syscall(SYS_pidfd_open, tid, O_EXCL /* PIDFD_THREAD */);
+    if (fd >= 0 || errno != EINVAL) return fd;
+    char path[64], status[4096];
+    snprintf(path, sizeof path, "/proc/%d/status", tid);
+    int file = open(path, O_RDONLY | O_CLOEXEC);
+    ssize_t n = file < 0 ? -1 : read(file, status, sizeof status - 1);
+    if (file >= 0) close(file);
+    if (n <= 0) return -1;
+    status[n] = 0;
+    char *tgid = strstr(status, "\nTgid:");
+    return tgid ? (int)syscall(SYS_pidfd_open, (pid_t)atol(tgid + 6), 0) : -1;
+}
+
+/* The program's connect(2) of notification `req`, made here: 0 or the errno it returns. */
+static int connect_for_program(int listener, const struct seccomp_notif *req) {
+    if (!own_network) return EACCES; /* the host's network: only its own call could be judged by Landlock */
+    int fd = (int)req->data.args[0];
+    socklen_t len = (socklen_t)req->data.args[2];
+    struct sockaddr_storage addr;
+    memset(&addr, 0, sizeof addr);
+    if (len > sizeof addr) return EINVAL;
+    if (len) {
+        struct iovec here = {&addr, len}, there = {(void *)(uintptr_t)req->data.args[1], len};
+        if (process_vm_readv(req->pid, &here, 1, &there, 1, 0) != (ssize_t)len) return EFAULT;
+    }
+    int pidfd = thread_pidfd(req->pid);
+    if (pidfd < 0) return EACCES;
+    int sock = (int)syscall(SYS_pidfd_getfd, pidfd, fd, 0);
+    int error = sock < 0 ? errno : 0;
+    close(pidfd);
+    if (!waiting(listener, req->id)) _exit(0); /* the pid, memory and descriptor may be another's */
+    if (sock < 0) return error == EBADF ? EBADF : EACCES;
+    int domain = 0;
+    socklen_t size = sizeof domain;
+    struct sockaddr_un *un = (struct sockaddr_un *)&addr;
+    size_t at = offsetof(struct sockaddr_un, sun_path);
+    if (getsockopt(sock, SOL_SOCKET, SO_DOMAIN, &domain, &size) < 0) error = errno; /* ENOTSOCK */
+    else if (domain == AF_INET || domain == AF_INET6)
+        error = connect_for(listener, req->id, sock, (struct sockaddr *)&addr, len);
+    else if (domain != AF_UNIX) error = EACCES;
+    else if (len <= at || un->sun_family != AF_UNIX || un->sun_path[0] == 0) /* abstract, or the kernel's EINVAL */
+        error = connect_for(listener, req->id, sock, (struct sockaddr *)&addr, len);
+    else {
+        char path[sizeof un->sun_path + 1];
+        memcpy(path, un->sun_path, len - at);
+        path[len - at] = 0; /* the kernel too reads the name up to its first NUL, or the length given */
+        error = connect_unix_path(listener, req, sock, path);
+    }
+    close(sock);
+    return error;
+}
+
+/* A notification on a stage's listener: answered by a handler of its own. */
+static void supervise(struct stage *s) {
+    struct seccomp_notif *req = calloc(1, notif_sizes.seccomp_notif);
+    struct seccomp_notif_resp *resp = calloc(1, notif_sizes.seccomp_notif_resp);
+    if (!req || !resp) _exit(70);
+    if (ioctl(s->listener, SECCOMP_IOCTL_NOTIF_RECV, req) < 0) { /* its program gone meanwhile */
+        free(req), free(resp);
+        return;
+    }
+    resp->id = req->id;
+    pid_t pid = fork();
+    if (pid == 0) {
+        struct sigaction wake = {.sa_handler = interrupted}; /* no SA_RESTART: connect returns EINTR */
+        sigaction(SIGALRM, &wake, NULL);
+        sigset_t alarm;
+        sigemptyset(&alarm);
+        sigaddset(&alarm, SIGALRM);
+        sigprocmask(SIG_UNBLOCK, &alarm, NULL);
+        struct itimerval second = {{1, 0}, {1, 0}};
+        setitimer(ITIMER_REAL, &second, NULL);
+        int error = req->data.nr == SYS_connect ? connect_for_program(s->listener, req) : ENOSYS;
+        resp->error = -error;
+        ioctl(s->listener, SECCOMP_IOCTL_NOTIF_SEND, resp);
+        _exit(0);
+    }
+    if (pid < 0) {
+        resp->error = -EAGAIN;
+        ioctl(s->listener, SECCOMP_IOCTL_NOTIF_SEND, resp);
+    } else {
+        handlers = grow(handlers, n_handlers, sizeof *handlers);
+        handlers[n_handlers++] = pid;
+    }
+    free(req), free(resp);
+}
+
+/* Whether this kernel lets us supervise: a child's filter with a listener, and a descriptor of
+   the child's taken through a pidfd (Yama's ptrace_scope 3 refuses it). Where not, channels run
+   their plain programs. Also notes the jail's own file systems, where its sockets may be. */
+static int probe_supervision(void) {
+    struct stat tmp, shm;
+    if (!own_network || stat("/tmp", &tmp) < 0 || stat("/dev/shm", &shm) < 0) return 0;
+    jail_devices[0] = tmp.st_dev, jail_devices[1] = shm.st_dev;
+    if (syscall(SYS_seccomp, SECCOMP_GET_NOTIF_SIZES, 0, &notif_sizes) < 0) return 0;
+    int pair[2];
+    if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, pair) < 0) return 0;
+    pid_t pid = fork();
+    if (pid == 0) {
+        struct sock_filter allow = BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW);
+        struct sock_fprog prog = {1, &allow};
+        char byte;
+        close(pair[0]);
+        if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) == 0 && install_supervised(&prog, pair[1]) == 0)
+            while (read(pair[1], &byte, 1) < 0 && errno == EINTR) {
+            } /* until the parent has looked */
+        _exit(0);
+    }
+    close(pair[1]);
+    int ok = 0;
+    if (pid > 0) {
+        char byte;
+        int fds[MAX_FDS], n_fds = 0;
+        struct pollfd p = {pair[0], POLLIN, 0};
+        int n = poll(&p, 1, 5000) == 1 ? receive(pair[0], &byte, 1, fds, &n_fds, 0) : -1;
+        int pidfd = (int)syscall(SYS_pidfd_open, pid, 0);
+        int theirs = n == 1 && n_fds == 1 && pidfd >= 0 ? (int)syscall(SYS_pidfd_getfd, pidfd, pair[1], 0) : -1;
+        ok = theirs >= 0;
+        if (theirs >= 0) close(theirs);
+        if (pidfd >= 0) close(pidfd);
+        for (int k = 0; k < n_fds; k++) close(fds[k]);
+        close(pair[0]);
+        waitpid(pid, NULL, 0);
+    } else {
+        close(pair[0]);
+    }
+    return ok;
+}
 
 /* The child's side of a spawn: never returns. A failure goes to `report` as text. */
 static void become(struct channel *c, char *cwd, char **argv, char **env, int *stdio, int report) {
@@ -267,11 +547,15 @@ static void become(struct channel *c, char *cwd, char **argv, char **env, int *s
     if (prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0) < 0) goto fail;
     if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0) goto fail;
     if (ruleset >= 0 && (syscall(SYS_landlock_restrict_self, ruleset, 0) < 0 || close(ruleset) < 0)) goto fail;
-    if (c->prog_broken) {
-        errno = EINVAL; /* its seccomp program could not be read */
+    if (c->plain.broken || c->supervised.broken) {
+        errno = EINVAL; /* a seccomp program could not be read */
         goto fail;
     }
-    if (c->prog.len && prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &c->prog) < 0) goto fail;
+    if (c->supervised.prog.len && can_supervise) {
+        if (install_supervised(&c->supervised.prog, report) < 0) goto fail;
+    } else if (c->plain.prog.len && prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &c->plain.prog) < 0) {
+        goto fail;
+    }
     struct __user_cap_header_struct header = {_LINUX_CAPABILITY_VERSION_3, 0};
     struct __user_cap_data_struct caps[2] = {{0}};
     if (syscall(SYS_capset, &header, caps) < 0) goto fail;
@@ -308,7 +592,7 @@ static void spawn(struct channel *c, unsigned long id, char *body, size_t len, i
     argv[argc] = NULL;
     env[k - 2 - argc] = NULL;
     int report[2];
-    if (pipe2(report, O_CLOEXEC) < 0) {
+    if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, report) < 0) {
         reply(c->sock, id, "error", 0, strerror(errno));
         free(fields);
         return;
@@ -330,7 +614,7 @@ static void spawn(struct channel *c, unsigned long id, char *body, size_t len, i
        Landlock's signal scoping a stage could stop it (and so us, were we waiting). */
     fcntl(report[0], F_SETFL, O_NONBLOCK);
     stages = grow(stages, n_stages, sizeof *stages);
-    stages[n_stages++] = (struct stage){pid, c, id, report[0], NULL};
+    stages[n_stages++] = (struct stage){pid, c, id, report[0], NULL, -1};
 }
 
 static void serve_channel(size_t i) {
@@ -389,21 +673,24 @@ static unsigned long request_id(int flags) {
     return id ? strtoul(id + 5, NULL, 10) : 0;
 }
 
-/* The builder's end: its channel and the mounts' new state taken ("A C R S T": see jaild.py's
+/* The builder's end: its channel and the mounts' new state taken ("A C R S U T": see jaild.py's
    `build`), and, if it did not answer (Python would not start, or died), the request answered
    here (and taken off the socket if it was never read). */
 static void end_builder(void) {
     char buf[64];
-    int fds[MAX_FDS], n_fds, f[5] = {0};
+    int fds[MAX_FDS], n_fds, f[6] = {0};
     int n = receive(builder_sock, buf, sizeof buf - 1, fds, &n_fds, 0);
     buf[n > 0 ? n : 0] = 0;
-    int well_formed = n > 0 && sscanf(buf, "%d %d %d %d %d", &f[0], &f[1], &f[2], &f[3], &f[4]) == 5 &&
-                      n_fds == !!f[1] + !!f[2] + !!f[3] + !!f[4];
+    int well_formed = n > 0 &&
+                      sscanf(buf, "%d %d %d %d %d %d", &f[0], &f[1], &f[2], &f[3], &f[4], &f[5]) == 6 &&
+                      n_fds == !!f[1] + !!f[2] + !!f[3] + !!f[4] + !!f[5];
     int answered = well_formed && f[0], k = 0; /* it read the request and answered it */
     if (well_formed) {
         int sock = f[1] ? fds[k++] : -1, ruleset = f[2] ? fds[k++] : -1, seccomp = f[3] ? fds[k++] : -1;
-        if (sock >= 0) add_channel(sock, ruleset, seccomp);
-        if (f[4]) close(state_fd), state_fd = fds[k++]; /* what the next build goes on from */
+        int supervised = f[4] ? fds[k++] : -1;
+        if (sock >= 0) add_channel(sock, ruleset, seccomp, supervised);
+        else if (supervised >= 0) close(supervised);
+        if (f[5]) close(state_fd), state_fd = fds[k++]; /* what the next build goes on from */
     } else { /* it died before it handed back the mounts' state: what it mounted is on record nowhere */
         for (int i = 0; i < n_fds; i++) close(fds[i]);
         retire();
@@ -477,10 +764,13 @@ static void reap(void) {
         char *error = NULL;
         if (s) {
             kill_group(pid); /* before the reap: until then the group's id cannot be reused */
-            if (s->report >= 0) read_report(s); /* it has exited: what it wrote is there */
+            while (s->report >= 0 && read_report(s)) { /* it has exited: what it wrote is there */
+            }
             error = s->error, s->error = NULL;
             drop_stage(s);
         }
+        for (size_t i = 0; i < n_handlers; i++)
+            if (handlers[i] == pid) handlers[i] = handlers[--n_handlers];
         int status;
         waitpid(pid, &status, 0);
         if (pid == builder) end_builder();
@@ -509,6 +799,7 @@ int main(int argc, char **argv) {
     if (argc < 7) return 2;
     control = atoi(argv[1]);
     pid_one = atoi(argv[2]);
+    own_network = pid_one == 2;
     state_fd = atoi(argv[3]);
     python_fd = atoi(argv[4]);
     python_path = argv[5];
@@ -518,9 +809,11 @@ int main(int argc, char **argv) {
     if (!pid_one) prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0);
     fcntl(control, F_SETFD, FD_CLOEXEC);
     fcntl(state_fd, F_SETFD, FD_CLOEXEC); /* a build's child is given both */
+    can_supervise = probe_supervision(); /* before our signals are blocked for the signalfd */
     for (int i = 7; i < argc; i++) {
-        int sock, ruleset, seccomp;
-        if (sscanf(argv[i], "%d,%d,%d", &sock, &ruleset, &seccomp) == 3) add_channel(sock, ruleset, seccomp);
+        int sock, ruleset, seccomp, supervised;
+        if (sscanf(argv[i], "%d,%d,%d,%d", &sock, &ruleset, &seccomp, &supervised) == 4)
+            add_channel(sock, ruleset, seccomp, supervised);
     }
     char path[64];
     snprintf(path, sizeof path, "/proc/self/task/%d/children", getpid());
@@ -534,18 +827,20 @@ int main(int argc, char **argv) {
     if (signals < 0) return 1;
     reap(); /* what exited before we were here */
     struct pollfd *polled = NULL;
-    pid_t *reporting = NULL; /* the stage whose report pipe each entry past the channels' is */
+    pid_t *reporting = NULL; /* the stage whose report socket or listener each entry past the channels' is */
     for (;;) {
         size_t n = 0, polled_channels = n_channels, n_reporting = 0;
-        polled = grow(polled, n_channels + n_stages + 2, sizeof *polled);
-        reporting = grow(reporting, n_stages, sizeof *reporting);
+        polled = grow(polled, n_channels + 2 * n_stages + 2, sizeof *polled);
+        reporting = grow(reporting, 2 * n_stages, sizeof *reporting);
         polled[n++] = (struct pollfd){signals, POLLIN, 0};
         /* While a build runs, its request waits on the socket: only the socket's end counts. */
         polled[n++] = (struct pollfd){control, builder < 0 ? POLLIN : POLLRDHUP, 0};
         for (size_t i = 0; i < n_channels; i++) polled[n++] = (struct pollfd){channels[i]->sock, POLLIN, 0};
         for (size_t j = 0; j < n_stages; j++)
-            if (stages[j].report >= 0) {
-                polled[n++] = (struct pollfd){stages[j].report, POLLIN, 0};
+            for (int k = 0; k < 2; k++) {
+                int fd = k ? stages[j].listener : stages[j].report;
+                if (fd < 0) continue;
+                polled[n++] = (struct pollfd){fd, POLLIN, 0};
                 reporting[n_reporting++] = stages[j].pid;
             }
         int wait_ms = -1;
@@ -575,8 +870,11 @@ int main(int argc, char **argv) {
         for (size_t i = polled_channels; i-- > 0;)
             if (i < n_channels && polled[2 + i].revents && polled[2 + i].fd == channels[i]->sock) serve_channel(i);
         for (size_t k = 0; k < n_reporting; k++) {
-            struct stage *s = polled[2 + polled_channels + k].revents ? find_stage(reporting[k]) : NULL;
-            if (s && s->report == polled[2 + polled_channels + k].fd) read_report(s);
+            struct pollfd *p = &polled[2 + polled_channels + k];
+            struct stage *s = p->revents ? find_stage(reporting[k]) : NULL;
+            if (s && s->report == p->fd) read_report(s);
+            else if (s && s->listener == p->fd && p->revents & POLLIN) supervise(s);
+            else if (s && s->listener == p->fd) close(s->listener), s->listener = -1; /* no program of its filter is left */
         }
         if (retiring && n_stages == 0) end_all();
     }

@@ -204,7 +204,7 @@ class Policy:
     paths: dict[str, tuple[str, ...]]  # a FS_KEYS name → absolute existing paths
     missing: tuple[str, ...]  # the paths it names that did not exist (granted once they do)
     unrestricted_net: bool
-    unix_sockets: bool  # may create AF_UNIX sockets (and so connect to any socket by path)
+    unix_sockets: bool  # may connect AF_UNIX sockets to any path, unsupervised (false: only the jail's own)
     bind_tcp: tuple[int, ...]
     connect_tcp: tuple[int, ...]  # with `dns`, port 53 among them
     dns: bool  # names resolve over TCP (RES_OPTIONS=use-vc): connect_tcp's obvious use needs it

@@ -15,6 +15,7 @@ _ARCH = {
         {
             "socket": 41,
             "socketpair": 53,
+            "connect": 42,
             "listen": 50,
             "sendto": 44,
             "sendmsg": 46,
@@ -24,6 +25,7 @@ _ARCH = {
             "add_key": 248,
             "request_key": 249,
             "keyctl": 250,
+            "seccomp": 317,
         },
     ),
     "aarch64": (
@@ -31,6 +33,7 @@ _ARCH = {
         {
             "socket": 198,
             "socketpair": 199,
+            "connect": 203,
             "listen": 201,
             "sendto": 206,
             "sendmsg": 211,
@@ -40,6 +43,7 @@ _ARCH = {
             "add_key": 217,
             "request_key": 218,
             "keyctl": 219,
+            "seccomp": 277,
         },
     ),
 }
@@ -49,7 +53,8 @@ _SOCK_STREAM, _SOCK_DGRAM, _SOCK_SEQPACKET, _SOCK_TYPE_MASK, _NETLINK_ROUTE = 1,
 _IPPROTO_TCP, _IPPROTO_UDP = 6, 17
 _MSG_FASTOPEN = 0x20000000
 _EPERM, _EACCES, _ENOSYS, _EAFNOSUPPORT = 1, 13, 38, 97
-_RET_ALLOW, _RET_ERRNO = 0x7FFF0000, 0x00050000
+_RET_ALLOW, _RET_ERRNO, _RET_USER_NOTIF = 0x7FFF0000, 0x00050000, 0x7FC00000
+_FILTER_FLAG_NEW_LISTENER = 1 << 3
 _LD, _JEQ, _JGE, _AND, _RET = 0x20, 0x15, 0x35, 0x54, 0x06  # BPF_LD|W|ABS, JMP|JEQ|K, JMP|JGE|K, ALU|AND|K, RET|K
 _TAX, _JEQ_X = 0x07, 0x1D  # BPF_MISC|TAX (X = A), JMP|JEQ|X (A == X)
 
@@ -66,10 +71,15 @@ def _arg(n: int) -> int:
     return 16 + 8 * n  # offset of args[n]'s low word in seccomp_data (little-endian machines)
 
 
-def seccomp_program(policy: Policy, own_network: bool = False) -> bytes:
+def seccomp_program(policy: Policy, own_network: bool = False, supervised: bool = False) -> bytes:
     """The BPF filter a sandboxed program runs under, as the kernel's `struct sock_filter` array.
     `own_network`: the program runs in a network namespace of its own (`build_ruleset`), where
     TCP reaches nothing but its loopback, as if `network.unrestricted` held for TCP.
+    `supervised` (with `own_network`, for a jail's native init): its connect(2) calls go to the
+    jail's init, which makes them itself and connects a Unix socket only to an abstract name or a
+    socket file on the jail's own /tmp or /dev/shm (jailinit.c's `supervise`); so AF_UNIX stream
+    and seqpacket sockets may be made, and seccomp(2) may not make a listener of its own (the
+    newest filter's listener is asked first, and could let a call through unexamined).
 
     - io_uring is refused (ENOSYS): its operations make sockets and open files without the
       system calls this filter sees.
@@ -94,7 +104,8 @@ def seccomp_program(policy: Policy, own_network: bool = False) -> bytes:
     if machine is None:
         return b""
     arch, nr = machine
-    unix = "allow" if policy.unix_sockets else "eacces"
+    supervised = supervised and own_network and not policy.unix_sockets
+    unix = "allow" if policy.unix_sockets else "unix" if supervised else "eacces"
     prog: list[tuple[int, int | str, int | str, int] | str] = [
         (_LD, 0, 0, 4),
         (_JEQ, 0, "enosys", arch),  # seccomp_data.arch
@@ -106,6 +117,8 @@ def seccomp_program(policy: Policy, own_network: bool = False) -> bytes:
         (_JEQ, "setpgid", 0, nr["setpgid"]),
         (_JEQ, "socket", 0, nr["socket"]),
     ]
+    if supervised:
+        prog += [(_JEQ, "supervise", 0, nr["connect"]), (_JEQ, "seccomp", 0, nr["seccomp"])]
     if not policy.unix_sockets:
         prog.append((_JEQ, "socketpair", 0, nr["socketpair"]))
     if not (policy.unrestricted_net or own_network or policy.bind_tcp or policy.unix_sockets):
@@ -118,6 +131,12 @@ def seccomp_program(policy: Policy, own_network: bool = False) -> bytes:
         ]
     prog += [
         (_RET, 0, 0, _RET_ALLOW),
+        "supervise",
+        (_RET, 0, 0, _RET_USER_NOTIF),
+        "seccomp",
+        (_LD, 0, 0, _arg(1)),
+        (_AND, 0, 0, _FILTER_FLAG_NEW_LISTENER),
+        (_JEQ, "allow", "eperm", 0),
         "socketpair",
         (_LD, 0, 0, _arg(1)),
         (_AND, 0, 0, _SOCK_TYPE_MASK),
@@ -170,6 +189,14 @@ def seccomp_program(policy: Policy, own_network: bool = False) -> bytes:
         ]
         if own_network:  # UDP too: it reaches the jail's own loopback alone (a test's syslog or DNS)
             prog += ["udp", (_LD, 0, 0, _arg(2)), (_JEQ, "allow", 0, 0), (_JEQ, "allow", "eacces", _IPPROTO_UDP)]
+    if supervised:  # stream and seqpacket sockets, which connect by connect(2) alone
+        prog += [
+            "unix",
+            (_LD, 0, 0, _arg(1)),
+            (_AND, 0, 0, _SOCK_TYPE_MASK),
+            (_JEQ, "allow", 0, _SOCK_STREAM),
+            (_JEQ, "allow", "eacces", _SOCK_SEQPACKET),
+        ]
     prog += [
         "eafnosupport",
         (_RET, 0, 0, _RET_ERRNO | _EAFNOSUPPORT),
