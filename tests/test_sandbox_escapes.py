@@ -188,6 +188,24 @@ print("connected to the jail's own" if ours else "never connected")
         assert not accepted(listener)
 
 
+@pytest.mark.skipif(not NATIVE_INIT, reason="the Python init lets a jail make no Unix socket at all")
+async def test_odd_addresses_get_the_kernels_errors_and_the_jail_serves_on(run):
+    # What the init reads is bounded by what it was given room for: a name longer than sun_path,
+    # a length past any address, no address, a descriptor that is no socket.
+    code = """
+import ctypes, errno, os, socket
+libc = ctypes.CDLL(None, use_errno=True)
+s = socket.socket(socket.AF_UNIX)
+long = ctypes.create_string_buffer(b"\\x01\\x00" + b"/tmp/" + b"x" * 200, 256)
+for args in ((s.fileno(), long, 128), (s.fileno(), long, 4096), (s.fileno(), None, 110), (0, long, 110)):
+    print(errno.errorcode[ctypes.get_errno()] if libc.connect(*args) else "connected")
+"""
+    result = await run(code, "python3")
+    assert result.text() == "EINVAL\nEINVAL\nEFAULT\nENOTSOCK\n"
+    result = await run("echo served on")
+    assert result.text() == "served on\n"
+
+
 async def test_a_program_cannot_take_over_the_supervision_of_its_connect_calls(run):
     # A filter of its own with a listener would be asked before the init's, and could answer
     # "continue": the kernel would then connect a Unix socket to any path. seccomp(2) refuses it.

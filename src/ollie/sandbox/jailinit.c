@@ -341,8 +341,8 @@ static void interrupted(int sig) {
 
 /* connect(2) of `sock` in this handler, as the program's own call would have; 0 or an errno. */
 static int connect_for(int listener, __u64 id, int sock, const struct sockaddr *addr, socklen_t len) {
-    for (int r = connect(sock, addr, len);; r = connect(sock, addr, len)) {
-        if (r == 0) return 0;
+    for (int r = connect(sock, addr, len), again = 0;; r = connect(sock, addr, len), again = 1) {
+        if (r == 0 || (again && errno == EISCONN)) return 0; /* EISCONN: it completed between two tries */
         if (errno != EINTR && errno != EALREADY) return errno;
         if (!waiting(listener, id)) _exit(0); /* nobody waits for the answer */
         if (errno == EALREADY) { /* a TCP connect under way since the last wakeup: its outcome */
@@ -439,6 +439,8 @@ static int connect_for_program(int listener, const struct seccomp_notif *req) {
     else if (domain != AF_UNIX) error = EACCES;
     else if (len <= at || un->sun_family != AF_UNIX || un->sun_path[0] == 0) /* abstract, or the kernel's EINVAL */
         error = connect_for(listener, req->id, sock, (struct sockaddr *)&addr, len);
+    else if (len > sizeof *un)
+        error = EINVAL; /* as the kernel says of a name longer than sun_path */
     else {
         char path[sizeof un->sun_path + 1];
         memcpy(path, un->sun_path, len - at);
