@@ -152,6 +152,39 @@ async def test_a_unix_socket_connects_to_no_socket_file_of_the_hosts(run, tmp_pa
         assert not accepted(listener)
 
 
+async def test_a_policy_that_grants_tmp_shows_no_host_socket_as_the_jails_own(run, tmp_path):
+    # The host's /tmp bound over the jail's private one: what lies there, and the file system it
+    # shares with the cwd, is the host's, whatever device /tmp has once the grant is bound.
+    host = tmp_path / "cwd" / "host.sock"
+    write_policy("wide", "filesystem:\n  rw: [/tmp]\n")
+    with host_listener(host) as listener:
+        code = f"import socket\nsocket.socket(socket.AF_UNIX).connect({str(host)!r})"
+        result = await run(errno_of(code), "python3", sandbox="wide")
+        assert result.text() == "EACCES\n"
+        assert not accepted(listener)
+
+
+@pytest.mark.skipif(not NATIVE_INIT, reason="the Python init lets a jail make no Unix socket at all")
+async def test_a_connect_that_waits_keeps_its_sockets_send_timeout(run):
+    # A full backlog: the kernel says EAGAIN once SO_SNDTIMEO has passed; the init's wakeups
+    # (each second, to see whether the program still waits) must not start it anew.
+    code = """
+import socket, struct
+server = socket.socket(socket.AF_UNIX); server.bind("/tmp/full"); server.listen(0)
+waiting = []
+while True:
+    s = socket.socket(socket.AF_UNIX); s.setblocking(False)
+    try: s.connect("/tmp/full"); waiting.append(s)
+    except BlockingIOError: break
+s = socket.socket(socket.AF_UNIX)
+s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, struct.pack("ll", 1, 500000))
+try: s.connect("/tmp/full"); print("connected")
+except OSError as e: print(type(e).__name__)
+"""
+    result = await run(code, "python3", timeout=30)
+    assert result.text() == "BlockingIOError\n"  # EAGAIN
+
+
 @pytest.mark.skipif(not NATIVE_INIT, reason="the Python init lets a jail make no Unix socket at all")
 async def test_an_address_rewritten_while_its_connect_is_judged_still_reaches_no_host_socket(run, tmp_path):
     # The init reads the address once, from the program's memory, and connects what it read: a

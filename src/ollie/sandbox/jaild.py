@@ -240,10 +240,13 @@ class Mounts:
 
     def _own_filesystems(self, tmp_size):
         """The jail's private tmpfs (over the host's directories, kept in `hidden` to show what a
-        policy grants there again) and its own pseudo-terminals."""
+        policy grants there again) and its own pseudo-terminals. Their devices are noted as they
+        are made, before any grant is bound over them: where a socket file is the jail's own."""
+        self.own_devices = []
         for path in PRIVATE_TMPFS:
             if path in self.hidden:
                 mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV, f"size={tmp_size},mode=1777")
+                self.own_devices.append(os.stat(path).st_dev)
         try:
             mount("devpts", "/dev/pts", "devpts", MS_NOSUID | MS_NOEXEC, "newinstance,ptmxmode=0666,mode=0620")
             mount("/dev/pts/ptmx", "/dev/ptmx", None, MS_BIND)
@@ -763,7 +766,9 @@ class Jail:
         handed += [fd for c in self.channels for fd in (c.sock.fileno(), c.ruleset) if fd >= 0]
         for fd in handed:
             os.set_inheritable(fd, True)
-        pid_one = ("2" if self.own_network else "1") if self.pid_one else "0"
+        pid_one = "1" if self.pid_one else "0"
+        if self.pid_one and self.own_network and self.mounts and len(self.mounts.own_devices) == len(PRIVATE_TMPFS):
+            pid_one = ",".join(map(str, [2, *self.mounts.own_devices]))  # where the jail's own sockets are
         args = [str(self.sock.fileno()), pid_one, str(made[0]), str(python), python_path]
         try:
             ambient_capabilities(True)

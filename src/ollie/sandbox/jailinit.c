@@ -4,8 +4,9 @@
  *
  *   ollie-jail-init CONTROL PID_ONE STATE PYTHON PYTHON_PATH SOURCE [SOCK,RULESET,SECCOMP ...]
  *
- * CONTROL is the parent's socket, PID_ONE 1 for a PID namespace's init (2: one with a network
- * namespace of its own too; 0: a subreaper, the kernel refused namespaces), STATE a memfd of the jail's mounts (jaild.py's, opaque here),
+ * CONTROL is the parent's socket, PID_ONE 1 for a PID namespace's init ("2,DEV,DEV": one with a
+ * network namespace of its own too, and the devices of its private /tmp and /dev/shm as they were
+ * made; 0: a subreaper, the kernel refused namespaces), STATE a memfd of the jail's mounts (jaild.py's, opaque here),
  * PYTHON a descriptor of the interpreter (PYTHON_PATH its path, its argv[0]), SOURCE one of
  * jaild.py, and each channel its socket, its Landlock ruleset (-1: none) and memfds of its
  * seccomp programs (-1: none): the plain one, and the supervised one, which sends its programs'
@@ -71,6 +72,7 @@ extern char **environ;
 #endif
 
 #define MAX_FDS 8
+#define MAX_HANDLERS 64 /* connects answered at once in a jail: each a process of its limit */
 #define BUILD_SECONDS 60 /* a build that takes longer is killed, its request answered */
 
 struct program {
@@ -104,7 +106,7 @@ static size_t n_handlers;
 static int own_network;    /* the jail's network namespace is its own: its loopback is all it reaches */
 static int can_supervise;  /* this kernel gives us a filter's notifications, and its targets' descriptors */
 static struct seccomp_notif_sizes notif_sizes;
-static dev_t jail_devices[2]; /* the jail's private /tmp and /dev/shm */
+static dev_t jail_devices[2]; /* the jail's private /tmp and /dev/shm, as made (a grant may cover one since) */
 static unsigned long building; /* the id of the request it answers */
 static double builder_deadline;
 static int builder_killed; /* past its deadline: its reap is awaited */
@@ -339,12 +341,32 @@ static void interrupted(int sig) {
     (void)sig; /* a connect that waits is woken each second to see whether its program still does */
 }
 
-/* connect(2) of `sock` in this handler, as the program's own call would have; 0 or an errno. */
+/* Wake this handler in a second, or at `deadline` (0: none) if that comes first; 0 once it has passed. */
+static int wake_within(double deadline) {
+    double left = deadline ? deadline - now() : 1;
+    if (left <= 0) return 0;
+    if (left > 1) left = 1;
+    struct itimerval in = {{0, 0}, {(time_t)left, (suseconds_t)((left - (time_t)left) * 1e6) + 1}};
+    setitimer(ITIMER_REAL, &in, NULL);
+    return 1;
+}
+
+/* connect(2) of `sock` in this handler, as the program's own call would have (within the
+   socket's SO_SNDTIMEO, which each wakeup would otherwise start anew); 0 or an errno. */
 static int connect_for(int listener, __u64 id, int sock, const struct sockaddr *addr, socklen_t len) {
-    for (int r = connect(sock, addr, len), again = 0;; r = connect(sock, addr, len), again = 1) {
+    struct timeval timeout = {0, 0};
+    socklen_t size = sizeof timeout;
+    getsockopt(sock, SOL_SOCKET, SO_SNDTIMEO, &timeout, &size);
+    double deadline = timeout.tv_sec || timeout.tv_usec ? now() + timeout.tv_sec + timeout.tv_usec / 1e6 : 0;
+    int domain = AF_UNIX;
+    size = sizeof domain;
+    getsockopt(sock, SOL_SOCKET, SO_DOMAIN, &domain, &size);
+    for (int r = (wake_within(deadline), connect(sock, addr, len)), again = 0;;
+         r = connect(sock, addr, len), again = 1) {
         if (r == 0 || (again && errno == EISCONN)) return 0; /* EISCONN: it completed between two tries */
         if (errno != EINTR && errno != EALREADY) return errno;
         if (!waiting(listener, id)) _exit(0); /* nobody waits for the answer */
+        if (!wake_within(deadline)) return domain == AF_UNIX ? EAGAIN : EINPROGRESS; /* as the kernel's timeout says */
         if (errno == EALREADY) { /* a TCP connect under way since the last wakeup: its outcome */
             struct pollfd p = {sock, POLLOUT, 0};
             if (poll(&p, 1, 1000) <= 0) continue;
@@ -461,7 +483,7 @@ static void supervise(struct stage *s) {
         return;
     }
     resp->id = req->id;
-    pid_t pid = fork();
+    pid_t pid = n_handlers < MAX_HANDLERS ? fork() : -1; /* beyond: EAGAIN, as a full backlog says */
     if (pid == 0) {
         struct sigaction wake = {.sa_handler = interrupted}; /* no SA_RESTART: connect returns EINTR */
         sigaction(SIGALRM, &wake, NULL);
@@ -469,8 +491,6 @@ static void supervise(struct stage *s) {
         sigemptyset(&alarm);
         sigaddset(&alarm, SIGALRM);
         sigprocmask(SIG_UNBLOCK, &alarm, NULL);
-        struct itimerval second = {{1, 0}, {1, 0}};
-        setitimer(ITIMER_REAL, &second, NULL);
         int error = req->data.nr == SYS_connect ? connect_for_program(s->listener, req) : ENOSYS;
         resp->error = -error;
         ioctl(s->listener, SECCOMP_IOCTL_NOTIF_SEND, resp);
@@ -488,11 +508,9 @@ static void supervise(struct stage *s) {
 
 /* Whether this kernel lets us supervise: a child's filter with a listener, and a descriptor of
    the child's taken through a pidfd (Yama's ptrace_scope 3 refuses it). Where not, channels run
-   their plain programs. Also notes the jail's own file systems, where its sockets may be. */
+   their plain programs. */
 static int probe_supervision(void) {
-    struct stat tmp, shm;
-    if (!own_network || stat("/tmp", &tmp) < 0 || stat("/dev/shm", &shm) < 0) return 0;
-    jail_devices[0] = tmp.st_dev, jail_devices[1] = shm.st_dev;
+    if (!own_network) return 0;
     if (syscall(SYS_seccomp, SECCOMP_GET_NOTIF_SIZES, 0, &notif_sizes) < 0) return 0;
     int pair[2];
     if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, pair) < 0) return 0;
@@ -800,8 +818,10 @@ static void end_all(void) {
 int main(int argc, char **argv) {
     if (argc < 7) return 2;
     control = atoi(argv[1]);
+    unsigned long tmp_device, shm_device;
     pid_one = atoi(argv[2]);
-    own_network = pid_one == 2;
+    own_network = sscanf(argv[2], "2,%lu,%lu", &tmp_device, &shm_device) == 2;
+    if (own_network) jail_devices[0] = (dev_t)tmp_device, jail_devices[1] = (dev_t)shm_device;
     state_fd = atoi(argv[3]);
     python_fd = atoi(argv[4]);
     python_path = argv[5];
