@@ -248,6 +248,20 @@ if __name__ == "__main__":
     assert result.text() == "hi\nhi\nhi\nhi\n285\n42\n"
 
 
+@pytest.mark.skipif(not NATIVE_INIT, reason="the Python init lets a jail make no Unix socket at all")
+async def test_a_later_policys_programs_talk_over_unix_sockets_too(run, home):
+    # A second ruleset in the running jail is built by a helper of the init, not by jaild.py's
+    # first process: its channel must come with its supervised program too.
+    write_policy("wide", f"filesystem:\n  ro: [{home}]\n")
+    code = (
+        "import socket\nserver = socket.socket(socket.AF_UNIX)\nserver.bind('/tmp/s')\nserver.listen()\n"
+        "socket.socket(socket.AF_UNIX).connect('/tmp/s')\nprint('talked')"
+    )
+    assert (await run("true")).text() == ""  # the jail runs, with the default policy's channel
+    result = await run(code, "python3", sandbox="wide")
+    assert result.text() == "talked\n"
+
+
 async def test_the_hosts_tmp_is_out_of_sight(run, tmp_path):
     # Other sessions' scratch directories, the file server's token and pid files, anything of
     # the user's kept under /tmp: a jail has a /tmp of its own.
