@@ -205,8 +205,9 @@ async def test_cannot_reach_unix_sockets(run, tmp_path):
 
 @pytest.mark.skipif(not NATIVE_INIT, reason="the Python init lets a jail make no Unix socket at all")
 async def test_programs_of_a_jail_talk_over_unix_sockets(run, tmp_path):
-    # What test suites do: a server on a socket in $TMPDIR (by path, relative, from a thread), an
-    # abstract one, and multiprocessing's forkserver (Python 3.14's default) and Manager.
+    # What test suites do: a server on a socket in $TMPDIR (by path, relative, from a thread, by
+    # the program's own /proc links), an abstract one, and multiprocessing's forkserver (Python
+    # 3.14's default) and Manager.
     (tmp_path / "cwd" / "talk.py").write_text(
         """
 import multiprocessing, os, socket, tempfile, threading
@@ -233,6 +234,8 @@ if __name__ == "__main__":
     thread.start()
     thread.join()
     print(heard[0])
+    found = os.open("server.sock", os.O_PATH)
+    print(talk(f"/proc/self/fd/{found}"), talk(f"/dev/fd/{found}"))
     server = socket.socket(socket.AF_UNIX)
     server.bind("\\0ollie-test")
     server.listen()
@@ -245,7 +248,7 @@ if __name__ == "__main__":
 """
     )
     result = await run("python3 talk.py", timeout=60)
-    assert result.text() == "hi\nhi\nhi\nhi\n285\n42\n"
+    assert result.text() == "hi\nhi\nhi\nhi hi\nhi\n285\n42\n"
 
 
 @pytest.mark.skipif(not NATIVE_INIT, reason="the Python init lets a jail make no Unix socket at all")

@@ -393,8 +393,9 @@ static int connect_unix_path(int listener, const struct seccomp_notif *req, int 
     char own[sizeof(((struct sockaddr_un *)0)->sun_path) + 32];
     const char *rest = !strncmp(path, "/proc/self/", 11)          ? path + 11
                        : !strncmp(path, "/proc/thread-self/", 18) ? path + 18
+                       : !strncmp(path, "/dev/fd/", 8)            ? path + 5
                                                                   : NULL;
-    if (rest) { /* the program's /proc, not ours */
+    if (rest) { /* the program's /proc, not ours (other spellings of it are: then refused, as not the jail's) */
         snprintf(own, sizeof own, "/proc/%u/%s", req->pid, rest);
         path = own;
     }
