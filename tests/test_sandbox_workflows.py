@@ -65,6 +65,15 @@ async def test_a_login_shell_starts_without_complaint(run):
     assert (result.is_error, result.text()) == (False, "ok\n")
 
 
+@pytest.mark.skipif(not shutil.which("chromium"), reason="needs Debian's chromium")
+async def test_a_headless_browser_renders_a_page(run):
+    # A browser test's browser: its processes talk over Unix sockets (the jail's own), and Debian's
+    # launcher reads /etc/chromium.d. Its own sandbox needs privileges a jail does not give.
+    flags = "--headless --no-sandbox --disable-gpu --user-data-dir=/tmp/profile"
+    result = await run(f'chromium {flags} --dump-dom "data:text/html,<p>hi</p>" 2>/dev/null', timeout=60)
+    assert "<body><p>hi</p></body>" in result.text(), result.text()
+
+
 @pytest.mark.skipif(not shutil.which("cc"), reason="needs cc")
 async def test_a_sanitizer_build_runs_under_a_policy_without_the_heaps_bound(run):
     """`make test` of a C project built with AddressSanitizer: its shadow memory, terabytes reserved
