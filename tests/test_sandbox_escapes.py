@@ -186,6 +186,92 @@ except OSError as e: print(type(e).__name__)
 
 
 @pytest.mark.skipif(not NATIVE_INIT, reason="the Python init lets a jail make no Unix socket at all")
+async def test_a_signal_interrupts_a_connect_that_waits(run):
+    # The program's own call would return EINTR for a signal it catches (an alarm, a Ctrl-C, a
+    # test runner's timeout); the init's answer must not wait for the connect to end first.
+    code = """
+import signal, socket, threading, time
+server = socket.socket(socket.AF_UNIX); server.bind("/tmp/full"); server.listen(0)
+waiting = []
+while True:
+    s = socket.socket(socket.AF_UNIX); s.setblocking(False)
+    try: s.connect("/tmp/full"); waiting.append(s)
+    except BlockingIOError: break
+events = []
+def ring(*_):
+    events.append("signal")
+    raise TimeoutError
+signal.signal(signal.SIGALRM, ring)
+later = threading.Timer(5, lambda: [server.accept() for _ in range(len(waiting) + 1)])
+later.daemon = True  # the interrupted connect leaves one accept waiting for good
+later.start()
+signal.alarm(1)
+try:
+    socket.socket(socket.AF_UNIX).connect("/tmp/full"); events.append("connected")
+except TimeoutError:
+    events.append("interrupted")
+print(events)
+"""
+    result = await run(code, "python3", timeout=30)
+    assert result.text() == "['signal', 'interrupted']\n"
+
+
+@pytest.mark.skipif(not NATIVE_INIT, reason="the Python init lets a jail make no Unix socket at all")
+async def test_a_second_nonblocking_connect_says_it_is_under_way(run):
+    # On loopback a nonblocking connect says EINPROGRESS; once the backlog is full the handshake
+    # waits, and asking again says EALREADY at once, as the kernel does outside the sandbox.
+    code = """
+import errno, socket
+server = socket.socket(); server.bind(("127.0.0.1", 0)); server.listen(0)
+pairs = set()
+for _ in range(6):
+    c = socket.socket(); c.setblocking(False)
+    first, again = c.connect_ex(server.getsockname()), c.connect_ex(server.getsockname())
+    pairs.add((errno.errorcode.get(first), errno.errorcode.get(again)))
+print(("EINPROGRESS", "EALREADY") in pairs)
+"""
+    result = await run(code, "python3", timeout=30)
+    assert result.text() == "True\n"
+
+
+@pytest.mark.skipif(not NATIVE_INIT, reason="the Python init lets a jail make no Unix socket at all")
+async def test_many_connects_that_wait_are_queued_not_refused(run):
+    # Eighty threads connect to a full backlog; the init answers sixteen of a stage's at a time,
+    # and the rest wait their turn, as they would in the kernel.
+    code = """
+import socket, threading, time
+server = socket.socket(socket.AF_UNIX); server.bind("/tmp/full"); server.listen(0)
+results = []
+def client():
+    try:
+        c = socket.socket(socket.AF_UNIX); c.connect("/tmp/full"); results.append("ok")
+    except OSError as e:
+        results.append(e.strerror)
+threads = [threading.Thread(target=client) for _ in range(80)]
+for t in threads: t.start()
+time.sleep(1)
+accepted = [server.accept()[0] for _ in range(80)]
+for t in threads: t.join()
+print(len(results), set(results))
+"""
+    result = await run(code, "python3", timeout=60)
+    assert result.text() == "80 {'ok'}\n"
+
+
+@pytest.mark.skipif(not NATIVE_INIT, reason="the Python init lets a jail make no Unix socket at all")
+async def test_a_daemon_of_a_running_stage_outlives_a_connect(run):
+    # A process that left its stage's group lives until a stage ends (or another child of PID 1
+    # does); a connect's answer is not such an end.
+    code = (
+        "setsid -f sleep 300; sleep 0.3\n"
+        "python3 -c 'import socket; socket.socket().connect_ex((\"127.0.0.1\", 9))'; sleep 0.3\n"
+        "pgrep -x sleep >/dev/null && echo alive || echo killed"
+    )
+    result = await run(code)
+    assert result.text() == "alive\n"
+
+
+@pytest.mark.skipif(not NATIVE_INIT, reason="the Python init lets a jail make no Unix socket at all")
 async def test_an_address_rewritten_while_its_connect_is_judged_still_reaches_no_host_socket(run, tmp_path):
     # The init reads the address once, from the program's memory, and connects what it read: a
     # thread that flips the buffer between the jail's own socket and the host's, thousands of

@@ -72,7 +72,8 @@ extern char **environ;
 #endif
 
 #define MAX_FDS 8
-#define MAX_HANDLERS 64 /* connects answered at once in a jail: each a process of its limit */
+#define MAX_HANDLERS 64 /* connects answered at once in a jail (each a process of its limit): the rest wait */
+#define STAGE_HANDLERS 16 /* of which one stage's: a stage's connects that wait leave room for the others' */
 #define BUILD_SECONDS 60 /* a build that takes longer is killed, its request answered */
 
 struct program {
@@ -101,7 +102,10 @@ static size_t n_channels;
 static struct stage *stages;
 static size_t n_stages;
 static pid_t builder = -1; /* the Python child building a channel */
-static pid_t *handlers;    /* the children answering a supervised connect(2) each */
+struct handler {
+    pid_t pid, stage; /* a child answering a connect(2) of a program of `stage` */
+};
+static struct handler *handlers;
 static size_t n_handlers;
 static int own_network;    /* the jail's network namespace is its own: its loopback is all it reaches */
 static int can_supervise;  /* this kernel gives us a filter's notifications, and its targets' descriptors */
@@ -191,8 +195,15 @@ static struct stage *find_stage(pid_t pid) {
 
 static int is_handler(pid_t pid) {
     for (size_t i = 0; i < n_handlers; i++)
-        if (handlers[i] == pid) return 1;
+        if (handlers[i].pid == pid) return 1;
     return 0;
+}
+
+/* Whether a stage's listener is read: a call beyond the bounds waits in the kernel until a handler ends. */
+static int may_supervise(pid_t stage) {
+    size_t its = 0;
+    for (size_t i = 0; i < n_handlers; i++) its += handlers[i].stage == stage;
+    return n_handlers < MAX_HANDLERS && its < STAGE_HANDLERS;
 }
 
 /* Kill our children that are neither a running program nor in one's group, nor the builder. */
@@ -334,26 +345,70 @@ static int install_supervised(struct sock_fprog *prog, int report) {
 /* Whether notification `id` still waits: its program is alive and in the call, so the pid (and
    the descriptors and memory read through it since the notification came) are that program's. */
 static int waiting(int listener, __u64 id) {
-    return ioctl(listener, SECCOMP_IOCTL_NOTIF_ID_VALID, &id) == 0;
+    int r;
+    while ((r = ioctl(listener, SECCOMP_IOCTL_NOTIF_ID_VALID, &id)) < 0 && errno == EINTR) {
+    }
+    return r == 0;
 }
 
 static void interrupted(int sig) {
     (void)sig; /* a connect that waits is woken each second to see whether its program still does */
 }
 
-/* Wake this handler in a second, or at `deadline` (0: none) if that comes first; 0 once it has passed. */
+static sigset_t alarm_only; /* SIGALRM: a handler's wakeups, let in only while it waits on the connect */
+
+/* Wake this handler in a second, or at `deadline` (0: none) if that comes first, and each second
+   after (a wakeup that came before the wait began is followed by another); 0 once it has passed. */
 static int wake_within(double deadline) {
     double left = deadline ? deadline - now() : 1;
     if (left <= 0) return 0;
-    if (left > 1) left = 1;
-    struct itimerval in = {{0, 0}, {(time_t)left, (suseconds_t)((left - (time_t)left) * 1e6) + 1}};
+    long long us = left > 1 ? 1000000 : (long long)(left * 1e6) + 1;
+    struct itimerval in = {{1, 0}, {(time_t)(us / 1000000), (suseconds_t)(us % 1000000)}};
     setitimer(ITIMER_REAL, &in, NULL);
     return 1;
 }
 
+/* connect(2) or poll(2) with the wakeups let in (never during the listener's ioctls: a wakeup
+   there would fail the answer itself). */
+static int connect_woken(int sock, const struct sockaddr *addr, socklen_t len) {
+    sigprocmask(SIG_UNBLOCK, &alarm_only, NULL);
+    int r = connect(sock, addr, len), error = errno;
+    sigprocmask(SIG_BLOCK, &alarm_only, NULL);
+    errno = error;
+    return r;
+}
+
+static int poll_woken(struct pollfd *p) {
+    sigprocmask(SIG_UNBLOCK, &alarm_only, NULL);
+    int r = poll(p, 1, 1000), error = errno;
+    sigprocmask(SIG_BLOCK, &alarm_only, NULL);
+    errno = error;
+    return r;
+}
+
+/* Whether thread `tid` has a signal pending that it catches and does not block: its own call
+   would have been interrupted for it (the filter's wait lets only fatal ones through). */
+static int signal_for(pid_t tid) {
+    char path[64], status[8192];
+    snprintf(path, sizeof path, "/proc/%d/status", tid);
+    int file = open(path, O_RDONLY | O_CLOEXEC);
+    ssize_t n = file < 0 ? -1 : read(file, status, sizeof status - 1);
+    if (file >= 0) close(file);
+    if (n <= 0) return 0;
+    status[n] = 0;
+    unsigned long long mask[4] = {0}; /* SigPnd, ShdPnd, SigBlk, SigCgt */
+    const char *names[4] = {"\nSigPnd:", "\nShdPnd:", "\nSigBlk:", "\nSigCgt:"};
+    for (int i = 0; i < 4; i++) {
+        char *at = strstr(status, names[i]);
+        if (at) mask[i] = strtoull(at + 8, NULL, 16);
+    }
+    return ((mask[0] | mask[1]) & ~mask[2] & mask[3]) != 0;
+}
+
 /* connect(2) of `sock` in this handler, as the program's own call would have (within the
    socket's SO_SNDTIMEO, which each wakeup would otherwise start anew); 0 or an errno. */
-static int connect_for(int listener, __u64 id, int sock, const struct sockaddr *addr, socklen_t len) {
+static int connect_for(int listener, const struct seccomp_notif *req, int sock, const struct sockaddr *addr,
+                       socklen_t len) {
     struct timeval timeout = {0, 0};
     socklen_t size = sizeof timeout;
     getsockopt(sock, SOL_SOCKET, SO_SNDTIMEO, &timeout, &size);
@@ -361,15 +416,17 @@ static int connect_for(int listener, __u64 id, int sock, const struct sockaddr *
     int domain = AF_UNIX;
     size = sizeof domain;
     getsockopt(sock, SOL_SOCKET, SO_DOMAIN, &domain, &size);
-    for (int r = (wake_within(deadline), connect(sock, addr, len)), again = 0;;
-         r = connect(sock, addr, len), again = 1) {
+    for (int r = (wake_within(deadline), connect_woken(sock, addr, len)), again = 0;;
+         r = connect_woken(sock, addr, len), again = 1) {
         if (r == 0 || (again && errno == EISCONN)) return 0; /* EISCONN: it completed between two tries */
-        if (errno != EINTR && errno != EALREADY) return errno;
-        if (!waiting(listener, id)) _exit(0); /* nobody waits for the answer */
+        if (errno != EINTR && (errno != EALREADY || !again)) return errno; /* EALREADY at once: the program's own */
+        int already = errno == EALREADY;
+        if (!waiting(listener, req->id)) _exit(0); /* nobody waits for the answer */
+        if (signal_for(req->pid)) return EINTR; /* a TCP connect goes on, as the kernel's would */
         if (!wake_within(deadline)) return domain == AF_UNIX ? EAGAIN : EINPROGRESS; /* as the kernel's timeout says */
-        if (errno == EALREADY) { /* a TCP connect under way since the last wakeup: its outcome */
+        if (already) { /* a TCP connect under way since a wakeup interrupted it: its outcome */
             struct pollfd p = {sock, POLLOUT, 0};
-            if (poll(&p, 1, 1000) <= 0) continue;
+            if (poll_woken(&p) <= 0) continue;
             int error = 0;
             socklen_t size = sizeof error;
             return getsockopt(sock, SOL_SOCKET, SO_ERROR, &error, &size) < 0 ? errno : error;
@@ -410,7 +467,7 @@ static int connect_unix_path(int listener, const struct seccomp_notif *req, int 
     if (!error) {
         struct sockaddr_un via = {.sun_family = AF_UNIX};
         snprintf(via.sun_path, sizeof via.sun_path, "/proc/self/fd/%d", found);
-        error = connect_for(listener, req->id, sock, (struct sockaddr *)&via,
+        error = connect_for(listener, req, sock, (struct sockaddr *)&via,
                             offsetof(struct sockaddr_un, sun_path) + strlen(via.sun_path) + 1);
     }
     close(found);
@@ -458,10 +515,10 @@ static int connect_for_program(int listener, const struct seccomp_notif *req) {
     size_t at = offsetof(struct sockaddr_un, sun_path);
     if (getsockopt(sock, SOL_SOCKET, SO_DOMAIN, &domain, &size) < 0) error = errno; /* ENOTSOCK */
     else if (domain == AF_INET || domain == AF_INET6)
-        error = connect_for(listener, req->id, sock, (struct sockaddr *)&addr, len);
+        error = connect_for(listener, req, sock, (struct sockaddr *)&addr, len);
     else if (domain != AF_UNIX) error = EACCES;
     else if (len <= at || un->sun_family != AF_UNIX || un->sun_path[0] == 0) /* abstract, or the kernel's EINVAL */
-        error = connect_for(listener, req->id, sock, (struct sockaddr *)&addr, len);
+        error = connect_for(listener, req, sock, (struct sockaddr *)&addr, len);
     else if (len > sizeof *un)
         error = EINVAL; /* as the kernel says of a name longer than sun_path */
     else {
@@ -484,17 +541,17 @@ static void supervise(struct stage *s) {
         return;
     }
     resp->id = req->id;
-    pid_t pid = n_handlers < MAX_HANDLERS ? fork() : -1; /* beyond: EAGAIN, as a full backlog says */
+    pid_t pid = fork();
     if (pid == 0) {
         struct sigaction wake = {.sa_handler = interrupted}; /* no SA_RESTART: connect returns EINTR */
         sigaction(SIGALRM, &wake, NULL);
-        sigset_t alarm;
-        sigemptyset(&alarm);
-        sigaddset(&alarm, SIGALRM);
-        sigprocmask(SIG_UNBLOCK, &alarm, NULL);
+        sigemptyset(&alarm_only);
+        sigaddset(&alarm_only, SIGALRM);
+        sigprocmask(SIG_BLOCK, &alarm_only, NULL);
         int error = req->data.nr == SYS_connect ? connect_for_program(s->listener, req) : ENOSYS;
         resp->error = -error;
-        ioctl(s->listener, SECCOMP_IOCTL_NOTIF_SEND, resp);
+        while (ioctl(s->listener, SECCOMP_IOCTL_NOTIF_SEND, resp) < 0 && errno == EINTR) {
+        }
         _exit(0);
     }
     if (pid < 0) {
@@ -502,7 +559,7 @@ static void supervise(struct stage *s) {
         ioctl(s->listener, SECCOMP_IOCTL_NOTIF_SEND, resp);
     } else {
         handlers = grow(handlers, n_handlers, sizeof *handlers);
-        handlers[n_handlers++] = pid;
+        handlers[n_handlers++] = (struct handler){pid, s->pid};
     }
     free(req), free(resp);
 }
@@ -790,8 +847,9 @@ static void reap(void) {
             error = s->error, s->error = NULL;
             drop_stage(s);
         }
+        int handler = is_handler(pid);
         for (size_t i = 0; i < n_handlers; i++)
-            if (handlers[i] == pid) handlers[i] = handlers[--n_handlers];
+            if (handlers[i].pid == pid) handlers[i] = handlers[--n_handlers];
         int status;
         waitpid(pid, &status, 0);
         if (pid == builder) end_builder();
@@ -799,7 +857,7 @@ static void reap(void) {
         else if (channel)
             reply(channel->sock, id, "status", WIFEXITED(status) ? WEXITSTATUS(status) : -WTERMSIG(status), NULL);
         free(error);
-        sweep();
+        if (!handler) sweep(); /* a stage's end, or a stray's: not a connect's, which a daemon outlives */
     }
 }
 
@@ -862,7 +920,7 @@ int main(int argc, char **argv) {
         for (size_t j = 0; j < n_stages; j++)
             for (int k = 0; k < 2; k++) {
                 int fd = k ? stages[j].listener : stages[j].report;
-                if (fd < 0) continue;
+                if (fd < 0 || (k && !may_supervise(stages[j].pid))) continue;
                 polled[n++] = (struct pollfd){fd, POLLIN, 0};
                 reporting[n_reporting++] = stages[j].pid;
             }
