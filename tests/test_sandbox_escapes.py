@@ -164,24 +164,30 @@ async def test_a_policy_that_grants_tmp_shows_no_host_socket_as_the_jails_own(ru
         assert not accepted(listener)
 
 
-@pytest.mark.skipif(not NATIVE_INIT, reason="the Python init lets a jail make no Unix socket at all")
-async def test_a_connect_that_waits_keeps_its_sockets_send_timeout(run):
-    # A full backlog: the kernel says EAGAIN once SO_SNDTIMEO has passed; the init's wakeups
-    # (each second, to see whether the program still waits) must not start it anew.
-    code = """
-import socket, struct
+# A listener in the jail's /tmp whose backlog is full: the next blocking connect to it waits.
+FULL_BACKLOG = """
+import socket
 server = socket.socket(socket.AF_UNIX); server.bind("/tmp/full"); server.listen(0)
 waiting = []
 while True:
     s = socket.socket(socket.AF_UNIX); s.setblocking(False)
     try: s.connect("/tmp/full"); waiting.append(s)
     except BlockingIOError: break
+"""
+
+
+@pytest.mark.skipif(not NATIVE_INIT, reason="the Python init lets a jail make no Unix socket at all")
+async def test_a_connect_that_waits_keeps_its_sockets_send_timeout(run):
+    # A full backlog: the kernel says EAGAIN once SO_SNDTIMEO has passed; the init's wakeups
+    # (each second, to see whether the program still waits) must not start it anew.
+    code = """
+import struct
 s = socket.socket(socket.AF_UNIX)
 s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, struct.pack("ll", 1, 500000))
 try: s.connect("/tmp/full"); print("connected")
 except OSError as e: print(type(e).__name__)
 """
-    result = await run(code, "python3", timeout=30)
+    result = await run(FULL_BACKLOG + code, "python3", timeout=30)
     assert result.text() == "BlockingIOError\n"  # EAGAIN
 
 
@@ -190,13 +196,7 @@ async def test_a_signal_interrupts_a_connect_that_waits(run):
     # The program's own call would return EINTR for a signal it catches (an alarm, a Ctrl-C, a
     # test runner's timeout); the init's answer must not wait for the connect to end first.
     code = """
-import signal, socket, threading, time
-server = socket.socket(socket.AF_UNIX); server.bind("/tmp/full"); server.listen(0)
-waiting = []
-while True:
-    s = socket.socket(socket.AF_UNIX); s.setblocking(False)
-    try: s.connect("/tmp/full"); waiting.append(s)
-    except BlockingIOError: break
+import signal, threading
 events = []
 def ring(*_):
     events.append("signal")
@@ -212,7 +212,7 @@ except TimeoutError:
     events.append("interrupted")
 print(events)
 """
-    result = await run(code, "python3", timeout=30)
+    result = await run(FULL_BACKLOG + code, "python3", timeout=30)
     assert result.text() == "['signal', 'interrupted']\n"
 
 
