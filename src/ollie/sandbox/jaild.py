@@ -218,6 +218,7 @@ class Mounts:
         self.exposed = {}  # path -> (writable, shared, identity): how it was bound, to bind it so again
         self.view, self.view_root = "", -1  # the view's mount point, and an O_PATH fd of its root
         self.pinned = set()  # directories bound onto themselves, so that they cannot be renamed
+        self.own_devices = [0] * len(PRIVATE_TMPFS)  # each private tmpfs's device as made (0: none made)
         for path in [*PRIVATE_TMPFS, *hide]:
             if path not in self.hidden:
                 try:  # by the real path ollie resolved: a symlink on it now was planted since
@@ -242,11 +243,10 @@ class Mounts:
         """The jail's private tmpfs (over the host's directories, kept in `hidden` to show what a
         policy grants there again) and its own pseudo-terminals. Their devices are noted as they
         are made, before any grant is bound over them: where a socket file is the jail's own."""
-        self.own_devices = []
         for path in PRIVATE_TMPFS:
             if path in self.hidden:
                 mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV, f"size={tmp_size},mode=1777")
-                self.own_devices.append(os.stat(path).st_dev)
+                self.own_devices[PRIVATE_TMPFS.index(path)] = os.stat(path).st_dev
         try:
             mount("devpts", "/dev/pts", "devpts", MS_NOSUID | MS_NOEXEC, "newinstance,ptmxmode=0666,mode=0620")
             mount("/dev/pts/ptmx", "/dev/ptmx", None, MS_BIND)
@@ -751,9 +751,10 @@ class Jail:
     def become_native(self):
         """Exec the native init (jailinit.c) in our place, so that between stages the jail costs a
         few pages, not a Python process. It is handed what it serves (the control socket, each
-        channel's socket, ruleset and seccomp program) and what a later ruleset's `build` needs
-        (the mounts' state, the interpreter, this source), with our capabilities made ambient (an
-        exec keeps them then; its programs drop them). Returns only if the exec failed: we serve on."""
+        channel's socket, ruleset and seccomp programs, where the jail's own sockets are) and what
+        a later ruleset's `build` needs (the mounts' state, the interpreter, this source), with our
+        capabilities made ambient (an exec keeps them then; its programs drop them). Returns only
+        if the exec failed: we serve on."""
         init, python, python_path, source = self.native
         state = {"mounts": self.mounts.state() if self.mounts else None, "view_rights": self.view_rights}
         made = [memfd("ollie-jail-state", json.dumps(state).encode())]
@@ -767,7 +768,7 @@ class Jail:
         for fd in handed:
             os.set_inheritable(fd, True)
         pid_one = "1" if self.pid_one else "0"
-        if self.pid_one and self.own_network and self.mounts and len(self.mounts.own_devices) == len(PRIVATE_TMPFS):
+        if self.pid_one and self.own_network and self.mounts:
             pid_one = ",".join(map(str, [2, *self.mounts.own_devices]))  # where the jail's own sockets are
         args = [str(self.sock.fileno()), pid_one, str(made[0]), str(python), python_path]
         try:

@@ -2,7 +2,7 @@
  * stages costs a few pages, not a Python process (jaild.py, which sets the jail up and opens its
  * first ruleset's channel, then execs this; see that file for the protocol).
  *
- *   ollie-jail-init CONTROL PID_ONE STATE PYTHON PYTHON_PATH SOURCE [SOCK,RULESET,SECCOMP ...]
+ *   ollie-jail-init CONTROL PID_ONE STATE PYTHON PYTHON_PATH SOURCE [SOCK,RULESET,SECCOMP,SUPERVISED ...]
  *
  * CONTROL is the parent's socket, PID_ONE 1 for a PID namespace's init ("2,DEV,DEV": one with a
  * network namespace of its own too, and the devices of its private /tmp and /dev/shm as they were
@@ -72,8 +72,13 @@ extern char **environ;
 #endif
 
 #define MAX_FDS 8
-#define MAX_HANDLERS 64 /* connects answered at once in a jail (each a process of its limit): the rest wait */
-#define STAGE_HANDLERS 16 /* of which one stage's: a stage's connects that wait leave room for the others' */
+/* Connects taken up at once, in a jail and of one stage (a burst of them waits in the kernel, so
+   that one stage's leave room for the others'); a handler whose connect has waited a second (a
+   full backlog) no longer counts, so that connects that wait on one another are all taken up in
+   the end: those are bounded by the jail's process limit alone (beyond it, EAGAIN). */
+#define MAX_HANDLERS 64
+#define STAGE_HANDLERS 16
+#define PARKED_AFTER 1.0
 #define BUILD_SECONDS 60 /* a build that takes longer is killed, its request answered */
 
 struct program {
@@ -90,7 +95,7 @@ struct stage {
     pid_t pid;
     struct channel *channel;
     unsigned long id;
-    int report;   /* the socket its child reports a failure to start on, until it closes (-1 since) */
+    int report;   /* the socket its child hands its listener and reports a failure to start on, until it closes (-1 since) */
     char *error;  /* what that failure was, answered for it when it is reaped */
     int listener; /* its seccomp filter's notifications, when supervised (-1: none) */
 };
@@ -103,7 +108,8 @@ static struct stage *stages;
 static size_t n_stages;
 static pid_t builder = -1; /* the Python child building a channel */
 struct handler {
-    pid_t pid, stage; /* a child answering a connect(2) of a program of `stage` */
+    pid_t pid, stage; /* a child answering a connect(2) of a program of `stage` (0: ended) */
+    double started;
 };
 static struct handler *handlers;
 static size_t n_handlers;
@@ -199,14 +205,21 @@ static int is_handler(pid_t pid) {
     return 0;
 }
 
-/* Whether a stage's listener is read: a call beyond the bounds waits in the kernel until a handler ends. */
-static int may_supervise(pid_t stage) {
-    size_t its = 0;
-    for (size_t i = 0; i < n_handlers; i++) its += handlers[i].stage == stage;
-    return n_handlers < MAX_HANDLERS && its < STAGE_HANDLERS;
+/* Whether a stage's listener is read now: a call beyond the bounds waits in the kernel until a
+   handler ends or has waited PARKED_AFTER (*`soonest`, if sooner, says when one will have). */
+static int may_supervise(pid_t stage, double *soonest) {
+    size_t all = 0, its = 0;
+    double t = now();
+    for (size_t i = 0; i < n_handlers; i++) {
+        double parks = handlers[i].started + PARKED_AFTER;
+        if (parks <= t) continue;
+        all++, its += handlers[i].stage == stage;
+        if (soonest && parks < *soonest) *soonest = parks;
+    }
+    return all < MAX_HANDLERS && its < STAGE_HANDLERS;
 }
 
-/* Kill our children that are neither a running program nor in one's group, nor the builder. */
+/* Kill our children that are neither a running program nor in one's group, nor the builder, nor a connect's handler. */
 static void sweep(void) {
     char list[65536], path[64], stat[1024];
     ssize_t n = pread(children_fd, list, sizeof list - 1, 0);
@@ -254,7 +267,9 @@ static int read_report(struct stage *s) {
 
 static void drop_stage(struct stage *s) {
     if (s->report >= 0) close(s->report);
-    if (s->listener >= 0) close(s->listener); /* a process of its group still asking gets ENOSYS */
+    if (s->listener >= 0) close(s->listener); /* once no handler holds it either, a call still asking gets ENOSYS */
+    for (size_t i = 0; i < n_handlers; i++)
+        if (handlers[i].stage == s->pid) handlers[i].stage = 0; /* its pid may be the next stage's */
     free(s->error);
     *s = stages[--n_stages];
 }
@@ -445,7 +460,8 @@ static int connect_unix_path(int listener, const struct seccomp_notif *req, int 
         char cwd[64];
         snprintf(cwd, sizeof cwd, "/proc/%u/cwd", req->pid);
         dir = open(cwd, O_PATH | O_DIRECTORY | O_CLOEXEC);
-        if (dir < 0 || !waiting(listener, req->id)) return EACCES;
+        if (dir < 0) return EACCES;
+        if (!waiting(listener, req->id)) _exit(0);
     }
     char own[sizeof(((struct sockaddr_un *)0)->sun_path) + 32];
     const char *rest = !strncmp(path, "/proc/self/", 11)          ? path + 11
@@ -495,20 +511,22 @@ static int connect_for_program(int listener, const struct seccomp_notif *req) {
     if (!own_network) return EACCES; /* the host's network: only its own call could be judged by Landlock */
     int fd = (int)req->data.args[0];
     socklen_t len = (socklen_t)req->data.args[2];
-    struct sockaddr_storage addr;
-    memset(&addr, 0, sizeof addr);
-    if (len > sizeof addr) return EINVAL;
-    if (len) {
-        struct iovec here = {&addr, len}, there = {(void *)(uintptr_t)req->data.args[1], len};
-        if (process_vm_readv(req->pid, &here, 1, &there, 1, 0) != (ssize_t)len) return EFAULT;
-    }
     int pidfd = thread_pidfd(req->pid);
     if (pidfd < 0) return EACCES;
-    int sock = (int)syscall(SYS_pidfd_getfd, pidfd, fd, 0);
+    int sock = (int)syscall(SYS_pidfd_getfd, pidfd, fd, 0); /* the kernel's order: the descriptor, the address, the socket */
     int error = sock < 0 ? errno : 0;
     close(pidfd);
+    if (sock < 0) return waiting(listener, req->id) && error == EBADF ? EBADF : EACCES;
+    struct sockaddr_storage addr;
+    memset(&addr, 0, sizeof addr);
+    struct iovec here = {&addr, len}, there = {(void *)(uintptr_t)req->data.args[1], len};
+    if (len > sizeof addr) error = EINVAL;
+    else if (len && process_vm_readv(req->pid, &here, 1, &there, 1, 0) != (ssize_t)len) error = EFAULT;
     if (!waiting(listener, req->id)) _exit(0); /* the pid, memory and descriptor may be another's */
-    if (sock < 0) return error == EBADF ? EBADF : EACCES;
+    if (error) {
+        close(sock);
+        return error;
+    }
     int domain = 0;
     socklen_t size = sizeof domain;
     struct sockaddr_un *un = (struct sockaddr_un *)&addr;
@@ -543,14 +561,18 @@ static void supervise(struct stage *s) {
     resp->id = req->id;
     pid_t pid = fork();
     if (pid == 0) {
+        /* The listener alone, as 3: not the init's sockets, nor other stages' listeners (which
+           would outlive their stages in a handler that waits) */
+        int listener = s->listener == 3 ? 3 : dup3(s->listener, 3, O_CLOEXEC);
+        if (listener != 3 || syscall(SYS_close_range, 4, ~0U, 0) < 0) _exit(0);
         struct sigaction wake = {.sa_handler = interrupted}; /* no SA_RESTART: connect returns EINTR */
         sigaction(SIGALRM, &wake, NULL);
         sigemptyset(&alarm_only);
         sigaddset(&alarm_only, SIGALRM);
         sigprocmask(SIG_BLOCK, &alarm_only, NULL);
-        int error = req->data.nr == SYS_connect ? connect_for_program(s->listener, req) : ENOSYS;
+        int error = req->data.nr == SYS_connect ? connect_for_program(listener, req) : ENOSYS;
         resp->error = -error;
-        while (ioctl(s->listener, SECCOMP_IOCTL_NOTIF_SEND, resp) < 0 && errno == EINTR) {
+        while (ioctl(listener, SECCOMP_IOCTL_NOTIF_SEND, resp) < 0 && errno == EINTR) {
         }
         _exit(0);
     }
@@ -559,7 +581,7 @@ static void supervise(struct stage *s) {
         ioctl(s->listener, SECCOMP_IOCTL_NOTIF_SEND, resp);
     } else {
         handlers = grow(handlers, n_handlers, sizeof *handlers);
-        handlers[n_handlers++] = (struct handler){pid, s->pid};
+        handlers[n_handlers++] = (struct handler){pid, s->pid, now()};
     }
     free(req), free(resp);
 }
@@ -767,7 +789,11 @@ static void end_builder(void) {
         int sock = f[1] ? fds[k++] : -1, ruleset = f[2] ? fds[k++] : -1, seccomp = f[3] ? fds[k++] : -1;
         int supervised = f[4] ? fds[k++] : -1;
         if (sock >= 0) add_channel(sock, ruleset, seccomp, supervised);
-        else if (supervised >= 0) close(supervised);
+        else { /* no channel: what came with it is of no use */
+            if (ruleset >= 0) close(ruleset);
+            if (seccomp >= 0) close(seccomp);
+            if (supervised >= 0) close(supervised);
+        }
         if (f[5]) close(state_fd), state_fd = fds[k++]; /* what the next build goes on from */
     } else { /* it died before it handed back the mounts' state: what it mounted is on record nowhere */
         for (int i = 0; i < n_fds; i++) close(fds[i]);
@@ -911,6 +937,7 @@ int main(int argc, char **argv) {
     pid_t *reporting = NULL; /* the stage whose report socket or listener each entry past the channels' is */
     for (;;) {
         size_t n = 0, polled_channels = n_channels, n_reporting = 0;
+        double soonest = 1e300; /* when a handler will have waited long enough to count no more */
         polled = grow(polled, n_channels + 2 * n_stages + 2, sizeof *polled);
         reporting = grow(reporting, 2 * n_stages, sizeof *reporting);
         polled[n++] = (struct pollfd){signals, POLLIN, 0};
@@ -920,7 +947,7 @@ int main(int argc, char **argv) {
         for (size_t j = 0; j < n_stages; j++)
             for (int k = 0; k < 2; k++) {
                 int fd = k ? stages[j].listener : stages[j].report;
-                if (fd < 0 || (k && !may_supervise(stages[j].pid))) continue;
+                if (fd < 0 || (k && !may_supervise(stages[j].pid, &soonest))) continue;
                 polled[n++] = (struct pollfd){fd, POLLIN, 0};
                 reporting[n_reporting++] = stages[j].pid;
             }
@@ -928,6 +955,11 @@ int main(int argc, char **argv) {
         if (builder >= 0 && !builder_killed) {
             double left = builder_deadline - now();
             wait_ms = left > 0 ? (int)(left * 1000) + 1 : 0;
+        }
+        if (soonest < 1e300) {
+            double left = soonest - now();
+            int ms = left > 0 ? (int)(left * 1000) + 1 : 0;
+            if (wait_ms < 0 || ms < wait_ms) wait_ms = ms;
         }
         if (poll(polled, n, wait_ms) < 0) continue;
         if (builder >= 0 && !builder_killed && now() >= builder_deadline) {
@@ -954,7 +986,9 @@ int main(int argc, char **argv) {
             struct pollfd *p = &polled[2 + polled_channels + k];
             struct stage *s = p->revents ? find_stage(reporting[k]) : NULL;
             if (s && s->report == p->fd) read_report(s);
-            else if (s && s->listener == p->fd && p->revents & POLLIN) supervise(s);
+            else if (s && s->listener == p->fd && p->revents & POLLIN) {
+                if (may_supervise(s->pid, NULL)) supervise(s); /* the bounds again: this round took some */
+            }
             else if (s && s->listener == p->fd) close(s->listener), s->listener = -1; /* no program of its filter is left */
         }
         if (retiring && n_stages == 0) end_all();

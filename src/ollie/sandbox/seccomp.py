@@ -89,8 +89,8 @@ def seccomp_program(policy: Policy, own_network: bool = False, supervised: bool 
       one session (the kernel's autogroup weighs them as one program), so without this a
       process could join a running stage's group and outlive its own stage. The filter cannot
       know the caller's pid, so `setpgid(0, getpid())` is refused too (EPERM).
-    - socket(2) by list, everything else refused: AF_UNIX only with `network.unix` (Landlock does
-      not govern connecting by path); TCP over IPv4/6 (Landlock governs its ports); with
+    - socket(2) by list, everything else refused: AF_UNIX only with `network.unix` or `supervised`
+      (Landlock does not govern connecting by path); TCP over IPv4/6 (Landlock governs its ports); with
       `network.unrestricted` any IPv4/6 socket and rtnetlink (name resolution needs them); in a
       network namespace of its own, UDP over IPv4/6 too (it reaches that loopback alone).
       No UDP with the host's network, no MPTCP, raw, packet, vsock, sock_diag or other families.
