@@ -564,7 +564,12 @@ static void supervise(struct stage *s) {
         /* The listener alone, as 3: not the init's sockets, nor other stages' listeners (which
            would outlive their stages in a handler that waits) */
         int listener = s->listener == 3 ? 3 : dup3(s->listener, 3, O_CLOEXEC);
-        if (listener != 3 || syscall(SYS_close_range, 4, ~0U, 0) < 0) _exit(0);
+        if (listener != 3) {
+            resp->error = -EAGAIN;
+            ioctl(s->listener, SECCOMP_IOCTL_NOTIF_SEND, resp);
+            _exit(0);
+        }
+        syscall(SYS_close_range, 4, ~0U, 0);
         struct sigaction wake = {.sa_handler = interrupted}; /* no SA_RESTART: connect returns EINTR */
         sigaction(SIGALRM, &wake, NULL);
         sigemptyset(&alarm_only);
