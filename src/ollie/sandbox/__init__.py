@@ -57,7 +57,7 @@ from .policy import (
     policy_files,
 )
 from .repository import repository_root
-from .seccomp import SECCOMP_MACHINES, seccomp_program, seccomp_supported
+from .seccomp import SECCOMP_MACHINES, seccomp_program, seccomp_supported, supervisable
 
 _T = TypeVar("_T")
 
@@ -162,7 +162,7 @@ class Sandbox:
                 # Unix sockets among the jail's own programs (a test's server, multiprocessing).
                 "seccomp_supervised": (
                     seccomp_program(policy, own_network, supervised=True).hex()
-                    if own_network and not policy.unix_sockets
+                    if supervisable(policy, own_network)
                     else ""
                 ),
                 "expose": expose,

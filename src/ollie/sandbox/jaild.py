@@ -914,9 +914,9 @@ def build(control, state_fd, result):
     """A new ruleset's channel, for the native init, which runs this in a fresh interpreter (the
     jail has no Python process to fork any more): answer the request on the control socket and
     hand the init "A C R S U T" (whether the request was answered, and whether a channel's socket,
-    its ruleset, its seccomp program, its supervised one and the mounts' new state follow), the state whatever came of
-    the request (a grant refused half-way leaves the mounts it made), in a new memfd: the old one
-    stays whole for the next build should this one die."""
+    its ruleset, its seccomp program, its supervised one and the mounts' new state follow), the
+    state whatever came of the request (a grant refused half-way leaves the mounts it made), in a
+    new memfd: the old one stays whole for the next build should this one die."""
     check(libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0), "dumpable")  # before anything: exec made us dumpable
     state = json.loads(os.pread(state_fd, os.fstat(state_fd).st_size, 0))
     mounts = Mounts.restore(state["mounts"]) if state["mounts"] else None

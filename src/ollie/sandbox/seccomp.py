@@ -71,6 +71,13 @@ def _arg(n: int) -> int:
     return 16 + 8 * n  # offset of args[n]'s low word in seccomp_data (little-endian machines)
 
 
+def supervisable(policy: Policy, own_network: bool) -> bool:
+    """Whether a supervised program (`seccomp_program`) differs from the plain one: in a network
+    of the jail's own (whose connects the init may make), where the policy does not allow every
+    Unix socket already."""
+    return own_network and not policy.unix_sockets
+
+
 def seccomp_program(policy: Policy, own_network: bool = False, supervised: bool = False) -> bytes:
     """The BPF filter a sandboxed program runs under, as the kernel's `struct sock_filter` array.
     `own_network`: the program runs in a network namespace of its own (`build_ruleset`), where
@@ -104,8 +111,8 @@ def seccomp_program(policy: Policy, own_network: bool = False, supervised: bool 
     if machine is None:
         return b""
     arch, nr = machine
-    supervised = supervised and own_network and not policy.unix_sockets
-    unix = "allow" if policy.unix_sockets else "unix" if supervised else "eacces"
+    supervised = supervised and supervisable(policy, own_network)
+    unix = "allow" if policy.unix_sockets else "stream_or_seqpacket" if supervised else "eacces"
     prog: list[tuple[int, int | str, int | str, int] | str] = [
         (_LD, 0, 0, 4),
         (_JEQ, 0, "enosys", arch),  # seccomp_data.arch
@@ -120,7 +127,7 @@ def seccomp_program(policy: Policy, own_network: bool = False, supervised: bool 
     if supervised:
         prog += [(_JEQ, "supervise", 0, nr["connect"]), (_JEQ, "seccomp", 0, nr["seccomp"])]
     if not policy.unix_sockets:
-        prog.append((_JEQ, "socketpair", 0, nr["socketpair"]))
+        prog.append((_JEQ, "stream_or_seqpacket", 0, nr["socketpair"]))
     if not (policy.unrestricted_net or own_network or policy.bind_tcp or policy.unix_sockets):
         prog.append((_JEQ, "eacces", 0, nr["listen"]))
     if not (policy.unrestricted_net or own_network):
@@ -137,11 +144,6 @@ def seccomp_program(policy: Policy, own_network: bool = False, supervised: bool 
         (_LD, 0, 0, _arg(1)),
         (_AND, 0, 0, _FILTER_FLAG_NEW_LISTENER),
         (_JEQ, "allow", "eperm", 0),
-        "socketpair",
-        (_LD, 0, 0, _arg(1)),
-        (_AND, 0, 0, _SOCK_TYPE_MASK),
-        (_JEQ, "allow", 0, _SOCK_STREAM),
-        (_JEQ, "allow", "eacces", _SOCK_SEQPACKET),
         "flags3",
         (_LD, 0, 0, _arg(3)),
         (_AND, 0, 0, _MSG_FASTOPEN),
@@ -189,15 +191,14 @@ def seccomp_program(policy: Policy, own_network: bool = False, supervised: bool 
         ]
         if own_network:  # UDP too: it reaches the jail's own loopback alone (a test's syslog or DNS)
             prog += ["udp", (_LD, 0, 0, _arg(2)), (_JEQ, "allow", 0, 0), (_JEQ, "allow", "eacces", _IPPROTO_UDP)]
-    if supervised:  # stream and seqpacket sockets, which connect by connect(2) alone
-        prog += [
-            "unix",
-            (_LD, 0, 0, _arg(1)),
-            (_AND, 0, 0, _SOCK_TYPE_MASK),
-            (_JEQ, "allow", 0, _SOCK_STREAM),
-            (_JEQ, "allow", "eacces", _SOCK_SEQPACKET),
-        ]
     prog += [
+        # socketpair(2), and a supervised socket(AF_UNIX): stream and seqpacket, which connect by
+        # connect(2) alone (a datagram socket sends to a path by sendto)
+        "stream_or_seqpacket",
+        (_LD, 0, 0, _arg(1)),
+        (_AND, 0, 0, _SOCK_TYPE_MASK),
+        (_JEQ, "allow", 0, _SOCK_STREAM),
+        (_JEQ, "allow", "eacces", _SOCK_SEQPACKET),
         "eafnosupport",
         (_RET, 0, 0, _RET_ERRNO | _EAFNOSUPPORT),
         "allow",
