@@ -8,6 +8,7 @@ import os
 import platform
 import shutil
 import signal
+import site
 import socket
 import subprocess
 import sys
@@ -384,6 +385,30 @@ async def test_the_python_that_runs_the_jail_is_read_only_even_inside_a_writable
     finally:
         marker.unlink(missing_ok=True)
         other.unlink(missing_ok=True)
+        await server.close()
+
+
+async def test_the_users_site_packages_is_read_only_even_in_a_cwd_of_home(home, monkeypatch):
+    # Under a Python that reads the user's site-packages (`pip install --user` on a system Python),
+    # a .pth planted there runs in the user's next ollie, outside the sandbox; the directory is
+    # made first if missing, so that code working in $HOME cannot make it.
+    user_site = home / ".local" / "lib" / "python3" / "site-packages"
+    monkeypatch.setattr(site, "ENABLE_USER_SITE", True)
+    monkeypatch.setattr(site, "USER_SITE", str(user_site))
+    server = execute.factory(str(home))()
+    code = "mkdir -p .local/lib/python3/site-packages; echo 'import os' > .local/lib/python3/site-packages/x.pth"
+    try:
+        result = await server.call_tool("execute_code", {"steps": [{"code": code}]}, CallContext(cwd=str(home)))
+        assert "Read-only file system" in result.text(), result.text()
+        assert user_site.is_dir() and not any(user_site.iterdir())
+        monkeypatch.setattr(site, "ENABLE_USER_SITE", False)  # a virtualenv's Python: $HOME's to write
+        server2 = execute.factory(str(home))()
+        try:
+            result = await server2.call_tool("execute_code", {"steps": [{"code": code}]}, CallContext(cwd=str(home)))
+            assert not result.is_error and (user_site / "x.pth").exists(), result.text()
+        finally:
+            await server2.close()
+    finally:
         await server.close()
 
 

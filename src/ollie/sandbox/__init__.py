@@ -20,6 +20,7 @@ import platform
 import re
 import resource
 import shutil
+import site
 import stat
 import sys
 import threading
@@ -547,13 +548,21 @@ def _made(paths: list[str]) -> list[str]:
     return made
 
 
+def _user_site() -> list[str]:
+    """The user's site-packages when the Python running ollie reads it (a system Python, where
+    `pip install --user` puts ollie; a virtualenv made with --system-site-packages): a package, a
+    `.pth` or a usercustomize.py planted there runs in the next ollie, outside the sandbox, as one
+    in sys.prefix would. Made if missing, so that code in a cwd of $HOME cannot make it first."""
+    return [site.getusersitepackages()] if site.ENABLE_USER_SITE else []
+
+
 def read_only_dirs() -> tuple[str, ...]:
     """What a jail keeps read-only whatever a policy grants around it: the Python that starts
-    every jail, and the tool script and skill directories (code runs and reads them; ollie serves
-    them to every session)."""
+    every jail and the user's site-packages it reads, and the tool script and skill directories
+    (code runs and reads them; ollie serves them to every session)."""
     dirs = [str(p) for p in (*config.tools_path(), *config.skills_path())]
     inside_own = [os.path.realpath(p) for p in dirs if os.path.isdir(p)]  # _made leaves those out
-    return tuple(dict.fromkeys([*_PROTECTED, *_made(dirs), *inside_own]))
+    return tuple(dict.fromkeys([*_PROTECTED, *_made(_user_site()), *_made(dirs), *inside_own]))
 
 
 def directory_within(path: str, bound: str) -> str:
