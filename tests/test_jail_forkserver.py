@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import os
 import shutil
 import signal
@@ -988,6 +989,24 @@ def test_the_native_init_is_built_with_the_systems_compiler_not_one_on_the_path(
     assert built is not None and built.startswith(b"\x7fELF")
     assert not list(tmp_path.glob("ran-*"))
     assert jail_mod._native_init() == built  # the second time, the one built
+
+
+def test_the_init_a_wheel_carries_is_taken_and_none_of_other_source(tmp_path, monkeypatch):
+    """An installed wheel holds the init beside jail.py (setup.py), named by its source's digest:
+    taken as it is, with no compiler asked (none is, where the wheel is all there is); a file
+    named for other source (a package upgraded in place) is never run."""
+    package = tmp_path / "package"
+    package.mkdir()
+    monkeypatch.setattr(jail_mod, "__file__", str(package / "jail.py"))
+    monkeypatch.setenv("OLLIE_DATA_PATH", str(tmp_path / "data"))
+    monkeypatch.setattr(jail_mod, "_SYSTEM_PATH", str(tmp_path / "no-compiler"))
+    monkeypatch.delenv("CC", raising=False)
+    digest = hashlib.sha256(jail_mod._JAILINIT).hexdigest()[:16]
+    (package / "ollie-jail-init-0123456789abcdef").write_bytes(b"\x7fELF of other source")
+    assert jail_mod._native_init() is None
+    (package / f"ollie-jail-init-{digest}").write_bytes(b"\x7fELF the wheel's")
+    assert jail_mod._native_init() == b"\x7fELF the wheel's"
+    assert not (tmp_path / "data").exists()
 
 
 async def test_the_fork_server_takes_its_standard_library_from_where_ollies_python_has_it():

@@ -560,25 +560,27 @@ def _memfd(data: bytes, name: str = "ollie-spec", flags: int = 0) -> int:
 
 
 def _native_init() -> bytes | None:
-    """The native init (jailinit.c) built for this machine: compiled once with the system's C
-    compiler (`$CC` if it leads into the system's directories, else `cc` there: never a program
-    found on the user's PATH or in a directory a sandboxed program may write) into ollie's data
-    directory, which no jail sees (a sandboxed program must not write what every later jail runs
-    outside its sandbox); None without a compiler, where it failed (said once, and remembered), or
-    with OLLIE_JAIL_INIT=python: a jail's PID 1 then stays Python, 2 MiB where the init takes a
-    twentieth of that."""
+    """The native init (jailinit.c) built for this machine: the one a wheel carries beside its
+    source (setup.py builds it, named by the source's digest; the installed package is read-only in
+    every jail), or else compiled once with the system's C compiler (`$CC` if it leads into the
+    system's directories, else `cc` there: never a program found on the user's PATH or in a
+    directory a sandboxed program may write) into ollie's data directory, which no jail sees (a
+    sandboxed program must not write what every later jail runs outside its sandbox); None without
+    either, where the compiler failed (said once, and remembered), or with OLLIE_JAIL_INIT=python:
+    a jail's PID 1 then stays Python, 2 MiB where the init takes a twentieth of that."""
     wanted = os.environ.get("OLLIE_JAIL_INIT", "native")
     if wanted == "python":  # asked for: the attack suites run so too (.ci/run)
         return None
     if wanted != "native":
         log.warning("OLLIE_JAIL_INIT=%r: neither 'native' nor 'python'; the native init it is", wanted)
-    digest = hashlib.sha256(_JAILINIT).hexdigest()[:16]
-    built = config.data_path() / "jail-init" / f"ollie-jail-init-{digest}"
+    name = f"ollie-jail-init-{hashlib.sha256(_JAILINIT).hexdigest()[:16]}"
+    built = config.data_path() / "jail-init" / name
     failed = built.with_suffix(".failed")
-    try:
-        return built.read_bytes()
-    except OSError:
-        pass
+    for path in (Path(__file__).with_name(name), built):
+        try:
+            return path.read_bytes()
+        except OSError:
+            pass
     cc = os.path.realpath(os.environ["CC"]) if os.path.isabs(os.environ.get("CC", "")) else ""
     if cc and not cc.startswith(_SYSTEM_DIRS):
         log.warning("CC=%s is not in the system's directories %s: the jails' init is built with cc", cc, _SYSTEM_DIRS)
