@@ -22,7 +22,7 @@ from ollie.sandbox import caches as caches_module
 from ollie.sandbox import gitidentity, linked, userconfig
 from ollie.sandbox.linked import linked_installs
 from ollie.tools import CallContext, execute
-from sandbox_helpers import API_KEY, NATIVE_INIT, SECRET, write_policy
+from sandbox_helpers import API_KEY, NO_UNIX_SOCKETS, SECRET, UNIX_SOCKETS, write_policy
 from test_execute import alive
 
 pytestmark = pytest.mark.skipif(sandbox.landlock_abi() < 6, reason="needs Landlock ABI 6 (Linux 6.12)")
@@ -203,11 +203,11 @@ async def test_cannot_reach_unix_sockets(run, tmp_path):
         assert result.text() == "connected\n"
 
 
-@pytest.mark.skipif(not NATIVE_INIT, reason="the Python init lets a jail make no Unix socket at all")
+@pytest.mark.skipif(not UNIX_SOCKETS, reason=NO_UNIX_SOCKETS)
 async def test_programs_of_a_jail_talk_over_unix_sockets(run, tmp_path):
     # What test suites do: a server on a socket in $TMPDIR (by path, relative, from a thread, by
-    # the program's own /proc links), an abstract one, and multiprocessing's forkserver (Python
-    # 3.14's default) and Manager.
+    # the program's own /proc links), an abstract one, one in /dev/shm, and multiprocessing's
+    # forkserver (Python 3.14's default) and Manager.
     (tmp_path / "cwd" / "talk.py").write_text(
         """
 import multiprocessing, os, socket, tempfile, threading
@@ -240,6 +240,10 @@ if __name__ == "__main__":
     server.bind("\\0ollie-test")
     server.listen()
     print(talk("\\0ollie-test"))
+    server = socket.socket(socket.AF_UNIX)
+    server.bind("/dev/shm/server.sock")
+    server.listen()
+    print(talk("/dev/shm/server.sock"))
     with multiprocessing.get_context("forkserver").Pool(2, maxtasksperchild=1) as pool:
         print(sum(pool.map(square, range(10))))
     with multiprocessing.Manager() as manager:
@@ -248,10 +252,10 @@ if __name__ == "__main__":
 """
     )
     result = await run("python3 talk.py", timeout=60)
-    assert result.text() == "hi\nhi\nhi\nhi hi\nhi\n285\n42\n"
+    assert result.text() == "hi\nhi\nhi\nhi hi\nhi\nhi\n285\n42\n"
 
 
-@pytest.mark.skipif(not NATIVE_INIT, reason="the Python init lets a jail make no Unix socket at all")
+@pytest.mark.skipif(not UNIX_SOCKETS, reason=NO_UNIX_SOCKETS)
 async def test_a_later_policys_programs_talk_over_unix_sockets_too(run, home):
     # A second ruleset in the running jail is built by a helper of the init, not by jaild.py's
     # first process: its channel must come with its supervised program too.

@@ -22,7 +22,7 @@ from ollie import sandbox
 from ollie.agent import hooks
 from ollie.config import AgentConfig, ConfigError, parse_agent
 from ollie.tools import CallContext, execute
-from sandbox_helpers import API_KEY, NATIVE_INIT, SECRET, write_policy
+from sandbox_helpers import API_KEY, NO_UNIX_SOCKETS, SECRET, UNIX_SOCKETS, write_policy
 from test_execute import alive
 
 pytestmark = pytest.mark.skipif(sandbox.landlock_abi() < 6, reason="needs Landlock ABI 6 (Linux 6.12)")
@@ -71,8 +71,8 @@ async def test_io_uring_is_refused(run):
         ("AF_INET", "SOCK_STREAM", 0, "ok"),  # plain TCP sockets: Landlock decides their ports
         # Unix sockets whose connect(2) the jail's init makes (with the Python init: none at all);
         # never a datagram one, which could send to any socket by path
-        ("AF_UNIX", "SOCK_STREAM", 0, "ok" if NATIVE_INIT else "EACCES"),
-        ("AF_UNIX", "SOCK_SEQPACKET", 0, "ok" if NATIVE_INIT else "EACCES"),
+        ("AF_UNIX", "SOCK_STREAM", 0, "ok" if UNIX_SOCKETS else "EACCES"),
+        ("AF_UNIX", "SOCK_SEQPACKET", 0, "ok" if UNIX_SOCKETS else "EACCES"),
         ("AF_UNIX", "SOCK_DGRAM", 0, "EACCES"),
     ],
 )
@@ -182,7 +182,7 @@ while True:
 """
 
 
-@pytest.mark.skipif(not NATIVE_INIT, reason="the Python init lets a jail make no Unix socket at all")
+@pytest.mark.skipif(not UNIX_SOCKETS, reason=NO_UNIX_SOCKETS)
 async def test_a_connect_that_waits_keeps_its_sockets_send_timeout(run):
     # A full backlog: the kernel says EAGAIN once SO_SNDTIMEO has passed; the init's wakeups
     # (each second, to see whether the program still waits) must not start it anew.
@@ -198,7 +198,7 @@ except OSError as e: print(type(e).__name__, "within 5 s" if time.monotonic() - 
     assert result.text() == "BlockingIOError within 5 s\n"  # EAGAIN, after the 1.5 s asked
 
 
-@pytest.mark.skipif(not NATIVE_INIT, reason="the Python init lets a jail make no Unix socket at all")
+@pytest.mark.skipif(not UNIX_SOCKETS, reason=NO_UNIX_SOCKETS)
 async def test_a_signal_interrupts_a_connect_that_waits(run):
     # The program's own call would return EINTR for a signal it catches (an alarm, a Ctrl-C, a
     # test runner's timeout); the init's answer must not wait for the connect to end first.
@@ -223,7 +223,7 @@ print(events)
     assert result.text() == "['signal', 'interrupted']\n"
 
 
-@pytest.mark.skipif(not NATIVE_INIT, reason="the Python init lets a jail make no Unix socket at all")
+@pytest.mark.skipif(not UNIX_SOCKETS, reason=NO_UNIX_SOCKETS)
 async def test_a_second_nonblocking_connect_says_it_is_under_way(run):
     # On loopback a nonblocking connect says EINPROGRESS; once the backlog is full the handshake
     # waits, and asking again says EALREADY at once, as the kernel does outside the sandbox.
@@ -241,7 +241,7 @@ print(("EINPROGRESS", "EALREADY") in pairs)
     assert result.text() == "True\n"
 
 
-@pytest.mark.skipif(not NATIVE_INIT, reason="the Python init lets a jail make no Unix socket at all")
+@pytest.mark.skipif(not UNIX_SOCKETS, reason=NO_UNIX_SOCKETS)
 async def test_many_connects_that_wait_are_queued_not_refused(run):
     # Eighty threads connect to a full backlog; the init answers sixteen of a stage's at a time,
     # and the rest wait their turn, as they would in the kernel.
@@ -265,7 +265,7 @@ print(len(results), set(results))
     assert result.text() == "80 {'ok'}\n"
 
 
-@pytest.mark.skipif(not NATIVE_INIT, reason="the Python init lets a jail make no Unix socket at all")
+@pytest.mark.skipif(not UNIX_SOCKETS, reason=NO_UNIX_SOCKETS)
 async def test_connects_that_wait_on_another_connect_are_all_taken_up(run):
     # Sixteen threads wait on a full backlog whose server accepts only once a seventeenth connect,
     # to another server, has gone through: the init counts a connect that has waited a second no
@@ -288,7 +288,7 @@ print(len(results))
     assert result.text() == "16\n"
 
 
-@pytest.mark.skipif(not NATIVE_INIT, reason="the Python init lets a jail make no Unix socket at all")
+@pytest.mark.skipif(not UNIX_SOCKETS, reason=NO_UNIX_SOCKETS)
 async def test_a_daemon_of_a_running_stage_outlives_a_connect(run):
     # A process that left its stage's group lives until a stage ends (or another child of PID 1
     # does); a connect's answer is not such an end.
@@ -301,7 +301,7 @@ async def test_a_daemon_of_a_running_stage_outlives_a_connect(run):
     assert result.text() == "alive\n"
 
 
-@pytest.mark.skipif(not NATIVE_INIT, reason="the Python init lets a jail make no Unix socket at all")
+@pytest.mark.skipif(not UNIX_SOCKETS, reason=NO_UNIX_SOCKETS)
 async def test_an_address_rewritten_while_its_connect_is_judged_still_reaches_no_host_socket(run, tmp_path):
     # The init reads the address once, from the program's memory, and connects what it read: a
     # thread that flips the buffer between the jail's own socket and the host's, thousands of
@@ -337,7 +337,7 @@ print("connected to the jail's own" if ours else "never connected")
         assert not accepted(listener)
 
 
-@pytest.mark.skipif(not NATIVE_INIT, reason="the Python init lets a jail make no Unix socket at all")
+@pytest.mark.skipif(not UNIX_SOCKETS, reason=NO_UNIX_SOCKETS)
 async def test_odd_addresses_get_the_kernels_errors_and_the_jail_serves_on(run):
     # What the init reads is bounded by what it was given room for: a name longer than sun_path,
     # a length past any address, no address, a descriptor that is no socket.
@@ -366,7 +366,7 @@ async def test_a_program_cannot_take_over_the_supervision_of_its_connect_calls(r
     )
     nr = {"x86_64": 317, "aarch64": 277}[platform.machine()]
     result = await run(errno_of(code + syscall(nr, "1", "8", "ctypes.byref(prog)")), "python3")
-    assert result.text() == ("EPERM\n" if NATIVE_INIT else "ok\n")  # without the init's listener, nothing to take over
+    assert result.text() == ("EPERM\n" if UNIX_SOCKETS else "ok\n")  # without the init's listener, nothing to take over
 
 
 @pytest.mark.skipif(sys.prefix == sys.base_prefix, reason="needs a virtualenv (its parent becomes the cwd)")
