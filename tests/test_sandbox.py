@@ -823,8 +823,8 @@ def test_the_trim_opens_nothing_a_link_in_a_cache_leads_to(home, tmp_path):
 
 
 def test_a_tools_configuration_is_granted_only_without_a_secret(tmp_path):
-    """cargo's, npm's and pip's configurations are read by the sandbox unless one holds a token,
-    a password, a secret or a credential, under any key, or a URL with a password."""
+    """cargo's, npm's, pip's and Maven's configurations are read by the sandbox unless one holds a
+    token, a password, a secret or a credential, under any key, or a URL with a password."""
     cases = {
         "[net]\ngit-fetch-with-cli = true\n": True,
         "[global]\nindex-url = https://pypi.example/simple\n": True,
@@ -859,6 +859,14 @@ def test_a_tools_configuration_is_granted_only_without_a_secret(tmp_path):
         '["env"]\nSTRIPE_KEY = "sk_live_abc"\n': False,
         "[ 'env' ]\nSTRIPE_KEY = 'sk_live_abc'\n": False,
         "[build]\njobs = 4\n[environment-free]\nx = 1\n": True,
+        # Maven's own settings.xml, whose comments show placeholders where the secrets go
+        "<!--\n    <proxy>\n      <password>proxypass</password>\n    </proxy>\n     | NOTE: You should either specify"
+        " username/password OR privateKey/passphrase, since these pairings are\n      <password>repopwd</password>\n"
+        "      <privateKey>/path/to/private/key</privateKey>\n-->\n<settings/>\n": True,
+        "<server><id>corp</id><password>hunter2</password></server>\n": False,
+        "<server><password>{COQLCE6DU6GtcS5P=}</password></server>\n": False,  # encrypted, still left out
+        "      <password>repopwd</password> <password>hunter2</password>\n": False,
+        "<!-- <password>hunter2</password> -->\n": False,  # a password in a comment is one still
     }
     for n, (text, granted) in enumerate(cases.items()):
         (tmp_path / f"c{n}").write_text(text)

@@ -142,22 +142,30 @@ async def test_javac_compiles_and_java_runs_with_the_jdks_configuration_under_et
 
 @pytest.mark.skipif(not shutil.which("fc-match"), reason="needs fontconfig")
 @pytest.mark.skipif(not shutil.which("mvn"), reason="needs Maven")
-async def test_maven_starts_and_builds_once_a_policy_gives_it_its_settings(run):
+async def test_maven_builds_with_its_settings_unless_they_hold_a_password(run, home, monkeypatch):
     """Debian's Maven reads its launcher's configuration from /etc/maven, and artifacts from
-    ~/.m2/repository (read-only, as Go's and Cargo's downloads). Its settings.xml files are left
-    out, since they hold the servers' passwords: Maven stops on one it may not read, until a policy
-    grants it (docs/sandbox.md)."""
+    ~/.m2/repository (read-only, as Go's and Cargo's downloads). Its settings.xml files are read
+    when they hold no password (Maven's own, whose comments show placeholders, holds none); Maven
+    stops on one it may not read, until a policy grants it (docs/sandbox.md)."""
+    (home / ".m2" / "repository").mkdir(parents=True)  # (read-only: Maven would make it, were it missing)
+    settings = home / ".m2" / "settings.xml"
+    settings.write_text("<settings><offline>true</offline></settings>\n")
     assert "Apache Maven" in (await run("mvn -v")).text()
     (cwd_of(run) / "pom.xml").write_text(
         '<project xmlns="http://maven.apache.org/POM/4.0.0"><modelVersion>4.0.0</modelVersion>'
         "<groupId>t</groupId><artifactId>t</artifactId><version>1</version></project>\n"
     )
-    settings = [p for p in ("/etc/maven/settings.xml", "/usr/share/maven/conf/settings.xml") if os.path.exists(p)]
-    if settings:
-        refused = await run("mvn -o -q validate", timeout=120)
-        assert refused.is_error and "Non-readable settings" in refused.text()
-    write_policy("wide", "filesystem:\n  ro: [" + ", ".join(os.path.realpath(p) for p in settings) + "]\n")
-    result = await run("mvn -o -q -B validate && echo valid", sandbox="wide", timeout=120)
+    mvn = "MAVEN_OPTS=-Duser.home=$HOME mvn -o -q -B validate"  # Java's home is the password file's, not $HOME
+    result = await run(f"{mvn} && cat ~/.m2/settings.xml", timeout=120)  # both read: no secret in them
+    assert not result.is_error and result.text().endswith("<offline>true</offline></settings>\n"), result.text()
+    settings.write_text(
+        "<settings><servers><server><id>corp</id><password>hunter2</password></server></servers></settings>\n"
+    )
+    monkeypatch.setattr(sandbox, "_next_look", 0.0)  # as RECHECK seconds later: judged again
+    refused = await run(f"{mvn}; cat ~/.m2/settings.xml", timeout=120)
+    assert "Non-readable settings" in refused.text() and "hunter2" not in refused.text(), refused.text()
+    write_policy("wide", f"filesystem:\n  ro: [{settings}]\n")
+    result = await run(f"{mvn} && echo valid", sandbox="wide", timeout=120)
     assert not result.is_error and result.text().endswith("valid\n"), result.text()
 
 

@@ -38,7 +38,7 @@ _ETC = """ld.so.cache ld.so.conf ld.so.conf.d passwd group nsswitch.conf hosts h
     gai.conf services protocols localtime timezone locale.alias locale.conf default/locale mime.types
     magic magic.mime inputrc terminfo ssl/certs ssl/openssl.cnf ca-certificates ca-certificates.conf
     pki/tls/certs os-release lsb-release debian_version perl python3 gitconfig fonts
-    maven/m2.conf maven/logging maven/toolchains.xml chromium.d""".split()  # not maven/settings.xml: servers' passwords
+    maven/m2.conf maven/logging maven/toolchains.xml chromium.d""".split()  # maven/settings.xml: userconfig
 # chromium.d: what Debian's chromium launcher sources (its apikeys are the distribution's own,
 # the same on every Debian, not the user's).
 # A JDK's configuration (its lib/jvm.cfg and conf/security/java.security are links there on Debian:
@@ -73,7 +73,7 @@ _HOME_DOWNLOADS = [
     "{CARGO_HOME}/git",
     "{HOME}/.cargo/registry",
     "{HOME}/.cargo/git",
-    "{HOME}/.m2/repository",  # Maven's artifacts (not ~/.m2/settings.xml: servers' passwords)
+    "{HOME}/.m2/repository",  # Maven's artifacts (~/.m2/settings.xml when it holds no password: userconfig)
 ]
 
 DEFAULT_POLICY: dict[str, Any] = {

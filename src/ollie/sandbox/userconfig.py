@@ -35,10 +35,15 @@ _SECRET = re.compile(
 
 # What is left out before the search, being no secret though it names one: cargo's choice of its
 # built-in credential providers (`global-credential-providers = ["cargo:token"]`, as cargo's docs
-# recommend; a provider that is a command of the user's may carry arguments, and stays judged).
+# recommend; a provider that is a command of the user's may carry arguments, and stays judged);
+# the placeholders of Maven's own settings.xml (every distribution's /etc/maven/settings.xml),
+# whose comments show a proxy and a server with these in place of their secrets, word for word.
 _NAMED_NOT_HELD = re.compile(
     r"^[ \t]*(?:[\w.-]+\.)?(?:global-credential-providers|credential-provider)[ \t]*=[ \t]*"
-    r'(?:\[\s*(?:"cargo:[a-z-]+"\s*,\s*)*(?:"cargo:[a-z-]+"\s*)?\]|"cargo:[a-z-]+")[ \t]*$',
+    r'(?:\[\s*(?:"cargo:[a-z-]+"\s*,\s*)*(?:"cargo:[a-z-]+"\s*)?\]|"cargo:[a-z-]+")[ \t]*$'
+    r"|^[ \t]*(?:<password>(?:proxypass|repopwd)</password>|<privateKey>/path/to/private/key</privateKey>"
+    r"|\| NOTE: You should either specify username/password OR privateKey/passphrase, since these pairings are)"
+    r"[ \t]*$",
     re.MULTILINE,
 )
 
@@ -56,6 +61,10 @@ CONFIGS = (
     # proxy with its password; /etc/profile.d stays out (its scripts are skipped, unreadable)
     "/etc/profile",
     "/etc/bash.bashrc",
+    # Maven stops on a settings.xml it may not read ("Non-readable settings"); they list its servers'
+    # and proxies' passwords, when they hold any
+    "/etc/maven/settings.xml",
+    "{HOME}/.m2/settings.xml",
 )
 
 
