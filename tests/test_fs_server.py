@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from fs_helpers import FsServer
+from fs_helpers import OLLIE, FsServer
+from ollie.tui.client import start_server
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -98,6 +99,29 @@ def test_sessions_survive_kill_9(server):
     assert roles == ["user", "assistant", "user", "assistant"]
     assert (s / a / "chat").read_text() == chat + "user: again\nassistant: answer\n\n"
     assert "cwd=" + str(server.work) in (s / "named" / "cfg").read_text()
+
+
+def test_the_server_imports_nothing_from_the_directory_it_starts_in(tmp_path, monkeypatch):
+    """`ollie srv start`, and the terminal UI that starts it, run in a project whose files
+    sandboxed code writes: a module planted there (an `argparse.py`, which the server imports as it
+    starts) ran as the server, with every session's keys, when the server was `python -c` there."""
+    srv = FsServer(tmp_path)
+    planted = tmp_path / "planted-module-ran"
+    (srv.work / "argparse.py").write_text(f"open({str(planted)!r}, 'w').close()\nraise SystemExit(9)\n")
+    start = [sys.executable, "-P", *OLLIE[1:], "srv", "start", "--no-mount"]  # as `ollie` is: no cwd on its path
+    try:
+        out = subprocess.run(start, cwd=srv.work, env=srv.env, capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0 and not planted.exists(), out.stderr + srv.log()
+        assert Path(f"/proc/{srv.pid()}/cwd").resolve() == srv.work  # its sessions' default cwd, as before
+        srv.ollie("srv", "stop")
+        monkeypatch.chdir(srv.work)
+        for key, value in srv.env.items():
+            monkeypatch.setenv(key, value)
+        start_server(str(tmp_path / "ns" / "ollie"))  # the terminal UI's way
+        monkeypatch.chdir(tmp_path)  # (the test's own `python -c` would import the plant)
+        assert not planted.exists() and srv.ollie("srv", "status", check=False).returncode == 0, srv.log()
+    finally:
+        srv.stop()
 
 
 def test_the_tcp_token_comes_from_a_file_never_the_command_line(tmp_path):

@@ -392,15 +392,20 @@ async def test_the_users_site_packages_is_read_only_even_in_a_cwd_of_home(home, 
     # Under a Python that reads the user's site-packages (`pip install --user` on a system Python),
     # a .pth planted there runs in the user's next ollie, outside the sandbox; the directory is
     # made first if missing, so that code working in $HOME cannot make it.
-    user_site = home / ".local" / "lib" / "python3" / "site-packages"
+    # The `ollie` script's directory too: first on the running ollie's import path.
+    user_site, scripts = home / ".local" / "lib" / "python3" / "site-packages", home / ".local" / "bin"
     monkeypatch.setattr(site, "ENABLE_USER_SITE", True)
     monkeypatch.setattr(site, "USER_SITE", str(user_site))
+    monkeypatch.setattr(site, "USER_BASE", str(home / ".local"))
     server = execute.factory(str(home))()
-    code = "mkdir -p .local/lib/python3/site-packages; echo 'import os' > .local/lib/python3/site-packages/x.pth"
+    code = (
+        "mkdir -p .local/lib/python3/site-packages .local/bin/pygments; echo 'import os' > "
+        ".local/lib/python3/site-packages/x.pth; echo 'import os' > .local/bin/pygments/__init__.py"
+    )
     try:
         result = await server.call_tool("execute_code", {"steps": [{"code": code}]}, CallContext(cwd=str(home)))
-        assert "Read-only file system" in result.text(), result.text()
-        assert user_site.is_dir() and not any(user_site.iterdir())
+        assert result.text().count("Read-only file system") == 2, result.text()
+        assert user_site.is_dir() and not any(user_site.iterdir()) and scripts.is_dir() and not any(scripts.iterdir())
         monkeypatch.setattr(site, "ENABLE_USER_SITE", False)  # a virtualenv's Python: $HOME's to write
         server2 = execute.factory(str(home))()
         try:

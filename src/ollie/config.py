@@ -10,6 +10,7 @@ import os
 import re
 import shutil
 import stat
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -196,6 +197,13 @@ def load_env_file(path: Path | None = None) -> None:
     for key, value in values.items():
         if key not in os.environ or os.environ[key] == _FROM_FILE.get(key):
             os.environ[key] = _FROM_FILE[key] = value
+
+
+def own_command() -> list[str]:
+    """The `ollie` command, for a process of ollie's own (the file server): with -P, so that the
+    directory it starts in (a project, whose files sandboxed code writes) is not first on its
+    import path, where a planted `argparse.py` would run as the server, with every session's keys."""
+    return [sys.executable, "-P", "-c", "import sys; from ollie.cli import main; sys.exit(main())"]
 
 
 def own_environ() -> dict[str, str]:

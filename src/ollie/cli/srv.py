@@ -154,15 +154,7 @@ def _start(args: argparse.Namespace) -> int:
         return 1
     first_use()  # here, where its line reaches the terminal; `fg` then finds it done
     config.private_dir(opts.socket.parent)  # the log goes there before the server checks it (ConfigError)
-    argv = [
-        sys.executable,
-        "-c",
-        "import sys; from ollie.cli import main; sys.exit(main())",
-        "srv",
-        "fg",
-        "--socket",
-        str(opts.socket),
-    ]
+    argv = [*config.own_command(), "srv", "fg", "--socket", str(opts.socket)]
     argv += ["--no-mount"] if opts.mount is None else ["--mount", str(opts.mount)]
     if opts.tcp:
         argv += ["--tcp", f"{opts.tcp[0]}:{opts.tcp[1]}"]

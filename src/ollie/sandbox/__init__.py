@@ -549,11 +549,15 @@ def _made(paths: list[str]) -> list[str]:
 
 
 def _user_site() -> list[str]:
-    """The user's site-packages when the Python running ollie reads it (a system Python, where
-    `pip install --user` puts ollie; a virtualenv made with --system-site-packages): a package, a
-    `.pth` or a usercustomize.py planted there runs in the next ollie, outside the sandbox, as one
-    in sys.prefix would. Made if missing, so that code in a cwd of $HOME cannot make it first."""
-    return [site.getusersitepackages()] if site.ENABLE_USER_SITE else []
+    """The user's site-packages and scripts when the Python running ollie reads them (a system
+    Python, where `pip install --user` puts ollie; a virtualenv made with --system-site-packages):
+    a package, a `.pth` or a usercustomize.py planted there runs in the next ollie, outside the
+    sandbox, as one in sys.prefix would; and the `ollie` script's directory (`~/.local/bin`) is
+    first on the running ollie's import path, where a planted `pygments` would run at its first
+    highlighted code block. Made if missing, so that code in a cwd of $HOME cannot make them first."""
+    if not site.ENABLE_USER_SITE:
+        return []
+    return [site.getusersitepackages(), os.path.join(site.getuserbase(), "bin")]
 
 
 def read_only_dirs() -> tuple[str, ...]:

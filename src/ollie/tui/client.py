@@ -17,7 +17,6 @@ import codecs
 import errno
 import os
 import subprocess
-import sys
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
@@ -225,8 +224,7 @@ class Connection:
 def start_server(socket: str) -> None:
     """`ollie srv start` for `socket`, in a process of its own; raises Unreachable with its words
     when it does not start."""
-    argv = [sys.executable, "-c", "import sys; from ollie.cli import main; sys.exit(main())"]
-    argv += ["srv", "start", "--socket", socket]
+    argv = [*config.own_command(), "srv", "start", "--socket", socket]
     try:
         out = subprocess.run(argv, capture_output=True, text=True, timeout=START_TIMEOUT, env=dict(os.environ))
     except subprocess.TimeoutExpired:
