@@ -822,6 +822,24 @@ def test_the_trim_opens_nothing_a_link_in_a_cache_leads_to(home, tmp_path):
     assert not opened, "the trim opened the code's FIFO"
 
 
+async def test_the_files_a_pip_conf_names_are_read_with_it_but_not_its_directory(run, home):
+    """A pip.conf that caps packages with `constraint = FILE` (as an admin does beside it, in
+    /etc/xdg/pip) is no use without that file, which pip stops on; a client certificate's key
+    beside it, or a constraints file naming an index with its password, stays out."""
+    pip = home / ".config" / "pip"
+    pip.mkdir(parents=True)
+    (pip / "constraints.txt").write_text("torch<=2.14.1\n")
+    (pip / "private.txt").write_text("--index-url https://me:hunter2@pypi.corp.example/simple\n")
+    (pip / "client.pem").write_text("-----BEGIN PRIVATE KEY----- s3cr3t\n")
+    (pip / "pip.conf").write_text(
+        f"[global]\nconstraint = {pip}/constraints.txt\n  {pip}/private.txt\nclient-cert = {pip}/client.pem\n"
+    )
+    result = await run(f"cd {pip}; cat pip.conf constraints.txt private.txt client.pem; ls")
+    text = result.text()
+    assert "torch<=2.14.1" in text and "client-cert" in text, text
+    assert "hunter2" not in text and "s3cr3t" not in text and text.count("Permission denied") == 3, text
+
+
 def test_a_tools_configuration_is_granted_only_without_a_secret(tmp_path):
     """cargo's, npm's, pip's and Maven's configurations are read by the sandbox unless one holds a
     token, a password, a secret or a credential, under any key, or a URL with a password."""
@@ -867,10 +885,32 @@ def test_a_tools_configuration_is_granted_only_without_a_secret(tmp_path):
         "<server><password>{COQLCE6DU6GtcS5P=}</password></server>\n": False,  # encrypted, still left out
         "      <password>repopwd</password> <password>hunter2</password>\n": False,
         "<!-- <password>hunter2</password> -->\n": False,  # a password in a comment is one still
+        # what a red-team pass read through the sandbox: a token in a URL's path or query, a user
+        # before an @ however the host goes on, TOML 1.1's \x, a BOM before [env], UTF-16, and a
+        # shell's secrets named otherwise
+        "registry=https://npm.fury.io/q7Zk2Lm9Pw4Rt8Vb/acme/\n": False,
+        "[global]\nindex-url = https://dl.cloudsmith.io/Xy7Qp3Lm9Vb2Rt6Z/acme/private/python/simple/\n": False,
+        "find-links = https://acme.blob.core.windows.net/wheels/index.html?sv=2022-11-02&sp=rl&sig=Zq3p%2BhT\n": False,
+        "SLACK_WEBHOOK_URL=https://hooks.slack.com/services/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\n": False,
+        "index-url = https://build:Winter2024'@pypi.corp.example/simple\n": False,
+        "proxy = http://svc:Spring2025@[fd00::3128]:3128\n": False,
+        "registry=https://build:Winter2024@${NPM_HOST}/\n": False,
+        'export http_proxy="http://svc-build:Winter2024@$PROXY_HOST:3128/"\n': False,
+        '[registries.corp]\n"tok\\x65n" = "cio0f3c9a7e5b2d41c8"\n': False,
+        '\ufeff[env]\nSTRIPE_KEY = "sk_live_51HqBOMbypass"\n': False,
+        "export MYSQL_PWD='hunter2-db'\n": False,
+        "export SSHPASS='hunter2-ssh'\n": False,
+        "export BORG_PASSPHRASE='correct horse battery staple'\n": False,
+        # ... and what holds none: a shell's $PWD, a prompt's \u, a registry's plain URL
+        'echo "${USER}: ${PWD}"; cd "$OLDPWD"\n': True,
+        "PS1='\\u:\\w\\$ '\n": True,
+        "registry=https://registry.npmjs.org/\n": True,
     }
     for n, (text, granted) in enumerate(cases.items()):
         (tmp_path / f"c{n}").write_text(text)
         assert userconfig.secret_free(str(tmp_path / f"c{n}")) is granted, text
+    (tmp_path / "utf16").write_text("//registry.npmjs.org/:_authToken=npm_abc\n", encoding="utf-16")
+    assert not userconfig.secret_free(str(tmp_path / "utf16"))  # its words hidden between NULs
     (tmp_path / "blank").write_text("\n" * 65000 + "[net]\n")  # was 6.5 s of the builder's thread: each
     t0 = time.monotonic()  # line's start tried the rest of the blank lines for an [env]
     assert userconfig.secret_free(str(tmp_path / "blank")) and time.monotonic() - t0 < 2

@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 
 from ollie import config, sandbox
+from ollie.sandbox import userconfig
 from ollie.tools import CallContext, execute
 from sandbox_helpers import write_policy
 
@@ -132,12 +133,17 @@ async def test_cargo_test_finds_a_toolchain_under_home(run, monkeypatch):
 @pytest.mark.skipif(not shutil.which("javac"), reason="needs a JDK")
 async def test_javac_compiles_and_java_runs_with_the_jdks_configuration_under_etc(run):
     """Debian's JDK keeps its java.security under /etc/java-<version>: without it javac (and
-    Gradle, Maven) died with "Error loading java.security file"."""
+    Gradle, Maven) died with "Error loading java.security file". Not its management/, where JMX's
+    passwords go (jmxremote.password)."""
     (cwd_of(run) / "Hello.java").write_text(
         'public class Hello { public static void main(String[] a) { System.out.println("hello, java"); } }\n'
     )
     result = await run("javac Hello.java 2>&1 && java Hello", timeout=120)
     assert (result.is_error, result.text()) == (False, "hello, java\n")
+    management = [p for p in Path("/etc").glob("java-*/management/*") if p.is_file()]
+    if management:
+        result = await run(f"cat {management[0]}")
+        assert "Permission denied" in result.text(), result.text()
 
 
 @pytest.mark.skipif(not shutil.which("fc-match"), reason="needs fontconfig")
@@ -183,6 +189,24 @@ async def test_git_commit_in_the_project(run):
     )
     result = await run(code)
     assert (result.is_error, result.text().strip()) == (False, "2")
+
+
+async def test_git_runs_without_a_system_configuration_that_holds_a_token(run, home, monkeypatch):
+    """/etc/gitconfig is read when it holds no secret, as the tools' configurations are; one with
+    a token (`git config --system url."https://$TOKEN@github.com/".insteadOf`, as images are built)
+    stays out, and git, which dies on a configuration it may not read, is told not to read it."""
+    system = home / "etc-gitconfig"  # (as /etc/gitconfig, which a test may not write)
+    monkeypatch.setattr(sandbox, "SYSTEM_GITCONFIG", str(system))
+    monkeypatch.setattr(userconfig, "CONFIGS", (*userconfig.CONFIGS, str(system)))
+    system.write_text("[core]\n\tpager = cat\n")
+    git = f"GIT_CONFIG_SYSTEM={system} git"  # (git's own is this machine's /etc/gitconfig)
+    code = f"cat {system}; echo no-system=$GIT_CONFIG_NOSYSTEM; {git} init -q . && {git} status --short | wc -l"
+    result = await run(code)
+    assert result.text() == "[core]\n\tpager = cat\nno-system=\n0\n", result.text()
+    system.write_text('[url "https://x-access-token:ghs_16C7e42F292c6912E@github.com/"]\n\tinsteadOf = gh:\n')
+    monkeypatch.setattr(sandbox, "_next_look", 0.0)  # as RECHECK seconds later: judged again
+    result = await run(code)
+    assert "ghs_" not in result.text() and "no-system=1\n0\n" in result.text(), result.text()
 
 
 # ---- the toolchains' caches ----------------------------------------------------------------------

@@ -59,6 +59,7 @@ from .policy import (
 )
 from .repository import repository_root
 from .seccomp import SECCOMP_MACHINES, seccomp_program, seccomp_supported, supervisable
+from .userconfig import SYSTEM_GITCONFIG
 
 _T = TypeVar("_T")
 
@@ -179,6 +180,8 @@ class Sandbox:
             self._environ["RES_OPTIONS"] = " ".join([self._environ.get("RES_OPTIONS", ""), "use-vc"]).strip()
         if policy.git_config:  # the identity commits need, in place of a ~/.gitconfig git may not read
             self._environ["GIT_CONFIG_GLOBAL"] = policy.git_config
+        if SYSTEM_GITCONFIG not in policy.paths["ro"]:  # one holding a token: git dies on a file it may not read
+            self._environ["GIT_CONFIG_NOSYSTEM"] = "1"
         for copy in policy.copies:  # /dev/null for one holding a token: yarn dies on one it may not read
             self._environ.setdefault(copy.variable, copy.path)
         if policy.cache:  # where Go, pip, pre-commit, ccache and npm cache (unless the policy passes its own)

@@ -37,13 +37,20 @@ class SandboxError(ConfigError):
 _ETC = """ld.so.cache ld.so.conf ld.so.conf.d passwd group nsswitch.conf hosts host.conf resolv.conf
     gai.conf services protocols localtime timezone locale.alias locale.conf default/locale mime.types
     magic magic.mime inputrc terminfo ssl/certs ssl/openssl.cnf ca-certificates ca-certificates.conf
-    pki/tls/certs os-release lsb-release debian_version perl python3 gitconfig fonts
+    pki/tls/certs os-release lsb-release debian_version perl python3 fonts
     maven/m2.conf maven/logging maven/toolchains.xml chromium.d""".split()  # maven/settings.xml: userconfig
 # chromium.d: what Debian's chromium launcher sources (its apikeys are the distribution's own,
 # the same on every Debian, not the user's).
 # A JDK's configuration (its lib/jvm.cfg and conf/security/java.security are links there on Debian:
-# without it javac, Gradle and Maven fail with "Error loading java.security file").
-_ETC += sorted(name for name in os.listdir("/etc") if name.startswith("java-")) if os.path.isdir("/etc") else []
+# without it javac, Gradle and Maven fail with "Error loading java.security file"), but for its
+# management/ (JMX's agent: jmxremote.password is where its passwords go).
+_ETC += sorted(
+    f"{jdk}/{name}"
+    for jdk in (os.listdir("/etc") if os.path.isdir("/etc") else [])
+    if jdk.startswith("java-") and os.path.isdir(f"/etc/{jdk}")
+    for name in os.listdir(f"/etc/{jdk}")
+    if name != "management"
+)
 
 _HOME_TOOLCHAINS = [
     "{RUSTUP_HOME}",
@@ -282,7 +289,10 @@ def load_policy(
     # the tools' configurations judged free of secrets, before ollie's own grants (as a shared
     # decision orders them: a session's own come last)
     configs = _expand_paths(list(userconfig.CONFIGS), values, "filesystem.ro")
-    named["ro"] += tuple(p for p in configs if os.path.exists(p) and userconfig.secret_free(p))
+    configs += tuple(
+        f for p in configs if os.path.exists(p) and userconfig.secret_free(p) for f in userconfig.files_named(p)
+    )
+    named["ro"] += tuple(dict.fromkeys(p for p in configs if os.path.exists(p) and userconfig.secret_free(p)))
     named["rox"] += extra_rox + program_rox
     named["ro"] += extra_ro
     named["rw"] += extra_rw

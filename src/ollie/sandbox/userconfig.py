@@ -8,6 +8,7 @@ token into in place (`npm login`, ~/.npmrc) is granted as a copy of what was jud
 
 from __future__ import annotations
 
+import configparser
 import hashlib
 import logging
 import os
@@ -21,17 +22,34 @@ log = logging.getLogger(__name__)
 
 LIMIT = 64 << 10  # a larger configuration is not read, nor granted
 # What a secret looks like anywhere in a line (a key, an inline table's key, a value): a word that
-# names one, a private key, a token's well-known prefix, cargo's env table (variables for builds)
-# in any of TOML's spellings ([env], [env.KEY], env.KEY =, env = {…}, quoted), a name before an @
-# in a URL or host (user@, user:password@), an escape that could spell one (TOML's \u). Leaving out
-# a harmless file costs little. (Each run of a name is tried once, from its start, possessively, and
-# a line's start skips blanks within the line only: linear in the file, blank lines included.)
+# names one (a shell's MYSQL_PWD, SSHPASS and BORG_PASSPHRASE too, not its $PWD), a private key, a
+# token's well-known prefix, cargo's env table (variables for builds) in any of TOML's spellings
+# ([env], [env.KEY], env.KEY =, env = {…}, quoted), a name before an @ in a host (user@,
+# user:password@), an escape that could spell one (TOML's and JSON's \u, TOML 1.1's \x). Leaving
+# out a harmless file costs little. (Each run of a name is tried once, from its start, possessively,
+# and a line's start skips blanks within the line only: linear in the file, blank lines included.)
 _SECRET = re.compile(
-    r"token|passw|secret|_auth|credential|api[-_]?key|private key|\\u|^[ \t]*\[?[ \t]*[\"']?env[\"']?[ \t]*[.=\]]"
+    r"token|passw|pass\b|passphrase|(?<![${])(?<!old)pwd\b|secret|_auth|credential|api[-_]?key|private key"
+    r"|\\u[0-9a-f]{4}|\\U[0-9a-f]{8}|\\x[0-9a-f]{2}|^[ \t]*\[?[ \t]*[\"']?env[\"']?[ \t]*[.=\]]"
     r"|ghp_|gho_|ghs_|github_pat_|glpat-|pypi-[\w-]{32}|xox[abp]-|AKIA"
     r"|(?<![^\s/@:=\"'])[^\s/@:=\"']++(?::[^\s/@:\"']*+)?@[\w.-]",
     re.IGNORECASE | re.MULTILINE,
 )
+# A URL, to its first blank: its user (user:password@ before the host, whatever follows), a query
+# (a SAS signature's sig=, a key=) and a long run of letters mixed with digits in its path or host
+# are secrets (a registry's token in the path: Gemfury's, Cloudsmith's; a Slack webhook's).
+_URL = re.compile(r"[a-z][a-z0-9+.-]*+://(\S*+)", re.IGNORECASE)
+_TOKEN_LIKE = 16  # letters and digits in a row, both
+
+
+def _secret_url(rest: str) -> bool:
+    """Whether a URL (what follows its scheme's //) carries a secret."""
+    authority, _, path = rest.partition("/")
+    if "@" in authority or "=" in rest.partition("?")[2] or "?" in authority:
+        return True
+    runs = re.split(r"[^A-Za-z0-9]+", f"{authority}/{path}")
+    return any(len(run) >= _TOKEN_LIKE and not run.isalpha() and not run.isdigit() for run in runs)
+
 
 # What is left out before the search, being no secret though it names one: cargo's choice of its
 # built-in credential providers (`global-credential-providers = ["cargo:token"]`, as cargo's docs
@@ -42,12 +60,15 @@ _NAMED_NOT_HELD = re.compile(
     r"^[ \t]*(?:[\w.-]+\.)?(?:global-credential-providers|credential-provider)[ \t]*=[ \t]*"
     r'(?:\[\s*(?:"cargo:[a-z-]+"\s*,\s*)*(?:"cargo:[a-z-]+"\s*)?\]|"cargo:[a-z-]+")[ \t]*$'
     r"|^[ \t]*(?:<password>(?:proxypass|repopwd)</password>|<privateKey>/path/to/private/key</privateKey>"
+    r"|<passphrase>optional; leave empty if not used.</passphrase>"
     r"|\| NOTE: You should either specify username/password OR privateKey/passphrase, since these pairings are)"
     r"[ \t]*$",
     re.MULTILINE,
 )
 
-# The files (or a directory and its pip.conf), by template, as a policy names paths.
+SYSTEM_GITCONFIG = "/etc/gitconfig"
+
+# The files, by template, as a policy names paths.
 CONFIGS = (
     "{CARGO_HOME}/config.toml",
     "{CARGO_HOME}/config",
@@ -56,11 +77,14 @@ CONFIGS = (
     "{XDG_CONFIG_HOME}/pip/pip.conf",
     "{HOME}/.pip/pip.conf",
     "/etc/pip.conf",
-    "/etc/xdg/pip",
+    "/etc/xdg/pip/pip.conf",  # the file alone (and what it names: `files_named`), not its directory
     # a login shell's (`bash -l`, `bash -lc` as some tools run commands): where an admin may export a
     # proxy with its password; /etc/profile.d stays out (its scripts are skipped, unreadable)
     "/etc/profile",
     "/etc/bash.bashrc",
+    # git's system configuration (an image's `git config --system url."https://$TOKEN@…".insteadOf`;
+    # refused, it is not read: GIT_CONFIG_NOSYSTEM)
+    SYSTEM_GITCONFIG,
     # Maven stops on a settings.xml it may not read ("Non-readable settings"); they list its servers'
     # and proxies' passwords, when they hold any
     "/etc/maven/settings.xml",
@@ -89,12 +113,8 @@ _COPIES: dict[str, tuple[Decided, str]] = {}  # source -> what it was (as `seen`
 
 
 def secret_free(path: str) -> bool:
-    """Whether `path` (a directory: its pip.conf) is a regular file of at most LIMIT bytes holding
-    no secret (`open_regular`: looked at before it is opened, opened without blocking)."""
-    if os.path.isdir(path):
-        path = os.path.join(path, "pip.conf")
-        if not os.path.lexists(path):
-            return True
+    """Whether `path` is a regular file of at most LIMIT bytes holding no secret (`open_regular`:
+    looked at before it is opened, opened without blocking)."""
     if (opened := open_regular(path)) is None:
         return False
     fd, st = opened
@@ -108,9 +128,44 @@ def secret_free(path: str) -> bool:
     return free
 
 
+# pip's options that name files of pip's own arguments, read as its configuration is (not `cert`
+# nor `client-cert`, whose file may hold a private key)
+_PIP_FILES = ("constraint", "requirement")
+
+
+def files_named(path: str) -> list[str]:
+    """The files a pip.conf judged free of secrets names for pip to read (`constraint = …`, as an
+    admin caps a machine's packages), each itself free of secrets: pip stops on one it may not
+    read."""
+    if os.path.basename(path) != "pip.conf" or (opened := open_regular(path)) is None:
+        return []
+    with open(opened[0], "rb") as f:
+        data = f.read(LIMIT + 1)
+    parser = configparser.ConfigParser(interpolation=None, strict=False)
+    try:
+        parser.read_string(data.decode("utf-8"))
+    except (UnicodeDecodeError, configparser.Error):
+        return []
+    named = [
+        os.path.expanduser(word)
+        for section in parser.values()
+        for key in _PIP_FILES
+        for word in section.get(key, "").split()
+    ]
+    return [p for p in dict.fromkeys(named) if os.path.isabs(p) and os.path.exists(p) and secret_free(p)]
+
+
 def _free(data: bytes) -> bool:
-    """Whether a configuration's bytes (LIMIT + 1 of them read) are few enough and hold no secret."""
-    return len(data) <= LIMIT and not _SECRET.search(_NAMED_NOT_HELD.sub("", data.decode("utf-8", "replace")))
+    """Whether a configuration's bytes (LIMIT + 1 of them read) are few enough and hold no secret:
+    UTF-8 text alone (one in UTF-16, say, hides its words between NULs), byte-order marks left out
+    (one before a line's `[env]` hid it)."""
+    if len(data) > LIMIT or b"\0" in data:
+        return False
+    try:
+        text = _NAMED_NOT_HELD.sub("", data.decode("utf-8").replace("\ufeff", ""))
+    except UnicodeDecodeError:
+        return False
+    return not _SECRET.search(text) and not any(_secret_url(m.group(1)) for m in _URL.finditer(text))
 
 
 def judged_copy(source: str, variable: str, writable: dict[Identity, str]) -> Copy:
