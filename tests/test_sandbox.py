@@ -822,22 +822,30 @@ def test_the_trim_opens_nothing_a_link_in_a_cache_leads_to(home, tmp_path):
     assert not opened, "the trim opened the code's FIFO"
 
 
-async def test_the_files_a_pip_conf_names_are_read_with_it_but_not_its_directory(run, home):
-    """A pip.conf that caps packages with `constraint = FILE` (as an admin does beside it, in
+async def test_the_files_the_systems_pip_conf_names_are_read_with_it_but_not_its_directory(run, home, monkeypatch):
+    """A system pip.conf that caps packages with `constraint = FILE` (as an admin does beside it, in
     /etc/xdg/pip) is no use without that file, which pip stops on; a client certificate's key
-    beside it, or a constraints file naming an index with its password, stays out."""
-    pip = home / ".config" / "pip"
-    pip.mkdir(parents=True)
-    (pip / "constraints.txt").write_text("torch<=2.14.1\n")
-    (pip / "private.txt").write_text("--index-url https://me:hunter2@pypi.corp.example/simple\n")
-    (pip / "client.pem").write_text("-----BEGIN PRIVATE KEY----- s3cr3t\n")
-    (pip / "pip.conf").write_text(
-        f"[global]\nconstraint = {pip}/constraints.txt\n  {pip}/private.txt\nclient-cert = {pip}/client.pem\n"
+    beside it, or a constraints file naming an index with its password, stays out. The user's own
+    pip.conf names none: sandboxed code may write it, to have any file read by later sessions."""
+    system = home / "etc-xdg-pip"  # (as /etc/xdg/pip, which a test may not write)
+    system.mkdir()
+    monkeypatch.setattr(userconfig, "_SYSTEM_PIP", (str(system / "pip.conf"),))
+    monkeypatch.setattr(userconfig, "CONFIGS", (*userconfig.CONFIGS, str(system / "pip.conf")))
+    (system / "constraints.txt").write_text("torch<=2.14.1\n")
+    (system / "private.txt").write_text("--index-url https://me:hunter2@pypi.corp.example/simple\n")
+    (system / "client.pem").write_text("-----BEGIN PRIVATE KEY----- s3cr3t\n")
+    (system / "pip.conf").write_text(
+        f"[global]\nconstraint = {system}/constraints.txt\n  {system}/private.txt\nclient-cert = {system}/client.pem\n"
     )
-    result = await run(f"cd {pip}; cat pip.conf constraints.txt private.txt client.pem; ls")
+    outside = home / "other-project-notes.txt"
+    outside.write_text("not the session's to read\n")
+    (home / ".config" / "pip").mkdir(parents=True)
+    (home / ".config" / "pip" / "pip.conf").write_text(f"[global]\nconstraint = {outside}\n")
+    result = await run(f"cd {system}; cat pip.conf constraints.txt private.txt client.pem {outside}; ls")
     text = result.text()
     assert "torch<=2.14.1" in text and "client-cert" in text, text
-    assert "hunter2" not in text and "s3cr3t" not in text and text.count("Permission denied") == 3, text
+    assert "hunter2" not in text and "s3cr3t" not in text and "not the session's" not in text, text
+    assert text.count("Permission denied") == 4, text
 
 
 def test_a_tools_configuration_is_granted_only_without_a_secret(tmp_path):
@@ -901,7 +909,22 @@ def test_a_tools_configuration_is_granted_only_without_a_secret(tmp_path):
         "export MYSQL_PWD='hunter2-db'\n": False,
         "export SSHPASS='hunter2-ssh'\n": False,
         "export BORG_PASSPHRASE='correct horse battery staple'\n": False,
-        # ... and what holds none: a shell's $PWD, a prompt's \u, a registry's plain URL
+        # from a second red-team pass: an Authorization header, a key named *_KEY, a key's prefix
+        '[http "https://git.corp.example/"]\n\textraHeader = Authorization: Basic YnVpbGQ6V2lu\n': False,
+        "<httpHeaders><property><name>Authorization</name><value>Bearer q7Zk2lM9</value></property>\n": False,
+        "export NEW_RELIC_LICENSE_KEY=eu01xx0123456789abcdef\n": False,
+        "STRIPE=sk_live_51HqBOMq7Zk2lM9pW4rT8vB\n": False,
+        '[credential "https://host/q7Zk2Lm9Pw4Rt8Vb"]\n\thelper = cache\n': False,
+        '[credential]\n\thelper = "!f() { echo password=abc; }; f"\n': False,
+        # ... and what holds none: an email, git's ssh user, a credential helper by name, a wheel's
+        # digest in its URL
+        "[user]\n\tname = CI Bot\n\temail = ci@example.com\n": True,
+        '[url "git@github.com:"]\n\tinsteadOf = https://github.com/\n': True,
+        '[credential "https://source.developers.google.com"]\n\thelper = gcloud.sh\n': True,
+        "foo @ https://files.pythonhosted.org/packages/3b/00/2344469e0f1b2c3d4e5f60718293a4b5c6d7/foo-1.0.whl\n": True,
+        "email=me@example.com\nregistry=https://registry.npmjs.org/\n": True,
+        "# If this is an xterm set the title to user@host:dir\n": True,
+        # ... nor a shell's $PWD, a prompt's \\u, a registry's plain URL
         'echo "${USER}: ${PWD}"; cd "$OLDPWD"\n': True,
         "PS1='\\u:\\w\\$ '\n": True,
         "registry=https://registry.npmjs.org/\n": True,

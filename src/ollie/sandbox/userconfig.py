@@ -22,22 +22,25 @@ log = logging.getLogger(__name__)
 
 LIMIT = 64 << 10  # a larger configuration is not read, nor granted
 # What a secret looks like anywhere in a line (a key, an inline table's key, a value): a word that
-# names one (a shell's MYSQL_PWD, SSHPASS and BORG_PASSPHRASE too, not its $PWD), a private key, a
-# token's well-known prefix, cargo's env table (variables for builds) in any of TOML's spellings
-# ([env], [env.KEY], env.KEY =, env = {…}, quoted), a name before an @ in a host (user@,
-# user:password@), an escape that could spell one (TOML's and JSON's \u, TOML 1.1's \x). Leaving
+# names one (a shell's MYSQL_PWD, SSHPASS, BORG_PASSPHRASE and STRIPE_KEY too, not its $PWD; an
+# Authorization header), a private key, a token's well-known prefix, cargo's env table (variables
+# for builds) in any of TOML's spellings ([env], [env.KEY], env.KEY =, env = {…}, quoted), a
+# password before an @ (user:password@host; a user alone is one only in a URL, below: an email or
+# git@github.com is none), an escape that could spell one (TOML's and JSON's \u, TOML 1.1's \x). Leaving
 # out a harmless file costs little. (Each run of a name is tried once, from its start, possessively,
 # and a line's start skips blanks within the line only: linear in the file, blank lines included.)
 _SECRET = re.compile(
-    r"token|passw|pass\b|passphrase|(?<![${])(?<!old)pwd\b|secret|_auth|credential|api[-_]?key|private key"
+    r"token|passw|pass\b|passphrase|(?<![${])(?<!old)pwd\b|secret|_auth|credential|api[-_]?key|[_-]key\b"
+    r"|private key|authori[sz]ation|bearer\b|extraheader|httpheaders"
     r"|\\u[0-9a-f]{4}|\\U[0-9a-f]{8}|\\x[0-9a-f]{2}|^[ \t]*\[?[ \t]*[\"']?env[\"']?[ \t]*[.=\]]"
-    r"|ghp_|gho_|ghs_|github_pat_|glpat-|pypi-[\w-]{32}|xox[abp]-|AKIA"
-    r"|(?<![^\s/@:=\"'])[^\s/@:=\"']++(?::[^\s/@:\"']*+)?@[\w.-]",
+    r"|ghp_|gho_|ghs_|github_pat_|glpat-|pypi-[\w-]{32}|xox[abp]-|AKIA|\bsk_(?:live|test)_|\bsk-[\w-]{16}|\bnpm_\w{30}"
+    r"|(?<![^\s/@:=\"'])[^\s/@:=\"']++:[^\s/@:\"']*+@[\w.-]",
     re.IGNORECASE | re.MULTILINE,
 )
 # A URL, to its first blank: its user (user:password@ before the host, whatever follows), a query
 # (a SAS signature's sig=, a key=) and a long run of letters mixed with digits in its path or host
-# are secrets (a registry's token in the path: Gemfury's, Cloudsmith's; a Slack webhook's).
+# are secrets (a registry's token in the path: Gemfury's, Cloudsmith's; a Slack webhook's), but
+# for lower-case hex (a wheel's digest in PyPI's file URLs, a commit).
 _URL = re.compile(r"[a-z][a-z0-9+.-]*+://(\S*+)", re.IGNORECASE)
 _TOKEN_LIKE = 16  # letters and digits in a row, both
 
@@ -48,22 +51,28 @@ def _secret_url(rest: str) -> bool:
     if "@" in authority or "=" in rest.partition("?")[2] or "?" in authority:
         return True
     runs = re.split(r"[^A-Za-z0-9]+", f"{authority}/{path}")
-    return any(len(run) >= _TOKEN_LIKE and not run.isalpha() and not run.isdigit() for run in runs)
+    return any(len(run) >= _TOKEN_LIKE and not run.isalpha() and not run.isdigit() and not _HASH(run) for run in runs)
+
+
+_HASH = re.compile(r"[0-9a-f]+").fullmatch  # a file's digest or a commit in a URL's path, in lower-case hex
 
 
 # What is left out before the search, being no secret though it names one: cargo's choice of its
 # built-in credential providers (`global-credential-providers = ["cargo:token"]`, as cargo's docs
 # recommend; a provider that is a command of the user's may carry arguments, and stays judged);
 # the placeholders of Maven's own settings.xml (every distribution's /etc/maven/settings.xml),
-# whose comments show a proxy and a server with these in place of their secrets, word for word.
+# whose comments show a proxy and a server with these in place of their secrets, word for word;
+# git's `[credential]` sections (their URL judged) and a helper named by a word (`helper = cache`).
 _NAMED_NOT_HELD = re.compile(
     r"^[ \t]*(?:[\w.-]+\.)?(?:global-credential-providers|credential-provider)[ \t]*=[ \t]*"
     r'(?:\[\s*(?:"cargo:[a-z-]+"\s*,\s*)*(?:"cargo:[a-z-]+"\s*)?\]|"cargo:[a-z-]+")[ \t]*$'
     r"|^[ \t]*(?:<password>(?:proxypass|repopwd)</password>|<privateKey>/path/to/private/key</privateKey>"
     r"|<passphrase>optional; leave empty if not used.</passphrase>"
     r"|\| NOTE: You should either specify username/password OR privateKey/passphrase, since these pairings are)"
-    r"[ \t]*$",
-    re.MULTILINE,
+    r"[ \t]*$"
+    # git's credential helpers, named: which helper holds no secret (an inline one is judged)
+    r'|(?<=\[)credential(?=(?:[ \t]+"[^"\n]*")?\][ \t]*$)|^[ \t]*helper[ \t]*=[ \t]*[\w./-]+[ \t]*$',
+    re.MULTILINE | re.IGNORECASE,
 )
 
 SYSTEM_GITCONFIG = "/etc/gitconfig"
@@ -129,15 +138,17 @@ def secret_free(path: str) -> bool:
 
 
 # pip's options that name files of pip's own arguments, read as its configuration is (not `cert`
-# nor `client-cert`, whose file may hold a private key)
+# nor `client-cert`, whose file may hold a private key), in the system's pip.conf alone: sandboxed
+# code may write the user's, to name any file for every later session to read.
 _PIP_FILES = ("constraint", "requirement")
+_SYSTEM_PIP = ("/etc/pip.conf", "/etc/xdg/pip/pip.conf")
 
 
 def files_named(path: str) -> list[str]:
-    """The files a pip.conf judged free of secrets names for pip to read (`constraint = …`, as an
-    admin caps a machine's packages), each itself free of secrets: pip stops on one it may not
-    read."""
-    if os.path.basename(path) != "pip.conf" or (opened := open_regular(path)) is None:
+    """The files the system's pip.conf, judged free of secrets, names for pip to read (`constraint
+    = …`, as an admin caps a machine's packages), each itself free of secrets: pip stops on one it
+    may not read."""
+    if path not in _SYSTEM_PIP or (opened := open_regular(path)) is None:
         return []
     with open(opened[0], "rb") as f:
         data = f.read(LIMIT + 1)
