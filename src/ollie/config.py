@@ -77,8 +77,19 @@ def namespace_path() -> Path:
     ns = os.environ.get("NAMESPACE")
     if not ns:
         display = (os.environ.get("DISPLAY") or ":0").removesuffix(".0").replace("/", "_")
-        ns = f"/tmp/ns.{getpass.getuser()}.{display}"
+        ns = f"/tmp/ns.{_user()}.{display}"
     return Path(ns)
+
+
+def _user() -> str:
+    """The user's name as getpass.getuser finds it: its variables, else the password file's
+    entry, read once (every sandbox's build asks for ollie's directories several times)."""
+    return next((v for k in ("LOGNAME", "USER", "LNAME", "USERNAME") if (v := os.environ.get(k))), "") or _login()
+
+
+@functools.cache
+def _login() -> str:
+    return getpass.getuser()
 
 
 def socket_path() -> Path:

@@ -289,10 +289,10 @@ def load_policy(
     # the tools' configurations judged free of secrets, before ollie's own grants (as a shared
     # decision orders them: a session's own come last)
     configs = _expand_paths(list(userconfig.CONFIGS), values, "filesystem.ro")
-    configs += tuple(
-        f for p in configs if os.path.exists(p) and userconfig.secret_free(p) for f in userconfig.files_named(p)
-    )
-    named["ro"] += tuple(dict.fromkeys(p for p in configs if os.path.exists(p) and userconfig.secret_free(p)))
+    judged = [p for p in configs if os.path.exists(p) and userconfig.secret_free(p)]
+    judged += [f for p in judged for f in userconfig.files_named(p)]
+    configs += tuple(judged)
+    named["ro"] += tuple(dict.fromkeys(judged))
     named["rox"] += extra_rox + program_rox
     named["ro"] += extra_ro
     named["rw"] += extra_rw

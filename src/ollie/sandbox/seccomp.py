@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import platform
 import struct
 
@@ -107,12 +108,22 @@ def seccomp_program(policy: Policy, own_network: bool = False, supervised: bool 
       past Landlock's connect rule), and without `bind_tcp` (or `unix`) no listen(2) (which binds
       an unbound socket to a port Landlock's bind rule never sees).
     """
-    machine = _ARCH.get(platform.machine())
+    supervised = supervised and supervisable(policy, own_network)
+    flags = (policy.unix_sockets, policy.unrestricted_net, bool(policy.bind_tcp), own_network, supervised)
+    return _program(platform.machine(), *flags)
+
+
+@functools.lru_cache(maxsize=32)
+def _program(
+    machine_name: str, unix_sockets: bool, unrestricted_net: bool, bind_tcp: bool, own_network: bool, supervised: bool
+) -> bytes:
+    """`seccomp_program` for what of a policy it depends on: the same few programs for every
+    sandbox, assembled once each (each sandbox's build asked for two)."""
+    machine = _ARCH.get(machine_name)
     if machine is None:
         return b""
     arch, nr = machine
-    supervised = supervised and supervisable(policy, own_network)
-    unix = "allow" if policy.unix_sockets else "stream_or_seqpacket" if supervised else "eacces"
+    unix = "allow" if unix_sockets else "stream_or_seqpacket" if supervised else "eacces"
     prog: list[tuple[int, int | str, int | str, int] | str] = [
         (_LD, 0, 0, 4),
         (_JEQ, 0, "enosys", arch),  # seccomp_data.arch
@@ -126,11 +137,11 @@ def seccomp_program(policy: Policy, own_network: bool = False, supervised: bool 
     ]
     if supervised:
         prog += [(_JEQ, "supervise", 0, nr["connect"]), (_JEQ, "seccomp", 0, nr["seccomp"])]
-    if not policy.unix_sockets:
+    if not unix_sockets:
         prog.append((_JEQ, "stream_or_seqpacket", 0, nr["socketpair"]))
-    if not (policy.unrestricted_net or own_network or policy.bind_tcp or policy.unix_sockets):
+    if not (unrestricted_net or own_network or bind_tcp or unix_sockets):
         prog.append((_JEQ, "eacces", 0, nr["listen"]))
-    if not (policy.unrestricted_net or own_network):
+    if not (unrestricted_net or own_network):
         prog += [
             (_JEQ, "flags3", 0, nr["sendto"]),
             (_JEQ, "flags3", 0, nr["sendmmsg"]),
@@ -169,7 +180,7 @@ def seccomp_program(policy: Policy, own_network: bool = False, supervised: bool 
         (_JEQ, "inet", 0, _AF_INET),
         (_JEQ, "inet", 0, _AF_INET6),
     ]
-    if policy.unrestricted_net:
+    if unrestricted_net:
         prog += [
             (_JEQ, 0, "eafnosupport", _AF_NETLINK),
             (_LD, 0, 0, _arg(2)),

@@ -150,20 +150,27 @@ def files_named(path: str) -> list[str]:
     may not read."""
     if path not in _SYSTEM_PIP or (opened := open_regular(path)) is None:
         return []
-    with open(opened[0], "rb") as f:
-        data = f.read(LIMIT + 1)
+    fd, st = opened
+    with open(fd, "rb") as f:
+        seen = decided(st)
+        if (known := _NAMED.get(path)) is None or known[0] != seen:
+            known = _NAMED[path] = (seen, _pip_files(f.read(LIMIT + 1)))
+    return [p for p in known[1] if os.path.exists(p) and secret_free(p)]
+
+
+_NAMED: dict[str, tuple[Decided, list[str]]] = {}  # a system pip.conf, as it was, and what it names
+
+
+def _pip_files(data: bytes) -> list[str]:
     parser = configparser.ConfigParser(interpolation=None, strict=False)
     try:
         parser.read_string(data.decode("utf-8"))
     except (UnicodeDecodeError, configparser.Error):
         return []
-    named = [
-        os.path.expanduser(word)
-        for section in parser.values()
-        for key in _PIP_FILES
-        for word in section.get(key, "").split()
-    ]
-    return [p for p in dict.fromkeys(named) if os.path.isabs(p) and os.path.exists(p) and secret_free(p)]
+    named = (
+        os.path.expanduser(w) for section in parser.values() for key in _PIP_FILES for w in section.get(key, "").split()
+    )
+    return [p for p in dict.fromkeys(named) if os.path.isabs(p)]
 
 
 def _free(data: bytes) -> bool:
