@@ -914,6 +914,9 @@ def test_a_tools_configuration_is_granted_only_without_a_secret(tmp_path):
         "<httpHeaders><property><name>Authorization</name><value>Bearer q7Zk2lM9</value></property>\n": False,
         "export NEW_RELIC_LICENSE_KEY=eu01xx0123456789abcdef\n": False,
         "STRIPE=sk_live_51HqBOMq7Zk2lM9pW4rT8vB\n": False,
+        "export DB_PW=x\n": False,
+        "PSWD=y\n": False,
+        "CREDS=z\n": False,
         '[credential "https://host/q7Zk2Lm9Pw4Rt8Vb"]\n\thelper = cache\n': False,
         '[credential]\n\thelper = "!f() { echo password=abc; }; f"\n': False,
         # ... and what holds none: an email, git's ssh user, a credential helper by name, a wheel's

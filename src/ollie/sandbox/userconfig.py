@@ -30,7 +30,7 @@ LIMIT = 64 << 10  # a larger configuration is not read, nor granted
 # out a harmless file costs little. (Each run of a name is tried once, from its start, possessively,
 # and a line's start skips blanks within the line only: linear in the file, blank lines included.)
 _SECRET = re.compile(
-    r"token|passw|pass\b|passphrase|(?<![${])(?<!old)pwd\b|secret|_auth|credential|api[-_]?key|[_-]key\b"
+    r"token|passw|pass\b|passphrase|(?<![${])(?<!old)pwd\b|pswd|_pw\b|secret|_auth|credential|creds\b|api[-_]?key|[_-]key\b"
     r"|private key|authori[sz]ation|bearer\b|extraheader|httpheaders"
     r"|\\u[0-9a-f]{4}|\\U[0-9a-f]{8}|\\x[0-9a-f]{2}|^[ \t]*\[?[ \t]*[\"']?env[\"']?[ \t]*[.=\]]"
     r"|ghp_|gho_|ghs_|github_pat_|glpat-|pypi-[\w-]{32}|xox[abp]-|AKIA|\bsk_(?:live|test)_|\bsk-[\w-]{16}|\bnpm_\w{30}"
