@@ -28,15 +28,17 @@ def _may_take_a_childs_descriptor() -> bool:
         os.close(write)
         os.read(read, 1)  # until the parent has looked
         os._exit(0)
-    os.close(read)
     try:
         pidfd = os.pidfd_open(pid)
-        taken = ctypes.CDLL(None, use_errno=True).syscall(438, pidfd, 0, 0)  # pidfd_getfd, every arch's 438
+        taken = ctypes.CDLL(None, use_errno=True).syscall(438, pidfd, read, 0)  # pidfd_getfd, every arch's 438
         os.close(pidfd)
         if taken >= 0:
             os.close(taken)
         return taken >= 0
+    except OSError:
+        return False
     finally:
+        os.close(read)
         os.close(write)
         os.waitpid(pid, 0)
 

@@ -994,9 +994,10 @@ def test_the_native_init_is_built_with_the_systems_compiler_not_one_on_the_path(
 def test_the_init_a_wheel_carries_is_taken_and_none_of_other_source(tmp_path, monkeypatch):
     """An installed wheel holds the init beside jail.py (setup.py), named by its source's digest:
     taken as it is, with no compiler asked (none is, where the wheel is all there is); a file
-    named for other source (a package upgraded in place) is never run."""
-    package = tmp_path / "package"
-    package.mkdir()
+    named for other source (a package upgraded in place) is never run, nor one beside a checkout's
+    jail.py (an editable install), where a session's code could have planted it."""
+    package = tmp_path / "lib" / "package"
+    package.mkdir(parents=True)
     monkeypatch.setattr(jail_mod, "__file__", str(package / "jail.py"))
     monkeypatch.setenv("OLLIE_DATA_PATH", str(tmp_path / "data"))
     monkeypatch.setattr(jail_mod, "_SYSTEM_PATH", str(tmp_path / "no-compiler"))
@@ -1005,6 +1006,8 @@ def test_the_init_a_wheel_carries_is_taken_and_none_of_other_source(tmp_path, mo
     (package / "ollie-jail-init-0123456789abcdef").write_bytes(b"\x7fELF of other source")
     assert jail_mod._native_init() is None
     (package / f"ollie-jail-init-{digest}").write_bytes(b"\x7fELF the wheel's")
+    assert jail_mod._native_init() is None  # a checkout: no sys.prefix, no user site above it
+    monkeypatch.setattr(sys, "prefix", str(tmp_path))  # installed there
     assert jail_mod._native_init() == b"\x7fELF the wheel's"
     assert not (tmp_path / "data").exists()
 

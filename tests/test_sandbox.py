@@ -864,6 +864,7 @@ def test_a_tools_configuration_is_granted_only_without_a_secret(tmp_path):
         '[registry]\n"\\u0074oken" = "cio"\n': False,
         '[http]\nproxy = "alice:hunter2@proxy:3128"\n': False,
         '[env]\nGH_PAT = "ghp_abc"\n': False,
+        '[env]\nFOO = "bar"\n': False,  # cargo's variables for builds, whatever they hold
         'key="-----BEGIN PRIVATE KEY-----\\nMIIE"\n': False,
         "registry=https://npm_abc@r.example/\n": False,
         '[target.x86_64-unknown-linux-gnu]\nrustflags = ["-C", "link-arg=-fuse-ld=mold"]\n': True,
@@ -879,11 +880,11 @@ def test_a_tools_configuration_is_granted_only_without_a_secret(tmp_path):
         "[pypi]\npassword = pypi-AgEIcHlwaS5vcmcCJGE0ZjQ5YjE5LWZjYmMtNDk3OC1iYjg5\n": False,
         "upload = pypi-AgEIcHlwaS5vcmcCJGE0ZjQ5YjE5LWZjYmMtNDk3OC1iYjg5\n": False,
         # cargo's [env] in TOML's other spellings, which a red-team pass read through the sandbox
-        '[env.STRIPE_KEY]\nvalue = "sk_live_51Hq8ZbK2eX9mN4pL7vR3tY6u"\n': False,
-        'env.OPENAI_KEY = "sk-proj-abc"\n': False,
-        'env = { STRIPE_KEY = "sk_live_abc" }\n': False,
-        '["env"]\nSTRIPE_KEY = "sk_live_abc"\n': False,
-        "[ 'env' ]\nSTRIPE_KEY = 'sk_live_abc'\n": False,
+        '[env.FOO]\nvalue = "bar"\n': False,
+        'env.FOO = "bar"\n': False,
+        'env = { FOO = "bar" }\n': False,
+        '["env"]\nFOO = "bar"\n': False,
+        "[ 'env' ]\nFOO = 'bar'\n": False,
         "[build]\njobs = 4\n[environment-free]\nx = 1\n": True,
         # Maven's own settings.xml, whose comments show placeholders where the secrets go
         "<!--\n    <proxy>\n      <password>proxypass</password>\n    </proxy>\n     | NOTE: You should either specify"
@@ -905,7 +906,7 @@ def test_a_tools_configuration_is_granted_only_without_a_secret(tmp_path):
         "registry=https://build:Winter2024@${NPM_HOST}/\n": False,
         'export http_proxy="http://svc-build:Winter2024@$PROXY_HOST:3128/"\n': False,
         '[registries.corp]\n"tok\\x65n" = "cio0f3c9a7e5b2d41c8"\n': False,
-        '\ufeff[env]\nSTRIPE_KEY = "sk_live_51HqBOMbypass"\n': False,
+        '\ufeff[env]\nFOO = "bar"\n': False,
         "export MYSQL_PWD='hunter2-db'\n": False,
         "export SSHPASS='hunter2-ssh'\n": False,
         "export BORG_PASSPHRASE='correct horse battery staple'\n": False,
@@ -915,6 +916,9 @@ def test_a_tools_configuration_is_granted_only_without_a_secret(tmp_path):
         "export NEW_RELIC_LICENSE_KEY=eu01xx0123456789abcdef\n": False,
         "STRIPE=sk_live_51HqBOMq7Zk2lM9pW4rT8vB\n": False,
         "export DB_PW=x\n": False,
+        "helper = ghp_16C7e42F292c6912E7710c838347Ae178B4a\n": False,  # a prefix, whatever line it is on
+        "index-url = https://example.com/0123456789abcdef0123456789abcdef/simple\n": False,  # hex, not a digest's
+        "url = ssh://me:hunter2@host/repo\n": False,
         "PSWD=y\n": False,
         "CREDS=z\n": False,
         '[credential "https://host/q7Zk2Lm9Pw4Rt8Vb"]\n\thelper = cache\n': False,
@@ -923,8 +927,13 @@ def test_a_tools_configuration_is_granted_only_without_a_secret(tmp_path):
         # digest in its URL
         "[user]\n\tname = CI Bot\n\temail = ci@example.com\n": True,
         '[url "git@github.com:"]\n\tinsteadOf = https://github.com/\n': True,
+        '[url "ssh://git@github.com/"]\n\tinsteadOf = https://github.com/\n': True,
+        'cd "$(pwd)" && HERE=`pwd`\n': True,
         '[credential "https://source.developers.google.com"]\n\thelper = gcloud.sh\n': True,
-        "foo @ https://files.pythonhosted.org/packages/3b/00/2344469e0f1b2c3d4e5f60718293a4b5c6d7/foo-1.0.whl\n": True,
+        (
+            "foo @ https://files.pythonhosted.org/packages/3b/00/"
+            "2344469e0f1b2c3d4e5f60718293a4b5c6d7e8f9a0b1c2d3e4f5a6b7c8d9/f.whl\n"
+        ): True,
         "email=me@example.com\nregistry=https://registry.npmjs.org/\n": True,
         "# If this is an xterm set the title to user@host:dir\n": True,
         # ... nor a shell's $PWD, a prompt's \\u, a registry's plain URL

@@ -20,6 +20,7 @@ import json
 import logging
 import os
 import shutil
+import site
 import socket
 import subprocess
 import sys
@@ -561,10 +562,11 @@ def _memfd(data: bytes, name: str = "ollie-spec", flags: int = 0) -> int:
 
 def _native_init() -> bytes | None:
     """The native init (jailinit.c) built for this machine: the one a wheel carries beside its
-    source (setup.py builds it, named by the source's digest; the installed package is read-only in
-    every jail), or else compiled once with the system's C compiler (`$CC` if it leads into the
-    system's directories, else `cc` there: never a program found on the user's PATH or in a
-    directory a sandboxed program may write) into ollie's data directory, which no jail sees (a
+    source (setup.py builds it, named by the source's digest), when the package is installed where
+    every jail keeps it read-only (`_installed`), or else compiled once with the system's C
+    compiler (`$CC` if it leads into the system's directories, else `cc` there: never a program
+    found on the user's PATH or in a directory a sandboxed program may write) into ollie's data
+    directory, which no jail sees (a
     sandboxed program must not write what every later jail runs outside its sandbox); None without
     either, where the compiler failed (said once, and remembered), or with OLLIE_JAIL_INIT=python:
     a jail's PID 1 then stays Python, 2 MiB where the init takes a twentieth of that."""
@@ -576,7 +578,7 @@ def _native_init() -> bytes | None:
     name = f"ollie-jail-init-{hashlib.sha256(_JAILINIT).hexdigest()[:16]}"
     built = config.data_path() / "jail-init" / name
     failed = built.with_suffix(".failed")
-    for path in (Path(__file__).with_name(name), built):
+    for path in (Path(__file__).with_name(name), built) if _installed() else (built,):
         try:
             return path.read_bytes()
         except OSError:
@@ -618,6 +620,15 @@ def _native_init() -> bytes | None:
         with contextlib.suppress(OSError):  # nowhere to remember it: tried again next time
             failed.write_text(why)
     return None
+
+
+def _installed() -> bool:
+    """Whether this package lies where every jail keeps it read-only (`sandbox.read_only_dirs`):
+    in the Python's prefixes or the user's site-packages, not a checkout (an editable install, a
+    PYTHONPATH), where a session's code could plant an init named as the wheel's would be."""
+    here = os.path.realpath(os.path.dirname(__file__))
+    roots = [sys.prefix, sys.base_prefix, *([site.getusersitepackages()] if site.ENABLE_USER_SITE else [])]
+    return any(here.startswith(os.path.realpath(root) + "/") for root in roots)
 
 
 def _native_fds() -> list[int]:

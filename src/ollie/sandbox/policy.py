@@ -39,16 +39,25 @@ _ETC = """ld.so.cache ld.so.conf ld.so.conf.d passwd group nsswitch.conf hosts h
     magic magic.mime inputrc terminfo ssl/certs ssl/openssl.cnf ca-certificates ca-certificates.conf
     pki/tls/certs os-release lsb-release debian_version perl python3 fonts
     maven/m2.conf maven/logging maven/toolchains.xml chromium.d""".split()  # maven/settings.xml: userconfig
+
+
 # chromium.d: what Debian's chromium launcher sources (its apikeys are the distribution's own,
 # the same on every Debian, not the user's).
 # A JDK's configuration (its lib/jvm.cfg and conf/security/java.security are links there on Debian:
 # without it javac, Gradle and Maven fail with "Error loading java.security file"), but for its
 # management/ (JMX's agent: jmxremote.password is where its passwords go).
+def _listing(path: str) -> list[str]:
+    try:
+        return os.listdir(path)
+    except OSError:
+        return []
+
+
 _ETC += sorted(
     f"{jdk}/{name}"
-    for jdk in (os.listdir("/etc") if os.path.isdir("/etc") else [])
-    if jdk.startswith("java-") and os.path.isdir(f"/etc/{jdk}")
-    for name in os.listdir(f"/etc/{jdk}")
+    for jdk in _listing("/etc")
+    if jdk.startswith("java-")
+    for name in _listing(f"/etc/{jdk}")
     if name != "management"
 )
 
@@ -290,9 +299,9 @@ def load_policy(
     # decision orders them: a session's own come last)
     configs = _expand_paths(list(userconfig.CONFIGS), values, "filesystem.ro")
     judged = [p for p in configs if os.path.exists(p) and userconfig.secret_free(p)]
-    judged += [f for p in judged for f in userconfig.files_named(p)]
-    configs += tuple(judged)
-    named["ro"] += tuple(dict.fromkeys(judged))
+    named_files = [f for p in judged for f in userconfig.files_named(p)]
+    configs += tuple(named_files)  # optional as the configurations are: reached through a planted link, left out
+    named["ro"] += tuple(dict.fromkeys([*judged, *named_files]))
     named["rox"] += extra_rox + program_rox
     named["ro"] += extra_ro
     named["rw"] += extra_rw

@@ -30,31 +30,38 @@ LIMIT = 64 << 10  # a larger configuration is not read, nor granted
 # out a harmless file costs little. (Each run of a name is tried once, from its start, possessively,
 # and a line's start skips blanks within the line only: linear in the file, blank lines included.)
 _SECRET = re.compile(
-    r"token|passw|pass\b|passphrase|(?<![${])(?<!old)pwd\b|pswd|_pw\b|secret|_auth|credential|creds\b|api[-_]?key|[_-]key\b"
-    r"|private key|authori[sz]ation|bearer\b|extraheader|httpheaders"
-    r"|\\u[0-9a-f]{4}|\\U[0-9a-f]{8}|\\x[0-9a-f]{2}|^[ \t]*\[?[ \t]*[\"']?env[\"']?[ \t]*[.=\]]"
-    r"|ghp_|gho_|ghs_|github_pat_|glpat-|pypi-[\w-]{32}|xox[abp]-|AKIA|\bsk_(?:live|test)_|\bsk-[\w-]{16}|\bnpm_\w{30}"
+    r"token|passw|pass\b|passphrase|(?<![${(`])(?<!old)pwd\b|pswd|_pw\b|secret|_auth|credential|creds\b"
+    r"|api[-_]?key|[_-]key\b|private key|authori[sz]ation|bearer\b|extraheader|httpheaders"
+    r"|\\u[0-9a-f]{4}|\\x[0-9a-f]{2}|^[ \t]*\[?[ \t]*[\"']?env[\"']?[ \t]*[.=\]]"
     r"|(?<![^\s/@:=\"'])[^\s/@:=\"']++:[^\s/@:\"']*+@[\w.-]",
     re.IGNORECASE | re.MULTILINE,
+)
+# Tokens by their well-known prefixes, looked for before anything is left out (`_NAMED_NOT_HELD`):
+# GitHub's, GitLab's, PyPI's, Slack's, AWS's, Google's, Hugging Face's, Stripe's and OpenAI's, npm's.
+_PREFIXES = re.compile(
+    r"gh[posur]_|github_pat_|glpat-|pypi-[\w-]{32}|xox[abp]-|AKIA|AIza|\bhf_\w{20}|\bsk_(?:live|test)_|\bsk-[\w-]{16}"
+    r"|\bnpm_\w{30}"
 )
 # A URL, to its first blank: its user (user:password@ before the host, whatever follows), a query
 # (a SAS signature's sig=, a key=) and a long run of letters mixed with digits in its path or host
 # are secrets (a registry's token in the path: Gemfury's, Cloudsmith's; a Slack webhook's), but
-# for lower-case hex (a wheel's digest in PyPI's file URLs, a commit).
-_URL = re.compile(r"[a-z][a-z0-9+.-]*+://(\S*+)", re.IGNORECASE)
+# for a digest's length of lower-case hex (a wheel's in PyPI's file URLs, a commit) and ssh's user
+# alone (ssh://git@github.com/: ssh signs in with a key).
+_URL = re.compile(r"([a-z][a-z0-9+.-]*+)://(\S*+)", re.IGNORECASE)
 _TOKEN_LIKE = 16  # letters and digits in a row, both
+_DIGEST = re.compile(r"[0-9a-f]{40,}").fullmatch
 
 
-def _secret_url(rest: str) -> bool:
-    """Whether a URL (what follows its scheme's //) carries a secret."""
+def _secret_url(scheme: str, rest: str) -> bool:
+    """Whether a URL (its scheme, and what follows the scheme's //) carries a secret."""
     authority, _, path = rest.partition("/")
-    if "@" in authority or "=" in rest.partition("?")[2] or "?" in authority:
+    user, at, _ = authority.rpartition("@")
+    if at and not (scheme.lower().endswith("ssh") and ":" not in user):
+        return True
+    if "=" in rest.partition("?")[2] or "?" in authority:
         return True
     runs = re.split(r"[^A-Za-z0-9]+", f"{authority}/{path}")
-    return any(len(run) >= _TOKEN_LIKE and not run.isalpha() and not run.isdigit() and not _HASH(run) for run in runs)
-
-
-_HASH = re.compile(r"[0-9a-f]+").fullmatch  # a file's digest or a commit in a URL's path, in lower-case hex
+    return any(len(run) >= _TOKEN_LIKE and not run.isalpha() and not run.isdigit() and not _DIGEST(run) for run in runs)
 
 
 # What is left out before the search, being no secret though it names one: cargo's choice of its
@@ -167,10 +174,8 @@ def _pip_files(data: bytes) -> list[str]:
         parser.read_string(data.decode("utf-8"))
     except (UnicodeDecodeError, configparser.Error):
         return []
-    named = (
-        os.path.expanduser(w) for section in parser.values() for key in _PIP_FILES for w in section.get(key, "").split()
-    )
-    return [p for p in dict.fromkeys(named) if os.path.isabs(p)]
+    named = (w for section in parser.values() for key in _PIP_FILES for w in section.get(key, "").split())
+    return [p for p in dict.fromkeys(named) if os.path.isabs(p)]  # (pip expands no ~ there)
 
 
 def _free(data: bytes) -> bool:
@@ -180,10 +185,13 @@ def _free(data: bytes) -> bool:
     if len(data) > LIMIT or b"\0" in data:
         return False
     try:
-        text = _NAMED_NOT_HELD.sub("", data.decode("utf-8").replace("\ufeff", ""))
+        text = data.decode("utf-8").replace("\ufeff", "")
     except UnicodeDecodeError:
         return False
-    return not _SECRET.search(text) and not any(_secret_url(m.group(1)) for m in _URL.finditer(text))
+    if _PREFIXES.search(text):
+        return False
+    text = _NAMED_NOT_HELD.sub("", text)
+    return not _SECRET.search(text) and not any(_secret_url(m[1], m[2]) for m in _URL.finditer(text))
 
 
 def judged_copy(source: str, variable: str, writable: dict[Identity, str]) -> Copy:
