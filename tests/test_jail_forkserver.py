@@ -1007,7 +1007,7 @@ def test_the_init_a_wheel_carries_is_taken_and_none_of_other_source(tmp_path, mo
     assert jail_mod._native_init() is None
     (package / f"ollie-jail-init-{digest}").write_bytes(b"\x7fELF the wheel's")
     assert jail_mod._native_init() is None  # a checkout: no sys.prefix, no user site above it
-    monkeypatch.setattr(sys, "prefix", str(tmp_path))  # installed there
+    monkeypatch.setattr(jail_mod, "PYTHON_DIRS", (os.path.realpath(tmp_path),))  # installed there
     assert jail_mod._native_init() == b"\x7fELF the wheel's"
     assert not (tmp_path / "data").exists()
 

@@ -20,9 +20,7 @@ import platform
 import re
 import resource
 import shutil
-import site
 import stat
-import sys
 import threading
 import time
 import weakref
@@ -46,7 +44,7 @@ from ..paths import (
     within,
 )
 from . import grants
-from .jail import Confinement, GrantChanged, Jail, JailSetup, userns_hint
+from .jail import PYTHON_DIRS, Confinement, GrantChanged, Jail, JailSetup, user_site_dirs, userns_hint
 from .landlock import RO, RW, RWX, build_ruleset, fs_handled, landlock_abi
 from .policy import (
     FS_KEYS,
@@ -511,11 +509,7 @@ def _through_symlink(path: str) -> bool:
     return False
 
 
-# The Python that starts every jail, outside the sandbox: kept read-only in each jail even when a
-# session's cwd contains it (a virtualenv in the project, pyenv under $HOME with the cwd at $HOME).
-_PROTECTED = tuple(
-    dict.fromkeys(os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, os.path.dirname(sys.executable)))
-)
+_PROTECTED = PYTHON_DIRS  # (a name of its own: tests add a virtualenv of theirs)
 
 
 def _uv_cache() -> str:
@@ -551,25 +545,14 @@ def _made(paths: list[str]) -> list[str]:
     return made
 
 
-def _user_site() -> list[str]:
-    """The user's site-packages and scripts when the Python running ollie reads them (a system
-    Python, where `pip install --user` puts ollie; a virtualenv made with --system-site-packages):
-    a package, a `.pth` or a usercustomize.py planted there runs in the next ollie, outside the
-    sandbox, as one in sys.prefix would; and the `ollie` script's directory (`~/.local/bin`) is
-    first on the running ollie's import path, where a planted `pygments` would run at its first
-    highlighted code block. Made if missing, so that code in a cwd of $HOME cannot make them first."""
-    if not site.ENABLE_USER_SITE:
-        return []
-    return [site.getusersitepackages(), os.path.join(site.getuserbase(), "bin")]
-
-
 def read_only_dirs() -> tuple[str, ...]:
     """What a jail keeps read-only whatever a policy grants around it: the Python that starts
-    every jail and the user's site-packages it reads, and the tool script and skill directories
-    (code runs and reads them; ollie serves them to every session)."""
+    every jail and the user's site-packages and scripts it reads (made if missing, so that code
+    in a cwd of $HOME cannot make them first), and the tool script and skill directories (code
+    runs and reads them; ollie serves them to every session)."""
     dirs = [str(p) for p in (*config.tools_path(), *config.skills_path())]
     inside_own = [os.path.realpath(p) for p in dirs if os.path.isdir(p)]  # _made leaves those out
-    return tuple(dict.fromkeys([*_PROTECTED, *_made(_user_site()), *_made(dirs), *inside_own]))
+    return tuple(dict.fromkeys([*_PROTECTED, *_made(user_site_dirs()), *_made(dirs), *inside_own]))
 
 
 def directory_within(path: str, bound: str) -> str:

@@ -622,13 +622,32 @@ def _native_init() -> bytes | None:
     return None
 
 
+# The Python that starts every jail, outside the sandbox: kept read-only in each jail even when a
+# session's cwd contains it (a virtualenv in the project, pyenv under $HOME with the cwd at $HOME).
+PYTHON_DIRS = tuple(
+    dict.fromkeys(os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, os.path.dirname(sys.executable)))
+)
+
+
+def user_site_dirs() -> list[str]:
+    """The user's site-packages and scripts when the Python running ollie reads them (a system
+    Python, where `pip install --user` puts ollie; a virtualenv made with --system-site-packages),
+    kept read-only in each jail too: a package, a `.pth` or a usercustomize.py planted there runs
+    in the next ollie, outside the sandbox, as one in sys.prefix would; and the `ollie` script's
+    directory (`~/.local/bin`) is first on the running ollie's import path, where a planted
+    `pygments` would run at its first highlighted code block."""
+    if not site.ENABLE_USER_SITE:
+        return []
+    return [site.getusersitepackages(), os.path.join(site.getuserbase(), "bin")]
+
+
 def _installed() -> bool:
-    """Whether this package lies where every jail keeps it read-only (`sandbox.read_only_dirs`):
-    in the Python's prefixes or the user's site-packages, not a checkout (an editable install, a
-    PYTHONPATH), where a session's code could plant an init named as the wheel's would be."""
+    """Whether this package lies where every jail keeps it read-only (`PYTHON_DIRS`,
+    `user_site_dirs`), not in a checkout (an editable install, a PYTHONPATH), where a session's
+    code could plant an init named as the wheel's would be."""
     here = os.path.realpath(os.path.dirname(__file__))
-    roots = [sys.prefix, sys.base_prefix, *([site.getusersitepackages()] if site.ENABLE_USER_SITE else [])]
-    return any(here.startswith(os.path.realpath(root) + "/") for root in roots)
+    roots = [*PYTHON_DIRS, *map(os.path.realpath, user_site_dirs())]
+    return any(here.startswith(root + "/") for root in roots)
 
 
 def _native_fds() -> list[int]:
