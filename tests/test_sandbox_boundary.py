@@ -850,3 +850,103 @@ def test_a_cwd_moved_while_its_way_up_is_walked_grants_nothing(home):
         os.close(fd)
         if found_fd[0] >= 0:
             os.close(found_fd[0])
+
+
+# ---- 5. a configuration inside a granted tree that holds a secret is masked ---------------------------
+
+NPM_TOKEN = "npm_" + "a1B2c3D4" * 5  # (a token's shape, the prefix the judge knows)
+
+
+def toolchain_configs(home: Path, npmrc: str) -> tuple[Path, Path]:
+    """A node under nvm whose global npmrc reads `npmrc`, a file beside it, and a pyenv Python's
+    site pip.conf without a secret: trees the default policy grants whole."""
+    etc = home / ".nvm" / "versions" / "node" / "v22.1.0" / "etc"
+    etc.mkdir(parents=True)
+    (etc / "npmrc").write_text(npmrc)
+    (etc / "beside").write_text("beside\n")
+    pyenv = home / ".pyenv" / "versions" / "3.12.4"
+    pyenv.mkdir(parents=True)
+    (pyenv / "pip.conf").write_text("[global]\nindex-url = https://pypi.org/simple\n")
+    return etc / "npmrc", pyenv / "pip.conf"
+
+
+async def test_a_secret_in_a_toolchains_own_configuration_reads_as_nothing(run, home, monkeypatch):
+    """nvm's node keeps npm's global npmrc in its tree, granted whole for `npm test` to run: one
+    holding a token reads as /dev/null reads, in the first jail and in a later ruleset's (a
+    session moved to $HOME, whose writable grant is bound over the tree), while the rest of the
+    tree and a configuration without a secret read as they are."""
+    monkeypatch.delenv("NVM_DIR", raising=False)
+    npmrc, pip_conf = toolchain_configs(home, f"//registry.npmjs.org/:_authToken={NPM_TOKEN}\n")
+    code = f"wc -c < {npmrc}; cat {npmrc.parent}/beside {pip_conf}"
+    expected = "0\nbeside\n[global]\nindex-url = https://pypi.org/simple\n"
+    result = await run(code)
+    assert (result.is_error, result.text()) == (False, expected), result.text()
+    at_home = dataclasses.replace(run.ctx, cwd=str(home))
+    steps = {"steps": [{"code": f"cat {npmrc}; echo x > {home}/written; {code}"}]}
+    result = await run.server.call_tool("execute_code", steps, at_home)
+    assert (result.is_error, result.text()) == (False, expected), result.text()
+    assert (home / "written").read_text() == "x\n"  # (the cwd's grant, bound after the mask)
+    assert npmrc.read_text().endswith(f"{NPM_TOKEN}\n")  # the user's own file, untouched
+
+
+async def test_a_toolchain_configuration_that_takes_a_secret_is_masked_by_the_next_look(run, home, monkeypatch):
+    """A configuration judged free of secrets is read; once it holds one, the next look (each
+    RECHECK seconds) builds the session's sandbox anew and the running jail masks it."""
+    monkeypatch.delenv("NVM_DIR", raising=False)
+    npmrc, _ = toolchain_configs(home, "registry=https://registry.npmjs.org/\n")
+    result = await run(f"cat {npmrc}")
+    assert result.text() == "registry=https://registry.npmjs.org/\n", result.text()
+    npmrc.write_text(f"registry=https://registry.npmjs.org/\n//registry.npmjs.org/:_authToken={NPM_TOKEN}\n")
+    monkeypatch.setattr(sandbox, "_next_look", 0.0)  # as RECHECK seconds later
+    result = await run(f"wc -c < {npmrc}")
+    assert (result.is_error, result.text()) == (False, "0\n"), result.text()
+
+
+async def test_a_masked_configuration_cannot_be_reached_around_its_mask(home, tmp_path, monkeypatch):
+    """Code working in $HOME, which may write the toolchain's tree, tries every way around the
+    mask: a hard link, a copy, renaming the file or a directory above it (so that it lies where
+    no later jail looks), unmounting the mask, and reading it by another path; none shows the
+    token, and a later jail still masks the file where it was."""
+    monkeypatch.delenv("NVM_DIR", raising=False)
+    npmrc, _ = toolchain_configs(home, f"//registry.npmjs.org/:_authToken={NPM_TOKEN}\n")
+    node = npmrc.parent.parent
+    attack = f"""
+        ln {npmrc} {home}/linked 2>&1 | tail -c 20; cp {npmrc} {home}/copied; wc -c < {home}/copied
+        mv {npmrc} {home}/moved || echo file-stays
+        mv {npmrc.parent} {node}/etc2 || echo etc-stays
+        mv {home}/.nvm {home}/nvm2 || echo nvm-stays
+        umount {npmrc} 2>/dev/null || echo mask-stays
+        cat {node}/../v22.1.0/./etc/npmrc /proc/self/root{npmrc}
+        python3 -c 'import os; d = os.open("{npmrc.parent}", 0); print(os.read(os.open("npmrc", 0, dir_fd=d), 99))'
+    """
+    result = await call(home, attack, tmp_path)
+    out = result.text()
+    assert NPM_TOKEN not in out, out
+    for stays in ("file-stays", "etc-stays", "nvm-stays", "mask-stays"):
+        assert stays in out, out
+    assert "0\n" in out and not (home / "linked").exists() and npmrc.read_text().endswith(f"{NPM_TOKEN}\n")
+    (tmp_path / "cwd").mkdir()
+    result = await call(tmp_path / "cwd", f"wc -c < {npmrc}", tmp_path)
+    assert result.text() == "0\n", result.text()
+
+
+async def test_the_jail_masks_only_the_file_ollie_judged_reached_without_a_link(home, tmp_path):
+    """The jail's own check: a file to mask whose path has a symlink on it now (planted since ollie
+    judged the file) is refused, as a grant's is, not taken for the file the link leads to; a path
+    that leads to nothing masks nothing, and the stage runs."""
+    real = home / "real"
+    real.mkdir()
+    (real / "npmrc").write_text(f"//registry.npmjs.org/:_authToken={NPM_TOKEN}\n")
+    (home / "link").symlink_to(real)
+    boxes, jails = sandbox.Sandboxes(), sandbox.Jails()
+    box = await boxes.get_async("default", str(tmp_path), "")
+    gone = dataclasses.replace(box.confinement, spec={**box.confinement.spec, "mask": [str(home / "gone")]})
+    linked = dataclasses.replace(box.confinement, spec={**box.confinement.spec, "mask": [str(home / "link/npmrc")]})
+    try:
+        jail = await jails.get(box.policy)
+        stage = await jail.spawn(gone, ["/bin/true"], str(tmp_path), {}, stdin=0, stdout=1, stderr=2)
+        assert await stage.wait() and stage.exited.result() == 0
+        with pytest.raises(sandbox.jail.GrantChanged, match="Too many levels of symbolic links"):
+            await jail.spawn(linked, ["/bin/true"], str(tmp_path), {}, stdin=0, stdout=1, stderr=2)
+    finally:
+        await jails.close()

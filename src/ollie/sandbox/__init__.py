@@ -51,6 +51,7 @@ from .policy import (
     Limits,
     Policy,
     SandboxError,
+    forget_trees,
     load_policy,
     missing_policy,
     policy_files,
@@ -166,6 +167,8 @@ class Sandbox:
                     else ""
                 ),
                 "expose": expose,
+                # Configurations in the trees it grants that hold a secret: read as /dev/null reads.
+                "mask": list(policy.masked),
             },
         )
         self._search_paths: dict[str, str] = {}
@@ -766,15 +769,20 @@ class _Decisions:
         just saw them). Not its cwd nor its writable grants, which each call looks at
         (`Sandbox.watched`); nor ollie's own, which the jail finds changed when it mounts them
         (GrantChanged); nor what lies in its cwd, which the cwd's rule covers. And the files given
-        as copies (`userconfig.judged_copy`), as they were judged."""
+        as copies (`userconfig.judged_copy`) and the configurations in its trees, as they were
+        judged (one that took a secret since is masked by the next build)."""
         seen = self._seen_by_path
         in_cwd = policy.cwd.rstrip("/") + "/" if policy.cwd.rstrip("/") else "\0"  # none, or not /
         named = [(key, p) for key in FS_KEYS for p in policy.paths[key]] + [("", p) for p in policy.missing]
-        return tuple(
-            (p, seen[p] if p in seen else as_decided(p))
-            for key, p in named
-            if p != policy.cwd and not p.startswith(in_cwd) and p not in policy.own and key not in grants.WRITABLE
-        ) + tuple((copy.source, copy.seen) for copy in policy.copies)
+        return (
+            tuple(
+                (p, seen[p] if p in seen else as_decided(p))
+                for key, p in named
+                if p != policy.cwd and not p.startswith(in_cwd) and p not in policy.own and key not in grants.WRITABLE
+            )
+            + tuple((copy.source, copy.seen) for copy in policy.copies)
+            + policy.in_trees
+        )
 
     def sandbox(self, policy: Policy, extra_ro: tuple[str, ...], in_jail: bool) -> Sandbox:
         """The sandbox of `policy` (the same policy read for this session: for another cwd, or
@@ -835,6 +843,7 @@ def _look_again() -> None:
     ~/.cargo/bin): it refuses or lacks what a new decision would grant. Each path is looked at once
     (some fifty `stat`s, however many sessions)."""
     global _LOOKED
+    forget_trees()  # (a configuration in a tree, changed, is judged again by the builds it makes stale)
     looked: dict[str, Decided] = {}
     for box in [ref() for ref in _LIVE.valuerefs()]:
         if box is None:

@@ -58,7 +58,7 @@ PR_SET_NO_NEW_PRIVS, PR_SET_SECCOMP, SECCOMP_MODE_FILTER, PR_SET_CHILD_SUBREAPER
 SYS_LANDLOCK_ADD_RULE, SYS_LANDLOCK_RESTRICT_SELF, SYS_CLOSE_RANGE = 445, 446, 436  # the same on every arch
 SYS_OPEN_TREE, SYS_MOVE_MOUNT, SYS_OPENAT2, SYS_MOUNT_SETATTR = 428, 429, 437, 442  # the same on every arch
 RESOLVE_NO_MAGICLINKS, RESOLVE_NO_SYMLINKS, RESOLVE_BENEATH = 0x02, 0x04, 0x08
-MOUNT_ATTR_RDONLY, MOUNT_ATTR_NOSYMFOLLOW = 0x1, 0x200000
+MOUNT_ATTR_RDONLY, MOUNT_ATTR_NOSUID, MOUNT_ATTR_NOEXEC, MOUNT_ATTR_NOSYMFOLLOW = 0x1, 0x2, 0x8, 0x200000
 OPEN_TREE_CLONE, OPEN_TREE_CLOEXEC, AT_EMPTY_PATH, AT_RECURSIVE = 0x1, os.O_CLOEXEC, 0x1000, 0x8000
 MOVE_MOUNT_F_EMPTY_PATH, MOVE_MOUNT_T_EMPTY_PATH = 0x4, 0x40
 M_ARENA_MAX = -8
@@ -218,6 +218,7 @@ class Mounts:
         self.exposed = {}  # path -> (writable, shared, identity): how it was bound, to bind it so again
         self.view, self.view_root = "", -1  # the view's mount point, and an O_PATH fd of its root
         self.pinned = set()  # directories bound onto themselves, so that they cannot be renamed
+        self.masked = []  # files under /dev/null (`mask`)
         self.own_devices = [0] * len(PRIVATE_TMPFS)  # each private tmpfs's device as made (0: none made)
         for path in [*PRIVATE_TMPFS, *hide]:
             if path not in self.hidden:
@@ -262,6 +263,7 @@ class Mounts:
             "pinned": sorted(self.pinned),
             "protected": self.protected,
             "servers": self.servers,
+            "masked": self.masked,
         }
 
     def descriptors(self):
@@ -276,6 +278,7 @@ class Mounts:
         }
         mounts.view, mounts.view_root = state["view"]
         mounts.pinned = set(state["pinned"])
+        mounts.masked = state["masked"]
         return mounts
 
     def mount_view(self, path):
@@ -334,9 +337,43 @@ class Mounts:
         if view_inside:
             self._rebind_view(path)
 
+    def mask(self, path):
+        """/dev/null bound read-only over the file `path` (a configuration in a granted tree that
+        holds a secret, as Docker masks paths): reads give nothing, whatever a policy grants around
+        it, and the file cannot be reached around the mount (a hard link to it crosses a mount, a
+        rename of it or of a directory above it is refused, the directories being pinned). Nothing
+        to mask where the path leads to no file now; a symlink on it was planted since ollie judged
+        it (GrantChanged: decided anew)."""
+        if path in self.masked:
+            return
+        try:
+            with opened(path) as target:
+                if not stat.S_ISREG(os.fstat(target).st_mode):
+                    return
+        except OSError as e:
+            if e.errno == errno.ELOOP:
+                raise GrantChanged(e.errno, e.strerror, path) from None
+            if e.errno in (*GRANT_CHANGED, errno.EACCES):  # nothing there, or nothing code reaches either
+                return
+            raise
+        self._mask(path, "/")
+        self.masked.append(path)
+
+    def _mask(self, path, above):
+        self._pin(path, above)
+        null = open_path("/dev/null", RESOLVE_NO_SYMLINKS)
+        try:
+            st = os.fstat(null)
+            if not stat.S_ISCHR(st.st_mode) or st.st_rdev != os.makedev(1, 3):
+                raise OSError(errno.EINVAL, "/dev/null is not the null device")
+            with opened(path) as target:  # (after the pins, which cover the file's first mount)
+                attach(null, target, MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NOEXEC, 0, whole=False)
+        finally:
+            os.close(null)
+
     def _restore_inside(self, path, writable):
         """What the new mount at `path` covered: hidden directories hidden again (with what was
-        shown from under them), read-only ones read-only again."""
+        shown from under them), read-only ones read-only again, masked files masked again."""
         self.pinned -= {p for p in self.pinned if p.startswith(path.rstrip("/") + "/")}  # covered over
         inside = [h for h in [*self.hidden, *self.servers] if h != path and h.startswith(path.rstrip("/") + "/")]
         for hidden in inside:
@@ -351,6 +388,9 @@ class Mounts:
                 continue  # hidden again (or bound again, read-only, if shown from under it)
             if writable and (protected == path or protected.startswith(path.rstrip("/") + "/")):
                 self._protect(protected, path)
+        for masked in self.masked:
+            if masked.startswith(path.rstrip("/") + "/") and not any(masked.startswith(h + "/") for h in inside):
+                self._mask(masked, path)
 
     def _keep_read_only(self, path):
         if path in self.protected:
@@ -897,6 +937,8 @@ def make_channel(fds, mounts, view_rights):
     if mounts is not None:
         for grant in spec["expose"]:
             mounts.expose(*grant)
+        for path in spec["mask"]:
+            mounts.mask(path)
         if ruleset >= 0:
             view = [[mounts.view_root, view_rights]] if mounts.view else []
             add_rules(ruleset, spec["jail_rules"] + view)

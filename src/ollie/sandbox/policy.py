@@ -11,16 +11,18 @@ extend, scalars replace).
 
 from __future__ import annotations
 
+import glob
 import os
 import re
 import resource
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from .. import config
-from ..paths import identities
+from ..paths import Decided, as_decided, identities
 from ..types import ConfigError
 from . import gitidentity, userconfig
 from .caches import cache_dir
@@ -215,6 +217,10 @@ class Policy:
     cache: str  # the cwd's cache directory, its code's $XDG_CACHE_HOME (`cache_dir`; "" for none)
     git_config: str  # its git's global config, the user's identity alone (`gitidentity`; "" for the real one)
     copies: tuple[userconfig.Copy, ...]  # tools' configurations given as copies of what was judged
+    # the configurations found inside the trees it grants (`userconfig.IN_TREES`), each a real
+    # path as it was when judged, and those holding a secret, which a jail masks
+    in_trees: tuple[tuple[str, Decided], ...]
+    masked: tuple[str, ...]
     linked: tuple[str, ...]  # the cwd's installs hard-linked from a shared store (`linked_installs`): read-only
     shared: tuple[str, ...]  # granted writable to every session (the memory, the plans): no symlinks there
     own: frozenset[str]  # ollie's own grants (tools, scratch, memory, plans): shown from under its hidden directories
@@ -326,6 +332,7 @@ def load_policy(
         if copy.path != os.devnull:
             paths["ro"] += (os.path.dirname(copy.path),)
             own_paths.append(os.path.dirname(copy.path))
+    in_trees, masked = _in_trees(values)
     net = raw["network"]
     unrestricted = bool(net.get("unrestricted") or net.get("enabled"))  # `enabled`: the Go name
     connect = _ports(net.get("connect_tcp"), "network.connect_tcp")
@@ -337,6 +344,8 @@ def load_policy(
         cache=values["CACHE"],
         git_config=git_config,
         copies=copies,
+        in_trees=in_trees,
+        masked=masked,
         linked=linked_installs(cwd) if cwd else (),
         shared=tuple(p for p in extra_rw if os.path.exists(p)),
         own=frozenset([*extra_rox, *extra_ro, *extra_rw, *extra_rwx, *(os.path.normpath(p) for p in own_paths if p)]),
@@ -477,6 +486,45 @@ def _expand_paths(entries: list[str], values: dict[str, str], where: str) -> tup
         if not names and not entry.startswith("~") and len(_PLAIN) < 4096:
             _PLAIN[entry] = out[-1]
     return tuple(dict.fromkeys(out))
+
+
+# The configurations in the trees as the last listing found them, by the templates as expanded:
+# when, each path as it was (missing ones too), those holding a secret. Listed and judged again
+# after so many seconds, or once the look at the running sandboxes' paths has run (`forget_trees`):
+# every session's start reads the policy, 500 at once.
+_IN_TREES: dict[tuple[str, ...], tuple[float, tuple[tuple[str, Decided], ...], tuple[str, ...]]] = {}
+_IN_TREES_KEPT = 5.0
+
+
+def _in_trees(values: dict[str, str]) -> tuple[tuple[tuple[str, Decided], ...], tuple[str, ...]]:
+    """The real paths `userconfig.IN_TREES` lead to, each as it was before it was judged, and
+    those holding a secret. Of a template with a glob, its file in each directory the glob
+    matches, there or not (one made later, `npm config set -g`, is then seen by the next look)."""
+    patterns = _expand_paths(list(userconfig.IN_TREES), values, "")
+    now = time.monotonic()
+    known = _IN_TREES.get(patterns)
+    if known is None or now - known[0] >= _IN_TREES_KEPT:
+        paths = dict.fromkeys(os.path.realpath(f) for pattern in patterns for f in _candidates(pattern))
+        seen = tuple((p, as_decided(p)) for p in paths)
+        masked = tuple(p for p, decided in seen if decided is not None and userconfig.holds_secret(p))
+        if len(_IN_TREES) >= 64:  # ($HOMEs of a test suite's, one each)
+            _IN_TREES.clear()
+        known = _IN_TREES[patterns] = (now, seen, masked)
+    return known[1], known[2]
+
+
+def forget_trees() -> None:
+    """Have the next policy read list and judge the configurations in the trees anew."""
+    _IN_TREES.clear()
+
+
+def _candidates(pattern: str) -> list[str]:
+    parts = pattern.split("/")
+    last = max((i for i, part in enumerate(parts) if "*" in part), default=-1)
+    if last < 0:
+        return [pattern]
+    rest = "/".join(parts[last + 1 :])
+    return [os.path.join(d, rest) for d in glob.glob("/".join(parts[: last + 1])) if os.path.isdir(d)]
 
 
 def _ports(value: Any, where: str) -> tuple[int, ...]:

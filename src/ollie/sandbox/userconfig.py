@@ -13,6 +13,7 @@ import hashlib
 import logging
 import os
 import re
+import sys
 from typing import NamedTuple
 
 from .. import config
@@ -106,6 +107,42 @@ CONFIGS = (
     "/etc/maven/settings.xml",
     "{HOME}/.m2/settings.xml",
 )
+
+
+# The configurations toolchains keep inside their own trees, which a policy grants whole (~/.nvm,
+# ~/.pyenv, ~/.sdkman, /usr, /opt), by template and glob: npm's global and built-in npmrc, a
+# Python's site pip.conf, a Maven's settings.xml, a Gradle's gradle.properties, conda's condarc.
+# One holding a secret is masked in a jail (read as /dev/null reads) rather than its tree refused.
+IN_TREES = (
+    "{NVM_DIR}/versions/node/*/etc/npmrc",
+    "{HOME}/.nvm/versions/node/*/etc/npmrc",
+    "{NVM_DIR}/versions/node/*/lib/node_modules/npm/npmrc",
+    "{HOME}/.nvm/versions/node/*/lib/node_modules/npm/npmrc",
+    "/usr/etc/npmrc",
+    "/usr/local/etc/npmrc",
+    "/usr/lib/node_modules/npm/npmrc",
+    "/usr/local/lib/node_modules/npm/npmrc",
+    "/opt/*/etc/npmrc",
+    "{HOME}/.pyenv/versions/*/pip.conf",
+    "{HOME}/.local/share/uv/python/*/pip.conf",
+    "{HOME}/.local/share/pipx/venvs/*/pip.conf",
+    f"{sys.prefix}/pip.conf",
+    f"{sys.base_prefix}/pip.conf",
+    "/opt/*/pip.conf",
+    "{HOME}/.sdkman/candidates/maven/*/conf/settings.xml",
+    "/usr/share/maven/conf/settings.xml",
+    "/opt/*/conf/settings.xml",
+    "{HOME}/.sdkman/candidates/gradle/*/gradle.properties",
+    "/opt/*/gradle.properties",
+    "/opt/*/.condarc",
+    "/opt/*/condarc",
+)
+
+
+def holds_secret(path: str) -> bool:
+    """Whether `path` is a file to keep from code: a regular file (links followed) that is not
+    `secret_free` (a secret in it, or too large to judge)."""
+    return os.path.isfile(path) and not secret_free(path)
 
 
 # The files granted as a copy, by template, with the variable that tells their tool where it lies.
