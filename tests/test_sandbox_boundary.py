@@ -902,6 +902,33 @@ async def test_a_toolchain_configuration_that_takes_a_secret_is_masked_by_the_ne
     assert (result.is_error, result.text()) == (False, "0\n"), result.text()
 
 
+async def test_a_toolchain_configuration_made_while_a_session_runs_is_masked_by_the_next_look(run, home, monkeypatch):
+    """`npm config set -g` makes the global npmrc where a node had none: looked for in each
+    version's directory, there or not, it is masked from the next look on."""
+    monkeypatch.delenv("NVM_DIR", raising=False)
+    npmrc, _ = toolchain_configs(home, "")
+    npmrc.unlink()
+    result = await run(f"cat {npmrc.parent}/beside")
+    assert (result.is_error, result.text()) == (False, "beside\n"), result.text()
+    npmrc.write_text(f"//registry.npmjs.org/:_authToken={NPM_TOKEN}\n")
+    monkeypatch.setattr(sandbox, "_next_look", 0.0)  # as RECHECK seconds later
+    result = await run(f"wc -c < {npmrc}")
+    assert (result.is_error, result.text()) == (False, "0\n"), result.text()
+
+
+def test_a_toolchain_tree_too_large_to_judge_is_refused_with_its_fix(home, tmp_path):
+    """Code working in $HOME could bury a node version's npmrc among thousands of directories of
+    its own, for a listing cut short to miss it: such a tree is refused, naming it, not read."""
+    versions = home / ".nvm" / "versions" / "node"
+    for n in range(1025):
+        (versions / f"v{n}").mkdir(parents=True)
+    with pytest.raises(sandbox.SandboxError, match=f"{versions} holds more than 1024 entries: .* remove those"):
+        sandbox.load_policy("default", str(tmp_path), str(tmp_path))
+    shutil.rmtree(versions / "v1024")
+    sandbox.policy.forget_trees()
+    assert sandbox.load_policy("default", str(tmp_path), str(tmp_path)).masked == ()
+
+
 async def test_a_masked_configuration_cannot_be_reached_around_its_mask(home, tmp_path, monkeypatch):
     """Code working in $HOME, which may write the toolchain's tree, tries every way around the
     mask: a hard link, a copy, renaming the file or a directory above it (so that it lies where

@@ -98,6 +98,9 @@ class Sandbox:
         # The paths it was decided on that no call looks at itself, each as it was then (None:
         # missing): `_look_again` marks it `stale` once one is another file, or was made.
         self.named: tuple[tuple[str, Decided], ...] = ()
+        # The configurations in its trees as they were judged (`policy.in_trees`): one tuple for
+        # every sandbox built from the same listing, looked at once.
+        self.in_trees = policy.in_trees
         self.stale = False
         abi = landlock_abi()
         if abi == 0 and not policy.best_effort:
@@ -195,6 +198,7 @@ class Sandbox:
         refuses the policy now (a link planted on a path it names), and the session keeps what it
         has, which grants no more than before, until one changes again."""
         self.named = tuple((path, _LOOKED.get(path, decided)) for path, decided in self.named)
+        self.in_trees = tuple((path, as_decided(path)) for path, _ in self.in_trees)
         self.stale = False
 
     def search_path(self, path: str) -> str:
@@ -769,20 +773,15 @@ class _Decisions:
         just saw them). Not its cwd nor its writable grants, which each call looks at
         (`Sandbox.watched`); nor ollie's own, which the jail finds changed when it mounts them
         (GrantChanged); nor what lies in its cwd, which the cwd's rule covers. And the files given
-        as copies (`userconfig.judged_copy`) and the configurations in its trees, as they were
-        judged (one that took a secret since is masked by the next build)."""
+        as copies (`userconfig.judged_copy`), as they were judged."""
         seen = self._seen_by_path
         in_cwd = policy.cwd.rstrip("/") + "/" if policy.cwd.rstrip("/") else "\0"  # none, or not /
         named = [(key, p) for key in FS_KEYS for p in policy.paths[key]] + [("", p) for p in policy.missing]
-        return (
-            tuple(
-                (p, seen[p] if p in seen else as_decided(p))
-                for key, p in named
-                if p != policy.cwd and not p.startswith(in_cwd) and p not in policy.own and key not in grants.WRITABLE
-            )
-            + tuple((copy.source, copy.seen) for copy in policy.copies)
-            + policy.in_trees
-        )
+        return tuple(
+            (p, seen[p] if p in seen else as_decided(p))
+            for key, p in named
+            if p != policy.cwd and not p.startswith(in_cwd) and p not in policy.own and key not in grants.WRITABLE
+        ) + tuple((copy.source, copy.seen) for copy in policy.copies)
 
     def sandbox(self, policy: Policy, extra_ro: tuple[str, ...], in_jail: bool) -> Sandbox:
         """The sandbox of `policy` (the same policy read for this session: for another cwd, or
@@ -840,11 +839,13 @@ async def _look_again_if_due() -> None:
 def _look_again() -> None:
     """Mark `stale` every running sandbox one of whose `named` paths is another file now, or was
     made (`ldconfig` replaced /etc/ld.so.cache, a DHCP client /etc/resolv.conf, rustup made
-    ~/.cargo/bin): it refuses or lacks what a new decision would grant. Each path is looked at once
-    (some fifty `stat`s, however many sessions)."""
+    ~/.cargo/bin), or one of the configurations in whose trees changed (it is masked, or read,
+    as a new decision would judge it): it refuses or lacks what a new decision would grant. Each
+    path is looked at once (some fifty `stat`s, however many sessions)."""
     global _LOOKED
-    forget_trees()  # (a configuration in a tree, changed, is judged again by the builds it makes stale)
+    forget_trees()  # (the builds this look makes stale list and judge the trees anew)
     looked: dict[str, Decided] = {}
+    trees: dict[int, bool] = {}  # whether the configurations of a listing changed, by the listing
     for box in [ref() for ref in _LIVE.valuerefs()]:
         if box is None:
             continue
@@ -853,6 +854,9 @@ def _look_again() -> None:
                 looked[path] = as_decided(path)
             if looked[path] != decided:
                 box.stale = True
+        if (changed := trees.get(id(box.in_trees))) is None:
+            changed = trees[id(box.in_trees)] = any(as_decided(path) != seen for path, seen in box.in_trees)
+        box.stale |= changed
     _LOOKED = looked
 
 

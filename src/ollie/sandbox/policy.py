@@ -11,7 +11,7 @@ extend, scalars replace).
 
 from __future__ import annotations
 
-import glob
+import fnmatch
 import os
 import re
 import resource
@@ -489,24 +489,26 @@ def _expand_paths(entries: list[str], values: dict[str, str], where: str) -> tup
 
 
 # The configurations in the trees as the last listing found them, by the templates as expanded:
-# when, each path as it was (missing ones too), those holding a secret. Listed and judged again
-# after so many seconds, or once the look at the running sandboxes' paths has run (`forget_trees`):
-# every session's start reads the policy, 500 at once.
+# when, each path as it was (missing ones too), the real paths of those holding a secret. Listed
+# and judged again after so many seconds, or once the look at the running sandboxes' paths has run
+# (`forget_trees`): every session's start reads the policy, 500 at once. Every sandbox built
+# meanwhile holds the same tuple, which the look looks at once.
 _IN_TREES: dict[tuple[str, ...], tuple[float, tuple[tuple[str, Decided], ...], tuple[str, ...]]] = {}
 _IN_TREES_KEPT = 5.0
+_TREE_ENTRIES = 1024  # what a glob's directory may hold (a toolchain keeps a few versions)
 
 
 def _in_trees(values: dict[str, str]) -> tuple[tuple[tuple[str, Decided], ...], tuple[str, ...]]:
-    """The real paths `userconfig.IN_TREES` lead to, each as it was before it was judged, and
-    those holding a secret. Of a template with a glob, its file in each directory the glob
+    """The paths `userconfig.IN_TREES` lead to, each as it was before it was judged, and the real
+    paths of those holding a secret. Of a template with a glob, its file in each directory the glob
     matches, there or not (one made later, `npm config set -g`, is then seen by the next look)."""
     patterns = _expand_paths(list(userconfig.IN_TREES), values, "")
     now = time.monotonic()
     known = _IN_TREES.get(patterns)
     if known is None or now - known[0] >= _IN_TREES_KEPT:
-        paths = dict.fromkeys(os.path.realpath(f) for pattern in patterns for f in _candidates(pattern))
-        seen = tuple((p, as_decided(p)) for p in paths)
-        masked = tuple(p for p, decided in seen if decided is not None and userconfig.holds_secret(p))
+        seen = tuple((p, as_decided(p)) for p in dict.fromkeys(f for pattern in patterns for f in _candidates(pattern)))
+        real = dict.fromkeys(os.path.realpath(p) for p, decided in seen if decided is not None)
+        masked = tuple(p for p in real if userconfig.holds_secret(p))  # what the jail masks is what was judged
         if len(_IN_TREES) >= 64:  # ($HOMEs of a test suite's, one each)
             _IN_TREES.clear()
         known = _IN_TREES[patterns] = (now, seen, masked)
@@ -519,12 +521,29 @@ def forget_trees() -> None:
 
 
 def _candidates(pattern: str) -> list[str]:
-    parts = pattern.split("/")
-    last = max((i for i, part in enumerate(parts) if "*" in part), default=-1)
-    if last < 0:
+    """`pattern`, or, with a glob in one of its directories, its file in each directory the glob
+    matches. A directory holding more than _TREE_ENTRIES entries is refused, not listed in part:
+    code that may write it (a cwd of $HOME) would hide a configuration among its own entries."""
+    where, glob_part, rest = _GLOB.match(pattern).groups()  # type: ignore[union-attr]
+    if not glob_part:
         return [pattern]
-    rest = "/".join(parts[last + 1 :])
-    return [os.path.join(d, rest) for d in glob.glob("/".join(parts[: last + 1])) if os.path.isdir(d)]
+    found = []
+    try:
+        with os.scandir(where) as entries:
+            for n, entry in enumerate(entries):
+                if n == _TREE_ENTRIES:
+                    raise SandboxError(
+                        f"{where} holds more than {_TREE_ENTRIES} entries: ollie judges the {rest} in each "
+                        "before sandboxed code may read it; remove those that do not belong there"
+                    )
+                if fnmatch.fnmatchcase(entry.name, glob_part) and entry.is_dir():
+                    found.append(f"{where}/{entry.name}/{rest}")
+    except OSError:
+        return []
+    return found
+
+
+_GLOB = re.compile(r"(/.*?)/([^/]*\*[^/]*)/(.*)|.*")  # a directory, a glob in the next, what follows
 
 
 def _ports(value: Any, where: str) -> tuple[int, ...]:
