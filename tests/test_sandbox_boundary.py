@@ -916,17 +916,91 @@ async def test_a_toolchain_configuration_made_while_a_session_runs_is_masked_by_
     assert (result.is_error, result.text()) == (False, "0\n"), result.text()
 
 
-def test_a_toolchain_tree_too_large_to_judge_is_refused_with_its_fix(home, tmp_path):
+async def test_a_toolchain_tree_too_large_to_look_through_is_masked_whole(run, home, monkeypatch):
     """Code working in $HOME could bury a node version's npmrc among thousands of directories of
-    its own, for a listing cut short to miss it: such a tree is refused, naming it, not read."""
-    versions = home / ".nvm" / "versions" / "node"
-    for n in range(1025):
-        (versions / f"v{n}").mkdir(parents=True)
-    with pytest.raises(sandbox.SandboxError, match=f"{versions} holds more than 1024 entries: .* remove those"):
-        sandbox.load_policy("default", str(tmp_path), str(tmp_path))
-    shutil.rmtree(versions / "v1024")
+    its own, for a listing cut short to miss it: such a directory is masked whole (an empty,
+    read-only tmpfs), not looked through in part, and the other sessions run."""
+    monkeypatch.delenv("NVM_DIR", raising=False)
+    npmrc, _ = toolchain_configs(home, f"//registry.npmjs.org/:_authToken={NPM_TOKEN}\n")
+    versions = npmrc.parents[2]
+    for n in range(1024):
+        (versions / f"v{n}").mkdir()
+    result = await run(f"ls {versions} | wc -l; cat {npmrc} 2>&1 | grep -c 'No such'; touch {versions}/x 2>&1 | wc -l")
+    assert (result.is_error, result.text()) == (False, "0\n1\n1\n"), result.text()
+    shutil.rmtree(versions / "v1023")
     sandbox.policy.forget_trees()
-    assert sandbox.load_policy("default", str(tmp_path), str(tmp_path)).masked == ()
+    assert sandbox.load_policy("default", str(home), "").masked == (str(npmrc),)
+
+
+async def test_a_configuration_the_host_replaces_is_masked_again_by_the_next_look(run, home, monkeypatch):
+    """A token rotated by writing a new file and renaming it over the masked one (as editors and
+    scripts save) takes the mask along in every running jail, and a directory the host makes anew
+    the pin on the old one: the next look masks and pins them again, for code working in $HOME,
+    which may write the tree."""
+    monkeypatch.delenv("NVM_DIR", raising=False)
+    npmrc, _ = toolchain_configs(home, f"//registry.npmjs.org/:_authToken={NPM_TOKEN}\n")
+    at_home = dataclasses.replace(run.ctx, cwd=str(home))
+
+    async def in_home(code: str) -> str:
+        monkeypatch.setattr(sandbox, "_next_look", 0.0)  # as RECHECK seconds later
+        result = await run.server.call_tool("execute_code", {"steps": [{"code": code}]}, at_home)
+        assert not result.is_error, result.text()
+        return result.text()
+
+    assert await in_home(f"wc -c < {npmrc}") == "0\n"
+    rotated = npmrc.with_name("npmrc.new")
+    rotated.write_text(f"//registry.npmjs.org/:_authToken={NPM_TOKEN[::-1]}\n")
+    rotated.rename(npmrc)
+    assert await in_home(f"wc -c < {npmrc}") == "0\n"
+    npmrc.parent.rename(npmrc.parent.with_name("old"))  # (the jail's pin goes along with it)
+    npmrc.parent.mkdir()
+    npmrc.write_text(f"//registry.npmjs.org/:_authToken={NPM_TOKEN}\n")
+    assert await in_home(f"wc -c < {npmrc}; mv {npmrc.parent} {npmrc.parent}2 2>&1 | grep -c busy") == "0\n1\n"
+
+
+async def test_a_secret_with_another_name_is_refused_not_masked(run, home, monkeypatch):
+    """A hard link code made while the configuration held no secret keeps its inode when the
+    secret is written in place (`npm config set -g`): masked at its path, it would be read at
+    the other, so the session's code is refused, naming the file and the fix."""
+    monkeypatch.delenv("NVM_DIR", raising=False)
+    npmrc, _ = toolchain_configs(home, "registry=https://registry.npmjs.org/\n")
+    os.link(npmrc, npmrc.with_name("planted"))
+    assert (await run(f"cat {npmrc.parent}/planted")).text() == "registry=https://registry.npmjs.org/\n"
+    with npmrc.open("a") as f:
+        f.write(f"//registry.npmjs.org/:_authToken={NPM_TOKEN}\n")
+    monkeypatch.setattr(sandbox, "_next_look", 0.0)  # as RECHECK seconds later
+    result = await run(f"cat {npmrc.parent}/planted")
+    assert result.is_error and NPM_TOKEN not in result.text(), result.text()
+    assert f"{npmrc} holds a secret and has 2 names" in result.text() and "-samefile" in result.text()
+
+
+def test_a_link_out_of_a_toolchains_tree_masks_nothing_there(home, tmp_path, monkeypatch):
+    """Code that may write a toolchain's tree could link its npmrc to any file ollie reads: to
+    have ollie mask the shell every session runs, or to learn from the mask whether a file it may
+    not read holds a password. A configuration is judged in its tree only."""
+    monkeypatch.delenv("NVM_DIR", raising=False)
+    npmrc, _ = toolchain_configs(home, "")
+    private = tmp_path / "private"
+    private.write_text("password = hunter2\n")
+    for target in (private, Path("/bin/bash")):
+        npmrc.unlink()
+        npmrc.symlink_to(target)
+        sandbox.policy.forget_trees()
+        assert sandbox.load_policy("default", str(tmp_path), "").masked == (), target
+
+
+async def test_a_node_installed_while_a_session_runs_is_looked_in_by_the_next_look(run, home, monkeypatch):
+    """`nvm install` then `npm config set -g` make a version's directory and its npmrc while a
+    session runs: the versions' directory changed, the next look lists it again."""
+    monkeypatch.delenv("NVM_DIR", raising=False)
+    npmrc, _ = toolchain_configs(home, "")
+    assert not (await run("true")).is_error
+    later = npmrc.parents[1].with_name("v23.0.0") / "etc" / "npmrc"
+    later.parent.mkdir(parents=True)
+    later.write_text(f"//registry.npmjs.org/:_authToken={NPM_TOKEN}\n")
+    monkeypatch.setattr(sandbox, "_next_look", 0.0)  # as RECHECK seconds later
+    result = await run(f"wc -c < {later}")
+    assert (result.is_error, result.text()) == (False, "0\n"), result.text()
 
 
 async def test_a_masked_configuration_cannot_be_reached_around_its_mask(home, tmp_path, monkeypatch):
@@ -959,21 +1033,26 @@ async def test_a_masked_configuration_cannot_be_reached_around_its_mask(home, tm
 
 async def test_the_jail_masks_only_the_file_ollie_judged_reached_without_a_link(home, tmp_path):
     """The jail's own check: a file to mask whose path has a symlink on it now (planted since ollie
-    judged the file) is refused, as a grant's is, not taken for the file the link leads to; a path
-    that leads to nothing masks nothing, and the stage runs."""
+    judged the file), or that is gone, is refused, as a grant's is (decided anew), not taken for
+    the file the link leads to nor passed over; one in a hidden directory masks nothing, and the
+    stage runs."""
     real = home / "real"
     real.mkdir()
     (real / "npmrc").write_text(f"//registry.npmjs.org/:_authToken={NPM_TOKEN}\n")
     (home / "link").symlink_to(real)
     boxes, jails = sandbox.Sandboxes(), sandbox.Jails()
     box = await boxes.get_async("default", str(tmp_path), "")
-    gone = dataclasses.replace(box.confinement, spec={**box.confinement.spec, "mask": [str(home / "gone")]})
-    linked = dataclasses.replace(box.confinement, spec={**box.confinement.spec, "mask": [str(home / "link/npmrc")]})
+
+    def masking(path: str) -> sandbox.jail.Confinement:
+        return dataclasses.replace(box.confinement, spec={**box.confinement.spec, "mask": [path]})
+
     try:
         jail = await jails.get(box.policy)
-        stage = await jail.spawn(gone, ["/bin/true"], str(tmp_path), {}, stdin=0, stdout=1, stderr=2)
+        hidden = masking(f"{os.environ['OLLIE_CFG_PATH']}/nothing")
+        stage = await jail.spawn(hidden, ["/bin/true"], str(tmp_path), {}, stdin=0, stdout=1, stderr=2)
         assert await stage.wait() and stage.exited.result() == 0
-        with pytest.raises(sandbox.jail.GrantChanged, match="Too many levels of symbolic links"):
-            await jail.spawn(linked, ["/bin/true"], str(tmp_path), {}, stdin=0, stdout=1, stderr=2)
+        for path, why in ((home / "link/npmrc", "Too many levels of symbolic links"), (home / "gone", "No such file")):
+            with pytest.raises(sandbox.jail.GrantChanged, match=why):
+                await jail.spawn(masking(str(path)), ["/bin/true"], str(tmp_path), {}, stdin=0, stdout=1, stderr=2)
     finally:
         await jails.close()

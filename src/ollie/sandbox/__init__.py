@@ -51,10 +51,12 @@ from .policy import (
     Limits,
     Policy,
     SandboxError,
+    UnmaskableSecret,
     forget_trees,
     load_policy,
     missing_policy,
     policy_files,
+    tree_state,
 )
 from .repository import repository_root
 from .seccomp import SECCOMP_MACHINES, seccomp_program, seccomp_supported, supervisable
@@ -198,7 +200,7 @@ class Sandbox:
         refuses the policy now (a link planted on a path it names), and the session keeps what it
         has, which grants no more than before, until one changes again."""
         self.named = tuple((path, _LOOKED.get(path, decided)) for path, decided in self.named)
-        self.in_trees = tuple((path, as_decided(path)) for path, _ in self.in_trees)
+        self.in_trees = tuple((path, tree_state(path)) for path, _ in self.in_trees)
         self.stale = False
 
     def search_path(self, path: str) -> str:
@@ -665,6 +667,8 @@ async def _build_anew(args: tuple, stale: Sandbox | None) -> Sandbox:
     more than before, and a new session gets the refusal."""
     try:
         return await off_loop(_build, *args)
+    except UnmaskableSecret:
+        raise  # kept, it would show the secret
     except SandboxError:
         if stale is None:
             raise
@@ -855,7 +859,7 @@ def _look_again() -> None:
             if looked[path] != decided:
                 box.stale = True
         if (changed := trees.get(id(box.in_trees))) is None:
-            changed = trees[id(box.in_trees)] = any(as_decided(path) != seen for path, seen in box.in_trees)
+            changed = trees[id(box.in_trees)] = any(tree_state(path) != seen for path, seen in box.in_trees)
         box.stale |= changed
     _LOOKED = looked
 
@@ -880,8 +884,9 @@ _DECISIONS_STALE = threading.Event()
 def decide_anew() -> None:
     """Have the next build decide every policy anew: a jail found a grant changed since its
     decision, in a way the decisions' freshness may not see (a directory swapped for a symlink
-    to itself)."""
+    to itself), or a file to mask that is not there."""
     _DECISIONS_STALE.set()
+    forget_trees()
 
 
 def _version(path: Path) -> tuple[int, ...]:

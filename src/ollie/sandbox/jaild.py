@@ -53,11 +53,11 @@ CLONE_NEWNS, CLONE_NEWIPC, CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET = (
     0x20000000,
     0x40000000,
 )
-MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_BIND, MS_REC, MS_PRIVATE = 2, 4, 8, 4096, 16384, 1 << 18
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_BIND, MS_REC, MS_PRIVATE = 1, 2, 4, 8, 4096, 16384, 1 << 18
 PR_SET_NO_NEW_PRIVS, PR_SET_SECCOMP, SECCOMP_MODE_FILTER, PR_SET_CHILD_SUBREAPER, PR_SET_DUMPABLE = 38, 22, 2, 36, 4
 SYS_LANDLOCK_ADD_RULE, SYS_LANDLOCK_RESTRICT_SELF, SYS_CLOSE_RANGE = 445, 446, 436  # the same on every arch
 SYS_OPEN_TREE, SYS_MOVE_MOUNT, SYS_OPENAT2, SYS_MOUNT_SETATTR = 428, 429, 437, 442  # the same on every arch
-RESOLVE_NO_MAGICLINKS, RESOLVE_NO_SYMLINKS, RESOLVE_BENEATH = 0x02, 0x04, 0x08
+RESOLVE_NO_XDEV, RESOLVE_NO_MAGICLINKS, RESOLVE_NO_SYMLINKS, RESOLVE_BENEATH = 0x01, 0x02, 0x04, 0x08
 MOUNT_ATTR_RDONLY, MOUNT_ATTR_NOSUID, MOUNT_ATTR_NOEXEC, MOUNT_ATTR_NOSYMFOLLOW = 0x1, 0x2, 0x8, 0x200000
 OPEN_TREE_CLONE, OPEN_TREE_CLOEXEC, AT_EMPTY_PATH, AT_RECURSIVE = 0x1, os.O_CLOEXEC, 0x1000, 0x8000
 MOVE_MOUNT_F_EMPTY_PATH, MOVE_MOUNT_T_EMPTY_PATH = 0x4, 0x40
@@ -218,7 +218,7 @@ class Mounts:
         self.exposed = {}  # path -> (writable, shared, identity): how it was bound, to bind it so again
         self.view, self.view_root = "", -1  # the view's mount point, and an O_PATH fd of its root
         self.pinned = set()  # directories bound onto themselves, so that they cannot be renamed
-        self.masked = []  # files under /dev/null (`mask`)
+        self.masked = {}  # what `mask` masked: a file (0), a directory (its tmpfs's device)
         self.own_devices = [0] * len(PRIVATE_TMPFS)  # each private tmpfs's device as made (0: none made)
         for path in [*PRIVATE_TMPFS, *hide]:
             if path not in self.hidden:
@@ -338,38 +338,57 @@ class Mounts:
             self._rebind_view(path)
 
     def mask(self, path):
-        """/dev/null bound read-only over the file `path` (a configuration in a granted tree that
-        holds a secret, as Docker masks paths): reads give nothing, whatever a policy grants around
-        it, and the file cannot be reached around the mount (a hard link to it crosses a mount, a
-        rename of it or of a directory above it is refused, the directories being pinned). Nothing
-        to mask where the path leads to no file now; a symlink on it was planted since ollie judged
-        it (GrantChanged: decided anew)."""
-        if path in self.masked:
-            return
+        """Mask `path` as Docker masks paths: a file (a configuration in a granted tree that holds a
+        secret) under /dev/null, a directory (one too large to judge) under an empty tmpfs, both
+        read-only: whatever a policy grants around it, code reads nothing there, nor reaches it
+        around the mount (a hard link to it crosses a mount; a rename of it, or of a directory
+        above it, is refused, those being pinned). Masked again where it no longer is (the host
+        renamed another file over it, which took the mounts on it along; a later grant bound the
+        host's file there). GrantChanged (decided anew) where it is missing now, or reached through
+        a symlink, but inside a hidden directory: not what ollie judged."""
         try:
             with opened(path) as target:
-                if not stat.S_ISREG(os.fstat(target).st_mode):
-                    return
+                st = os.fstat(target)
         except OSError as e:
-            if e.errno == errno.ELOOP:
+            if e.errno == errno.EACCES or (e.errno != errno.ELOOP and self._out_of_sight(path)):
+                return  # nothing code reaches either
+            if e.errno in GRANT_CHANGED:
                 raise GrantChanged(e.errno, e.strerror, path) from None
-            if e.errno in (*GRANT_CHANGED, errno.EACCES):  # nothing there, or nothing code reaches either
-                return
             raise
-        self._mask(path, "/")
-        self.masked.append(path)
+        if (stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode)) and not self._masks(path, st):
+            self._mask(path, "/")
+
+    def _out_of_sight(self, path):
+        """Whether `path` lies in a hidden directory, not shown again from under it."""
+        return self._root(path) is not None and not any(
+            path == p or path.startswith(p.rstrip("/") + "/") for p in self.exposed
+        )
+
+    def _masks(self, path, st):
+        """Whether `st`, of what `path` leads to, is the mask put there."""
+        if stat.S_ISCHR(st.st_mode):
+            return st.st_rdev == os.makedev(1, 3)
+        return stat.S_ISDIR(st.st_mode) and self.masked.get(path) == st.st_dev
 
     def _mask(self, path, above):
-        self._pin(path, above)
+        self._pin(path, above, again=True)
+        with opened(path) as target:  # (after the pins, which cover the first mount of what is there)
+            if stat.S_ISDIR(os.fstat(target).st_mode):
+                flags = MS_NOSUID | MS_NODEV | MS_NOEXEC | MS_RDONLY
+                mount("tmpfs", f"/proc/self/fd/{target}", "tmpfs", flags, "size=4k,mode=555")
+                with opened(path) as mask:
+                    self.masked[path] = os.fstat(mask).st_dev
+                return
         null = open_path("/dev/null", RESOLVE_NO_SYMLINKS)
         try:
             st = os.fstat(null)
             if not stat.S_ISCHR(st.st_mode) or st.st_rdev != os.makedev(1, 3):
                 raise OSError(errno.EINVAL, "/dev/null is not the null device")
-            with opened(path) as target:  # (after the pins, which cover the file's first mount)
+            with opened(path) as target:
                 attach(null, target, MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NOEXEC, 0, whole=False)
         finally:
             os.close(null)
+        self.masked[path] = 0
 
     def _restore_inside(self, path, writable):
         """What the new mount at `path` covered: hidden directories hidden again (with what was
@@ -390,7 +409,10 @@ class Mounts:
                 self._protect(protected, path)
         for masked in self.masked:
             if masked.startswith(path.rstrip("/") + "/") and not any(masked.startswith(h + "/") for h in inside):
-                self._mask(masked, path)
+                try:
+                    self._mask(masked, path)
+                except (FileNotFoundError, NotADirectoryError):
+                    pass  # gone from the host: nothing to mask
 
     def _keep_read_only(self, path):
         if path in self.protected:
@@ -452,17 +474,31 @@ class Mounts:
         with opened(path) as target:
             attach(target, target, MOUNT_ATTR_RDONLY, 0)
 
-    def _pin(self, path, above):
+    def _pin(self, path, above, again=False):
         """Bind the directories between `above` (a mount) and `path` onto themselves: a mount point
         cannot be renamed, and a renamed parent would move `path` out of the next jail's sight
-        (it finds what to hide or protect by path)."""
+        (it finds what to hide or protect by path). `again`: each pinned before too, if it is no
+        mount point now (the host replaced it, which took the mounts on it along)."""
         parts = os.path.relpath(path, above).split("/")[:-1]
         for n in range(1, len(parts) + 1):
             ancestor = os.path.join(above, *parts[:n])
-            if ancestor not in self.pinned:
+            if ancestor not in self.pinned or (again and not mount_root(ancestor)):
                 with opened(ancestor) as fd:
                     attach(fd, fd)
                 self.pinned.add(ancestor)
+
+
+def mount_root(path):
+    """Whether a mount is attached at `path` (a real path): it is crossed into from its parent."""
+    parent, name = os.path.split(path)
+    with opened(parent) as fd:
+        try:
+            os.close(open_path(name, RESOLVE_NO_SYMLINKS | RESOLVE_NO_XDEV, dir_fd=fd))
+        except OSError as e:
+            if e.errno == errno.EXDEV:
+                return True
+            raise
+    return False
 
 
 class opened:

@@ -12,9 +12,11 @@ extend, scalars replace).
 from __future__ import annotations
 
 import fnmatch
+import logging
 import os
 import re
 import resource
+import stat
 import sys
 import time
 from dataclasses import dataclass
@@ -22,12 +24,14 @@ from pathlib import Path
 from typing import Any
 
 from .. import config
-from ..paths import Decided, as_decided, identities
+from ..paths import Decided, decided, identities
 from ..types import ConfigError
 from . import gitidentity, userconfig
 from .caches import cache_dir
 from .linked import linked_installs
 from .repository import repository_root
+
+log = logging.getLogger(__name__)
 
 
 class SandboxError(ConfigError):
@@ -488,11 +492,15 @@ def _expand_paths(entries: list[str], values: dict[str, str], where: str) -> tup
     return tuple(dict.fromkeys(out))
 
 
+class UnmaskableSecret(SandboxError):
+    """A configuration in a granted tree holds a secret that masking it would not keep from code."""
+
+
 # The configurations in the trees as the last listing found them, by the templates as expanded:
-# when, each path as it was (missing ones too), the real paths of those holding a secret. Listed
-# and judged again after so many seconds, or once the look at the running sandboxes' paths has run
-# (`forget_trees`): every session's start reads the policy, 500 at once. Every sandbox built
-# meanwhile holds the same tuple, which the look looks at once.
+# when, each path as it was (`tree_state`; missing ones too, and each glob's directory), the real
+# paths to mask. Listed and judged again after so many seconds, or once the look at the running
+# sandboxes' paths has run (`forget_trees`): every session's start reads the policy, 500 at once.
+# Every sandbox built meanwhile holds the same tuple, which the look looks at once.
 _IN_TREES: dict[tuple[str, ...], tuple[float, tuple[tuple[str, Decided], ...], tuple[str, ...]]] = {}
 _IN_TREES_KEPT = 5.0
 _TREE_ENTRIES = 1024  # what a glob's directory may hold (a toolchain keeps a few versions)
@@ -500,47 +508,87 @@ _TREE_ENTRIES = 1024  # what a glob's directory may hold (a toolchain keeps a fe
 
 def _in_trees(values: dict[str, str]) -> tuple[tuple[tuple[str, Decided], ...], tuple[str, ...]]:
     """The paths `userconfig.IN_TREES` lead to, each as it was before it was judged, and the real
-    paths of those holding a secret. Of a template with a glob, its file in each directory the glob
-    matches, there or not (one made later, `npm config set -g`, is then seen by the next look)."""
+    paths to mask: the files holding a secret, and a glob's directory too large to look through."""
     patterns = _expand_paths(list(userconfig.IN_TREES), values, "")
     now = time.monotonic()
     known = _IN_TREES.get(patterns)
     if known is None or now - known[0] >= _IN_TREES_KEPT:
-        seen = tuple((p, as_decided(p)) for p in dict.fromkeys(f for pattern in patterns for f in _candidates(pattern)))
-        real = dict.fromkeys(os.path.realpath(p) for p, decided in seen if decided is not None)
-        masked = tuple(p for p in real if userconfig.holds_secret(p))  # what the jail masks is what was judged
+        watched: dict[str, Decided] = {}
+        masked: dict[str, None] = {}
+        for pattern in patterns:
+            for path in _judged_in(pattern, watched):
+                masked[path] = None
         if len(_IN_TREES) >= 64:  # ($HOMEs of a test suite's, one each)
             _IN_TREES.clear()
-        known = _IN_TREES[patterns] = (now, seen, masked)
+        known = _IN_TREES[patterns] = (now, tuple(watched.items()), tuple(masked))
     return known[1], known[2]
+
+
+def _judged_in(pattern: str, watched: dict[str, Decided]) -> list[str]:
+    """What to mask of `pattern`'s files (a glob in one of its directories: its file in each
+    directory the glob matches, there or not, so that one made later, `npm config set -g`, is seen
+    by the next look), each noted in `watched` as it was before it was judged, with the glob's
+    directory (a version installed later). A file judged is one that lies in its tree: a link out
+    of it (which code that may write the tree could point at any file ollie reads, for ollie to
+    mask it, or to learn from the mask what it holds) is judged where it leads, if anywhere.
+    A directory of more than _TREE_ENTRIES entries is masked whole, not looked through in part:
+    code that may write it (a cwd of $HOME) could bury a configuration among entries of its own."""
+    where, glob_part, rest = _GLOB.match(pattern).groups()  # type: ignore[union-attr]
+    if glob_part:
+        watched[where] = tree_state(where)
+        try:
+            with os.scandir(where) as entries:
+                names = [e.name for _, e in zip(range(_TREE_ENTRIES + 1), entries, strict=False)]
+        except OSError:
+            return []
+        if len(names) > _TREE_ENTRIES:
+            log.warning(
+                "%s holds over %d entries: masked in sandboxes; remove those that do not belong", where, len(names) - 1
+            )
+            return [os.path.realpath(where)]
+        tree = where
+        found = [f"{where}/{name}/{rest}" for name in names if fnmatch.fnmatchcase(name, glob_part)]
+    else:
+        tree, found = os.path.dirname(pattern), [pattern]
+    inside = os.path.realpath(tree) + "/"
+    masked = []
+    for path in found:
+        watched[path] = tree_state(path)  # before judging
+        if watched[path] is None or not (real := os.path.realpath(path)).startswith(inside):
+            continue
+        if userconfig.holds_secret(real):
+            _refuse_other_names(real)
+            masked.append(real)
+    return masked
+
+
+def _refuse_other_names(path: str) -> None:
+    """A file holding a secret must have no other name (a hard link code made while it held
+    none, which in place edits keep): masked here, it would be read there."""
+    try:
+        links = os.stat(path).st_nlink
+    except OSError:
+        return
+    if links > 1:
+        raise UnmaskableSecret(
+            f"{path} holds a secret and has {links} names (hard links): another may lie where sandboxed code "
+            f"reads it; find them (`find / -xdev -samefile {path}`) and remove them, or keep the secret elsewhere"
+        )
+
+
+def tree_state(path: str) -> Decided:
+    """What a path of the trees was (`as_decided`), a directory with its change time: a version
+    installed or removed since."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino, st.st_mtime_ns) if stat.S_ISDIR(st.st_mode) else decided(st)
 
 
 def forget_trees() -> None:
     """Have the next policy read list and judge the configurations in the trees anew."""
     _IN_TREES.clear()
-
-
-def _candidates(pattern: str) -> list[str]:
-    """`pattern`, or, with a glob in one of its directories, its file in each directory the glob
-    matches. A directory holding more than _TREE_ENTRIES entries is refused, not listed in part:
-    code that may write it (a cwd of $HOME) would hide a configuration among its own entries."""
-    where, glob_part, rest = _GLOB.match(pattern).groups()  # type: ignore[union-attr]
-    if not glob_part:
-        return [pattern]
-    found = []
-    try:
-        with os.scandir(where) as entries:
-            for n, entry in enumerate(entries):
-                if n == _TREE_ENTRIES:
-                    raise SandboxError(
-                        f"{where} holds more than {_TREE_ENTRIES} entries: ollie judges the {rest} in each "
-                        "before sandboxed code may read it; remove those that do not belong there"
-                    )
-                if fnmatch.fnmatchcase(entry.name, glob_part) and entry.is_dir():
-                    found.append(f"{where}/{entry.name}/{rest}")
-    except OSError:
-        return []
-    return found
 
 
 _GLOB = re.compile(r"(/.*?)/([^/]*\*[^/]*)/(.*)|.*")  # a directory, a glob in the next, what follows
