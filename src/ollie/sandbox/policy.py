@@ -221,8 +221,8 @@ class Policy:
     cache: str  # the cwd's cache directory, its code's $XDG_CACHE_HOME (`cache_dir`; "" for none)
     git_config: str  # its git's global config, the user's identity alone (`gitidentity`; "" for the real one)
     copies: tuple[userconfig.Copy, ...]  # tools' configurations given as copies of what was judged
-    # the configurations found inside the trees it grants (`userconfig.IN_TREES`), each a real
-    # path as it was when judged, and those holding a secret, which a jail masks
+    # the paths looked at for the configurations in the trees it grants (`userconfig.IN_TREES`),
+    # each as it was before it was judged (`tree_state`), and the real paths a jail masks
     in_trees: tuple[tuple[str, Decided], ...]
     masked: tuple[str, ...]
     linked: tuple[str, ...]  # the cwd's installs hard-linked from a shared store (`linked_installs`): read-only
@@ -530,7 +530,7 @@ def _judged_in(pattern: str, watched: dict[str, Decided]) -> list[str]:
     by the next look), each noted in `watched` as it was before it was judged, with the glob's
     directory (a version installed later). A file judged is one that lies in its tree: a link out
     of it (which code that may write the tree could point at any file ollie reads, for ollie to
-    mask it, or to learn from the mask what it holds) is judged where it leads, if anywhere.
+    mask it, or to learn from the mask what it holds) is judged where it leads, if ollie looks there.
     A directory of more than _TREE_ENTRIES entries is masked whole, not looked through in part:
     code that may write it (a cwd of $HOME) could bury a configuration among entries of its own."""
     where, glob_part, rest = _GLOB.match(pattern).groups()  # type: ignore[union-attr]
@@ -543,7 +543,7 @@ def _judged_in(pattern: str, watched: dict[str, Decided]) -> list[str]:
             return []
         if len(names) > _TREE_ENTRIES:
             log.warning(
-                "%s holds over %d entries: masked in sandboxes; remove those that do not belong", where, len(names) - 1
+                "%s holds over %d entries: masked in sandboxes; remove those that do not belong", where, _TREE_ENTRIES
             )
             return [os.path.realpath(where)]
         tree = where
