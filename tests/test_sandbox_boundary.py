@@ -14,6 +14,7 @@ import signal
 import stat
 import struct
 import subprocess
+import sys
 import tempfile
 import textwrap
 import threading
@@ -930,6 +931,45 @@ async def test_a_toolchain_tree_too_large_to_look_through_is_masked_whole(run, h
     shutil.rmtree(versions / "v1023")
     sandbox.policy.forget_trees()
     assert sandbox.load_policy("default", str(home), "").masked == (str(npmrc),)
+
+
+def test_what_code_piles_up_in_a_toolchains_tree_is_masked_whole_not_mounted_one_by_one(home, tmp_path, monkeypatch):
+    """Seventeen versions of planted tokens would be seventeen mounts, and their pins, in every
+    jail: the versions' directory is masked whole instead. A tree whose directory code linked
+    elsewhere (to /usr/lib, more entries than a tree holds) masks nothing there: masked whole, it
+    would hide the system's libraries from every session."""
+    monkeypatch.delenv("NVM_DIR", raising=False)
+    npmrc, _ = toolchain_configs(home, f"//registry.npmjs.org/:_authToken={NPM_TOKEN}\n")
+    versions = npmrc.parents[2]
+    for n in range(16):
+        (versions / f"v{n}" / "etc").mkdir(parents=True)
+        (versions / f"v{n}" / "etc" / "npmrc").write_text(npmrc.read_text())
+    assert sandbox.load_policy("default", str(tmp_path), "").masked == (str(versions),)
+    shutil.rmtree(home / ".nvm")
+    big = tmp_path / "big"
+    for n in range(1025):
+        (big / f"d{n}").mkdir(parents=True)
+    shutil.rmtree(home / ".pyenv" / "versions")
+    (home / ".pyenv" / "versions").symlink_to(big)
+    sandbox.policy.forget_trees()
+    assert sandbox.load_policy("default", str(tmp_path), "").masked == ()
+
+
+def test_a_toolchains_tree_that_cannot_be_listed_is_masked_whole(home, tmp_path, monkeypatch):
+    """`chmod 111` on the versions' directory, by code that may write it, keeps a node's npmrc
+    from ollie's listing while its path still leads there: what cannot be looked at is masked.
+    (Looked at as the user, without root's override of modes.)"""
+    monkeypatch.delenv("NVM_DIR", raising=False)
+    npmrc, _ = toolchain_configs(home, f"//registry.npmjs.org/:_authToken={NPM_TOKEN}\n")
+    versions = npmrc.parents[2]
+    versions.chmod(0o111)
+    look = "from ollie.sandbox import load_policy; print(load_policy('default', '/', '').masked)"
+    as_user = ["setpriv", "--inh-caps=-all", "--bounding-set=-dac_override,-dac_read_search"] if os.getuid() == 0 else []
+    try:
+        out = subprocess.run([*as_user, sys.executable, "-c", look], capture_output=True, text=True, check=True)
+    finally:
+        versions.chmod(0o755)
+    assert out.stdout == f"('{versions}',)\n", out.stdout + out.stderr
 
 
 async def test_a_configuration_the_host_replaces_is_masked_again_by_the_next_look(run, home, monkeypatch):

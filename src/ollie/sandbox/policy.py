@@ -504,6 +504,7 @@ class UnmaskableSecret(SandboxError):
 _IN_TREES: dict[tuple[str, ...], tuple[float, tuple[tuple[str, Decided], ...], tuple[str, ...]]] = {}
 _IN_TREES_KEPT = 5.0
 _TREE_ENTRIES = 1024  # what a glob's directory may hold (a toolchain keeps a few versions)
+_TREE_MASKS = 16  # configurations of one glob's directory masked one by one
 
 
 def _in_trees(values: dict[str, str]) -> tuple[tuple[tuple[str, Decided], ...], tuple[str, ...]]:
@@ -530,22 +531,22 @@ def _judged_in(pattern: str, watched: dict[str, Decided]) -> list[str]:
     by the next look), each noted in `watched` as it was before it was judged, with the glob's
     directory (a version installed later). A file judged is one that lies in its tree: a link out
     of it (which code that may write the tree could point at any file ollie reads, for ollie to
-    mask it, or to learn from the mask what it holds) is judged where it leads, if ollie looks there.
-    A directory of more than _TREE_ENTRIES entries is masked whole, not looked through in part:
-    code that may write it (a cwd of $HOME) could bury a configuration among entries of its own."""
+    mask it, or to learn from the mask what it holds) is judged where it leads, if ollie looks
+    there. What cannot be looked at (a chmod of code's that may write the tree) is masked; a
+    glob's directory that cannot be listed, or holds more than _TREE_ENTRIES entries or
+    _TREE_MASKS files to mask (each a mount in every jail), is masked whole (`_whole`)."""
     where, glob_part, rest = _GLOB.match(pattern).groups()  # type: ignore[union-attr]
     if glob_part:
         watched[where] = tree_state(where)
         try:
             with os.scandir(where) as entries:
                 names = [e.name for _, e in zip(range(_TREE_ENTRIES + 1), entries, strict=False)]
-        except OSError:
+        except (FileNotFoundError, NotADirectoryError):
             return []
+        except OSError as e:
+            return _whole(where, f"cannot be listed ({e.strerror})")
         if len(names) > _TREE_ENTRIES:
-            log.warning(
-                "%s holds over %d entries: masked in sandboxes; remove those that do not belong", where, _TREE_ENTRIES
-            )
-            return [os.path.realpath(where)]
+            return _whole(where, f"holds over {_TREE_ENTRIES} entries")
         tree = where
         found = [f"{where}/{name}/{rest}" for name in names if fnmatch.fnmatchcase(name, glob_part)]
     else:
@@ -554,12 +555,35 @@ def _judged_in(pattern: str, watched: dict[str, Decided]) -> list[str]:
     masked = []
     for path in found:
         watched[path] = tree_state(path)  # before judging
-        if watched[path] is None or not (real := os.path.realpath(path)).startswith(inside):
+        real = os.path.realpath(path)
+        if not real.startswith(inside):
+            continue
+        if watched[path] is None:
+            try:
+                os.stat(path)
+            except (FileNotFoundError, NotADirectoryError):
+                continue
+            except OSError:
+                masked.append(real)  # there, but not to be judged
             continue
         if userconfig.holds_secret(real):
             _refuse_other_names(real)
             masked.append(real)
+    if glob_part and len(masked) > _TREE_MASKS:
+        return _whole(where, f"holds over {_TREE_MASKS} configurations to mask")
     return masked
+
+
+def _whole(where: str, why: str) -> list[str]:
+    """A glob's directory to mask whole, in sandboxes' jails (an empty, read-only tmpfs), with a
+    warning: but for one that leads elsewhere through a link (code that may write the tree could
+    point it at /usr/lib), which is not the toolchain's, and no mask of ollie's to make."""
+    real = os.path.realpath(where)
+    if real != os.path.normpath(where) or not os.path.isdir(real):
+        log.warning("%s %s and leads to %s: not looked in, nor masked", where, why, real)
+        return []
+    log.warning("%s %s: masked in sandboxes; remove what does not belong there", where, why)
+    return [real]
 
 
 def _refuse_other_names(path: str) -> None:
