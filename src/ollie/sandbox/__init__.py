@@ -540,10 +540,11 @@ def _made(paths: list[str]) -> list[str]:
     """The real paths of `paths`, each made first if missing (a jail can only hide or protect, and
     pin, what exists, and sandboxed code must not make a directory ollie reads first), but for those
     inside one of ollie's own directories (hidden whole) and those nobody may make here."""
-    own = [os.path.realpath(p) for p in config.own_paths()]
+    own: list[str] | None = None  # (their real paths: looked up once, and only for paths to make)
     made = []
     for path in map(Path, paths):
         real = os.path.realpath(path)  # a symlinked config is hidden where it is
+        own = [os.path.realpath(p) for p in config.own_paths()] if own is None else own
         if real not in own and any(real.startswith(o + "/") for o in own):
             continue
         try:
