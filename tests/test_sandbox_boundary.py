@@ -917,59 +917,45 @@ async def test_a_toolchain_configuration_made_while_a_session_runs_is_masked_by_
     assert (result.is_error, result.text()) == (False, "0\n"), result.text()
 
 
-async def test_a_toolchain_tree_too_large_to_look_through_is_masked_whole(run, home, monkeypatch):
+async def test_every_version_in_a_toolchains_tree_is_looked_in_however_many(run, home, monkeypatch):
     """Code working in $HOME could bury a node version's npmrc among thousands of directories of
-    its own, for a listing cut short to miss it: such a directory is masked whole (an empty,
-    read-only tmpfs), not looked through in part, and the other sessions run."""
+    its own, for a listing cut short to miss it, or plant tokens in many: every entry is looked
+    in, each configuration with a secret masked on its own (the rest of the tree still there),
+    and a version linked within its tree is one mask (uv links each minor version to its patch)."""
     monkeypatch.delenv("NVM_DIR", raising=False)
     npmrc, _ = toolchain_configs(home, f"//registry.npmjs.org/:_authToken={NPM_TOKEN}\n")
     versions = npmrc.parents[2]
-    for n in range(1024):
+    for n in range(1500):
         (versions / f"v{n}").mkdir()
-    result = await run(f"ls {versions} | wc -l; cat {npmrc} 2>&1 | grep -c 'No such'; touch {versions}/x 2>&1 | wc -l")
-    assert (result.is_error, result.text()) == (False, "0\n1\n1\n"), result.text()
-    shutil.rmtree(versions / "v1023")
-    sandbox.policy.forget_trees()
-    assert sandbox.load_policy("default", str(home), "").masked == (str(npmrc),)
-
-
-def test_what_code_piles_up_in_a_toolchains_tree_is_masked_whole_not_mounted_one_by_one(home, tmp_path, monkeypatch):
-    """Seventeen versions of planted tokens would be seventeen mounts, and their pins, in every
-    jail: the versions' directory is masked whole instead. A tree whose directory code linked
-    elsewhere (to /usr/lib, more entries than a tree holds) masks nothing there: masked whole, it
-    would hide the system's libraries from every session."""
-    monkeypatch.delenv("NVM_DIR", raising=False)
-    npmrc, _ = toolchain_configs(home, f"//registry.npmjs.org/:_authToken={NPM_TOKEN}\n")
-    versions = npmrc.parents[2]
-    for n in range(16):
-        (versions / f"v{n}" / "etc").mkdir(parents=True)
+    for n in range(20):
+        (versions / f"v{n}" / "etc").mkdir()
         (versions / f"v{n}" / "etc" / "npmrc").write_text(npmrc.read_text())
-    assert sandbox.load_policy("default", str(tmp_path), "").masked == (str(versions),)
-    shutil.rmtree(home / ".nvm")
-    big = tmp_path / "big"
-    for n in range(1025):
-        (big / f"d{n}").mkdir(parents=True)
-    shutil.rmtree(home / ".pyenv" / "versions")
-    (home / ".pyenv" / "versions").symlink_to(big)
-    sandbox.policy.forget_trees()
-    assert sandbox.load_policy("default", str(tmp_path), "").masked == ()
+    (versions / "v22.1").symlink_to("v22.1.0")
+    result = await run(f"cat {versions}/v*/etc/npmrc | wc -c; cat {npmrc.parent}/beside; ls {versions} | wc -l")
+    assert (result.is_error, result.text()) == (False, "0\nbeside\n1502\n"), result.text()
+    masked = sandbox.load_policy("default", str(home), "").masked
+    assert len(masked) == 21 and str(npmrc) in masked and f"{versions}/v22.1/etc/npmrc" not in masked
 
 
-def test_a_toolchains_tree_that_cannot_be_listed_is_masked_whole(home, tmp_path, monkeypatch):
-    """`chmod 111` on the versions' directory, by code that may write it, keeps a node's npmrc
-    from ollie's listing while its path still leads there: what cannot be looked at is masked.
-    (Looked at as the user, without root's override of modes.)"""
+def test_a_toolchains_tree_ollie_may_not_look_in_is_masked_where_there_is_a_file(home, tmp_path, monkeypatch):
+    """`chmod 111` on the versions' directory, or 000 on a version's, by code that may write it,
+    keeps its files from ollie's judging while their paths still lead there (the jail's root,
+    which overrides modes in its namespace, reaches them): what ollie may not look at is given to
+    the jail to mask where it finds a file, unjudged, not passed over. (Looked at as the user,
+    without root's override of modes.)"""
     monkeypatch.delenv("NVM_DIR", raising=False)
     npmrc, _ = toolchain_configs(home, f"//registry.npmjs.org/:_authToken={NPM_TOKEN}\n")
     versions = npmrc.parents[2]
-    versions.chmod(0o111)
-    look = "from ollie.sandbox import load_policy; print(load_policy('default', '/', '').masked)"
-    as_user = ["setpriv", "--inh-caps=-all", "--bounding-set=-dac_override,-dac_read_search"] if os.getuid() == 0 else []
-    try:
-        out = subprocess.run([*as_user, sys.executable, "-c", look], capture_output=True, text=True, check=True)
-    finally:
-        versions.chmod(0o755)
-    assert out.stdout == f"('{versions}',)\n", out.stdout + out.stderr
+    look = "from ollie.sandbox import load_policy; p = load_policy('default', '/', ''); print(p.masked, p.unjudged)"
+    without_override = ["setpriv", "--inh-caps=-all", "--bounding-set=-dac_override,-dac_read_search"]
+    as_user = without_override if os.getuid() == 0 else []
+    for locked, unjudged in ((versions, f"{versions}/*/etc/npmrc"), (npmrc.parent, str(npmrc))):
+        locked.chmod(0o111 if locked == versions else 0)
+        try:
+            out = subprocess.run([*as_user, sys.executable, "-c", look], capture_output=True, text=True, check=True)
+        finally:
+            locked.chmod(0o755)
+        assert out.stdout.startswith(f"() ('{unjudged}',"), out.stdout + out.stderr
 
 
 async def test_a_configuration_the_host_replaces_is_masked_again_by_the_next_look(run, home, monkeypatch):
@@ -998,20 +984,18 @@ async def test_a_configuration_the_host_replaces_is_masked_again_by_the_next_loo
     assert await in_home(f"wc -c < {npmrc}; mv {npmrc.parent} {npmrc.parent}2 2>&1 | grep -c busy") == "0\n1\n"
 
 
-async def test_a_secret_with_another_name_is_refused_not_masked(run, home, monkeypatch):
-    """A hard link code made while the configuration held no secret keeps its inode when the
-    secret is written in place (`npm config set -g`): masked at its path, it would be read at
-    the other, so the session's code is refused, naming the file and the fix."""
+async def test_a_secret_with_another_name_is_masked_and_the_other_named_in_the_log(run, home, monkeypatch, caplog):
+    """A hard link made while the configuration held no secret keeps its inode when the secret is
+    written in place (`npm config set -g`): masked at its path, it is read at the other, which
+    ollie cannot find; the log says so, naming the file and how to find the others."""
     monkeypatch.delenv("NVM_DIR", raising=False)
     npmrc, _ = toolchain_configs(home, "registry=https://registry.npmjs.org/\n")
-    os.link(npmrc, npmrc.with_name("planted"))
-    assert (await run(f"cat {npmrc.parent}/planted")).text() == "registry=https://registry.npmjs.org/\n"
+    os.link(npmrc, home / "planted")
     with npmrc.open("a") as f:
         f.write(f"//registry.npmjs.org/:_authToken={NPM_TOKEN}\n")
-    monkeypatch.setattr(sandbox, "_next_look", 0.0)  # as RECHECK seconds later
-    result = await run(f"cat {npmrc.parent}/planted")
-    assert result.is_error and NPM_TOKEN not in result.text(), result.text()
-    assert f"{npmrc} holds a secret and has 2 names" in result.text() and "-samefile" in result.text()
+    result = await run(f"wc -c < {npmrc}")
+    assert (result.is_error, result.text()) == (False, "0\n"), result.text()
+    assert f"{npmrc} holds a secret and has 2 names (hard links)" in caplog.text and "-samefile" in caplog.text
 
 
 def test_a_link_out_of_a_toolchains_tree_masks_nothing_there(home, tmp_path, monkeypatch):
@@ -1094,5 +1078,18 @@ async def test_the_jail_masks_only_the_file_ollie_judged_reached_without_a_link(
         for path, why in ((home / "link/npmrc", "Too many levels of symbolic links"), (home / "gone", "No such file")):
             with pytest.raises(sandbox.jail.GrantChanged, match=why):
                 await jail.spawn(masking(str(path)), ["/bin/true"], str(tmp_path), {}, stdin=0, stdout=1, stderr=2)
+        # what ollie could not judge: masked where it is a file, passed over where it is not
+        (home / "v1").mkdir()
+        (home / "v1" / "npmrc").write_text("token\n")
+        unjudged = [str(home / "link/npmrc"), str(home / "gone"), f"{home}/v*/npmrc"]
+        confinement = dataclasses.replace(box.confinement, spec={**box.confinement.spec, "mask_if_there": unjudged})
+        read, write = os.pipe()
+        stage = await jail.spawn(
+            confinement, ["/bin/cat", f"{home}/v1/npmrc", f"{home}/link/npmrc"], str(tmp_path), {},
+            stdin=0, stdout=write, stderr=2,
+        )  # fmt: skip
+        os.close(write)
+        assert await stage.wait() and os.read(read, 4096) == b"", "masked, and its link leads to it masked"
+        os.close(read)
     finally:
         await jails.close()

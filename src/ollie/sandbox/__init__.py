@@ -51,7 +51,6 @@ from .policy import (
     Limits,
     Policy,
     SandboxError,
-    UnmaskableSecret,
     forget_trees,
     load_policy,
     missing_policy,
@@ -172,8 +171,10 @@ class Sandbox:
                     else ""
                 ),
                 "expose": expose,
-                # Configurations in the trees it grants that hold a secret: read as /dev/null reads.
+                # Configurations in the trees it grants that hold a secret: read as /dev/null reads;
+                # and what ollie could not look at, masked where the jail finds a file.
                 "mask": list(policy.masked),
+                "mask_if_there": list(policy.unjudged),
             },
         )
         self._search_paths: dict[str, str] = {}
@@ -668,8 +669,6 @@ async def _build_anew(args: tuple, stale: Sandbox | None) -> Sandbox:
     more than before, and a new session gets the refusal."""
     try:
         return await off_loop(_build, *args)
-    except UnmaskableSecret:
-        raise  # kept, it would show the secret
     except SandboxError:
         if stale is None:
             raise

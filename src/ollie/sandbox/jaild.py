@@ -35,6 +35,7 @@ import array
 import ctypes
 import errno
 import fcntl
+import fnmatch
 import gc
 import json
 import os
@@ -53,7 +54,7 @@ CLONE_NEWNS, CLONE_NEWIPC, CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET = (
     0x20000000,
     0x40000000,
 )
-MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_BIND, MS_REC, MS_PRIVATE = 1, 2, 4, 8, 4096, 16384, 1 << 18
+MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_BIND, MS_REC, MS_PRIVATE = 2, 4, 8, 4096, 16384, 1 << 18
 PR_SET_NO_NEW_PRIVS, PR_SET_SECCOMP, SECCOMP_MODE_FILTER, PR_SET_CHILD_SUBREAPER, PR_SET_DUMPABLE = 38, 22, 2, 36, 4
 SYS_LANDLOCK_ADD_RULE, SYS_LANDLOCK_RESTRICT_SELF, SYS_CLOSE_RANGE = 445, 446, 436  # the same on every arch
 SYS_OPEN_TREE, SYS_MOVE_MOUNT, SYS_OPENAT2, SYS_MOUNT_SETATTR = 428, 429, 437, 442  # the same on every arch
@@ -218,7 +219,7 @@ class Mounts:
         self.exposed = {}  # path -> (writable, shared, identity): how it was bound, to bind it so again
         self.view, self.view_root = "", -1  # the view's mount point, and an O_PATH fd of its root
         self.pinned = set()  # directories bound onto themselves, so that they cannot be renamed
-        self.masked = {}  # what `mask` masked: a file (0), a directory (its tmpfs's device)
+        self.masked = []  # the files `mask` masked
         self.own_devices = [0] * len(PRIVATE_TMPFS)  # each private tmpfs's device as made (0: none made)
         for path in [*PRIVATE_TMPFS, *hide]:
             if path not in self.hidden:
@@ -337,26 +338,45 @@ class Mounts:
         if view_inside:
             self._rebind_view(path)
 
-    def mask(self, path):
-        """Mask `path` as Docker masks paths: a file (a configuration in a granted tree that holds a
-        secret) under /dev/null, a directory (one too large to judge) under an empty tmpfs, both
-        read-only: whatever a policy grants around it, code reads nothing there, nor reaches it
-        around the mount (a hard link to it crosses a mount; a rename of it, or of a directory
-        above it, is refused, those being pinned). Masked again where it no longer is (the host
-        renamed another file over it, which took the mounts on it along; a later grant bound the
-        host's file there). GrantChanged (decided anew) where it is missing now, or reached through
-        a symlink, but inside a hidden directory: not what ollie judged."""
+    def mask(self, path, judged=True):
+        """Mask the file `path` as Docker masks paths, under /dev/null, read-only (a configuration
+        in a granted tree that holds a secret): whatever a policy grants around it, code reads
+        nothing there, nor reaches it around the mount (a hard link to it crosses a mount; a rename
+        of it, or of a directory above it, is refused, those being pinned). Masked again where it no
+        longer is (the host renamed another file over it, which took the mounts on it along; a later
+        grant bound the host's file there). Where it is missing now, or reached through a symlink,
+        it is not what ollie judged: GrantChanged (decided anew), but inside a hidden directory.
+        Not `judged` (ollie could not look at it), it is masked where it is a file, else passed
+        over. A path with a glob in a directory is each file it matches here (`_matches`)."""
+        if not judged and "*" in path:
+            for match in self._matches(path):
+                self.mask(match, judged=False)
+            return
         try:
             with opened(path) as target:
                 st = os.fstat(target)
         except OSError as e:
-            if e.errno == errno.EACCES or (e.errno != errno.ELOOP and self._out_of_sight(path)):
+            if not judged or e.errno == errno.EACCES or (e.errno != errno.ELOOP and self._out_of_sight(path)):
                 return  # nothing code reaches either
             if e.errno in GRANT_CHANGED:
                 raise GrantChanged(e.errno, e.strerror, path) from None
             raise
-        if (stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode)) and not self._masks(path, st):
+        if stat.S_ISREG(st.st_mode):
             self._mask(path, "/")
+
+    @staticmethod
+    def _matches(pattern):
+        """The paths `pattern` (a glob in one of its directories) leads to here, where ollie could
+        not list that directory and the jail's root, which overrides modes here, can."""
+        split = re.match(r"(/.*?)/([^/]*\*[^/]*)/(.*)", pattern)
+        if split is None:
+            return []
+        where, glob_part, rest = split.groups()
+        try:
+            with os.scandir(where) as entries:
+                return [f"{where}/{e.name}/{rest}" for e in entries if fnmatch.fnmatchcase(e.name, glob_part)]
+        except OSError:
+            return []
 
     def _out_of_sight(self, path):
         """Whether `path` lies in a hidden directory, not shown again from under it."""
@@ -364,31 +384,21 @@ class Mounts:
             path == p or path.startswith(p.rstrip("/") + "/") for p in self.exposed
         )
 
-    def _masks(self, path, st):
-        """Whether `st`, of what `path` leads to, is the mask put there."""
-        if stat.S_ISCHR(st.st_mode):
-            return st.st_rdev == os.makedev(1, 3)
-        return stat.S_ISDIR(st.st_mode) and self.masked.get(path) == st.st_dev
-
     def _mask(self, path, above):
         self._pin(path, above, again=True)
-        with opened(path) as target:  # (after the pins, which cover the first mount of what is there)
-            if stat.S_ISDIR(os.fstat(target).st_mode):
-                flags = MS_NOSUID | MS_NODEV | MS_NOEXEC | MS_RDONLY
-                mount("tmpfs", f"/proc/self/fd/{target}", "tmpfs", flags, "size=4k,mode=555")
-                with opened(path) as mask:
-                    self.masked[path] = os.fstat(mask).st_dev
-                return
         null = open_path("/dev/null", RESOLVE_NO_SYMLINKS)
         try:
             st = os.fstat(null)
             if not stat.S_ISCHR(st.st_mode) or st.st_rdev != os.makedev(1, 3):
                 raise OSError(errno.EINVAL, "/dev/null is not the null device")
-            with opened(path) as target:
+            with opened(path) as target:  # (after the pins, which cover the file's first mount)
+                if stat.S_ISCHR(os.fstat(target).st_mode):
+                    return  # masked still
                 attach(null, target, MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NOEXEC, 0, whole=False)
         finally:
             os.close(null)
-        self.masked[path] = 0
+        if path not in self.masked:
+            self.masked.append(path)
 
     def _restore_inside(self, path, writable):
         """What the new mount at `path` covered: hidden directories hidden again (with what was
@@ -975,6 +985,8 @@ def make_channel(fds, mounts, view_rights):
             mounts.expose(*grant)
         for path in spec["mask"]:
             mounts.mask(path)
+        for path in spec["mask_if_there"]:
+            mounts.mask(path, judged=False)
         if ruleset >= 0:
             view = [[mounts.view_root, view_rights]] if mounts.view else []
             add_rules(ruleset, spec["jail_rules"] + view)

@@ -11,6 +11,7 @@ extend, scalars replace).
 
 from __future__ import annotations
 
+import errno
 import fnmatch
 import logging
 import os
@@ -222,9 +223,11 @@ class Policy:
     git_config: str  # its git's global config, the user's identity alone (`gitidentity`; "" for the real one)
     copies: tuple[userconfig.Copy, ...]  # tools' configurations given as copies of what was judged
     # the paths looked at for the configurations in the trees it grants (`userconfig.IN_TREES`),
-    # each as it was before it was judged (`tree_state`), and the real paths a jail masks
+    # each as it was before it was judged (`tree_state`), the real paths a jail masks, and what it
+    # masks where it finds a file, unjudged (ollie could not look: a glob's pattern, or a path)
     in_trees: tuple[tuple[str, Decided], ...]
     masked: tuple[str, ...]
+    unjudged: tuple[str, ...]
     linked: tuple[str, ...]  # the cwd's installs hard-linked from a shared store (`linked_installs`): read-only
     shared: tuple[str, ...]  # granted writable to every session (the memory, the plans): no symlinks there
     own: frozenset[str]  # ollie's own grants (tools, scratch, memory, plans): shown from under its hidden directories
@@ -336,7 +339,7 @@ def load_policy(
         if copy.path != os.devnull:
             paths["ro"] += (os.path.dirname(copy.path),)
             own_paths.append(os.path.dirname(copy.path))
-    in_trees, masked = _in_trees(values)
+    in_trees, masked, unjudged = _in_trees(values)
     net = raw["network"]
     unrestricted = bool(net.get("unrestricted") or net.get("enabled"))  # `enabled`: the Go name
     connect = _ports(net.get("connect_tcp"), "network.connect_tcp")
@@ -350,6 +353,7 @@ def load_policy(
         copies=copies,
         in_trees=in_trees,
         masked=masked,
+        unjudged=unjudged,
         linked=linked_installs(cwd) if cwd else (),
         shared=tuple(p for p in extra_rw if os.path.exists(p)),
         own=frozenset([*extra_rox, *extra_ro, *extra_rw, *extra_rwx, *(os.path.normpath(p) for p in own_paths if p)]),
@@ -492,111 +496,88 @@ def _expand_paths(entries: list[str], values: dict[str, str], where: str) -> tup
     return tuple(dict.fromkeys(out))
 
 
-class UnmaskableSecret(SandboxError):
-    """A configuration in a granted tree holds a secret that masking it would not keep from code."""
-
-
 # The configurations in the trees as the last listing found them, by the templates as expanded:
 # when, each path as it was (`tree_state`; missing ones too, and each glob's directory), the real
-# paths to mask. Listed and judged again after so many seconds, or once the look at the running
-# sandboxes' paths has run (`forget_trees`): every session's start reads the policy, 500 at once.
-# Every sandbox built meanwhile holds the same tuple, which the look looks at once.
-_IN_TREES: dict[tuple[str, ...], tuple[float, tuple[tuple[str, Decided], ...], tuple[str, ...]]] = {}
+# paths to mask, and what to mask that ollie could not judge. Listed and judged again after so many
+# seconds, or once the look at the running sandboxes' paths has run (`forget_trees`): every
+# session's start reads the policy, 500 at once. Every sandbox built meanwhile holds the same
+# tuple, which the look looks at once.
+_IN_TREES: dict[tuple[str, ...], tuple[float, tuple[tuple[str, Decided], ...], tuple[str, ...], tuple[str, ...]]] = {}
 _IN_TREES_KEPT = 5.0
-_TREE_ENTRIES = 1024  # what a glob's directory may hold (a toolchain keeps a few versions)
-_TREE_MASKS = 16  # configurations of one glob's directory masked one by one
 
 
-def _in_trees(values: dict[str, str]) -> tuple[tuple[tuple[str, Decided], ...], tuple[str, ...]]:
-    """The paths `userconfig.IN_TREES` lead to, each as it was before it was judged, and the real
-    paths to mask: the files holding a secret, and a glob's directory too large to look through."""
+def _in_trees(
+    values: dict[str, str],
+) -> tuple[tuple[tuple[str, Decided], ...], tuple[str, ...], tuple[str, ...]]:
+    """The paths `userconfig.IN_TREES` lead to, each as it was before it was judged; the real
+    paths of those holding a secret, which a jail masks; and what it masks unjudged, where there
+    (`_judged_in`)."""
     patterns = _expand_paths(list(userconfig.IN_TREES), values, "")
     now = time.monotonic()
     known = _IN_TREES.get(patterns)
     if known is None or now - known[0] >= _IN_TREES_KEPT:
         watched: dict[str, Decided] = {}
         masked: dict[str, None] = {}
+        unjudged: dict[str, None] = {}
         for pattern in patterns:
-            for path in _judged_in(pattern, watched):
-                masked[path] = None
+            _judged_in(pattern, watched, masked, unjudged)
         if len(_IN_TREES) >= 64:  # ($HOMEs of a test suite's, one each)
             _IN_TREES.clear()
-        known = _IN_TREES[patterns] = (now, tuple(watched.items()), tuple(masked))
-    return known[1], known[2]
+        known = _IN_TREES[patterns] = (now, tuple(watched.items()), tuple(masked), tuple(unjudged))
+    return known[1], known[2], known[3]
 
 
-def _judged_in(pattern: str, watched: dict[str, Decided]) -> list[str]:
-    """What to mask of `pattern`'s files (a glob in one of its directories: its file in each
-    directory the glob matches, there or not, so that one made later, `npm config set -g`, is seen
-    by the next look), each noted in `watched` as it was before it was judged, with the glob's
-    directory (a version installed later). A file judged is one that lies in its tree: a link out
-    of it (which code that may write the tree could point at any file ollie reads, for ollie to
-    mask it, or to learn from the mask what it holds) is judged where it leads, if ollie looks
-    there. What cannot be looked at (a chmod of code's that may write the tree) is masked; a
-    glob's directory that cannot be listed, or holds more than _TREE_ENTRIES entries or
-    _TREE_MASKS files to mask (each a mount in every jail), is masked whole (`_whole`)."""
+def _judged_in(pattern: str, watched: dict[str, Decided], masked: dict[str, None], unjudged: dict[str, None]) -> None:
+    """`pattern`'s files (a glob in one of its directories: its file in each directory the glob
+    matches, there or not, so that one made later, `npm config set -g`, is seen by the next look),
+    each noted in `watched` as it was before it was judged, with the glob's directory (a version
+    installed later); the real paths of those holding a secret added to `masked`. A file judged is
+    one that lies in its tree: a link out of it (which code that may write the tree could point at
+    any file ollie reads, for ollie to mask it, or to learn from the mask what it holds) is judged
+    where it leads, if ollie looks there. What ollie may not look at (a directory of mode 000:
+    the jail, whose root overrides modes in its namespace, can) goes to `unjudged`, for the jail to
+    mask where it finds a file: a glob's directory ollie cannot list as the pattern itself."""
     where, glob_part, rest = _GLOB.match(pattern).groups()  # type: ignore[union-attr]
     if glob_part:
         watched[where] = tree_state(where)
         try:
             with os.scandir(where) as entries:
-                names = [e.name for _, e in zip(range(_TREE_ENTRIES + 1), entries, strict=False)]
+                found = [f"{where}/{e.name}/{rest}" for e in entries if fnmatch.fnmatchcase(e.name, glob_part)]
         except (FileNotFoundError, NotADirectoryError):
-            return []
-        except OSError as e:
-            return _whole(where, f"cannot be listed ({e.strerror})")
-        if len(names) > _TREE_ENTRIES:
-            return _whole(where, f"holds over {_TREE_ENTRIES} entries")
+            return
+        except OSError:
+            unjudged[pattern] = None
+            return
         tree = where
-        found = [f"{where}/{name}/{rest}" for name in names if fnmatch.fnmatchcase(name, glob_part)]
     else:
         tree, found = os.path.dirname(pattern), [pattern]
     inside = os.path.realpath(tree) + "/"
-    masked = []
     for path in found:
         watched[path] = tree_state(path)  # before judging
-        real = os.path.realpath(path)
-        if not real.startswith(inside):
-            continue
-        if watched[path] is None:
-            try:
-                os.stat(path)
-            except (FileNotFoundError, NotADirectoryError):
+        try:
+            if not stat.S_ISREG(os.stat(path).st_mode):
                 continue
-            except OSError:
-                masked.append(real)  # there, but not to be judged
-            continue
-        if userconfig.holds_secret(real):
-            _refuse_other_names(real)
-            masked.append(real)
-    if glob_part and len(masked) > _TREE_MASKS:
-        return _whole(where, f"holds over {_TREE_MASKS} configurations to mask")
-    return masked
+        except OSError as e:
+            if e.errno == errno.EACCES:
+                unjudged[path] = None
+            continue  # missing, or a loop of links: nothing reads it there
+        real = os.path.realpath(path)
+        if real.startswith(inside) and userconfig.holds_secret(real):
+            _warn_of_other_names(real)
+            masked[real] = None
 
 
-def _whole(where: str, why: str) -> list[str]:
-    """A glob's directory to mask whole, in sandboxes' jails (an empty, read-only tmpfs), with a
-    warning: but for one that leads elsewhere through a link (code that may write the tree could
-    point it at /usr/lib), which is not the toolchain's, and no mask of ollie's to make."""
-    real = os.path.realpath(where)
-    if real != os.path.normpath(where) or not os.path.isdir(real):
-        log.warning("%s %s and leads to %s: not looked in, nor masked", where, why, real)
-        return []
-    log.warning("%s %s: masked in sandboxes; remove what does not belong there", where, why)
-    return [real]
-
-
-def _refuse_other_names(path: str) -> None:
-    """A file holding a secret must have no other name (a hard link code made while it held
-    none, which in place edits keep): masked here, it would be read there."""
-    try:
-        links = os.stat(path).st_nlink
-    except OSError:
-        return
+def _warn_of_other_names(path: str) -> None:
+    """A file holding a secret with other names (a hard link made while it held none, which edits
+    in place keep): masked here, it is read there, where code may read."""
+    links = os.stat(path).st_nlink
     if links > 1:
-        raise UnmaskableSecret(
-            f"{path} holds a secret and has {links} names (hard links): another may lie where sandboxed code "
-            f"reads it; find them (`find / -xdev -samefile {path}`) and remove them, or keep the secret elsewhere"
+        log.warning(
+            "%s holds a secret and has %d names (hard links): masked there, it is read at the others; "
+            "find them (`find / -xdev -samefile %s`) and remove them",
+            path,
+            links,
+            path,
         )
 
 
