@@ -26,7 +26,7 @@ import pytest
 from agent_helpers import running
 from ollie import sandbox
 from ollie.paths import identities
-from ollie.sandbox import repository
+from ollie.sandbox import repository, userconfig
 from ollie.tools import CallContext, execute
 from sandbox_helpers import API_KEY, SECRET, write_policy
 from view_helpers import start_child
@@ -1027,6 +1027,53 @@ async def test_a_node_installed_while_a_session_runs_is_looked_in_by_the_next_lo
     assert (result.is_error, result.text()) == (False, "0\n"), result.text()
 
 
+async def test_a_session_whose_rebuild_is_refused_is_not_kept_once_a_configuration_took_a_secret(
+    run, home, monkeypatch
+):
+    """A session whose sandbox a new decision refuses (a link planted on a path its policy names)
+    keeps the one it has, which grants no more than before; not once a configuration in its
+    trees took a secret, which that one would show unmasked: its calls are refused instead."""
+    monkeypatch.delenv("NVM_DIR", raising=False)
+    npmrc, _ = toolchain_configs(home, "registry=https://registry.npmjs.org/\n")
+    (home / "data").mkdir()
+    write_policy(None, "filesystem:\n  ro: ['{HOME}/data']\n")
+    assert (await run(f"cat {npmrc}")).text() == "registry=https://registry.npmjs.org/\n"
+    (home / "data").rmdir()
+    (home / "data").symlink_to(npmrc.parent)  # (code working in $HOME could plant it)
+    monkeypatch.setattr(sandbox, "_next_look", 0.0)  # as RECHECK seconds later
+    assert not (await run("true")).is_error  # kept: it grants no more than before (a new session is refused)
+    with npmrc.open("a") as f:
+        f.write(f"//registry.npmjs.org/:_authToken={NPM_TOKEN}\n")
+    monkeypatch.setattr(sandbox, "_next_look", 0.0)
+    result = await run(f"cat {npmrc}")
+    assert result.is_error and NPM_TOKEN not in result.text(), result.text()
+
+
+def test_a_link_in_a_directory_of_versions_is_judged_in_its_own_version_only(tmp_path):
+    """/opt/* matches a project deployed under /opt as well as a toolchain: a project's code
+    could link its pip.conf to a JDK's binary beside it, for every session to lose `java`. What a
+    glob matches is judged within that entry only."""
+    jdk, project = tmp_path / "opt" / "jdk" / "bin", tmp_path / "opt" / "project"
+    jdk.mkdir(parents=True)
+    project.mkdir()
+    (jdk / "java").write_bytes(b"\x7fELF" + bytes(range(256)) * 300)  # (no text: judged a secret)
+    (project / "pip.conf").symlink_to("../jdk/bin/java")
+    watched: dict = {}
+    masked: dict = {}
+    sandbox.policy._judged_in(f"{tmp_path}/opt/*/pip.conf", watched, masked, {})
+    assert masked == {} and f"{project}/pip.conf" in watched
+
+
+def test_every_glob_of_the_configurations_in_trees_is_one_directorys():
+    """The jail and the policy split a template at its one glob (a directory, a glob in the next,
+    what follows): a template with a glob elsewhere would be taken as a literal path."""
+    values = {name: f"/{name.lower()}" for name in ("HOME", "NVM_DIR")}
+    for template in sandbox.policy._expand_paths(list(userconfig.IN_TREES), values, "test"):
+        if "*" in template:
+            where, glob_part, rest = sandbox.policy._GLOB.match(template).groups()
+            assert where and "*" in glob_part and rest and "*" not in where + rest, template
+
+
 async def test_a_masked_configuration_cannot_be_reached_around_its_mask(home, tmp_path, monkeypatch):
     """Code working in $HOME, which may write the toolchain's tree, tries every way around the
     mask: a hard link, a copy, renaming the file or a directory above it (so that it lies where
@@ -1064,6 +1111,10 @@ async def test_the_jail_masks_only_the_file_ollie_judged_reached_without_a_link(
     real.mkdir()
     (real / "npmrc").write_text(f"//registry.npmjs.org/:_authToken={NPM_TOKEN}\n")
     (home / "link").symlink_to(real)
+    etc = home / ".nvm" / "versions" / "node" / "v1" / "etc"  # (a tree the policy grants)
+    etc.mkdir(parents=True)
+    (etc / "npmrc").write_text("registry=https://registry.npmjs.org/\n")  # (no secret: judged, it is read)
+    (etc / "beside").write_text("beside\n")
     boxes, jails = sandbox.Sandboxes(), sandbox.Jails()
     box = await boxes.get_async("default", str(tmp_path), "")
 
@@ -1079,17 +1130,16 @@ async def test_the_jail_masks_only_the_file_ollie_judged_reached_without_a_link(
             with pytest.raises(sandbox.jail.GrantChanged, match=why):
                 await jail.spawn(masking(str(path)), ["/bin/true"], str(tmp_path), {}, stdin=0, stdout=1, stderr=2)
         # what ollie could not judge: masked where it is a file, passed over where it is not
-        (home / "v1").mkdir()
-        (home / "v1" / "npmrc").write_text("token\n")
-        unjudged = [str(home / "link/npmrc"), str(home / "gone"), f"{home}/v*/npmrc"]
+        unjudged = [str(home / "link/npmrc"), str(home / "gone"), f"{home}/.nvm/versions/node/*/etc/npmrc"]
         confinement = dataclasses.replace(box.confinement, spec={**box.confinement.spec, "mask_if_there": unjudged})
         read, write = os.pipe()
         stage = await jail.spawn(
-            confinement, ["/bin/cat", f"{home}/v1/npmrc", f"{home}/link/npmrc"], str(tmp_path), {},
+            confinement, ["/bin/cat", f"{etc}/npmrc", f"{etc}/beside"], str(tmp_path), {},
             stdin=0, stdout=write, stderr=2,
         )  # fmt: skip
         os.close(write)
-        assert await stage.wait() and os.read(read, 4096) == b"", "masked, and its link leads to it masked"
+        assert await stage.wait() and stage.exited.result() == 0
+        assert os.read(read, 4096) == b"beside\n"
         os.close(read)
     finally:
         await jails.close()

@@ -199,9 +199,9 @@ class Sandbox:
     def take_as_is(self) -> None:
         """Its paths, as the last look saw them, counted as what it was decided on: a decision
         refuses the policy now (a link planted on a path it names), and the session keeps what it
-        has, which grants no more than before, until one changes again."""
+        has, which grants no more than before, until one changes again. (Not once a configuration
+        in its trees changed: kept, it would show one that took a secret.)"""
         self.named = tuple((path, _LOOKED.get(path, decided)) for path, decided in self.named)
-        self.in_trees = tuple((path, tree_state(path)) for path, _ in self.in_trees)
         self.stale = False
 
     def search_path(self, path: str) -> str:
@@ -541,11 +541,12 @@ def _made(paths: list[str]) -> list[str]:
     """The real paths of `paths`, each made first if missing (a jail can only hide or protect, and
     pin, what exists, and sandboxed code must not make a directory ollie reads first), but for those
     inside one of ollie's own directories (hidden whole) and those nobody may make here."""
-    own: list[str] | None = None  # (their real paths: looked up once, and only for paths to make)
+    if not paths:
+        return []
+    own = [os.path.realpath(p) for p in config.own_paths()]
     made = []
     for path in map(Path, paths):
         real = os.path.realpath(path)  # a symlinked config is hidden where it is
-        own = [os.path.realpath(p) for p in config.own_paths()] if own is None else own
         if real not in own and any(real.startswith(o + "/") for o in own):
             continue
         try:
@@ -670,10 +671,14 @@ async def _build_anew(args: tuple, stale: Sandbox | None) -> Sandbox:
     try:
         return await off_loop(_build, *args)
     except SandboxError:
-        if stale is None:
-            raise
+        if stale is None or await off_loop(_trees_changed, stale):
+            raise  # (kept, it would show a configuration that took a secret, unmasked)
         stale.take_as_is()
         return stale
+
+
+def _trees_changed(box: Sandbox) -> bool:
+    return any(tree_state(path) != seen for path, seen in box.in_trees)
 
 
 _BUILDER: ThreadPoolExecutor | None = None
@@ -843,8 +848,8 @@ async def _look_again_if_due() -> None:
 def _look_again() -> None:
     """Mark `stale` every running sandbox one of whose `named` paths is another file now, or was
     made (`ldconfig` replaced /etc/ld.so.cache, a DHCP client /etc/resolv.conf, rustup made
-    ~/.cargo/bin), or one of the configurations in whose trees changed (it is masked, or read,
-    as a new decision would judge it): it refuses or lacks what a new decision would grant. Each
+    ~/.cargo/bin), or a configuration in one of the trees it grants changed (masked, or read, as
+    a new decision would judge it): it refuses or lacks what a new decision would grant. Each
     path is looked at once (some fifty `stat`s, however many sessions)."""
     global _LOOKED
     forget_trees()  # (the builds this look makes stale list and judge the trees anew)
@@ -859,7 +864,7 @@ def _look_again() -> None:
             if looked[path] != decided:
                 box.stale = True
         if (changed := trees.get(id(box.in_trees))) is None:
-            changed = trees[id(box.in_trees)] = any(tree_state(path) != seen for path, seen in box.in_trees)
+            changed = trees[id(box.in_trees)] = _trees_changed(box)
         box.stale |= changed
     _LOOKED = looked
 

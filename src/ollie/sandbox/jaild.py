@@ -219,7 +219,7 @@ class Mounts:
         self.exposed = {}  # path -> (writable, shared, identity): how it was bound, to bind it so again
         self.view, self.view_root = "", -1  # the view's mount point, and an O_PATH fd of its root
         self.pinned = set()  # directories bound onto themselves, so that they cannot be renamed
-        self.masked = []  # the files `mask` masked
+        self.masked = {}  # the files `mask` masked (a dict: ordered, looked up at once)
         self.own_devices = [0] * len(PRIVATE_TMPFS)  # each private tmpfs's device as made (0: none made)
         for path in [*PRIVATE_TMPFS, *hide]:
             if path not in self.hidden:
@@ -264,7 +264,7 @@ class Mounts:
             "pinned": sorted(self.pinned),
             "protected": self.protected,
             "servers": self.servers,
-            "masked": self.masked,
+            "masked": list(self.masked),
         }
 
     def descriptors(self):
@@ -279,7 +279,7 @@ class Mounts:
         }
         mounts.view, mounts.view_root = state["view"]
         mounts.pinned = set(state["pinned"])
-        mounts.masked = state["masked"]
+        mounts.masked = dict.fromkeys(state.get("masked", ()))
         return mounts
 
     def mount_view(self, path):
@@ -397,8 +397,7 @@ class Mounts:
                 attach(null, target, MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NOEXEC, 0, whole=False)
         finally:
             os.close(null)
-        if path not in self.masked:
-            self.masked.append(path)
+        self.masked[path] = None
 
     def _restore_inside(self, path, writable):
         """What the new mount at `path` covered: hidden directories hidden again (with what was
@@ -421,8 +420,9 @@ class Mounts:
             if masked.startswith(path.rstrip("/") + "/") and not any(masked.startswith(h + "/") for h in inside):
                 try:
                     self._mask(masked, path)
-                except (FileNotFoundError, NotADirectoryError):
-                    pass  # gone from the host: nothing to mask
+                except OSError as e:
+                    if e.errno not in GRANT_CHANGED:  # (else gone from the host, or a link: nothing to mask)
+                        raise
 
     def _keep_read_only(self, path):
         if path in self.protected:
@@ -983,9 +983,9 @@ def make_channel(fds, mounts, view_rights):
     if mounts is not None:
         for grant in spec["expose"]:
             mounts.expose(*grant)
-        for path in spec["mask"]:
+        for path in spec.get("mask", ()):
             mounts.mask(path)
-        for path in spec["mask_if_there"]:
+        for path in spec.get("mask_if_there", ()):
             mounts.mask(path, judged=False)
         if ruleset >= 0:
             view = [[mounts.view_root, view_rights]] if mounts.view else []

@@ -504,6 +504,7 @@ def _expand_paths(entries: list[str], values: dict[str, str], where: str) -> tup
 # tuple, which the look looks at once.
 _IN_TREES: dict[tuple[str, ...], tuple[float, tuple[tuple[str, Decided], ...], tuple[str, ...], tuple[str, ...]]] = {}
 _IN_TREES_KEPT = 5.0
+_forgotten = 0  # how many times `forget_trees` ran: a listing begun before one is not kept
 
 
 def _in_trees(
@@ -512,8 +513,8 @@ def _in_trees(
     """The paths `userconfig.IN_TREES` lead to, each as it was before it was judged; the real
     paths of those holding a secret, which a jail masks; and what it masks unjudged, where there
     (`_judged_in`)."""
-    patterns = _expand_paths(list(userconfig.IN_TREES), values, "")
-    now = time.monotonic()
+    patterns = _expand_paths(list(userconfig.IN_TREES), values, "the configurations in the trees")
+    now, forgotten = time.monotonic(), _forgotten
     known = _IN_TREES.get(patterns)
     if known is None or now - known[0] >= _IN_TREES_KEPT:
         watched: dict[str, Decided] = {}
@@ -521,9 +522,11 @@ def _in_trees(
         unjudged: dict[str, None] = {}
         for pattern in patterns:
             _judged_in(pattern, watched, masked, unjudged)
-        if len(_IN_TREES) >= 64:  # ($HOMEs of a test suite's, one each)
-            _IN_TREES.clear()
-        known = _IN_TREES[patterns] = (now, tuple(watched.items()), tuple(masked), tuple(unjudged))
+        known = (now, tuple(watched.items()), tuple(masked), tuple(unjudged))
+        if forgotten == _forgotten:
+            if len(_IN_TREES) >= 64:  # ($HOMEs of a test suite's, one each)
+                _IN_TREES.clear()
+            _IN_TREES[patterns] = known
     return known[1], known[2], known[3]
 
 
@@ -532,51 +535,58 @@ def _judged_in(pattern: str, watched: dict[str, Decided], masked: dict[str, None
     matches, there or not, so that one made later, `npm config set -g`, is seen by the next look),
     each noted in `watched` as it was before it was judged, with the glob's directory (a version
     installed later); the real paths of those holding a secret added to `masked`. A file judged is
-    one that lies in its tree: a link out of it (which code that may write the tree could point at
-    any file ollie reads, for ollie to mask it, or to learn from the mask what it holds) is judged
-    where it leads, if ollie looks there. What ollie may not look at (a directory of mode 000:
-    the jail, whose root overrides modes in its namespace, can) goes to `unjudged`, for the jail to
-    mask where it finds a file: a glob's directory ollie cannot list as the pattern itself."""
+    one that lies in its tree (its version's directory, for a glob): a link out of it (which code
+    that may write the tree, or a project's under /opt, could point at any file ollie reads, for
+    ollie to mask it, or to learn from the mask what it holds) is judged where it leads, if ollie
+    looks there. What ollie may not look at (a directory of mode 000: the jail, whose root
+    overrides modes in its namespace, can) goes to `unjudged` by its real path, for the jail to
+    mask where it finds a file; a glob's directory ollie cannot list, as the pattern itself."""
     where, glob_part, rest = _GLOB.match(pattern).groups()  # type: ignore[union-attr]
     if glob_part:
         watched[where] = tree_state(where)
         try:
             with os.scandir(where) as entries:
-                found = [f"{where}/{e.name}/{rest}" for e in entries if fnmatch.fnmatchcase(e.name, glob_part)]
+                names = [e.name for e in entries if fnmatch.fnmatchcase(e.name, glob_part)]
         except (FileNotFoundError, NotADirectoryError):
             return
         except OSError:
-            unjudged[pattern] = None
+            unjudged[f"{os.path.realpath(where)}/{glob_part}/{rest}"] = None
             return
-        tree = where
+        found = [(f"{where}/{name}/{rest}", f"{where}/{name}") for name in names]
     else:
-        tree, found = os.path.dirname(pattern), [pattern]
-    inside = os.path.realpath(tree) + "/"
-    for path in found:
+        found = [(pattern, os.path.dirname(pattern))]
+    for path, tree in found:
         watched[path] = tree_state(path)  # before judging
         try:
             if not stat.S_ISREG(os.stat(path).st_mode):
                 continue
         except OSError as e:
             if e.errno == errno.EACCES:
-                unjudged[path] = None
+                unjudged[os.path.realpath(path)] = None
             continue  # missing, or a loop of links: nothing reads it there
         real = os.path.realpath(path)
-        if real.startswith(inside) and userconfig.holds_secret(real):
+        if real.startswith(os.path.realpath(tree) + "/") and userconfig.holds_secret(real):
             _warn_of_other_names(real)
             masked[real] = None
+
+
+_WARNED: set[tuple[str, int]] = set()  # (path, inode) of the files with other names, told of once
 
 
 def _warn_of_other_names(path: str) -> None:
     """A file holding a secret with other names (a hard link made while it held none, which edits
     in place keep): masked here, it is read there, where code may read."""
-    links = os.stat(path).st_nlink
-    if links > 1:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return
+    if st.st_nlink > 1 and (path, st.st_ino) not in _WARNED:
+        _WARNED.add((path, st.st_ino))
         log.warning(
             "%s holds a secret and has %d names (hard links): masked there, it is read at the others; "
             "find them (`find / -xdev -samefile %s`) and remove them",
             path,
-            links,
+            st.st_nlink,
             path,
         )
 
@@ -593,6 +603,8 @@ def tree_state(path: str) -> Decided:
 
 def forget_trees() -> None:
     """Have the next policy read list and judge the configurations in the trees anew."""
+    global _forgotten
+    _forgotten += 1
     _IN_TREES.clear()
 
 

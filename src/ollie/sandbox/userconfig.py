@@ -141,7 +141,7 @@ IN_TREES = (
 
 def holds_secret(path: str) -> bool:
     """Whether `path` is a file to keep from code: a regular file (links followed) that is not
-    `secret_free` (a secret in it, or too large to judge)."""
+    `secret_free` (a secret in it, too large to judge, or not ours to read)."""
     return os.path.isfile(path) and not secret_free(path)
 
 
