@@ -946,16 +946,16 @@ def test_a_toolchains_tree_ollie_may_not_look_in_is_masked_where_there_is_a_file
     monkeypatch.delenv("NVM_DIR", raising=False)
     npmrc, _ = toolchain_configs(home, f"//registry.npmjs.org/:_authToken={NPM_TOKEN}\n")
     versions = npmrc.parents[2]
-    look = "from ollie.sandbox import load_policy; p = load_policy('default', '/', ''); print(p.masked, p.unjudged)"
+    look = "from ollie.sandbox import load_policy; p = load_policy('default', '/', ''); print(p.unlisted, p.masked)"
     without_override = ["setpriv", "--inh-caps=-all", "--bounding-set=-dac_override,-dac_read_search"]
     as_user = without_override if os.getuid() == 0 else []
-    for locked, unjudged in ((versions, f"{versions}/*/etc/npmrc"), (npmrc.parent, str(npmrc))):
+    for locked, unjudged in ((versions, f"('{versions}/*/etc/npmrc',"), (npmrc.parent, f"() ('{npmrc}',")):
         locked.chmod(0o111 if locked == versions else 0)
         try:
             out = subprocess.run([*as_user, sys.executable, "-c", look], capture_output=True, text=True, check=True)
         finally:
             locked.chmod(0o755)
-        assert out.stdout.startswith(f"() ('{unjudged}',"), out.stdout + out.stderr
+        assert out.stdout.startswith(unjudged), out.stdout + out.stderr
 
 
 async def test_a_configuration_the_host_replaces_is_masked_again_by_the_next_look(run, home, monkeypatch):
@@ -1064,6 +1064,28 @@ def test_a_link_in_a_directory_of_versions_is_judged_in_its_own_version_only(tmp
     assert masked == {} and f"{project}/pip.conf" in watched
 
 
+def test_a_configuration_far_down_a_chain_of_links_or_on_ollies_mount_is_not_judged(home, tmp_path, monkeypatch):
+    """A project's pip.conf linked down a chain of thousands of its own directories would be as
+    many pins in every jail; one linked into ollie's mount (the memory, which every session's code
+    writes) lies where a jail shows nothing: what is judged lies a few levels into its tree."""
+    project = tmp_path / "opt" / "project"
+    deep = project.joinpath(*["a"] * 40)
+    deep.mkdir(parents=True)
+    (deep / "pip.conf").write_text("[global]\nindex-url = https://u:p4ss@example.com/simple\n")
+    (project / "pip.conf").symlink_to(deep / "pip.conf")
+    masked: dict = {}
+    sandbox.policy._judged_in(f"{tmp_path}/opt/*/pip.conf", {}, masked, {})
+    assert masked == {}
+    (project / "pip.conf").unlink()
+    (project / "pip.conf").write_text((deep / "pip.conf").read_text())
+    sandbox.policy._judged_in(f"{tmp_path}/opt/*/pip.conf", {}, masked, {})
+    assert list(masked) == [str(project / "pip.conf")]  # (the same file, where a toolchain keeps it)
+    monkeypatch.setenv("OLLIE", str(project))  # as though the project were ollie's mount
+    masked.clear()
+    sandbox.policy._judged_in(f"{tmp_path}/opt/*/pip.conf", {}, masked, {})
+    assert masked == {}
+
+
 def test_every_glob_of_the_configurations_in_trees_is_one_directorys():
     """The jail and the policy split a template at its one glob (a directory, a glob in the next,
     what follows): a template with a glob elsewhere would be taken as a literal path."""
@@ -1102,44 +1124,43 @@ async def test_a_masked_configuration_cannot_be_reached_around_its_mask(home, tm
     assert result.text() == "0\n", result.text()
 
 
-async def test_the_jail_masks_only_the_file_ollie_judged_reached_without_a_link(home, tmp_path):
-    """The jail's own check: a file to mask whose path has a symlink on it now (planted since ollie
-    judged the file), or that is gone, is refused, as a grant's is (decided anew), not taken for
-    the file the link leads to nor passed over; one in a hidden directory masks nothing, and the
-    stage runs."""
+async def test_the_jail_masks_only_files_reached_without_a_link(home, tmp_path):
+    """The jail's own checks: a path to mask with a symlink on it now (planted since ollie judged
+    the file), one that is gone, one in a hidden directory or on ollie's own mount, and one whose
+    name holds a glob's star are passed over (the next look judges what is there), never the file
+    a link leads to masked; a pattern's matches (of a directory ollie could not list) are masked,
+    the rest of the tree read as it is; and the stage runs."""
     real = home / "real"
     real.mkdir()
     (real / "npmrc").write_text(f"//registry.npmjs.org/:_authToken={NPM_TOKEN}\n")
     (home / "link").symlink_to(real)
+    (home / "x*y").mkdir()
+    (home / "x*y" / "npmrc").symlink_to("../x*y/npmrc")  # (a loop through a starred name)
     etc = home / ".nvm" / "versions" / "node" / "v1" / "etc"  # (a tree the policy grants)
     etc.mkdir(parents=True)
     (etc / "npmrc").write_text("registry=https://registry.npmjs.org/\n")  # (no secret: judged, it is read)
     (etc / "beside").write_text("beside\n")
     boxes, jails = sandbox.Sandboxes(), sandbox.Jails()
     box = await boxes.get_async("default", str(tmp_path), "")
-
-    def masking(path: str) -> sandbox.jail.Confinement:
-        return dataclasses.replace(box.confinement, spec={**box.confinement.spec, "mask": [path]})
-
+    passed_over = [
+        str(home / "link/npmrc"),
+        str(home / "gone"),
+        f"{os.environ['OLLIE_CFG_PATH']}/nothing",
+        f"{sandbox.config.mount_point()}/m/npmrc",
+        str(home / "x*y/npmrc"),
+    ]
+    spec = {**box.confinement.spec, "mask": passed_over, "mask_matches": [f"{home}/.nvm/versions/node/*/etc/npmrc"]}
+    code = f"grep -c '{real}/npmrc' /proc/self/mountinfo; cat {etc}/npmrc {etc}/beside"
     try:
         jail = await jails.get(box.policy)
-        hidden = masking(f"{os.environ['OLLIE_CFG_PATH']}/nothing")
-        stage = await jail.spawn(hidden, ["/bin/true"], str(tmp_path), {}, stdin=0, stdout=1, stderr=2)
-        assert await stage.wait() and stage.exited.result() == 0
-        for path, why in ((home / "link/npmrc", "Too many levels of symbolic links"), (home / "gone", "No such file")):
-            with pytest.raises(sandbox.jail.GrantChanged, match=why):
-                await jail.spawn(masking(str(path)), ["/bin/true"], str(tmp_path), {}, stdin=0, stdout=1, stderr=2)
-        # what ollie could not judge: masked where it is a file, passed over where it is not
-        unjudged = [str(home / "link/npmrc"), str(home / "gone"), f"{home}/.nvm/versions/node/*/etc/npmrc"]
-        confinement = dataclasses.replace(box.confinement, spec={**box.confinement.spec, "mask_if_there": unjudged})
         read, write = os.pipe()
         stage = await jail.spawn(
-            confinement, ["/bin/cat", f"{etc}/npmrc", f"{etc}/beside"], str(tmp_path), {},
+            dataclasses.replace(box.confinement, spec=spec), ["/bin/sh", "-c", code], str(tmp_path), {},
             stdin=0, stdout=write, stderr=2,
         )  # fmt: skip
         os.close(write)
         assert await stage.wait() and stage.exited.result() == 0
-        assert os.read(read, 4096) == b"beside\n"
+        assert os.read(read, 4096) == b"0\nbeside\n"
         os.close(read)
     finally:
         await jails.close()

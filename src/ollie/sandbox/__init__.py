@@ -171,10 +171,10 @@ class Sandbox:
                     else ""
                 ),
                 "expose": expose,
-                # Configurations in the trees it grants that hold a secret: read as /dev/null reads;
-                # and what ollie could not look at, masked where the jail finds a file.
+                # Configurations in the trees it grants that hold a secret (or that ollie may not
+                # look at): read as /dev/null reads; and the matches of what ollie could not list.
                 "mask": list(policy.masked),
-                "mask_if_there": list(policy.unjudged),
+                "mask_matches": list(policy.unlisted),
             },
         )
         self._search_paths: dict[str, str] = {}

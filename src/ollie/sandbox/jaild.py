@@ -338,48 +338,43 @@ class Mounts:
         if view_inside:
             self._rebind_view(path)
 
-    def mask(self, path, judged=True):
+    def mask(self, path):
         """Mask the file `path` as Docker masks paths, under /dev/null, read-only (a configuration
         in a granted tree that holds a secret): whatever a policy grants around it, code reads
         nothing there, nor reaches it around the mount (a hard link to it crosses a mount; a rename
-        of it, or of a directory above it, is refused, those being pinned). Masked again where it no
-        longer is (the host renamed another file over it, which took the mounts on it along; a later
-        grant bound the host's file there). Where it is missing now, or reached through a symlink,
-        it is not what ollie judged: GrantChanged (decided anew), but inside a hidden directory.
-        Not `judged` (ollie could not look at it), it is masked where it is a file, else passed
-        over. A path with a glob in a directory is each file it matches here (`_matches`)."""
-        if not judged and "*" in path:
-            for match in self._matches(path):
-                self.mask(match, judged=False)
-            return
+        of it, or of a directory above it, is refused, those being pinned). Masked again where it
+        no longer is (the host renamed another file over it, which took the mounts on it along; a
+        later grant bound the host's file there). Passed over where it leads to no file now, or
+        through a symlink (the next look judges what is there), or out of sight."""
         try:
             with opened(path) as target:
-                st = os.fstat(target)
-        except OSError as e:
-            if not judged or e.errno == errno.EACCES or (e.errno != errno.ELOOP and self._out_of_sight(path)):
-                return  # nothing code reaches either
-            if e.errno in GRANT_CHANGED:
-                raise GrantChanged(e.errno, e.strerror, path) from None
-            raise
-        if stat.S_ISREG(st.st_mode):
+                if not stat.S_ISREG(os.fstat(target).st_mode) or self._out_of_sight(path):
+                    return
             self._mask(path, "/")
+        except OSError as e:
+            if e.errno not in (*GRANT_CHANGED, errno.EACCES):
+                raise
 
-    @staticmethod
-    def _matches(pattern):
-        """The paths `pattern` (a glob in one of its directories) leads to here, where ollie could
-        not list that directory and the jail's root, which overrides modes here, can."""
+    def mask_matches(self, pattern):
+        """Mask each file `pattern` (a glob in one of its directories) matches here: ollie could not
+        list that directory, the jail's root, which overrides modes in its namespace, can."""
         split = re.match(r"(/.*?)/([^/]*\*[^/]*)/(.*)", pattern)
         if split is None:
-            return []
+            return
         where, glob_part, rest = split.groups()
         try:
             with os.scandir(where) as entries:
-                return [f"{where}/{e.name}/{rest}" for e in entries if fnmatch.fnmatchcase(e.name, glob_part)]
+                names = [e.name for e in entries if fnmatch.fnmatchcase(e.name, glob_part)]
         except OSError:
-            return []
+            return
+        for name in names:
+            self.mask(f"{where}/{name}/{rest}")
 
     def _out_of_sight(self, path):
-        """Whether `path` lies in a hidden directory, not shown again from under it."""
+        """Whether `path` lies in a hidden directory, not shown again from under it, or on a mount
+        of ollie's file server."""
+        if any(path == s or path.startswith(s.rstrip("/") + "/") for s in self.servers):
+            return True
         return self._root(path) is not None and not any(
             path == p or path.startswith(p.rstrip("/") + "/") for p in self.exposed
         )
@@ -985,8 +980,8 @@ def make_channel(fds, mounts, view_rights):
             mounts.expose(*grant)
         for path in spec.get("mask", ()):
             mounts.mask(path)
-        for path in spec.get("mask_if_there", ()):
-            mounts.mask(path, judged=False)
+        for pattern in spec.get("mask_matches", ()):
+            mounts.mask_matches(pattern)
         if ruleset >= 0:
             view = [[mounts.view_root, view_rights]] if mounts.view else []
             add_rules(ruleset, spec["jail_rules"] + view)

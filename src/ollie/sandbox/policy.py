@@ -223,11 +223,11 @@ class Policy:
     git_config: str  # its git's global config, the user's identity alone (`gitidentity`; "" for the real one)
     copies: tuple[userconfig.Copy, ...]  # tools' configurations given as copies of what was judged
     # the paths looked at for the configurations in the trees it grants (`userconfig.IN_TREES`),
-    # each as it was before it was judged (`tree_state`), the real paths a jail masks, and what it
-    # masks where it finds a file, unjudged (ollie could not look: a glob's pattern, or a path)
+    # each as it was before it was judged (`tree_state`), the real paths a jail masks, and the
+    # patterns whose matches it masks (of a directory ollie could not list)
     in_trees: tuple[tuple[str, Decided], ...]
     masked: tuple[str, ...]
-    unjudged: tuple[str, ...]
+    unlisted: tuple[str, ...]
     linked: tuple[str, ...]  # the cwd's installs hard-linked from a shared store (`linked_installs`): read-only
     shared: tuple[str, ...]  # granted writable to every session (the memory, the plans): no symlinks there
     own: frozenset[str]  # ollie's own grants (tools, scratch, memory, plans): shown from under its hidden directories
@@ -339,7 +339,7 @@ def load_policy(
         if copy.path != os.devnull:
             paths["ro"] += (os.path.dirname(copy.path),)
             own_paths.append(os.path.dirname(copy.path))
-    in_trees, masked, unjudged = _in_trees(values)
+    in_trees, masked, unlisted = _in_trees(values)
     net = raw["network"]
     unrestricted = bool(net.get("unrestricted") or net.get("enabled"))  # `enabled`: the Go name
     connect = _ports(net.get("connect_tcp"), "network.connect_tcp")
@@ -353,7 +353,7 @@ def load_policy(
         copies=copies,
         in_trees=in_trees,
         masked=masked,
-        unjudged=unjudged,
+        unlisted=unlisted,
         linked=linked_installs(cwd) if cwd else (),
         shared=tuple(p for p in extra_rw if os.path.exists(p)),
         own=frozenset([*extra_rox, *extra_ro, *extra_rw, *extra_rwx, *(os.path.normpath(p) for p in own_paths if p)]),
@@ -498,10 +498,10 @@ def _expand_paths(entries: list[str], values: dict[str, str], where: str) -> tup
 
 # The configurations in the trees as the last listing found them, by the templates as expanded:
 # when, each path as it was (`tree_state`; missing ones too, and each glob's directory), the real
-# paths to mask, and what to mask that ollie could not judge. Listed and judged again after so many
-# seconds, or once the look at the running sandboxes' paths has run (`forget_trees`): every
-# session's start reads the policy, 500 at once. Every sandbox built meanwhile holds the same
-# tuple, which the look looks at once.
+# paths to mask, and the patterns whose matches to mask (of a directory ollie could not list).
+# Listed and judged again after so many seconds, or once the look at the running sandboxes' paths
+# has run (`forget_trees`): every session's start reads the policy, 500 at once. Every sandbox
+# built meanwhile holds the same tuple, which the look looks at once.
 _IN_TREES: dict[tuple[str, ...], tuple[float, tuple[tuple[str, Decided], ...], tuple[str, ...], tuple[str, ...]]] = {}
 _IN_TREES_KEPT = 5.0
 _forgotten = 0  # how many times `forget_trees` ran: a listing begun before one is not kept
@@ -511,18 +511,17 @@ def _in_trees(
     values: dict[str, str],
 ) -> tuple[tuple[tuple[str, Decided], ...], tuple[str, ...], tuple[str, ...]]:
     """The paths `userconfig.IN_TREES` lead to, each as it was before it was judged; the real
-    paths of those holding a secret, which a jail masks; and what it masks unjudged, where there
-    (`_judged_in`)."""
+    paths a jail masks; and the patterns whose matches it masks (`_judged_in`)."""
     patterns = _expand_paths(list(userconfig.IN_TREES), values, "the configurations in the trees")
     now, forgotten = time.monotonic(), _forgotten
     known = _IN_TREES.get(patterns)
     if known is None or now - known[0] >= _IN_TREES_KEPT:
         watched: dict[str, Decided] = {}
         masked: dict[str, None] = {}
-        unjudged: dict[str, None] = {}
+        unlisted: dict[str, None] = {}
         for pattern in patterns:
-            _judged_in(pattern, watched, masked, unjudged)
-        known = (now, tuple(watched.items()), tuple(masked), tuple(unjudged))
+            _judged_in(pattern, watched, masked, unlisted)
+        known = (now, tuple(watched.items()), tuple(masked), tuple(unlisted))
         if forgotten == _forgotten:
             if len(_IN_TREES) >= 64:  # ($HOMEs of a test suite's, one each)
                 _IN_TREES.clear()
@@ -530,17 +529,14 @@ def _in_trees(
     return known[1], known[2], known[3]
 
 
-def _judged_in(pattern: str, watched: dict[str, Decided], masked: dict[str, None], unjudged: dict[str, None]) -> None:
+def _judged_in(pattern: str, watched: dict[str, Decided], masked: dict[str, None], unlisted: dict[str, None]) -> None:
     """`pattern`'s files (a glob in one of its directories: its file in each directory the glob
     matches, there or not, so that one made later, `npm config set -g`, is seen by the next look),
     each noted in `watched` as it was before it was judged, with the glob's directory (a version
-    installed later); the real paths of those holding a secret added to `masked`. A file judged is
-    one that lies in its tree (its version's directory, for a glob): a link out of it (which code
-    that may write the tree, or a project's under /opt, could point at any file ollie reads, for
-    ollie to mask it, or to learn from the mask what it holds) is judged where it leads, if ollie
-    looks there. What ollie may not look at (a directory of mode 000: the jail, whose root
-    overrides modes in its namespace, can) goes to `unjudged` by its real path, for the jail to
-    mask where it finds a file; a glob's directory ollie cannot list, as the pattern itself."""
+    installed later); the real paths of those holding a secret, and of those ollie may not look at
+    (a directory of mode 000: the jail, whose root overrides modes in its namespace, can), added
+    to `masked`; a glob's directory ollie cannot list, as the pattern, to `unlisted`, for the jail
+    to mask what it matches. A file judged is one `_kept_in` its tree."""
     where, glob_part, rest = _GLOB.match(pattern).groups()  # type: ignore[union-attr]
     if glob_part:
         watched[where] = tree_state(where)
@@ -550,24 +546,38 @@ def _judged_in(pattern: str, watched: dict[str, Decided], masked: dict[str, None
         except (FileNotFoundError, NotADirectoryError):
             return
         except OSError:
-            unjudged[f"{os.path.realpath(where)}/{glob_part}/{rest}"] = None
+            unlisted[f"{os.path.realpath(where)}/{glob_part}/{rest}"] = None
             return
-        found = [(f"{where}/{name}/{rest}", f"{where}/{name}") for name in names]
+        found = [(f"{where}/{name}/{rest}", f"{where}/{name}", rest.count("/") + 2) for name in names]
     else:
-        found = [(pattern, os.path.dirname(pattern))]
-    for path, tree in found:
+        found = [(pattern, os.path.dirname(pattern), 2)]
+    for path, tree, depth in found:
         watched[path] = tree_state(path)  # before judging
         try:
-            if not stat.S_ISREG(os.stat(path).st_mode):
-                continue
+            regular = stat.S_ISREG(os.stat(path).st_mode)
         except OSError as e:
-            if e.errno == errno.EACCES:
-                unjudged[os.path.realpath(path)] = None
+            if e.errno == errno.EACCES and (real := _kept_in(path, tree, depth)):
+                masked[real] = None  # not ours to look at
             continue  # missing, or a loop of links: nothing reads it there
-        real = os.path.realpath(path)
-        if real.startswith(os.path.realpath(tree) + "/") and userconfig.holds_secret(real):
+        if regular and (real := _kept_in(path, tree, depth)) and userconfig.holds_secret(real):
             _warn_of_other_names(real)
             masked[real] = None
+
+
+def _kept_in(path: str, tree: str, depth: int) -> str:
+    """The real path of `path` if it lies in `tree` (its version's directory, for a glob), at most
+    `depth` levels below it, and not on ollie's own mount; else "". Code that may write the tree (or
+    a project's under /opt) could link the file to any file ollie reads, for ollie to mask it (the
+    shell, a JDK's java), or to learn from the mask what it holds; down a chain of thousands of
+    directories, for as many pins in every jail; or into the server's mount, which a jail hides."""
+    try:
+        real, top = os.path.realpath(path), os.path.realpath(tree)
+    except OSError:  # a link swapped under realpath's feet
+        return ""
+    mount = config.mount_point()
+    if not real.startswith(top + "/") or real.count("/") - top.count("/") > depth:
+        return ""
+    return "" if real == mount or real.startswith(mount + "/") else real
 
 
 _WARNED: set[tuple[str, int]] = set()  # (path, inode) of the files with other names, told of once
