@@ -1089,7 +1089,7 @@ def test_a_configuration_far_down_a_chain_of_links_or_on_ollies_mount_is_not_jud
 def test_every_glob_of_the_configurations_in_trees_is_one_directorys():
     """The jail and the policy split a template at its one glob (a directory, a glob in the next,
     what follows): a template with a glob elsewhere would be taken as a literal path."""
-    values = {name: f"/{name.lower()}" for name in ("HOME", "NVM_DIR")}
+    values = {name: f"/{name.lower()}" for name in ("HOME", "NVM_DIR", "PYENV_ROOT", "SDKMAN_DIR")}
     for template in sandbox.policy._expand_paths(list(userconfig.IN_TREES), values, "test"):
         if "*" in template:
             where, glob_part, rest = sandbox.policy._GLOB.match(template).groups()
