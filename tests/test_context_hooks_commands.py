@@ -647,3 +647,20 @@ async def test_open_session_refuses_to_replace_the_execute_server(tmp_path):
 
     with pytest.raises(ollie.ConfigError, match="'execute' is ollie's own"):
         await ollie.open_session(backend="scripted", cwd=str(tmp_path), servers={"execute": object})
+
+
+async def test_a_prompt_queued_behind_a_turn_that_has_replied_empties_the_reply(cores):
+    """A turn's reply shows before its postTurn hooks (and its checkpoint) are done, while the
+    session still runs: a prompt written then waits behind it, and a script that wrote `prompt` and
+    then waits for `reply` (the seeds' develop-review-test loop) read the old reply as the answer."""
+    cfg = AgentConfig(hooks={"postTurn": ["sleep 0.5"]})
+    core, _, _, _ = await cores.open([{"text": "first"}, {"text": "second"}], cfg=cfg)
+    core.start("one")
+    while core.reply != "first":
+        await asyncio.sleep(0.01)
+    assert core.running  # (its postTurn hook runs)
+    core.start("two")
+    assert core.reply == ""
+    while core.running:
+        await asyncio.sleep(0.01)
+    assert core.reply == "second"

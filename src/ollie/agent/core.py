@@ -271,6 +271,9 @@ class Core:
         prompt = prompt.strip()
         if prompt and (self.running or self._holder):
             self._queue.append(prompt)
+            # The reply a running turn already gave (its checkpoint and postTurn hooks still run) is
+            # stale once a prompt waits: a script that writes `prompt`, then waits for `reply`, read it.
+            self._rt.state.reply = ""
             self.emit(Event("info", f"queued: {prompt[:80]}"))
         elif prompt:
             self._rt.state.reply = ""
@@ -307,6 +310,7 @@ class Core:
         self._queue.append(prompt)
         self._rt.bus.notify()
         if self.running or self._holder:  # the queue runs when the turn or the holder is done
+            self._rt.state.reply = ""  # stale, as in `start`
             return False
         self.start(self._queue.popleft()).add_done_callback(_log_failure)
         return True
