@@ -552,14 +552,16 @@ def _judged_in(pattern: str, watched: dict[str, Decided], masked: dict[str, None
     else:
         found = [(pattern, os.path.dirname(pattern), 2)]
     for path, tree, depth in found:
-        watched[path] = tree_state(path)  # before judging
         try:
-            regular = stat.S_ISREG(os.stat(path).st_mode)
+            st = os.stat(path)
         except OSError as e:
+            watched[path] = None
             if e.errno == errno.EACCES and (real := _kept_in(path, tree, depth)):
                 masked[real] = None  # not ours to look at
             continue  # missing, or a loop of links: nothing reads it there
-        if regular and (real := _kept_in(path, tree, depth)) and userconfig.holds_secret(real):
+        watched[path] = _state(st)  # before judging
+        # (a regular file here: one that is none when read is not secret-free either)
+        if stat.S_ISREG(st.st_mode) and (real := _kept_in(path, tree, depth)) and not userconfig.secret_free(real):
             _warn_of_other_names(real)
             masked[real] = None
 
@@ -605,9 +607,12 @@ def tree_state(path: str) -> Decided:
     """What a path of the trees was (`as_decided`), a directory with its change time: a version
     installed or removed since."""
     try:
-        st = os.stat(path)
+        return _state(os.stat(path))
     except OSError:
         return None
+
+
+def _state(st: os.stat_result) -> Decided:
     return (st.st_dev, st.st_ino, st.st_mtime_ns) if stat.S_ISDIR(st.st_mode) else decided(st)
 
 

@@ -112,7 +112,7 @@ CONFIGS = (
 # The configurations toolchains keep inside their own trees, which a policy grants whole (~/.nvm,
 # ~/.pyenv, ~/.sdkman, /usr, /opt), by template and glob: npm's global and built-in npmrc, a
 # Python's site pip.conf, a Maven's settings.xml, a Gradle's gradle.properties, conda's condarc.
-# One holding a secret is masked in a jail (read as /dev/null reads) rather than its tree refused.
+# One not `secret_free` is masked in a jail (read as /dev/null reads) rather than its tree refused.
 IN_TREES = (
     "{NVM_DIR}/versions/node/*/etc/npmrc",
     "{HOME}/.nvm/versions/node/*/etc/npmrc",
@@ -142,12 +142,6 @@ IN_TREES = (
     "/opt/*/.condarc",
     "/opt/*/condarc",
 )
-
-
-def holds_secret(path: str) -> bool:
-    """Whether `path` is a file to keep from code: a regular file (links followed) that is not
-    `secret_free` (a secret in it, too large to judge, or not ours to read)."""
-    return os.path.isfile(path) and not secret_free(path)
 
 
 # The files granted as a copy, by template, with the variable that tells their tool where it lies.
