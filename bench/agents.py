@@ -22,11 +22,11 @@ its prompt's write to its chat's last write, and the whole turn's wall, from the
 the last turn's end), steps (requests) per second against the ideal (N / delay): steady (the sum
 of the sessions' rates, each its steps over its turn's time) and over the whole wall (which the
 prompts' writing, spread over a fraction of a second, stretches), `state` latency
-(p50, p99, max), CPU per step: the server's, the mock's, this bench's, the whole machine's (the
-wall on every core less /proc/stat's idle time) and what is left of it: the jails, their stages,
-and whatever else ran
-(a jail's own figures miss most of its short stages' time), with the share of the turn the
-machine was idle, and after the warm turn the memory per live session (the
+(p50, p99, max), CPU per step: the server's, the jails' (their PID 1s and the fork server) and
+their stages' (what each PID 1 reaped: the stages and whatever they started), the mock's, this
+bench's, the whole machine's (the wall on every core less /proc/stat's idle time) and what is left
+of it (the kernel's work no process is charged for, such as the network's softirqs, and whatever
+else ran), with the share of the turn the machine was idle, and after the warm turn the memory per live session (the
 proportional set size of the server and of every jail process, less the server's before the
 sessions, over N). Before the sandboxed run it prints the floor the machine sets: its CPU a step
 at the ideal rate (cores x delay / N: 4 ms for 500 agents on 2 cores), and what each stage's own
@@ -99,6 +99,19 @@ def jail_pids() -> list[int]:
     return found
 
 
+def jails_cpu(pids: list[int]) -> dict[int, tuple[float, float]]:
+    """Each jail process's CPU: its own, and its reaped children's (a PID 1's: the stages it ran,
+    each waited for when it exited), in seconds."""
+    found = {}
+    for pid in pids:
+        try:
+            f = stat_fields(pid)
+        except OSError:
+            continue
+        found[pid] = ((int(f[11]) + int(f[12])) / TICK, (int(f[13]) + int(f[14])) / TICK)
+    return found
+
+
 def machine_idle() -> float:
     """Seconds the cores were idle (iowait and steal counted idle) since boot, from /proc/stat: the
     kernel counts idle time exactly and busy time by sampling ticks, so busy is the wall less this."""
@@ -155,6 +168,7 @@ def turn(
     reads: list[float] = []
     ended: dict[str, float] = {}
     started: dict[str, float] = {}
+    jails0 = jails_cpu(jail_pids())
     server_cpu, mock_cpu, own_cpu = cpu_of(s.pid()), cpu_of(mock), time.process_time()
     idle0, mono0 = machine_idle(), time.monotonic()
     t0 = time.time()
@@ -195,6 +209,10 @@ def turn(
     idle, span = machine_idle() - idle0, time.monotonic() - mono0
     server_cpu, mock_cpu = cpu_of(s.pid()) - server_cpu, cpu_of(mock) - mock_cpu
     own_cpu = time.process_time() - own_cpu
+    pids = jail_pids()
+    jails = jails_cpu(pids)  # a jail started in the turn counts from nothing
+    jails_own = sum(own - jails0.get(pid, (0.0, 0.0))[0] for pid, (own, _) in jails.items())
+    stages_cpu = sum(kids - jails0.get(pid, (0.0, 0.0))[1] for pid, (_, kids) in jails.items())
     bad = [sid for sid in sids if not (s.mnt / "s" / sid / "reply").read_text().endswith("done")]
     assert not bad, f"{len(bad)} sessions did not answer 'done', e.g. {(s.mnt / 's' / bad[0] / 'chat').read_text()}"
     return {
@@ -204,9 +222,11 @@ def turn(
         "server_cpu": server_cpu,
         "mock_cpu": mock_cpu,
         "own_cpu": own_cpu,
+        "jails_cpu": jails_own,
+        "stages_cpu": stages_cpu,
         "machine_cpu": span * CORES - idle,
         "machine_idle": idle / (span * CORES),
-        "jail_pids": jail_pids(),
+        "jail_pids": pids,
     }
 
 
@@ -283,12 +303,15 @@ def run(
                     f"        state: p50 {rq[0]:.2f} ms, p99 {rq[1]:.2f} ms, max {rq[2]:.1f} ms "
                     f"({len(r['reads'])} reads)"  # type: ignore[arg-type]
                 )
-                cpu = {k: 1000 * float(r[k]) / steps for k in ("server_cpu", "mock_cpu", "own_cpu", "machine_cpu")}  # type: ignore[arg-type]
-                rest = cpu["machine_cpu"] - cpu["server_cpu"] - cpu["mock_cpu"] - cpu["own_cpu"]
+                keys = ("server_cpu", "jails_cpu", "stages_cpu", "mock_cpu", "own_cpu", "machine_cpu")
+                cpu = {k: 1000 * float(r[k]) / steps for k in keys}  # type: ignore[arg-type]
+                rest = cpu["machine_cpu"] - sum(cpu[k] for k in keys[:-1])
                 print(
-                    f"        CPU per step: server {cpu['server_cpu']:.2f} ms, the jails and the rest {rest:.2f} ms, "
-                    f"the mock model {cpu['mock_cpu']:.2f} ms, this bench {cpu['own_cpu']:.2f} ms; the whole machine "
-                    f"{cpu['machine_cpu']:.2f} ms (idle {100 * float(r['machine_idle']):.0f} % of the turn)"  # type: ignore[arg-type]
+                    f"        CPU per step: server {cpu['server_cpu']:.2f} ms, the jails {cpu['jails_cpu']:.2f} ms "
+                    f"and their stages {cpu['stages_cpu']:.2f} ms, the mock model {cpu['mock_cpu']:.2f} ms, "
+                    f"this bench {cpu['own_cpu']:.2f} ms, the rest (the kernel's own work, other programs) "
+                    f"{rest:.2f} ms; the whole machine {cpu['machine_cpu']:.2f} ms "
+                    f"(idle {100 * float(r['machine_idle']):.0f} % of the turn)"  # type: ignore[arg-type]
                 )
             server_pss = pss_kib([s.pid()]) - base_pss
             jails_pss = pss_kib(r["jail_pids"])  # type: ignore[arg-type]

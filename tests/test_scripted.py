@@ -2,7 +2,7 @@
 
 import pytest
 
-from ollie.backends.scripted import ScriptedBackend
+from ollie.backends.scripted import ScriptedBackend, ScriptError
 from ollie.types import ConfigError, Done, GenerationParams, Message
 
 
@@ -36,3 +36,27 @@ def test_an_empty_script_is_a_script_not_a_file_named_after_the_model():
     assert backend.model == "scripted"
     with pytest.raises(ConfigError, match="give a script"):
         ScriptedBackend.from_options(model=None, script=None)
+
+
+async def test_a_scripted_backend_built_in_a_test_drives_a_session_and_is_checked_afterwards(tmp_path):
+    """The README's "Testing your own agents": the backend built in the test is the session's, so
+    the test can see what its script was asked (a name alone made a backend the test never held)."""
+    from ollie import open_session
+
+    (tmp_path / "README.md").write_text("hi\n")
+    (tmp_path / "main.py").write_text("")
+    backend = ScriptedBackend(
+        [
+            {"tool_calls": [{"name": "execute_code", "arguments": {"steps": [{"code": "ls"}]}}]},
+            {"text": "Two files.", "expect": "README.md"},
+            {"text": "never asked"},
+        ]
+    )
+    async with open_session(backend=backend, cwd=str(tmp_path)) as core:
+        assert core.backend is backend
+        await core.submit("what is here?")
+        assert core.reply == "Two files."
+        with pytest.raises(ScriptError, match="never asked"):
+            backend.assert_consumed()  # the third turn was never requested
+    with pytest.raises(ConfigError, match="no model or script"):
+        await open_session(backend=ScriptedBackend([]), model="other", cwd=str(tmp_path))

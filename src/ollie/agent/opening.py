@@ -17,6 +17,7 @@ from .env import build_agent_env
 from .session import SessionStore
 
 if TYPE_CHECKING:
+    from ..backends import Backend
     from ..config import AgentConfig
     from ..plans import PlanBackend
     from ..tools import Server
@@ -26,7 +27,7 @@ def open_session(
     *,
     agent: str | AgentConfig | None = None,
     cwd: str | None = None,
-    backend: str | None = None,
+    backend: str | Backend | None = None,
     model: str | None = None,
     session_id: str | None = None,
     servers: Mapping[str, Callable[[], Server]] | None = None,
@@ -43,7 +44,9 @@ def open_session(
 
     A new session, or the stored one `session_id` names (its agent, backend, model and cwd are
     restored unless given here). `agent` is the name of an agent config (`agents/<name>.json`) or
-    an `AgentConfig` built in code. Every session has the sandboxed `execute_code` tool; `servers`
+    an `AgentConfig` built in code. `backend` is a registered backend's name, or a backend you
+    built (a `ScriptedBackend` in a test, which you can then `assert_consumed()`), used as it is:
+    the session closes it. Every session has the sandboxed `execute_code` tool; `servers`
     adds tool servers of your own, each given as a function that builds a fresh one (an agent
     switch closes them and builds new ones). `script` (a list of turns, or a file) is for the
     scripted backend. `on_event` is subscribed before the start-up notices (e.g. an MCP server
@@ -98,7 +101,7 @@ async def _open(
     *,
     agent: str | AgentConfig | None,
     cwd: str | None,
-    backend: str | None,
+    backend: str | Backend | None,
     model: str | None,
     session_id: str | None,
     servers: Mapping[str, Callable[[], Server]],
@@ -111,6 +114,9 @@ async def _open(
     tree_cwd: str,
 ) -> Core:
 
+    built = None if backend is None or isinstance(backend, str) else backend
+    if built is not None and (model or script is not None):
+        raise ConfigError("a backend given built takes no model or script here: give them to it when you build it")
     if "execute" in servers:
         raise ConfigError("the tool server name 'execute' is ollie's own (the sandboxed execute_code); choose another")
     meta = None
@@ -136,13 +142,14 @@ async def _open(
         cwd = meta.cwd if meta and meta.cwd else os.getcwd()
     if not os.path.isdir(cwd):
         raise ConfigError(f"cwd {cwd!r} is not a directory")
-    name = backend or (meta.backend if meta and not script else None) or cfg.backend or backends.default_name()
+    asked = backend if isinstance(backend, str) else built.name if built else None
+    name = asked or (meta.backend if meta and not script else None) or cfg.backend or backends.default_name()
     # A model is another backend's name for it: one stored or configured for another backend is not asked for.
     stored = meta.model if meta and name == meta.backend else None
     configured = cfg.model if cfg.backend in ("", name) else None
     model = model or stored or configured or os.environ.get("OLLIE_MODEL")
     options = {"script": script} if script is not None else {}
-    be = backends.create(name, model or None, **options)
+    be = built if built is not None else backends.create(name, model or None, **options)
     new_dispatcher = dispatcher_factory({"execute": execute.factory(cwd, view), **servers})
     env = await build_agent_env(cfg, new_dispatcher(), cwd, tuple(p for p in (cwd, tree_cwd) if p))
     core = Core(
