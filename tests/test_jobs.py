@@ -172,6 +172,31 @@ def test_b_q_waits_and_b_sched_returns_at_once(jobs):
     assert refused.returncode == 2 and "b/job: no agent 'nosuch'" in refused.stderr, refused.stderr
 
 
+def test_b_job_without_a_cwd_works_where_it_is_run_from(jobs, tmp_path):
+    """`cd ~/proj && $OLLIE/b/q "review main.py"` reviews ~/proj, not the server's start directory;
+    run on the mount (the README's tour), or with `cwd=` alone, the job works in the server's."""
+    proj = tmp_path / "proj"
+    proj.mkdir()
+    sched = ["sh", str(jobs.b / "sched"), "agent=brief", "hi"]
+    out = subprocess.run(sched, cwd=proj, env=jobs.srv.env, capture_output=True, text=True, timeout=30, check=True)
+    [jid] = out.stdout.split()
+    assert f"cwd={proj.resolve()}\n" in (jobs.b / jid / "spec").read_text()
+    assert jobs.wait(jid) == "done"
+    out = subprocess.run([*sched[:2], "cwd=", *sched[2:]], cwd=proj, env=jobs.srv.env, capture_output=True, text=True)
+    [jid] = out.stdout.split()
+    assert "cwd=\n" in (jobs.b / jid / "spec").read_text()
+    [jid] = jobs.srv.sh("b/sched agent=brief hi").stdout.split()
+    assert "cwd" not in (jobs.b / jid / "spec").read_text()
+
+
+def test_u_optimize_judges_on_the_backend_and_model_it_was_given(jobs, tmp_path):
+    """`backend=` and `model=` are the judge's too: it ran on the default agent's backend."""
+    script = tmp_path / "turns.json"
+    script.write_text(json.dumps([{"text": "2\nShorter."}]))  # each job's session reads it from its start
+    out = jobs.srv.sh(f"u/optimize -n 2 backend=scripted model={script} name the thing")
+    assert out.stdout == "candidate 2 of 2:\n2\nShorter.\n\nwhy: Shorter.\n", out.stderr
+
+
 def test_u_optimize_has_a_judge_pick_a_candidate(jobs):
     jobs.srv.agent("judge", [{"match": "Candidate 3", "text": "2\nIt is the clearest."}])
     out = jobs.srv.sh("OPTIMIZE_JUDGE_AGENT=judge u/optimize -n 3 agent=worker name the thing")
