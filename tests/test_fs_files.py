@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import re
 import signal
 import subprocess
 import time
@@ -194,6 +195,31 @@ def test_a_refused_ctl_command_says_why_when_the_same_open_file_is_read(fs_serve
             os.write(fd, b"new agent=nosuch\n")
         assert refused.value.errno == errno.EINVAL
         assert os.pread(fd, 4096, 0).decode().startswith("error: no agent 'nosuch'")
+    finally:
+        os.close(fd)
+
+
+def test_a_shell_reads_the_new_id_back_where_its_write_ended(fs_server):
+    """`exec 3<>ctl; echo new … >&3; read -r id <&3` (ctl, s/new, b/new): a shell cannot seek, and
+    its read comes at the offset its write left (it read nothing there); from the start still works."""
+    work = fs_server.work
+    script = f"""
+    exec 3<> ctl; echo "new cwd={work} name=by-ctl" >&3; read -r id <&3; echo "ctl $id"; exec 3>&-
+    exec 3<> s/new; printf 'cwd={work}\nname=by-new\n' >&3; read -r id <&3; echo "new $id"; exec 3>&-
+    exec 3<> b/new; printf 'name=by-job\n---\nhi\n' >&3; read -r id <&3; echo "job $id"; exec 3>&-
+    exec 3<> ctl; echo "new agent=nosuch" >&3 2>/dev/null; read -r why <&3; echo "refused $why"
+    """
+    out = fs_server.sh(script).stdout.splitlines()
+    ids = {line.split()[0]: line.split()[1] for line in out if not line.startswith("refused")}
+    assert ids == {"ctl": "by-ctl", "new": "by-new", "job": "by-job-0"}, out  # a named session's id is its name
+    assert (fs_server.mnt / "s" / "by-ctl" / "cfg").exists() and (fs_server.mnt / "s" / "by-new" / "cfg").exists()
+    assert out[-1].startswith("refused error: no agent 'nosuch'"), out
+    fd = os.open(fs_server.mnt / "ctl", os.O_RDWR)
+    try:  # the same answer from the start, and nothing past it
+        os.write(fd, f"new cwd={work}\n".encode())
+        answer = os.pread(fd, 4096, 0)
+        assert re.fullmatch(rb"\d+-[0-9a-f]{6}\n", answer) and os.read(fd, 4096) == answer
+        assert os.read(fd, 4096) == b""
     finally:
         os.close(fd)
 

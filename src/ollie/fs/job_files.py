@@ -73,6 +73,7 @@ class NewJobHandle(OnCloseHandle):
         except FsError as e:
             self._refuse(e)
             raise
+        self._wrote(offset, n)
         return n
 
     def _refuse(self, e: FsError) -> None:
@@ -80,9 +81,9 @@ class NewJobHandle(OnCloseHandle):
         self.clear()
 
     async def read(self, offset: int, count: int) -> bytes:
-        if offset == 0:
+        if offset in (0, self._written_to):  # the start of the answer, maybe: make the jobs first
             await self.flush()
-        return await super().read(offset, count)
+        return await self._read_answer(offset, count)
 
     async def _make(self, text: str) -> None:
         try:

@@ -120,11 +120,12 @@ class NewHandle(SnapshotHandle):
         for line in lines:
             self._take(line)
         self._dirty = True
+        self._wrote(offset, len(data))
         return len(data)
 
     async def read(self, offset: int, count: int) -> bytes:
         await self.flush()  # written and not yet closed: create now, so the id can be read back
-        return await super().read(offset, count)
+        return await self._read_answer(offset, count)
 
     def _take(self, raw: bytes) -> None:
         spec = parse_kv(raw.decode(errors="replace"))

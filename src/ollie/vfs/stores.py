@@ -132,11 +132,28 @@ class SnapshotHandle(Handle):
     def __init__(self, get: Getter):
         self._get = get
         self._data = b""
+        # A file that answers its writes: where the last write ended, where the answer being
+        # read starts (0, or there), and where the last read ended (a read there goes on).
+        self._written_to = self._answer_at = 0
+        self._read_to = -1
 
     async def read(self, offset: int, count: int) -> bytes:
         if offset == 0:
             self._data = (await _value(self._get)).encode()
         return self._data[offset : offset + count]
+
+    def _wrote(self, offset: int, size: int) -> None:
+        self._written_to, self._read_to = offset + size, -1
+
+    async def _read_answer(self, offset: int, count: int) -> bytes:
+        """For a file that answers what is written to it (ctl, new): the answer starts at 0, and
+        also where the last write ended, where the writer's own offset is (a shell's `read id
+        <&3` after `echo new … >&3` cannot seek); a read where the last one ended goes on."""
+        if offset != self._read_to:
+            self._answer_at = self._written_to if offset and offset == self._written_to else 0
+        data = await SnapshotHandle.read(self, offset - self._answer_at if offset >= self._answer_at else offset, count)
+        self._read_to = offset + len(data)
+        return data
 
 
 class TextFile(File):
@@ -219,7 +236,11 @@ class CtlHandle(SnapshotHandle):
     async def write(self, offset: int, data: bytes) -> int:
         for line in self._lines.feed(data):
             await self._run(line, tell=True)
+        self._wrote(offset, len(data))
         return len(data)
+
+    async def read(self, offset: int, count: int) -> bytes:
+        return await self._read_answer(offset, count)
 
     async def flush(self) -> None:
         await self._run(self._lines.rest())  # at a close: nobody reads a refusal back
