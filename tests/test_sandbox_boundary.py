@@ -949,7 +949,7 @@ def test_a_toolchains_tree_ollie_may_not_look_in_is_masked_where_there_is_a_file
     look = "from ollie.sandbox import load_policy; p = load_policy('default', '/', ''); print(p.unlisted, p.masked)"
     without_override = ["setpriv", "--inh-caps=-all", "--bounding-set=-dac_override,-dac_read_search"]
     as_user = without_override if os.getuid() == 0 else []
-    for locked, unjudged in ((versions, f"('{versions}/*/etc/npmrc',"), (npmrc.parent, f"() ('{npmrc}',")):
+    for locked, unjudged in ((versions, f"(('{versions}', '*', 'etc/npmrc'),"), (npmrc.parent, f"() ('{npmrc}',")):
         locked.chmod(0o111 if locked == versions else 0)
         try:
             out = subprocess.run([*as_user, sys.executable, "-c", look], capture_output=True, text=True, check=True)
@@ -1086,6 +1086,56 @@ def test_a_configuration_far_down_a_chain_of_links_or_on_ollies_mount_is_not_jud
     assert masked == {}
 
 
+def test_a_version_linked_out_of_its_directory_of_versions_is_not_judged(tmp_path):
+    """Code that may write the tree could link a version itself (not its npmrc) anywhere: to
+    another project's directory, for ollie's mask to say whether the npmrc there holds a secret;
+    down a chain of thousands of directories, or past PATH_MAX, for as many pins in every jail, or
+    a path no jail can mask (which failed every session's calls). What a glob matches is judged in
+    its own entry of the glob's directory, no deeper than _MASK_DEPTH nor longer than PATH_MAX."""
+    token = f"//registry.npmjs.org/:_authToken={NPM_TOKEN}\n"
+    versions = tmp_path / "versions"
+    (versions / "v1" / "etc").mkdir(parents=True)
+    (versions / "v1" / "etc" / "npmrc").write_text(token)
+    other = tmp_path.joinpath("other", *["d"] * 60)
+    (other / "etc").mkdir(parents=True)
+    (other / "etc" / "npmrc").write_text(token)
+    (versions / "v2").symlink_to(other)
+    (versions / "v3").symlink_to(tmp_path / "other")  # (its npmrc not there: nothing to judge either)
+    masked: dict = {}
+    sandbox.policy._judged_in(f"{versions}/*/etc/npmrc", {}, masked, {})
+    assert list(masked) == [f"{versions}/v1/etc/npmrc"]
+    deep = tmp_path.joinpath(*["d"] * 50)  # a tree whose own real path is that deep
+    (deep / "v1" / "etc").mkdir(parents=True)
+    (deep / "v1" / "etc" / "npmrc").write_text(token)
+    name, half = "n" * 250, "/".join(["n" * 250] * 9)
+    (tmp_path / half).mkdir(parents=True)  # a tree whose real path is past PATH_MAX, by two links
+    (tmp_path / "long").symlink_to(half)
+    subprocess.run(["mkdir", "-p", half[: -len(name) - 1]], cwd=tmp_path / half, check=True)
+    (tmp_path / "long" / "on").symlink_to(half[: -len(name) - 1])
+    (tmp_path / "long" / "on" / "v1" / "etc").mkdir(parents=True)
+    (tmp_path / "long" / "on" / "v1" / "etc" / "npmrc").write_text(token)
+    for where in (deep, tmp_path / "long" / "on"):
+        masked.clear()
+        sandbox.policy._judged_in(f"{where}/*/etc/npmrc", {}, masked, {})
+        assert masked == {}, where
+
+
+def test_a_configuration_is_judged_as_it_was_looked_at_not_as_its_path_leads_now(tmp_path):
+    """A link swapped in between the look and the judging (to a file code may not read) would
+    have ollie judge that file, and its mask tell whether it holds a secret: the file judged is
+    the one the look's descriptor holds."""
+    looked, private = tmp_path / "npmrc", tmp_path / "private"
+    looked.write_text("registry=https://registry.npmjs.org/\n")
+    private.write_text("password = hunter2\n")
+    at = os.open(looked, os.O_PATH)
+    try:
+        looked.unlink()
+        looked.symlink_to(private)
+        assert userconfig.secret_free(str(looked), at) and not userconfig.secret_free(str(looked))
+    finally:
+        os.close(at)
+
+
 def test_every_glob_of_the_configurations_in_trees_is_one_directorys():
     """The jail and the policy split a template at its one glob (a directory, a glob in the next,
     what follows): a template with a glob elsewhere would be taken as a literal path."""
@@ -1126,17 +1176,18 @@ async def test_a_masked_configuration_cannot_be_reached_around_its_mask(home, tm
 
 async def test_the_jail_masks_only_files_reached_without_a_link(home, tmp_path):
     """The jail's own checks: a path to mask with a symlink on it now (planted since ollie judged
-    the file), one that is gone, one in a hidden directory or on ollie's own mount, and one whose
-    name holds a glob's star are passed over (the next look judges what is there), never the file
-    a link leads to masked; a pattern's matches (of a directory ollie could not list) are masked,
-    the rest of the tree read as it is; and the stage runs."""
+    the file), one that is gone, one in a hidden directory or on ollie's own mount, one whose name
+    holds a glob's star and a directory are passed over (the next look judges
+    what is there), never the file a link leads to masked; a pattern's matches (of a directory
+    ollie could not list, whose real path holds a star of its own) are masked, the rest of the tree
+    read as it is; and the stage runs."""
     real = home / "real"
     real.mkdir()
     (real / "npmrc").write_text(f"//registry.npmjs.org/:_authToken={NPM_TOKEN}\n")
     (home / "link").symlink_to(real)
     (home / "x*y").mkdir()
     (home / "x*y" / "npmrc").symlink_to("../x*y/npmrc")  # (a loop through a starred name)
-    etc = home / ".nvm" / "versions" / "node" / "v1" / "etc"  # (a tree the policy grants)
+    etc = home / ".nvm" / "versions" / "n*de" / "v1" / "etc"  # (a tree the policy grants; a star of its own)
     etc.mkdir(parents=True)
     (etc / "npmrc").write_text("registry=https://registry.npmjs.org/\n")  # (no secret: judged, it is read)
     (etc / "beside").write_text("beside\n")
@@ -1148,8 +1199,13 @@ async def test_the_jail_masks_only_files_reached_without_a_link(home, tmp_path):
         f"{os.environ['OLLIE_CFG_PATH']}/nothing",
         f"{sandbox.config.mount_point()}/m/npmrc",
         str(home / "x*y/npmrc"),
+        str(real),  # (a directory: one swapped in since)
     ]
-    spec = {**box.confinement.spec, "mask": passed_over, "mask_matches": [f"{home}/.nvm/versions/node/*/etc/npmrc"]}
+    spec = {
+        **box.confinement.spec,
+        "mask": passed_over,
+        "mask_matches": [[f"{home}/.nvm/versions/n*de", "*", "etc/npmrc"]],
+    }
     code = f"grep -c '{real}/npmrc' /proc/self/mountinfo; cat {etc}/npmrc {etc}/beside"
     try:
         jail = await jails.get(box.policy)

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from ..config import AgentConfig
     from ..plans import PlanBackend
     from ..tools import Server
+    from .session import SessionMeta
 
 
 def open_session(
@@ -114,8 +115,7 @@ async def _open(
     tree_cwd: str,
 ) -> Core:
 
-    built = None if backend is None or isinstance(backend, str) else backend
-    if built is not None and (model or script is not None):
+    if not (backend is None or isinstance(backend, str)) and (model or script is not None):
         raise ConfigError("a backend given built takes no model or script here: give them to it when you build it")
     if "execute" in servers:
         raise ConfigError("the tool server name 'execute' is ollie's own (the sandboxed execute_code); choose another")
@@ -128,28 +128,8 @@ async def _open(
         cfg = agent
     else:
         cfg = config.load_agent(agent or (meta.agent if meta else None) or "default")
-    # A cwd given now is made real; a stored one is taken as stored (it was real then): were it
-    # resolved again, a symlink put in its place since would move the session where the link points.
-    # A sub-agent's is resolved beneath where it must stay, once: what was checked is what is kept.
-    if cwd_within:
-        try:
-            cwd = sandbox.directory_within(cwd or cwd_within, cwd_within)
-        except sandbox.SandboxError as e:
-            raise ConfigError(f"cwd: {e}") from None
-    elif cwd:
-        cwd = os.path.realpath(os.path.expanduser(cwd))
-    else:
-        cwd = meta.cwd if meta and meta.cwd else os.getcwd()
-    if not os.path.isdir(cwd):
-        raise ConfigError(f"cwd {cwd!r} is not a directory")
-    asked = backend if isinstance(backend, str) else built.name if built else None
-    name = asked or (meta.backend if meta and not script else None) or cfg.backend or backends.default_name()
-    # A model is another backend's name for it: one stored or configured for another backend is not asked for.
-    stored = meta.model if meta and name == meta.backend else None
-    configured = cfg.model if cfg.backend in ("", name) else None
-    model = model or stored or configured or os.environ.get("OLLIE_MODEL")
-    options = {"script": script} if script is not None else {}
-    be = built if built is not None else backends.create(name, model or None, **options)
+    cwd = _cwd(cwd, cwd_within, meta)
+    be = backend if not (backend is None or isinstance(backend, str)) else _backend(backend, model, script, meta, cfg)
     new_dispatcher = dispatcher_factory({"execute": execute.factory(cwd, view), **servers})
     env = await build_agent_env(cfg, new_dispatcher(), cwd, tuple(p for p in (cwd, tree_cwd) if p))
     core = Core(
@@ -173,3 +153,32 @@ async def _open(
     if meta is None or meta.agent != cfg.name:  # a new session, or a stored one under another agent
         await core.spawned()
     return core
+
+
+def _backend(asked: str | None, model: str | None, script: Any, meta: SessionMeta | None, cfg: AgentConfig) -> Backend:
+    """The backend by name: the one asked for, else the stored session's, the agent's, the default."""
+    name = asked or (meta.backend if meta and not script else None) or cfg.backend or backends.default_name()
+    # A model is another backend's name for it: one stored or configured for another backend is not asked for.
+    stored = meta.model if meta and name == meta.backend else None
+    configured = cfg.model if cfg.backend in ("", name) else None
+    model = model or stored or configured or os.environ.get("OLLIE_MODEL")
+    options = {"script": script} if script is not None else {}
+    return backends.create(name, model or None, **options)
+
+
+def _cwd(cwd: str | None, cwd_within: str, meta: SessionMeta | None) -> str:
+    """A cwd given now, made real; a stored one as stored (it was real then: were it resolved again,
+    a symlink put in its place since would move the session where the link points); a sub-agent's
+    resolved beneath where it must stay, once: what was checked is what is kept."""
+    if cwd_within:
+        try:
+            cwd = sandbox.directory_within(cwd or cwd_within, cwd_within)
+        except sandbox.SandboxError as e:
+            raise ConfigError(f"cwd: {e}") from None
+    elif cwd:
+        cwd = os.path.realpath(os.path.expanduser(cwd))
+    else:
+        cwd = meta.cwd if meta and meta.cwd else os.getcwd()
+    if not os.path.isdir(cwd):
+        raise ConfigError(f"cwd {cwd!r} is not a directory")
+    return cwd

@@ -196,6 +196,8 @@ PRIVATE_TMPFS = ("/tmp", "/dev/shm")
 OWN_MOUNTS = ("/proc", "/dev/pts", "/dev/ptmx")  # mounted anew in the jail: not the host's files
 # Opening a grant's file on the host: it is gone, or reached through a symlink, since ollie decided it.
 GRANT_CHANGED = (errno.ELOOP, errno.ENOENT, errno.ENOTDIR)
+# A file to mask: as a grant's, or out of reach (a directory locked, a path past PATH_MAX).
+MASK_CHANGED = (*GRANT_CHANGED, errno.EACCES, errno.ENAMETOOLONG)
 
 
 class GrantChanged(OSError):
@@ -346,22 +348,17 @@ class Mounts:
         no longer is (the host renamed another file over it, which took the mounts on it along; a
         later grant bound the host's file there). Passed over where it leads to no file now, or
         through a symlink (the next look judges what is there), or out of sight."""
+        if self._out_of_sight(path):
+            return
         try:
-            with opened(path) as target:
-                if not stat.S_ISREG(os.fstat(target).st_mode) or self._out_of_sight(path):
-                    return
             self._mask(path, "/")
         except OSError as e:
-            if e.errno not in (*GRANT_CHANGED, errno.EACCES):
+            if e.errno not in MASK_CHANGED:
                 raise
 
-    def mask_matches(self, pattern):
-        """Mask each file `pattern` (a glob in one of its directories) matches here: ollie could not
-        list that directory, the jail's root, which overrides modes in its namespace, can."""
-        split = re.match(r"(/.*?)/([^/]*\*[^/]*)/(.*)", pattern)
-        if split is None:
-            return
-        where, glob_part, rest = split.groups()
+    def mask_matches(self, where, glob_part, rest):
+        """Mask `rest` in each entry of `where` that `glob_part` matches: ollie could not list that
+        directory, the jail's root, which overrides modes in its namespace, can."""
         try:
             with os.scandir(where) as entries:
                 names = [e.name for e in entries if fnmatch.fnmatchcase(e.name, glob_part)]
@@ -387,8 +384,11 @@ class Mounts:
             if not stat.S_ISCHR(st.st_mode) or st.st_rdev != os.makedev(1, 3):
                 raise OSError(errno.EINVAL, "/dev/null is not the null device")
             with opened(path) as target:  # (after the pins, which cover the file's first mount)
-                if stat.S_ISCHR(os.fstat(target).st_mode):
+                mode = os.fstat(target).st_mode
+                if stat.S_ISCHR(mode):
                     return  # masked still
+                if not stat.S_ISREG(mode):  # swapped for another kind since: the next look judges it
+                    return
                 attach(null, target, MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NOEXEC, 0, whole=False)
         finally:
             os.close(null)
@@ -416,7 +416,7 @@ class Mounts:
                 try:
                     self._mask(masked, path)
                 except OSError as e:
-                    if e.errno not in GRANT_CHANGED:  # (else gone from the host, or a link: nothing to mask)
+                    if e.errno not in MASK_CHANGED:  # (else gone from the host, or a link: nothing to mask)
                         raise
 
     def _keep_read_only(self, path):
@@ -980,8 +980,8 @@ def make_channel(fds, mounts, view_rights):
             mounts.expose(*grant)
         for path in spec.get("mask", ()):
             mounts.mask(path)
-        for pattern in spec.get("mask_matches", ()):
-            mounts.mask_matches(pattern)
+        for where, glob_part, rest in spec.get("mask_matches", ()):
+            mounts.mask_matches(where, glob_part, rest)
         if ruleset >= 0:
             view = [[mounts.view_root, view_rights]] if mounts.view else []
             add_rules(ruleset, spec["jail_rules"] + view)

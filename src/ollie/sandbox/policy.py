@@ -224,10 +224,11 @@ class Policy:
     copies: tuple[userconfig.Copy, ...]  # tools' configurations given as copies of what was judged
     # the paths looked at for the configurations in the trees it grants (`userconfig.IN_TREES`),
     # each as it was before it was judged (`tree_state`), the real paths a jail masks, and the
-    # patterns whose matches it masks (of a directory ollie could not list)
+    # patterns whose matches it masks (of a directory ollie could not list: its real path, the
+    # glob of its entries, the file's path in each)
     in_trees: tuple[tuple[str, Decided], ...]
     masked: tuple[str, ...]
-    unlisted: tuple[str, ...]
+    unlisted: tuple[tuple[str, str, str], ...]
     linked: tuple[str, ...]  # the cwd's installs hard-linked from a shared store (`linked_installs`): read-only
     shared: tuple[str, ...]  # granted writable to every session (the memory, the plans): no symlinks there
     own: frozenset[str]  # ollie's own grants (tools, scratch, memory, plans): shown from under its hidden directories
@@ -502,14 +503,13 @@ def _expand_paths(entries: list[str], values: dict[str, str], where: str) -> tup
 # Listed and judged again after so many seconds, or once the look at the running sandboxes' paths
 # has run (`forget_trees`): every session's start reads the policy, 500 at once. Every sandbox
 # built meanwhile holds the same tuple, which the look looks at once.
-_IN_TREES: dict[tuple[str, ...], tuple[float, tuple[tuple[str, Decided], ...], tuple[str, ...], tuple[str, ...]]] = {}
+_Listing = tuple[tuple[tuple[str, Decided], ...], tuple[str, ...], tuple[tuple[str, str, str], ...]]
+_IN_TREES: dict[tuple[str, ...], tuple[float, _Listing]] = {}
 _IN_TREES_KEPT = 5.0
 _forgotten = 0  # how many times `forget_trees` ran: a listing begun before one is not kept
 
 
-def _in_trees(
-    values: dict[str, str],
-) -> tuple[tuple[tuple[str, Decided], ...], tuple[str, ...], tuple[str, ...]]:
+def _in_trees(values: dict[str, str]) -> _Listing:
     """The paths `userconfig.IN_TREES` lead to, each as it was before it was judged; the real
     paths a jail masks; and the patterns whose matches it masks (`_judged_in`)."""
     patterns = _expand_paths(list(userconfig.IN_TREES), values, "the configurations in the trees")
@@ -518,25 +518,29 @@ def _in_trees(
     if known is None or now - known[0] >= _IN_TREES_KEPT:
         watched: dict[str, Decided] = {}
         masked: dict[str, None] = {}
-        unlisted: dict[str, None] = {}
+        unlisted: dict[tuple[str, str, str], None] = {}
         for pattern in patterns:
             _judged_in(pattern, watched, masked, unlisted)
-        known = (now, tuple(watched.items()), tuple(masked), tuple(unlisted))
+        known = (now, (tuple(watched.items()), tuple(masked), tuple(unlisted)))
         if forgotten == _forgotten:
             if len(_IN_TREES) >= 64:  # ($HOMEs of a test suite's, one each)
                 _IN_TREES.clear()
             _IN_TREES[patterns] = known
-    return known[1], known[2], known[3]
+    return known[1]
 
 
-def _judged_in(pattern: str, watched: dict[str, Decided], masked: dict[str, None], unlisted: dict[str, None]) -> None:
+def _judged_in(
+    pattern: str, watched: dict[str, Decided], masked: dict[str, None], unlisted: dict[tuple[str, str, str], None]
+) -> None:
     """`pattern`'s files (a glob in one of its directories: its file in each directory the glob
     matches, there or not, so that one made later, `npm config set -g`, is seen by the next look),
     each noted in `watched` as it was before it was judged, with the glob's directory (a version
     installed later); the real paths of those holding a secret, and of those ollie may not look at
     (a directory of mode 000: the jail, whose root overrides modes in its namespace, can), added
-    to `masked`; a glob's directory ollie cannot list, as the pattern, to `unlisted`, for the jail
-    to mask what it matches. A file judged is one `_kept_in` its tree."""
+    to `masked`; a glob's directory ollie cannot list, by its real path, with the glob and the
+    file's path in each entry, to `unlisted`, for the jail to mask what it matches (a string would
+    be split again at the first star, which the real path may hold). A file is judged by the
+    descriptor its path was looked at through, and only if it is `_kept_in` its tree."""
     where, glob_part, rest = _GLOB.match(pattern).groups()  # type: ignore[union-attr]
     if glob_part:
         watched[where] = tree_state(where)
@@ -546,52 +550,66 @@ def _judged_in(pattern: str, watched: dict[str, Decided], masked: dict[str, None
         except (FileNotFoundError, NotADirectoryError):
             return
         except OSError:
-            unlisted[f"{os.path.realpath(where)}/{glob_part}/{rest}"] = None
+            unlisted[(os.path.realpath(where), glob_part, rest)] = None
             return
-        found = [(f"{where}/{name}/{rest}", f"{where}/{name}", rest.count("/") + 2) for name in names]
+        # each in its own entry of the glob's directory (a version linked elsewhere is not one)
+        top = os.path.realpath(where)
+        found = [(f"{where}/{name}/{rest}", f"{top}/{name}/", rest.count("/") + 2) for name in names]
     else:
-        found = [(pattern, os.path.dirname(pattern), 2)]
-    for path, tree, depth in found:
+        found = [(pattern, os.path.realpath(os.path.dirname(pattern)) + "/", 2)]
+    for path, inside, depth in found:
         try:
-            st = os.stat(path)
+            at = os.open(path, os.O_PATH | os.O_CLOEXEC)
         except OSError as e:
             watched[path] = None
-            if e.errno == errno.EACCES and (real := _kept_in(path, tree, depth)):
+            if e.errno == errno.EACCES and (real := _kept_in(os.path.realpath(path), inside, depth)):
                 masked[real] = None  # not ours to look at
             continue  # missing, or a loop of links: nothing reads it there
-        watched[path] = _state(st)  # before judging
-        # (a regular file here: one that is none when read is not secret-free either)
-        if stat.S_ISREG(st.st_mode) and (real := _kept_in(path, tree, depth)) and not userconfig.secret_free(real):
-            _warn_of_other_names(real)
-            masked[real] = None
+        try:  # what was looked at is what is judged: a link swapped in meanwhile leads nowhere new
+            st = os.fstat(at)
+            watched[path] = _state(st)  # before judging
+            # (a regular file here: one that is none when read is not secret-free either)
+            if not stat.S_ISREG(st.st_mode) or not (
+                real := _kept_in(os.readlink(f"/proc/self/fd/{at}"), inside, depth)
+            ):
+                continue
+            if not userconfig.secret_free(real, at):
+                _warn_of_other_names(at, real)
+                masked[real] = None
+        except OSError:
+            continue
+        finally:
+            os.close(at)
 
 
-def _kept_in(path: str, tree: str, depth: int) -> str:
-    """The real path of `path` if it lies in `tree` (its version's directory, for a glob), at most
-    `depth` levels below it, and not on ollie's own mount; else "". Code that may write the tree (or
-    a project's under /opt) could link the file to any file ollie reads, for ollie to mask it (the
-    shell, a JDK's java), or to learn from the mask what it holds; down a chain of thousands of
-    directories, for as many pins in every jail; or into the server's mount, which a jail hides."""
-    try:
-        real, top = os.path.realpath(path), os.path.realpath(tree)
-    except OSError:  # a link swapped under realpath's feet
+_MASK_DEPTH = 48  # directories above a file judged at most: as many pins in every jail that masks it
+_PATH_MAX = 4096
+
+
+def _kept_in(real: str, inside: str, depth: int) -> str:
+    """`real` (a file's real path) if it lies `inside` its tree (the real path of its version's
+    directory, for a glob: its entry of the glob's directory, not where a link of it leads), at
+    most `depth` levels below, no deeper than _MASK_DEPTH in all, and not on ollie's own mount;
+    else "". Code that may write the
+    tree (or a project's under /opt) could link the file, or a version, to any file ollie reads,
+    for ollie to mask it (the shell, a JDK's java), or to learn from the mask what it holds; down
+    a chain of thousands of directories, for as many pins in every jail; past PATH_MAX, for no jail
+    to mask it by its path; or into the server's mount, which a jail hides."""
+    if not real.startswith(inside) or real.count("/") - inside.count("/") >= depth:
+        return ""
+    if real.count("/") > _MASK_DEPTH or len(os.fsencode(real)) >= _PATH_MAX:
         return ""
     mount = config.mount_point()
-    if not real.startswith(top + "/") or real.count("/") - top.count("/") > depth:
-        return ""
     return "" if real == mount or real.startswith(mount + "/") else real
 
 
 _WARNED: set[tuple[str, int]] = set()  # (path, inode) of the files with other names, told of once
 
 
-def _warn_of_other_names(path: str) -> None:
+def _warn_of_other_names(at: int, path: str) -> None:
     """A file holding a secret with other names (a hard link made while it held none, which edits
-    in place keep): masked here, it is read there, where code may read."""
-    try:
-        st = os.stat(path)
-    except OSError:
-        return
+    in place keep): masked here, it is read there, where code may read. (`at`: the file.)"""
+    st = os.fstat(at)
     if st.st_nlink > 1 and (path, st.st_ino) not in _WARNED:
         _WARNED.add((path, st.st_ino))
         log.warning(

@@ -164,10 +164,11 @@ class Copy(NamedTuple):
 _COPIES: dict[str, tuple[Decided, str]] = {}  # source -> what it was (as `seen`), its copy
 
 
-def secret_free(path: str) -> bool:
+def secret_free(path: str, at: int | None = None) -> bool:
     """Whether `path` is a regular file of at most LIMIT bytes holding no secret (`open_regular`:
-    looked at before it is opened, opened without blocking)."""
-    if (opened := open_regular(path)) is None:
+    looked at before it is opened, opened without blocking); with `at`, a descriptor of it
+    (O_PATH), the file `at` holds, whatever `path` leads to now."""
+    if (opened := open_regular(path if at is None else f"/proc/self/fd/{at}")) is None:
         return False
     fd, st = opened
     with open(fd, "rb") as f:
