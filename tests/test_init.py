@@ -441,3 +441,16 @@ def test_ollie_run_after_an_upgrade_moves_utils_and_your_changes_stay_yours(user
     assert "kept       scripts/u/optimize (changed by you)" in lines
     assert "kept       utils/mine (scripts/u/mine exists; u/ serves that one)" in lines
     assert (cfg / "scripts" / "u" / "optimize").read_text() == "#!/bin/sh\necho my optimize\n"
+
+
+def test_ollie_tools_on_a_fresh_machine_finds_the_default_tool_scripts(user, tmp_path):
+    """`ollie tools call` as a first command: it installs the defaults as `ollie run` does (it said
+    "no tool script 'file_read'", and `--agent developer` "no agent 'developer'")."""
+    env, cfg = user
+    (tmp_path / "a.txt").write_text("hello\n")
+    listed = ollie(env, "tools", "list", "--agent", "developer", cwd=tmp_path)
+    assert listed.returncode == 0 and "execute_code" in listed.stdout, listed.stderr
+    steps = json.dumps({"steps": [{"tool": "file_read", "args": ["a.txt"]}]})
+    called = ollie(env, "tools", "call", "execute_code", steps, cwd=tmp_path)
+    assert called.returncode == 0 and "hello" in called.stdout, called.stdout + called.stderr
+    assert (cfg / "tools" / "file_read").exists()

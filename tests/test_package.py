@@ -84,3 +84,13 @@ def test_local_asked_for_while_another_backend_is_configured_is_named_as_such(mo
     out = run_ollie(WITHOUT_LLAMA_CPP, "models", "--backend", "local")
     assert out.returncode == 1 and "Traceback" not in out.stderr
     assert out.stderr.startswith("ollie: local: the embedded model is not installed (llama-cpp-python is missing).")
+
+
+def test_every_name_the_readme_gives_as_ollies_is_importable_from_ollie():
+    """The README names the package's API (its data `Usage`, `ContextSize`,
+    `Cost`, its errors): each is an attribute of `ollie` (two were only in `ollie.types`)."""
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    named = set(re.findall(r"`ollie\.([A-Za-z_]+)[`(]", readme))
+    named |= set(re.search(r"\(data: ([^)]*)\)", readme).group(1).replace("`", "").split(", "))  # type: ignore[union-attr]
+    missing = [name for name in sorted(named) if not hasattr(ollie, name)]
+    assert {"Usage", "ContextSize", "Cost", "OllieError"} <= named and not missing, missing

@@ -28,6 +28,8 @@ _LAZY = {
     "Event": "ollie.types",
     "ToolCall": "ollie.types",
     "Usage": "ollie.types",
+    "ContextSize": "ollie.types",
+    "Cost": "ollie.types",
     "OllieError": "ollie.types",
     "ConfigError": "ollie.types",
     "Busy": "ollie.types",

@@ -8,7 +8,7 @@ serves them from there, with your own scripts beside them). The u/ scripts went 
 what is there moves to `scripts/u/` (`migrate_utils`). `.installed.json` records the
 sha256 of each file as it was installed: a file that still has it is ollie's, and is updated when the
 package's differs; a file that differs from it was changed by you, and is kept (`--force` replaces it).
-`ollie run` and `ollie srv` call `first_use()`, which runs the install once, quietly.
+`ollie run`, `ollie tools` and `ollie srv` call `first_use()`, which runs the install once, quietly.
 """
 
 from __future__ import annotations

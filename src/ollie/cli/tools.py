@@ -55,6 +55,9 @@ def _call(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace, action: Callable[[argparse.Namespace, Any], Awaitable[int]]) -> int:
     import asyncio
 
+    from .install import first_use
+
+    first_use()  # as `ollie run` does: the default agents and tool scripts on a fresh machine
     return asyncio.run(_with_env(args, action))  # a ConfigError reaches `ollie` main, which prints it
 
 
