@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -84,6 +85,32 @@ def test_sessions_list_show_and_continue(script):
     assert shown.index("first answer") < shown.index("user: follow-up") < shown.index("second answer")
     missing = ollie("sessions", "show", "nosuch")
     assert missing.returncode == 1 and "no stored session 'nosuch'" in missing.stderr
+
+
+def test_sessions_show_finds_a_killed_sessions_transcript(script):
+    """`kill <id>` (or `rm -r s/<id>`) moves a session to transcripts/ for a while: `ollie sessions
+    show` finds it there too (it said "no stored session")."""
+    out = ollie("run", "--backend", "scripted", "--script", script([{"text": "an answer"}]), "a question")
+    sid = out.stderr.split("session: ")[1].split()[0]
+    data = Path(os.environ["OLLIE_DATA_PATH"])
+    (data / "transcripts").mkdir(exist_ok=True)
+    (data / "sessions" / sid).rename(data / "transcripts" / sid)  # as the file server's kill does
+    shown = ollie("sessions", "show", sid)
+    assert shown.returncode == 0 and "assistant: an answer" in shown.stdout, shown.stderr
+    assert f"{sid} was killed" in shown.stderr
+
+
+def test_a_server_that_cannot_be_reached_is_reported_once_on_stderr(monkeypatch):
+    """The chat shows the turn's error, stderr the one-line reason: the context length's own
+    failure to reach the same server said it a third time."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed again: nothing listens there
+    monkeypatch.setenv("OLLIE_OPENAI_URL", f"http://127.0.0.1:{port}")
+    monkeypatch.setenv("OLLIE_OPENAI_KEY", "k")
+    out = ollie("run", "--backend", "openai", "--model", "m", "hi")
+    assert out.returncode == 1 and out.stderr.count("cannot reach") == 1, out.stderr
+    assert out.stderr.splitlines()[-1].startswith("ollie: openai: cannot reach") and "error: " in out.stdout
 
 
 def test_unknown_backend_lists_the_known_ones():
@@ -418,3 +445,11 @@ def test_a_script_turn_that_is_no_object_is_refused_naming_it(script):
         "ollie: scripted backend: turn 2 (index 1) must be an object with keys such as "
         "text and tool_calls, not str 'two'"
     )
+
+
+def test_the_top_help_says_what_ollie_alone_does_and_commands_keep_their_own_usage():
+    """`ollie` alone, or with `--new`, `--resume`, `--session`, `--addr`, is `ollie chat`: the
+    top help listed only COMMAND, so those options were nowhere to be seen."""
+    top = ollie("--help").stdout
+    assert "ollie [--new | --resume | --session ID]" in top and "ollie chat --help" in top, top
+    assert ollie("chat", "--help").stdout.startswith("usage: ollie chat [-h]")

@@ -454,3 +454,15 @@ def test_ollie_tools_on_a_fresh_machine_finds_the_default_tool_scripts(user, tmp
     called = ollie(env, "tools", "call", "execute_code", steps, cwd=tmp_path)
     assert called.returncode == 0 and "hello" in called.stdout, called.stdout + called.stderr
     assert (cfg / "tools" / "file_read").exists()
+
+
+def test_a_command_whose_reader_went_away_ends_quietly(user):
+    """`ollie init | head`, `ollie sessions | head`: a reader that has what it wanted is no error
+    (it printed "ollie: [Errno 32] Broken pipe" and exited 1); 141, as for a program SIGPIPE ended."""
+    env, cfg = user
+    p = subprocess.Popen([*OLLIE, "init"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert p.stdout is not None and p.stderr is not None
+    p.stdout.close()  # gone before the first line
+    err = p.stderr.read().decode()
+    assert p.wait(timeout=60) == 141 and "Broken pipe" not in err, err
+    assert (cfg / ".installed.json").exists()  # the work itself was done

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 from .. import backends, config, telemetry
 from ..tools import CallContext, Dispatcher, Tool
 from ..types import (
+    BackendError,
     ContextSize,
     Cost,
     Event,
@@ -507,7 +508,10 @@ class Core:
             window.length = await self._rt.backend.context_length() or DEFAULT_WINDOW
         except Exception as e:
             window.length = DEFAULT_WINDOW
-            log.warning("context length unknown for %s: %s", self.backend.name, e)
+            # A server that gave no answer at all: the turn's request says so, once, where it is read.
+            unanswered = isinstance(e, BackendError) and e.status is None
+            level = logging.INFO if unanswered else logging.WARNING
+            log.log(level, "context length unknown for %s: %s", self.backend.name, e)
 
     def trace_under(self, parent: Callable[[], object | None]) -> None:
         """Traces: this session's turns become children of what `parent` returns when a turn

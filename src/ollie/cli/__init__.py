@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from typing import TYPE_CHECKING, Any
 
@@ -37,6 +38,9 @@ def main(argv: list[str] | None = None) -> int:
     except OllieError as e:  # the message may quote a server's reply or a file
         _say(f"ollie: {e}")
         return 1
+    except BrokenPipeError:  # `ollie sessions | head`: the reader has what it wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # Python's own flush at exit must not fail
+        return 141  # as a program killed by SIGPIPE, which `ollie run` reports alike
     except OSError as e:  # e.g. a data directory that cannot be created
         _say(f"ollie: {e.filename}: {e.strerror}" if e.filename else f"ollie: {e}")
         return 1
@@ -57,10 +61,13 @@ def build_parser() -> argparse.ArgumentParser:
     from .. import __version__
 
     parser = argparse.ArgumentParser(
-        prog="ollie", description="Agents with a sandboxed execute_code tool, served as files."
+        prog="ollie",
+        usage="ollie [-h] [--version] COMMAND ...\n       ollie [--new | --resume | --session ID] [--addr ADDR] …",
+        description="Agents with a sandboxed execute_code tool, served as files. Without a command (or with "
+        "only the terminal's options), `ollie` is `ollie chat`, the terminal frontend: see `ollie chat --help`.",
     )
     parser.add_argument("--version", action="version", version=f"ollie {__version__}")
-    sub = parser.add_subparsers(metavar="COMMAND")
+    sub = parser.add_subparsers(metavar="COMMAND", prog="ollie")
 
     run = sub.add_parser("run", help="run one prompt and stream the conversation")
     run.add_argument("prompt", help="the prompt, or - to read it from stdin")
@@ -129,6 +136,22 @@ def _stored_session(sid: str) -> SessionStore:
         raise ConfigError(str(e)) from None
     store.load_meta()  # names the session when it does not exist
     return store
+
+
+def _shown_session(sid: str) -> SessionStore:
+    """A stored session's store, or a killed one's while its transcript is kept (`tr/<id>/`)."""
+    from .. import config
+    from ..agent.session import SessionStore
+    from ..types import OllieError
+
+    try:
+        return _stored_session(sid)
+    except OllieError:
+        killed = SessionStore(sid, config.data_path() / "transcripts")
+        if not killed.chat_path.is_file():
+            raise
+        print(f"ollie: {sid} was killed; its transcript:", file=sys.stderr)
+        return killed
 
 
 def _last_session_of(cwd: str | None) -> str:
@@ -304,7 +327,7 @@ def _sessions(args: argparse.Namespace) -> int:
             print("usage: ollie sessions show ID", file=sys.stderr)
             return 2
         # Chat logs are written escaped; those from before that are escaped here.
-        sys.stdout.write(visible(_stored_session(args.id).chat_path.read_text()))
+        sys.stdout.write(visible(_shown_session(args.id).chat_path.read_text()))
         return 0
     for m in list_stored():
         updated = time.strftime("%Y-%m-%d %H:%M", time.localtime(m.updated))
