@@ -24,6 +24,8 @@ as_root() { if [[ $EUID -eq 0 ]]; then "$@"; else sudo "$@"; fi; }
 
 missing=()
 ((want_test)) && APT_PACKAGES+=("${APT_TEST_PACKAGES[@]}")
+# npm for the MCP tests' servers, unless one is installed already (NodeSource's nodejs brings its own).
+((want_test)) && ! command -v npm >/dev/null && APT_PACKAGES+=(nodejs npm)
 for p in "${APT_PACKAGES[@]}"; do dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p"); done
 if ((${#missing[@]})); then
   log "installing system packages: ${missing[*]}"
