@@ -56,6 +56,7 @@ def test_run_into_a_closed_pipe_stops_the_turn_quietly(env, tmp_path):
     assert out.stdout.splitlines()[0] == '{"kind": "state", "text": "thinking"}'
     assert out.stdout.splitlines()[-1] == "status 141"  # as a program killed by SIGPIPE
     assert "Traceback" not in out.stderr and "BrokenPipe" not in out.stderr, out.stderr
+    assert out.stderr.startswith("session: "), out.stderr  # as the README says: always, on stderr
 
 
 def test_continue_picks_the_last_session_of_this_directory(env, tmp_path):

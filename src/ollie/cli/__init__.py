@@ -227,9 +227,9 @@ async def _run_async(args: argparse.Namespace, prompt: str) -> int:
         for sig in stops:
             loop.remove_signal_handler(sig)
         await core.close()
+    print(f"session: {core.session_id}", file=sys.stderr)  # (stderr: there even when stdout's reader left)
     if output.closed:
         return 141  # as a program killed by SIGPIPE: the shell's pipeline status says what happened
-    print(f"session: {core.session_id}", file=sys.stderr)
     if stopped_by:
         what = "interrupted" if stopped_by == signal.SIGINT else f"stopped by {signal.Signals(stopped_by).name}"
         print(f"ollie: {what}; the session is saved (continue with --session {core.session_id})", file=sys.stderr)
@@ -296,8 +296,11 @@ def _keys(args: argparse.Namespace) -> int:
     from .. import keys
 
     if args.action == "list":
-        for key, masked in keys.list_vars():
+        listed = keys.list_vars()
+        for key, masked in listed:
             print(f"{key}={masked}")
+        if not listed:
+            print(f"ollie keys: no keys stored in {keys.env_file()} (ollie keys set PROVIDER)", file=sys.stderr)
         return 0
     var = keys.PROVIDERS.get(args.provider or "")
     if var is None:
