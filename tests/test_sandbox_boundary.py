@@ -1086,7 +1086,7 @@ def test_a_configuration_far_down_a_chain_of_links_or_on_ollies_mount_is_not_jud
     assert masked == {}
 
 
-def test_a_version_linked_out_of_its_directory_of_versions_is_not_judged(tmp_path):
+def test_a_version_linked_out_of_its_directory_of_versions_is_not_judged(tmp_path, caplog):
     """Code that may write the tree could link a version itself (not its npmrc) anywhere: to
     another project's directory, for ollie's mask to say whether the npmrc there holds a secret;
     down a chain of thousands of directories, or past PATH_MAX, for as many pins in every jail, or
@@ -1118,6 +1118,20 @@ def test_a_version_linked_out_of_its_directory_of_versions_is_not_judged(tmp_pat
         masked.clear()
         sandbox.policy._judged_in(f"{where}/*/etc/npmrc", {}, masked, {})
         assert masked == {}, where
+        assert "holds a secret but lies too deep to mask" in caplog.text, where  # said, for the user to act on
+        caplog.clear()
+    # nor a directory ollie may not list that deep (the jail would pin its every ancestor)
+    deep.chmod(0o111)
+    look = (
+        f"from ollie.sandbox import policy; u = {{}}; policy._judged_in('{deep}/*/etc/npmrc', {{}}, {{}}, u); print(u)"
+    )
+    without_override = ["setpriv", "--inh-caps=-all", "--bounding-set=-dac_override,-dac_read_search"]
+    try:
+        out = subprocess.run([*(without_override if os.getuid() == 0 else []), sys.executable, "-c", look],
+                             capture_output=True, text=True, check=True)  # fmt: skip
+    finally:
+        deep.chmod(0o755)
+    assert out.stdout == "{}\n", out.stdout + out.stderr
 
 
 def test_a_configuration_is_judged_as_it_was_looked_at_not_as_its_path_leads_now(tmp_path):

@@ -550,7 +550,9 @@ def _judged_in(
         except (FileNotFoundError, NotADirectoryError):
             return
         except OSError:
-            unlisted[(os.path.realpath(where), glob_part, rest)] = None
+            top = os.path.realpath(where)
+            if _within_caps(f"{top}/{glob_part}/{rest}"):  # (else as many pins in every jail)
+                unlisted[(top, glob_part, rest)] = None
             return
         # each in its own entry of the glob's directory (a version linked elsewhere is not one)
         top = os.path.realpath(where)
@@ -558,28 +560,40 @@ def _judged_in(
     else:
         found = [(pattern, os.path.realpath(os.path.dirname(pattern)) + "/", 2)]
     for path, inside, depth in found:
+        _judge_one(path, inside, depth, watched, masked)
+
+
+def _judge_one(path: str, inside: str, depth: int, watched: dict[str, Decided], masked: dict[str, None]) -> None:
+    """One file of `_judged_in`, judged by the descriptor its path was looked at through."""
+    try:
+        at = os.open(path, os.O_PATH | os.O_CLOEXEC)
+    except OSError as e:
+        watched[path] = None
+        if e.errno == errno.EACCES and (real := _kept_in(os.path.realpath(path), inside, depth)):
+            masked[real] = None  # not ours to look at
+        return  # missing, or a loop of links: nothing reads it there
+    try:  # what was looked at is what is judged: a link swapped in meanwhile leads nowhere new
+        st = os.fstat(at)
+        watched[path] = _state(st)  # before judging
+        # (a regular file here: one that is none when read is not secret-free either)
+        if not stat.S_ISREG(st.st_mode):
+            return
         try:
-            at = os.open(path, os.O_PATH | os.O_CLOEXEC)
-        except OSError as e:
-            watched[path] = None
-            if e.errno == errno.EACCES and (real := _kept_in(os.path.realpath(path), inside, depth)):
-                masked[real] = None  # not ours to look at
-            continue  # missing, or a loop of links: nothing reads it there
-        try:  # what was looked at is what is judged: a link swapped in meanwhile leads nowhere new
-            st = os.fstat(at)
-            watched[path] = _state(st)  # before judging
-            # (a regular file here: one that is none when read is not secret-free either)
-            if not stat.S_ISREG(st.st_mode) or not (
-                real := _kept_in(os.readlink(f"/proc/self/fd/{at}"), inside, depth)
-            ):
-                continue
-            if not userconfig.secret_free(real, at):
-                _warn_of_other_names(at, real)
-                masked[real] = None
-        except OSError:
-            continue
-        finally:
-            os.close(at)
+            real = _kept_in(os.readlink(f"/proc/self/fd/{at}"), inside, depth)
+            masks = _within_caps(real)
+        except OSError:  # a real path past PATH_MAX
+            real, masks = path, False
+        if not real or userconfig.secret_free(real, at):
+            return
+        if not masks:  # (fails open, but says so: was the tree moved there by code?)
+            _warn_once(real, "holds a secret but lies too deep to mask: sandboxed code reads it")
+            return
+        _warn_of_other_names(at, real)
+        masked[real] = None
+    except OSError:
+        return
+    finally:
+        os.close(at)
 
 
 _MASK_DEPTH = 48  # directories above a file judged at most: as many pins in every jail that masks it
@@ -589,21 +603,30 @@ _PATH_MAX = 4096
 def _kept_in(real: str, inside: str, depth: int) -> str:
     """`real` (a file's real path) if it lies `inside` its tree (the real path of its version's
     directory, for a glob: its entry of the glob's directory, not where a link of it leads), at
-    most `depth` levels below, no deeper than _MASK_DEPTH in all, and not on ollie's own mount;
-    else "". Code that may write the
-    tree (or a project's under /opt) could link the file, or a version, to any file ollie reads,
-    for ollie to mask it (the shell, a JDK's java), or to learn from the mask what it holds; down
-    a chain of thousands of directories, for as many pins in every jail; past PATH_MAX, for no jail
-    to mask it by its path; or into the server's mount, which a jail hides."""
+    most `depth` levels below, and not on ollie's own mount; else "". Code that may write the tree
+    (or a project's under /opt) could link the file, or a version, to any file ollie reads, for
+    ollie to mask it (the shell, a JDK's java), or to learn from the mask what it holds; down a
+    chain of thousands of directories, for as many pins in every jail; or into the server's mount,
+    which a jail hides."""
     if not real.startswith(inside) or real.count("/") - inside.count("/") >= depth:
-        return ""
-    if real.count("/") > _MASK_DEPTH or len(os.fsencode(real)) >= _PATH_MAX:
         return ""
     mount = config.mount_point()
     return "" if real == mount or real.startswith(mount + "/") else real
 
 
-_WARNED: set[tuple[str, int]] = set()  # (path, inode) of the files with other names, told of once
+def _within_caps(real: str) -> bool:
+    """Whether a file at `real` can be masked: no deeper than _MASK_DEPTH (as many pins in every
+    jail) and shorter than PATH_MAX (a jail masks by path)."""
+    return real.count("/") <= _MASK_DEPTH and len(os.fsencode(real)) < _PATH_MAX
+
+
+_WARNED: set[tuple[str, int]] = set()  # (path, inode) of the files told of once (0: one too deep to mask)
+
+
+def _warn_once(path: str, what: str) -> None:
+    if (path, 0) not in _WARNED:
+        _WARNED.add((path, 0))
+        log.warning("%s %s", path, what)
 
 
 def _warn_of_other_names(at: int, path: str) -> None:
