@@ -1134,6 +1134,67 @@ def test_a_version_linked_out_of_its_directory_of_versions_is_not_judged(tmp_pat
     assert out.stdout == "{}\n", out.stdout + out.stderr
 
 
+async def test_thousands_of_planted_configurations_hide_their_directory_not_fail_every_jail(
+    run, home, tmp_path, monkeypatch, caplog
+):
+    """Code working in $HOME could plant a token in tens of thousands of versions' npmrc: each a
+    mount or more in every jail, past the kernel's `fs.mount-max` no jail starts. Past
+    MASKS_PER_DIR, the versions' directory is hidden whole, one mount, in this call and the next,
+    and the log says why; up to it, each is masked alone and the tree reads as it is."""
+    monkeypatch.delenv("NVM_DIR", raising=False)
+    npmrc, _ = toolchain_configs(home, f"//registry.npmjs.org/:_authToken={NPM_TOKEN}\n")
+    versions = npmrc.parents[2]
+    for n in range(sandbox.policy.MASKS_PER_DIR - 1):  # (with v22.1.0's, as many as are masked alone)
+        (versions / f"v{n}" / "etc").mkdir(parents=True)
+        (versions / f"v{n}" / "etc" / "npmrc").write_text(npmrc.read_text())
+    code = f"cat {versions}/*/etc/npmrc | wc -c; ls {versions} | wc -l; wc -l < /proc/self/mountinfo"
+    result = await run(code)
+    zero, listed, mounts = result.text().split()
+    assert (zero, listed) == ("0", str(sandbox.policy.MASKS_PER_DIR)), result.text()  # each masked alone
+    counts = []
+    for more in ("v99", "v100"):  # the next look hides the directory; a later ruleset keeps it hidden, once
+        (versions / more / "etc").mkdir(parents=True)
+        (versions / more / "etc" / "npmrc").write_text(npmrc.read_text())
+        monkeypatch.setattr(sandbox, "_next_look", 0.0)  # as RECHECK seconds later
+        result = await run(code)
+        assert result.text().split()[-3:-1] == ["0", "0"], result.text()  # (cat: no such file, before)
+        counts.append(result.text().split()[-1])
+    assert counts[0] == counts[1], counts  # not one more mount a call
+    (tmp_path / "fresh").mkdir()
+    result = await call(tmp_path / "fresh", code, tmp_path)  # a jail that never masked them one by one
+    assert result.text().split()[-3:-1] == ["0", "0"], result.text()
+    assert int(result.text().split()[-1]) < int(mounts) - sandbox.policy.MASKS_PER_DIR, (result.text(), mounts)
+    assert f"{versions} holds {sandbox.policy.MASKS_PER_DIR + 1} configurations with secrets" in caplog.text
+    assert f"{versions} holds {sandbox.policy.MASKS_PER_DIR + 2}" not in caplog.text  # said once
+
+
+async def test_the_jail_hides_a_directory_it_finds_too_many_configurations_in(home, tmp_path):
+    """What ollie could not list, the jail lists: past MASKS_PER_DIR files, it hides the directory
+    whole too (and not the directory's neighbours)."""
+    versions = home / ".nvm" / "versions" / "node"
+    for n in range(sandbox.policy.MASKS_PER_DIR + 1):
+        (versions / f"v{n}" / "etc").mkdir(parents=True)
+        (versions / f"v{n}" / "etc" / "npmrc").write_text("registry=https://registry.npmjs.org/\n")
+    (home / ".nvm" / "beside").write_text("beside\n")
+    boxes, jails = sandbox.Sandboxes(), sandbox.Jails()
+    box = await boxes.get_async("default", str(tmp_path), "")
+    spec = {**box.confinement.spec, "mask_matches": [[str(versions), "*", "etc/npmrc"]]}
+    try:
+        jail = await jails.get(box.policy)
+        read, write = os.pipe()
+        code = f"ls {versions} | wc -l; cat {home}/.nvm/beside"
+        stage = await jail.spawn(
+            dataclasses.replace(box.confinement, spec=spec), ["/bin/sh", "-c", code], str(tmp_path), {},
+            stdin=0, stdout=write, stderr=2,
+        )  # fmt: skip
+        os.close(write)
+        assert await stage.wait() and stage.exited.result() == 0
+        assert os.read(read, 4096) == b"0\nbeside\n"
+        os.close(read)
+    finally:
+        await jails.close()
+
+
 def test_a_configuration_is_judged_as_it_was_looked_at_not_as_its_path_leads_now(tmp_path):
     """A link swapped in between the look and the judging (to a file code may not read) would
     have ollie judge that file, and its mask tell whether it holds a secret: the file judged is

@@ -175,6 +175,7 @@ class Sandbox:
                 # look at): read as /dev/null reads; and the matches of what ollie could not list.
                 "mask": list(policy.masked),
                 "mask_matches": list(policy.unlisted),
+                "mask_dirs": list(policy.masked_dirs),
             },
         )
         self._search_paths: dict[str, str] = {}

@@ -54,7 +54,7 @@ CLONE_NEWNS, CLONE_NEWIPC, CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET = (
     0x20000000,
     0x40000000,
 )
-MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_BIND, MS_REC, MS_PRIVATE = 2, 4, 8, 4096, 16384, 1 << 18
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_BIND, MS_REC, MS_PRIVATE = 1, 2, 4, 8, 4096, 16384, 1 << 18
 PR_SET_NO_NEW_PRIVS, PR_SET_SECCOMP, SECCOMP_MODE_FILTER, PR_SET_CHILD_SUBREAPER, PR_SET_DUMPABLE = 38, 22, 2, 36, 4
 SYS_LANDLOCK_ADD_RULE, SYS_LANDLOCK_RESTRICT_SELF, SYS_CLOSE_RANGE = 445, 446, 436  # the same on every arch
 SYS_OPEN_TREE, SYS_MOVE_MOUNT, SYS_OPENAT2, SYS_MOUNT_SETATTR = 428, 429, 437, 442  # the same on every arch
@@ -198,6 +198,7 @@ OWN_MOUNTS = ("/proc", "/dev/pts", "/dev/ptmx")  # mounted anew in the jail: not
 GRANT_CHANGED = (errno.ELOOP, errno.ENOENT, errno.ENOTDIR)
 # A file to mask: as a grant's, or out of reach (a directory locked, a path past PATH_MAX).
 MASK_CHANGED = (*GRANT_CHANGED, errno.EACCES, errno.ENAMETOOLONG)
+MASKS_PER_DIR = 32  # configurations with secrets masked one by one in a directory of versions; past it, it whole
 
 
 class GrantChanged(OSError):
@@ -222,6 +223,7 @@ class Mounts:
         self.view, self.view_root = "", -1  # the view's mount point, and an O_PATH fd of its root
         self.pinned = set()  # directories bound onto themselves, so that they cannot be renamed
         self.masked = {}  # the files `mask` masked (a dict: ordered, looked up at once)
+        self.masked_dirs = {}  # the directories `mask_dir` hid
         self.own_devices = [0] * len(PRIVATE_TMPFS)  # each private tmpfs's device as made (0: none made)
         for path in [*PRIVATE_TMPFS, *hide]:
             if path not in self.hidden:
@@ -267,6 +269,7 @@ class Mounts:
             "protected": self.protected,
             "servers": self.servers,
             "masked": list(self.masked),
+            "masked_dirs": list(self.masked_dirs),
         }
 
     def descriptors(self):
@@ -282,6 +285,7 @@ class Mounts:
         mounts.view, mounts.view_root = state["view"]
         mounts.pinned = set(state["pinned"])
         mounts.masked = dict.fromkeys(state.get("masked", ()))
+        mounts.masked_dirs = dict.fromkeys(state.get("masked_dirs", ()))
         return mounts
 
     def mount_view(self, path):
@@ -358,14 +362,42 @@ class Mounts:
 
     def mask_matches(self, where, glob_part, rest):
         """Mask `rest` in each entry of `where` that `glob_part` matches: ollie could not list that
-        directory, the jail's root, which overrides modes in its namespace, can."""
+        directory, the jail's root, which overrides modes in its namespace, can. Past MASKS_PER_DIR
+        files, `where` is hidden whole instead (each mask is a mount or more in every jail)."""
         try:
             with os.scandir(where) as entries:
                 names = [e.name for e in entries if fnmatch.fnmatchcase(e.name, glob_part)]
         except OSError:
             return
-        for name in names:
-            self.mask(f"{where}/{name}/{rest}")
+        found = [f"{where}/{name}/{rest}" for name in names if os.path.isfile(f"{where}/{name}/{rest}")]
+        if len(found) > MASKS_PER_DIR:
+            self.mask_dir(where)
+            return
+        for path in found:
+            self.mask(path)
+
+    def mask_dir(self, path):
+        """Hide the directory `path` under an empty read-only tmpfs, in this ruleset and every later
+        one: it holds more configurations with secrets than MASKS_PER_DIR, which code working in
+        $HOME could plant by the thousand to fail every jail at the kernel's limit of mounts."""
+        if self._out_of_sight(path):
+            return
+        try:
+            self._mask_dir(path, "/")
+        except OSError as e:
+            if e.errno not in MASK_CHANGED:
+                raise
+
+    def _mask_dir(self, path, above):
+        self._pin(path, above, again=True)
+        if path in self.masked_dirs and mount_root(path):
+            return  # hidden still
+        with opened(path) as target:
+            if not stat.S_ISDIR(os.fstat(target).st_mode):
+                return  # swapped for another kind since: the next look judges it
+            flags = MS_NOSUID | MS_NODEV | MS_NOEXEC | MS_RDONLY
+            mount("tmpfs", f"/proc/self/fd/{target}", "tmpfs", flags, "size=4096,mode=555")
+        self.masked_dirs[path] = None
 
     def _out_of_sight(self, path):
         """Whether `path` lies in a hidden directory, not shown again from under it, or on a mount
@@ -411,10 +443,13 @@ class Mounts:
                 continue  # hidden again (or bound again, read-only, if shown from under it)
             if writable and (protected == path or protected.startswith(path.rstrip("/") + "/")):
                 self._protect(protected, path)
-        for masked in self.masked:
+        for masked, again in [
+            *((m, self._mask) for m in self.masked),
+            *((d, self._mask_dir) for d in self.masked_dirs),
+        ]:
             if masked.startswith(path.rstrip("/") + "/") and not any(masked.startswith(h + "/") for h in inside):
                 try:
-                    self._mask(masked, path)
+                    again(masked, path)
                 except OSError as e:
                     if e.errno not in MASK_CHANGED:  # (else gone from the host, or a link: nothing to mask)
                         raise
@@ -980,6 +1015,8 @@ def make_channel(fds, mounts, view_rights):
             mounts.expose(*grant)
         for path in spec.get("mask", ()):
             mounts.mask(path)
+        for path in spec.get("mask_dirs", ()):
+            mounts.mask_dir(path)
         for where, glob_part, rest in spec.get("mask_matches", ()):
             mounts.mask_matches(where, glob_part, rest)
         if ruleset >= 0:

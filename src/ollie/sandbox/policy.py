@@ -229,6 +229,9 @@ class Policy:
     in_trees: tuple[tuple[str, Decided], ...]
     masked: tuple[str, ...]
     unlisted: tuple[tuple[str, str, str], ...]
+    masked_dirs: tuple[
+        str, ...
+    ]  # directories of versions hidden whole: more configurations with secrets than a jail masks
     linked: tuple[str, ...]  # the cwd's installs hard-linked from a shared store (`linked_installs`): read-only
     shared: tuple[str, ...]  # granted writable to every session (the memory, the plans): no symlinks there
     own: frozenset[str]  # ollie's own grants (tools, scratch, memory, plans): shown from under its hidden directories
@@ -340,7 +343,7 @@ def load_policy(
         if copy.path != os.devnull:
             paths["ro"] += (os.path.dirname(copy.path),)
             own_paths.append(os.path.dirname(copy.path))
-    in_trees, masked, unlisted = _in_trees(values)
+    in_trees, masked, unlisted, masked_dirs = _in_trees(values)
     net = raw["network"]
     unrestricted = bool(net.get("unrestricted") or net.get("enabled"))  # `enabled`: the Go name
     connect = _ports(net.get("connect_tcp"), "network.connect_tcp")
@@ -355,6 +358,7 @@ def load_policy(
         in_trees=in_trees,
         masked=masked,
         unlisted=unlisted,
+        masked_dirs=masked_dirs,
         linked=linked_installs(cwd) if cwd else (),
         shared=tuple(p for p in extra_rw if os.path.exists(p)),
         own=frozenset([*extra_rox, *extra_ro, *extra_rw, *extra_rwx, *(os.path.normpath(p) for p in own_paths if p)]),
@@ -503,7 +507,7 @@ def _expand_paths(entries: list[str], values: dict[str, str], where: str) -> tup
 # Listed and judged again after so many seconds, or once the look at the running sandboxes' paths
 # has run (`forget_trees`): every session's start reads the policy, 500 at once. Every sandbox
 # built meanwhile holds the same tuple, which the look looks at once.
-_Listing = tuple[tuple[tuple[str, Decided], ...], tuple[str, ...], tuple[tuple[str, str, str], ...]]
+_Listing = tuple[tuple[tuple[str, Decided], ...], tuple[str, ...], tuple[tuple[str, str, str], ...], tuple[str, ...]]
 _IN_TREES: dict[tuple[str, ...], tuple[float, _Listing]] = {}
 _IN_TREES_KEPT = 5.0
 _forgotten = 0  # how many times `forget_trees` ran: a listing begun before one is not kept
@@ -519,9 +523,11 @@ def _in_trees(values: dict[str, str]) -> _Listing:
         watched: dict[str, Decided] = {}
         masked: dict[str, None] = {}
         unlisted: dict[tuple[str, str, str], None] = {}
+        masked_dirs: dict[str, None] = {}
         for pattern in patterns:
-            _judged_in(pattern, watched, masked, unlisted)
-        known = (now, (tuple(watched.items()), tuple(masked), tuple(unlisted)))
+            _judged_in(pattern, watched, masked, unlisted, masked_dirs)
+        masked = {path: None for path in masked if not any(path.startswith(d + "/") for d in masked_dirs)}
+        known = (now, (tuple(watched.items()), tuple(masked), tuple(unlisted), tuple(masked_dirs)))
         if forgotten == _forgotten:
             if len(_IN_TREES) >= 64:  # ($HOMEs of a test suite's, one each)
                 _IN_TREES.clear()
@@ -530,7 +536,11 @@ def _in_trees(values: dict[str, str]) -> _Listing:
 
 
 def _judged_in(
-    pattern: str, watched: dict[str, Decided], masked: dict[str, None], unlisted: dict[tuple[str, str, str], None]
+    pattern: str,
+    watched: dict[str, Decided],
+    masked: dict[str, None],
+    unlisted: dict[tuple[str, str, str], None],
+    masked_dirs: dict[str, None] | None = None,
 ) -> None:
     """`pattern`'s files (a glob in one of its directories: its file in each directory the glob
     matches, there or not, so that one made later, `npm config set -g`, is seen by the next look),
@@ -540,7 +550,9 @@ def _judged_in(
     to `masked`; a glob's directory ollie cannot list, by its real path, with the glob and the
     file's path in each entry, to `unlisted`, for the jail to mask what it matches (a string would
     be split again at the first star, which the real path may hold). A file is judged by the
-    descriptor its path was looked at through, and only if it is `_kept_in` its tree."""
+    descriptor its path was looked at through, and only if it is `_kept_in` its tree. Past
+    MASKS_PER_DIR of a glob's files to mask, its directory goes to `masked_dirs`, for the jail to
+    hide whole: code working in $HOME could plant thousands, each a mount or more in every jail."""
     where, glob_part, rest = _GLOB.match(pattern).groups()  # type: ignore[union-attr]
     if glob_part:
         watched[where] = tree_state(where)
@@ -558,9 +570,16 @@ def _judged_in(
         top = os.path.realpath(where)
         found = [(f"{where}/{name}/{rest}", f"{top}/{name}/", rest.count("/") + 2) for name in names]
     else:
-        found = [(pattern, os.path.realpath(os.path.dirname(pattern)) + "/", 2)]
+        top = os.path.realpath(os.path.dirname(pattern))
+        found = [(pattern, top + "/", 2)]
+    here: dict[str, None] = {}
     for path, inside, depth in found:
-        _judge_one(path, inside, depth, watched, masked)
+        _judge_one(path, inside, depth, watched, here)
+    if len(here) > MASKS_PER_DIR and masked_dirs is not None and _within_caps(top + "/"):
+        _warn_once(top, f"holds {len(here)} configurations with secrets: hidden whole in every jail; remove them")
+        masked_dirs[top] = None
+    else:
+        masked.update(here)
 
 
 def _judge_one(path: str, inside: str, depth: int, watched: dict[str, Decided], masked: dict[str, None]) -> None:
@@ -596,6 +615,7 @@ def _judge_one(path: str, inside: str, depth: int, watched: dict[str, Decided], 
         os.close(at)
 
 
+MASKS_PER_DIR = 32  # configurations with secrets a glob's directory has masked one by one (as jaild's)
 _MASK_DEPTH = 48  # directories above a file judged at most: as many pins in every jail that masks it
 _PATH_MAX = 4096
 
