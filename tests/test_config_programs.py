@@ -61,6 +61,22 @@ async def test_a_prompt_command_runs_sandboxed_at_the_next_sessions_start(home, 
     assert not (project / "planted").exists()  # the cwd is read-only to it, as to hooks
 
 
+async def test_a_prompt_naming_a_file_that_is_not_there_is_refused_not_taken_as_the_prompt(home, project):
+    """`"prompt": "prompts/reviewr.md"`: a typo in the file's name made the name itself the system
+    prompt, silently; a literal of one word, or with spaces, is still the prompt."""
+    project, _ = project
+    cfg = Path(os.environ["OLLIE_CFG_PATH"])
+    (cfg / "prompts").mkdir()
+    (cfg / "prompts" / "reviewer.md").write_text("You review.\n")
+    for prompt, said in (("prompts/reviewer.md", "You review.\n"), ("Terse.", "Terse."), ("Be brief / kind", None)):
+        agent(cfg, "a", prompt=prompt)
+        async with open_session(agent="a", cwd=str(project), backend="scripted", script=[{"text": "-"}]) as core:
+            assert core.system_prompt().startswith(said or prompt), core.system_prompt()
+    agent(cfg, "a", prompt="prompts/reviewr.md")
+    with pytest.raises(ConfigError, match=r"prompt: no file .*prompts/reviewr\.md"):
+        await open_session(agent="a", cwd=str(project), backend="scripted", script=[{"text": "-"}])
+
+
 async def test_a_prompt_command_failing_or_hanging_says_so_without_blocking(home, tmp_path, monkeypatch):
     monkeypatch.setattr("ollie.agent.env.PROMPT_TIMEOUT", 1.0)
     for prompt, why in (("!exit 3", "failed (exit 3)"), ("!sleep 30", "timed out after 1 s")):

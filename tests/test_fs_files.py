@@ -262,6 +262,18 @@ def test_ctl_commands(fs_server):
     assert "cwd=/tmp\n" in (s / "cfg").read_text()
 
 
+def test_a_sessions_ctl_refuses_kill_with_an_id_rather_than_end_itself(fs_server):
+    """`kill <id>` is the root ctl's; written to a session's own ctl it ended that session, not
+    the one named (`echo "kill $B" > s/$A/ctl` killed A)."""
+    a, b = fs_server.new_session(), fs_server.new_session()
+    refused = fs_server.sh(f"echo 'kill {b}' > s/{a}/ctl", check=False)
+    assert refused.returncode != 0, refused.stderr  # (dash says "I/O error" for any errno)
+    assert (fs_server.mnt / "s" / a / "state").exists() and (fs_server.mnt / "s" / b / "state").exists()
+    assert f"write `kill {b}` to the root ctl" in (fs_server.mnt / "s" / a / "chat").read_text()
+    fs_server.sh(f"echo kill > s/{a}/ctl")
+    assert not (fs_server.mnt / "s" / a).exists() and (fs_server.mnt / "s" / b / "state").exists()
+
+
 def test_fifo_in_queues_and_starts_when_idle_fifo_out_pops(fs_server):
     sid = fs_server.new_session()
     s = fs_server.mnt / "s" / sid

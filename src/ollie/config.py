@@ -473,4 +473,10 @@ def prompt_text(prompt: str) -> str:
         path = cfg_path() / path
     if path.is_file():
         return path.read_text()
+    if not any(c.isspace() for c in prompt) and ("/" in prompt or _PROMPT_FILE.search(prompt)):
+        # a file's name, not a prompt: a typo in it would make the name itself the system prompt
+        raise ConfigError(f"prompt: no file {str(path)!r} (a file's path is relative to {cfg_path()})")
     return prompt
+
+
+_PROMPT_FILE = re.compile(r"\.(md|txt|prompt)$", re.I)

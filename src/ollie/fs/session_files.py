@@ -367,6 +367,10 @@ async def _ctl(session: Session, sessions: Sessions, line: str) -> str | None:
     arg = arg.strip()
     match verb:
         case "kill":
+            if arg:  # `kill <id>` is the root ctl's: here it would end this session, not that one
+                raise FsError(
+                    E.EINVAL, f"kill takes no id here (it ends this session); write `kill {arg}` to the root ctl"
+                )
             await sessions.kill(session.id)
             return None
         case "rn" | "rename":
