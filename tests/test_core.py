@@ -16,7 +16,7 @@ from ollie.agent.loop import RESULT_LIMIT
 from ollie.agent.session import SessionStore, list_stored
 from ollie.chatfmt import cost_text
 from ollie.config import AgentConfig
-from ollie.types import ConfigError, Usage
+from ollie.types import ConfigError, InvalidValue, Usage
 
 
 def call(name, **args):
@@ -290,6 +290,9 @@ async def test_session_is_persisted_and_restored_with_usage_and_cost(cores):
     sid = core.session_id
     await core.submit("remember 42")
     core.session.set_env("FOO", "bar")
+    for bad in ("not a var", "1BAD", "", "A=B"):  # no program could read them by name
+        with pytest.raises(InvalidValue, match="invalid variable name"):
+            core.session.set_env(bad, "x")
     await cores.close(core)
     assert not os.path.exists(core.tmpdir)
     again, backend2, _, _ = await cores.open([{"text": "it was 42", "expect": "what was it"}], session_id=sid)

@@ -307,7 +307,7 @@ def test_a_remote_session_over_9p_tcp_with_its_token(tmp_path):
         bad = tmp_path / "bad.token"
         bad.write_text("guess\n")
         t.ollie("--addr", f"tcp!127.0.0.1!{port}", "--token-file", str(bad), "--cwd", str(remote.work), cwd=here.work)
-        assert "permission denied" in t.wait_for("[exited 1]")
+        assert "refused: the token given is not the server's" in t.wait_for("[exited 1]")  # not 9P's words
         t.close()
         t.ollie("--addr", f"tcp!127.0.0.1!{port}", "--token-file", str(token), "--cwd", str(remote.work), cwd=here.work)
         t.wait_for(" idle ")

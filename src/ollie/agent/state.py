@@ -12,6 +12,7 @@ the metadata's fields (tests/test_meta_writes.py).
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,9 @@ from ..types import Busy, ContextSize, Cost, GenerationParams, InvalidValue, Mes
 from .session import SessionMeta, SessionStore
 
 MAX_NOTES = 10  # hook notes waiting for the next prompt
+
+
+_VARIABLE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 class SessionState:
@@ -153,8 +157,8 @@ class SessionState:
 
     def set_env(self, key: str, value: str | None) -> None:
         """Set a variable (None removes it); takes effect from the next tool call, even mid-turn."""
-        if not key or "=" in key or "\0" in key:
-            raise InvalidValue(f"invalid variable name {key!r}")
+        if not _VARIABLE.fullmatch(key):  # a name a shell can use: `not a var=x` was set for no program to read
+            raise InvalidValue(f"invalid variable name {key!r}: letters, digits and _, not starting with a digit")
         if value is not None and "\0" in value:
             raise InvalidValue(f"the value of {key} contains a NUL byte")
         if value is None:

@@ -67,6 +67,14 @@ class Namespace:
     async def remote(cls, addr: str, token: str) -> Namespace:
         try:
             return cls(await Client.connect(addr, token=token), addr, local=False)
+        except RemoteError as e:
+            if e.errno != errno.EACCES:
+                raise
+            why = "the token given is not the server's" if token else "no token was given"
+            raise Unreachable(
+                f"{addr} refused: {why} (--token-file FILE, or $OLLIE_9P_TOKEN; the server's is in "
+                "ollie.token in its namespace directory)"
+            ) from None
         except (OSError, ValueError) as e:
             raise Unreachable(f"cannot reach {addr}: {e}") from None
 
