@@ -274,6 +274,24 @@ def test_a_sessions_ctl_refuses_kill_with_an_id_rather_than_end_itself(fs_server
     assert not (fs_server.mnt / "s" / a).exists() and (fs_server.mnt / "s" / b / "state").exists()
 
 
+def test_a_cwd_in_ollies_own_directories_is_refused_at_once(fs_server):
+    """`new cwd=$OLLIE_CFG_PATH`, or `cwd $OLLIE_DATA_PATH` to a session's ctl, was accepted, and
+    every tool call of the session then refused: refused where it is asked for, saying why."""
+    cfg = fs_server.env["OLLIE_CFG_PATH"]
+    fd = os.open(fs_server.mnt / "ctl", os.O_RDWR)
+    try:
+        with pytest.raises(OSError) as refused:
+            os.write(fd, f"new cwd={cfg}/agents\n".encode())
+        assert refused.value.errno == errno.EINVAL
+        assert "lies in ollie's own directory" in os.pread(fd, 4096, 0).decode()
+    finally:
+        os.close(fd)
+    sid = fs_server.new_session()
+    data = fs_server.env["OLLIE_DATA_PATH"]
+    assert fs_server.sh(f"echo 'cwd {data}' > s/{sid}/ctl", check=False).returncode != 0
+    assert f"cwd: {data} lies in ollie's own directory" in (fs_server.mnt / "s" / sid / "chat").read_text()
+
+
 def test_fifo_in_queues_and_starts_when_idle_fifo_out_pops(fs_server):
     sid = fs_server.new_session()
     s = fs_server.mnt / "s" / sid

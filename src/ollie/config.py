@@ -188,6 +188,17 @@ def ollie_mount_of(path: str) -> str:
     return ""
 
 
+def own_dir_of(real: str) -> str:
+    """The directory of ollie's own (`hidden_dirs`) that `real` (a real path) is or lies in, or "":
+    a session working there would have every tool call refused by its sandbox, so it is refused
+    at once. (The sandbox decides again, by descriptor, at each call.)"""
+    for own in hidden_dirs():
+        top = os.path.realpath(own)
+        if real == top or real.startswith(top.rstrip("/") + "/"):
+            return own
+    return ""
+
+
 # The variables the env file set, and to what: loading it again (a server does, for each new
 # session) follows its changes (`ollie keys set`), and never what the environment set itself.
 _FROM_FILE: dict[str, str] = {}

@@ -363,6 +363,10 @@ class Sessions:
         real = os.path.realpath(self.cwd_of(spec))
         if mount := config.ollie_mount_of(real):  # a link led there
             raise FsError(E.EINVAL, f"cwd {spec['cwd']!r} leads to {real}, on ollie's file server's mount {mount}")
+        if own := config.own_dir_of(real):
+            raise FsError(
+                E.EINVAL, f"cwd {spec['cwd']!r} lies in ollie's own directory {own}, which sandboxed code never sees"
+            )
         if not os.path.isdir(real):
             raise FsError(E.ENOENT, f"cwd {self.cwd_of(spec)!r} is not a directory")
 
