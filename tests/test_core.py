@@ -294,6 +294,11 @@ async def test_session_is_persisted_and_restored_with_usage_and_cost(cores):
         with pytest.raises(InvalidValue, match="invalid variable name"):
             core.session.set_env(bad, "x")
     await cores.close(core)
+    before = json.loads((core.session.store.dir / "meta.json").read_text())
+    idle, _, _, _ = await cores.open([], session_id=sid)
+    await cores.close(idle)  # opened and closed again, as a server's restart and stop do: no activity
+    after = json.loads((core.session.store.dir / "meta.json").read_text())
+    assert after["updated"] == before["updated"], {k: (v, after[k]) for k, v in before.items() if after[k] != v}
     assert not os.path.exists(core.tmpdir)
     again, backend2, _, _ = await cores.open([{"text": "it was 42", "expect": "what was it"}], session_id=sid)
     assert [m.content for m in again.session.messages] == ["remember 42", "remembered"]

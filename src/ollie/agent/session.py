@@ -310,6 +310,7 @@ class SessionStore:
         self._history: IO[str] | None = None
         self._chat: IO[bytes] | None = None
         self._meta_saved = False  # this store has written meta.json (or read it)
+        self._saved = ("", "")  # what it wrote last (but the time; the context's size apart), as JSON
         self._whole = False  # this store made the session's files: no line of the history is torn
 
     @property
@@ -407,6 +408,10 @@ class SessionStore:
         try:
             meta = SessionMeta.from_dict(json.loads(path.read_text()))
             self._meta_saved = True
+            content = meta.to_dict()
+            del content["updated"]
+            measured = json.dumps(content.pop("context_size"))
+            self._saved = json.dumps(content), measured  # (a server's restart and stop are no activity either)
             return meta
         except FileNotFoundError:
             raise OllieError(f"no stored session {self.id!r} under {self.root}") from None
@@ -420,8 +425,18 @@ class SessionStore:
         winning: `flush` and `close` wait for it, and a write that failed raises from the next
         save or `flush`. (The chat and the history are flushed, never fsynced: a crash of the
         machine may lose their last lines, not their meaning; the metadata must stay readable.)"""
-        meta.updated = time.time()
-        text = json.dumps(meta.to_dict())
+        content = meta.to_dict()
+        del content["updated"]
+        measured = json.dumps(content.pop("context_size"))  # (measured anew at a restore: no activity)
+        same = json.dumps(content)  # (a text: the dicts in it are the session's own, changed in place)
+        if self._meta_saved and (same, measured) == self._saved:  # nothing happened: a stop is no activity
+            if wait:
+                self.flush()
+            return
+        if not self._meta_saved or same != self._saved[0]:
+            meta.updated = time.time()
+        self._saved = same, measured
+        text = f'{{"updated": {json.dumps(meta.updated)}, "context_size": {measured}, {same[1:]}'
         if wait or not self._meta_saved:
             _replacer.write(self.dir / "meta.json", text)
             self._meta_saved = True
