@@ -1179,20 +1179,8 @@ async def test_the_jail_hides_a_directory_it_finds_too_many_configurations_in(ho
     boxes, jails = sandbox.Sandboxes(), sandbox.Jails()
     box = await boxes.get_async("default", str(tmp_path), "")
     spec = {**box.confinement.spec, "mask_matches": [[str(versions), "*", "etc/npmrc"]]}
-    try:
-        jail = await jails.get(box.policy)
-        read, write = os.pipe()
-        code = f"ls {versions} | wc -l; cat {home}/.nvm/beside"
-        stage = await jail.spawn(
-            dataclasses.replace(box.confinement, spec=spec), ["/bin/sh", "-c", code], str(tmp_path), {},
-            stdin=0, stdout=write, stderr=2,
-        )  # fmt: skip
-        os.close(write)
-        assert await stage.wait() and stage.exited.result() == 0
-        assert os.read(read, 4096) == b"0\nbeside\n"
-        os.close(read)
-    finally:
-        await jails.close()
+    code = f"ls {versions} | wc -l; cat {home}/.nvm/beside"
+    assert await in_jail(jails, box, spec, code, tmp_path) == b"0\nbeside\n"
 
 
 def test_a_configuration_is_judged_as_it_was_looked_at_not_as_its_path_leads_now(tmp_path):
@@ -1282,16 +1270,23 @@ async def test_the_jail_masks_only_files_reached_without_a_link(home, tmp_path):
         "mask_matches": [[f"{home}/.nvm/versions/n*de", "*", "etc/npmrc"]],
     }
     code = f"grep -c '{real}/npmrc' /proc/self/mountinfo; cat {etc}/npmrc {etc}/beside"
+    assert await in_jail(jails, box, spec, code, tmp_path) == b"0\nbeside\n"
+
+
+async def in_jail(jails, box, spec: dict, code: str, cwd: Path) -> bytes:
+    """What `code` prints in a jail of `box` given `spec` (the jail's instructions, changed by the
+    test): the stage must exit 0; the jails are closed after."""
     try:
         jail = await jails.get(box.policy)
         read, write = os.pipe()
         stage = await jail.spawn(
-            dataclasses.replace(box.confinement, spec=spec), ["/bin/sh", "-c", code], str(tmp_path), {},
+            dataclasses.replace(box.confinement, spec=spec), ["/bin/sh", "-c", code], str(cwd), {},
             stdin=0, stdout=write, stderr=2,
         )  # fmt: skip
         os.close(write)
         assert await stage.wait() and stage.exited.result() == 0
-        assert os.read(read, 4096) == b"0\nbeside\n"
+        out = os.read(read, 4096)
         os.close(read)
+        return out
     finally:
         await jails.close()

@@ -352,13 +352,7 @@ class Mounts:
         no longer is (the host renamed another file over it, which took the mounts on it along; a
         later grant bound the host's file there). Passed over where it leads to no file now, or
         through a symlink (the next look judges what is there), or out of sight."""
-        if self._out_of_sight(path):
-            return
-        try:
-            self._mask(path, "/")
-        except OSError as e:
-            if e.errno not in MASK_CHANGED:
-                raise
+        self._masking(path, self._mask)
 
     def mask_matches(self, where, glob_part, rest):
         """Mask `rest` in each entry of `where` that `glob_part` matches: ollie could not list that
@@ -380,10 +374,13 @@ class Mounts:
         """Hide the directory `path` under an empty read-only tmpfs, in this ruleset and every later
         one: it holds more configurations with secrets than MASKS_PER_DIR, which code working in
         $HOME could plant by the thousand to fail every jail at the kernel's limit of mounts."""
+        self._masking(path, self._mask_dir)
+
+    def _masking(self, path, how):
         if self._out_of_sight(path):
             return
         try:
-            self._mask_dir(path, "/")
+            how(path, "/")
         except OSError as e:
             if e.errno not in MASK_CHANGED:
                 raise
