@@ -429,23 +429,30 @@ class SessionStore:
         del content["updated"]
         measured = json.dumps(content.pop("context_size"))  # (measured anew at a restore: no activity)
         same = json.dumps(content)  # (a text: the dicts in it are the session's own, changed in place)
-        if self._meta_saved and (same, measured) == self._saved:  # nothing happened: a stop is no activity
-            if wait:
-                self.flush()
+        if wait and self._meta_saved and (same, measured) == self._saved:  # nothing happened (a stop)
+            self.flush()  # (a write that failed raises here, and the next save writes it again)
             return
-        if not self._meta_saved or same != self._saved[0]:
+        if not self._meta_saved or same != self._saved[0]:  # activity: not the context measured anew
             meta.updated = time.time()
         self._saved = same, measured
         text = f'{{"updated": {json.dumps(meta.updated)}, "context_size": {measured}, {same[1:]}'
-        if wait or not self._meta_saved:
-            _replacer.write(self.dir / "meta.json", text)
-            self._meta_saved = True
-        else:
-            _replacer.put(self.dir / "meta.json", text)
+        try:
+            if wait or not self._meta_saved:
+                _replacer.write(self.dir / "meta.json", text)
+                self._meta_saved = True
+            else:
+                _replacer.put(self.dir / "meta.json", text)
+        except BaseException:
+            self._saved = ("", "")  # what failed is written again by the next save
+            raise
 
     def flush(self) -> None:
         """Wait until the metadata saved last is on disk."""
-        _replacer.wait(self.dir / "meta.json")
+        try:
+            _replacer.wait(self.dir / "meta.json")
+        except BaseException:
+            self._saved = ("", "")
+            raise
 
     def load_plan(self) -> str:
         try:
