@@ -292,6 +292,17 @@ def test_a_cwd_in_ollies_own_directories_is_refused_at_once(fs_server):
     assert f"cwd: {data} lies in ollie's own directory" in (fs_server.mnt / "s" / sid / "chat").read_text()
 
 
+def test_a_name_that_looks_like_a_made_id_is_refused(fs_server):
+    """s/ lists the made ids, in the order they were made, and scripts diff it for new sessions:
+    a name of that shape was listed among them (`rn 1796559999999999999-abcdef`)."""
+    sid = fs_server.new_session()
+    assert fs_server.sh(f"echo 'rn 1796559999999999999-abcdef' > s/{sid}/ctl", check=False).returncode != 0
+    assert "looks like an id the server makes" in (fs_server.mnt / "s" / sid / "chat").read_text()
+    assert fs_server.sh("echo 'new name=123-abcdef' > ctl", check=False).returncode != 0
+    fs_server.sh(f"echo 'rn 123-abcdef-notes' > s/{sid}/ctl")  # (a name of another shape is one)
+    assert "123-abcdef-notes" not in os.listdir(fs_server.mnt / "s")
+
+
 def test_fifo_in_queues_and_starts_when_idle_fifo_out_pops(fs_server):
     sid = fs_server.new_session()
     s = fs_server.mnt / "s" / sid

@@ -21,7 +21,6 @@ import errno as E
 import json
 import os
 import random
-import re
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
@@ -44,7 +43,7 @@ from ..vfs.stores import (
     text_size,
 )
 from . import worktrees
-from .sessions import FIXED, Session, Sessions, check_cwd, errno_of, parse_kv
+from .sessions import FIXED, MADE_ID, Session, Sessions, check_cwd, errno_of, parse_kv
 
 if TYPE_CHECKING:
     from ..agent import Core
@@ -158,11 +157,6 @@ class NewFile(File):
 
 def script_file(text: str) -> TextFile:
     return TextFile(lambda: text, lambda: len(text.encode()), mode=0o555)
-
-
-# An id the server made (`<unix-ns>-<6 hex>`), or a sub-session's name after its parent's id
-# (`<parent id>.<name>`): what sorts by creation, and so is listed in s/.
-MADE_ID = re.compile(r"[0-9]+-[0-9a-f]{6}(\..+)?")
 
 
 class SessionsDir(Dir):

@@ -17,6 +17,7 @@ import asyncio
 import errno as E
 import logging
 import os
+import re
 import shlex
 from collections.abc import Callable
 from pathlib import Path
@@ -50,6 +51,9 @@ log = logging.getLogger("ollie.fs")
 
 NEW_KEYS = ("agent", "cwd", "backend", "model", "name", "worktree")
 FIXED = ("new", "idx", "sh", "ls", "kill")  # the fixed files of s/: no session may take their names
+# An id the server made (`<unix-ns>-<6 hex>`), or a sub-session's name after its parent's id
+# (`<parent id>.<name>`): what sorts by creation, and so is listed in s/. A name never looks like one.
+MADE_ID = re.compile(r"[0-9]+-[0-9a-f]{6}(\..+)?")
 
 
 def errno_of(e: Exception) -> int:
@@ -317,6 +321,8 @@ class Sessions:
     def check_name(self, name: str) -> str:
         if name in FIXED or name in self.scripts:
             raise FsError(E.EINVAL, f"{name!r} is a fixed file of s/; choose another name")
+        if MADE_ID.fullmatch(name) and "." not in name:  # (listed among the made ones, out of their order)
+            raise FsError(E.EINVAL, f"{name!r} looks like an id the server makes; choose another name")
         try:
             check_session_id(name)
         except InvalidValue as e:
