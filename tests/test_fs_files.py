@@ -292,6 +292,26 @@ def test_a_cwd_in_ollies_own_directories_is_refused_at_once(fs_server):
     assert f"cwd: {data} lies in ollie's own directory" in (fs_server.mnt / "s" / sid / "chat").read_text()
 
 
+def test_s_new_says_why_it_refused_when_read_back(fs_server):
+    """As the root ctl does: a refused line fails its write (the errno), and the file read back
+    says why (it gave the template); one refused at the read that makes the session says so too."""
+    fd = os.open(fs_server.mnt / "s" / "new", os.O_RDWR)
+    try:
+        with pytest.raises(OSError) as refused:
+            os.write(fd, b"bogus=1\n")
+        assert refused.value.errno == errno.EINVAL
+        assert os.pread(fd, 4096, 0).decode().startswith("error: unknown key 'bogus'")
+    finally:
+        os.close(fd)
+    fd = os.open(fs_server.mnt / "s" / "new", os.O_RDWR)
+    try:
+        os.write(fd, f"cwd={fs_server.work}\nbackend=scripted\nmodel=/nonexistent/script.json".encode())
+        said = os.pread(fd, 4096, 0).decode()  # (the last line, unended, is taken at this read)
+        assert said.startswith("error: ") and "script" in said, said
+    finally:
+        os.close(fd)
+
+
 def test_a_name_that_looks_like_a_made_id_is_refused(fs_server):
     """s/ lists the made ids, in the order they were made, and scripts diff it for new sessions:
     a name of that shape was listed among them (`rn 1796559999999999999-abcdef`)."""

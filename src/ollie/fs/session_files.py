@@ -112,18 +112,20 @@ class NewHandle(SnapshotHandle):
 
     async def write(self, offset: int, data: bytes) -> int:
         try:
-            lines = self._lines.feed(data)
-        except FsError:
-            self._dirty = False
+            for line in self._lines.feed(data):
+                self._take(line)
+        except FsError as e:  # the write fails with the errno; reading the file back says why
+            self._dirty, self._spec, self._answer = False, {}, f"error: {e}\n"
             raise
-        for line in lines:
-            self._take(line)
         self._dirty = True
         self._wrote(offset, len(data))
         return len(data)
 
     async def read(self, offset: int, count: int) -> bytes:
-        await self.flush()  # written and not yet closed: create now, so the id can be read back
+        try:  # written and not yet closed: create now, so the id can be read back
+            await self.flush()
+        except FsError as e:
+            self._answer = f"error: {e}\n"
         return await self._read_answer(offset, count)
 
     def _take(self, raw: bytes) -> None:
@@ -137,8 +139,11 @@ class NewHandle(SnapshotHandle):
     async def flush(self) -> None:
         if not self._dirty:
             return
-        self._take(self._lines.rest())
-        spec, self._spec, self._dirty = self._spec, {}, False
+        self._dirty = False  # (a refused last line makes nothing, at this close or a later one)
+        try:
+            self._take(self._lines.rest())
+        finally:
+            spec, self._spec = self._spec, {}
         self._answer = (await self._sessions.new(spec)).id + "\n"
 
 
