@@ -9,6 +9,7 @@ import re
 import signal
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 
@@ -189,12 +190,17 @@ def test_bad_ctl_write_fails_the_writer_and_lands_in_chat(fs_server):
 def test_a_refused_ctl_command_says_why_when_the_same_open_file_is_read(fs_server):
     """Over the mount a writer gets only the errno: the root ctl kept no word of why (`new
     agent=nosuch`, a worktree asked for outside a repository), where b/new and s/new say it."""
-    fd = os.open(fs_server.mnt / "ctl", os.O_RDWR)
+    assert refusal(fs_server.mnt / "ctl", b"new agent=nosuch\n").startswith("error: no agent 'nosuch'")
+
+
+def refusal(path: Path, line: bytes) -> str:
+    """What `path` says when read back on the open file whose write of `line` failed (EINVAL)."""
+    fd = os.open(path, os.O_RDWR)
     try:
         with pytest.raises(OSError) as refused:
-            os.write(fd, b"new agent=nosuch\n")
+            os.write(fd, line)
         assert refused.value.errno == errno.EINVAL
-        assert os.pread(fd, 4096, 0).decode().startswith("error: no agent 'nosuch'")
+        return os.pread(fd, 4096, 0).decode()
     finally:
         os.close(fd)
 
@@ -278,14 +284,7 @@ def test_a_cwd_in_ollies_own_directories_is_refused_at_once(fs_server):
     """`new cwd=$OLLIE_CFG_PATH`, or `cwd $OLLIE_DATA_PATH` to a session's ctl, was accepted, and
     every tool call of the session then refused: refused where it is asked for, saying why."""
     cfg = fs_server.env["OLLIE_CFG_PATH"]
-    fd = os.open(fs_server.mnt / "ctl", os.O_RDWR)
-    try:
-        with pytest.raises(OSError) as refused:
-            os.write(fd, f"new cwd={cfg}/agents\n".encode())
-        assert refused.value.errno == errno.EINVAL
-        assert "lies in ollie's own directory" in os.pread(fd, 4096, 0).decode()
-    finally:
-        os.close(fd)
+    assert "lies in ollie's own directory" in refusal(fs_server.mnt / "ctl", f"new cwd={cfg}/agents\n".encode())
     sid = fs_server.new_session()
     data = fs_server.env["OLLIE_DATA_PATH"]
     assert fs_server.sh(f"echo 'cwd {data}' > s/{sid}/ctl", check=False).returncode != 0
@@ -295,14 +294,7 @@ def test_a_cwd_in_ollies_own_directories_is_refused_at_once(fs_server):
 def test_s_new_says_why_it_refused_when_read_back(fs_server):
     """As the root ctl does: a refused line fails its write (the errno), and the file read back
     says why (it gave the template); one refused at the read that makes the session says so too."""
-    fd = os.open(fs_server.mnt / "s" / "new", os.O_RDWR)
-    try:
-        with pytest.raises(OSError) as refused:
-            os.write(fd, b"bogus=1\n")
-        assert refused.value.errno == errno.EINVAL
-        assert os.pread(fd, 4096, 0).decode().startswith("error: unknown key 'bogus'")
-    finally:
-        os.close(fd)
+    assert refusal(fs_server.mnt / "s" / "new", b"bogus=1\n").startswith("error: unknown key 'bogus'")
     fd = os.open(fs_server.mnt / "s" / "new", os.O_RDWR)
     try:
         os.write(fd, f"cwd={fs_server.work}\nbackend=scripted\nmodel=/nonexistent/script.json".encode())
