@@ -187,6 +187,10 @@ def test_b_job_without_a_cwd_works_where_it_is_run_from(jobs, tmp_path):
     assert "cwd=\n" in (jobs.b / jid / "spec").read_text()
     [jid] = jobs.srv.sh("b/sched agent=brief hi").stdout.split()
     assert "cwd" not in (jobs.b / jid / "spec").read_text()
+    odd = tmp_path / "x\nagent=slow"  # (a name that would add a line of its own to the spec)
+    odd.mkdir()
+    out = subprocess.run(sched, cwd=odd, env=jobs.srv.env, capture_output=True, text=True, timeout=30)
+    assert out.returncode == 2 and "holds a newline" in out.stderr, out.stderr
 
 
 def test_u_optimize_judges_on_the_backend_and_model_it_was_given(jobs, tmp_path):
