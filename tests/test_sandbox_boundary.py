@@ -1060,7 +1060,7 @@ def test_a_link_in_a_directory_of_versions_is_judged_in_its_own_version_only(tmp
     (project / "pip.conf").symlink_to("../jdk/bin/java")
     watched: dict = {}
     masked: dict = {}
-    sandbox.policy._judged_in(f"{tmp_path}/opt/*/pip.conf", watched, masked, {})
+    sandbox.policy._judged_in(f"{tmp_path}/opt/*/pip.conf", watched, masked, {}, {})
     assert masked == {} and f"{project}/pip.conf" in watched
 
 
@@ -1074,15 +1074,15 @@ def test_a_configuration_far_down_a_chain_of_links_or_on_ollies_mount_is_not_jud
     (deep / "pip.conf").write_text("[global]\nindex-url = https://u:p4ss@example.com/simple\n")
     (project / "pip.conf").symlink_to(deep / "pip.conf")
     masked: dict = {}
-    sandbox.policy._judged_in(f"{tmp_path}/opt/*/pip.conf", {}, masked, {})
+    sandbox.policy._judged_in(f"{tmp_path}/opt/*/pip.conf", {}, masked, {}, {})
     assert masked == {}
     (project / "pip.conf").unlink()
     (project / "pip.conf").write_text((deep / "pip.conf").read_text())
-    sandbox.policy._judged_in(f"{tmp_path}/opt/*/pip.conf", {}, masked, {})
+    sandbox.policy._judged_in(f"{tmp_path}/opt/*/pip.conf", {}, masked, {}, {})
     assert list(masked) == [str(project / "pip.conf")]  # (the same file, where a toolchain keeps it)
     monkeypatch.setenv("OLLIE", str(project))  # as though the project were ollie's mount
     masked.clear()
-    sandbox.policy._judged_in(f"{tmp_path}/opt/*/pip.conf", {}, masked, {})
+    sandbox.policy._judged_in(f"{tmp_path}/opt/*/pip.conf", {}, masked, {}, {})
     assert masked == {}
 
 
@@ -1102,7 +1102,7 @@ def test_a_version_linked_out_of_its_directory_of_versions_is_not_judged(tmp_pat
     (versions / "v2").symlink_to(other)
     (versions / "v3").symlink_to(tmp_path / "other")  # (its npmrc not there: nothing to judge either)
     masked: dict = {}
-    sandbox.policy._judged_in(f"{versions}/*/etc/npmrc", {}, masked, {})
+    sandbox.policy._judged_in(f"{versions}/*/etc/npmrc", {}, masked, {}, {})
     assert list(masked) == [f"{versions}/v1/etc/npmrc"]
     deep = tmp_path.joinpath(*["d"] * 50)  # a tree whose own real path is that deep
     (deep / "v1" / "etc").mkdir(parents=True)
@@ -1116,14 +1116,15 @@ def test_a_version_linked_out_of_its_directory_of_versions_is_not_judged(tmp_pat
     (tmp_path / "long" / "on" / "v1" / "etc" / "npmrc").write_text(token)
     for where in (deep, tmp_path / "long" / "on"):
         masked.clear()
-        sandbox.policy._judged_in(f"{where}/*/etc/npmrc", {}, masked, {})
+        sandbox.policy._judged_in(f"{where}/*/etc/npmrc", {}, masked, {}, {})
         assert masked == {}, where
         assert "holds a secret but lies too deep to mask" in caplog.text, where  # said, for the user to act on
         caplog.clear()
     # nor a directory ollie may not list that deep (the jail would pin its every ancestor)
     deep.chmod(0o111)
     look = (
-        f"from ollie.sandbox import policy; u = {{}}; policy._judged_in('{deep}/*/etc/npmrc', {{}}, {{}}, u); print(u)"
+        "from ollie.sandbox import policy; u = {}; "
+        f"policy._judged_in('{deep}/*/etc/npmrc', {{}}, {{}}, u, {{}}); print(u)"
     )
     without_override = ["setpriv", "--inh-caps=-all", "--bounding-set=-dac_override,-dac_read_search"]
     try:

@@ -138,7 +138,7 @@ class SessionState:
             path = os.path.realpath(path)
             if mount := config.ollie_mount_of(path):  # a link led there
                 raise InvalidValue(f"cwd: {path} is on ollie's file server's mount {mount}; a session works elsewhere")
-        if own := config.own_dir_of(os.path.realpath(path)):
+        if own := config.own_dir_of(path):  # (real by now, either way)
             raise InvalidValue(f"cwd: {path} lies in ollie's own directory {own}, which sandboxed code never sees")
         if not os.path.isdir(path):
             raise InvalidValue(f"not a directory: {path}")

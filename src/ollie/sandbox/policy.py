@@ -229,9 +229,8 @@ class Policy:
     in_trees: tuple[tuple[str, Decided], ...]
     masked: tuple[str, ...]
     unlisted: tuple[tuple[str, str, str], ...]
-    masked_dirs: tuple[
-        str, ...
-    ]  # directories of versions hidden whole: more configurations with secrets than a jail masks
+    # the directories of versions hidden whole: more configurations with secrets than a jail masks
+    masked_dirs: tuple[str, ...]
     linked: tuple[str, ...]  # the cwd's installs hard-linked from a shared store (`linked_installs`): read-only
     shared: tuple[str, ...]  # granted writable to every session (the memory, the plans): no symlinks there
     own: frozenset[str]  # ollie's own grants (tools, scratch, memory, plans): shown from under its hidden directories
@@ -540,7 +539,7 @@ def _judged_in(
     watched: dict[str, Decided],
     masked: dict[str, None],
     unlisted: dict[tuple[str, str, str], None],
-    masked_dirs: dict[str, None] | None = None,
+    masked_dirs: dict[str, None],
 ) -> None:
     """`pattern`'s files (a glob in one of its directories: its file in each directory the glob
     matches, there or not, so that one made later, `npm config set -g`, is seen by the next look),
@@ -575,7 +574,7 @@ def _judged_in(
     here: dict[str, None] = {}
     for path, inside, depth in found:
         _judge_one(path, inside, depth, watched, here)
-    if len(here) > MASKS_PER_DIR and masked_dirs is not None and _within_caps(top + "/"):
+    if len(here) > MASKS_PER_DIR and _within_caps(top + "/"):
         _warn_once(top, f"holds {len(here)} configurations with secrets: hidden whole in every jail; remove them")
         masked_dirs[top] = None
     else:
@@ -640,7 +639,7 @@ def _within_caps(real: str) -> bool:
     return real.count("/") <= _MASK_DEPTH and len(os.fsencode(real)) < _PATH_MAX
 
 
-_WARNED: set[tuple[str, int]] = set()  # (path, inode) of the files told of once (0: one too deep to mask)
+_WARNED: set[tuple[str, int]] = set()  # (path, inode) told of once (0: `_warn_once`'s, not a second name's)
 
 
 def _warn_once(path: str, what: str) -> None:
