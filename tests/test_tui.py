@@ -49,10 +49,23 @@ def workdir(server: FsServer, name: str) -> Path:
     return d
 
 
+def sessions_of(server: FsServer, cwd: Path) -> list[str]:
+    return [ln.split("\t")[0] for ln in (server.mnt / "s" / "idx").read_text().splitlines() if f"\t{cwd}\t" in ln]
+
+
 def session_of(server: FsServer, cwd: Path) -> str:
-    ids = [ln.split("\t")[0] for ln in (server.mnt / "s" / "idx").read_text().splitlines() if f"\t{cwd}\t" in ln]
+    ids = sessions_of(server, cwd)
     assert len(ids) == 1, ids
     return ids[0]
+
+
+def wait_until(check, timeout: float = 10):
+    """What `check()` gives once it is true (it is asked every 50 ms), or fail after `timeout`."""
+    deadline = time.monotonic() + timeout
+    while not (found := check()):
+        assert time.monotonic() < deadline, f"not true after {timeout} s"
+        time.sleep(0.05)
+    return found
 
 
 # ---- the UI in tmux ---------------------------------------------------------------------------------------
@@ -225,7 +238,7 @@ def test_the_last_session_of_the_directory_is_resumed_and_new_starts_another(ser
     tmux.ollie("--new", "--agent", "resume", cwd=cwd)
     tmux.wait_for(" idle ")
     assert "banana" not in tmux.screen()
-    ids = [ln.split("\t")[0] for ln in (server.mnt / "s" / "idx").read_text().splitlines() if f"\t{cwd}\t" in ln]
+    ids = sessions_of(server, cwd)
     assert len(ids) == 2
 
 
@@ -716,8 +729,7 @@ def test_switch_and_new_change_the_session_followed(server, tmux):
     tmux.type("/new")
     tmux.keys("Enter")
     screen = tmux.wait_for("answer in the other", gone=True)
-    ids = [ln.split("\t")[0] for ln in (server.mnt / "s" / "idx").read_text().splitlines() if f"\t{cwd}\t" in ln]
-    [new] = set(ids) - {mine}  # /new starts one in the directory ollie was started for, of the same agent
+    [new] = set(sessions_of(server, cwd)) - {mine}  # in the directory ollie was started for, of the same agent
     tmux.wait_for(f"| {new}\n")
     assert "agent=sw" in (server.mnt / "s" / new / "cfg").read_text().splitlines()
 
@@ -783,6 +795,53 @@ def recalled(tmux: Tmux, seconds: float = 3) -> str:
             return row
 
 
+def test_new_keeps_the_backend_and_model_the_ui_was_started_with(tmp_path):
+    from wire import WireServer
+    from wire import ollama as ow
+
+    srv = FsServer(tmp_path / "srv")
+    with WireServer() as fake:
+        fake.route(ow.TAGS, lambda req: ow.tags(["tiny:1b", "big:7b"]))
+        fake.route(ow.SHOW, lambda req: ow.show(8192))
+        fake.route(ow.CHAT, lambda req: ow.chat([ow.chat_line(content="from " + req.json["model"]), ow.done_line()]))
+        srv.env["OLLIE_OLLAMA_URL"] = fake.url
+        srv.start()
+        t = Tmux(tmp_path, srv.env)
+        try:
+            t.ollie("--backend", "ollama", "--model", "big:7b", cwd=srv.work)
+            t.wait_for(" idle ")
+            first = session_of(srv, srv.work)
+            t.type("/new")
+            t.keys("Enter")
+            [second] = wait_until(lambda: set(sessions_of(srv, srv.work)) - {first})
+            t.wait_for(f"| {second}\n")
+            cfg = (srv.mnt / "s" / second / "cfg").read_text().splitlines()
+            assert "backend=ollama" in cfg and "model=big:7b" in cfg
+            t.type("hi")
+            t.keys("Enter")
+            t.wait_for("from big:7b")
+        finally:
+            t.close()
+            srv.stop()
+
+
+def test_first_run_without_a_model_server_says_in_the_ui_that_the_embedded_model_answers(tmp_path):
+    srv = FsServer(tmp_path / "srv")
+    (srv.cfg / "agents" / "default.json").write_text(json.dumps({"prompt": "You help.\n"}))  # no backend
+    closed = f"http://127.0.0.1:{free_port()}"  # no model server to find
+    srv.env.update(OLLIE_OLLAMA_URL=closed, OLLIE_LMSTUDIO_URL=closed, OLLIE_LLAMACPP_URL=closed)
+    srv.start()
+    t = Tmux(tmp_path, srv.env)
+    try:
+        t.ollie(cwd=srv.work)
+        t.wait_for(" idle ")
+        screen = t.wait_for("runs on the embedded model")
+        assert "ollie keys set anthropic" in screen
+    finally:
+        t.close()
+        srv.stop()
+
+
 def test_first_run_offers_a_local_model_server_and_keeps_it(tmp_path):
     from wire import WireServer
     from wire import ollama as ow
@@ -805,6 +864,7 @@ def test_first_run_offers_a_local_model_server_and_keeps_it(tmp_path):
             assert "Ollama answers at 127.0.0.1:" in screen
             t.keys("Enter")
             t.wait_for(" idle ")
+            t.wait_for("OLLIE_BACKEND=ollama saved in")  # in the UI, not under it
             env_file = srv.cfg / "env"
             assert env_file.read_text() == "OLLIE_BACKEND=ollama\n"
             assert stat.S_IMODE(env_file.stat().st_mode) == 0o600

@@ -50,14 +50,16 @@ async def _main(args: argparse.Namespace) -> int:
     except Unreachable as e:  # it may quote the server's answer
         print(visible(f"ollie: {e}"), file=sys.stderr)
         return 1
+    notes: list[str] = []  # shown in the UI, once it is up
     try:
-        sid = await choose_session(ns, args, cwd, interactive)
+        sid = await choose_session(ns, args, cwd, interactive, notes)
         if sid is None:
             return 1
         if interactive:
             from .app import TuiApp, history_for
 
             app = TuiApp(conn, ns, sid, history_for(cwd), home=cwd)
+            app.pending.extend(notes)
             if stale := await stale_server(ns):
                 app.pending.append(stale)
             await app.run()
@@ -70,9 +72,12 @@ async def _main(args: argparse.Namespace) -> int:
         await ns.close()
 
 
-async def choose_session(ns: Namespace, args: argparse.Namespace, cwd: str, interactive: bool) -> str | None:
+async def choose_session(
+    ns: Namespace, args: argparse.Namespace, cwd: str, interactive: bool, notes: list[str]
+) -> str | None:
     """The session to open: --session, picked (--resume), this directory's last, or a new one; a
-    resumed session takes the --agent, --backend and --model given."""
+    resumed session takes the --agent, --backend and --model given. What the UI should say about
+    the choice goes to `notes`."""
     sid: str | None = None
     if args.session:
         if not await ns.exists(f"s/{args.session}"):
@@ -88,7 +93,7 @@ async def choose_session(ns: Namespace, args: argparse.Namespace, cwd: str, inte
     if sid is None:
         backend = args.backend
         if backend is None and ns.is_local and interactive and not args.agent:
-            backend = await first_run()
+            backend = await first_run(notes)
         return await ns.new_session(cwd=cwd, agent=args.agent, backend=backend, model=args.model)
     for key in ("agent", "backend", "model"):
         if value := getattr(args, key):

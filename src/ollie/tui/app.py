@@ -49,7 +49,7 @@ DOUBLE_CTRL_C = 1.0  # a second Ctrl-C within this many seconds exits
 LOCAL_COMMANDS = {
     "sessions": "list the server's sessions",
     "switch": "switch to another session: /switch ID",
-    "new": "start a new session (of this agent) in the directory ollie was started for",
+    "new": "start a new session (of this agent, backend and model) in the directory ollie was started for",
     "drop": "forget the output of the last !cmd instead of sending it with the next prompt",
     "quit": "leave (the session stays; `ollie` resumes it)",
 }
@@ -101,6 +101,7 @@ class TuiApp:
         self.conn, self.ns, self.sid = conn, ns, sid
         self.home = home  # the directory `ollie` was started for: /new starts a session there
         self.agent = ""  # the session's agent (from cfg): /new starts a session of it
+        self.backend = ""  # ... and its backend (from cfg), given to /new's session too
         self.conv = Conversation()
         self.renderer = render.Renderer()
         self.reader = ChatReader(ns, sid)
@@ -404,7 +405,20 @@ class TuiApp:
         elif name == "switch":
             await self.switch(arg)
         elif name == "new":
-            await self.switch(await self.ns.new_session(cwd=self.home or self.cwd, agent=self.agent or None))
+            await self.new_session()
+
+    async def new_session(self) -> None:
+        """A session like this one: its agent, backend and model (a `/backend` or `/model` given
+        here, or `--backend` and `--model` at the start, carry over), in the directory `ollie` was
+        started for."""
+        model = self.info.get("model") if self.backend else None  # a model means nothing without its backend
+        spec = {"cwd": self.home or self.cwd, "agent": self.agent, "backend": self.backend, "model": model}
+        try:
+            sid = await self.ns.new_session(**spec)
+        except RemoteError as e:  # the model or backend went away since: this session stays
+            self.note(f"/new: {e.message}", "error")
+            return
+        await self.switch(sid)
 
     async def switch(self, sid: str) -> None:
         if not sid or not await self.ns.exists(f"s/{sid}"):
@@ -423,6 +437,7 @@ class TuiApp:
         cfg = dict(line.partition("=")[::2] for line in (await self.ns.read(f"s/{self.sid}/cfg")).splitlines())
         self.cwd = cfg.get("cwd", self.cwd)
         self.agent = cfg.get("agent", self.agent)
+        self.backend = cfg.get("backend", self.backend)
         self.info["model"] = cfg.get("model", "")
         ctx = await self.ns.read(f"s/{self.sid}/ctxsz")
         if "(" in ctx:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import sys
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
@@ -86,9 +85,10 @@ async def detect() -> list[tuple[str, str, str]]:
     return [(name, label, url) for (name, label, _, _), url, ok in zip(SERVERS, urls, found, strict=True) if ok]
 
 
-async def first_run() -> str | None:
+async def first_run(notes: list[str]) -> str | None:
     """The backend for a new session when none is configured: one found and accepted (kept as
-    OLLIE_BACKEND in the env file), else None (the embedded model, said so)."""
+    OLLIE_BACKEND in the env file), else None (the embedded model). What to tell the user goes
+    to `notes`, for the terminal UI to show: a line printed now would be hidden by its screen."""
     if configured():
         return None
     for name, label, url in await detect():
@@ -97,9 +97,9 @@ async def first_run() -> str | None:
         if answer.strip().lower() in ("", "y", "yes"):
             path = set_var("OLLIE_BACKEND", name)
             os.environ["OLLIE_BACKEND"] = name
-            print(f"OLLIE_BACKEND={name} saved in {path}")
+            notes.append(f"OLLIE_BACKEND={name} saved in {path}")
             return name
-    print(EMBEDDED, file=sys.stderr)
+    notes.append(EMBEDDED)
     return None
 
 
