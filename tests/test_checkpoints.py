@@ -298,9 +298,13 @@ def test_ctl_undo_and_the_checkpoints_file_on_the_mount(fs_server):
     assert (work / "notes.txt").read_text() == "after\n"
     line = (s / "checkpoints").read_text()
     assert line.startswith("1\tturn 1\t") and "1 file changed" in line and "'edit the notes'" in line
-    (s / "ctl").write_text("undo\n")
+    (s / "ctl").write_text("rewind 1\n")  # a dry run changes nothing, and says nothing in the chat
+    assert "going back" not in (s / "chat").read_text()
+    (s / "ctl").write_text("undo --chat\n")
     assert (work / "notes.txt").read_text() == "before\n"
     assert (s / "checkpoints").read_text() == ""
+    # Whoever follows the chat sees the turn above taken back, as when typed in a prompt.
+    assert (s / "chat").read_text().endswith(":: went back to before turn 1 (undid turn 1):\nrestore notes.txt\n")
     with pytest.raises(OSError):
         (s / "ctl").write_text("rewind 1 --bogus\n")
 

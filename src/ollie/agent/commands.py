@@ -28,20 +28,30 @@ SHELL_TIMEOUT = 300.0
 Handler = Callable[[Core, str], Awaitable[str | None]]
 
 
+def _never(arg: str) -> bool:
+    return False
+
+
 @dataclass(frozen=True, slots=True)
 class Command:
     name: str
     help: str
     run: Handler
     aliases: tuple[str, ...] = ()
+    # Whether, with this argument, it changes the conversation or the files: its outcome then goes
+    # in the chat however it was given (typed in a prompt, every outcome does), so that whoever
+    # reads the chat sees that what is above was taken back.
+    changes: Callable[[str], bool] = _never
 
 
 COMMANDS: dict[str, Command] = {}  # by name and by alias
 
 
-def command(name: str, help: str, aliases: tuple[str, ...] = ()) -> Callable[[Handler], Handler]:
+def command(
+    name: str, help: str, aliases: tuple[str, ...] = (), changes: Callable[[str], bool] = _never
+) -> Callable[[Handler], Handler]:
     def register(fn: Handler) -> Handler:
-        cmd = Command(name, help, fn, aliases)
+        cmd = Command(name, help, fn, aliases, changes)
         for key in (name, *aliases):
             COMMANDS[key] = cmd
         return fn
@@ -60,6 +70,15 @@ async def run(core: Core, name: str, arg: str = "") -> str | None:
     if cmd is None:
         raise InvalidValue(f"unknown command {name[:40]!r}; commands: {', '.join(names())}")
     return await cmd.run(core, arg.strip())
+
+
+async def run_noted(core: Core, name: str, arg: str = "") -> str | None:
+    """`run`, for a control file: the outcome of a command that changed the conversation or the
+    files (`Command.changes`) also goes in the chat, as a prompt's command's does."""
+    out = await run(core, name, arg)
+    if out and COMMANDS[name].changes(arg.strip()):
+        core.emit(Event("info", out))
+    return out
 
 
 async def submit(core: Core, line: str) -> None:
@@ -199,7 +218,7 @@ async def _compact(core: Core, arg: str) -> None:
     await core.compact()
 
 
-@command("clear", "forget the history (it stays on disk in compaction.jsonl)")
+@command("clear", "forget the history (it stays on disk in compaction.jsonl)", changes=lambda arg: True)
 async def _clear(core: Core, arg: str) -> str:
     core.clear()
     return "history cleared"
@@ -211,13 +230,17 @@ async def _checkpoints(core: Core, arg: str) -> str:
     return (checkpoints.listing() if checkpoints else "").rstrip() or "(no checkpoints)"
 
 
-@command("undo", "take back what the last turn changed in the cwd: undo [--force] [--chat]")
+@command("undo", "take back what the last turn changed in the cwd: undo [--force] [--chat]", changes=lambda arg: True)
 async def _undo(core: Core, arg: str) -> str:
     flags = _flags(arg, {"--force", "--chat"})
     return await core.rewind(1, force="--force" in flags, chat="--chat" in flags)
 
 
-@command("rewind", "go back N checkpoints: rewind N shows what it would change, rewind N --yes does it")
+@command(
+    "rewind",
+    "go back N checkpoints: rewind N shows what it would change, rewind N --yes does it",
+    changes=lambda arg: "--yes" in arg.split(),
+)
 async def _rewind(core: Core, arg: str) -> str:
     number, _, rest = arg.partition(" ")
     flags = _flags(rest, {"--yes", "--force", "--chat"})

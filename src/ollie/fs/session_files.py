@@ -381,7 +381,7 @@ async def _ctl(session: Session, sessions: Sessions, line: str) -> str | None:
             check_cwd(arg)
     if verb not in commands.COMMANDS:
         raise FsError(E.EINVAL, f"unknown command {verb[:40]!r}; commands: {_ctl_help()}")
-    return await commands.run(core, verb, arg)
+    return await commands.run_noted(core, verb, arg)
 
 
 def _ctl_help() -> str:
