@@ -395,7 +395,14 @@ def test_s_listing_hides_fixed_files_and_is_in_creation_order(fs_server):
     assert not {"new", "idx", "sh", "ls", "kill"} & set(listing)
     assert [i for i in listing if i in ids] == ids
     assert sorted(listing) == listing
-    assert (fs_server.mnt / "s" / "new").read_text() == "name=\ncwd=\nbackend=\nmodel=\nagent=\n"
+    template = (fs_server.mnt / "s" / "new").read_text()
+    assert template == "name=\ncwd=\nbackend=\nmodel=\nagent=\nworktree=\n"
+    # The template filled in and written back whole makes a session: an empty value is the default.
+    with open(fs_server.mnt / "s" / "new", "r+") as f:
+        f.write(template.replace("cwd=\n", f"cwd={fs_server.work}\n"))
+        f.seek(0)
+        made = f.read().strip()
+    assert f"{made}\tidle\t{fs_server.work}\t" in (fs_server.mnt / "s" / "idx").read_text()
     idx = (fs_server.mnt / "s" / "idx").read_text()
     assert f"{ids[0]}\tidle\t{fs_server.work}\tscripted\t" in idx
     assert os.access(fs_server.mnt / "s" / "ls", os.X_OK)

@@ -93,7 +93,7 @@ def root_ctl(sessions: SessionMaker) -> CtlFile:
     return CtlFile(act)
 
 
-NEW_TEMPLATE = "".join(f"{k}=\n" for k in ("name", "cwd", "backend", "model", "agent"))
+NEW_TEMPLATE = "".join(f"{k}=\n" for k in ("name", "cwd", "backend", "model", "agent", "worktree"))
 
 
 class NewHandle(SnapshotHandle):
