@@ -452,6 +452,15 @@ def test_rename_and_kill(fs_server):
     assert fs_server.sh("s/kill nosuch", check=False).returncode != 0
 
 
+def test_mkdir_makes_a_named_session_whose_cwd_is_then_set(fs_server):
+    fs_server.sh(f"mkdir s/made && echo 'cwd {fs_server.work}' > s/made/ctl")
+    assert "made" not in os.listdir(fs_server.mnt / "s")  # named: found by name, listed in idx
+    assert f"made\tidle\t{fs_server.work}\t" in (fs_server.mnt / "s" / "idx").read_text()
+    assert fs_server.sh("mkdir s/made", check=False).returncode != 0  # the name is taken
+    assert fs_server.sh("mkdir s/new", check=False).returncode != 0  # a fixed name
+    fs_server.sh("rm -r s/made")
+
+
 def test_agent_configs_read_write_cp_mv_rm(fs_server):
     a = fs_server.mnt / "a"
     assert "default.json" in os.listdir(a)
