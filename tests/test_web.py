@@ -368,6 +368,15 @@ def test_loopback_only_without_a_token_file(web, tmp_path):
     assert not Path(tmp_path / "x.pid").exists()
 
 
+def test_a_port_another_program_holds_is_said_in_words_with_the_way_out(web, tmp_path):
+    taken = web.url.split("//")[1].split("/")[0]  # the running server's page holds it
+    out = web.ollie("srv", "start", "--no-mount", "--socket", str(tmp_path / "x"), "--web", taken, check=False)
+    assert out.returncode != 0
+    assert f"the web page cannot listen on {taken}: another program does" in out.stderr
+    assert "ollie web --addr" in out.stderr and "Errno" not in out.stderr
+    assert not Path(tmp_path / "x.pid").exists()
+
+
 def test_a_token_from_the_environment_is_held_to_a_token_files_length(monkeypatch):
     """`srv start` hands the token to its server in $OLLIE_WEB_TOKEN, which a service's unit may set
     too: a short one opened the page to the network, where a file's is refused under 16 characters."""

@@ -11,6 +11,8 @@ Killed sessions past their retention are pruned at start and every transcripts.P
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import errno as E
 import gc
 import logging
 import os
@@ -66,14 +68,16 @@ class Server:
             if self.opts.tcp:
                 token = self.opts.token or secrets.token_urlsafe(24)
                 _write_private(self.opts.token_file, token + "\n")
-                self.listeners.append(await serve_tcp(ns, *self.opts.tcp, token=token))
+                with _port("9P", self.opts.tcp, "--tcp"):
+                    self.listeners.append(await serve_tcp(ns, *self.opts.tcp, token=token))
             if self.opts.mount is not None:
                 self.mount = Mount(ns, str(self.opts.mount))
                 await self.mount.start()
             if self.opts.web:
                 from ..web.app import Web
 
-                self.web = Web(ns, sessions, jobs, *self.opts.web, token=self.opts.web_token)
+                with _port("the web page", self.opts.web, "`ollie web --addr`, `ollie srv start --web`"):
+                    self.web = Web(ns, sessions, jobs, *self.opts.web, token=self.opts.web_token)
                 await self.web.start()
                 _write_private(self.opts.web_file, self.web.url + "\n")
             _write_private(self.opts.pid_file, f"{os.getpid()}\n{self.opts.mount or ''}\n")
@@ -127,6 +131,25 @@ def _raise_fd_limit() -> None:
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft != resource.RLIM_INFINITY and (hard == resource.RLIM_INFINITY or soft < hard):
         resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+
+
+class PortTaken(OSError):
+    def __str__(self) -> str:
+        return self.strerror or ""
+
+
+@contextlib.contextmanager
+def _port(what: str, where: tuple[str, int], flags: str):
+    """A listener's start, whose port another program holding it is said in words, with the way out."""
+    try:
+        yield
+    except OSError as e:
+        if e.errno != E.EADDRINUSE:
+            raise
+        host, port = where
+        raise PortTaken(
+            E.EADDRINUSE, f"{what} cannot listen on {host}:{port}: another program does; give it another port ({flags})"
+        ) from None
 
 
 def _write_private(path: Path, text: str) -> None:
