@@ -289,6 +289,8 @@ def test_stop_interrupts_the_turn(web, browser):
 def test_a_job_submitted_in_the_page_shows_up_in_b(web, browser):
     browser.get(web.url.split("?")[0] + "#/b")
     spec = until(lambda: by_id(browser, "spec"), what="the spec box")
+    template = (web.mnt / "b" / "new").read_text()  # what the page offers is the file's template
+    until(lambda: spec.get_attribute("value") == template, what="the template")
     spec.clear()
     spec.send_keys(f"name=webjob\ncwd={web.work}\nagent=default\n---\nsummarise nothing")
     by_id(browser, "submit-job").click()
@@ -423,6 +425,12 @@ def test_the_new_session_button_makes_one_through_ctl(web, browser):
     from selenium.webdriver.support.ui import Select
 
     Select(by_id(browser, "new-agent")).select_by_value("tooler")
+    backend = Select(by_id(browser, "new-backend"))
+    values = [o.get_attribute("value") for o in backend.options]
+    assert values[0] == "" and backend.options[0].text == "the agent's backend"
+    assert {"scripted", "local"} <= set(values)
+    assert len([o for o in backend.options if o.text.endswith(" (default)")]) == 1
+    backend.select_by_value("local")  # not the agent's: the form's choice reaches the session
     cwd = by_id(browser, "new-cwd")
     cwd.clear()
     cwd.send_keys(str(web.work))
@@ -431,7 +439,8 @@ def test_the_new_session_button_makes_one_through_ctl(web, browser):
     until(lambda: "#/s/" in browser.current_url, what="the new session's page")
     sid = browser.current_url.rsplit("/", 1)[1]
     assert sid in set(os.listdir(web.mnt / "s")) - before
-    assert "agent=tooler" in (web.mnt / "s" / sid / "cfg").read_text()
+    cfg = (web.mnt / "s" / sid / "cfg").read_text().splitlines()
+    assert "agent=tooler" in cfg and "backend=local" in cfg
     until(lambda: by_id(browser, "state").text == "idle", what="its page")
     browser.get(web.url.split("?")[0] + "#/")  # and its row's end button ends it
     browser.execute_script("window.confirm = () => true")

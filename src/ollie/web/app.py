@@ -329,8 +329,10 @@ def build(  # noqa: C901 (one small handler a route)
 
     async def meta(request: Request) -> Response:
         agents = sorted(st.name[:-5] for st in await ns.list("/a") if st.name.endswith(".json"))
-        backends = await read_file(ns, "/backends")
-        return JSONResponse({"agents": agents, "backends": backends.split("\n"), "cwd": sessions.default_cwd})
+        backends = (await read_file(ns, "/backends")).split("\n")
+        job_template = await read_file(ns, "/b/new")  # the page fills in what the file offers
+        found = {"agents": agents, "backends": [b for b in backends if b], "cwd": sessions.default_cwd}
+        return JSONResponse({**found, "jobTemplate": job_template})
 
     async def new_session(request: Request) -> Response:
         body = await _body(request)

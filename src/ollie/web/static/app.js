@@ -91,17 +91,22 @@ function sessionsView() {
   const stateSel = el("select", { id: "statefilter" },
     el("option", { value: "" }, "every state"), el("option", { value: "busy" }, "busy"), el("option", { value: "idle" }, "idle"));
   const agentSel = el("select", { id: "new-agent" });
+  const backendSel = el("select", { id: "new-backend" }, el("option", { value: "" }, "the agent's backend"));
   const cwd = el("input", { id: "new-cwd", placeholder: "cwd (absolute)", size: 28 });
   const model = el("input", { id: "new-model", placeholder: "model (default)", size: 16 });
   const count = el("span", { class: "muted" });
   api("/api/meta").then((m) => {
     for (const a of m.agents) agentSel.append(el("option", { value: a }, a));
     agentSel.value = m.agents.includes("default") ? "default" : (m.agents[0] || "");
+    for (const b of m.backends) {  // "name *" is the default
+      const name = b.replace(/ \*$/, "");
+      backendSel.append(el("option", { value: name }, name + (name === b ? "" : " (default)")));
+    }
     cwd.value = m.cwd;
   }).catch((e) => say(e.message, true));
   const create = async () => {
     try {
-      const r = await api("/api/s/new", { agent: agentSel.value, cwd: cwd.value, model: model.value });
+      const r = await api("/api/s/new", { agent: agentSel.value, backend: backendSel.value, cwd: cwd.value, model: model.value });
       location.hash = "#/s/" + enc(r.id);
     } catch (e) { say(e.message, true); }
   };
@@ -166,7 +171,7 @@ function sessionsView() {
   } });
   main.replaceChildren(
     el("div", { class: "bar" }, filter, stateSel, count),
-    el("div", { class: "bar" }, el("strong", {}, "new session:"), agentSel, cwd, model,
+    el("div", { class: "bar" }, el("strong", {}, "new session:"), agentSel, backendSel, cwd, model,
       el("button", { id: "new-session", onclick: create }, "start")),
     el("table", { id: "sessions" }, el("thead", {}, el("tr", {}, ...cells.map((c) => el("th", {}, c === "ctx" ? "context" : c)), el("th"))), body),
   );
@@ -453,12 +458,11 @@ function promptBox(id) {
 }
 
 // ---- batch jobs ---------------------------------------------------------------------------------
-const TEMPLATE = "name=\ncwd=\nagent=\nbackend=\nmodel=\noutput=\nparallel=1\n---\n";
 function jobsView() {
   const rows = new Map();
   const body = el("tbody");
   const spec = el("textarea", { class: "spec", id: "spec" });
-  spec.value = TEMPLATE;
+  api("/api/meta").then((m) => { if (!spec.value) spec.value = m.jobTemplate; }).catch((e) => say(e.message, true));
   const answer = el("span", { class: "muted", id: "submitted" });
   const cards = el("div", { class: "cols", id: "cards" });
   const runs = el("datalist", { id: "runs" });
