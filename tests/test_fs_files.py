@@ -472,6 +472,9 @@ def test_agent_configs_read_write_cp_mv_rm(fs_server):
         (a / "small.json").write_text('{"maxSteps": "many"}')
     with pytest.raises(OSError):
         (a / "small.json").write_text("{not json")
+    with pytest.raises(OSError):  # a backend's name mistyped is heard of now, not at a session's start
+        (a / "small.json").write_text('{"backend": "antropic"}')
+    assert "unknown backend 'antropic'; backends: " in (a / "small.json.err").read_text()
     assert json.loads((a / "small.json").read_text())["maxSteps"] == 3
     fs_server.sh("rm a/moved.json")
     assert not (fs_server.cfg / "agents" / "moved.json").exists()

@@ -208,4 +208,7 @@ def validate_agent(name: str, text: str) -> None:
         data = json.loads(text)
     except json.JSONDecodeError as e:
         raise FsError(E.EINVAL, f"{name}: invalid JSON at line {e.lineno} column {e.colno}: {e.msg}") from None
-    config.parse_agent(stem, data, name)
+    agent = config.parse_agent(stem, data, name)
+    if agent.backend and agent.backend not in backends.names():  # a typo heard of now, not at a session's start
+        known = ", ".join(backends.names())
+        raise FsError(E.EINVAL, f"{name}: unknown backend {agent.backend!r}; backends: {known}")
