@@ -17,7 +17,7 @@ from ollie.agent.session import SessionStore
 from ollie.chatfmt import cost_text, usage_text
 from ollie.config import AgentConfig
 from ollie.tools import Tool, ToolResult, execute
-from ollie.types import GenerationParams, Message, ToolCall, ToolSpec
+from ollie.types import BackendError, GenerationParams, Message, RateLimitError, ToolCall, ToolSpec
 from test_execute import alive
 
 
@@ -216,7 +216,8 @@ async def test_every_hook_event_gets_its_payload(cores, tmp_path, hooks_write):
         cfg=cfg,
     )
     await core.submit("go")
-    await core.submit("fails")
+    with pytest.raises(RateLimitError, match="quota"):
+        await core.submit("fails")
     await core.compact()
     payloads = [json.loads(line) for line in log.read_text().splitlines() if line]
     seen = [p["event"] for p in payloads]
@@ -239,8 +240,8 @@ async def test_hook_exit_codes(cores, tmp_path):
     )
     core, backend, server, events = await cores.open(
         [
-            {"tool_calls": [call("write"), call("echo", text="e")]},
-            {"text": "ok", "expect": "blocked by a preTool hook: writes are off"},
+            {"tool_calls": [call("echo", text="e"), call("write")]},
+            {"text": "ok", "expect": "blocked by a preTool hook: writes are off"},  # the last result's
         ],
         cfg=cfg,
     )
@@ -440,7 +441,9 @@ async def test_inject_replace_inject_and_queue_commands(cores):
     assert await run(core, events, "/irw second thought") == "injected (replacing)"
     assert await run(core, events, "/q later please") == "queued (1 waiting)"
     assert await run(core, events, "/i") == "/i: usage: inject <message>"
-    await task
+    assert await task == "saw it"  # its own turn's reply, the injection's follow-up in it
+    while core.running:  # then the queued prompt's turn
+        await asyncio.sleep(0.01)
     assert core.reply == "later done"
     assert "first thought" not in json.dumps([m.to_dict() for m in core.session.messages])
     # on an idle session they start the turn: idle means nothing is queued
@@ -487,7 +490,8 @@ async def test_post_turn_and_turn_error_output_rides_with_the_next_prompt(cores)
         cfg=cfg,
     )
     await core.submit("one")
-    await core.submit("two")
+    with pytest.raises(BackendError, match="boom"):
+        await core.submit("two")
     assert backend.requests[1][-1].content == "two\n\nnote: lint is clean"
     await core.submit("three")
     # the failed turn's postTurn never ran; its turnError output came along, once
@@ -596,7 +600,8 @@ async def test_hook_notes_are_kept_once_bounded_and_dropped_by_clear(cores):
         [*[{"error": {"type": "other", "message": "boom"}}] * 12, {"text": "fresh", "expect": "after clear"}], cfg=cfg
     )
     for _ in range(12):
-        await core.submit("try")
+        with pytest.raises(BackendError, match="boom"):
+            await core.submit("try")
     # each failed turn's prompt carried the note it found waiting, and none piled up
     assert [m.content for m in core.session.messages][-1] == "try\n\nnote: it failed"
     assert core.session.notes == ["note: it failed"]

@@ -16,7 +16,7 @@ from ollie.agent.loop import RESULT_LIMIT
 from ollie.agent.session import SessionStore, list_stored
 from ollie.chatfmt import cost_text
 from ollie.config import AgentConfig
-from ollie.types import ConfigError, InvalidValue, Usage
+from ollie.types import BackendError, ConfigError, InvalidValue, OllieError, StoppedError, TurnError, Usage
 
 
 def call(name, **args):
@@ -78,7 +78,7 @@ async def test_identical_read_only_calls_in_a_batch_run_once(cores):
     assert [m.content for m in core.session.messages if m.role == "tool"] == ["a", "a"]
 
 
-async def test_second_submit_during_a_turn_is_queued_then_run(cores):
+async def test_a_second_submit_during_a_turn_queues_and_each_gets_its_own_reply(cores):
     core, backend, _, events = await cores.open(
         [
             {"text": "first", "delay": 0.2},
@@ -87,9 +87,11 @@ async def test_second_submit_during_a_turn_is_queued_then_run(cores):
     )
     first = asyncio.create_task(core.submit("one"))
     await asyncio.sleep(0.05)
-    await core.submit("two")  # returns at once: queued
-    assert core.queued() == ["two"]
-    await first
+    second = asyncio.create_task(core.submit("two"))
+    await asyncio.sleep(0.01)
+    assert core.queued() == ["two"] and not second.done()  # it waits for its own turn
+    assert await first == "first"
+    assert await second == "second"
     assert core.reply == "second"
     assert [m.content for m in core.session.messages if m.role == "user"] == ["one", "two"]
     backend.assert_consumed()
@@ -164,8 +166,9 @@ async def test_queue_and_inject_on_an_idle_session_start_the_turn(cores):
     await asyncio.sleep(0.05)
     core.queue("queued behind four")
     assert core.queued() == ["queued behind four"]  # a turn runs: it waits
-    await task
-    assert core.reply == "five done" and core.state == "idle" and core.queued() == []
+    assert await task == "four"  # its own turn's reply; the queued prompt runs next
+    await until_idle()
+    assert core.reply == "five done" and core.queued() == []
     backend.assert_consumed()
 
 
@@ -208,7 +211,8 @@ async def test_backend_error_ends_the_turn_keeps_work_and_session_stays_usable(c
             {"text": "fine now"},
         ]
     )
-    await core.submit("first")
+    with pytest.raises(BackendError, match="model exploded"):  # what ended the turn, raised from submit
+        await core.submit("first")
     errors = [e.text for e in events if e.kind == "error"]
     assert errors == ["scripted (HTTP 400): model exploded"]
     assert [m.role for m in core.session.messages] == ["user", "assistant", "tool"]
@@ -254,7 +258,8 @@ async def test_long_results_are_cut_with_the_rest_saved_where_the_model_can_read
 async def test_failing_rounds_nudge_at_five_and_stop_at_ten(cores):
     script = [{"tool_calls": [call("fail", why=f"bad {i}")]} for i in range(10)]
     core, backend, _, events = await cores.open(script)
-    await core.submit("try")
+    with pytest.raises(TurnError, match="10 consecutive tool rounds failed"):
+        await core.submit("try")
     tool_results = [m.content for m in core.session.messages if m.role == "tool"]
     assert "tool rounds in a row failed" in tool_results[4]
     assert "tool rounds in a row failed" not in tool_results[3]
@@ -346,7 +351,8 @@ async def test_a_spending_cap_refuses_a_model_without_a_price_unless_told(cores,
     monkeypatch.setenv("OLLIE_MAX_SESSION_COST", "0.01")
     core, backend, _, events = await cores.open([{"text": "hi", "usage": {"input_tokens": 10**6}}])
     backend.name, backend.model = "openai", "mystery-model-7"  # a provider's model no price list knows
-    await core.submit("go")
+    with pytest.raises(TurnError, match="no price is known"):
+        await core.submit("go")
     [error] = [e.text for e in events if e.kind == "error"]
     assert error.startswith("no price is known for model 'mystery-model-7' (backend openai), so ")
     assert "prices.yaml" in error and "OLLIE_ALLOW_UNPRICED=1" in error
@@ -376,17 +382,20 @@ async def test_spending_cap_is_checked_before_every_request_and_keeps_what_was_p
             {"tool_calls": [call("echo", text="paid")], "usage": {"input_tokens": 10, "cost": 0.5}},
         ]
     )
-    await core.submit("go")
+    with pytest.raises(TurnError, match="exceeds OLLIE_MAX_SESSION_COST"):
+        await core.submit("go")
     assert [e.text for e in events if e.kind == "error"] == [
         "session cost $0.5000 exceeds OLLIE_MAX_SESSION_COST=$0.01; raise the cap to go on"
     ]
     assert [m.role for m in core.session.messages] == ["user", "assistant", "tool"]  # the paid answer and its call
-    await core.submit("more")  # refused before the turn: no request, the prompt not taken into history
+    with pytest.raises(TurnError, match="OLLIE_MAX_SESSION_COST"):  # refused before the turn: no request,
+        await core.submit("more")  # the prompt not taken into history
     assert len(backend.requests) == 1 and core.session.messages[-1].content == "paid"
     errors = [e.text for e in events if e.kind == "error"]
     assert core.state == "idle" and len(errors) == 2 and "OLLIE_MAX_SESSION_COST" in errors[-1]
     monkeypatch.setenv("OLLIE_MAX_SESSION_COST", "ten dollars")
-    await core.submit("more")
+    with pytest.raises(OllieError, match="not an amount of US dollars"):
+        await core.submit("more")
     assert (
         "OLLIE_MAX_SESSION_COST='ten dollars' is not an amount of US dollars"
         in [e for e in events if e.kind == "error"][-1].text
@@ -446,13 +455,49 @@ async def test_a_torn_last_history_line_is_dropped_and_the_session_goes_on(cores
     assert [m.content for m in third.session.messages] == ["one", "a", "two", "b"]
 
 
+async def test_a_cancelled_submit_takes_its_prompt_back(cores):
+    """A timeout around `submit` stops what it asked for: its turn interrupted, or its prompt out
+    of the queue; a prompt taken back with pop_queue tells its submit so."""
+    core, backend, _, events = await cores.open([{"text": "too late", "delay": 30}, {"text": "again", "delay": 30}])
+
+    async def stopped() -> None:
+        async with asyncio.timeout(2):
+            while core.running:
+                await asyncio.sleep(0.01)
+
+    with pytest.raises(TimeoutError):
+        await asyncio.wait_for(core.submit("one"), 0.2)
+    await stopped()
+    assert core.reply == "" and "interrupted" in [e.text for e in events]
+    slow = asyncio.create_task(core.submit("two is slow"))
+    await asyncio.sleep(0.05)
+    queued = asyncio.create_task(core.submit("dropped"))
+    taken = asyncio.create_task(core.submit("taken back"))
+    await asyncio.sleep(0.01)
+    queued.cancel()
+    await asyncio.sleep(0.01)
+    assert core.queued() == ["taken back"]
+    assert core.pop_queue() == "taken back"
+    with pytest.raises(OllieError, match="taken back from the queue"):
+        await taken
+    slow.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await slow
+    await stopped()
+    assert core.queued() == []
+    assert [m.content for m in core.session.messages if m.role == "user"] == ["one", "two is slow"]
+
+
 async def test_close_during_a_turn_starts_no_queued_prompt(cores):
     core, backend, _, _ = await cores.open([{"text": "slow", "delay": 30}])
     task = asyncio.create_task(core.submit("one"))
     await asyncio.sleep(0.05)
-    await core.submit("two")
+    two = asyncio.create_task(core.submit("two"))
+    await asyncio.sleep(0.01)
     await asyncio.wait_for(cores.close(core), 5)
-    await task
+    assert await task == ""  # its turn was stopped, as an interrupt stops it
+    with pytest.raises(OllieError, match="the session closed before the prompt ran"):
+        await two
     assert len(backend.requests) == 1
 
 
@@ -504,7 +549,8 @@ async def test_an_expectation_the_loop_reported_still_fails_assert_consumed(core
     from ollie.backends.scripted import ScriptError
 
     core, backend, _, events = await cores.open([{"text": "x", "expect": "something else"}])
-    await core.submit("hi")
+    with pytest.raises(ScriptError):
+        await core.submit("hi")
     assert [e.text for e in events if e.kind == "error"][0].startswith("scripted backend: expected 'something else'")
     with pytest.raises(ScriptError):
         backend.assert_consumed()
@@ -549,7 +595,8 @@ async def test_an_answer_that_is_no_answer_is_reported_and_kept_without_its_call
             {"text": "next turn", "expect": "again"},
         ]
     )
-    await core.submit("go")
+    with pytest.raises(StoppedError, match=words):
+        await core.submit("go")
     errors = [e for e in events if e.kind == "error"]
     assert len(errors) == 1 and words in errors[0].text and errors[0].data["error_type"] == stop_reason
     assert server.calls == []  # its calls were not run

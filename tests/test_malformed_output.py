@@ -19,7 +19,7 @@ from ollie.backends.scripted import ScriptedBackend
 from ollie.config import AgentConfig
 from ollie.textcalls import MAX_DEPTH
 from ollie.tools import dispatcher_factory
-from ollie.types import ConfigError, GenerationParams, ToolSpec
+from ollie.types import BackendError, ConfigError, GenerationParams, ToolSpec
 from wire import WireServer, sse, stream_reply
 from wire import anthropic as anthropic_wire
 from wire import ollama as ollama_wire
@@ -328,7 +328,8 @@ async def test_openai_lone_surrogates_never_reach_the_next_request(server):
 async def test_openai_answers_that_are_no_answer_end_the_turn_with_an_error_event(server, data, error):
     server.reply(PATH, stream_reply(sse([(None, data), (None, chunk({}, "stop")), (None, "[DONE]")])))
     core, _, events = await wire_core(openai_backend(server))
-    await core.submit("go")
+    with pytest.raises(BackendError):  # what ended the turn; the session stays usable
+        await core.submit("go")
     assert [e.text for e in events if e.kind == "error"][0].startswith(error)
     assert kinds(events)[-2:] == ["error", "done"] and core.state == "idle"
     assert [m.role for m in core.session.messages] == ["user"]
@@ -341,7 +342,8 @@ async def test_ollama_usage_that_is_no_number_ends_the_turn_with_an_error_event(
     server.route(ollama_wire.SHOW, lambda req: ollama_wire.show(32768))
     server.reply(ollama_wire.CHAT, ollama_wire.chat([{**ollama_wire.done_line(), "eval_count": "many"}]))
     core, _, events = await wire_core(backends.create("ollama", "llama3.2"))
-    await core.submit("go")
+    with pytest.raises(BackendError):  # what ended the turn; the session stays usable
+        await core.submit("go")
     assert [e.text for e in events if e.kind == "error"] == [
         "ollama: malformed answer: its usage (output_tokens) is not in numbers"
     ]
@@ -370,7 +372,8 @@ async def test_ollama_lines_that_cannot_be_read_end_the_turn_with_an_error_event
     server.route(ollama_wire.SHOW, lambda req: ollama_wire.show(32768))
     server.reply(ollama_wire.CHAT, stream_reply([line], content_type="application/x-ndjson"))
     core, _, events = await wire_core(backends.create("ollama", "llama3.2"))
-    await core.submit("go")
+    with pytest.raises(BackendError):  # what ended the turn; the session stays usable
+        await core.submit("go")
     assert [e.text for e in events if e.kind == "error"][0].startswith(error)
     assert [m.role for m in core.session.messages] == ["user"] and core.state == "idle"
     assert_history_valid(core)
@@ -403,7 +406,8 @@ async def test_anthropic_event_nested_too_deeply_ends_the_turn_with_an_error_eve
     deep = '{"type": "message_start", "message": ' + "[" * DEEP + "]" * DEEP + "}"
     server.reply(anthropic_wire.PATH, stream_reply(sse([("message_start", deep)])))
     core, _, events = await wire_core(backends.create("anthropic"))
-    await core.submit("go")
+    with pytest.raises(BackendError):  # what ended the turn; the session stays usable
+        await core.submit("go")
     assert [e.text for e in events if e.kind == "error"] == [
         "anthropic: malformed stream event: nested too deeply to read"
     ]

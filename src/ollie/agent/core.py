@@ -29,6 +29,7 @@ from ..types import (
     InvalidValue,
     NotFound,
     OllieError,
+    TurnError,
     Usage,
 )
 from . import compaction, loop
@@ -50,6 +51,21 @@ log = logging.getLogger("ollie.core")
 
 HOOK_FOLLOW_UPS = 10  # turns in a row a hook's exit 2 may start
 FIELDS = ("state", "usage", "ctxsz", "cwd", "reply")
+
+
+@dataclass(slots=True)
+class _Prompt:
+    """A prompt to run, and the `submit` that waits for its turn's outcome, if any."""
+
+    text: str
+    outcome: asyncio.Future[str] | None = None
+
+    def settle(self, reply: str, error: OllieError | None) -> None:
+        if self.outcome is not None and not self.outcome.done():
+            if error is None:
+                self.outcome.set_result(reply)
+            else:
+                self.outcome.set_exception(error)
 
 
 @dataclass
@@ -100,8 +116,10 @@ class Core:
             self._rt.window.length = agent.context_window
         self._new_dispatcher = cfg.new_dispatcher
         self._length_known = False  # the backend was asked for its context window
-        self._queue: collections.deque[str] = collections.deque()
+        self._queue: collections.deque[_Prompt] = collections.deque()
         self._turn: asyncio.Task[None] | None = None
+        self._running: _Prompt | None = None  # the prompt whose turn (or its follow-ups) runs
+        self._turn_error: OllieError | None = None  # what ended the last turn, if anything
         self._holder = ""  # what holds the session between awaits (a switch, a compaction), if anything
         self._save_meta()
         tmpdir.mkdir(exist_ok=True, mode=0o700)
@@ -261,29 +279,56 @@ class Core:
             self._rt.state.reply = text
 
     # ---- prompts -------------------------------------------------------------------------------------
-    async def submit(self, prompt: str) -> None:
-        """Run `prompt` (and every follow-up) to completion; while a turn runs, queue it instead.
+    async def submit(self, prompt: str) -> str:
+        """Run `prompt` (and the follow-ups its hooks ask for) to completion, and return its
+        turn's reply; while a turn runs, the prompt queues and this waits for its own turn.
+        Raises the `OllieError` that ended its turn (a `BackendError`, a `TurnError`; completed
+        work is kept and the session stays usable); an interrupt ends it without one.
+        Cancelling the call takes the prompt back: out of the queue, or the turn interrupted.
         The prompt is only a prompt: `/commands` and `!shell` lines are `commands.submit`'s."""
-        await asyncio.shield(self.start(prompt))
+        outcome: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        self.start(prompt, outcome)
+        try:
+            return await asyncio.shield(outcome)
+        except asyncio.CancelledError:
+            self._withdraw(outcome)
+            raise
 
-    def start(self, prompt: str) -> asyncio.Future[None]:
-        """`submit` in the background. The turn counts as running from this call on: `state`,
-        `reply` and the refusals of settings see it at once."""
+    def _withdraw(self, outcome: asyncio.Future[str]) -> None:
+        """A cancelled `submit`: its prompt out of the queue, or its turn interrupted."""
+        outcome.cancel()
+        for queued in self._queue:
+            if queued.outcome is outcome:
+                self._queue.remove(queued)
+                self._rt.bus.notify()
+                return
+        if self._running is not None and self._running.outcome is outcome:
+            self.interrupt()
+
+    def start(self, prompt: str, outcome: asyncio.Future[str] | None = None) -> asyncio.Future[None]:
+        """`submit` in the background (`outcome`, if given, gets what `submit` returns or
+        raises). The turn counts as running from this call on: `state`, `reply` and the refusals
+        of settings see it at once."""
         prompt = prompt.strip()
         if prompt and (self.running or self._holder):
-            self._queue.append(prompt)
+            self._queue.append(_Prompt(prompt, outcome))
             # The reply a running turn already gave (its checkpoint and postTurn hooks still run) is
             # stale once a prompt waits: a script that writes `prompt`, then waits for `reply`, read it.
             self._rt.state.reply = ""
             self.emit(Event("info", f"queued: {prompt[:80]}"))
         elif prompt:
-            self._rt.state.reply = ""
-            self._rt.bus.set_state("thinking")
-            self._turn = asyncio.create_task(self._run_until_idle(prompt))
-            return self._turn
+            return self._begin(_Prompt(prompt, outcome))
+        elif outcome is not None:
+            outcome.set_result("")
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         done.set_result(None)
         return done
+
+    def _begin(self, first: _Prompt) -> asyncio.Task[None]:
+        self._rt.state.reply = ""
+        self._rt.bus.set_state("thinking")
+        self._turn = asyncio.create_task(self._run_until_idle(first))
+        return self._turn
 
     def interrupt(self) -> bool:
         """Stop the running turn (completed work is kept); False when none runs."""
@@ -308,48 +353,73 @@ class Core:
         prompt = prompt.strip()
         if not prompt:
             return False
-        self._queue.append(prompt)
+        self._queue.append(_Prompt(prompt))
         self._rt.bus.notify()
         if self.running or self._holder:  # the queue runs when the turn or the holder is done
             self._rt.state.reply = ""  # stale, as in `start`
             return False
-        self.start(self._queue.popleft()).add_done_callback(_log_failure)
+        self._begin(self._queue.popleft()).add_done_callback(_log_failure)
         return True
 
     def pop_queue(self) -> str | None:
-        return self._queue.popleft() if self._queue else None
+        """Take back the next queued prompt (a `submit` waiting for it is told so)."""
+        if not self._queue:
+            return None
+        taken = self._queue.popleft()
+        taken.settle("", OllieError("the prompt was taken back from the queue before it ran"))
+        return taken.text
 
     def queued(self) -> list[str]:
-        return list(self._queue)
+        return [queued.text for queued in self._queue]
 
-    async def _run_until_idle(self, prompt: str | None) -> None:
+    async def _run_until_idle(self, first: _Prompt) -> None:
         try:
-            await self._run_turns(prompt)
+            await self._run_turns(first)
         finally:
             self._rt.bus.set_state("idle")  # only now: no queued or follow-up turn is left to run
 
-    async def _run_turns(self, prompt: str | None) -> None:
+    async def _run_turns(self, first: _Prompt) -> None:
         follow_ups = 0  # turns in a row that a postTurn or turnError hook asked for
-        while prompt is not None:
-            follow_up = await self._guarded_turn(prompt)
-            follow_ups = follow_ups + 1 if follow_up is not None else 0
-            if follow_ups > HOOK_FOLLOW_UPS:  # a hook that always exits 2 would run turns (and bills) forever
-                self.emit(
-                    Event(
-                        "info",
-                        f"hooks asked for {HOOK_FOLLOW_UPS} more turns in a row; not another "
-                        "(does a postTurn or turnError hook always exit 2?)",
-                    )
+        current: _Prompt | None = first
+        prompt = first.text
+        try:
+            while current is not None:
+                self._running = current
+                follow_up = await self._guarded_turn(prompt)
+                follow_ups, follow_up = self._follow_up(follow_up, follow_ups)
+                if follow_up is not None:
+                    prompt = follow_up  # still the same prompt's work
+                    continue
+                current.settle(self._rt.state.reply, self._turn_error)
+                current = self._queue.popleft() if self._queue else None
+                prompt = current.text if current else ""
+        finally:
+            self._running = None
+            if current is not None:  # the runner itself was cancelled (the session closes)
+                current.settle("", OllieError("the session closed before the turn ended"))
+
+    def _follow_up(self, follow_up: str | None, follow_ups: int) -> tuple[int, str | None]:
+        """The turn a hook or an injected message asks for next, if any, and how many hooks
+        asked for in a row."""
+        follow_ups = follow_ups + 1 if follow_up is not None else 0
+        if follow_ups > HOOK_FOLLOW_UPS:  # a hook that always exits 2 would run turns (and bills) forever
+            self.emit(
+                Event(
+                    "info",
+                    f"hooks asked for {HOOK_FOLLOW_UPS} more turns in a row; not another "
+                    "(does a postTurn or turnError hook always exit 2?)",
                 )
-                follow_up, follow_ups = None, 0
-            if follow_up is None and self._rt.inject is not None:
-                follow_up, self._rt.inject = self._rt.inject, None
-            prompt = follow_up if follow_up is not None else self.pop_queue()
+            )
+            follow_up, follow_ups = None, 0
+        if follow_up is None and self._rt.inject is not None:
+            follow_up, self._rt.inject = self._rt.inject, None
+        return follow_ups, follow_up
 
     async def _guarded_turn(self, prompt: str) -> str | None:
         """One turn, whatever happens in it: errors become events, completed work is saved."""
         self._rt.bus.set_state("thinking")
         self._rt.say_notices()
+        self._turn_error = None
         try:
             try:
                 if not self._length_known:
@@ -358,11 +428,13 @@ class Core:
             except Exception as e:
                 if not isinstance(e, OllieError):
                     log.error("turn failed", exc_info=e)
+                self._turn_error = e if isinstance(e, OllieError) else TurnError(f"the turn failed: {e!r}")
                 return await loop.turn_failed(self._rt, e)
         except asyncio.CancelledError:  # an interrupt, in the turn or in its turnError hook
             task = asyncio.current_task()
             if task is not None:
                 task.uncancel()
+            self._turn_error = None  # asked for: no failure
             self.emit(Event("info", "interrupted", data={"interrupted": True}))
             return None
         finally:
@@ -421,8 +493,8 @@ class Core:
             yield
         finally:
             self._holder = ""
-            if (prompt := self.pop_queue()) is not None:
-                self.start(prompt)
+            if self._queue:
+                self._begin(self._queue.popleft())
 
     # ---- switching -----------------------------------------------------------------------------------
     async def set_backend(self, name: str, model: str | None = None) -> None:
@@ -525,6 +597,8 @@ class Core:
     async def close(self) -> None:
         """Stop the turn (queued prompts are dropped), close the tool servers, hooks and the
         backend, remove the tmpdir."""
+        for queued in self._queue:
+            queued.settle("", OllieError("the session closed before the prompt ran"))
         self._queue.clear()
         self._rt.inject = None
         if self._turn is not None and self.running:

@@ -6,9 +6,11 @@ of its own (`worktrees`), made first and committed on its branch at the end, wha
 
 from __future__ import annotations
 
+import contextlib
 import os
 from dataclasses import asdict
 
+from ..types import OllieError
 from . import worktrees
 from .job import Job, Spec, jobs_dir, live_parent, outcome, session_settings
 from .sessions import Session, Sessions
@@ -52,7 +54,8 @@ class LocalExecutor:
         core = await job.session.wake()
         errors: list[str] = []
         core.subscribe(lambda ev: errors.append(ev.text) if ev.kind == "error" else None, follows=False)
-        await core.submit(job.prompt)
+        with contextlib.suppress(OllieError):  # what ended the turn is among the error events
+            await core.submit(job.prompt)
         status, result = outcome(core.reply, errors, job.spec.output)
         if tree is not None:  # its work committed on its branch, whatever the answer
             tree = await worktrees.finish(tree, live_parent(self.sessions, parent))

@@ -18,6 +18,7 @@ cancels the task: Ray interrupts the worker's wait, and the session closes its s
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno as E
 import logging
 import os
@@ -392,7 +393,8 @@ async def _follow(
             send(_progress(core, chat.read()))
     finally:
         stopped.cancel()
-    turn.result()
+    with contextlib.suppress(OllieError):  # what ended the turn is among the error events
+        turn.result()
     status, result = outcome(core.reply, errors, task.output)
     send({**_progress(core, chat.read()), "status": status, "result": result})
 
