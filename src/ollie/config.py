@@ -11,7 +11,7 @@ import re
 import shutil
 import stat
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -353,6 +353,22 @@ def parse_agent(name: str, data: Any, path: str = "") -> AgentConfig:
     cfg.hooks = _parse_hooks(where, cfg.hooks)
     _check(cfg, where)
     return cfg
+
+
+def checked_agent(cfg: AgentConfig) -> AgentConfig:
+    """An AgentConfig built in code, held to the rules a config file is (a copy: a hook given as
+    one command string becomes a list of it, as in a file)."""
+    where = f"AgentConfig {cfg.name!r}"
+    if not _NAME.fullmatch(cfg.name):
+        raise ConfigError(f"{where}: invalid name: use letters, digits, '.', '_' and '-'")
+    for attr, kind in _FIELDS.values():
+        value = getattr(cfg, attr)
+        if kind is int and isinstance(value, bool) or not isinstance(value, kind):
+            want = kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
+            raise ConfigError(f"{where}: {attr} must be {want}, got {value!r}")
+    checked = replace(cfg, hooks=_parse_hooks(where, cfg.hooks))
+    _check(checked, where)
+    return checked
 
 
 def _take_field(cfg: AgentConfig, where: str, key: str, value: Any) -> None:

@@ -79,6 +79,7 @@ class CoreConfig:
     # A sub-agent's: the directory its cwd stays in; env.cwd was resolved beneath it (taken as it is)
     cwd_within: str = ""
     tree_cwd: str = ""  # a sub-agent's: the cwd its tree starts from
+    agent_in_code: bool = False  # env.config was built in code: stored as such, to be given again
 
 
 class Core:
@@ -121,6 +122,7 @@ class Core:
         self._running: _Prompt | None = None  # the prompt whose turn (or its follow-ups) runs
         self._turn_error: OllieError | None = None  # what ended the last turn, if anything
         self._holder = ""  # what holds the session between awaits (a switch, a compaction), if anything
+        self._agent_in_code = cfg.agent_in_code
         self._save_meta()
         tmpdir.mkdir(exist_ok=True, mode=0o700)
         telemetry.sessions(1)
@@ -219,7 +221,14 @@ class Core:
 
     def _save_meta(self) -> None:
         rt = self._rt
-        rt.state.save_setup(rt.env.config.name, rt.backend.name, rt.backend.model, rt.system_prompt(), rt.window.size())
+        rt.state.save_setup(
+            rt.env.config.name,
+            rt.backend.name,
+            rt.backend.model,
+            rt.system_prompt(),
+            rt.window.size(),
+            self._agent_in_code,
+        )
 
     # ---- observing -----------------------------------------------------------------------------------
     def subscribe(self, handler: Callable[[Event], None], follows: bool = True) -> Callable[[], None]:
@@ -552,6 +561,7 @@ class Core:
             await rt.hooks.close()
             rt.env, rt.hooks = env, Hooks(cfg, rt.state, rt.bus.emit)
             rt.state.switched(GenerationParams(**cfg.params.nonempty()))
+            self._agent_in_code = False  # a config of the agents path now, found again by name
             if new_backend is not None:
                 old, rt.backend = rt.backend, new_backend
                 await old.aclose()

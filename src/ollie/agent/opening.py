@@ -115,22 +115,16 @@ async def _open(
     tree_cwd: str,
 ) -> Core:
 
-    if not (backend is None or isinstance(backend, str)) and (model or script is not None):
-        raise ConfigError("a backend given built takes no model or script here: give them to it when you build it")
-    if "execute" in servers:
-        raise ConfigError("the tool server name 'execute' is ollie's own (the sandboxed execute_code); choose another")
+    backend = _checked_arguments(backend, model, script, servers)
     meta = None
     if session_id:
         store = SessionStore(session_id, store_root)
         if store.exists():
             meta = store.load_meta()
-    if isinstance(agent, config.AgentConfig):
-        cfg = agent
-    else:
-        cfg = config.load_agent(agent or (meta.agent if meta else None) or "default")
+    cfg = _agent(agent, meta)
     cwd = _cwd(cwd, cwd_within, meta)
     be = backend if not (backend is None or isinstance(backend, str)) else _backend(backend, model, script, meta, cfg)
-    new_dispatcher = dispatcher_factory({"execute": execute.factory(cwd, view), **servers})
+    new_dispatcher = dispatcher_factory({"execute": execute.factory(cwd, view), **servers}, keeping_names=("execute",))
     env = await build_agent_env(cfg, new_dispatcher(), cwd, tuple(p for p in (cwd, tree_cwd) if p))
     core = Core(
         CoreConfig(
@@ -142,6 +136,7 @@ async def _open(
             extensions=(lambda session: Plans(session, plan_backend),),
             cwd_within=cwd_within,
             tree_cwd=tree_cwd,
+            agent_in_code=isinstance(agent, config.AgentConfig),
         )
     )
     if on_event is not None:
@@ -153,6 +148,40 @@ async def _open(
     if meta is None or meta.agent != cfg.name:  # a new session, or a stored one under another agent
         await core.spawned()
     return core
+
+
+def _checked_arguments(
+    backend: str | Backend | None, model: str | None, script: Any, servers: Mapping[str, Callable[[], Server]]
+) -> str | Backend | None:
+    """What open_session was given, refused when it cannot mean anything; the backend a script
+    implies."""
+    if not (backend is None or isinstance(backend, str)) and (model or script is not None):
+        raise ConfigError("a backend given built takes no model or script here: give them to it when you build it")
+    if "execute" in servers:
+        raise ConfigError("the tool server name 'execute' is ollie's own (the sandboxed execute_code); choose another")
+    if unbuilt := [name for name, make in servers.items() if not callable(make)]:
+        raise ConfigError(
+            f"servers[{unbuilt[0]!r}] must be a function that builds the server (an agent switch builds"
+            " new ones), not a server"
+        )
+    if script is not None and backend is None:
+        return "scripted"  # a script is the scripted backend's, whatever the agent names
+    if script is not None and backend != "scripted":
+        raise ConfigError(f"script= is for the scripted backend, not {backend!r}")
+    return backend
+
+
+def _agent(agent: str | AgentConfig | None, meta: SessionMeta | None) -> AgentConfig:
+    """The agent given (one built in code, checked as a file is), else the stored session's,
+    else the default; a stored session whose agent was built in code needs it given again."""
+    if isinstance(agent, config.AgentConfig):
+        return config.checked_agent(agent)
+    if meta is not None and meta.agent_in_code and not agent:
+        raise ConfigError(
+            f"session {meta.id} ran an agent built in code ({meta.agent!r}), which is not stored: give it"
+            " again (agent=AgentConfig(...)), or name an agent config to go on under that one"
+        )
+    return config.load_agent(agent or (meta.agent if meta else None) or "default")
 
 
 def _backend(asked: str | None, model: str | None, script: Any, meta: SessionMeta | None, cfg: AgentConfig) -> Backend:

@@ -50,6 +50,8 @@ def sessions_dir() -> Path:
 class SessionMeta:
     id: str
     agent: str = "default"
+    # The agent was an AgentConfig built in code, not stored: continuing the session needs it again
+    agent_in_code: bool = False
     backend: str = ""
     model: str = ""
     cwd: str = ""
@@ -107,6 +109,7 @@ class SessionMeta:
         return {
             "id": self.id,
             "agent": self.agent,
+            "agent_in_code": self.agent_in_code,
             "backend": self.backend,
             "model": self.model,
             "cwd": self.cwd,

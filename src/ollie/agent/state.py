@@ -84,11 +84,13 @@ class SessionState:
         m.usage = self.usage.to_dict()
         self.store.save_meta(m, wait=not self._busy())
 
-    def save_setup(self, agent: str, backend: str, model: str, system_prompt: str, context: ContextSize) -> None:
+    def save_setup(
+        self, agent: str, backend: str, model: str, system_prompt: str, context: ContextSize, agent_in_code: bool
+    ) -> None:
         """Save, with what the session runs with (its agent, backend and model) and what a reader
         that must not wake it shows: its system prompt and how full its context is."""
         m = self.meta
-        m.agent, m.backend, m.model = agent, backend, model
+        m.agent, m.backend, m.model, m.agent_in_code = agent, backend, model, agent_in_code
         m.system_prompt, m.context_size = system_prompt, [context.estimate, context.window]
         self.save()
 

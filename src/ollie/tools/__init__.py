@@ -9,7 +9,7 @@ dispatcher factory.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -86,8 +86,10 @@ class ServerStatus:
 
 class Dispatcher:
     """Routes a tool name to the server that offers it. Names offered by more than one server
-    are shown as `<server>__<tool>` for every server that offers them, so no call is ambiguous.
-    Arguments are checked against the tool's input schema before the server sees them."""
+    are shown as `<server>__<tool>` for every server that offers them, so no call is ambiguous,
+    but for a server added as keeping its names (ollie's own `execute_code`, which the system
+    prompt names), whose tools keep them. Arguments are checked against the tool's input schema
+    before the server sees them."""
 
     def __init__(self) -> None:
         self._servers: dict[str, Server] = {}
@@ -95,10 +97,13 @@ class Dispatcher:
         self._routes: dict[str, tuple[str, Tool]] | None = None
         self._errors: dict[str, str] = {}  # server → why its tools are missing from the routes
         self._validators: dict[str, Any] = {}
+        self._keeping: set[str] = set()  # servers whose tools keep their names in a clash
 
-    def add_server(self, name: str, server: Server, timeout: float | None = None) -> None:
+    def add_server(self, name: str, server: Server, timeout: float | None = None, keeps_names: bool = False) -> None:
         """Register a server; `timeout` (seconds) bounds each of its calls."""
         self._servers[name] = server
+        if keeps_names:
+            self._keeping.add(name)
         self._timeouts[name] = timeout
         self.invalidate()
 
@@ -124,9 +129,10 @@ class Dispatcher:
             for tool_name, owners in offered.items():
                 if len(owners) == 1:
                     routes[tool_name] = owners[0]
-                else:
-                    for server_name, tool in owners:
-                        routes[f"{server_name}__{tool_name}"] = (server_name, tool)
+                    continue
+                for server_name, tool in owners:
+                    keeps = server_name in self._keeping
+                    routes[tool_name if keeps else f"{server_name}__{tool_name}"] = (server_name, tool)
             self._routes = routes
         return self._routes
 
@@ -219,13 +225,16 @@ def format_status(status: dict[str, ServerStatus]) -> str:
     return "\n".join(lines) or "(no tool servers)"
 
 
-def dispatcher_factory(factories: Mapping[str, ServerFactory]) -> Callable[[], Dispatcher]:
-    """A factory that builds a fresh dispatcher with fresh servers on every call."""
+def dispatcher_factory(
+    factories: Mapping[str, ServerFactory], keeping_names: Collection[str] = ()
+) -> Callable[[], Dispatcher]:
+    """A factory that builds a fresh dispatcher with fresh servers on every call (those named in
+    `keeping_names` keep their tools' names when another server offers the same)."""
 
     def build() -> Dispatcher:
         d = Dispatcher()
         for name, make in factories.items():
-            d.add_server(name, make())
+            d.add_server(name, make(), keeps_names=name in keeping_names)
         return d
 
     return build

@@ -1,0 +1,88 @@
+"""What a program that embeds ollie gives `open_session`: held to the rules a file is, or refused
+with a message, never half-taken."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from ollie import open_session
+from ollie.backends.scripted import ScriptedBackend
+from ollie.config import AgentConfig
+from ollie.tools import CallContext, Tool, ToolResult
+from ollie.types import ConfigError
+
+
+def code_call(code: str) -> dict[str, Any]:
+    return {"tool_calls": [{"name": "execute_code", "arguments": {"steps": [{"code": code}]}}]}
+
+
+async def test_an_agent_built_in_code_is_checked_as_a_config_file_is(tmp_path):
+    # A hook given as one command string is that command (its characters were run one by one).
+    guard = AgentConfig(hooks={"preTool": "echo 'no code here' >&2; exit 2"})
+    backend = ScriptedBackend([code_call("touch ran"), {"text": "ok", "expect": "no code here"}])
+    async with open_session(agent=guard, backend=backend, cwd=str(tmp_path)) as core:
+        assert await core.submit("go") == "ok"
+    backend.assert_consumed()
+    assert not (tmp_path / "ran").exists()
+    for bad, words in (
+        (AgentConfig(hooks={"pretool": ["exit 2"]}), "unknown hook event 'pretool'"),
+        (AgentConfig(max_steps=-3), "maxSteps and contextWindow are counts"),
+        (AgentConfig(compact_at=5.0), "compactWarn <= compactAt <= 1"),
+        (AgentConfig(tools="yes"), "tools must be bool"),  # type: ignore[arg-type]
+        (AgentConfig(name="../lead"), "invalid name"),
+    ):
+        with pytest.raises(ConfigError, match=words):
+            await open_session(agent=bad, backend=ScriptedBackend([]), cwd=str(tmp_path))
+
+
+async def test_a_session_whose_agent_was_built_in_code_goes_on_only_with_an_agent_given(tmp_path):
+    """Its agent is not stored: continued without it, the default agent took over and its guard
+    hooks were gone without a word."""
+    lead = AgentConfig(name="lead", prompt="You are LEAD.", hooks={"preTool": ["exit 2"]})
+    async with open_session(agent=lead, backend=ScriptedBackend([{"text": "a"}]), cwd=str(tmp_path)) as core:
+        await core.submit("one")
+        sid = core.session_id
+    with pytest.raises(ConfigError, match="ran an agent built in code \\('lead'\\), which is not stored"):
+        await open_session(session_id=sid, backend=ScriptedBackend([]))
+    again = ScriptedBackend([{"text": "b", "expect": "two"}])
+    async with open_session(session_id=sid, agent=lead, backend=again) as core:
+        assert "You are LEAD." in core.system_prompt() and await core.submit("two") == "b"
+    async with open_session(session_id=sid, agent="default", backend=ScriptedBackend([])) as core:
+        assert core.agent.name == "default"  # named: the caller chose to go on under it
+    async with open_session(session_id=sid, backend=ScriptedBackend([])) as core:
+        assert core.agent.name == "default"  # stored as a config's now, found again by name
+
+
+async def test_a_script_means_the_scripted_backend_and_servers_are_given_as_factories(tmp_path):
+    async with open_session(script=[{"text": "scripted"}], cwd=str(tmp_path)) as core:
+        assert core.backend.name == "scripted" and await core.submit("hi") == "scripted"
+    with pytest.raises(ConfigError, match="script= is for the scripted backend, not 'openai'"):
+        await open_session(backend="openai", script=[], cwd=str(tmp_path))
+    with pytest.raises(ConfigError, match="servers\\['mine'\\] must be a function that builds the server"):
+        await open_session(script=[], servers={"mine": Named()}, cwd=str(tmp_path))
+
+
+class Named:
+    """A tool server of the program's own whose tool is called as ollie's is."""
+
+    async def list_tools(self) -> list[Tool]:
+        return [Tool("execute_code", "mine")]
+
+    async def call_tool(self, name: str, arguments: dict[str, Any], ctx: CallContext) -> ToolResult:
+        return ToolResult.of("the program's own")
+
+    async def close(self) -> None:
+        pass
+
+
+async def test_a_tool_of_your_own_named_execute_code_leaves_ollies_its_name(tmp_path):
+    """The system prompt tells the model to call execute_code: that name stays ollie's, and the
+    program's tool is `<server>__execute_code`."""
+    backend = ScriptedBackend([code_call("echo ollies"), {"text": "done", "expect": "ollies"}])
+    async with open_session(backend=backend, servers={"mine": Named}, cwd=str(tmp_path)) as core:
+        tools = await core.dispatcher.list_tools()
+        assert {"execute_code", "mine__execute_code"} <= set(tools) and tools["execute_code"].description != "mine"
+        assert await core.submit("go") == "done"
+    backend.assert_consumed()
