@@ -191,6 +191,16 @@ async def test_git_commit_in_the_project(run):
     assert (result.is_error, result.text().strip()) == (False, "2")
 
 
+async def test_git_reads_your_global_ignore_and_attributes(run, home):
+    """git's own places for them (~/.config/git/ignore, …/attributes) lie outside the grants, and
+    git stops on an ignore file it may not read: every `git status` failed for a user who has one."""
+    (home / ".config" / "git").mkdir(parents=True)
+    (home / ".config" / "git" / "ignore").write_text("*.log\n")
+    (home / ".config" / "git" / "attributes").write_text("*.bin binary\n")
+    result = await run("git init -q . && touch a.log b.txt && git status --porcelain 2>&1")
+    assert (result.is_error, result.text()) == (False, "?? b.txt\n"), result.text()
+
+
 async def test_git_runs_without_a_system_configuration_that_holds_a_token(run, home, monkeypatch):
     """/etc/gitconfig is read when it holds no secret, as the tools' configurations are; one with
     a token (`git config --system url."https://$TOKEN@github.com/".insteadOf`, as images are built)

@@ -106,6 +106,12 @@ CONFIGS = (
     # and proxies' passwords, when they hold any
     "/etc/maven/settings.xml",
     "{HOME}/.m2/settings.xml",
+    # git's global ignore and attributes, read without a word of config: git stops on an ignore file
+    # it may not read ("cannot use … as an exclude file"), so `git status` failed in every project
+    "{XDG_CONFIG_HOME}/git/ignore",
+    "{XDG_CONFIG_HOME}/git/attributes",
+    "{HOME}/.config/git/ignore",
+    "{HOME}/.config/git/attributes",
 )
 
 
