@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -199,6 +200,23 @@ def test_develop_review_test_script(server, existing):
     assert "user: revise this code based on the feedback below.\n--- code ---\ndef parse_config" in dev_chat
     assert "--- feedback ---\nThe file is never closed. PTAL" in dev_chat
     assert "Approved" in (server.mnt / "s" / tst / "reply").read_text()
+
+
+def test_the_develop_review_example_of_files_md_as_written(server):
+    """docs/files.md's version reads each new session's id back (no offset in `ls s/` to count) and
+    stops on a failed turn; run as the docs print it."""
+    doc = (Path(__file__).parent.parent / "docs" / "files.md").read_text()
+    block = doc[doc.index("```sh\ncd ~/mnt/ollie\nnew() {") + len("```sh\n") :]
+    block = block[: block.index("```")]
+    server.new_session()  # made before: no offset to count
+    script = f'cwd={server.work}\n{block}idle $rev; cat s/$rev/reply; echo; echo "$dev $rev"\n'
+    out = subprocess.run(["sh", "-c", script], env=server.env, capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0, out.stderr
+    answer, ids = out.stdout.rsplit("\n", 2)[:2]
+    dev, rev = ids.split()
+    assert answer == "The file is never closed. PTAL"
+    assert "agent=developer" in (server.mnt / "s" / dev / "cfg").read_text().splitlines()
+    assert "agent=reviewer" in (server.mnt / "s" / rev / "cfg").read_text().splitlines()
 
 
 def test_spawn_subagents(server):

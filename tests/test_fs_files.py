@@ -94,6 +94,22 @@ def test_a_command_written_to_prompt_returns_once_it_ran_and_reply_holds_what_it
     assert (s / "reply").read_text() == "Hello there"
 
 
+def test_s_sh_talks_to_a_new_session_of_its_directory_and_says_why_a_turn_failed(fs_server):
+    fs_server.agent("breaks", [{"match": "boom", "error": {"type": "other", "message": "it broke"}}])
+    sh = [str(fs_server.mnt / "s" / "sh")]
+    new = subprocess.run(
+        sh, input="hello\n", cwd=fs_server.work, env=fs_server.env, capture_output=True, text=True, timeout=30
+    )
+    sid = new.stderr.split("session ")[1].split()[0]  # its own: read back from ctl, not the newest listed
+    assert new.stdout == "Hello there\n" and f"\t{fs_server.work}\t" in (fs_server.mnt / "s" / "idx").read_text()
+    broken = fs_server.new_session(agent="breaks")
+    out = subprocess.run(
+        [*sh, broken], input="boom\n", cwd=fs_server.work, env=fs_server.env, capture_output=True, text=True, timeout=30
+    )
+    assert out.stdout == "" and "error: scripted: it broke" in out.stderr, out
+    fs_server.sh(f"rm -r s/{sid} s/{broken}")
+
+
 def test_queueing_while_a_turn_runs(fs_server):
     sid = fs_server.new_session()
     s = fs_server.mnt / "s" / sid
