@@ -170,6 +170,12 @@ def test_b_q_waits_and_b_sched_returns_at_once(jobs):
     assert failed.returncode == 1 and "failed: the answer is not JSON" in failed.stderr
     refused = jobs.srv.sh("b/q agent=nosuch hi", check=False)  # why, not only "Invalid argument"
     assert refused.returncode == 2 and "b/job: no agent 'nosuch'" in refused.stderr, refused.stderr
+    before = set(os.listdir(jobs.b))
+    typo = jobs.srv.sh("b/q agnet=worker one thing", check=False)  # not run with "agnet=worker" as its prompt
+    assert typo.returncode == 2 and "b/job: unknown setting 'agnet'" in typo.stderr, typo.stderr
+    assert set(os.listdir(jobs.b)) == before
+    out = jobs.srv.sh("b/q agent=worker -- x=1 one thing")  # after --, the prompt's own words
+    assert out.stdout == "done it\n"  # (the prompt is "x=1 one thing": not the rule for "^one")
 
 
 def test_b_job_without_a_cwd_works_where_it_is_run_from(jobs, tmp_path):
