@@ -434,6 +434,16 @@ def test_s_new_creates_a_session(fs_server):
     assert (fs_server.mnt / "s" / "fromnew" / "state").read_text() == "idle\n"
     assert "fromnew\tidle\t" in (fs_server.mnt / "s" / "idx").read_text()
     assert "fromnew" not in os.listdir(fs_server.mnt / "s")  # a name: see test_fs_examples
+    spaced = fs_server.work / "my project"
+    spaced.mkdir()
+    for lines in (f"cwd={spaced}\nname=spaced\n", f"name=quoted cwd='{spaced}'\n"):  # a line's rest; k=v words
+        with open(fs_server.mnt / "s" / "new", "r+") as f:
+            f.write(lines)
+            f.flush()
+            f.seek(0)
+            made = f.read().strip()
+        assert f"{made}\tidle\t{spaced}\t" in (fs_server.mnt / "s" / "idx").read_text(), made
+        fs_server.sh(f"rm -r s/{made}")
 
 
 def test_s_new_refuses_at_the_write(fs_server):

@@ -21,6 +21,7 @@ import errno as E
 import json
 import os
 import random
+import re
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
@@ -43,7 +44,7 @@ from ..vfs.stores import (
     text_size,
 )
 from . import worktrees
-from .sessions import FIXED, MADE_ID, Session, Sessions, check_cwd, errno_of, parse_kv
+from .sessions import FIXED, MADE_ID, NEW_KEYS, Session, Sessions, check_cwd, errno_of, parse_kv
 
 if TYPE_CHECKING:
     from ..agent import Core
@@ -129,7 +130,7 @@ class NewHandle(SnapshotHandle):
         return await self._read_answer(offset, count)
 
     def _take(self, raw: bytes) -> None:
-        spec = parse_kv(raw.decode(errors="replace"))
+        spec = _new_line(raw.decode(errors="replace").strip())
         self._sessions.check_spec(spec)
         self._spec.update(spec)
 
@@ -145,6 +146,18 @@ class NewHandle(SnapshotHandle):
         finally:
             spec, self._spec = self._spec, {}
         self._answer = (await self._sessions.new(spec)).id + "\n"
+
+
+def _new_line(line: str) -> dict[str, str]:
+    """A line of s/new: `key=value`, the value the rest of the line (a cwd with spaces, as in b/new
+    and cfg), or several `k=v` words as the root ctl's `new` takes them (shell quoting allowed)."""
+    key, sep, value = line.partition("=")
+    if sep and key in NEW_KEYS and not value.startswith(("'", '"')) and not _MORE_KEYS.search(value):
+        return {key: value}
+    return parse_kv(line)
+
+
+_MORE_KEYS = re.compile(rf"\s(?:{'|'.join(NEW_KEYS)})=")
 
 
 class NewFile(File):
