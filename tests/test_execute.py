@@ -212,7 +212,9 @@ async def test_missing_interpreter_is_named(work):
     server = execute.factory(str(cwd))()
     ctx = CallContext(cwd=str(cwd), tmpdir=str(tmpdir), env={"PATH": str(cwd)})  # nothing to find there
     result = await server.call_tool("execute_code", {"steps": [{"code": "print(1)", "language": "lua"}]}, ctx)
-    assert result.is_error and result.text() == "steps[0]: language lua needs lua, which is not installed"
+    assert result.is_error and result.text() == (  # the PATH searched: a session's env may have set it
+        f"steps[0]: language lua needs lua, which is not on the PATH searched ({cwd}; a session's env may set PATH)"
+    )
     await server.close()
 
 

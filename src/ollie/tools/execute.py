@@ -419,7 +419,7 @@ def _code_command(step: dict[str, Any], where: str, programs: _Programs) -> _Com
     names, flag = LANGUAGES[language]
     program = programs.which(names)
     if program is None:
-        raise StepError(f"{where}: language {language} needs {names[0]}, which is not installed")
+        raise StepError(f"{where}: language {language} needs {names[0]}, {_not_found(programs)}")
     if language in _CODE_ON_STDIN:
         return _Command(where, [program, flag], code.encode() + (b"" if code.endswith("\n") else b"\n"))
     return _Command(where, [program, flag, code] if flag else [program, code])
@@ -446,8 +446,13 @@ def _tool_command(step: dict[str, Any], where: str, programs: _Programs) -> _Com
         raise StepError(f"{where}.tool: cannot read {script}: {e.strerror}") from None
     program = programs.which((interpreter[0],))
     if program is None:
-        raise StepError(f"{where}: tool {name} needs {interpreter[0]} (its shebang), which is not installed")
+        raise StepError(f"{where}: tool {name} needs {interpreter[0]} (its shebang), {_not_found(programs)}")
     return _Command(where, [program, *interpreter[1:], script, *map(str, args)])
+
+
+def _not_found(programs: _Programs) -> str:
+    """Why a program is missing: the PATH searched, which a session's `env` may have set."""
+    return f"which is not on the PATH searched ({programs.path[:300] or 'empty'}; a session's env may set PATH)"
 
 
 def _tool_dirs(ctx: CallContext) -> tuple[str, ...]:
