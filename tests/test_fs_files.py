@@ -110,6 +110,22 @@ def test_s_sh_talks_to_a_new_session_of_its_directory_and_says_why_a_turn_failed
     fs_server.sh(f"rm -r s/{sid} s/{broken}")
 
 
+def test_an_empty_prompt_is_refused_and_leaves_no_old_reply_to_read(fs_server):
+    """A pipeline whose stage gave nothing writes a blank line: its next reader must not take the
+    last turn's answer for this one."""
+    sid = fs_server.new_session()
+    s = fs_server.mnt / "s" / sid
+    (s / "prompt").write_text("first")
+    fs_server.wait_idle(sid)
+    assert (s / "reply").read_text() == "Hello there"
+    with pytest.raises(OSError) as refused:  # a writer that checks its close hears it
+        (s / "prompt").write_text("  \n")
+    assert refused.value.errno == errno.EINVAL
+    assert (s / "reply").read_text() == ""
+    assert (s / "chat").read_text().endswith("error: an empty prompt: nothing was sent\n")
+    fs_server.sh(f"touch s/{sid}/prompt")  # an open and a close with nothing written: nothing happens
+
+
 def test_queueing_while_a_turn_runs(fs_server):
     sid = fs_server.new_session()
     s = fs_server.mnt / "s" / sid

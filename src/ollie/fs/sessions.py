@@ -217,8 +217,10 @@ class Session:
         and the write returns once it ran (`reply` then holds what it said)."""
 
         core = await self.wake()
-        if not text.strip():
-            return
+        if not text.strip():  # a pipeline's empty input: its reader must not take the last answer for this one
+            core.answered("")
+            self.error("an empty prompt: nothing was sent")
+            raise FsError(E.EINVAL, "an empty prompt: nothing was sent")
         self.prompt_prev = text.strip()  # as the prompt is stored
         running = commands.start(core, text)
         if commands.is_command(text):
