@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from agent_helpers import children, running
+from ollie import mcp
 from ollie.agent.env import build_agent_env
 from ollie.config import AgentConfig
 from ollie.mcp import log_path, parse_spec
@@ -214,7 +215,7 @@ async def test_servers_that_fail_to_start_exit_hang_or_answer_garbage_leave_the_
         await d.close()
 
 
-async def test_a_server_killed_mid_call_fails_that_call_at_once_and_is_marked_unavailable():
+async def test_a_server_killed_mid_call_fails_that_call_at_once_and_is_started_again_when_next_asked(monkeypatch):
     d, _ = await connect({"calc": calc()}, local=Local())
     try:
         (pid,) = running(str(SERVERS / "calc.py"))  # in its jail's PID namespace, the server is another pid
@@ -223,13 +224,30 @@ async def test_a_server_killed_mid_call_fails_that_call_at_once_and_is_marked_un
         os.kill(pid, signal.SIGKILL)
         result = await pending
         assert result.is_error and result.text() == "tool sleep failed: the server closed the connection"
-        status = await d.server_status()
-        assert status["calc"].error == "the server closed the connection" and status["calc"].tools == {}
-        again = await call(d, "add", a=1, b=1)
-        assert again.is_error and "server calc is unavailable: the server closed the connection" in again.text()
         assert (await call(d, "hello")).text() == "local hello"
+        again = await call(d, "add", a=1, b=1)  # a new server: the session has its tools back
+        assert not again.is_error and again.text() == "2", again.text()
+        (new_pid,) = running(str(SERVERS / "calc.py"))
+        assert new_pid != pid and (await d.server_status())["calc"].error == ""
+        # One that cannot start again says why, and is not started at every call after that.
+        monkeypatch.setattr(mcp, "Client", Unstartable)
+        os.kill(new_pid, signal.SIGKILL)
+        first = await call(d, "add", a=1, b=1)  # the call that finds it dead
+        assert first.is_error and "the server closed the connection" in first.text()
+        for _ in range(3):
+            gone = await call(d, "add", a=1, b=1)
+            assert gone.is_error and "server calc is unavailable: the server closed the connection" in gone.text()
+        assert Unstartable.starts == 1
     finally:
         await d.close()
+
+
+class Unstartable(mcp.Client):
+    starts = 0
+
+    async def connect(self) -> None:
+        Unstartable.starts += 1
+        raise mcp.Unavailable("its program is gone")
 
 
 async def test_a_call_that_never_answers_times_out_and_the_server_stays_usable():

@@ -43,10 +43,15 @@ from .types import ConfigError, OllieError
 DEFAULT_CALL_TIMEOUT = 120.0
 DEFAULT_STARTUP_TIMEOUT = 20.0
 _CLOSE_TIMEOUT = 10.0  # the SDK bounds its own shutdown at ~6 s (stdin close, SIGTERM, SIGKILL)
+# A server that served and then died is started again when next asked for (its tools, a call); a
+# start that fails waits this long before the next, doubled each time up to RESTART_MAX.
+RESTART_WAIT = 5.0
+RESTART_MAX = 300.0
 
 # The SDK logs transport noise (a non-JSON line from a server) at ERROR; without any handler Python
 # would print it on the terminal. What matters reaches the user as the server's error instead.
 logging.getLogger("mcp").addHandler(logging.NullHandler())
+log = logging.getLogger("ollie.mcp")
 
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 _POLICY_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
@@ -212,6 +217,7 @@ class Client:
         self._log_start = 0
         self._closing = False
         self._noise = ""  # the first thing the server sent that is not a protocol message
+        self.served = False  # it started and listed its tools once (a later failure: it died)
 
     async def connect(self) -> None:
         """Start the server and list its tools within `spec.startup_timeout`; raises Unavailable."""
@@ -281,6 +287,7 @@ class Client:
                     self.tools = await self._list_tools(client)
                     self._log_start = self._log_size()  # a later failure's reason shows only later stderr
                     self.error = ""
+                    self.served = True
                     ready.set_result(None)
                     while True:
                         job, done = await self._jobs.get()
@@ -596,21 +603,50 @@ def _describe(e: BaseException) -> str:
 
 
 class _ClientServer:
-    """An MCP connection offered as a tool `Server`."""
+    """An MCP connection offered as a tool `Server`; one whose server died after it served is
+    started again when next asked for (at most every RESTART_WAIT seconds, backing off)."""
 
     def __init__(self, client: Client) -> None:
         self.client = client
+        self._closed = False
+        self._wait = RESTART_WAIT
+        self._next_start = 0.0  # monotonic time before which no start is tried again
+        self._starting = asyncio.Lock()  # calls that find it dead at once start one server
 
     async def list_tools(self) -> list[Tool]:
+        await self._revive()
         if self.client.error:
             raise Unavailable(self.client.error)
         return list(self.client.tools)
 
     async def call_tool(self, name: str, arguments: dict[str, Any], ctx: CallContext) -> ToolResult:
+        await self._revive()
         return await self.client.call_tool(name, arguments)
 
     async def close(self) -> None:
+        self._closed = True
         await self.client.close()
+
+    async def _revive(self) -> None:
+        if not (self.client.error and self.client.served):
+            return
+        async with self._starting:
+            dead = self.client
+            if dead.error and not self._closed and time.monotonic() >= self._next_start:
+                await self._start_again(dead)
+
+    async def _start_again(self, dead: Client) -> None:
+        fresh = Client(dead.spec)
+        try:
+            await fresh.connect()
+        except Unavailable as e:
+            self._next_start = time.monotonic() + self._wait
+            self._wait = min(self._wait * 2, RESTART_MAX)
+            log.warning("mcp server %s died and did not start again: %s", dead.name, e)
+            return
+        log.info("mcp server %s died (%s) and was started again", dead.name, dead.error)
+        self.client, self._wait = fresh, RESTART_WAIT
+        await dead.close()
 
 
 def new_server(client: Client) -> Server:
