@@ -99,3 +99,37 @@ def test_ray_is_imported_only_once_a_job_runs_on_it(ollie_dirs, tmp_path):
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, timeout=60)
     assert done.stdout.split() == ["RayExecutor", "10000", "False"], done.stderr
+
+
+async def test_a_sessions_oldest_finished_jobs_make_room_for_new_ones(ollie_dirs, tmp_path, monkeypatch):
+    """A long session's code (subagent_spawn at every turn) reached the cap of jobs kept, finished
+    ones included, and could start no sub-agent again: the oldest finished ones without a worktree
+    go instead, as a log rotates; unfinished ones and worktrees (a branch to merge) stay."""
+    from ollie.fs import jobs as jobs_module
+
+    monkeypatch.setattr(jobs_module, "JOBS_KEPT_PER_PARENT", 3)
+    (ollie_dirs / "cfg" / "agents").mkdir(parents=True, exist_ok=True)
+    (ollie_dirs / "cfg" / "lead.script.json").write_text("[]")
+    model = ollie_dirs / "cfg" / "lead.script.json"
+    (ollie_dirs / "cfg" / "agents" / "lead.json").write_text(f'{{"backend": "scripted", "model": "{model}"}}')
+    sessions = Sessions(default_cwd=str(tmp_path))
+    parent = await sessions.new({"agent": "lead", "cwd": str(tmp_path)})
+    executor = StandIn()
+    executor.release.set()
+    jobs = Jobs(sessions, executor=executor)
+    first = [(await jobs.submit(f"name=j{i}\n---\nhi\n", parent))[0] for i in range(3)]
+    await asyncio.gather(*(j.task for j in first if j.task is not None))
+    first[0].record.worktree = {"branch": "ollie/j0"}  # its branch is still to merge
+    (fourth,) = await jobs.submit("name=j3\n---\nhi\n", parent)
+    kept = [j.id for j in jobs.of(parent)]
+    assert first[1].id not in kept and not first[1].dir.exists()  # the oldest without a worktree
+    assert {first[0].id, first[2].id, fourth.id} == set(kept)
+    await asyncio.gather(*(j.task for j in [fourth] if j.task is not None))
+    executor.release.clear()  # two unfinished and the worktree: nothing may go
+    await jobs.submit("name=j4\n---\nhi\n", parent)
+    await jobs.submit("name=j5\n---\nhi\n", parent)
+    with pytest.raises(OllieError, match="3 jobs a session at most, unfinished or with a worktree"):
+        await jobs.submit("name=j6\n---\nhi\n", parent)
+    executor.release.set()
+    await jobs.close()
+    await sessions.close()

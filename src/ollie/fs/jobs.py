@@ -40,7 +40,9 @@ from .sessions import Session, Sessions, child_name
 log = logging.getLogger("ollie.fs.jobs")
 
 JOBS_PER_PARENT = 64  # queued and running jobs of one session's code at once
-JOBS_KEPT_PER_PARENT = 256  # jobs of one session's code, finished ones included, until removed
+# Jobs of one session's code kept, finished ones included: past it the oldest finished one without a
+# worktree (whose branch waits to be merged) is removed to make room, as a log rotates
+JOBS_KEPT_PER_PARENT = 256
 EXECUTORS = ("local", "ray")
 JOB_HELD = 4096  # bytes a job holds besides its spec (record, task, event), as charged to its tree
 
@@ -185,8 +187,25 @@ class Jobs:
         unfinished = sum(1 for j in mine if j.status in UNFINISHED)
         if unfinished + spec.parallel > JOBS_PER_PARENT:
             raise FsError(E.EACCES, f"{JOBS_PER_PARENT} unfinished jobs a session at most; wait for some")
-        if len(mine) + spec.parallel > JOBS_KEPT_PER_PARENT:
-            raise FsError(E.EACCES, f"{JOBS_KEPT_PER_PARENT} jobs a session at most; rm -r b/<id> the finished ones")
+        if len(mine) - len(self._removable(mine)) + spec.parallel > JOBS_KEPT_PER_PARENT:
+            raise FsError(
+                E.EACCES,
+                f"{JOBS_KEPT_PER_PARENT} jobs a session at most, unfinished or with a worktree; "
+                "rm -r b/<id> the worktrees merged",
+            )
+
+    @staticmethod
+    def _removable(mine: list[Job]) -> list[Job]:
+        """A session's jobs that may go to make room for new ones, oldest first: finished, and
+        with no worktree."""
+        done = [j for j in mine if j.status not in UNFINISHED and not j.record.worktree]
+        return sorted(done, key=lambda j: (j.record.created, j.id))
+
+    async def _make_room(self, parent: Session, n: int) -> None:
+        mine = self.of(parent)
+        for job in self._removable(mine)[: max(0, len(mine) + n - JOBS_KEPT_PER_PARENT)]:
+            log.info("job %s of %s removed to make room (%d kept)", job.id, parent.id, JOBS_KEPT_PER_PARENT)
+            await self.cancel(job.id)
 
     @staticmethod
     def _base(spec: Spec, parent: Session | None) -> str:
@@ -202,6 +221,8 @@ class Jobs:
         spec = parse_spec(text)
         self.check_spec(spec, parent)
         await self.ready()
+        if parent is not None:
+            await self._make_room(parent, spec.parallel)
         held = tree_held(self.sessions, parent) if parent is not None else None
         share = -(-spec_held(text, spec, spec.parallel) // spec.parallel)  # each job's, given back at its removal
         if held is not None:
