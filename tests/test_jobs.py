@@ -299,7 +299,7 @@ def test_sub_agents_nest_only_as_deep_as_allowed(lead):
         "nester",
         turns=[
             {"tool_calls": [_spawn("deeper")]},
-            {"text": "could not go deeper", "expect": "Permission denied"},
+            {"text": "could not go deeper", "expect": "cannot start a sub-agent: sub-agents nest 1 deep at most"},
         ],
     )
     lead.agent(
