@@ -489,7 +489,7 @@ async def test_a_cancelled_submit_takes_its_prompt_back(cores):
 
 
 async def test_close_during_a_turn_starts_no_queued_prompt(cores):
-    core, backend, _, _ = await cores.open([{"text": "slow", "delay": 30}])
+    core, backend, _, events = await cores.open([{"text": "slow", "delay": 30}])
     task = asyncio.create_task(core.submit("one"))
     await asyncio.sleep(0.05)
     two = asyncio.create_task(core.submit("two"))
@@ -499,6 +499,7 @@ async def test_close_during_a_turn_starts_no_queued_prompt(cores):
     with pytest.raises(OllieError, match="the session closed before the prompt ran"):
         await two
     assert len(backend.requests) == 1
+    assert "not run, the session closed first: two" in [e.text for e in events]  # said, in the chat too
 
 
 async def test_calls_written_as_text_get_ids_unique_in_the_history(cores):

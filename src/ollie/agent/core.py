@@ -607,7 +607,8 @@ class Core:
     async def close(self) -> None:
         """Stop the turn (queued prompts are dropped), close the tool servers, hooks and the
         backend, remove the tmpdir."""
-        for queued in self._queue:
+        for queued in self._queue:  # said in the chat: a server's stop does not keep them
+            self.emit(Event("info", f"not run, the session closed first: {queued.text[:80]}"))
             queued.settle("", OllieError("the session closed before the prompt ran"))
         self._queue.clear()
         self._rt.inject = None
