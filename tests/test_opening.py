@@ -8,10 +8,11 @@ from typing import Any
 import pytest
 
 from ollie import open_session
+from ollie.agent.session import list_stored
 from ollie.backends.scripted import ScriptedBackend
 from ollie.config import AgentConfig
 from ollie.tools import CallContext, Tool, ToolResult
-from ollie.types import ConfigError
+from ollie.types import ConfigError, InvalidValue
 
 
 def code_call(code: str) -> dict[str, Any]:
@@ -86,3 +87,12 @@ async def test_a_tool_of_your_own_named_execute_code_leaves_ollies_its_name(tmp_
         assert {"execute_code", "mine__execute_code"} <= set(tools) and tools["execute_code"].description != "mine"
         assert await core.submit("go") == "done"
     backend.assert_consumed()
+
+
+async def test_an_async_event_handler_is_refused_rather_than_never_awaited(tmp_path):
+    async def on_event(event: object) -> None:
+        pass
+
+    with pytest.raises(InvalidValue, match="not an async one: it is called, never awaited"):
+        await open_session(script=[], cwd=str(tmp_path), on_event=on_event)
+    assert list_stored() == []  # refused before a session was made

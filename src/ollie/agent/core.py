@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import inspect
 import logging
 import os
 import shutil
@@ -234,7 +235,9 @@ class Core:
     def subscribe(self, handler: Callable[[Event], None], follows: bool = True) -> Callable[[], None]:
         """Call `handler` with every event; returns the function that unsubscribes it. Pass
         `follows=False` for a handler that does not show the model's text as it comes: while
-        nothing follows it, an answer streams in fewer, larger pieces (`looked`)."""
+        nothing follows it, an answer streams in fewer, larger pieces (`looked`). The handler is
+        called, not awaited: an `async def` one is refused (its events would be lost)."""
+        check_handler(handler)
         return self._rt.bus.subscribe(handler, follows)
 
     def looked(self) -> None:
@@ -627,6 +630,15 @@ class Core:
         if self._counted:
             self._counted = False
             telemetry.sessions(-1)
+
+
+def check_handler(handler: Callable[[Event], None]) -> None:
+    """An event handler is called, never awaited: an `async def` one would lose every event."""
+    if inspect.iscoroutinefunction(handler):
+        raise InvalidValue(
+            "an event handler is a function that returns None, not an async one: it is called, never"
+            " awaited (to await, start a task in it: asyncio.get_running_loop().create_task(...))"
+        )
 
 
 def _log_failure(turn: asyncio.Future[None]) -> None:

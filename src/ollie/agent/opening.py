@@ -12,7 +12,7 @@ from .. import backends, config, sandbox
 from ..plans import Plans
 from ..tools import dispatcher_factory, execute
 from ..types import ConfigError, Event
-from .core import Core, CoreConfig
+from .core import Core, CoreConfig, check_handler
 from .env import build_agent_env
 from .session import SessionStore
 
@@ -116,6 +116,8 @@ async def _open(
 ) -> Core:
 
     backend = _checked_arguments(backend, model, script, servers)
+    if on_event is not None:
+        check_handler(on_event)  # before anything is made
     meta = None
     if session_id:
         store = SessionStore(session_id, store_root)
