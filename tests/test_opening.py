@@ -12,7 +12,7 @@ from ollie.agent.session import list_stored
 from ollie.backends.scripted import ScriptedBackend
 from ollie.config import AgentConfig
 from ollie.tools import CallContext, Tool, ToolResult
-from ollie.types import ConfigError, InvalidValue
+from ollie.types import ConfigError, InvalidValue, NotFound
 
 
 def code_call(code: str) -> dict[str, Any]:
@@ -96,3 +96,13 @@ async def test_an_async_event_handler_is_refused_rather_than_never_awaited(tmp_p
     with pytest.raises(InvalidValue, match="not an async one: it is called, never awaited"):
         await open_session(script=[], cwd=str(tmp_path), on_event=on_event)
     assert list_stored() == []  # refused before a session was made
+
+
+async def test_a_session_id_not_stored_is_refused_unless_one_is_to_be_made(tmp_path):
+    with pytest.raises(NotFound, match="no stored session 'nosuch-123'"):  # a typo started an empty one
+        await open_session(session_id="nosuch-123", script=[], cwd=str(tmp_path))
+    assert list_stored() == []
+    async with open_session(session_id="mine-1", create=True, script=[], cwd=str(tmp_path)) as core:
+        assert core.session_id == "mine-1"
+    async with open_session(session_id="mine-1", script=[]) as core:  # stored now: it goes on
+        assert core.session.cwd == str(tmp_path)

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from .. import backends, config, sandbox
 from ..plans import Plans
 from ..tools import dispatcher_factory, execute
-from ..types import ConfigError, Event
+from ..types import ConfigError, Event, NotFound
 from .core import Core, CoreConfig, check_handler
 from .env import build_agent_env
 from .session import SessionStore
@@ -31,6 +31,7 @@ def open_session(
     backend: str | Backend | None = None,
     model: str | None = None,
     session_id: str | None = None,
+    create: bool = False,
     servers: Mapping[str, Callable[[], Server]] | None = None,
     script: Any = None,
     store_root: Path | None = None,
@@ -44,7 +45,8 @@ def open_session(
     open_session(...) as core`, which closes it on the way out).
 
     A new session, or the stored one `session_id` names (its agent, backend, model and cwd are
-    restored unless given here). `agent` is the name of an agent config (`agents/<name>.json`) or
+    restored unless given here; NotFound when none is stored, unless `create`: then a new session
+    takes that id). `agent` is the name of an agent config (`agents/<name>.json`) or
     an `AgentConfig` built in code. `backend` is a registered backend's name, or a backend you
     built (a `ScriptedBackend` in a test, which you can then `assert_consumed()`), used as it is:
     the session closes it. Every session has the sandboxed `execute_code` tool; `servers`
@@ -67,6 +69,7 @@ def open_session(
             backend=backend,
             model=model,
             session_id=session_id,
+            create=create,
             servers=servers or {},
             script=script,
             store_root=store_root,
@@ -105,6 +108,7 @@ async def _open(
     backend: str | Backend | None,
     model: str | None,
     session_id: str | None,
+    create: bool,
     servers: Mapping[str, Callable[[], Server]],
     script: Any,
     store_root: Path | None,
@@ -123,6 +127,8 @@ async def _open(
         store = SessionStore(session_id, store_root)
         if store.exists():
             meta = store.load_meta()
+        elif not create:  # a mistyped id would start an empty session in its name
+            raise NotFound(f"no stored session {session_id!r} in {store.root} (create=True starts one of that id)")
     cfg = _agent(agent, meta)
     cwd = _cwd(cwd, cwd_within, meta)
     be = backend if not (backend is None or isinstance(backend, str)) else _backend(backend, model, script, meta, cfg)

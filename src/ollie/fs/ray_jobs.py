@@ -332,6 +332,7 @@ async def _work(task: Task, send: Callable[[dict[str, Any]], None], stop: asynci
                 backend=task.settings.get("backend") or None,
                 model=task.settings.get("model") or None,
                 session_id=task.job_id,
+                create=True,
                 store_root=Path(root),
                 on_event=on_event,
                 cwd_within=task.cwd_within or None,

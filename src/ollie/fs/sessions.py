@@ -425,6 +425,7 @@ class Sessions:
                     backend=spec.get("backend") or None,
                     model=spec.get("model") or None,
                     session_id=session_id or None,
+                    create=True,
                     store_root=store_root,
                     view=(lambda fd: view(opened[0], fd)) if view is not None else None,
                     cwd_within=parent.settings()["cwd"] if parent is not None else None,
