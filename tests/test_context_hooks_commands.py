@@ -166,6 +166,23 @@ async def test_rolling_window_never_splits_a_call_from_its_result(cores):
     assert core.reply == "ok"
 
 
+async def test_text_of_more_tokens_than_four_characters_is_evicted_by_the_backends_count(cores):
+    """Chinese or Japanese text takes a token or so a character: measured against four, eviction
+    dropped nothing and every turn after failed with a prompt too long."""
+    history = [m for i in range(10) for m in (Message("user", "问" * 300), Message("assistant", "答" * 300))]
+    core, backend, _, events = await cores.open(
+        [{"text": "a", "usage": {"input_tokens": 6100}}, {"text": "b", "expect": "two"}],
+        cfg=AgentConfig(context_window=4000),
+        history=history,
+    )
+    await core.submit("one")  # the backend counts the history: a token a character
+    assert await core.submit("two") == "b"
+    assert "evicted" in core.session.messages[0].content
+    assert sum(len(m.content) for m in core.session.messages[1:]) <= 2000 + 10  # half the window, in its tokens
+    assert core.ctxsz().estimate < 4000 * 0.75
+    assert [e.text for e in events if e.kind == "error"] == []
+
+
 async def test_compacted_session_resumes_and_compacts_again(cores):
     core, backend, _, _ = await cores.open([{"text": "first summary"}], history=exchanges(3))
     sid = core.session_id

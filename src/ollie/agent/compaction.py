@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from .. import telemetry
 from ..types import Event, GenerationParams, Message, TextDelta, UsageChunk
-from .context import CHARS_PER_TOKEN, chars
+from .context import chars
 from .runtime import Runtime
 
 RESULT_EXCERPT = 4000  # bytes of each tool result shown to the summariser
@@ -30,7 +30,7 @@ SUMMARY_INSTRUCTIONS = (
 async def before_turn(rt: Runtime, prompt: str) -> None:
     """Warn, or compact, as the window fills."""
     cfg, window = rt.env.config, rt.window
-    used = (window.estimate() + len(prompt) // CHARS_PER_TOKEN) / window.length
+    used = (window.estimate() + len(prompt) / window.chars_per_token()) / window.length
     if used >= cfg.compact_at:
         rt.bus.emit(Event("info", f"context {used:.0%} full: compacting"))
         await compact(rt, reason="auto")
@@ -80,7 +80,7 @@ async def _compact(rt: Runtime, reason: str, keep_last: int) -> None:
 
 async def _summarise(rt: Runtime, history: list[Message]) -> str:
     text = flatten(history)
-    if len(text) // CHARS_PER_TOKEN > rt.window.length * 0.9:
+    if len(text) / rt.window.chars_per_token() > rt.window.length * 0.9:
         raise ValueError("the history is too large for the model to summarise")
     request = [Message("system", SUMMARY_INSTRUCTIONS), Message("user", text)]
     parts = []
@@ -102,7 +102,7 @@ def evict(rt: Runtime, keep_last: int = 0, note: str = "") -> None:
     window; say what was dropped (and add `note`, a preCompact hook's output, to that notice)."""
     msgs = rt.state.messages
     protected = len(msgs) - keep_last
-    budget = rt.window.length * CHARS_PER_TOKEN // 2
+    budget = rt.window.length * rt.window.chars_per_token() / 2  # characters, as the backend counts them
     total = sum(chars(m) for m in msgs)
     cut = 0
     while cut < protected and total > budget:
@@ -117,6 +117,8 @@ def evict(rt: Runtime, keep_last: int = 0, note: str = "") -> None:
     while cut < len(msgs) and msgs[cut].role == "tool":  # never start on an orphaned result
         cut += 1
     if cut == 0:
+        if total > budget:  # the turn in progress alone fills it: said, not done in silence
+            rt.bus.emit(Event("info", "nothing could be evicted: the turn in progress alone fills the context"))
         return
     notice = Message(
         "user",

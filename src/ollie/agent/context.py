@@ -1,7 +1,8 @@
 """The context window's accounting: how many tokens the next request will take.
 
-The backend's count of the last request is the base; what was added since is estimated at four
-characters a token (as is everything when the backend counts nothing). `compaction` acts on it.
+The backend's count of the last request is the base; what was added since is estimated at the
+characters a token that count found (at most four: Chinese or Japanese text takes one or two), or
+at four when the backend counts nothing. `compaction` acts on it.
 """
 
 from __future__ import annotations
@@ -57,9 +58,16 @@ class Window:
         """Tokens the next request will take: the backend's last count plus what was added since,
         else characters / 4 of the system prompt, the tool schemas and the history."""
         if self._tokens:
-            return self._tokens + (self._chars - self._chars_at_usage) // CHARS_PER_TOKEN
+            return self._tokens + int((self._chars - self._chars_at_usage) / self.chars_per_token())
         fixed = len(self._system_prompt()) + self._schema_chars
         return (fixed + self._chars) // CHARS_PER_TOKEN
+
+    def chars_per_token(self) -> float:
+        """Characters a token, as the backend's last count found them (from one to four), else four."""
+        if not self._tokens:
+            return CHARS_PER_TOKEN
+        counted = len(self._system_prompt()) + self._schema_chars + self._chars_at_usage
+        return min(CHARS_PER_TOKEN, max(1.0, counted / self._tokens))
 
     def size(self) -> ContextSize:
         return ContextSize(self.estimate(), self.length)
