@@ -413,3 +413,22 @@ async def test_anthropic_event_nested_too_deeply_ends_the_turn_with_an_error_eve
     ]
     assert_history_valid(core)
     await core.close()
+
+
+async def test_an_answer_cut_off_mid_stream_is_said_dropped_before_it_is_asked_for_again(server):
+    """The chat showed the cut-off text as an answer of its own, the one asked for again after it:
+    its readers (the terminal, the web page, a script) could not tell which to believe."""
+    server.reply(
+        PATH,
+        stream_reply(sse([(None, chunk({"content": "I am half way thr"}))]), cut=True),
+        text_stream("the whole answer"),
+    )
+    core, _, events = await wire_core(openai_backend(server))
+    assert await core.submit("go") == "the whole answer"
+    chat = core.session.chat_path.read_text()
+    said = chat.index("retrying in 2.0s (the answer above was cut off: it is dropped and asked for again)...\n")
+    assert chat.index("assistant: I am half way thr") < said < chat.index("assistant: the whole answer")
+    assert [m.content for m in core.session.messages if m.role == "assistant"] == ["the whole answer"]
+    [first] = [e for e in events if e.kind == "retry" and e.data["first"]]
+    assert first.data["dropped"] is True
+    await core.close()

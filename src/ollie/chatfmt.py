@@ -159,7 +159,12 @@ class ChatRenderer:
             case "tool":
                 return quoted(ev.text if ev.text.endswith("\n") or not ev.text else ev.text + "\n")
             case "retry" | "limitretry" if ev.data and ev.data.get("first"):
-                return f"retrying in {ev.data['seconds']}s...\n"
+                dropped = (
+                    " (the answer above was cut off: it is dropped and asked for again)"
+                    if ev.data.get("dropped")
+                    else ""
+                )
+                return f"retrying in {ev.data['seconds']}s{dropped}...\n"
             case "error":
                 return marked("error: ", ev.text)
             case "info" | "maxsteps":

@@ -208,9 +208,10 @@ async def _request(rt: Runtime, tools: list[ToolSpec]) -> tuple[Message, Done]:
     """One model answer, retrying rate limits, 5xx and dropped streams with capped waits."""
     check_spending_cap(rt)
     for attempt in range(MAX_ATTEMPTS):
+        said: list[str] = []  # the answer's text as it streamed: a retry after some drops it
         try:
             with telemetry.chat(rt, attempt) as request:
-                assistant, done = await _stream_once(rt, tools)
+                assistant, done = await _stream_once(rt, tools, said)
                 request.answered(assistant, done)
             return assistant, done
         except (RateLimitError, TransientError) as e:
@@ -220,15 +221,18 @@ async def _request(rt: Runtime, tools: list[ToolSpec]) -> tuple[Message, Done]:
                 wait, kind = e.retry_after if e.retry_after is not None else 5.0 * 2**attempt, "limitretry"
             else:
                 wait, kind = 2.0 * 2**attempt, "retry"
-            await _countdown(rt, min(wait, RETRY_CAP), kind, str(e))
+            await _countdown(rt, min(wait, RETRY_CAP), kind, str(e), dropped=bool(said))
     raise AssertionError("unreachable")
 
 
-async def _countdown(rt: Runtime, seconds: float, kind: str, why: str) -> None:
+async def _countdown(rt: Runtime, seconds: float, kind: str, why: str, dropped: bool = False) -> None:
+    """Retry events a second until the wait is over; `dropped`: the answer had begun to stream,
+    and what it said is not kept (its readers are told, with the first)."""
     rt.bus.set_state("limitretry" if kind == "limitretry" else "thinking")
     left, first = seconds, True
     while True:  # an event a second, the first and the last (0 s left) included
-        rt.bus.emit(Event(kind, why, data={"seconds": round(left, 1), "first": first}))  # type: ignore[arg-type]
+        data = {"seconds": round(left, 1), "first": first, **({"dropped": True} if first and dropped else {})}
+        rt.bus.emit(Event(kind, why, data=data))  # type: ignore[arg-type]
         if left <= 0:
             return
         first = False
@@ -237,10 +241,10 @@ async def _countdown(rt: Runtime, seconds: float, kind: str, why: str) -> None:
         left -= step
 
 
-async def _stream_once(rt: Runtime, tools: list[ToolSpec]) -> tuple[Message, Done]:
+async def _stream_once(rt: Runtime, tools: list[ToolSpec], text: list[str]) -> tuple[Message, Done]:
+    """One request's answer; its text pieces gather in `text` as they stream."""
     rt.bus.set_state("thinking")
     messages = [Message("system", rt.system_prompt()), *rt.state.messages]
-    text: list[str] = []
     parts: dict[int, list[ToolCallDelta]] = {}
     done: Done | None = None
     counted = False
