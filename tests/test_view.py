@@ -96,6 +96,10 @@ async def test_a_session_drives_a_sub_session_it_starts(h):
     grandchild = await start_child(h, child, "")
     assert grandchild.settings()["cwd"] == str(h.work / "sub")  # the parent's cwd by default
     assert grandchild.id in (await h.ok(parent, "ls $OLLIE/s")).split()
+    named = await start_child(h, parent, "name=rv")  # <parent>.rv, found as rv in the view: ended so too
+    assert named.id == f"{parent.id}.rv" and (await h.ok(parent, "cat $OLLIE/s/rv/state")).strip() == "idle"
+    await h.ok(parent, "echo 'kill rv' > $OLLIE/ctl")
+    assert h.sessions.find(named.id) is None
     await h.ok(parent, f"rm -r $OLLIE/s/{child.id}")
     assert {s.id for s in h.sessions.all()} == {parent.id}  # the grandchild went with it
 

@@ -183,10 +183,11 @@ class ChildMaker:
             raise
 
     async def kill(self, sid: str) -> None:
-        session = self.sessions.find(sid)
+        """End a sub-session, by its id or its name (`review` for `<owner>.review`, as s/ finds it)."""
+        session = self.sessions.find(sid) or self.sessions.find(child_name(self.owner, sid))
         if session is None or not self.sessions.descends(session, self.owner):
             raise FsError(E.ENOENT, f"no session {sid!r} in this view")
-        await self.sessions.kill(sid)
+        await self.sessions.kill(session.id)
 
 
 class ReadOnly(File):
