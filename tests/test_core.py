@@ -561,10 +561,12 @@ async def test_a_turn_cut_short_by_a_crash_is_marked_in_the_chat_on_restore(core
     core, backend, _, _ = await cores.open([{"text": "done"}])
     await core.submit("one")
     sid = core.session_id
+    await cores.close(core)  # (its process is gone: it holds the session no more)
     SessionStore(sid).append_chat("user: two\nassistant: half an ans")  # the process died here
     again, *_ = await cores.open([], session_id=sid)
     chat = again.session.chat_path.read_text()
     assert chat.endswith("half an ans\n:: the turn was cut short when ollie stopped; completed work is kept\n\n")
+    await cores.close(again)
     third, *_ = await cores.open([], session_id=sid)  # a clean log is left alone
     assert third.session.chat_path.read_text() == chat
 

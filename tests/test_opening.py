@@ -3,6 +3,8 @@ with a message, never half-taken."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from typing import Any
 
 import pytest
@@ -12,7 +14,7 @@ from ollie.agent.session import list_stored
 from ollie.backends.scripted import ScriptedBackend
 from ollie.config import AgentConfig
 from ollie.tools import CallContext, Tool, ToolResult
-from ollie.types import ConfigError, InvalidValue, NotFound
+from ollie.types import Busy, ConfigError, InvalidValue, NotFound
 
 
 def code_call(code: str) -> dict[str, Any]:
@@ -106,3 +108,23 @@ async def test_a_session_id_not_stored_is_refused_unless_one_is_to_be_made(tmp_p
         assert core.session_id == "mine-1"
     async with open_session(session_id="mine-1", script=[]) as core:  # stored now: it goes on
         assert core.session.cwd == str(tmp_path)
+
+
+async def test_a_session_is_open_in_one_place_at_a_time(tmp_path):
+    """Two Cores of one session mixed their conversations in its history, and the first to close
+    removed the other's scratch directory."""
+    first = await open_session(script=[{"text": "a"}], cwd=str(tmp_path))
+    sid = first.session_id
+    with pytest.raises(Busy, match=f"session {sid} is open elsewhere"):
+        await open_session(session_id=sid, script=[])
+    code = f"import asyncio, ollie\nasync def main():\n    await ollie.open_session(session_id={sid!r}, script=[])\n"
+    held = subprocess.run(  # another process too (the file server, a script)
+        [sys.executable, "-c", code + "asyncio.run(main())"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert held.returncode != 0 and "is open elsewhere" in held.stderr
+    await first.close()
+    async with open_session(session_id=sid, script=[{"text": "b"}]) as again:
+        assert await again.submit("two") == "b"

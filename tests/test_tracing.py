@@ -272,7 +272,7 @@ async def test_verbose_logs_each_request_its_retries_and_timings_in_one_line(cor
     assert all(" s, " in line for line in lines)  # each with its time
 
 
-async def _no_wait(*args):
+async def _no_wait(*args, **kwargs):
     pass
 
 

@@ -626,6 +626,7 @@ class Core:
         self._save_meta()
         self._rt.bus.flush()
         self._rt.state.store.close()
+        self._rt.state.store.let_go()
         shutil.rmtree(self._rt.tmpdir, ignore_errors=True)
         if self._counted:
             self._counted = False

@@ -12,6 +12,7 @@ compaction.jsonl  every history that compaction replaced, appended, so nothing i
 from __future__ import annotations
 
 import atexit
+import fcntl
 import json
 import logging
 import os
@@ -24,7 +25,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from .. import config
-from ..types import InvalidValue, Message, OllieError, Usage
+from ..types import Busy, InvalidValue, Message, OllieError, Usage
 
 _ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 # A history line: `json.dumps(…, ensure_ascii=False)` without building an encoder for each line.
@@ -315,6 +316,7 @@ class SessionStore:
         self._meta_saved = False  # this store has written meta.json (or read it)
         self._saved = ("", "")  # what it wrote last (but the time; the context's size apart), as JSON
         self._whole = False  # this store made the session's files: no line of the history is torn
+        self._held: int | None = None  # the lock file's descriptor, while this store holds the session
 
     @property
     def dir(self) -> Path:
@@ -331,6 +333,25 @@ class SessionStore:
         self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         self.chat_path.touch()
         self._whole = not (self.dir / "history.jsonl").exists()
+
+    def hold(self) -> None:
+        """Hold the session for one Core at a time, in any process: a second one's appends would
+        interleave with the first's, and its close would remove the first's scratch directory.
+        Busy when another holds it; the kernel lets go when this process ends, however it ends."""
+        fd = os.open(self.dir / "lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise Busy(
+                f"session {self.id} is open elsewhere (another program, or ollie's file server): close it there"
+            ) from None
+        self._held = fd
+
+    def let_go(self) -> None:
+        if self._held is not None:
+            os.close(self._held)
+            self._held = None
 
     # ---- history ----
     def load_history(self) -> list[Message]:

@@ -55,9 +55,15 @@ class SessionState:
         self._plan = ""
         self.reply = ""  # the assistant text of the last completed turn
         if store.exists():
-            self._restore()
+            store.hold()
+            try:
+                self._restore()
+            except BaseException:
+                store.let_go()
+                raise
         else:
             store.create()
+            store.hold()
 
     def _restore(self) -> None:
         meta = self.meta = self.store.load_meta()
