@@ -253,6 +253,14 @@ async def test_long_results_are_cut_with_the_rest_saved_where_the_model_can_read
     assert f"first {RESULT_LIMIT} of {len(big)} bytes" in result.content
     path = result.content.split("the whole result is in ")[1].split(";")[0]
     assert open(path).read() == big
+    # The session closed and continued: the file its history names is there again, as it was; what
+    # code planted beside it (a link to a file it may not read) is not followed.
+    (core.tmpdir / "results" / "result-planted.txt").symlink_to("/etc/hostname")
+    sid = core.session_id
+    await cores.close(core)
+    assert not os.path.exists(path)
+    again, *_ = await cores.open([], session_id=sid)
+    assert open(path).read() == big and not (again.tmpdir / "results" / "result-planted.txt").exists()
 
 
 async def test_failing_rounds_nudge_at_five_and_stop_at_ten(cores):

@@ -126,6 +126,7 @@ class Core:
         self._agent_in_code = cfg.agent_in_code
         self._save_meta()
         tmpdir.mkdir(exist_ok=True, mode=0o700)
+        loop.copy_results(state.store.dir, tmpdir)  # the whole results its history names, as they were
         telemetry.sessions(1)
         self._counted = True  # in the sessions-alive metric, until closed
 
@@ -626,6 +627,8 @@ class Core:
         self._save_meta()
         self._rt.bus.flush()
         self._rt.state.store.close()
+        shutil.rmtree(self._rt.state.store.dir / loop.RESULTS, ignore_errors=True)  # kept anew: as they are now
+        loop.copy_results(self._rt.tmpdir, self._rt.state.store.dir)
         self._rt.state.store.let_go()
         shutil.rmtree(self._rt.tmpdir, ignore_errors=True)
         if self._counted:

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
+import stat
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -419,7 +421,7 @@ def _fit(tmpdir: Path, text: str) -> str:
     data = text.encode()
     if len(data) <= RESULT_LIMIT:
         return text
-    results = tmpdir / "results"
+    results = tmpdir / RESULTS
     results.mkdir(exist_ok=True)
     # A fresh name: call ids come from the model, may repeat, and are no safe file names.
     fd, name = tempfile.mkstemp(prefix="result-", suffix=".txt", dir=results)
@@ -430,3 +432,37 @@ def _fit(tmpdir: Path, text: str) -> str:
         f"{head}\n[result truncated: first {RESULT_LIMIT} of {len(data)} bytes shown; the whole result "
         f"is in {name}; read on from offset={RESULT_LIMIT}, e.g. tail -c +{RESULT_LIMIT + 1} {name}]"
     )
+
+
+RESULTS = "results"  # the whole results `_fit` cut, in the session's scratch directory
+
+
+def copy_results(source: Path, target: Path) -> None:
+    """The whole results of `source` (a directory holding a RESULTS one) copied into `target`'s:
+    at a session's close from its scratch directory into its store, which its history names them
+    in, and back at its restore. Only ollie's own files go (regular, one link, `result-*.txt`): the
+    scratch directory is the code's to write, and nothing planted there is followed."""
+    try:
+        fd = os.open(source / RESULTS, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:  # none (most sessions), or no directory of ollie's
+        return
+    try:
+        for name in os.listdir(fd):
+            if name.startswith("result-") and name.endswith(".txt"):
+                _copy_result(fd, name, target / RESULTS)
+    finally:
+        os.close(fd)
+
+
+def _copy_result(directory: int, name: str, target: Path) -> None:
+    try:
+        src = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=directory)
+    except OSError:
+        return
+    with os.fdopen(src, "rb") as f:
+        st = os.fstat(f.fileno())
+        if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
+            return
+        target.mkdir(mode=0o700, exist_ok=True)
+        with open(target / name, "wb") as out:
+            shutil.copyfileobj(f, out)
