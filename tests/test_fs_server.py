@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import stat
 import subprocess
 import sys
@@ -59,6 +60,14 @@ def test_a_shell_whose_directory_is_in_the_mount_does_not_hold_up_a_stop(server)
         stdout=subprocess.PIPE,
         text=True,
     )
+    started_there = subprocess.Popen(  # and a start from there, after the stop: told why not, in words
+        ["bash", "-c", f"read _; exec {shlex.join([sys.executable, '-P', *OLLIE[1:]])} srv start"],  # as `ollie` runs
+        cwd=server.mnt / "s" / sid,
+        env=server.env,
+        stdin=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         started = time.monotonic()
         assert server.ollie("srv", "stop").stdout == "ollie srv: stopped\n"
@@ -67,9 +76,15 @@ def test_a_shell_whose_directory_is_in_the_mount_does_not_hold_up_a_stop(server)
         assert "ollie srv: \n" not in (server.root / "ns" / "ollie.log").read_text()
         out, _ = inside.communicate("\n", timeout=10)
         assert "Transport endpoint is not connected" in out
+        started_there.stdin.write("\n")  # type: ignore[union-attr]
+        started_there.stdin.close()  # type: ignore[union-attr]
+        started_there.wait(timeout=60)
+        assert started_there.returncode == 1
     finally:
         inside.kill()
         inside.wait()
+        started_there.kill()
+    assert "this shell's directory is gone (Transport endpoint is not connected)" in started_there.stderr.read()  # type: ignore[union-attr]
     server.start()  # the mount point serves again
     assert (server.mnt / "s" / sid / "state").read_text() == "idle\n"
 

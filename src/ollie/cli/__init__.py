@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
 import os
 import sys
@@ -13,6 +14,18 @@ if TYPE_CHECKING:
 
 # Subcommands that live in their own module; each module has `register(subparsers)`.
 _MODULES = ("init", "tools", "srv", "mount", "trust", "web", "completion")
+
+
+def _gone_cwd(e: OSError) -> str:
+    """Why a call failed with no file named, when it is this process's directory that is gone: a
+    shell left in a mount whose server stopped (ENOTCONN), or in a directory since removed."""
+    if e.errno not in (errno.ENOTCONN, errno.ENOENT):
+        return ""
+    try:
+        os.getcwd()
+    except OSError:
+        return " (this shell's directory is gone: a stopped server's mount, or removed; cd out of it first)"
+    return ""
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -42,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # Python's own flush at exit must not fail
         return 141  # as a program killed by SIGPIPE, which `ollie run` reports alike
     except OSError as e:  # e.g. a data directory that cannot be created
-        _say(f"ollie: {e.filename}: {e.strerror}" if e.filename else f"ollie: {e}")
+        _say(f"ollie: {e.filename}: {e.strerror}" if e.filename else f"ollie: {e}{_gone_cwd(e)}")
         return 1
     except KeyboardInterrupt:
         print("ollie: interrupted", file=sys.stderr)

@@ -148,6 +148,14 @@ def _start(args: argparse.Namespace) -> int:
     from ..chatfmt import visible
     from .install import first_use
 
+    try:  # the server starts in this directory (its sessions' default cwd)
+        os.getcwd()
+    except OSError as e:
+        print(
+            f"ollie srv: this shell's directory is gone ({e.strerror}): cd out of it (a stopped server's mount?)",
+            file=sys.stderr,
+        )
+        return 1
     opts = _options(args)
     if pid := _running_pid(opts):
         print(f"ollie srv: already running (pid {pid})", file=sys.stderr)
