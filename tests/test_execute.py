@@ -264,7 +264,7 @@ async def test_tool_with_an_uninstalled_interpreter(run, work):
     _, _, tools = work
     script(tools, "odd", "#!/usr/bin/env no-such-lang\n")
     result = await run({"tool": "odd"})
-    assert result.is_error and "no-such-lang" in result.text() and "not installed" in result.text()
+    assert result.is_error and "no-such-lang" in result.text() and "which is not on the PATH searched" in result.text()
 
 
 async def test_an_unreadable_tool_script_is_an_error_naming_it(work):
