@@ -263,6 +263,22 @@ async def test_long_results_are_cut_with_the_rest_saved_where_the_model_can_read
     assert open(path).read() == big and not (again.tmpdir / "results" / "result-planted.txt").exists()
 
 
+async def test_a_scratch_directory_left_by_a_crash_leads_no_result_out_of_it(cores, tmp_path):
+    """A crash leaves the scratch directory, which code wrote: a `results` link it planted there
+    is not where a restore writes the results back."""
+    big = "y" * (RESULT_LIMIT * 2)
+    core, *_ = await cores.open([{"tool_calls": [call("echo", text=big)]}, {"text": "ok"}])
+    await core.submit("go")
+    sid, scratch = core.session_id, core.tmpdir
+    await cores.close(core)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    scratch.mkdir()
+    (scratch / "results").symlink_to(outside)
+    again, *_ = await cores.open([], session_id=sid)
+    assert os.listdir(outside) == [] and again.tmpdir == scratch
+
+
 async def test_failing_rounds_nudge_at_five_and_stop_at_ten(cores):
     script = [{"tool_calls": [call("fail", why=f"bad {i}")]} for i in range(10)]
     core, backend, _, events = await cores.open(script)

@@ -9,6 +9,7 @@ request. `Core` runs turns one after another; this module is the turn itself.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import shutil
 import stat
@@ -435,34 +436,49 @@ def _fit(tmpdir: Path, text: str) -> str:
 
 
 RESULTS = "results"  # the whole results `_fit` cut, in the session's scratch directory
+RESULTS_KEPT = 256 << 20  # bytes of them a session keeps over its close (what code could have made them)
 
 
 def copy_results(source: Path, target: Path) -> None:
     """The whole results of `source` (a directory holding a RESULTS one) copied into `target`'s:
     at a session's close from its scratch directory into its store, which its history names them
-    in, and back at its restore. Only ollie's own files go (regular, one link, `result-*.txt`): the
-    scratch directory is the code's to write, and nothing planted there is followed."""
+    in, and back at its restore. Only ollie's own files go (regular, one link, `result-*.txt`, up to
+    RESULTS_KEPT bytes in all), each way by descriptor: the scratch directory is the code's to write,
+    and no link planted there (one left by a crash included) is followed."""
     try:
-        fd = os.open(source / RESULTS, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        src = os.open(source / RESULTS, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError:  # none (most sessions), or no directory of ollie's
         return
     try:
-        for name in os.listdir(fd):
-            if name.startswith("result-") and name.endswith(".txt"):
-                _copy_result(fd, name, target / RESULTS)
-    finally:
-        os.close(fd)
-
-
-def _copy_result(directory: int, name: str, target: Path) -> None:
-    try:
-        src = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=directory)
-    except OSError:
-        return
-    with os.fdopen(src, "rb") as f:
-        st = os.fstat(f.fileno())
-        if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
+        names = [n for n in os.listdir(src) if n.startswith("result-") and n.endswith(".txt")]
+        if not names:
             return
-        target.mkdir(mode=0o700, exist_ok=True)
-        with open(target / name, "wb") as out:
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(target / RESULTS, 0o700)
+        dst = os.open(target / RESULTS, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            left = RESULTS_KEPT
+            for name in names:
+                left -= _copy_result(src, name, dst, left)
+        finally:
+            os.close(dst)
+    except OSError:  # a full disk, a directory made a link meanwhile: those results are not kept
+        return
+    finally:
+        os.close(src)
+
+
+def _copy_result(source: int, name: str, target: int, room: int) -> int:
+    """Copy one result file between directories (descriptors); the bytes it took, 0 if none."""
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=source)
+    except OSError:
+        return 0
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(f.fileno())
+        if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1 or st.st_size > room:
+            return 0
+        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
+        with os.fdopen(os.open(name, flags, 0o600, dir_fd=target), "wb") as out:
             shutil.copyfileobj(f, out)
+        return st.st_size
