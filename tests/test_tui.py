@@ -825,9 +825,15 @@ def test_new_keeps_the_backend_and_model_the_ui_was_started_with(tmp_path):
             srv.stop()
 
 
-def test_first_run_without_a_model_server_says_in_the_ui_that_the_embedded_model_answers(tmp_path):
+def unconfigured(tmp_path: Path) -> FsServer:
+    """A server whose default agent names no backend, and no key set: a first run."""
     srv = FsServer(tmp_path / "srv")
-    (srv.cfg / "agents" / "default.json").write_text(json.dumps({"prompt": "You help.\n"}))  # no backend
+    (srv.cfg / "agents" / "default.json").write_text(json.dumps({"prompt": "You help.\n"}))
+    return srv
+
+
+def test_first_run_without_a_model_server_says_in_the_ui_that_the_embedded_model_answers(tmp_path):
+    srv = unconfigured(tmp_path)
     closed = f"http://127.0.0.1:{free_port()}"  # no model server to find
     srv.env.update(OLLIE_OLLAMA_URL=closed, OLLIE_LMSTUDIO_URL=closed, OLLIE_LLAMACPP_URL=closed)
     srv.start()
@@ -846,8 +852,7 @@ def test_first_run_offers_a_local_model_server_and_keeps_it(tmp_path):
     from wire import WireServer
     from wire import ollama as ow
 
-    srv = FsServer(tmp_path / "srv")
-    (srv.cfg / "agents" / "default.json").write_text(json.dumps({"prompt": "You help.\n"}))  # no backend
+    srv = unconfigured(tmp_path)
     with WireServer() as fake:
         fake.route(ow.TAGS, lambda req: ow.tags(["tiny:1b"]))
         fake.route(ow.SHOW, lambda req: ow.show(8192))
