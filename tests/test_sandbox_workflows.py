@@ -633,16 +633,17 @@ async def test_git_works_with_your_identity_and_without_the_rest_of_your_gitconf
     gets your name and email, not its aliases, includes or the token a URL rewrite may hold."""
     (home / ".gitconfig").write_text(
         "[user]\n\tname = Ada L\n\temail = ada@example.com\n"
+        "[init]\n\tdefaultBranch = trunk\n"  # the name `git init` gives, kept too
         '[url "https://tok-SECRET@github.com/"]\n\tinsteadOf = https://github.com/\n'
         f'[includeIf "gitdir:{run.ctx.cwd}/work/"]\n\tpath = .gitconfig-work\n'
     )
     (home / ".gitconfig-work").write_text("[user]\n\temail = ada@corp.example\n[credential]\n\thelper = SECRET\n")
     code = (
         "git init -q . && git commit -q --allow-empty -m first && git log --format='%an <%ae>' && "
-        "git config --list --show-origin | grep -c SECRET; true"
+        "git branch --show-current && git config --list --show-origin | grep -c SECRET; true"
     )
     result = await run(code)
-    assert result.text() == "Ada L <ada@example.com>\n0\n", result.text()
+    assert result.text() == "Ada L <ada@example.com>\ntrunk\n0\n", result.text()
     # a repository's own identity wins over yours, as in git outside the sandbox (it lost to the
     # identity the sandbox passed, at the scope of git's command line)
     code = (

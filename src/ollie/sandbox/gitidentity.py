@@ -3,7 +3,8 @@
 git dies ("unknown error occurred while reading the configuration files") on a global config it may
 not read, and ~/.gitconfig lies outside the grants. In its place the sandbox's git reads, as its
 global config (`GIT_CONFIG_GLOBAL`), a file holding only the user's name and email (and each
-`includeIf` that chooses another, with a file of that identity alone): no alias, credential helper
+`includeIf` that chooses another, with a file of that identity alone), and the name `git init`
+gives a first branch (`init.defaultBranch`): no alias, credential helper
 or URL rewrite (which may hold a token) crosses over, and a repository's own `user.name` or
 `user.email` still wins, as global settings lose to local ones. The identity is read from the
 files here, never by running a git found on a PATH the project may lead."""
@@ -43,9 +44,9 @@ def global_config(granted: tuple[str, ...]) -> str:
     now, key = time.monotonic(), (real, st.st_dev, st.st_ino, st.st_mtime_ns, st.st_size)
     when, given = _READ.get(key, (-REREAD, ""))
     if now - when >= REREAD or not os.path.exists(given):
-        user, conditional = _identity(real)
+        user, conditional, branch = _identity(real)
         try:
-            given = identity_file(user, conditional) if user or conditional else os.devnull
+            given = identity_file(user, conditional, branch) if user or conditional or branch else os.devnull
         except OSError as e:  # a full disk, say: git commits with no identity, and the next build tries again
             log.warning("your git identity is not given to sandboxed code: its file could not be written: %s", e)
             return os.devnull
@@ -54,7 +55,9 @@ def global_config(granted: tuple[str, ...]) -> str:
     return given
 
 
-def identity_file(user: dict[str, str], conditional: Sequence[tuple[str, dict[str, str]]] = ()) -> str:
+def identity_file(
+    user: dict[str, str], conditional: Sequence[tuple[str, dict[str, str]]] = (), branch: str = ""
+) -> str:
     """A git config file holding `user` (name, email) and nothing else but, for each `conditional`
     (an `includeIf` condition and the identity its file sets), that condition including a file of
     that identity alone; in a directory of ollie's data of those identities only (the sandbox is
@@ -62,13 +65,18 @@ def identity_file(user: dict[str, str], conditional: Sequence[tuple[str, dict[st
     by every sandbox of theirs; each file written whole under a temporary name, then renamed."""
     texts = [_user_text(identity) for _, identity in conditional]
     conditions = [condition for condition, _ in conditional]
-    key = hashlib.sha256("\0".join([_user_text(user), *conditions, *texts]).encode()).hexdigest()[:16]
+    first = f'[init]\n\tdefaultBranch = "{_quoted(branch)}"\n' if branch else ""
+    key = hashlib.sha256("\0".join([_user_text(user) + first, *conditions, *texts]).encode()).hexdigest()[:16]
     directory = config.data_dir("sandbox-git", key)
     names = [f"{n}.gitconfig" for n in range(len(texts))]
     files = dict(zip(names, texts, strict=True))
-    files["config"] = _user_text(user) + "".join(
-        f'[includeIf "{condition}"]\n\tpath = "{_quoted(str(directory / name))}"\n'
-        for condition, name in zip(conditions, names, strict=True)
+    files["config"] = (
+        _user_text(user)
+        + first
+        + "".join(
+            f'[includeIf "{condition}"]\n\tpath = "{_quoted(str(directory / name))}"\n'
+            for condition, name in zip(conditions, names, strict=True)
+        )
     )
     for name, text in files.items():
         write_new(directory / name, text.encode())
@@ -99,16 +107,20 @@ class _Budget:
     size = 1 << 20  # bytes read of them all
 
 
-def _identity(path: str) -> tuple[dict[str, str], list[tuple[str, dict[str, str]]]]:
+def _identity(path: str) -> tuple[dict[str, str], list[tuple[str, dict[str, str]]], str]:
     """The identity a global config sets, its `[include]`s' read in place (the last set wins, as
     git has it), and each `[includeIf]` whose file sets one: its condition (a `gitdir:` pattern
-    relative to the config's directory made absolute), for git in the sandbox to judge."""
+    relative to the config's directory made absolute), for git in the sandbox to judge; and its
+    `init.defaultBranch`."""
     budget, hidden = _Budget(), identities(config.hidden_dirs())
     user: dict[str, str] = {}
     conditional: list[tuple[str, dict[str, str]]] = []
+    branch = ""
     for section, condition, key, value in _entries(path, budget, hidden):
         if section == "user" and condition is None and key in ("name", "email"):
             user[key] = value
+        elif section == "init" and condition is None and key == "defaultbranch":
+            branch = value
         elif key == "path" and (section, condition is None) in (("include", True), ("includeif", False)):
             included = os.path.join(os.path.dirname(path), os.path.expanduser(value))
             found = {
@@ -121,7 +133,7 @@ def _identity(path: str) -> tuple[dict[str, str], list[tuple[str, dict[str, str]
             elif found and condition is not None:
                 condition = re.sub(r"^(gitdir(?:/i)?:)\./", lambda m: f"{m[1]}{os.path.dirname(path)}/", condition)
                 conditional.append((condition, found))
-    return user, conditional
+    return user, conditional, branch
 
 
 # Possessive: a header of a million blanks is not tried at each split of them between two \s*.
