@@ -86,6 +86,16 @@ async def test_auto_compaction_keeps_the_prompt_out_of_the_summary_and_sends_it_
     assert final[1].content.startswith(SUMMARY_PREFIX) and final[2].content == "THE NEW PROMPT"
     assert core.reply == "answer to the new prompt"
     backend.assert_consumed()
+    said = [e.text for e in events if e.kind == "info"]
+    assert any(t.endswith("full: compacting") for t in said) and "compacted 12 messages into a summary" in said
+
+
+async def test_a_full_context_with_nothing_to_compact_does_not_say_it_compacts(cores):
+    core, backend, _, events = await cores.open(
+        [{"text": "ok"}], cfg=AgentConfig(context_window=120), history=[Message("user", "x" * 400)]
+    )
+    await core.submit("go")
+    assert not [e.text for e in events if "compact" in e.text]
 
 
 async def test_context_overflow_compacts_and_retries_the_turn_once(cores):

@@ -32,22 +32,22 @@ async def before_turn(rt: Runtime, prompt: str) -> None:
     cfg, window = rt.env.config, rt.window
     used = (window.estimate() + len(prompt) / window.chars_per_token()) / window.length
     if used >= cfg.compact_at:
-        rt.bus.emit(Event("info", f"context {used:.0%} full: compacting"))
-        await compact(rt, reason="auto")
+        await compact(rt, reason="auto", why=f"context {used:.0%} full: compacting")
     elif used >= cfg.compact_warn and not window.warned:
         window.warned = True
         rt.bus.emit(Event("info", f"context {used:.0%} full; /compact to summarise it"))
 
 
-async def compact(rt: Runtime, reason: str, keep_last: int = 0) -> None:
+async def compact(rt: Runtime, reason: str, keep_last: int = 0, why: str = "") -> None:
     """Summarise the history but its last `keep_last` messages (the turn in progress: its prompt
     and the calls it completed stay as they are). A manual compaction that fails leaves the
-    history as it was; automatic ones fall back to evicting old messages."""
+    history as it was; automatic ones fall back to evicting old messages. `why` is said first,
+    when there is something to compact."""
     with telemetry.compaction(reason):
-        await _compact(rt, reason, keep_last)
+        await _compact(rt, reason, keep_last, why)
 
 
-async def _compact(rt: Runtime, reason: str, keep_last: int) -> None:
+async def _compact(rt: Runtime, reason: str, keep_last: int, why: str) -> None:
     messages = rt.state.messages
     cut = len(messages) - keep_last
     history, kept = messages[:cut], messages[cut:]
@@ -55,6 +55,8 @@ async def _compact(rt: Runtime, reason: str, keep_last: int) -> None:
         if reason == "manual":
             rt.bus.emit(Event("info", "nothing to compact"))
         return
+    if why:
+        rt.bus.emit(Event("info", why))
     pre = await rt.hooks.run("preCompact", {"reason": reason, "messages": len(history)})
     if pre.blocked:
         rt.bus.emit(Event("info", f"compaction cancelled by a preCompact hook: {pre.reason}"))
