@@ -85,6 +85,11 @@ class Message:
 
 @dataclass(slots=True)
 class Usage:
+    """Tokens a request (or a session) took. `input_tokens` leaves out the cached ones, which are
+    counted apart (`cache_read_tokens`, `cache_write_tokens`), as Anthropic reports them: a backend
+    of yours whose provider counts them in (OpenAI's `prompt_tokens`) subtracts them, or its cost
+    and context size count them twice."""
+
     input_tokens: int = 0
     output_tokens: int = 0
     cache_read_tokens: int = 0
