@@ -93,7 +93,7 @@ def test_a_spec_makes_parallel_jobs_that_leave_result_log_usage_and_cost(jobs):
         ("parallel=many\n---\nhi\n", "line 1: parallel is a whole number"),
         ("output=xml\n---\nhi\n", "line 1: output is json"),
         ("agent=worker\njust words\n---\nhi\n", "line 2: expected key=value"),
-        ("name=a/b\n---\nhi\n", "line 1: name: invalid session id"),
+        ("name=a/b\n---\nhi\n", "line 1: name 'a/b': use letters, digits"),
         ("agent=worker\n", "no line '---'"),
         ("agent=worker\n---\n\n", "the prompt after '---' is empty"),
         ("agent=nobody\n---\nhi\n", "nobody"),

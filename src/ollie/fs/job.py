@@ -83,9 +83,11 @@ def parse_header_line(number: int, line: str, spec: Spec) -> None:
     else:
         if key == "name" and value:
             try:
-                check_session_id(f"{value}-{PARALLEL_MAX}")
-            except InvalidValue as e:
-                raise FsError(E.EINVAL, f"line {number}: name: {e}") from None
+                check_session_id(f"{value}-{PARALLEL_MAX}")  # as its jobs' ids will be (`<name>-<i>`)
+            except InvalidValue:
+                raise FsError(
+                    E.EINVAL, f"line {number}: name {value!r}: use letters, digits, '.', '_' and '-' (no '/')"
+                ) from None
         spec.settings[key] = value
 
 
