@@ -168,6 +168,14 @@ def test_directories_of_another_user_are_refused(tmp_path, theirs):
         srv.stop()
 
 
+def test_a_namespace_that_is_a_file_is_said_so(tmp_path):
+    srv = FsServer(tmp_path)
+    (tmp_path / "ns").rmdir()
+    (tmp_path / "ns").write_text("")  # NAMESPACE=that file: it said only "File exists"
+    out = srv.ollie("srv", "start", "--no-mount", check=False)
+    assert out.returncode == 1 and f"{tmp_path / 'ns'} must be a directory, not a link or a file" in out.stderr
+
+
 def test_namespace_and_scratch_directories_are_private(server):
     for d in (server.root / "ns", server.root / "tmp", server.root / "tmp" / "scratch"):
         assert stat.S_IMODE(os.stat(d).st_mode) == 0o700, d

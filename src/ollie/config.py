@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import functools
 import getpass
@@ -101,7 +102,8 @@ def private_dir(path: Path) -> Path:
     """`path` as a directory only this user can enter: created 0700 (parents too) if missing, and
     refused when another user owns it or can write to it (under a shared /tmp, whoever creates a
     name first owns it, and could swap what we keep there)."""
-    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    with contextlib.suppress(FileExistsError):  # a file there: said below, with what to do
+        path.mkdir(mode=0o700, parents=True, exist_ok=True)
     st = os.lstat(path)
     if not stat.S_ISDIR(st.st_mode):
         raise ConfigError(f"{path} must be a directory, not a link or a file; remove it or choose another path")
