@@ -28,6 +28,7 @@ class Window:
         self._chars = sum(chars(m) for m in messages())
         self._tokens = 0  # input tokens of the last request, as the backend counted them
         self._chars_at_usage = 0
+        self._chars_counted = 0  # what the backend's last count counted: system prompt, tools, history
         self._schema_chars = 0  # of the tools last offered to the model
         self._offered: list[ToolSpec] = []
         self.warned = False  # the user was told the window is filling up
@@ -45,6 +46,7 @@ class Window:
         """The backend counted the request that the history so far made."""
         self._tokens = usage.input_tokens + usage.cache_read_tokens + usage.cache_write_tokens
         self._chars_at_usage = self._chars
+        self._chars_counted = len(self._system_prompt()) + self._schema_chars + self._chars
 
     def offered(self, tools: list[ToolSpec]) -> None:
         """The tools the next requests carry: their schemas take room in the window too. (Counted
@@ -66,8 +68,7 @@ class Window:
         """Characters a token, as the backend's last count found them (from one to four), else four."""
         if not self._tokens:
             return CHARS_PER_TOKEN
-        counted = len(self._system_prompt()) + self._schema_chars + self._chars_at_usage
-        return min(CHARS_PER_TOKEN, max(1.0, counted / self._tokens))
+        return min(CHARS_PER_TOKEN, max(1.0, self._chars_counted / self._tokens))
 
     def size(self) -> ContextSize:
         return ContextSize(self.estimate(), self.length)
