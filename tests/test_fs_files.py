@@ -126,6 +126,26 @@ def test_an_empty_prompt_is_refused_and_leaves_no_old_reply_to_read(fs_server):
     fs_server.sh(f"touch s/{sid}/prompt")  # an open and a close with nothing written: nothing happens
 
 
+def test_idlewait_returns_once_the_turn_is_over_however_late_it_is_read(fs_server):
+    """A script writes `prompt`, then waits: with `state` then `statewait`, a turn that ended
+    between the two reads left the wait to its 5 s timeout; `idlewait` has no such window."""
+    sid = fs_server.new_session()
+    s = fs_server.mnt / "s" / sid
+    started = time.monotonic()
+    out = fs_server.sh(f"echo slow > s/{sid}/prompt; cat s/{sid}/idlewait; cat s/{sid}/reply")
+    assert out.stdout == "idle\nslow answer" and time.monotonic() - started < 4  # the turn takes 0.6 s
+    started = time.monotonic()
+    assert (s / "idlewait").read_text() == "idle\n" and time.monotonic() - started < 1  # idle: at once
+    assert "idlewait" not in os.listdir(s)  # it acts when read: found by name, not listed
+    gone = fs_server.new_session()
+    waiting = subprocess.Popen(
+        ["sh", "-c", f"echo slow > s/{gone}/prompt; cat s/{gone}/idlewait"], cwd=fs_server.mnt, stderr=subprocess.PIPE
+    )
+    time.sleep(0.2)
+    fs_server.sh(f"rm -r s/{gone}")  # the session goes while it is waited on: the wait ends
+    assert waiting.wait(timeout=10) == 0  # its turn ended with it: idle, not a wait for ever
+
+
 def test_queueing_while_a_turn_runs(fs_server):
     sid = fs_server.new_session()
     s = fs_server.mnt / "s" / sid

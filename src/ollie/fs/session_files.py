@@ -326,6 +326,32 @@ class StateWaitFile(File):
         return WaitHandle(core.state, lambda seen, timeout: core.wait_change("state", seen, timeout))
 
 
+class IdleWaitHandle(Handle):
+    """`idlewait`: each read from the start blocks until the session is idle (at once when it
+    is: nothing runs and nothing waits), then gives `idle`. What a script that wrote `prompt`
+    waits on, with no window between looking at `state` and waiting, as `statewait` has."""
+
+    def __init__(self, core: Core):
+        self._core = core
+        self._data = b""
+
+    async def read(self, offset: int, count: int) -> bytes:
+        if offset == 0:
+            state = self._core.state
+            while state != "idle":
+                state = await self._core.wait_change("state", state)
+            self._data = b"idle\n"
+        return self._data[offset : offset + count]
+
+
+class IdleWaitFile(File):
+    def __init__(self, session: Session):
+        self.session = session
+
+    async def open(self, mode: OpenMode) -> Handle:
+        return IdleWaitHandle(await self.session.wake())
+
+
 # ---- control files: ctl, cfg, env ---------------------------------------------------------------------
 
 
@@ -601,6 +627,7 @@ SESSION_FILES: dict[str, SessionFileMaker] = {
 # Files whose reading does something: found by name, never listed (see the module's doc).
 ACTIVE_FILES: dict[str, SessionFileMaker] = {
     "statewait": lambda s, _: StateWaitFile(s),
+    "idlewait": lambda s, _: IdleWaitFile(s),
     "fifo.out": _core_text(_pop),
     "models": _core_text(_models),
     "mcp": _core_text(_mcp),

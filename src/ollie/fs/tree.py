@@ -57,13 +57,15 @@ s/<id>/chat       the conversation; `tail -f chat` follows it
 s/<id>/state      idle, thinking, calling: <tool>, compacting, limitretry
 s/<id>/reply      the assistant text of the last completed turn; emptied by a write to prompt
 s/<id>/statewait  blocks until the state changes (5 s at most), then gives the state
+s/<id>/idlewait   blocks until the session is idle (at once when it is), then gives `idle`
 s/<id>/ctl        the session commands (stop, inject, queue, backend, model, agent, cwd, set,
                   compact, clear, …: `cat` it), and kill, rn <name>, save [name]
 s/<id>/cfg        state backend model agent cwd and generation parameters; write k=v lines
 s/<id>/fifo.in    queue a prompt (starts it when idle);  fifo.out: pop the next queued prompt
 s/<id>/usage cost ctxsz systemprompt env context offset plan prompt.prev (models, mcp,
-                  statewait, fifo.out, worktree open by name: reading them acts, so they are not
-                  listed; worktree commits a worktree=1 session's work on its branch ollie/<id>)
+                  statewait, idlewait, fifo.out, worktree open by name: reading them acts, so they
+                  are not listed; worktree commits a worktree=1 session's work on its branch
+                  ollie/<id>)
 rm -r s/<id>      kill a session (kept read-only in tr/<id>/ for $OLLIE_TRANSCRIPT_DAYS days);
                   mv s/<id> s/<name>  rename it (not while it runs)
 a/ p/ sk/ t/ u/ m/ pl/ tr/ tmp/   agent configs (a refused one says why in a/<name>.json.err), system
