@@ -66,6 +66,21 @@ async def test_a_login_shell_starts_without_complaint(run):
     assert (result.is_error, result.text()) == (False, "ok\n")
 
 
+async def test_a_command_not_found_names_the_path_directories_the_sandbox_left_out(run, home, monkeypatch):
+    """A virtualenv activated outside the project drops off the sandbox's PATH: its `pytest` was
+    "command not found", with no word of why."""
+    venv = home / ".virtualenvs" / "proj" / "bin"
+    venv.mkdir(parents=True)
+    (venv / "mytool").write_text("#!/bin/sh\necho ran\n")
+    (venv / "mytool").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{venv}:{os.environ['PATH']}")
+    result = await run("mytool")
+    assert result.is_error and "exit status 127" in result.text()
+    assert f"the sandbox runs no program from these directories of the PATH: {venv}" in result.text()
+    result = await run("false")  # another failure says nothing of it
+    assert result.is_error and "PATH" not in result.text()
+
+
 @pytest.mark.skipif(not shutil.which("node"), reason="needs node")
 async def test_node_lists_the_jails_network_interfaces(run):
     """Vite's and webpack's dev servers, and test runners, ask for the interfaces (getifaddrs,

@@ -210,7 +210,9 @@ class Server:
             env["OLLIE"] = config.mount_point()
         else:
             env.pop("OLLIE", None)  # the user's mount is hidden from sandboxed code
-        system_path = env["PATH"] = await box.search_path_async(env.get("PATH") or os.defpath)
+        asked_path = env.get("PATH") or os.defpath
+        system_path = env["PATH"] = await box.search_path_async(asked_path)
+        kept = set(system_path.split(":"))
         return _Job(
             box,
             jail,
@@ -221,6 +223,7 @@ class Server:
             self._wrapper,
             _Budget(limits.output),
             notice,
+            tuple(d for d in dict.fromkeys(asked_path.split(":")) if d and d not in kept),
         )
 
     async def _sandbox_for(
@@ -517,6 +520,7 @@ class _Job:
     wrapper: list[str]  # `superpowers run-session --` when superpowerd runs
     output: _Budget
     notice: str = ""  # said before the result: how the sandbox runs, when that is worth knowing
+    left_out: tuple[str, ...] = ()  # the PATH's directories the sandbox runs no program from
 
 
 @dataclass(slots=True)
@@ -599,8 +603,24 @@ async def _run_command(cmd: _Command, stdin: bytes | None, job: _Job) -> _Outcom
     status = process.status
     if status:
         why = f"exit status {status}" if status > 0 else f"killed by {signal.Signals(-status).name}"
-        return _Outcome(output, f"execution failed: {why}{_limit_hit(status, job.sandbox.policy.limits)}", status)
+        return _Outcome(
+            output,
+            f"execution failed: {why}{_limit_hit(status, job.sandbox.policy.limits)}{_left_out(status, job)}",
+            status,
+        )
     return _Outcome(output, status=0)
+
+
+def _left_out(status: int, job: _Job) -> str:
+    """For a command not found (127), the PATH's directories the sandbox left out: a virtualenv
+    or conda outside the project disappeared from it without a word."""
+    if status != 127 or not job.left_out:
+        return ""
+    shown = ", ".join(job.left_out[:6]) + (", …" if len(job.left_out) > 6 else "")
+    return (
+        f" (not found? the sandbox runs no program from these directories of the PATH: {shown};"
+        " a sandbox policy granting one under filesystem.rox lets it)"
+    )
 
 
 def _limit_hit(status: int, limits: sandbox.Limits) -> str:
