@@ -120,7 +120,7 @@ class Core:
         self._length_known = False  # the backend was asked for its context window
         self._queue: collections.deque[_Prompt] = collections.deque()
         self._turn: asyncio.Task[None] | None = None
-        self._running: _Prompt | None = None  # the prompt whose turn (or its follow-ups) runs
+        self._current: _Prompt | None = None  # the prompt whose turn (or its follow-ups) runs
         self._turn_error: OllieError | None = None  # what ended the last turn, if anything
         self._holder = ""  # what holds the session between awaits (a switch, a compaction), if anything
         self._agent_in_code = cfg.agent_in_code
@@ -315,7 +315,7 @@ class Core:
                 self._queue.remove(queued)
                 self._rt.bus.notify()
                 return
-        if self._running is not None and self._running.outcome is outcome:
+        if self._current is not None and self._current.outcome is outcome:
             self.interrupt()
 
     def start(self, prompt: str, outcome: asyncio.Future[str] | None = None) -> asyncio.Future[None]:
@@ -397,7 +397,7 @@ class Core:
         prompt = first.text
         try:
             while current is not None:
-                self._running = current
+                self._current = current
                 follow_up = await self._guarded_turn(prompt)
                 follow_ups, follow_up = self._follow_up(follow_up, follow_ups)
                 if follow_up is not None:
@@ -407,7 +407,7 @@ class Core:
                 current = self._queue.popleft() if self._queue else None
                 prompt = current.text if current else ""
         finally:
-            self._running = None
+            self._current = None
             if current is not None:  # the runner itself was cancelled (the session closes)
                 current.settle("", OllieError("the session closed before the turn ended"))
 
