@@ -81,14 +81,6 @@ async def test_a_command_not_found_names_the_path_directories_the_sandbox_left_o
     assert result.is_error and "PATH" not in result.text()
 
 
-@pytest.mark.skipif(not shutil.which("node"), reason="needs node")
-async def test_node_lists_the_jails_network_interfaces(run):
-    """Vite's and webpack's dev servers, and test runners, ask for the interfaces (getifaddrs,
-    over rtnetlink): it threw "Unknown system error 97" under the sandbox."""
-    result = await run("node -e \"console.log(Object.keys(require('os').networkInterfaces()).join())\"")
-    assert (result.is_error, result.text()) == (False, "lo\n"), result.text()
-
-
 @pytest.mark.skipif(not shutil.which("chromium"), reason="needs Debian's chromium")
 async def test_a_headless_browser_renders_a_page(run):
     # A browser test's browser: its processes talk over Unix sockets (the jail's own), and Debian's

@@ -100,8 +100,7 @@ def seccomp_program(policy: Policy, own_network: bool = False, supervised: bool 
     - socket(2) by list, everything else refused: AF_UNIX only with `network.unix` or `supervised`
       (Landlock does not govern connecting by path); TCP over IPv4/6 (Landlock governs its ports); with
       `network.unrestricted` any IPv4/6 socket and rtnetlink (name resolution needs them); in a
-      network namespace of its own, UDP over IPv4/6 too (it reaches that loopback alone), and
-      rtnetlink, read without capabilities (that loopback's interfaces).
+      network namespace of its own, UDP over IPv4/6 too (it reaches that loopback alone).
       No UDP with the host's network, no MPTCP, raw, packet, vsock, sock_diag or other families.
     - without `network.unix`, socketpair(2) makes stream and seqpacket pairs only: a datagram one
       could send to any socket by path.
@@ -190,16 +189,8 @@ def _program(
             (_RET, 0, 0, _RET_ALLOW),
         ]
     else:
-        # rtnetlink in a network of its own, read by programs with no capability: its loopback's
-        # interface and addresses (getifaddrs: Node's os.networkInterfaces, ZeroMQ, Go's
-        # net.Interfaces); never sock_diag or another protocol, nor with the host's network
-        route = [
-            (_JEQ, 0, "eafnosupport", _AF_NETLINK),
-            (_LD, 0, 0, _arg(2)),
-            (_JEQ, "allow", "eacces", _NETLINK_ROUTE),
-        ]
         prog += [
-            *(route if own_network else [(_RET, 0, 0, _RET_ERRNO | _EAFNOSUPPORT)]),
+            (_RET, 0, 0, _RET_ERRNO | _EAFNOSUPPORT),
             "inet",
             (_LD, 0, 0, _arg(1)),
             (_AND, 0, 0, _SOCK_TYPE_MASK),
