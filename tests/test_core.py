@@ -12,7 +12,7 @@ import pytest
 
 from agent_helpers import kinds
 from ollie import cost
-from ollie.agent.loop import RESULT_LIMIT
+from ollie.agent.loop import RESULT_LIMIT, _fit
 from ollie.agent.session import SessionStore, list_stored
 from ollie.chatfmt import cost_text
 from ollie.config import AgentConfig
@@ -277,6 +277,15 @@ async def test_a_scratch_directory_left_by_a_crash_leads_no_result_out_of_it(cor
     (scratch / "results").symlink_to(outside)
     again, *_ = await cores.open([], session_id=sid)
     assert os.listdir(outside) == [] and again.tmpdir == scratch
+    [kept] = os.listdir(scratch / "results")  # what its history names is back, in a directory of its own
+    assert (scratch / "results" / kept).read_text() == big and not (scratch / "results").is_symlink()
+    # A link planted in a live scratch directory (Landlock alone: the code writes it) leads no long
+    # result out either: it is written by descriptor, or not at all.
+    (scratch / "results" / kept).unlink()
+    (scratch / "results").rmdir()
+    (scratch / "results").symlink_to(outside)
+    cut = _fit(scratch, "z" * (RESULT_LIMIT + 1))
+    assert "the rest was not kept" in cut and os.listdir(outside) == []
 
 
 async def test_failing_rounds_nudge_at_five_and_stop_at_ten(cores):

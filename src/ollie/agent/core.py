@@ -125,7 +125,8 @@ class Core:
         self._holder = ""  # what holds the session between awaits (a switch, a compaction), if anything
         self._agent_in_code = cfg.agent_in_code
         self._save_meta()
-        tmpdir.mkdir(exist_ok=True, mode=0o700)
+        shutil.rmtree(tmpdir, ignore_errors=True)  # one a crash left: what its code planted there goes
+        tmpdir.mkdir(mode=0o700)
         loop.copy_results(state.store.dir, tmpdir)  # the whole results its history names, as they were
         telemetry.sessions(1)
         self._counted = True  # in the sessions-alive metric, until closed

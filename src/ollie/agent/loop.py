@@ -11,9 +11,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import secrets
 import shutil
 import stat
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -422,17 +422,33 @@ def _fit(tmpdir: Path, text: str) -> str:
     data = text.encode()
     if len(data) <= RESULT_LIMIT:
         return text
-    results = tmpdir / RESULTS
-    results.mkdir(exist_ok=True)
-    # A fresh name: call ids come from the model, may repeat, and are no safe file names.
-    fd, name = tempfile.mkstemp(prefix="result-", suffix=".txt", dir=results)
-    with os.fdopen(fd, "wb") as f:
-        f.write(data)
     head = data[:RESULT_LIMIT].decode(errors="ignore")
+    try:
+        name = _save_result(tmpdir / RESULTS, data)
+    except OSError as e:  # a full disk, or something planted in the way: the cut result alone
+        shown = f"first {RESULT_LIMIT} of {len(data)} bytes shown"
+        return f"{head}\n[result truncated: {shown}; the rest was not kept: {e.strerror or e}]"
     return (
         f"{head}\n[result truncated: first {RESULT_LIMIT} of {len(data)} bytes shown; the whole result "
         f"is in {name}; read on from offset={RESULT_LIMIT}, e.g. tail -c +{RESULT_LIMIT + 1} {name}]"
     )
+
+
+def _save_result(results: Path, data: bytes) -> str:
+    """Write `data` to a new file of `results`, by descriptor, no link followed (under Landlock
+    alone the scratch directory is the code's to write); its path. A fresh name: call ids come
+    from the model, may repeat, and are no safe file names."""
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(results, 0o700)
+    directory = os.open(results, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        file = f"result-{secrets.token_hex(6)}.txt"
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+        with os.fdopen(os.open(file, flags, 0o600, dir_fd=directory), "wb") as f:
+            f.write(data)
+    finally:
+        os.close(directory)
+    return str(results / file)
 
 
 RESULTS = "results"  # the whole results `_fit` cut, in the session's scratch directory
@@ -478,7 +494,11 @@ def _copy_result(source: int, name: str, target: int, room: int) -> int:
         st = os.fstat(f.fileno())
         if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1 or st.st_size > room:
             return 0
-        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
-        with os.fdopen(os.open(name, flags, 0o600, dir_fd=target), "wb") as out:
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC  # only a file of its own making
+        try:
+            made = os.open(name, flags, 0o600, dir_fd=target)
+        except OSError:
+            return 0
+        with os.fdopen(made, "wb") as out:
             shutil.copyfileobj(f, out)
         return st.st_size
