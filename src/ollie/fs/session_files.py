@@ -6,7 +6,7 @@ and the sessions made after a count sort after every one counted (IDEAS.md picks
 and the sessions you named resolve by name but are not listed: a name sorts anywhere (letters after
 digits), and one listed after the ids would shift every offset. `s/idx` lists every session,
 named or not. Likewise in a session's
-directory, the files whose reading does something (`statewait` blocks, `fifo.out` pops a prompt,
+directory, the files whose reading does something (`statewait` and `idlewait` block, `fifo.out` pops a prompt,
 `models` and `mcp` make requests) resolve by name but are not listed, and every listed file of a
 sleeping session reads from what is stored, so `grep -r`, `find` and `ls -l` over the tree block on
 nothing, pop nothing and wake no session. The listing (readdir order, `ls -U`) is creation order.
