@@ -20,6 +20,7 @@ from collections.abc import Sequence
 
 from .. import config
 from ..paths import Identity, identities, open_regular, write_new
+from ..types import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +48,8 @@ def global_config(granted: tuple[str, ...]) -> str:
         user, conditional, branch = _identity(real)
         try:
             given = identity_file(user, conditional, branch) if user or conditional or branch else os.devnull
-        except OSError as e:  # a full disk, say: git commits with no identity, and the next build tries again
+        except (OSError, ConfigError) as e:  # a full disk, a file where its directory goes: no identity, and
+            # the next build tries again
             log.warning("your git identity is not given to sandboxed code: its file could not be written: %s", e)
             return os.devnull
         _READ.clear()  # one config at a time: the one before is not asked for again

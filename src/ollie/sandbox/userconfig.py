@@ -18,6 +18,7 @@ from typing import NamedTuple
 
 from .. import config
 from ..paths import Decided, Identity, as_decided, decided, identities, open_regular, write_new
+from ..types import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -263,7 +264,8 @@ def judged_copy(source: str, variable: str, writable: dict[Identity, str]) -> Co
     try:
         copy = config.data_dir("sandbox-config", key) / os.path.basename(source).lstrip(".")
         write_new(copy, data)
-    except OSError as e:  # a full disk, say: the tool reads no configuration, and the next build tries again
+    except (OSError, ConfigError) as e:  # a full disk, a file where its directory goes: the tool reads no
+        # configuration, and the next build tries again
         log.warning("%s is not given to sandboxed code: its copy could not be written: %s", source, e)
         return Copy(variable, os.devnull, source, seen)
     _COPIES[source] = (seen, str(copy))
