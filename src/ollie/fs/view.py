@@ -136,7 +136,7 @@ class ViewSessionsDir(Dir):
         return ChildSessionDir(session, self.sessions)
 
     def _mine(self, name: str) -> Session:
-        session = self.sessions.find(name) or self.sessions.find(child_name(self.owner, name))
+        session = _named(self.sessions, self.owner, name)
         if session is None or not (session is self.owner or self.sessions.descends(session, self.owner)):
             raise FsError(E.ENOENT, f"{name}: no such session in this view")
         return session
@@ -156,6 +156,12 @@ class ViewSessionsDir(Dir):
 
     async def rename(self, old: str, new: str) -> None:
         raise FsError(E.EACCES, "sessions are renamed outside the sandbox")
+
+
+def _named(sessions: Sessions, owner: Session, name: str) -> Session | None:
+    """The session `name` is in `owner`'s view: by its id, or a sub-session's name without its
+    owner's id in front (`review` for `<owner>.review`)."""
+    return sessions.find(name) or sessions.find(child_name(owner, name))
 
 
 class ChildMaker:
@@ -184,7 +190,7 @@ class ChildMaker:
 
     async def kill(self, sid: str) -> None:
         """End a sub-session, by its id or its name (`review` for `<owner>.review`, as s/ finds it)."""
-        session = self.sessions.find(sid) or self.sessions.find(child_name(self.owner, sid))
+        session = _named(self.sessions, self.owner, sid)
         if session is None or not self.sessions.descends(session, self.owner):
             raise FsError(E.ENOENT, f"no session {sid!r} in this view")
         await self.sessions.kill(session.id)
