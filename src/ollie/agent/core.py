@@ -609,6 +609,12 @@ class Core:
         """Traces: the context of this session's tool call running now, if any (opaque)."""
         return self._rt.trace_tool
 
+    def _keep_results(self) -> None:
+        """The whole results the history names, kept with the session as they are now."""
+        store = self._rt.state.store.dir
+        shutil.rmtree(store / loop.RESULTS, ignore_errors=True)
+        loop.copy_results(self._rt.tmpdir, store)
+
     async def close(self) -> None:
         """Stop the turn (queued prompts are dropped), close the tool servers, hooks and the
         backend, remove the tmpdir."""
@@ -628,8 +634,7 @@ class Core:
         self._save_meta()
         self._rt.bus.flush()
         self._rt.state.store.close()
-        shutil.rmtree(self._rt.state.store.dir / loop.RESULTS, ignore_errors=True)  # kept anew: as they are now
-        loop.copy_results(self._rt.tmpdir, self._rt.state.store.dir)
+        await asyncio.to_thread(self._keep_results)
         self._rt.state.store.let_go()
         shutil.rmtree(self._rt.tmpdir, ignore_errors=True)
         if self._counted:

@@ -438,9 +438,7 @@ def _save_result(results: Path, data: bytes) -> str:
     """Write `data` to a new file of `results`, by descriptor, no link followed (under Landlock
     alone the scratch directory is the code's to write); its path. A fresh name: call ids come
     from the model, may repeat, and are no safe file names."""
-    with contextlib.suppress(FileExistsError):
-        os.mkdir(results, 0o700)
-    directory = os.open(results, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    directory = _open_dir(results, make=True)
     try:
         file = f"result-{secrets.token_hex(6)}.txt"
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -452,26 +450,26 @@ def _save_result(results: Path, data: bytes) -> str:
 
 
 RESULTS = "results"  # the whole results `_fit` cut, in the session's scratch directory
-RESULTS_KEPT = 256 << 20  # bytes of them a session keeps over its close (what code could have made them)
+# Bytes of them a session keeps over its close (what code could have made them): their copy back at
+# its restore is on the event loop, where 64 MiB is some 50 ms
+RESULTS_KEPT = 64 << 20
 
 
 def copy_results(source: Path, target: Path) -> None:
     """The whole results of `source` (a directory holding a RESULTS one) copied into `target`'s:
     at a session's close from its scratch directory into its store, which its history names them
-    in, and back at its restore. Only ollie's own files go (regular, one link, `result-*.txt`, up to
-    RESULTS_KEPT bytes in all), each way by descriptor: the scratch directory is the code's to write,
-    and no link planted there (one left by a crash included) is followed."""
+    in (in a thread), and back at its restore. Only ollie's own files go (regular, one link,
+    `result-*.txt`, up to RESULTS_KEPT bytes in all), each way by descriptor: the scratch directory
+    is the code's to write, and no link planted there (one left by a crash included) is followed."""
     try:
-        src = os.open(source / RESULTS, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        src = _open_dir(source / RESULTS)
     except OSError:  # none (most sessions), or no directory of ollie's
         return
     try:
         names = [n for n in os.listdir(src) if n.startswith("result-") and n.endswith(".txt")]
         if not names:
             return
-        with contextlib.suppress(FileExistsError):
-            os.mkdir(target / RESULTS, 0o700)
-        dst = os.open(target / RESULTS, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        dst = _open_dir(target / RESULTS, make=True)
         try:
             left = RESULTS_KEPT
             for name in names:
@@ -482,6 +480,14 @@ def copy_results(source: Path, target: Path) -> None:
         return
     finally:
         os.close(src)
+
+
+def _open_dir(path: Path, make: bool = False) -> int:
+    """A descriptor of the directory `path` (made first, private, with `make`), never through a link."""
+    if make:
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(path, 0o700)
+    return os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
 
 
 def _copy_result(source: int, name: str, target: int, room: int) -> int:
