@@ -48,6 +48,18 @@ def test_run_streams_the_chat_format_and_exits_zero(script, tmp_path):
     assert out.stderr.startswith("session: ")
 
 
+def test_a_shell_whose_directory_is_gone_is_told_so(script, tmp_path):
+    """A shell left in a stopped server's mount, or in a directory since removed: Python's own
+    error named no file and no way out."""
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    argv = " ".join([sys.executable, "-P", "-m", "ollie", "run", "--script", script([{"text": "x"}]), "hi"])
+    out = subprocess.run(
+        ["sh", "-c", f"cd {gone} && rmdir {gone} && exec {argv}"], capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 1 and "this shell's directory is gone" in out.stderr, out.stderr
+
+
 def test_run_failure_exits_nonzero_with_a_one_line_reason(script):
     path = script([{"error": {"type": "other", "message": "the model is gone", "status": 404}}])
     out = ollie("run", "--backend", "scripted", "--script", path, "hi")
