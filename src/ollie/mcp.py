@@ -47,6 +47,9 @@ _CLOSE_TIMEOUT = 10.0  # the SDK bounds its own shutdown at ~6 s (stdin close, S
 # start that fails waits this long before the next, doubled each time up to RESTART_MAX.
 RESTART_WAIT = 5.0
 RESTART_MAX = 300.0
+# One that dies again within this many seconds of being started again waits as a failed start does:
+# a server that crashes at every call must not cost a jail and a process at every request.
+STABLE_FOR = 60.0
 
 # The SDK logs transport noise (a non-JSON line from a server) at ERROR; without any handler Python
 # would print it on the terminal. What matters reaches the user as the server's error instead.
@@ -611,6 +614,8 @@ class _ClientServer:
         self._closed = False
         self._wait = RESTART_WAIT
         self._next_start = 0.0  # monotonic time before which no start is tried again
+        self._restarted = -STABLE_FOR  # monotonic time it was last started again
+        self._waited = False  # this death, soon after a restart, has been waited for
         self._starting = asyncio.Lock()  # calls that find it dead at once start one server
 
     async def list_tools(self) -> list[Tool]:
@@ -636,17 +641,28 @@ class _ClientServer:
                 await self._start_again(dead)
 
     async def _start_again(self, dead: Client) -> None:
+        if time.monotonic() - self._restarted >= STABLE_FOR:
+            self._wait = RESTART_WAIT  # it had run a while: started again at once
+        elif not self._waited:
+            self._waited = True
+            log.warning("mcp server %s died soon after its restart; started again in %g s", dead.name, self._wait)
+            self._back_off()
+            return
         fresh = Client(dead.spec)
         try:
             await fresh.connect()
         except Unavailable as e:
-            self._next_start = time.monotonic() + self._wait
-            self._wait = min(self._wait * 2, RESTART_MAX)
+            self._back_off()
             log.warning("mcp server %s died and did not start again: %s", dead.name, e)
             return
         log.info("mcp server %s died (%s) and was started again", dead.name, dead.error)
-        self.client, self._wait = fresh, RESTART_WAIT
+        self.client, self._restarted, self._waited = fresh, time.monotonic(), False
         await dead.close()
+
+    def _back_off(self) -> None:
+        """No start before the wait is over; the wait doubles (up to RESTART_MAX)."""
+        self._next_start = time.monotonic() + self._wait
+        self._wait = min(self._wait * 2, RESTART_MAX)
 
 
 def new_server(client: Client) -> Server:

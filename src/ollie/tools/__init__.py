@@ -157,6 +157,10 @@ class Dispatcher:
     async def dispatch(self, name: str, arguments: dict[str, Any], ctx: CallContext) -> ToolResult:
         routes = await self._route_table()
         route = routes.get(name)
+        if route is None and self._errors:  # a server that was down may be back (an MCP server restarts)
+            self.invalidate()
+            routes = await self._route_table()
+            route = routes.get(name)
         if route is None:
             return ToolResult.of(self._unknown(name, routes), is_error=True)
         invalid = self._check_arguments(name, route[1], arguments)
