@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from ollie import config, sandbox
-from ollie.sandbox import userconfig
+from ollie.sandbox import policy, userconfig
 from ollie.tools import CallContext, execute
 from sandbox_helpers import write_policy
 
@@ -79,6 +79,68 @@ async def test_a_command_not_found_names_the_path_directories_the_sandbox_left_o
     assert f"the sandbox runs no program from these directories of the PATH: {venv}" in result.text()
     result = await run("false")  # another failure says nothing of it
     assert result.is_error and "PATH" not in result.text()
+
+
+def activated_env(env: Path, monkeypatch) -> Path:
+    """A virtualenv at `env`, as `python -m venv` makes it, activated as its `activate` does."""
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(env)], check=True)
+    (env / "bin" / "mytool").write_text("#!/bin/sh\necho mytool ran\n")
+    (env / "bin" / "mytool").chmod(0o755)
+    monkeypatch.setenv("VIRTUAL_ENV", str(env))
+    monkeypatch.setenv("PATH", f"{env}/bin:{os.environ['PATH']}")
+    return env
+
+
+async def test_the_virtualenv_activated_outside_the_project_runs_read_only(run, home, monkeypatch):
+    """`poetry shell` or virtualenvwrapper's `workon`, then ollie: the environment lies outside the
+    project (~/.virtualenvs, ~/.cache/pypoetry), and its `pytest` came first on the PATH code is
+    given, then failed with 127. It is read and run, not written; a secret in its pip.conf is
+    masked as a toolchain's is."""
+    monkeypatch.delenv("CONDA_PREFIX", raising=False)
+    env = activated_env(home / ".virtualenvs" / "proj", monkeypatch)
+    (env / "pip.conf").write_text("[global]\nindex-url = https://ada:s3cr3tpassw0rd@pypi.corp.example/simple\n")
+    code = 'mytool && python -c "import sys; print(sys.prefix)" && echo "$VIRTUAL_ENV"; cat "$VIRTUAL_ENV/pip.conf"'
+    result = await run(code + '; touch "$VIRTUAL_ENV/planted" 2>/dev/null || echo read-only')
+    assert result.text() == f"mytool ran\n{env}\n{env}\nread-only\n", result.text()
+    # the tool servers' policy leaves it out: a project's private packages, beside a network
+    tools = sandbox.load_policy("tools", cwd_of(run).as_posix(), "")
+    assert str(env) not in tools.paths["rox"] and str(env) in tools.optional
+
+
+async def test_an_environment_at_home_or_above_it_is_not_granted(run, home, tmp_path, monkeypatch):
+    """A stray `python -m venv ~` (or a conda install at `/`) activated: granting it would show
+    every secret beside it."""
+    outside = tmp_path / "cfg"  # ollie's own directories elsewhere: its hidden ones keep none out
+    (outside / "tools").mkdir(parents=True)
+    monkeypatch.setenv("OLLIE_CFG_PATH", str(outside))
+    monkeypatch.setenv("OLLIE_TOOLS_PATH", str(outside / "tools"))
+    (home / "pyvenv.cfg").write_text("home = /usr/bin\n")
+    (home / "conda-meta").mkdir()
+    monkeypatch.setenv("VIRTUAL_ENV", str(home))
+    monkeypatch.setenv("CONDA_PREFIX", str(home))
+    result = await run("cat ~/.ssh/id_rsa; ls ~ | wc -l")
+    assert "s3cr3t" not in result.text() and result.text().endswith("0\n"), result.text()
+    # above it too (its marker there: refused all the same), and below it granted
+    assert policy.active_env(str(home.parent), home.name, str(home), "") == ""
+    assert policy.active_env("/", "etc", str(home), "") == ""
+    assert policy.active_env(str(home / ".ssh"), "id_rsa", str(home), "") == str(home / ".ssh")
+    # one in the project is the project's: granted, writable, with it
+    (cwd_of(run) / ".venv").mkdir()
+    assert policy.active_env(str(cwd_of(run) / ".venv"), ".", str(home), os.path.realpath(cwd_of(run))) == ""
+
+
+async def test_the_conda_env_activated_runs_its_programs(run, home, monkeypatch):
+    monkeypatch.delenv("VIRTUAL_ENV", raising=False)
+    env = home / "miniforge3" / "envs" / "proj"
+    (env / "conda-meta").mkdir(parents=True)
+    (env / "bin").mkdir()
+    (env / "bin" / "mytool").write_text("#!/bin/sh\necho conda tool ran in $CONDA_PREFIX\n")
+    (env / "bin" / "mytool").chmod(0o755)
+    (env / "condarc").write_text("channels:\n  - https://conda.corp.example/t/tk-0123456789abcdef0123/main\n")
+    monkeypatch.setenv("CONDA_PREFIX", str(env))
+    monkeypatch.setenv("PATH", f"{env}/bin:{os.environ['PATH']}")
+    result = await run(f"mytool; cat {env}/condarc; ls {home}/miniforge3/envs 2>&1 | grep -c denied")
+    assert result.text() == f"conda tool ran in {env}\n1\n", result.text()
 
 
 @pytest.mark.skipif(not shutil.which("chromium"), reason="needs Debian's chromium")

@@ -83,7 +83,7 @@ def decide(
                 opened = _open(policy, path, planted, mount)
                 if opened is None:
                     continue
-                if path == policy.repo and _holds_hidden(opened.fd, hidden):
+                if (path == policy.repo or path in policy.environments) and _holds_hidden(opened.fd, hidden):
                     os.close(opened.fd)
                     continue
                 own = path in policy.own and path != policy.cwd  # the cwd is never ollie's own
@@ -188,7 +188,8 @@ def _open(policy: Policy, path: str, planted: dict[Identity, str], mount: str) -
 def _holds_hidden(fd: int, hidden: dict[Identity, str]) -> bool:
     """Whether one of ollie's hidden directories lies in the directory `fd` (by descriptor). A jail
     hides them wherever they are, but code run without one (`best_effort`) would read them there:
-    the work tree around a cwd is left out rather than granted with ollie's configuration inside."""
+    the work tree around a cwd, or the Python environment activated, is left out rather than
+    granted with ollie's configuration inside."""
     tree = {identity(fd): "tree"}
     for path in hidden.values():
         try:

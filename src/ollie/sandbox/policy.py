@@ -98,6 +98,10 @@ _HOME_DOWNLOADS = [
     "{HOME}/.cargo/git",
     "{HOME}/.m2/repository",  # Maven's artifacts (~/.m2/settings.xml when it holds no password: userconfig)
 ]
+# The Python environment activated where ollie started (`active_env`: a virtualenv or a conda env,
+# outside the project too: poetry's, virtualenvwrapper's), read and run: its `pytest` comes first
+# on the PATH code is given, and the project's tests import what it holds.
+_ACTIVE_ENVS = ["{VIRTUAL_ENV}", "{CONDA_PREFIX}"]
 
 DEFAULT_POLICY: dict[str, Any] = {
     "filesystem": {
@@ -118,6 +122,7 @@ DEFAULT_POLICY: dict[str, Any] = {
             # Toolchains and programs installed under $HOME, read and run (none holds a secret:
             # not ~/.cargo itself, whose credentials.toml does): `cargo test`, `npm test` under nvm, ...
             *_HOME_TOOLCHAINS,
+            *_ACTIVE_ENVS,
             # The git work tree a cwd below its root lies in (`repository_root`): git finds its
             # repository, a monorepo's hoisted node_modules/.bin and .venv run.
             "{REPO}",
@@ -142,6 +147,7 @@ DEFAULT_POLICY: dict[str, Any] = {
         *["PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LANGUAGE", "LC_*", "TERM", "TZ"],
         # where toolchains are
         *["RUSTUP_HOME", "CARGO_HOME", "NVM_DIR", "GOPATH", "GOROOT", "GOMODCACHE", "JAVA_HOME"],
+        *["VIRTUAL_ENV", "CONDA_PREFIX", "CONDA_DEFAULT_ENV"],  # the environment activated
     ],
     "limits": {
         "processes": 512,  # processes and threads alive at once in a session's jail (at least 300)
@@ -174,8 +180,9 @@ TOOLS_POLICY: dict[str, Any] = {
     "filesystem": {
         **DEFAULT_POLICY["filesystem"],
         # not the work tree around the cwd: a program planted there (a .venv/bin on PATH) would be
-        # found and run, with the server's network and its secrets
-        "rox": [p for p in DEFAULT_POLICY["filesystem"]["rox"] if p != "{REPO}"],
+        # found and run, with the server's network and its secrets; nor the environment activated
+        # (a project's private packages: the server's own installation is added)
+        "rox": [p for p in DEFAULT_POLICY["filesystem"]["rox"] if p != "{REPO}" and p not in _ACTIVE_ENVS],
         # nor the toolchains' downloads: the private modules and crates of every project of yours,
         # which a server's network would carry off
         "ro": [*(p for p in DEFAULT_POLICY["filesystem"]["ro"] if p not in _HOME_DOWNLOADS), "{CWD}"],
@@ -219,6 +226,7 @@ class Policy:
     name: str
     cwd: str  # the working directory it was expanded for (a real path; "" for none)
     repo: str  # the git work tree it lies in below the root (`repository_root`; "" for none)
+    environments: tuple[str, ...]  # the Python environment activated (`active_env`), as the templates expand
     cache: str  # the cwd's cache directory, its code's $XDG_CACHE_HOME (`cache_dir`; "" for none)
     git_config: str  # its git's global config, the user's identity alone (`gitidentity`; "" for the real one)
     copies: tuple[userconfig.Copy, ...]  # tools' configurations given as copies of what was judged
@@ -361,7 +369,10 @@ def load_policy(
         linked=linked_installs(cwd) if cwd else (),
         shared=tuple(p for p in extra_rw if os.path.exists(p)),
         own=frozenset([*extra_rox, *extra_ro, *extra_rw, *extra_rwx, *(os.path.normpath(p) for p in own_paths if p)]),
-        optional=frozenset([*_expand_paths([*_HOME_TOOLCHAINS, *_HOME_DOWNLOADS, "{REPO}"], values, ""), *configs]),
+        optional=frozenset(
+            [*_expand_paths([*_HOME_TOOLCHAINS, *_HOME_DOWNLOADS, *_ACTIVE_ENVS, "{REPO}"], values, ""), *configs]
+        ),
+        environments=_expand_paths(_ACTIVE_ENVS, values, ""),
         paths=paths,
         missing=tuple(dict.fromkeys(p for key in FS_KEYS for p in named[key] if p not in paths[key])),
         unrestricted_net=unrestricted,
@@ -467,6 +478,8 @@ def _template_values(cwd: str, tmpdir: str, repository: bool = True, cache: bool
         "REPO": repository_root(cwd, home) if repository and cwd else "",
         "CACHE": cache_dir(cwd) if cache and cwd else "",
         "HOME": home,
+        "VIRTUAL_ENV": active_env(env.get("VIRTUAL_ENV"), "pyvenv.cfg", home, cwd),
+        "CONDA_PREFIX": active_env(env.get("CONDA_PREFIX"), "conda-meta", home, cwd),
         "TMPDIR": tmpdir,
         "XDG_CONFIG_HOME": env.get("XDG_CONFIG_HOME") or f"{home}/.config",
         "XDG_DATA_HOME": env.get("XDG_DATA_HOME") or f"{home}/.local/share",
@@ -476,6 +489,20 @@ def _template_values(cwd: str, tmpdir: str, repository: bool = True, cache: bool
         "OLLIE_DATA_PATH": str(config.data_path()),
         "OLLIE": str(config.mount_path()),
     }
+
+
+def active_env(path: str | None, marker: str, home: str, cwd: str) -> str:
+    """`path`, a Python environment the user activated (`$VIRTUAL_ENV`, `$CONDA_PREFIX`), when it
+    is one (`marker` there: a virtualenv's pyvenv.cfg, a conda env's conda-meta), holds no `$HOME`
+    (one at `$HOME` or above it, a stray `python -m venv ~`, would grant every secret beside it)
+    and lies outside the cwd (`cwd`, a real path: granted already, and writable, where a mask of
+    its pip.conf would pin the directories above it). "" otherwise: the grants naming it drop."""
+    if not path or not os.path.isabs(path) or not os.path.exists(os.path.join(path, marker)):
+        return ""
+    real = os.path.realpath(path).rstrip("/") + "/"
+    if any((h.rstrip("/") + "/").startswith(real) for h in (home, os.path.realpath(home))):
+        return ""
+    return "" if cwd and real.startswith(cwd.rstrip("/") + "/") else path
 
 
 # Entries that name no variable nor ~, as they expand (most of a policy: read at every session's start)

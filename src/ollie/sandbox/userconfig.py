@@ -137,6 +137,10 @@ IN_TREES = (
     f"{sys.prefix}/pip.conf",
     f"{sys.base_prefix}/pip.conf",
     "/opt/*/pip.conf",
+    "{VIRTUAL_ENV}/pip.conf",  # the environment activated (`policy.active_env`)
+    "{CONDA_PREFIX}/pip.conf",
+    "{CONDA_PREFIX}/.condarc",
+    "{CONDA_PREFIX}/condarc",
     "{SDKMAN_DIR}/candidates/maven/*/conf/settings.xml",
     "{HOME}/.sdkman/candidates/maven/*/conf/settings.xml",
     "/usr/share/maven/conf/settings.xml",
