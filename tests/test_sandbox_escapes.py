@@ -65,8 +65,11 @@ async def test_io_uring_is_refused(run):
         ("AF_INET", "SOCK_DGRAM", 1, "EACCES"),  # ICMP (ping sockets): not needed
         ("AF_INET", "SOCK_RAW", 1, "EACCES"),
         ("AF_VSOCK", "SOCK_STREAM", 0, "EAFNOSUPPORT"),
-        ("AF_NETLINK", "SOCK_RAW", 4, "EAFNOSUPPORT"),  # sock_diag lists every socket's path
-        ("AF_NETLINK", "SOCK_RAW", 0, "EAFNOSUPPORT"),
+        ("AF_NETLINK", "SOCK_RAW", 4, "EACCES"),  # sock_diag lists every socket's path
+        ("AF_NETLINK", "SOCK_DGRAM", 15, "EACCES"),  # kobject uevents, audit and the rest: none
+        # rtnetlink in the jail's network of its own: its loopback's interfaces (getifaddrs), read
+        # without capabilities (with the host's network: test_rtnetlink_is_refused_with_the_hosts_network)
+        ("AF_NETLINK", "SOCK_RAW", 0, "ok"),
         ("AF_PACKET", "SOCK_RAW", 0, "EAFNOSUPPORT"),
         ("AF_INET", "SOCK_STREAM", 0, "ok"),  # plain TCP sockets: Landlock decides their ports
         # Unix sockets whose connect(2) the jail's init makes (with the Python init: none at all);
@@ -81,19 +84,42 @@ async def test_sockets_by_list(run, family, kind, proto, expected):
     assert result.text() == f"{expected}\n"
 
 
-async def test_netlink_stays_refused_in_a_user_namespace_the_code_makes(run):
-    """Code may make a user namespace of its own, and a network namespace in it where it holds
-    every capability: rtnetlink there reaches net/sched, bridges and routes, the kernel's paths of
-    many privilege escalations. Allowing rtnetlink for a jail's own loopback (Node's
-    os.networkInterfaces) opened them: it stays refused until nested user namespaces are."""
+async def test_code_makes_no_user_namespace_of_its_own(run):
+    """In a user namespace of its own, code would hold every capability over the namespaces it
+    makes there: rtnetlink in a new network namespace reaches net/sched, bridges and routes, the
+    kernel's paths of many privilege escalations (which allowing rtnetlink for the jail's own
+    loopback opened, until now). unshare and clone with CLONE_NEWUSER are refused; clone3, whose
+    flags the filter cannot read, is ENOSYS, and threads and posix_spawn fall back to clone."""
     code = (
-        "import ctypes, errno, socket\n"
-        "ctypes.CDLL(None, use_errno=True).unshare(0x10000000 | 0x40000000)  # CLONE_NEWUSER | CLONE_NEWNET\n"
-        "try:\n    socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, 0)\n    print('ok')\n"
-        "except OSError as e:\n    print(errno.errorcode[e.errno])\n"
+        "import ctypes, errno, os, socket, subprocess, threading\n"
+        "libc = ctypes.CDLL(None, use_errno=True)\n"
+        "def err(r):\n    return 'ok' if r >= 0 else errno.errorcode[ctypes.get_errno()]\n"
+        "print(err(libc.unshare(0x10000000 | 0x40000000)))  # CLONE_NEWUSER | CLONE_NEWNET\n"
+        "print(err(libc.syscall(56 if os.uname().machine == 'x86_64' else 220, 0x10000000 | 17, 0, 0, 0, 0)))\n"
+        "print(err(libc.syscall(435, 0, 0)))  # clone3\n"
+        "t = threading.Thread(target=print, args=('a thread',)); t.start(); t.join()\n"
+        "print(subprocess.run(['echo', 'a spawn'], capture_output=True, text=True).stdout.strip())\n"
+        "print(open('/proc/sys/user/max_user_namespaces').read().strip())\n"
     )
     result = await run(code, "python3")
-    assert result.text() == "EAFNOSUPPORT\n", result.text()
+    assert result.text() == "EPERM\nEPERM\nENOSYS\na thread\na spawn\n0\n", result.text()
+    if shutil.which("unshare"):
+        result = await run("unshare -Ur true 2>&1 || echo refused")
+        assert result.text().endswith("Operation not permitted\nrefused\n"), result.text()
+
+
+async def test_rtnetlink_reads_the_jails_loopback_and_changes_nothing(run):
+    """In a network of the jail's own, rtnetlink lists its loopback alone and changes nothing there
+    (no capability); with the host's network (a policy that grants ports), where it would list the
+    host's interfaces and addresses, it stays refused."""
+    if shutil.which("ip") is not None:
+        result = await run("ip -o link show | cut -d: -f2; ip link add ollie0 type dummy 2>&1 || echo refused")
+        assert result.text().split() == ["lo", "RTNETLINK", "answers:", "Operation", "not", "permitted", "refused"], (
+            result.text()
+        )
+    write_policy("net", "network:\n  connect_tcp: [443]\n")
+    result = await run(errno_of("socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, 0)"), "python3", sandbox="net")
+    assert result.text() == "EAFNOSUPPORT\n"
 
 
 async def test_granted_ports_are_the_only_ones_tcp_fast_open_and_listen_included(run):

@@ -143,6 +143,14 @@ async def test_the_conda_env_activated_runs_its_programs(run, home, monkeypatch)
     assert result.text() == f"conda tool ran in {env}\n1\n", result.text()
 
 
+@pytest.mark.skipif(not shutil.which("node"), reason="needs node")
+async def test_node_lists_the_jails_network_interfaces(run):
+    """Vite's and webpack's dev servers, and test runners, ask for the interfaces (getifaddrs,
+    over rtnetlink): it threw "Unknown system error 97" under the sandbox."""
+    result = await run("node -e \"console.log(Object.keys(require('os').networkInterfaces()).join())\"")
+    assert (result.is_error, result.text()) == (False, "lo\n"), result.text()
+
+
 @pytest.mark.skipif(not shutil.which("chromium"), reason="needs Debian's chromium")
 async def test_a_headless_browser_renders_a_page(run):
     # A browser test's browser: its processes talk over Unix sockets (the jail's own), and Debian's

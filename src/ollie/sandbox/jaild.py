@@ -177,6 +177,13 @@ def enter_namespaces(network):
         f.write(f"{uid} {uid} 1")
     with open("/proc/self/gid_map", "w") as f:
         f.write(f"{gid} {gid} 1")
+    # No user namespace in this one (as bubblewrap's --disable-userns), under the seccomp filter's
+    # refusal: where /proc/sys is read-only (some containers), the filter alone
+    try:
+        with open("/proc/sys/user/max_user_namespaces", "w") as f:
+            f.write("0")
+    except OSError:
+        pass
     return ""
 
 

@@ -27,6 +27,8 @@ _ARCH = {
             "request_key": 249,
             "keyctl": 250,
             "seccomp": 317,
+            "clone": 56,
+            "unshare": 272,
         },
     ),
     "aarch64": (
@@ -45,10 +47,14 @@ _ARCH = {
             "request_key": 218,
             "keyctl": 219,
             "seccomp": 277,
+            "clone": 220,
+            "unshare": 97,
         },
     ),
 }
 _IO_URING = (425, 426, 427)  # setup, enter, register: the same on every arch
+_CLONE3 = 435  # the same on every arch
+_CLONE_NEWUSER = 0x10000000
 _AF_UNIX, _AF_INET, _AF_INET6, _AF_NETLINK = 1, 2, 10, 16
 _SOCK_STREAM, _SOCK_DGRAM, _SOCK_SEQPACKET, _SOCK_TYPE_MASK, _NETLINK_ROUTE = 1, 2, 5, 0xF, 0
 _IPPROTO_TCP, _IPPROTO_UDP = 6, 17
@@ -91,6 +97,11 @@ def seccomp_program(policy: Policy, own_network: bool = False, supervised: bool 
 
     - io_uring is refused (ENOSYS): its operations make sockets and open files without the
       system calls this filter sees.
+    - no user namespace of its own: unshare(2) and clone(2) with CLONE_NEWUSER are refused (EPERM),
+      and clone3(2), whose flags lie in memory this filter cannot read, is ENOSYS (libc then falls
+      back to clone for threads and posix_spawn). In one, code would hold every capability over
+      namespaces it makes there: net/sched, nftables and mounts, the kernel code of many privilege
+      escalations (the jail's init also sets its user namespace's max_user_namespaces to 0).
     - the kernel keyrings are refused; prlimit64 acts on the caller only.
     - setpgid(2) only makes a process the leader of a group of its own (`setpgid(pid, 0)`,
       `setpgid(pid, pid)`), never moves one into another group: the stages of every jail share
@@ -100,7 +111,8 @@ def seccomp_program(policy: Policy, own_network: bool = False, supervised: bool 
     - socket(2) by list, everything else refused: AF_UNIX only with `network.unix` or `supervised`
       (Landlock does not govern connecting by path); TCP over IPv4/6 (Landlock governs its ports); with
       `network.unrestricted` any IPv4/6 socket and rtnetlink (name resolution needs them); in a
-      network namespace of its own, UDP over IPv4/6 too (it reaches that loopback alone).
+      network namespace of its own, UDP over IPv4/6 too (it reaches that loopback alone), and
+      rtnetlink, read without capabilities (that loopback's interfaces).
       No UDP with the host's network, no MPTCP, raw, packet, vsock, sock_diag or other families.
     - without `network.unix`, socketpair(2) makes stream and seqpacket pairs only: a datagram one
       could send to any socket by path.
@@ -129,7 +141,9 @@ def _program(
         (_JEQ, 0, "enosys", arch),  # seccomp_data.arch
         (_LD, 0, 0, 0),
         (_JGE, "enosys", 0, 0x40000000),  # seccomp_data.nr; x32 calls have bit 30 set
-        *[(_JEQ, "enosys", 0, n) for n in _IO_URING],
+        *[(_JEQ, "enosys", 0, n) for n in (*_IO_URING, _CLONE3)],
+        (_JEQ, "newuser", 0, nr["clone"]),
+        (_JEQ, "newuser", 0, nr["unshare"]),
         *[(_JEQ, "eperm", 0, nr[k]) for k in ("add_key", "request_key", "keyctl")],
         (_JEQ, "prlimit", 0, nr["prlimit64"]),
         (_JEQ, "setpgid", 0, nr["setpgid"]),
@@ -154,6 +168,10 @@ def _program(
         "seccomp",
         (_LD, 0, 0, _arg(1)),
         (_AND, 0, 0, _FILTER_FLAG_NEW_LISTENER),
+        (_JEQ, "allow", "eperm", 0),
+        "newuser",
+        (_LD, 0, 0, _arg(0)),
+        (_AND, 0, 0, _CLONE_NEWUSER),
         (_JEQ, "allow", "eperm", 0),
         "flags3",
         (_LD, 0, 0, _arg(3)),
@@ -189,8 +207,17 @@ def _program(
             (_RET, 0, 0, _RET_ALLOW),
         ]
     else:
+        # rtnetlink in a network of its own, read by programs with no capability (nor a user
+        # namespace to hold one in): its loopback's interface and addresses (getifaddrs: Node's
+        # os.networkInterfaces, ZeroMQ, Go's net.Interfaces); never sock_diag or another protocol,
+        # nor with the host's network
+        route = [
+            (_JEQ, 0, "eafnosupport", _AF_NETLINK),
+            (_LD, 0, 0, _arg(2)),
+            (_JEQ, "allow", "eacces", _NETLINK_ROUTE),
+        ]
         prog += [
-            (_RET, 0, 0, _RET_ERRNO | _EAFNOSUPPORT),
+            *(route if own_network else [(_RET, 0, 0, _RET_ERRNO | _EAFNOSUPPORT)]),
             "inet",
             (_LD, 0, 0, _arg(1)),
             (_AND, 0, 0, _SOCK_TYPE_MASK),
