@@ -215,6 +215,27 @@ async def test_cargo_test_finds_a_toolchain_under_home(run, monkeypatch):
     assert not result.is_error and "1 passed" in result.text(), result.text()
 
 
+@pytest.mark.skipif(not CARGO or not os.path.isdir(RUSTUP_HOME), reason="needs a Rust toolchain")
+async def test_cargo_new_makes_a_crate_where_you_keep_a_gitconfig(run, home, monkeypatch):
+    """libgit2 reads ~/.gitconfig whatever GIT_CONFIG_GLOBAL says, and died on the one it may not
+    read ("failed open - '~/.gitconfig' is locked"), so `cargo new` failed for anyone with one.
+    It reads as empty (its token too); git commits with the identity ollie gives it."""
+    monkeypatch.setenv("RUSTUP_HOME", RUSTUP_HOME)
+    monkeypatch.setenv("CARGO_HOME", str(Path(CARGO).parent.parent))
+    (home / ".gitconfig").write_text(
+        '[user]\n\tname = Ada L\n\temail = ada@example.com\n[url "https://tok-SECRET@github.com/"]\n'
+        "\tinsteadOf = https://github.com/\n"
+    )
+    code = (
+        f"{CARGO} new --offline -q hello 2>&1 && cd hello && git add -A && git commit -qm first && "
+        "git log --format='%an <%ae>' && (echo '[core]' >> ~/.gitconfig) 2>/dev/null; wc -c < ~/.gitconfig"
+    )
+    result = await run(code, timeout=120)
+    assert result.text() == "Ada L <ada@example.com>\n0\n", result.text()
+    assert (cwd_of(run) / "hello" / "Cargo.toml").is_file()
+    assert "SECRET" in (text := (home / ".gitconfig").read_text()) and "[core]" not in text  # (written to /dev/null)
+
+
 @pytest.mark.skipif(not shutil.which("javac"), reason="needs a JDK")
 async def test_javac_compiles_and_java_runs_with_the_jdks_configuration_under_etc(run):
     """Debian's JDK keeps its java.security under /etc/java-<version>: without it javac (and

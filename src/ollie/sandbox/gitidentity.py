@@ -95,10 +95,21 @@ def _quoted(value: str) -> str:
 
 def _user_global_config() -> str:
     """The global git config that exists, if any (git reads both; either unreadable is fatal)."""
-    home = os.path.expanduser("~")
-    xdg = os.environ.get("XDG_CONFIG_HOME") or os.path.join(home, ".config")
-    found = [p for p in (os.path.join(home, ".gitconfig"), os.path.join(xdg, "git", "config")) if os.path.exists(p)]
+    found = [p for p in _global_paths(os.path.expanduser("~")) if os.path.exists(p)]
     return os.path.realpath(found[0]) if found else ""
+
+
+def user_configs() -> tuple[str, ...]:
+    """The global git configs that exist, for a jail to mask, `$HOME` as a real path: a link on
+    the way there (which code working in `$HOME` may have planted) has the jail pass over it, so
+    it masks no file code chose."""
+    paths = _global_paths(os.path.realpath(os.path.expanduser("~")))
+    return tuple(p for p in paths if os.path.isabs(p) and os.path.lexists(p))
+
+
+def _global_paths(home: str) -> tuple[str, str]:
+    xdg = os.environ.get("XDG_CONFIG_HOME") or os.path.join(home, ".config")
+    return os.path.join(home, ".gitconfig"), os.path.join(xdg, "git", "config")
 
 
 class _Budget:

@@ -351,6 +351,9 @@ def load_policy(
             paths["ro"] += (os.path.dirname(copy.path),)
             own_paths.append(os.path.dirname(copy.path))
     in_trees, masked, unlisted, masked_dirs = _in_trees(values)
+    if git_config:  # libgit2 (`cargo new`, cargo's git dependencies) reads the user's global config,
+        # whatever GIT_CONFIG_GLOBAL says, and dies on one it may not read: masked, it reads as empty
+        masked = (*masked, *gitidentity.user_configs())
     net = raw["network"]
     unrestricted = bool(net.get("unrestricted") or net.get("enabled"))  # `enabled`: the Go name
     connect = _ports(net.get("connect_tcp"), "network.connect_tcp")
