@@ -143,6 +143,50 @@ async def test_the_conda_env_activated_runs_its_programs(run, home, monkeypatch)
     assert result.text() == f"conda tool ran in {env}\n1\n", result.text()
 
 
+def browser(path: Path, says: str) -> Path:
+    """A browser's executable as its tool's download lays it out (one that prints `says`)."""
+    path.parent.mkdir(parents=True)
+    path.write_text(f"#!/bin/sh\necho {says}\n")
+    path.chmod(0o755)
+    return path
+
+
+async def test_the_browsers_playwright_and_puppeteer_downloaded_are_found_and_run(run, home, monkeypatch):
+    """Playwright looks for its browsers under $XDG_CACHE_HOME, the cwd's own cache in a sandbox,
+    and Puppeteer under ~/.cache (outside the grants): every end-to-end test failed with
+    "Executable doesn't exist", and `playwright install` needs the network. Both are read and run
+    where you installed them, and told where that is; the rest of ~/.cache stays out."""
+    for variable in ("PLAYWRIGHT_BROWSERS_PATH", "PUPPETEER_CACHE_DIR", "XDG_CACHE_HOME"):
+        monkeypatch.delenv(variable, raising=False)
+    browser(home / ".cache" / "ms-playwright" / "chromium-1140" / "chrome-linux" / "chrome", "playwright-chromium")
+    browser(home / ".cache" / "puppeteer" / "chrome" / "linux-131" / "chrome-linux64" / "chrome", "puppeteer-chrome")
+    (home / ".cache" / "pip").mkdir()
+    code = (
+        '"$PLAYWRIGHT_BROWSERS_PATH"/chromium-1140/chrome-linux/chrome && '
+        '"$PUPPETEER_CACHE_DIR"/chrome/linux-131/chrome-linux64/chrome && '
+        "~/.cache/puppeteer/chrome/linux-131/chrome-linux64/chrome && "
+        '(touch "$PLAYWRIGHT_BROWSERS_PATH/planted" 2>/dev/null || echo read-only); '
+        "ls ~/.cache/pip 2>&1 | grep -c denied"
+    )
+    result = await run(code)
+    assert result.text() == "playwright-chromium\npuppeteer-chrome\npuppeteer-chrome\nread-only\n1\n", result.text()
+
+
+@pytest.mark.parametrize("given", ["a place of your own", "0"])
+async def test_playwright_browsers_path_is_passed_on(run, home, monkeypatch, given):
+    """A place of your own is granted too; Playwright's 0 (browsers in the project's
+    node_modules) is passed on as it is, and grants nothing."""
+    elsewhere = cwd_of(run).parent / "pw-browsers"
+    browser(elsewhere / "firefox-1466" / "firefox" / "firefox", "playwright-firefox")
+    monkeypatch.setenv("PLAYWRIGHT_BROWSERS_PATH", str(elsewhere) if given != "0" else "0")
+    result = await run('echo "$PLAYWRIGHT_BROWSERS_PATH"; "$PLAYWRIGHT_BROWSERS_PATH"/firefox-1466/firefox/firefox')
+    if given == "0":
+        assert result.is_error and "\n0\n" in result.text(), result.text()
+        assert "0/firefox-1466/firefox/firefox: No such" in result.text()
+    else:
+        assert result.text() == f"{elsewhere}\nplaywright-firefox\n", result.text()
+
+
 @pytest.mark.skipif(not shutil.which("node"), reason="needs node")
 async def test_node_lists_the_jails_network_interfaces(run):
     """Vite's and webpack's dev servers, and test runners, ask for the interfaces (getifaddrs,

@@ -51,6 +51,7 @@ from .policy import (
     Limits,
     Policy,
     SandboxError,
+    browser_caches,
     forget_trees,
     load_policy,
     missing_policy,
@@ -183,18 +184,7 @@ class Sandbox:
         # Read when it is built (the builder's thread, for every session's): what they read lies
         # where code may write ($HOME's git config, the PATH's directories), and could be a FIFO
         # or lead into ollie's own mount, which the event loop would wait on.
-        self._environ = {k: v for k, v in os.environ.items() if self._env_names.match(k)}
-        if policy.dns:  # the resolver over TCP: the policy's port 53 (UDP stays refused)
-            self._environ["RES_OPTIONS"] = " ".join([self._environ.get("RES_OPTIONS", ""), "use-vc"]).strip()
-        if policy.git_config:  # the identity commits need, in place of a ~/.gitconfig git may not read
-            self._environ["GIT_CONFIG_GLOBAL"] = policy.git_config
-        if SYSTEM_GITCONFIG not in policy.paths["ro"]:  # one holding a token: git dies on a file it may not read
-            self._environ["GIT_CONFIG_NOSYSTEM"] = "1"
-        for copy in policy.copies:  # /dev/null for one holding a token: yarn dies on one it may not read
-            self._environ.setdefault(copy.variable, copy.path)
-        if policy.cache:  # where Go, pip, pre-commit, ccache and npm cache (unless the policy passes its own)
-            self._environ.setdefault("XDG_CACHE_HOME", policy.cache)
-            self._environ.setdefault("npm_config_cache", f"{policy.cache}/npm")
+        self._environ = _given_environ(policy, {k: v for k, v in os.environ.items() if self._env_names.match(k)})
         self.search_path(self._environ.get("PATH") or os.defpath)
 
     def take_as_is(self) -> None:
@@ -294,6 +284,27 @@ def jail_idle() -> float:
         return max(0.0, float(os.environ.get("OLLIE_JAIL_IDLE") or 600))
     except ValueError:
         return 600.0
+
+
+def _given_environ(policy: Policy, passed: dict[str, str]) -> dict[str, str]:
+    """The variables sandboxed code gets: those the policy passes (`passed`), and where the
+    sandbox moved what they would find."""
+    env = dict(passed)
+    if policy.dns:  # the resolver over TCP: the policy's port 53 (UDP stays refused)
+        env["RES_OPTIONS"] = " ".join([env.get("RES_OPTIONS", ""), "use-vc"]).strip()
+    if policy.git_config:  # the identity commits need, in place of a ~/.gitconfig git may not read
+        env["GIT_CONFIG_GLOBAL"] = policy.git_config
+    if SYSTEM_GITCONFIG not in policy.paths["ro"]:  # one holding a token: git dies on a file it may not read
+        env["GIT_CONFIG_NOSYSTEM"] = "1"
+    for copy in policy.copies:  # /dev/null for one holding a token: yarn dies on one it may not read
+        env.setdefault(copy.variable, copy.path)
+    if policy.cache:  # where Go, pip, pre-commit, ccache and npm cache (unless the policy passes its own)
+        env.setdefault("XDG_CACHE_HOME", policy.cache)
+        env.setdefault("npm_config_cache", f"{policy.cache}/npm")
+    for variable, browsers in browser_caches().items():  # the browsers you installed, where granted
+        if os.path.normpath(browsers) in policy.paths["rox"]:
+            env.setdefault(variable, browsers)
+    return env
 
 
 class Jails:

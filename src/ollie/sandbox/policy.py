@@ -98,10 +98,21 @@ _HOME_DOWNLOADS = [
     "{HOME}/.cargo/git",
     "{HOME}/.m2/repository",  # Maven's artifacts (~/.m2/settings.xml when it holds no password: userconfig)
 ]
+# The browsers end-to-end tests drive, as Playwright and Puppeteer downloaded them, read and run
+# (not written): in a sandbox neither finds them where it looks (`browser_caches`).
+_HOME_BROWSERS = [
+    "{PLAYWRIGHT_BROWSERS_PATH}",
+    "{XDG_CACHE_HOME}/ms-playwright",
+    "{PUPPETEER_CACHE_DIR}",
+    "{HOME}/.cache/puppeteer",
+]
 # The Python environment activated where ollie started (`active_env`: a virtualenv or a conda env,
 # outside the project too: poetry's, virtualenvwrapper's), read and run: its `pytest` comes first
 # on the PATH code is given, and the project's tests import what it holds.
 _ACTIVE_ENVS = ["{VIRTUAL_ENV}", "{CONDA_PREFIX}"]
+
+# The built-in grants left out, rather than refused, when a link code could plant leads there
+_OPTIONAL = [*_HOME_TOOLCHAINS, *_HOME_DOWNLOADS, *_HOME_BROWSERS, *_ACTIVE_ENVS, "{REPO}"]
 
 DEFAULT_POLICY: dict[str, Any] = {
     "filesystem": {
@@ -122,6 +133,7 @@ DEFAULT_POLICY: dict[str, Any] = {
             # Toolchains and programs installed under $HOME, read and run (none holds a secret:
             # not ~/.cargo itself, whose credentials.toml does): `cargo test`, `npm test` under nvm, ...
             *_HOME_TOOLCHAINS,
+            *_HOME_BROWSERS,
             *_ACTIVE_ENVS,
             # The git work tree a cwd below its root lies in (`repository_root`): git finds its
             # repository, a monorepo's hoisted node_modules/.bin and .venv run.
@@ -148,6 +160,7 @@ DEFAULT_POLICY: dict[str, Any] = {
         # where toolchains are
         *["RUSTUP_HOME", "CARGO_HOME", "NVM_DIR", "GOPATH", "GOROOT", "GOMODCACHE", "JAVA_HOME"],
         *["VIRTUAL_ENV", "CONDA_PREFIX", "CONDA_DEFAULT_ENV"],  # the environment activated
+        *["PLAYWRIGHT_BROWSERS_PATH", "PUPPETEER_CACHE_DIR"],
     ],
     "limits": {
         "processes": 512,  # processes and threads alive at once in a session's jail (at least 300)
@@ -372,9 +385,7 @@ def load_policy(
         linked=linked_installs(cwd) if cwd else (),
         shared=tuple(p for p in extra_rw if os.path.exists(p)),
         own=frozenset([*extra_rox, *extra_ro, *extra_rw, *extra_rwx, *(os.path.normpath(p) for p in own_paths if p)]),
-        optional=frozenset(
-            [*_expand_paths([*_HOME_TOOLCHAINS, *_HOME_DOWNLOADS, *_ACTIVE_ENVS, "{REPO}"], values, ""), *configs]
-        ),
+        optional=frozenset([*_expand_paths(_OPTIONAL, values, ""), *configs]),
         environments=_expand_paths(_ACTIVE_ENVS, values, ""),
         paths=paths,
         missing=tuple(dict.fromkeys(p for key in FS_KEYS for p in named[key] if p not in paths[key])),
@@ -483,6 +494,8 @@ def _template_values(cwd: str, tmpdir: str, repository: bool = True, cache: bool
         "HOME": home,
         "VIRTUAL_ENV": active_env(env.get("VIRTUAL_ENV"), "pyvenv.cfg", home, cwd),
         "CONDA_PREFIX": active_env(env.get("CONDA_PREFIX"), "conda-meta", home, cwd),
+        # (Playwright's 0 says its browsers lie in the project's node_modules)
+        **{v: env[v] if os.path.isabs(env.get(v, "")) else "" for v in browser_caches()},
         "TMPDIR": tmpdir,
         "XDG_CONFIG_HOME": env.get("XDG_CONFIG_HOME") or f"{home}/.config",
         "XDG_DATA_HOME": env.get("XDG_DATA_HOME") or f"{home}/.local/share",
@@ -492,6 +505,15 @@ def _template_values(cwd: str, tmpdir: str, repository: bool = True, cache: bool
         "OLLIE_DATA_PATH": str(config.data_path()),
         "OLLIE": str(config.mount_path()),
     }
+
+
+def browser_caches() -> dict[str, str]:
+    """Where Playwright and Puppeteer keep the browsers you installed, by the variable that tells
+    each where to look: in a sandbox, Playwright would look under `$XDG_CACHE_HOME` (the cwd's own
+    cache), Puppeteer under a tool server's `$HOME`."""
+    home = os.path.expanduser("~")
+    cache = os.environ.get("XDG_CACHE_HOME") or f"{home}/.cache"
+    return {"PLAYWRIGHT_BROWSERS_PATH": f"{cache}/ms-playwright", "PUPPETEER_CACHE_DIR": f"{home}/.cache/puppeteer"}
 
 
 def active_env(path: str | None, marker: str, home: str, cwd: str) -> str:
