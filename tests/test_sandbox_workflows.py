@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from ollie import config, sandbox
-from ollie.sandbox import policy, userconfig
+from ollie.sandbox import userconfig
 from ollie.tools import CallContext, execute
 from sandbox_helpers import write_policy
 
@@ -91,56 +91,55 @@ def activated_env(env: Path, monkeypatch) -> Path:
     return env
 
 
-async def test_the_virtualenv_activated_outside_the_project_runs_read_only(run, home, monkeypatch):
-    """`poetry shell` or virtualenvwrapper's `workon`, then ollie: the environment lies outside the
-    project (~/.virtualenvs, ~/.cache/pypoetry), and its `pytest` came first on the PATH code is
-    given, then failed with 127. It is read and run, not written; a secret in its pip.conf is
-    masked as a toolchain's is."""
-    monkeypatch.delenv("CONDA_PREFIX", raising=False)
-    env = activated_env(home / ".virtualenvs" / "proj", monkeypatch)
+@pytest.mark.parametrize("store", [".virtualenvs", ".cache/pypoetry/virtualenvs", ".local/share/virtualenvs"])
+async def test_the_virtualenv_activated_from_a_store_runs_read_only(run, home, monkeypatch, store):
+    """`workon`, `poetry shell` or `pipenv shell`, then ollie: the virtualenv lies in a store
+    outside the project, and its `pytest` came first on the PATH code is given, then failed with
+    127. It is read and run, not written, and poetry and pipenv are told of it; a secret in its
+    pip.conf or in a virtualenvwrapper hook is masked as a toolchain's is."""
+    for variable in ("WORKON_HOME", "POETRY_VIRTUALENVS_PATH", "XDG_DATA_HOME", "XDG_CACHE_HOME"):
+        monkeypatch.delenv(variable, raising=False)
+    env = activated_env(home / store / "proj-1a2b", monkeypatch)
     (env / "pip.conf").write_text("[global]\nindex-url = https://ada:s3cr3tpassw0rd@pypi.corp.example/simple\n")
+    (env / "bin" / "postactivate").write_text("export OPENAI_API_KEY=sk-proj-0123456789abcdef\n")
     code = 'mytool && python -c "import sys; print(sys.prefix)" && echo "$VIRTUAL_ENV"; cat "$VIRTUAL_ENV/pip.conf"'
-    result = await run(code + '; touch "$VIRTUAL_ENV/planted" 2>/dev/null || echo read-only')
+    result = await run(code + ' "$VIRTUAL_ENV/bin/postactivate"; touch "$VIRTUAL_ENV/x" 2>/dev/null || echo read-only')
     assert result.text() == f"mytool ran\n{env}\n{env}\nread-only\n", result.text()
     # the tool servers' policy leaves it out: a project's private packages, beside a network
     tools = sandbox.load_policy("tools", cwd_of(run).as_posix(), "")
     assert str(env) not in tools.paths["rox"] and str(env) in tools.optional
 
 
-async def test_an_environment_at_home_or_above_it_is_not_granted(run, home, tmp_path, monkeypatch):
-    """A stray `python -m venv ~` (or a conda install at `/`) activated: granting it would show
-    every secret beside it."""
+@pytest.mark.parametrize("where", ["another project", "a conda env", "home"])
+async def test_an_activated_environment_outside_a_store_is_not_granted(run, home, tmp_path, monkeypatch, where):
+    """A project's own virtualenv, still activated in a session of another project (or by the
+    file server's start), is written by that project's sessions: every other session would run
+    the `git` their code planted first on its PATH. A conda base env holds every env and the
+    variables each keeps; a stray `python -m venv ~` every secret beside it. None is granted (a
+    command not found names the PATH's directory left out)."""
     outside = tmp_path / "cfg"  # ollie's own directories elsewhere: its hidden ones keep none out
     (outside / "tools").mkdir(parents=True)
     monkeypatch.setenv("OLLIE_CFG_PATH", str(outside))
     monkeypatch.setenv("OLLIE_TOOLS_PATH", str(outside / "tools"))
-    (home / "pyvenv.cfg").write_text("home = /usr/bin\n")
-    (home / "conda-meta").mkdir()
-    monkeypatch.setenv("VIRTUAL_ENV", str(home))
-    monkeypatch.setenv("CONDA_PREFIX", str(home))
-    result = await run("cat ~/.ssh/id_rsa; ls ~ | wc -l")
-    assert "s3cr3t" not in result.text() and result.text().endswith("0\n"), result.text()
-    # above it too (its marker there: refused all the same), and below it granted
-    assert policy.active_env(str(home.parent), home.name, str(home), "") == ""
-    assert policy.active_env("/", "etc", str(home), "") == ""
-    assert policy.active_env(str(home / ".ssh"), "id_rsa", str(home), "") == str(home / ".ssh")
-    # one in the project is the project's: granted, writable, with it
-    (cwd_of(run) / ".venv").mkdir()
-    assert policy.active_env(str(cwd_of(run) / ".venv"), ".", str(home), os.path.realpath(cwd_of(run))) == ""
-
-
-async def test_the_conda_env_activated_runs_its_programs(run, home, monkeypatch):
-    monkeypatch.delenv("VIRTUAL_ENV", raising=False)
-    env = home / "miniforge3" / "envs" / "proj"
-    (env / "conda-meta").mkdir(parents=True)
-    (env / "bin").mkdir()
-    (env / "bin" / "mytool").write_text("#!/bin/sh\necho conda tool ran in $CONDA_PREFIX\n")
-    (env / "bin" / "mytool").chmod(0o755)
-    (env / "condarc").write_text("channels:\n  - https://conda.corp.example/t/tk-0123456789abcdef0123/main\n")
-    monkeypatch.setenv("CONDA_PREFIX", str(env))
-    monkeypatch.setenv("PATH", f"{env}/bin:{os.environ['PATH']}")
-    result = await run(f"mytool; cat {env}/condarc; ls {home}/miniforge3/envs 2>&1 | grep -c denied")
-    assert result.text() == f"conda tool ran in {env}\n1\n", result.text()
+    monkeypatch.delenv("WORKON_HOME", raising=False)
+    if where == "another project":
+        env = activated_env(home / "projA" / ".venv", monkeypatch)
+    elif where == "a conda env":
+        env = home / "miniconda3"
+        (env / "conda-meta").mkdir(parents=True)
+        (env / "conda-meta" / "state").write_text('{"env_vars": {"AWS_SECRET_ACCESS_KEY": "wJalr"}}')
+        monkeypatch.setenv("CONDA_PREFIX", str(env))
+    else:
+        env = home
+        (home / "pyvenv.cfg").write_text("home = /usr/bin\n")
+        monkeypatch.setenv("VIRTUAL_ENV", str(home))
+        monkeypatch.setenv("WORKON_HOME", str(home))  # (a store at $HOME is none)
+    result = await run(f"cat ~/.ssh/id_rsa {env}/conda-meta/state; echo ${{VIRTUAL_ENV:-none}}")
+    assert "s3cr3t" not in result.text() and "wJalr" not in result.text(), result.text()
+    assert result.text().endswith("none\n"), result.text()
+    if where == "another project":
+        result = await run("mytool")
+        assert f"the sandbox runs no program from these directories of the PATH: {env}/bin" in result.text()
 
 
 def browser(path: Path, says: str) -> Path:

@@ -301,6 +301,9 @@ def _given_environ(policy: Policy, passed: dict[str, str]) -> dict[str, str]:
     if policy.cache:  # where Go, pip, pre-commit, ccache and npm cache (unless the policy passes its own)
         env.setdefault("XDG_CACHE_HOME", policy.cache)
         env.setdefault("npm_config_cache", f"{policy.cache}/npm")
+    for venv in policy.environments:  # the virtualenv activated, granted: poetry and pipenv use it
+        if venv in policy.paths["rox"]:
+            env["VIRTUAL_ENV"] = venv
     for variable, browsers in browser_caches().items():  # the browsers you installed, where granted
         if os.path.normpath(browsers) in policy.paths["rox"]:
             env.setdefault(variable, browsers)

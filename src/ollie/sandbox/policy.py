@@ -20,6 +20,7 @@ import resource
 import stat
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -106,10 +107,9 @@ _HOME_BROWSERS = [
     "{PUPPETEER_CACHE_DIR}",
     "{HOME}/.cache/puppeteer",
 ]
-# The Python environment activated where ollie started (`active_env`: a virtualenv or a conda env,
-# outside the project too: poetry's, virtualenvwrapper's), read and run: its `pytest` comes first
-# on the PATH code is given, and the project's tests import what it holds.
-_ACTIVE_ENVS = ["{VIRTUAL_ENV}", "{CONDA_PREFIX}"]
+# The virtualenv activated where ollie started, when it lies in a store of virtualenvs (`active_venv`),
+# read and run: its `pytest` comes first on the PATH code is given, and the tests import what it holds.
+_ACTIVE_ENVS = ["{VENV}"]
 
 # The built-in grants left out, rather than refused, when a link code could plant leads there
 _OPTIONAL = [*_HOME_TOOLCHAINS, *_HOME_DOWNLOADS, *_HOME_BROWSERS, *_ACTIVE_ENVS, "{REPO}"]
@@ -159,7 +159,6 @@ DEFAULT_POLICY: dict[str, Any] = {
         *["PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LANGUAGE", "LC_*", "TERM", "TZ"],
         # where toolchains are
         *["RUSTUP_HOME", "CARGO_HOME", "NVM_DIR", "GOPATH", "GOROOT", "GOMODCACHE", "JAVA_HOME"],
-        *["VIRTUAL_ENV", "CONDA_PREFIX", "CONDA_DEFAULT_ENV"],  # the environment activated
         *["PLAYWRIGHT_BROWSERS_PATH", "PUPPETEER_CACHE_DIR"],
     ],
     "limits": {
@@ -239,7 +238,7 @@ class Policy:
     name: str
     cwd: str  # the working directory it was expanded for (a real path; "" for none)
     repo: str  # the git work tree it lies in below the root (`repository_root`; "" for none)
-    environments: tuple[str, ...]  # the Python environment activated (`active_env`), as the templates expand
+    environments: tuple[str, ...]  # the virtualenv activated (`active_venv`), as the templates expand
     cache: str  # the cwd's cache directory, its code's $XDG_CACHE_HOME (`cache_dir`; "" for none)
     git_config: str  # its git's global config, the user's identity alone (`gitidentity`; "" for the real one)
     copies: tuple[userconfig.Copy, ...]  # tools' configurations given as copies of what was judged
@@ -492,8 +491,7 @@ def _template_values(cwd: str, tmpdir: str, repository: bool = True, cache: bool
         "REPO": repository_root(cwd, home) if repository and cwd else "",
         "CACHE": cache_dir(cwd) if cache and cwd else "",
         "HOME": home,
-        "VIRTUAL_ENV": active_env(env.get("VIRTUAL_ENV"), "pyvenv.cfg", home, cwd),
-        "CONDA_PREFIX": active_env(env.get("CONDA_PREFIX"), "conda-meta", home, cwd),
+        "VENV": active_venv(env, home, cwd),
         # (Playwright's 0 says its browsers lie in the project's node_modules)
         **{v: env[v] if os.path.isabs(env.get(v, "")) else "" for v in browser_caches()},
         "TMPDIR": tmpdir,
@@ -516,18 +514,29 @@ def browser_caches() -> dict[str, str]:
     return {"PLAYWRIGHT_BROWSERS_PATH": f"{cache}/ms-playwright", "PUPPETEER_CACHE_DIR": f"{home}/.cache/puppeteer"}
 
 
-def active_env(path: str | None, marker: str, home: str, cwd: str) -> str:
-    """`path`, a Python environment the user activated (`$VIRTUAL_ENV`, `$CONDA_PREFIX`), when it
-    is one (`marker` there: a virtualenv's pyvenv.cfg, a conda env's conda-meta), holds no `$HOME`
-    (one at `$HOME` or above it, a stray `python -m venv ~`, would grant every secret beside it)
-    and lies outside the cwd (`cwd`, a real path: granted already, and writable, where a mask of
-    its pip.conf would pin the directories above it). "" otherwise: the grants naming it drop."""
-    if not path or not os.path.isabs(path) or not os.path.exists(os.path.join(path, marker)):
+def active_venv(env: Mapping[str, str], home: str, cwd: str) -> str:
+    """`$VIRTUAL_ENV` when it is a virtualenv (a pyvenv.cfg there) that lies in a store of them
+    (virtualenvwrapper's `$WORKON_HOME` or `~/.virtualenvs`, pipenv's, poetry's, pdm's, hatch's:
+    none at `$HOME` or above it) and outside the cwd (`cwd`, a real path: the cwd grants it). Not
+    one in a project, whose sessions' code writes it: every other session would run what that
+    code planted there (a `git` first on the PATH). Nor a conda env: a base one holds every env
+    and the variables each keeps. "" otherwise: the grants naming it drop."""
+    path = env.get("VIRTUAL_ENV", "")
+    if not os.path.isabs(path) or not os.path.isfile(os.path.join(path, "pyvenv.cfg")):
         return ""
     real = os.path.realpath(path).rstrip("/") + "/"
-    if any((h.rstrip("/") + "/").startswith(real) for h in (home, os.path.realpath(home))):
-        return ""
-    return "" if cwd and real.startswith(cwd.rstrip("/") + "/") else path
+    homes = [os.path.realpath(home).rstrip("/") + "/", home.rstrip("/") + "/"]
+    data = env.get("XDG_DATA_HOME") or f"{home}/.local/share"
+    cache = env.get("XDG_CACHE_HOME") or f"{home}/.cache"
+    stores = [
+        *(env.get(v, "") for v in ("WORKON_HOME", "POETRY_VIRTUALENVS_PATH")),
+        *(f"{home}/.virtualenvs", f"{data}/virtualenvs", f"{cache}/pypoetry/virtualenvs"),
+        *(f"{data}/pdm/venvs", f"{data}/hatch/env"),
+    ]
+    for store in (os.path.realpath(s).rstrip("/") + "/" for s in stores if os.path.isabs(s)):
+        if real.startswith(store) and not any(h.startswith(store) for h in homes):
+            return "" if cwd and real.startswith(cwd.rstrip("/") + "/") else path
+    return ""
 
 
 # Entries that name no variable nor ~, as they expand (most of a policy: read at every session's start)

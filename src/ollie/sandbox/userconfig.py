@@ -137,10 +137,11 @@ IN_TREES = (
     f"{sys.prefix}/pip.conf",
     f"{sys.base_prefix}/pip.conf",
     "/opt/*/pip.conf",
-    "{VIRTUAL_ENV}/pip.conf",  # the environment activated (`policy.active_env`)
-    "{CONDA_PREFIX}/pip.conf",
-    "{CONDA_PREFIX}/.condarc",
-    "{CONDA_PREFIX}/condarc",
+    # the virtualenv activated (`policy.active_venv`), and virtualenvwrapper's hooks in it, where
+    # its users export their keys
+    "{VENV}/pip.conf",
+    *(f"{{VENV}}/bin/{hook}" for hook in ("preactivate", "postactivate", "predeactivate", "postdeactivate")),
+    "{VENV}/bin/get_env_details",
     "{SDKMAN_DIR}/candidates/maven/*/conf/settings.xml",
     "{HOME}/.sdkman/candidates/maven/*/conf/settings.xml",
     "/usr/share/maven/conf/settings.xml",
