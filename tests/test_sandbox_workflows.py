@@ -258,6 +258,9 @@ async def test_cargo_test_finds_a_toolchain_under_home(run, monkeypatch):
     assert not result.is_error and "1 passed" in result.text(), result.text()
 
 
+GITCONFIG = '[user]\n\tname = Ada L\n\temail = ada@example.com\n[url "https://tok-SECRET@x.io/"]\n\tinsteadOf = x\n'
+
+
 @pytest.mark.skipif(not CARGO or not os.path.isdir(RUSTUP_HOME), reason="needs a Rust toolchain")
 async def test_cargo_new_makes_a_crate_where_you_keep_a_gitconfig(run, home, monkeypatch):
     """libgit2 reads ~/.gitconfig whatever GIT_CONFIG_GLOBAL says, and died on the one it may not
@@ -265,10 +268,7 @@ async def test_cargo_new_makes_a_crate_where_you_keep_a_gitconfig(run, home, mon
     It reads as empty (its token too); git commits with the identity ollie gives it."""
     monkeypatch.setenv("RUSTUP_HOME", RUSTUP_HOME)
     monkeypatch.setenv("CARGO_HOME", str(Path(CARGO).parent.parent))
-    (home / ".gitconfig").write_text(
-        '[user]\n\tname = Ada L\n\temail = ada@example.com\n[url "https://tok-SECRET@github.com/"]\n'
-        "\tinsteadOf = https://github.com/\n"
-    )
+    (home / ".gitconfig").write_text(GITCONFIG)
     code = (
         f"{CARGO} new --offline -q hello 2>&1 && cd hello && git add -A && git commit -qm first && "
         "git log --format='%an <%ae>' && (echo '[core]' >> ~/.gitconfig) 2>/dev/null; wc -c < ~/.gitconfig"
@@ -277,6 +277,37 @@ async def test_cargo_new_makes_a_crate_where_you_keep_a_gitconfig(run, home, mon
     assert result.text() == "Ada L <ada@example.com>\n0\n", result.text()
     assert (cwd_of(run) / "hello" / "Cargo.toml").is_file()
     assert "SECRET" in (text := (home / ".gitconfig").read_text()) and "[core]" not in text  # (written to /dev/null)
+
+
+async def test_your_gitconfig_stays_masked_when_you_change_it_and_when_a_session_goes_home(run, home, monkeypatch):
+    """`git config --global` on the host renames a new file over ~/.gitconfig, which took the
+    mask along in running jails: the file was bare there (unreadable, libgit2 died again) until
+    the session ended. It is masked again at the next look. And a session that moved to $HOME
+    stays in its jail, masks and all: its git commits with the identity it was given."""
+    monkeypatch.setattr(sandbox, "RECHECK", 0)  # running sessions' paths looked at at every call
+    monkeypatch.setattr(sandbox, "_next_look", 0.0)
+    (home / ".gitconfig").write_text(GITCONFIG)
+    assert (await run("wc -c < ~/.gitconfig")).text() == "0\n"
+    (home / ".gitconfig.lock").write_text(GITCONFIG + "[alias]\n\tst = status\n")
+    os.rename(home / ".gitconfig.lock", home / ".gitconfig")
+    await run("true")  # (the look that finds it replaced)
+    result = await run("wc -c < ~/.gitconfig; grep -c tok-SECRET ~/.gitconfig; true")
+    assert result.text() == "0\n0\n", result.text()
+    home_ctx = CallContext(cwd=str(home), session_id="s", tmpdir=run.ctx.tmpdir, policies=run.ctx.policies)
+    code = "git init -q repoH && cd repoH && git commit -q --allow-empty -m x && git log --format='%an <%ae>'"
+    result = await run.server.call_tool("execute_code", {"steps": [{"code": code, "language": "bash"}]}, home_ctx)
+    assert result.text() == "Ada L <ada@example.com>\n", result.text()
+
+
+async def test_a_git_config_in_the_project_is_not_masked(run, home, monkeypatch):
+    """A dotfiles project holding $XDG_CONFIG_HOME/git/config: code works on that file, which a
+    mask would have shown empty, and had take writes into /dev/null."""
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(cwd_of(run)))
+    (cwd_of(run) / "git").mkdir()
+    (cwd_of(run) / "git" / "config").write_text("[user]\n\tname = Ada L\n")
+    result = await run("cat git/config && echo '[core]' >> git/config && sed -i 's/Ada/Ada B/' git/config")
+    assert result.text() == "[user]\n\tname = Ada L\n", result.text()
+    assert (cwd_of(run) / "git" / "config").read_text() == "[user]\n\tname = Ada B L\n[core]\n"
 
 
 @pytest.mark.skipif(not shutil.which("javac"), reason="needs a JDK")

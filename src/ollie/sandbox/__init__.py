@@ -797,15 +797,21 @@ class _Decisions:
         just saw them). Not its cwd nor its writable grants, which each call looks at
         (`Sandbox.watched`); nor ollie's own, which the jail finds changed when it mounts them
         (GrantChanged); nor what lies in its cwd, which the cwd's rule covers. And the files given
-        as copies (`userconfig.judged_copy`), as they were judged."""
+        as copies (`userconfig.judged_copy`), as they were judged, and the files masked: one the
+        host replaced since (`git config --global` renames a new file over ~/.gitconfig) is bare
+        in a running jail until a new ruleset masks it again."""
         seen = self._seen_by_path
         in_cwd = policy.cwd.rstrip("/") + "/" if policy.cwd.rstrip("/") else "\0"  # none, or not /
         named = [(key, p) for key in FS_KEYS for p in policy.paths[key]] + [("", p) for p in policy.missing]
-        return tuple(
-            (p, seen[p] if p in seen else as_decided(p))
-            for key, p in named
-            if p != policy.cwd and not p.startswith(in_cwd) and p not in policy.own and key not in grants.WRITABLE
-        ) + tuple((copy.source, copy.seen) for copy in policy.copies)
+        return (
+            tuple(
+                (p, seen[p] if p in seen else as_decided(p))
+                for key, p in named
+                if p != policy.cwd and not p.startswith(in_cwd) and p not in policy.own and key not in grants.WRITABLE
+            )
+            + tuple((copy.source, copy.seen) for copy in policy.copies)
+            + tuple((p, as_decided(p)) for p in policy.masked)
+        )
 
     def sandbox(self, policy: Policy, extra_ro: tuple[str, ...], in_jail: bool) -> Sandbox:
         """The sandbox of `policy` (the same policy read for this session: for another cwd, or

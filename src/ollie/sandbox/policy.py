@@ -268,11 +268,7 @@ class Policy:
 
     def writes(self, path: str) -> bool:
         """Whether sandboxed code may write `path` (a real path) under this policy."""
-        return any(
-            path == p or path.startswith(p.rstrip("/") + "/")
-            for key in ("rw", "rwx", "tmpfile")
-            for p in map(os.path.realpath, self.paths[key])
-        )
+        return _writes(self.paths, path)
 
     @property
     def network(self) -> bool:
@@ -344,7 +340,8 @@ def load_policy(
     named["rwx"] += extra_rwx
     own_paths = [tmpdir, values["CACHE"]]
     paths = {key: tuple(dict.fromkeys(p for p in named[key] if os.path.exists(p))) for key in FS_KEYS}
-    git_config = gitidentity.global_config(tuple(p for key in FS_KEYS for p in paths[key]))
+    # (not the cwd's grant: a session gone to $HOME keeps the identity its jail's masks need, below)
+    git_config = gitidentity.global_config(tuple(p for key in FS_KEYS for p in paths[key] if p != cwd))
     if git_config and git_config != os.devnull:  # its directory: the identities its includeIfs name
         paths["ro"] += (os.path.dirname(git_config),)
         own_paths.append(os.path.dirname(git_config))
@@ -364,8 +361,9 @@ def load_policy(
             own_paths.append(os.path.dirname(copy.path))
     in_trees, masked, unlisted, masked_dirs = _in_trees(values)
     if git_config:  # libgit2 (`cargo new`, cargo's git dependencies) reads the user's global config,
-        # whatever GIT_CONFIG_GLOBAL says, and dies on one it may not read: masked, it reads as empty
-        masked = (*masked, *gitidentity.user_configs())
+        # whatever GIT_CONFIG_GLOBAL says, and dies on one it may not read: masked, it reads as empty;
+        # not one code may write (a dotfiles project's), which would read empty and write nowhere
+        masked = (*masked, *(c for c in gitidentity.user_configs() if not _writes(paths, c)))
     net = raw["network"]
     unrestricted = bool(net.get("unrestricted") or net.get("enabled"))  # `enabled`: the Go name
     connect = _ports(net.get("connect_tcp"), "network.connect_tcp")
@@ -396,6 +394,14 @@ def load_policy(
         env=tuple(raw["env"]),
         limits=_limits(raw["limits"]),
         best_effort=bool(raw["general"].get("best_effort")),
+    )
+
+
+def _writes(paths: dict[str, tuple[str, ...]], path: str) -> bool:
+    return any(
+        path == p or path.startswith(p.rstrip("/") + "/")
+        for key in ("rw", "rwx", "tmpfile")
+        for p in map(os.path.realpath, paths[key])
     )
 
 
