@@ -117,6 +117,21 @@ async def test_rtnetlink_reads_the_jails_loopback_and_changes_nothing(run):
         assert result.text().split() == ["lo", "RTNETLINK", "answers:", "Operation", "not", "permitted", "refused"], (
             result.text()
         )
+    # connected to the kernel (Rust's netlink crates connect before they ask), never to a group,
+    # which the native init, making the connect with its capabilities, would have joined for it
+    code = (
+        "import errno, socket, struct\n"
+        "def tried(address):\n"
+        "    s = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, 0)\n"
+        "    try:\n        s.connect(address)\n    except OSError as e:\n        return s, errno.errorcode[e.errno]\n"
+        "    return s, 'ok'\n"
+        "for address in ((0, 1), (4242, 0)):\n    print(tried(address)[1] in ('EACCES', 'EPERM'))\n"
+        "s, how = tried((0, 0))\n"
+        "s.send(struct.pack('=IHHII', 32, 18, 0x301, 1, 0) + bytes(16))  # RTM_GETLINK, a dump\n"
+        "print(how, b'lo\\0' in s.recv(65536))\n"
+    )
+    result = await run(code, "python3")
+    assert result.text() == "True\nTrue\nok True\n", result.text()
     write_policy("net", "network:\n  connect_tcp: [443]\n")
     result = await run(errno_of("socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, 0)"), "python3", sandbox="net")
     assert result.text() == "EAFNOSUPPORT\n"

@@ -27,6 +27,7 @@
 #include <fcntl.h>
 #include <linux/capability.h>
 #include <linux/filter.h>
+#include <linux/netlink.h>
 #include <linux/seccomp.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -506,6 +507,14 @@ static int thread_pidfd(pid_t tid) {
     return tgid ? (int)syscall(SYS_pidfd_open, (pid_t)atol(tgid + 6), 0) : -1;
 }
 
+/* Whether a netlink address is the kernel alone, in no group: all a socket of a program without
+   capabilities may connect to (this init holds them over the jail's network, where rtnetlink's
+   groups would be joined for the program). */
+static int kernel_peer(const struct sockaddr_storage *addr, socklen_t len) {
+    const struct sockaddr_nl *nl = (const struct sockaddr_nl *)addr;
+    return len >= sizeof *nl && nl->nl_family == AF_NETLINK && nl->nl_pid == 0 && nl->nl_groups == 0;
+}
+
 /* The program's connect(2) of notification `req`, made here: 0 or the errno it returns. */
 static int connect_for_program(int listener, const struct seccomp_notif *req) {
     if (!own_network) return EACCES; /* the host's network: only its own call could be judged by Landlock */
@@ -534,6 +543,8 @@ static int connect_for_program(int listener, const struct seccomp_notif *req) {
     if (getsockopt(sock, SOL_SOCKET, SO_DOMAIN, &domain, &size) < 0) error = errno; /* ENOTSOCK */
     else if (domain == AF_INET || domain == AF_INET6)
         error = connect_for(listener, req, sock, (struct sockaddr *)&addr, len);
+    else if (domain == AF_NETLINK) /* rtnetlink (the seccomp filter allows no other) to the kernel */
+        error = !kernel_peer(&addr, len) ? EACCES : connect(sock, (struct sockaddr *)&addr, len) < 0 ? errno : 0;
     else if (domain != AF_UNIX) error = EACCES;
     else if (len <= at || un->sun_family != AF_UNIX || un->sun_path[0] == 0) /* abstract, or the kernel's EINVAL */
         error = connect_for(listener, req, sock, (struct sockaddr *)&addr, len);
