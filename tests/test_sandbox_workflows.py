@@ -150,25 +150,73 @@ def browser(path: Path, says: str) -> Path:
     return path
 
 
-async def test_the_browsers_playwright_and_puppeteer_downloaded_are_found_and_run(run, home, monkeypatch):
-    """Playwright looks for its browsers under $XDG_CACHE_HOME, the cwd's own cache in a sandbox,
-    and Puppeteer under ~/.cache (outside the grants): every end-to-end test failed with
-    "Executable doesn't exist", and `playwright install` needs the network. Both are read and run
-    where you installed them, and told where that is; the rest of ~/.cache stays out."""
-    for variable in ("PLAYWRIGHT_BROWSERS_PATH", "PUPPETEER_CACHE_DIR", "XDG_CACHE_HOME"):
+async def test_what_tests_run_from_your_cache_is_found_and_run(run, home, monkeypatch):
+    """Playwright, pre-commit and corepack look under $XDG_CACHE_HOME, the cwd's own cache in a
+    sandbox, and Puppeteer under ~/.cache (outside the grants): every end-to-end test failed with
+    "Executable doesn't exist", pre-commit (and so `git commit` in its repositories) reinstalled
+    every hook, corepack refetched yarn 4, all over a network code has not. Each is read and run
+    where you installed it, and told where that is; the rest of ~/.cache stays out."""
+    for variable in ("PLAYWRIGHT_BROWSERS_PATH", "PUPPETEER_CACHE_DIR", "PRE_COMMIT_HOME", "COREPACK_HOME"):
         monkeypatch.delenv(variable, raising=False)
-    browser(home / ".cache" / "ms-playwright" / "chromium-1140" / "chrome-linux" / "chrome", "playwright-chromium")
-    browser(home / ".cache" / "puppeteer" / "chrome" / "linux-131" / "chrome-linux64" / "chrome", "puppeteer-chrome")
-    (home / ".cache" / "pip").mkdir()
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    cache = home / ".cache"
+    browser(cache / "ms-playwright" / "chromium-1140" / "chrome-linux" / "chrome", "playwright-chromium")
+    browser(cache / "puppeteer" / "chrome" / "linux-131" / "chrome-linux64" / "chrome", "puppeteer-chrome")
+    browser(cache / "pre-commit" / "repoab12" / "py_env-python3" / "bin" / "ruff", "pre-commit-ruff")
+    browser(cache / "node" / "corepack" / "v1" / "yarn" / "4.9.2" / "yarn.js", "corepack-yarn")
+    (cache / "pip").mkdir()
     code = (
         '"$PLAYWRIGHT_BROWSERS_PATH"/chromium-1140/chrome-linux/chrome && '
         '"$PUPPETEER_CACHE_DIR"/chrome/linux-131/chrome-linux64/chrome && '
         "~/.cache/puppeteer/chrome/linux-131/chrome-linux64/chrome && "
-        '(touch "$PLAYWRIGHT_BROWSERS_PATH/planted" 2>/dev/null || echo read-only); '
+        '"$PRE_COMMIT_HOME"/repoab12/py_env-python3/bin/ruff && "$COREPACK_HOME"/v1/yarn/4.9.2/yarn.js && '
+        '(touch "$PRE_COMMIT_HOME/planted" 2>/dev/null || echo read-only); '
         "ls ~/.cache/pip 2>&1 | grep -c denied"
     )
     result = await run(code)
-    assert result.text() == "playwright-chromium\npuppeteer-chrome\npuppeteer-chrome\nread-only\n1\n", result.text()
+    expected = "playwright-chromium\npuppeteer-chrome\npuppeteer-chrome\npre-commit-ruff\ncorepack-yarn\nread-only\n1\n"
+    assert result.text() == expected, result.text()
+    # a tool server (beside its network) gets the browsers, not the hook repositories cloned
+    tools = sandbox.load_policy("tools", cwd_of(run).as_posix(), "")
+    assert str(cache / "ms-playwright") in tools.paths["rox"] and str(cache / "pre-commit") not in tools.paths["rox"]
+
+
+async def test_what_your_local_installs_lead_to_runs(run, home, monkeypatch):
+    """~/.local/bin's programs lead into ~/.local/lib (`pip install --user`'s packages, npm's with
+    the prefix ~/.local) or poetry's installer's virtualenv, none granted: `Permission denied`,
+    and a test's import of a --user package failed."""
+    tool = home / ".local" / "lib" / "node_modules" / "hello" / "cli.sh"
+    browser(tool, "hello from local lib")
+    poetry = browser(home / ".local" / "share" / "pypoetry" / "venv" / "bin" / "poetry", "poetry ran")
+    (home / ".local" / "bin").mkdir(parents=True)
+    (home / ".local" / "bin" / "hello").symlink_to(tool)
+    (home / ".local" / "bin" / "poetry").symlink_to(poetry)
+    site = home / ".local" / "lib" / f"python{sys.version_info.major}.{sys.version_info.minor}" / "site-packages"
+    site.mkdir(parents=True)
+    (site / "usermod.py").write_text("WHERE = 'user site'\n")
+    monkeypatch.setenv("PATH", f"{home}/.local/bin:{os.environ['PATH']}")
+    python = f"{sys.base_prefix}/bin/python{sys.version_info.major}.{sys.version_info.minor}"
+    result = await run(f"hello && poetry && {python} -c 'import usermod; print(usermod.WHERE)'")
+    assert result.text() == "hello from local lib\npoetry ran\nuser site\n", result.text()
+
+
+async def test_poetry_pdm_uv_and_yarn_read_their_configuration_unless_it_holds_a_secret(run, home):
+    """poetry and yarn died on a configuration they may not read (`[Errno 13] … config.toml`,
+    `EACCES … .yarnrc.yml`), pdm and uv lost their settings. Each is read when nothing in it looks
+    like a secret; poetry's auth.toml, its repositories' passwords, reads as none."""
+    config = home / ".config"
+    (config / "pypoetry").mkdir(parents=True)
+    (config / "pypoetry" / "config.toml").write_text("[virtualenvs]\nin-project = true\n")
+    (config / "pypoetry" / "auth.toml").write_text('[http-basic.corp]\nusername = "ada"\npassword = "hunter2"\n')
+    (config / "uv").mkdir()
+    (config / "uv" / "uv.toml").write_text('index-url = "https://ada:s3cr3tpassw0rd@pypi.corp.example/simple"\n')
+    (home / ".yarnrc.yml").write_text("enableTelemetry: false\n")
+    code = (
+        "cat ~/.config/pypoetry/config.toml ~/.yarnrc.yml; wc -c < ~/.config/pypoetry/auth.toml; "
+        "cat ~/.config/uv/uv.toml 2>&1 | grep -c denied"
+    )
+    result = await run(code)
+    assert result.text() == "[virtualenvs]\nin-project = true\nenableTelemetry: false\n0\n1\n", result.text()
 
 
 @pytest.mark.parametrize("given", ["a place of your own", "0"])

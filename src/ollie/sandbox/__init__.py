@@ -51,11 +51,11 @@ from .policy import (
     Limits,
     Policy,
     SandboxError,
-    browser_caches,
     forget_trees,
     load_policy,
     missing_policy,
     policy_files,
+    told_caches,
     tree_state,
 )
 from .repository import repository_root
@@ -304,9 +304,9 @@ def _given_environ(policy: Policy, passed: dict[str, str]) -> dict[str, str]:
     for venv in policy.environments:  # the virtualenv activated, granted: poetry and pipenv use it
         if venv in policy.paths["rox"]:
             env["VIRTUAL_ENV"] = venv
-    for variable, browsers in browser_caches().items():  # the browsers you installed, where granted
-        if os.path.normpath(browsers) in policy.paths["rox"]:
-            env.setdefault(variable, browsers)
+    for variable, cached in told_caches().items():  # what tests run from your cache, where granted
+        if os.path.normpath(cached) in policy.paths["rox"]:
+            env.setdefault(variable, cached)
     return env
 
 

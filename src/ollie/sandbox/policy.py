@@ -85,6 +85,12 @@ _HOME_TOOLCHAINS = [
     "{HOME}/go/bin",
     "{HOME}/.bun/bin",
     "{HOME}/.deno/bin",
+    # what ~/.local/bin's programs lead to: `pip install --user`'s packages, npm's with the prefix
+    # ~/.local, poetry's and pdm's official installers; npm's documented prefix of your own
+    "{HOME}/.local/lib",
+    "{HOME}/.local/share/pypoetry/venv",
+    "{HOME}/.local/share/pdm/venv",
+    "{HOME}/.npm-global",
 ]
 # What toolchains downloaded, read-only (written by a sandbox, they would change the user's own
 # builds): a Go or Rust project's dependencies build offline. Not ~/.cargo itself
@@ -98,21 +104,30 @@ _HOME_DOWNLOADS = [
     "{HOME}/.cargo/registry",
     "{HOME}/.cargo/git",
     "{HOME}/.m2/repository",  # Maven's artifacts (~/.m2/settings.xml when it holds no password: userconfig)
+    "{HOME}/.yarn/berry/cache",  # yarn 4's packages, which Plug'n'Play runs from their zips
 ]
-# The browsers end-to-end tests drive, as Playwright and Puppeteer downloaded them, read and run
-# (not written): in a sandbox neither finds them where it looks (`browser_caches`).
-_HOME_BROWSERS = [
-    "{PLAYWRIGHT_BROWSERS_PATH}",
-    "{XDG_CACHE_HOME}/ms-playwright",
-    "{PUPPETEER_CACHE_DIR}",
-    "{HOME}/.cache/puppeteer",
+# What tools keep under your cache that a project's tests run, read and run where they lie (not
+# written): in a sandbox, whose $XDG_CACHE_HOME is the cwd's own, none finds it where it looks, and
+# getting it again needs the network; each is told where (`told_caches`). The browsers Playwright and
+# Puppeteer downloaded; pre-commit's hook environments (its `git commit` hook too); the package
+# managers corepack fetched (yarn 4, pnpm by `packageManager`).
+_TOLD_CACHES = [
+    *("{PLAYWRIGHT_BROWSERS_PATH}", "{XDG_CACHE_HOME}/ms-playwright"),
+    *("{PUPPETEER_CACHE_DIR}", "{HOME}/.cache/puppeteer"),
+    *("{PRE_COMMIT_HOME}", "{XDG_CACHE_HOME}/pre-commit"),
+    *("{COREPACK_HOME}", "{XDG_CACHE_HOME}/node/corepack"),
 ]
 # The virtualenv activated where ollie started, when it lies in a store of virtualenvs (`active_venv`),
 # read and run: its `pytest` comes first on the PATH code is given, and the tests import what it holds.
 _ACTIVE_ENVS = ["{VENV}"]
 
+_AUTH_FILES = ["{XDG_CONFIG_HOME}/pypoetry/auth.toml"]
+# Not for a tool server, beside its network: a project's private packages (the virtualenv activated),
+# the private hook repositories pre-commit cloned
+_NOT_FOR_TOOLS = [*_ACTIVE_ENVS, "{PRE_COMMIT_HOME}", "{XDG_CACHE_HOME}/pre-commit"]
+
 # The built-in grants left out, rather than refused, when a link code could plant leads there
-_OPTIONAL = [*_HOME_TOOLCHAINS, *_HOME_DOWNLOADS, *_HOME_BROWSERS, *_ACTIVE_ENVS, "{REPO}"]
+_OPTIONAL = [*_HOME_TOOLCHAINS, *_HOME_DOWNLOADS, *_TOLD_CACHES, *_ACTIVE_ENVS, "{REPO}"]
 
 DEFAULT_POLICY: dict[str, Any] = {
     "filesystem": {
@@ -133,7 +148,7 @@ DEFAULT_POLICY: dict[str, Any] = {
             # Toolchains and programs installed under $HOME, read and run (none holds a secret:
             # not ~/.cargo itself, whose credentials.toml does): `cargo test`, `npm test` under nvm, ...
             *_HOME_TOOLCHAINS,
-            *_HOME_BROWSERS,
+            *_TOLD_CACHES,
             *_ACTIVE_ENVS,
             # The git work tree a cwd below its root lies in (`repository_root`): git finds its
             # repository, a monorepo's hoisted node_modules/.bin and .venv run.
@@ -159,7 +174,7 @@ DEFAULT_POLICY: dict[str, Any] = {
         *["PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LANGUAGE", "LC_*", "TERM", "TZ"],
         # where toolchains are
         *["RUSTUP_HOME", "CARGO_HOME", "NVM_DIR", "GOPATH", "GOROOT", "GOMODCACHE", "JAVA_HOME"],
-        *["PLAYWRIGHT_BROWSERS_PATH", "PUPPETEER_CACHE_DIR"],
+        *["PLAYWRIGHT_BROWSERS_PATH", "PUPPETEER_CACHE_DIR", "PRE_COMMIT_HOME", "COREPACK_HOME"],
     ],
     "limits": {
         "processes": 512,  # processes and threads alive at once in a session's jail (at least 300)
@@ -194,7 +209,7 @@ TOOLS_POLICY: dict[str, Any] = {
         # not the work tree around the cwd: a program planted there (a .venv/bin on PATH) would be
         # found and run, with the server's network and its secrets; nor the environment activated
         # (a project's private packages: the server's own installation is added)
-        "rox": [p for p in DEFAULT_POLICY["filesystem"]["rox"] if p != "{REPO}" and p not in _ACTIVE_ENVS],
+        "rox": [p for p in DEFAULT_POLICY["filesystem"]["rox"] if p != "{REPO}" and p not in _NOT_FOR_TOOLS],
         # nor the toolchains' downloads: the private modules and crates of every project of yours,
         # which a server's network would carry off
         "ro": [*(p for p in DEFAULT_POLICY["filesystem"]["ro"] if p not in _HOME_DOWNLOADS), "{CWD}"],
@@ -364,6 +379,10 @@ def load_policy(
         # whatever GIT_CONFIG_GLOBAL says, and dies on one it may not read: masked, it reads as empty;
         # not one code may write (a dotfiles project's), which would read empty and write nowhere
         masked = (*masked, *(c for c in gitidentity.user_configs() if not _writes(paths, c)))
+    # poetry reads its auth.toml (its repositories' passwords, where no keyring holds them) at
+    # every start, and dies on one it may not read: masked, it reads as none
+    auth = [a for a in _expand_paths(_AUTH_FILES, values, "") if os.path.isfile(a) and not _writes(paths, a)]
+    masked = (*masked, *auth)
     net = raw["network"]
     unrestricted = bool(net.get("unrestricted") or net.get("enabled"))  # `enabled`: the Go name
     connect = _ports(net.get("connect_tcp"), "network.connect_tcp")
@@ -499,7 +518,7 @@ def _template_values(cwd: str, tmpdir: str, repository: bool = True, cache: bool
         "HOME": home,
         "VENV": active_venv(env, home, cwd),
         # (Playwright's 0 says its browsers lie in the project's node_modules)
-        **{v: env[v] if os.path.isabs(env.get(v, "")) else "" for v in browser_caches()},
+        **{v: env[v] if os.path.isabs(env.get(v, "")) else "" for v in told_caches()},
         "TMPDIR": tmpdir,
         "XDG_CONFIG_HOME": env.get("XDG_CONFIG_HOME") or f"{home}/.config",
         "XDG_DATA_HOME": env.get("XDG_DATA_HOME") or f"{home}/.local/share",
@@ -511,13 +530,18 @@ def _template_values(cwd: str, tmpdir: str, repository: bool = True, cache: bool
     }
 
 
-def browser_caches() -> dict[str, str]:
-    """Where Playwright and Puppeteer keep the browsers you installed, by the variable that tells
-    each where to look: in a sandbox, Playwright would look under `$XDG_CACHE_HOME` (the cwd's own
-    cache), Puppeteer under a tool server's `$HOME`."""
+def told_caches() -> dict[str, str]:
+    """Where tools keep what a project's tests run (`_TOLD_CACHES`) by the variable that tells each
+    where to look: in a sandbox Playwright, pre-commit and corepack would look under
+    `$XDG_CACHE_HOME` (the cwd's own cache), Puppeteer under a tool server's `$HOME`."""
     home = os.path.expanduser("~")
     cache = os.environ.get("XDG_CACHE_HOME") or f"{home}/.cache"
-    return {"PLAYWRIGHT_BROWSERS_PATH": f"{cache}/ms-playwright", "PUPPETEER_CACHE_DIR": f"{home}/.cache/puppeteer"}
+    return {
+        "PLAYWRIGHT_BROWSERS_PATH": f"{cache}/ms-playwright",
+        "PUPPETEER_CACHE_DIR": f"{home}/.cache/puppeteer",
+        "PRE_COMMIT_HOME": f"{cache}/pre-commit",
+        "COREPACK_HOME": f"{cache}/node/corepack",
+    }
 
 
 def active_venv(env: Mapping[str, str], home: str, cwd: str) -> str:

@@ -107,6 +107,13 @@ CONFIGS = (
     # and proxies' passwords, when they hold any
     "/etc/maven/settings.xml",
     "{HOME}/.m2/settings.xml",
+    # poetry's, pdm's and uv's, and yarn's (which yarn and poetry die on, unreadable; pdm and uv
+    # lose their settings): index URLs and repositories, with their tokens when they hold any
+    "{XDG_CONFIG_HOME}/pypoetry/config.toml",
+    "{XDG_CONFIG_HOME}/pdm/config.toml",
+    "{XDG_CONFIG_HOME}/uv/uv.toml",
+    "{HOME}/.yarnrc",
+    "{HOME}/.yarnrc.yml",
     # git's global ignore and attributes, read without a word of config: git stops on an ignore file
     # it may not read ("cannot use … as an exclude file"), so `git status` failed in every project
     "{XDG_CONFIG_HOME}/git/ignore",
