@@ -5,6 +5,7 @@ TCP port resolves names. Each workflow is run for real through execute_code."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import functools
 import hashlib
 import http.server
@@ -179,6 +180,41 @@ async def test_what_tests_run_from_your_cache_is_found_and_run(run, home, monkey
     # a tool server (beside its network) gets the browsers, not the hook repositories cloned
     tools = sandbox.load_policy("tools", cwd_of(run).as_posix(), "")
     assert str(cache / "ms-playwright") in tools.paths["rox"] and str(cache / "pre-commit") not in tools.paths["rox"]
+
+
+def project_venv(store: Path, name: str) -> Path:
+    """A virtualenv as poetry or pipenv makes one in its store, its `pytest` one that says so."""
+    browser(store / name / "bin" / "pytest", f"pytest of {name}")
+    (store / name / "pyvenv.cfg").write_text("home = /usr/bin\n")
+    return store / name
+
+
+async def test_poetry_and_pipenv_find_the_projects_virtualenv_in_their_store(run, home, monkeypatch):
+    """`poetry install` (or `pipenv install`) on the host, then `poetry run pytest` in the
+    sandbox: poetry looked under the cwd's own cache, made an empty virtualenv there, and found no
+    pytest; pipenv's was refused. The project's own is read and run (by the name each gives it, a
+    hash of the project's path), and poetry told where; another project's stays out."""
+    for variable in ("POETRY_VIRTUALENVS_PATH", "WORKON_HOME", "XDG_CACHE_HOME", "XDG_DATA_HOME"):
+        monkeypatch.delenv(variable, raising=False)
+    cwd = os.path.realpath(cwd_of(run))
+    (cwd_of(run) / "pyproject.toml").write_text('[tool.poetry]\nname = "demo"\n')
+    (cwd_of(run) / "Pipfile").write_text("[packages]\n")
+    poetry_store, pipenv_store = home / ".cache" / "pypoetry" / "virtualenvs", home / ".local" / "share" / "virtualenvs"
+    tag = base64.urlsafe_b64encode(hashlib.sha256(cwd.encode()).digest()).decode()[:8]
+    ours = project_venv(poetry_store, f"demo-{tag}-py3.11")
+    project_venv(poetry_store, "other-AbCdEfGh-py3.11")
+    (poetry_store / "envs.toml").write_text('[demo-x]\nminor = "3.11"\n')
+    pipenv_tag = base64.urlsafe_b64encode(hashlib.sha256(f"{cwd}/Pipfile".encode()).digest()[:6]).decode()
+    project_venv(pipenv_store, f"demo-{pipenv_tag}")
+    code = (
+        f'"$POETRY_VIRTUALENVS_PATH"/{ours.name}/bin/pytest && cat "$POETRY_VIRTUALENVS_PATH/envs.toml" && '
+        f"{pipenv_store}/demo-{pipenv_tag}/bin/pytest && "
+        '("$POETRY_VIRTUALENVS_PATH"/other-AbCdEfGh-py3.11/bin/pytest 2>&1 | grep -c denied; '
+        f"touch {ours}/planted 2>/dev/null || echo read-only)"
+    )
+    result = await run(code)
+    expected = f'pytest of {ours.name}\n[demo-x]\nminor = "3.11"\npytest of demo-{pipenv_tag}\n1\nread-only\n'
+    assert result.text() == expected, result.text()
 
 
 async def test_what_your_local_installs_lead_to_runs(run, home, monkeypatch):

@@ -57,6 +57,7 @@ from .policy import (
     policy_files,
     told_caches,
     tree_state,
+    venv_stores,
 )
 from .repository import repository_root
 from .seccomp import SECCOMP_MACHINES, seccomp_program, seccomp_supported, supervisable
@@ -304,6 +305,9 @@ def _given_environ(policy: Policy, passed: dict[str, str]) -> dict[str, str]:
     for venv in policy.environments:  # the virtualenv activated, granted: poetry and pipenv use it
         if venv in policy.paths["rox"]:
             env["VIRTUAL_ENV"] = venv
+    poetry = venv_stores(os.environ, os.path.expanduser("~"))[0]  # (where the cwd's own cache would have it look)
+    if any(p.startswith(poetry.rstrip("/") + "/") for p in policy.paths["rox"]):
+        env.setdefault("POETRY_VIRTUALENVS_PATH", poetry)
     for variable, cached in told_caches().items():  # what tests run from your cache, where granted
         if os.path.normpath(cached) in policy.paths["rox"]:
             env.setdefault(variable, cached)

@@ -11,8 +11,10 @@ extend, scalars replace).
 
 from __future__ import annotations
 
+import base64
 import errno
 import fnmatch
+import hashlib
 import logging
 import os
 import re
@@ -175,6 +177,7 @@ DEFAULT_POLICY: dict[str, Any] = {
         # where toolchains are
         *["RUSTUP_HOME", "CARGO_HOME", "NVM_DIR", "GOPATH", "GOROOT", "GOMODCACHE", "JAVA_HOME"],
         *["PLAYWRIGHT_BROWSERS_PATH", "PUPPETEER_CACHE_DIR", "PRE_COMMIT_HOME", "COREPACK_HOME"],
+        *["WORKON_HOME", "POETRY_VIRTUALENVS_PATH"],  # where pipenv and poetry keep their virtualenvs
     ],
     "limits": {
         "processes": 512,  # processes and threads alive at once in a session's jail (at least 300)
@@ -349,6 +352,10 @@ def load_policy(
     named_files = [f for p in judged for f in userconfig.files_named(p)]
     configs += tuple(named_files)  # optional as the configurations are: reached through a planted link, left out
     named["ro"] += tuple(dict.fromkeys([*judged, *named_files]))
+    venvs: tuple[str, ...] = ()  # (not for a tool server, which only reads the cwd: private packages)
+    if cwd and any("{CWD}" in e for e in raw["filesystem"]["rwx"] + raw["filesystem"]["rox"]):
+        venvs = tuple(project_venvs(os.environ, values["HOME"], cwd))
+    named["rox"] += venvs
     named["rox"] += extra_rox + program_rox
     named["ro"] += extra_ro
     named["rw"] += extra_rw
@@ -401,7 +408,7 @@ def load_policy(
         linked=linked_installs(cwd) if cwd else (),
         shared=tuple(p for p in extra_rw if os.path.exists(p)),
         own=frozenset([*extra_rox, *extra_ro, *extra_rw, *extra_rwx, *(os.path.normpath(p) for p in own_paths if p)]),
-        optional=frozenset([*_expand_paths(_OPTIONAL, values, ""), *configs]),
+        optional=frozenset([*_expand_paths(_OPTIONAL, values, ""), *configs, *venvs]),
         environments=_expand_paths(_ACTIVE_ENVS, values, ""),
         paths=paths,
         missing=tuple(dict.fromkeys(p for key in FS_KEYS for p in named[key] if p not in paths[key])),
@@ -557,16 +564,47 @@ def active_venv(env: Mapping[str, str], home: str, cwd: str) -> str:
     real = os.path.realpath(path).rstrip("/") + "/"
     homes = [os.path.realpath(home).rstrip("/") + "/", home.rstrip("/") + "/"]
     data = env.get("XDG_DATA_HOME") or f"{home}/.local/share"
-    cache = env.get("XDG_CACHE_HOME") or f"{home}/.cache"
-    stores = [
-        *(env.get(v, "") for v in ("WORKON_HOME", "POETRY_VIRTUALENVS_PATH")),
-        *(f"{home}/.virtualenvs", f"{data}/virtualenvs", f"{cache}/pypoetry/virtualenvs"),
-        *(f"{data}/pdm/venvs", f"{data}/hatch/env"),
-    ]
+    stores = [*venv_stores(env, home), f"{home}/.virtualenvs", f"{data}/pdm/venvs", f"{data}/hatch/env"]
     for store in (os.path.realpath(s).rstrip("/") + "/" for s in stores if os.path.isabs(s)):
         if real.startswith(store) and not any(h.startswith(store) for h in homes):
             return "" if cwd and real.startswith(cwd.rstrip("/") + "/") else path
     return ""
+
+
+def venv_stores(env: Mapping[str, str], home: str) -> tuple[str, str]:
+    """Where poetry and pipenv keep the virtualenvs they make for projects."""
+    cache = env.get("XDG_CACHE_HOME") or f"{home}/.cache"
+    data = env.get("XDG_DATA_HOME") or f"{home}/.local/share"
+    return (
+        env.get("POETRY_VIRTUALENVS_PATH") or f"{cache}/pypoetry/virtualenvs",
+        env.get("WORKON_HOME") or f"{data}/virtualenvs",
+    )
+
+
+def project_venvs(env: Mapping[str, str], home: str, cwd: str) -> list[str]:
+    """The virtualenvs poetry and pipenv made in their stores for the project at `cwd` (a real
+    path), found by the name each gives one (a hash of the project's path: `poetry install` and
+    `pipenv install` on the host, then `poetry run pytest` in the sandbox), each a pyvenv.cfg's,
+    and poetry's record of which Python each project uses. Never another project's."""
+    poetry, pipenv = venv_stores(env, home)
+    wanted = []
+    if os.path.isfile(f"{cwd}/pyproject.toml"):  # poetry's name-<hash>-py3.X
+        tag = "-" + base64.urlsafe_b64encode(hashlib.sha256(cwd.encode()).digest()).decode()[:8] + "-py"
+        wanted.append((poetry, lambda name: tag in name))
+    if os.path.isfile(f"{cwd}/Pipfile"):  # pipenv's name-<hash>
+        end = "-" + base64.urlsafe_b64encode(hashlib.sha256(f"{cwd}/Pipfile".encode()).digest()[:6]).decode()
+        wanted.append((pipenv, lambda name: name.endswith(end)))
+    found = []
+    for store, matches in wanted:
+        try:
+            with os.scandir(store) as entries:
+                names = [e.name for e in entries if matches(e.name)]
+        except OSError:
+            continue
+        found += [f"{store}/{n}" for n in sorted(names) if os.path.isfile(f"{store}/{n}/pyvenv.cfg")]
+    if found and os.path.isfile(f"{poetry}/envs.toml") and any(f.startswith(poetry + "/") for f in found):
+        found.append(f"{poetry}/envs.toml")  # (poetry dies on one it may not read)
+    return found
 
 
 # Entries that name no variable nor ~, as they expand (most of a policy: read at every session's start)
