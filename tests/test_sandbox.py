@@ -859,6 +859,10 @@ def test_a_tools_configuration_is_granted_only_without_a_secret(tmp_path):
         "[global]\nindex-url = https://me:pw@pypi.example/simple\n": False,
         "_password=cGFzcw==\n": False,
         "GITHUB_API_KEY = x\n": False,
+        # hatch's index password; cargo's and yarn's switches that only name one are none
+        '[publish.index]\nuser = "alice"\nauth = "hunter2hunter2"\n': False,
+        "[registries.corp]\nauth-required = true\n": True,
+        "npmAlwaysAuth: true\n": True,
         # what a red-team pass got past a check of the keys alone
         '[registries]\nmy = { index = "sparse+https://r.example/", token = "cio" }\n': False,
         '[registry]\n"\\u0074oken" = "cio"\n': False,

@@ -582,29 +582,25 @@ def venv_stores(env: Mapping[str, str], home: str) -> tuple[str, str]:
 
 
 def project_venvs(env: Mapping[str, str], home: str, cwd: str) -> list[str]:
-    """The virtualenvs poetry and pipenv made in their stores for the project at `cwd` (a real
-    path), found by the name each gives one (a hash of the project's path: `poetry install` and
-    `pipenv install` on the host, then `poetry run pytest` in the sandbox), each a pyvenv.cfg's,
-    and poetry's record of which Python each project uses. Never another project's."""
+    """The virtualenvs poetry, hatch and pipenv made in their stores for the project at `cwd` (a
+    real path), found by the name each gives one (a hash of the project's path: `poetry install`
+    on the host, then `poetry run pytest` in the sandbox), each a pyvenv.cfg's; and what each
+    tool reads beside them (poetry's record of each project's Python, hatch's of the project's
+    environments). Never another project's."""
     poetry, pipenv = venv_stores(env, home)
-    wanted = []
-    if os.path.isfile(f"{cwd}/pyproject.toml"):  # poetry's name-<hash>-py3.X
-        tag = "-" + base64.urlsafe_b64encode(hashlib.sha256(cwd.encode()).digest()).decode()[:8] + "-py"
-        wanted.append((poetry, lambda name: tag in name))
-    if os.path.isfile(f"{cwd}/Pipfile"):  # pipenv's name-<hash>
+    hatch = f"{env.get('XDG_DATA_HOME') or f'{home}/.local/share'}/hatch/env"
+    venvs, beside = [], []
+    if os.path.isfile(f"{cwd}/pyproject.toml"):  # poetry's <name>-<hash>-py3.X, hatch's <name>/<hash>/<env>
+        digest = base64.urlsafe_b64encode(hashlib.sha256(cwd.encode()).digest()).decode()[:8]
+        venvs += [f"{poetry}/{n}" for n in _listing(poetry) if f"-{digest}-py" in n]
+        hatched = [f"{hatch}/virtual/{p}/{digest}" for p in _listing(f"{hatch}/virtual")]
+        venvs += [f"{h}/{e}" for h in hatched for e in _listing(h)]
+        beside += [f"{poetry}/envs.toml", f"{hatch}/.metadata/{digest}"]
+    if os.path.isfile(f"{cwd}/Pipfile"):  # pipenv's <name>-<hash>
         end = "-" + base64.urlsafe_b64encode(hashlib.sha256(f"{cwd}/Pipfile".encode()).digest()[:6]).decode()
-        wanted.append((pipenv, lambda name: name.endswith(end)))
-    found = []
-    for store, matches in wanted:
-        try:
-            with os.scandir(store) as entries:
-                names = [e.name for e in entries if matches(e.name)]
-        except OSError:
-            continue
-        found += [f"{store}/{n}" for n in sorted(names) if os.path.isfile(f"{store}/{n}/pyvenv.cfg")]
-    if found and os.path.isfile(f"{poetry}/envs.toml") and any(f.startswith(poetry + "/") for f in found):
-        found.append(f"{poetry}/envs.toml")  # (poetry dies on one it may not read)
-    return found
+        venvs += [f"{pipenv}/{n}" for n in _listing(pipenv) if n.endswith(end)]
+    venvs = sorted(v for v in venvs if os.path.isfile(f"{v}/pyvenv.cfg"))
+    return venvs + [b for b in beside if os.path.exists(b)] if venvs else []  # (each dies on one unread)
 
 
 # Entries that name no variable nor ~, as they expand (most of a policy: read at every session's start)

@@ -25,15 +25,15 @@ log = logging.getLogger(__name__)
 LIMIT = 64 << 10  # a larger configuration is not read, nor granted
 # What a secret looks like anywhere in a line (a key, an inline table's key, a value): a word that
 # names one (a shell's MYSQL_PWD, SSHPASS, BORG_PASSPHRASE and STRIPE_KEY too, not its $PWD; an
-# Authorization header), a private key, a token's well-known prefix, cargo's env table (variables
+# Authorization header; hatch's `auth =`), a private key, a token's well-known prefix, cargo's env table (variables
 # for builds) in any of TOML's spellings ([env], [env.KEY], env.KEY =, env = {…}, quoted), a
 # password before an @ (user:password@host; a user alone is one only in a URL, below: an email or
 # git@github.com is none), an escape that could spell one (TOML's and JSON's \u, TOML 1.1's \x). Leaving
 # out a harmless file costs little. (Each run of a name is tried once, from its start, possessively,
 # and a line's start skips blanks within the line only: linear in the file, blank lines included.)
 _SECRET = re.compile(
-    r"token|passw|pass\b|passphrase|(?<![${(`])(?<!old)pwd\b|pswd|_pw\b|secret|_auth|credential|creds\b"
-    r"|api[-_]?key|[_-]key\b|private key|authori[sz]ation|bearer\b|extraheader|httpheaders"
+    r"token|passw|pass\b|passphrase|(?<![${(`])(?<!old)pwd\b|pswd|_pw\b|secret|_auth|\bauth[ \t]*[=:]"
+    r"|credential|creds\b|api[-_]?key|[_-]key\b|private key|authori[sz]ation|bearer\b|extraheader|httpheaders"
     r"|\\u[0-9a-f]{4}|\\x[0-9a-f]{2}|^[ \t]*\[?[ \t]*[\"']?env[\"']?[ \t]*[.=\]]"
     r"|(?<![^\s/@:=\"'])[^\s/@:=\"']++:[^\s/@:\"']*+@[\w.-]",
     re.IGNORECASE | re.MULTILINE,
@@ -112,6 +112,7 @@ CONFIGS = (
     "{XDG_CONFIG_HOME}/pypoetry/config.toml",
     "{XDG_CONFIG_HOME}/pdm/config.toml",
     "{XDG_CONFIG_HOME}/uv/uv.toml",
+    "{XDG_CONFIG_HOME}/hatch/config.toml",  # (hatch writes one at its first run, and dies on it unread)
     "{HOME}/.yarnrc",
     "{HOME}/.yarnrc.yml",
     # git's global ignore and attributes, read without a word of config: git stops on an ignore file
