@@ -863,6 +863,7 @@ def test_a_tools_configuration_is_granted_only_without_a_secret(tmp_path):
         '[publish.index]\nuser = "alice"\nauth = "hunter2hunter2"\n': False,
         "[registries.corp]\nauth-required = true\n": True,
         "npmAlwaysAuth: true\n": True,
+        'npmScopes:\n  corp:\n    npmAuthIdent: "ada:hunter2xyz"\n': False,  # yarn's user and password
         # what a red-team pass got past a check of the keys alone
         '[registries]\nmy = { index = "sparse+https://r.example/", token = "cio" }\n': False,
         '[registry]\n"\\u0074oken" = "cio"\n': False,

@@ -202,14 +202,17 @@ async def test_poetry_and_pipenv_find_the_projects_virtualenv_in_their_store(run
     poetry_store, pipenv_store = home / ".cache" / "pypoetry" / "virtualenvs", home / ".local" / "share" / "virtualenvs"
     tag = base64.urlsafe_b64encode(hashlib.sha256(cwd.encode()).digest()).decode()[:8]
     ours = project_venv(poetry_store, f"demo-{tag}-py3.11")
+    (ours / "bin" / "postactivate").write_text("export AWS_SECRET_ACCESS_KEY=wJalrXUtnFEMI\n")
     project_venv(poetry_store, "other-AbCdEfGh-py3.11")
+    project_venv(poetry_store, f"x-{tag}-py3.11-other-AbCdEfGh-py3.12")  # (another project's, by its name)
     (poetry_store / "envs.toml").write_text('[demo-x]\nminor = "3.11"\n')
     pipenv_tag = base64.urlsafe_b64encode(hashlib.sha256(f"{cwd}/Pipfile".encode()).digest()[:6]).decode()
     project_venv(pipenv_store, f"demo-{pipenv_tag}")
     code = (
         f'"$POETRY_VIRTUALENVS_PATH"/{ours.name}/bin/pytest && cat "$POETRY_VIRTUALENVS_PATH/envs.toml" && '
         f"{pipenv_store}/demo-{pipenv_tag}/bin/pytest && "
-        '("$POETRY_VIRTUALENVS_PATH"/other-AbCdEfGh-py3.11/bin/pytest 2>&1 | grep -c denied; '
+        f"(cat {ours}/bin/postactivate; {poetry_store}/x-{tag}-py3.11-other-AbCdEfGh-py3.12/bin/pytest 2>&1 "
+        "| grep -c denied; "
         f"touch {ours}/planted 2>/dev/null || echo read-only)"
     )
     result = await run(code)
@@ -232,8 +235,13 @@ async def test_what_your_local_installs_lead_to_runs(run, home, monkeypatch):
     (site / "usermod.py").write_text("WHERE = 'user site'\n")
     monkeypatch.setenv("PATH", f"{home}/.local/bin:{os.environ['PATH']}")
     python = f"{sys.base_prefix}/bin/python{sys.version_info.major}.{sys.version_info.minor}"
-    result = await run(f"hello && poetry && {python} -c 'import usermod; print(usermod.WHERE)'")
-    assert result.text() == "hello from local lib\npoetry ran\nuser site\n", result.text()
+    # npm's global npmrc under a prefix granted whole (`npm config set -g` writes tokens there)
+    (home / ".npm-global" / "etc").mkdir(parents=True)
+    (home / ".npm-global" / "etc" / "npmrc").write_text("//registry.npmjs.org/:_authToken=npm_SECRETSECRETSECRET\n")
+    (poetry.parent.parent / "pip.conf").write_text("[global]\nindex-url = https://ada:S3cretXyz@pypi.corp.example/\n")
+    code = f"hello && poetry && {python} -c 'import usermod; print(usermod.WHERE)'"
+    result = await run(f"{code} && cat ~/.npm-global/etc/npmrc {poetry.parent.parent}/pip.conf | wc -c")
+    assert result.text() == "hello from local lib\npoetry ran\nuser site\n0\n", result.text()
 
 
 async def test_poetry_pdm_uv_and_yarn_read_their_configuration_unless_it_holds_a_secret(run, home):

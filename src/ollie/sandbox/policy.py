@@ -381,7 +381,8 @@ def load_policy(
         if copy.path != os.devnull:
             paths["ro"] += (os.path.dirname(copy.path),)
             own_paths.append(os.path.dirname(copy.path))
-    in_trees, masked, unlisted, masked_dirs = _in_trees(values)
+    in_venvs = tuple(f"{v}/{f}" for v in venvs if not any(c in v for c in "*?[") for f in userconfig.VENV_FILES)
+    in_trees, masked, unlisted, masked_dirs = _in_trees(values, in_venvs)
     if git_config:  # libgit2 (`cargo new`, cargo's git dependencies) reads the user's global config,
         # whatever GIT_CONFIG_GLOBAL says, and dies on one it may not read: masked, it reads as empty;
         # not one code may write (a dotfiles project's), which would read empty and write nowhere
@@ -592,7 +593,8 @@ def project_venvs(env: Mapping[str, str], home: str, cwd: str) -> list[str]:
     venvs, beside = [], []
     if os.path.isfile(f"{cwd}/pyproject.toml"):  # poetry's <name>-<hash>-py3.X, hatch's <name>/<hash>/<env>
         digest = base64.urlsafe_b64encode(hashlib.sha256(cwd.encode()).digest()).decode()[:8]
-        venvs += [f"{poetry}/{n}" for n in _listing(poetry) if f"-{digest}-py" in n]
+        named = re.compile(rf".+-{re.escape(digest)}-py\d+\.\d+").fullmatch
+        venvs += [f"{poetry}/{n}" for n in _listing(poetry) if named(n)]
         hatched = [f"{hatch}/virtual/{p}/{digest}" for p in _listing(f"{hatch}/virtual")]
         venvs += [f"{h}/{e}" for h in hatched for e in _listing(h)]
         beside += [f"{poetry}/envs.toml", f"{hatch}/.metadata/{digest}"]
@@ -637,10 +639,10 @@ _IN_TREES_KEPT = 5.0
 _forgotten = 0  # how many times `forget_trees` ran: a listing begun before one is not kept
 
 
-def _in_trees(values: dict[str, str]) -> _Listing:
-    """The paths `userconfig.IN_TREES` lead to, each as it was before it was judged; the real
-    paths a jail masks; and the patterns whose matches it masks (`_judged_in`)."""
-    patterns = _expand_paths(list(userconfig.IN_TREES), values, "the configurations in the trees")
+def _in_trees(values: dict[str, str], extra: tuple[str, ...] = ()) -> _Listing:
+    """The paths `userconfig.IN_TREES` lead to (and the `extra` paths), each as it was before it
+    was judged; the real paths a jail masks; and the patterns whose matches it masks (`_judged_in`)."""
+    patterns = _expand_paths(list(userconfig.IN_TREES), values, "the configurations in the trees") + extra
     now, forgotten = time.monotonic(), _forgotten
     known = _IN_TREES.get(patterns)
     if known is None or now - known[0] >= _IN_TREES_KEPT:

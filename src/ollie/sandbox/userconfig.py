@@ -25,15 +25,16 @@ log = logging.getLogger(__name__)
 LIMIT = 64 << 10  # a larger configuration is not read, nor granted
 # What a secret looks like anywhere in a line (a key, an inline table's key, a value): a word that
 # names one (a shell's MYSQL_PWD, SSHPASS, BORG_PASSPHRASE and STRIPE_KEY too, not its $PWD; an
-# Authorization header; hatch's `auth =`), a private key, a token's well-known prefix, cargo's env table (variables
-# for builds) in any of TOML's spellings ([env], [env.KEY], env.KEY =, env = {…}, quoted), a
-# password before an @ (user:password@host; a user alone is one only in a URL, below: an email or
-# git@github.com is none), an escape that could spell one (TOML's and JSON's \u, TOML 1.1's \x). Leaving
-# out a harmless file costs little. (Each run of a name is tried once, from its start, possessively,
-# and a line's start skips blanks within the line only: linear in the file, blank lines included.)
+# Authorization header; hatch's `auth =`, yarn's npmAuthIdent), a private key, a token's
+# well-known prefix, cargo's env table (variables for builds) in any of TOML's spellings ([env],
+# [env.KEY], env.KEY =, env = {…}, quoted), a password before an @ (user:password@host; a user
+# alone is one only in a URL, below: an email or git@github.com is none), an escape that could
+# spell one (TOML's and JSON's \u, TOML 1.1's \x). Leaving out a harmless file costs little. (Each
+# run of a name is tried once, from its start, possessively, and a line's start skips blanks
+# within the line only: linear in the file, blank lines included.)
 _SECRET = re.compile(
     r"token|passw|pass\b|passphrase|(?<![${(`])(?<!old)pwd\b|pswd|_pw\b|secret|_auth|\bauth[ \t]*[=:]"
-    r"|credential|creds\b|api[-_]?key|[_-]key\b|private key|authori[sz]ation|bearer\b|extraheader|httpheaders"
+    r"|credential|creds\b|npmauth|api[-_]?key|[_-]key\b|private key|authori[sz]ation|bearer\b|extraheader|httpheaders"
     r"|\\u[0-9a-f]{4}|\\x[0-9a-f]{2}|^[ \t]*\[?[ \t]*[\"']?env[\"']?[ \t]*[.=\]]"
     r"|(?<![^\s/@:=\"'])[^\s/@:=\"']++:[^\s/@:\"']*+@[\w.-]",
     re.IGNORECASE | re.MULTILINE,
@@ -124,6 +125,16 @@ CONFIGS = (
 )
 
 
+# What a virtualenv holds that its users put keys in: its pip.conf, the activate script a plain
+# venv's users append exports to, virtualenvwrapper's hooks.
+VENV_FILES = (
+    "pip.conf",
+    *(f"bin/{script}" for script in ("activate", "preactivate", "postactivate", "predeactivate", "postdeactivate")),
+    "bin/get_env_details",
+)
+_INSTALLER_VENVS = ("{HOME}/.local/share/pypoetry/venv", "{HOME}/.local/share/pdm/venv")
+_NPMRCS = ("etc/npmrc", "lib/node_modules/npm/npmrc")
+
 # The configurations toolchains keep inside their own trees, which a policy grants whole (~/.nvm,
 # ~/.pyenv, ~/.sdkman, /usr, /opt), by template and glob: npm's global and built-in npmrc, a
 # Python's site pip.conf, a Maven's settings.xml, a Gradle's gradle.properties, conda's condarc.
@@ -145,11 +156,11 @@ IN_TREES = (
     f"{sys.prefix}/pip.conf",
     f"{sys.base_prefix}/pip.conf",
     "/opt/*/pip.conf",
-    # the virtualenv activated (`policy.active_venv`), and virtualenvwrapper's hooks in it, where
-    # its users export their keys
-    "{VENV}/pip.conf",
-    *(f"{{VENV}}/bin/{hook}" for hook in ("preactivate", "postactivate", "predeactivate", "postdeactivate")),
-    "{VENV}/bin/get_env_details",
+    # the virtualenvs granted whole: the one activated (`policy.active_venv`), poetry's and pdm's
+    # installers' (and the cwd's project's in a store, `policy.project_venvs`)
+    *(f"{venv}/{name}" for venv in ("{VENV}", *_INSTALLER_VENVS) for name in VENV_FILES),
+    # npm's global npmrc and built-in one under the prefixes granted whole (`npm config set -g`)
+    *(f"{{HOME}}/{prefix}/{npmrc}" for prefix in (".npm-global", ".local") for npmrc in _NPMRCS),
     "{SDKMAN_DIR}/candidates/maven/*/conf/settings.xml",
     "{HOME}/.sdkman/candidates/maven/*/conf/settings.xml",
     "/usr/share/maven/conf/settings.xml",
