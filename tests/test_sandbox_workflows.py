@@ -507,6 +507,9 @@ async def test_a_cwds_cache_lasts_from_jail_to_jail_and_is_no_other_cwds(home, t
     assert not is_error and cache.strip().startswith(str(config.data_path() / "sandbox-cache")), cache
     assert (config.data_path() / "sandbox-cache").stat().st_mode & 0o777 == 0o700  # no other user's to enter
     assert await in_cwd(one, tmp_path, 'cat "$XDG_CACHE_HOME/tool/entry"') == (False, "built\n")
+    # tools' state (pdm's logs, which it died on where ~/.local/state may not be written) too
+    state = 'mkdir -p "$XDG_STATE_HOME/pdm/log" && echo logged > "$XDG_STATE_HOME/pdm/log/x" && echo "$XDG_STATE_HOME"'
+    assert await in_cwd(one, tmp_path, state) == (False, f"{cache.strip()}/state\n")
     peek = f'test "$XDG_CACHE_HOME" != {cache.strip()} && cat {cache.strip()}/tool/entry 2>&1 | grep -c "No such"'
     assert await in_cwd(other, tmp_path, peek) == (False, "1\n")
     write_policy(None, "general:\n  cache: false\n")

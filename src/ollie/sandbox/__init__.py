@@ -302,6 +302,7 @@ def _given_environ(policy: Policy, passed: dict[str, str]) -> dict[str, str]:
     if policy.cache:  # where Go, pip, pre-commit, ccache and npm cache (unless the policy passes its own)
         env.setdefault("XDG_CACHE_HOME", policy.cache)
         env.setdefault("npm_config_cache", f"{policy.cache}/npm")
+        env.setdefault("XDG_STATE_HOME", f"{policy.cache}/state")  # and keep logs (pdm died on ~/.local/state)
     for venv in policy.environments:  # the virtualenv activated, granted: poetry and pipenv use it
         if venv in policy.paths["rox"]:
             env["VIRTUAL_ENV"] = venv
