@@ -210,8 +210,8 @@ TOOLS_POLICY: dict[str, Any] = {
     "filesystem": {
         **DEFAULT_POLICY["filesystem"],
         # not the work tree around the cwd: a program planted there (a .venv/bin on PATH) would be
-        # found and run, with the server's network and its secrets; nor the environment activated
-        # (a project's private packages: the server's own installation is added)
+        # found and run, with the server's network and its secrets; nor what `_NOT_FOR_TOOLS` names
+        # (the server's own installation is added)
         "rox": [p for p in DEFAULT_POLICY["filesystem"]["rox"] if p != "{REPO}" and p not in _NOT_FOR_TOOLS],
         # nor the toolchains' downloads: the private modules and crates of every project of yours,
         # which a server's network would carry off
