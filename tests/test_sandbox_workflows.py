@@ -220,6 +220,20 @@ async def test_poetry_and_pipenv_find_the_projects_virtualenv_in_their_store(run
     assert result.text() == expected, result.text()
 
 
+async def test_relative_base_directories_are_ignored(run, monkeypatch):
+    """The XDG spec ignores a relative base directory: one had every call fail ("not an absolute
+    path"), and a relative store of virtualenvs would have been listed from the server's own
+    directory."""
+    for variable in ("XDG_CACHE_HOME", "XDG_DATA_HOME", "WORKON_HOME", "POETRY_VIRTUALENVS_PATH", "PRE_COMMIT_HOME"):
+        monkeypatch.setenv(variable, "relative/dir")
+    (cwd_of(run) / "pyproject.toml").write_text("[project]\n")
+    (cwd_of(run) / "Pipfile").write_text("[packages]\n")
+    result = await run('echo "$PRE_COMMIT_HOME"')
+    assert (result.is_error, result.text()) == (False, "relative/dir\n"), result.text()
+    policy = sandbox.load_policy("default", os.path.realpath(cwd_of(run)), "")
+    assert all(os.path.isabs(p) for key in policy.paths for p in policy.paths[key])
+
+
 async def test_what_your_local_installs_lead_to_runs(run, home, monkeypatch):
     """~/.local/bin's programs lead into ~/.local/lib (`pip install --user`'s packages, npm's with
     the prefix ~/.local) or poetry's installer's virtualenv, none granted: `Permission denied`,

@@ -188,7 +188,7 @@ def _open(policy: Policy, path: str, planted: dict[Identity, str], mount: str) -
 def _holds_hidden(fd: int, hidden: dict[Identity, str]) -> bool:
     """Whether one of ollie's hidden directories lies in the directory `fd` (by descriptor). A jail
     hides them wherever they are, but code run without one (`best_effort`) would read them there:
-    the work tree around a cwd, or the Python environment activated, is left out rather than
+    the work tree around a cwd, or the virtualenv activated, is left out rather than
     granted with ollie's configuration inside."""
     tree = {identity(fd): "tree"}
     for path in hidden.values():

@@ -526,16 +526,26 @@ def _template_values(cwd: str, tmpdir: str, repository: bool = True, cache: bool
         "HOME": home,
         "VENV": active_venv(env, home, cwd),
         # (Playwright's 0 says its browsers lie in the project's node_modules)
-        **{v: env[v] if os.path.isabs(env.get(v, "")) else "" for v in told_caches()},
+        **{v: _given_dir(env, v) for v in told_caches()},
         "TMPDIR": tmpdir,
-        "XDG_CONFIG_HOME": env.get("XDG_CONFIG_HOME") or f"{home}/.config",
-        "XDG_DATA_HOME": env.get("XDG_DATA_HOME") or f"{home}/.local/share",
-        "XDG_CACHE_HOME": env.get("XDG_CACHE_HOME") or f"{home}/.cache",
-        "XDG_STATE_HOME": env.get("XDG_STATE_HOME") or f"{home}/.local/state",
+        **_xdg(env, home),
         "OLLIE_CFG_PATH": str(config.cfg_path()),
         "OLLIE_DATA_PATH": str(config.data_path()),
         "OLLIE": str(config.mount_path()),
     }
+
+
+def _given_dir(env: Mapping[str, str], variable: str, default: str = "") -> str:
+    """The directory `variable` names when it is an absolute path (as the XDG spec ignores a
+    relative one: a grant relative to ollie's own directory would be no one's), else `default`."""
+    value = env.get(variable, "")
+    return value if os.path.isabs(value) else default
+
+
+def _xdg(env: Mapping[str, str], home: str) -> dict[str, str]:
+    """The XDG base directories, as the user's tools find them."""
+    defaults = {"CONFIG": ".config", "DATA": ".local/share", "CACHE": ".cache", "STATE": ".local/state"}
+    return {f"XDG_{k}_HOME": _given_dir(env, f"XDG_{k}_HOME", f"{home}/{d}") for k, d in defaults.items()}
 
 
 def told_caches() -> dict[str, str]:
@@ -543,7 +553,7 @@ def told_caches() -> dict[str, str]:
     where to look: in a sandbox Playwright, pre-commit and corepack would look under
     `$XDG_CACHE_HOME` (the cwd's own cache), Puppeteer under a tool server's `$HOME`."""
     home = os.path.expanduser("~")
-    cache = os.environ.get("XDG_CACHE_HOME") or f"{home}/.cache"
+    cache = _xdg(os.environ, home)["XDG_CACHE_HOME"]
     return {
         "PLAYWRIGHT_BROWSERS_PATH": f"{cache}/ms-playwright",
         "PUPPETEER_CACHE_DIR": f"{home}/.cache/puppeteer",
@@ -564,21 +574,21 @@ def active_venv(env: Mapping[str, str], home: str, cwd: str) -> str:
         return ""
     real = os.path.realpath(path).rstrip("/") + "/"
     homes = [os.path.realpath(home).rstrip("/") + "/", home.rstrip("/") + "/"]
-    data = env.get("XDG_DATA_HOME") or f"{home}/.local/share"
-    stores = [*venv_stores(env, home), f"{home}/.virtualenvs", f"{data}/pdm/venvs", f"{data}/hatch/env"]
-    for store in (os.path.realpath(s).rstrip("/") + "/" for s in stores if os.path.isabs(s)):
+    data = _xdg(env, home)["XDG_DATA_HOME"]
+    stores = [*venv_stores(env, home), f"{home}/.virtualenvs", f"{data}/pdm/venvs"]
+    for store in (os.path.realpath(s).rstrip("/") + "/" for s in stores):
         if real.startswith(store) and not any(h.startswith(store) for h in homes):
             return "" if cwd and real.startswith(cwd.rstrip("/") + "/") else path
     return ""
 
 
-def venv_stores(env: Mapping[str, str], home: str) -> tuple[str, str]:
-    """Where poetry and pipenv keep the virtualenvs they make for projects."""
-    cache = env.get("XDG_CACHE_HOME") or f"{home}/.cache"
-    data = env.get("XDG_DATA_HOME") or f"{home}/.local/share"
+def venv_stores(env: Mapping[str, str], home: str) -> tuple[str, str, str]:
+    """Where poetry, pipenv and hatch keep the virtualenvs they make for projects."""
+    xdg = _xdg(env, home)
     return (
-        env.get("POETRY_VIRTUALENVS_PATH") or f"{cache}/pypoetry/virtualenvs",
-        env.get("WORKON_HOME") or f"{data}/virtualenvs",
+        _given_dir(env, "POETRY_VIRTUALENVS_PATH", f"{xdg['XDG_CACHE_HOME']}/pypoetry/virtualenvs"),
+        _given_dir(env, "WORKON_HOME", f"{xdg['XDG_DATA_HOME']}/virtualenvs"),
+        f"{xdg['XDG_DATA_HOME']}/hatch/env",
     )
 
 
@@ -588,8 +598,7 @@ def project_venvs(env: Mapping[str, str], home: str, cwd: str) -> list[str]:
     on the host, then `poetry run pytest` in the sandbox), each a pyvenv.cfg's; and what each
     tool reads beside them (poetry's record of each project's Python, hatch's of the project's
     environments). Never another project's."""
-    poetry, pipenv = venv_stores(env, home)
-    hatch = f"{env.get('XDG_DATA_HOME') or f'{home}/.local/share'}/hatch/env"
+    poetry, pipenv, hatch = venv_stores(env, home)
     venvs, beside = [], []
     if os.path.isfile(f"{cwd}/pyproject.toml"):  # poetry's <name>-<hash>-py3.X, hatch's <name>/<hash>/<env>
         digest = base64.urlsafe_b64encode(hashlib.sha256(cwd.encode()).digest()).decode()[:8]
