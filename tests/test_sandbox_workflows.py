@@ -25,6 +25,7 @@ from pathlib import Path
 import pytest
 
 from ollie import config, sandbox
+from ollie.sandbox import policy as policy_module
 from ollie.sandbox import userconfig
 from ollie.tools import CallContext, execute
 from sandbox_helpers import write_policy
@@ -218,6 +219,15 @@ async def test_poetry_and_pipenv_find_the_projects_virtualenv_in_their_store(run
     result = await run(code)
     expected = f'pytest of {ours.name}\n[demo-x]\nminor = "3.11"\npytest of demo-{pipenv_tag}\n1\nread-only\n'
     assert result.text() == expected, result.text()
+
+
+def test_a_store_filled_by_code_is_looked_at_only_so_far(tmp_path, monkeypatch):
+    """Code working in $HOME can fill poetry's store with a million entries: each session's build
+    of a poetry project (one thread builds every session's) looks at the first few thousand."""
+    for n in range(5):
+        (tmp_path / f"entry{n}").mkdir()
+    monkeypatch.setattr(policy_module, "STORE_LISTED", 3)
+    assert len(policy_module._store(str(tmp_path))) == 3
 
 
 async def test_relative_base_directories_are_ignored(run, monkeypatch):

@@ -15,6 +15,7 @@ import base64
 import errno
 import fnmatch
 import hashlib
+import itertools
 import logging
 import os
 import re
@@ -603,15 +604,29 @@ def project_venvs(env: Mapping[str, str], home: str, cwd: str) -> list[str]:
     if os.path.isfile(f"{cwd}/pyproject.toml"):  # poetry's <name>-<hash>-py3.X, hatch's <name>/<hash>/<env>
         digest = base64.urlsafe_b64encode(hashlib.sha256(cwd.encode()).digest()).decode()[:8]
         named = re.compile(rf".+-{re.escape(digest)}-py\d+\.\d+").fullmatch
-        venvs += [f"{poetry}/{n}" for n in _listing(poetry) if named(n)]
-        hatched = [f"{hatch}/virtual/{p}/{digest}" for p in _listing(f"{hatch}/virtual")]
-        venvs += [f"{h}/{e}" for h in hatched for e in _listing(h)]
+        venvs += [f"{poetry}/{n}" for n in _store(poetry) if named(n)]
+        hatched = [f"{hatch}/virtual/{p}/{digest}" for p in _store(f"{hatch}/virtual")]
+        venvs += [f"{h}/{e}" for h in hatched for e in _store(h)]
         beside += [f"{poetry}/envs.toml", f"{hatch}/.metadata/{digest}"]
     if os.path.isfile(f"{cwd}/Pipfile"):  # pipenv's <name>-<hash>
         end = "-" + base64.urlsafe_b64encode(hashlib.sha256(f"{cwd}/Pipfile".encode()).digest()[:6]).decode()
-        venvs += [f"{pipenv}/{n}" for n in _listing(pipenv) if n.endswith(end)]
+        venvs += [f"{pipenv}/{n}" for n in _store(pipenv) if n.endswith(end)]
     venvs = sorted(v for v in venvs if os.path.isfile(f"{v}/pyvenv.cfg"))
     return venvs + [b for b in beside if os.path.exists(b)] if venvs else []  # (each dies on one unread)
+
+
+STORE_LISTED = 4096  # entries of a store of virtualenvs looked at, at most
+
+
+def _store(path: str) -> list[str]:
+    """The names in the directory `path` ([] if none), the first STORE_LISTED of them: a store that
+    code working in $HOME filled with a million entries would hold every session's build (one
+    thread builds them all) at each start of a session of the project."""
+    try:
+        with os.scandir(path) as entries:
+            return [e.name for e in itertools.islice(entries, STORE_LISTED)]
+    except OSError:
+        return []
 
 
 # Entries that name no variable nor ~, as they expand (most of a policy: read at every session's start)
