@@ -85,6 +85,14 @@ def real_path(fd: int) -> str:
     return os.readlink(f"/proc/self/fd/{fd}")
 
 
+def resolved(path: str) -> str:
+    """os.path.realpath(path), "" where a link was swapped for a directory under its feet (EINVAL)."""
+    try:
+        return os.path.realpath(path)
+    except OSError:
+        return ""
+
+
 def open_real(path: str, beneath: int | None = None, links: bool = False) -> int:
     """An O_PATH descriptor of `path`, refusing every symlink on the way (ELOOP): for paths kept
     real (a session's cwd), in which a symlink can only have been planted since. With `beneath`

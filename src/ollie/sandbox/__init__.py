@@ -41,6 +41,7 @@ from ..paths import (
     open_real,
     real_identity,
     real_path,
+    resolved,
     within,
 )
 from . import grants
@@ -173,6 +174,9 @@ class Sandbox:
                     else ""
                 ),
                 "expose": expose,
+                # Your caches, seen copy-on-write at their places in the cwd's cache (`overlays.py`):
+                # each in a slot the jail takes (`Jail.take_slots`).
+                "overlays": [[o.name, o.target, o.lower, *o.identity, policy.cache] for o in policy.overlays],
                 # Configurations in the trees it grants that hold a secret (or that ollie may not
                 # look at): read as /dev/null reads; and the matches of what ollie could not list.
                 "mask": list(policy.masked),
@@ -201,7 +205,7 @@ class Sandbox:
         to one that runs (not, say, a pyenv shim under $HOME that fails with EACCES)."""
         kept = self._search_paths.get(path)
         if kept is None:
-            dirs = [d for d in path.split(":") if d and (_real(d) + "/").startswith(self._exec_roots)]
+            dirs = [d for d in path.split(":") if d and (resolved(d) + "/").startswith(self._exec_roots)]
             kept = self._search_paths[path] = ":".join(dirs)
         return kept
 
@@ -271,13 +275,6 @@ def rlimits(limits: Limits) -> tuple[tuple[int, int, int], ...]:
     )
 
 
-def _real(path: str) -> str:
-    try:
-        return os.path.realpath(path)
-    except OSError:  # a link swapped for a directory under realpath's feet (EINVAL): not a place to run from
-        return ""
-
-
 def jail_idle() -> float:
     """Seconds a jail may sit idle (no program of it running) before it is closed:
     `OLLIE_JAIL_IDLE`, 600 by default (and when it is no number); 0 keeps jails for their owner's life."""
@@ -303,6 +300,7 @@ def _given_environ(policy: Policy, passed: dict[str, str]) -> dict[str, str]:
         env.setdefault("XDG_CACHE_HOME", policy.cache)
         env.setdefault("npm_config_cache", f"{policy.cache}/npm")
         env.setdefault("XDG_STATE_HOME", f"{policy.cache}/state")  # and keep logs (pdm died on ~/.local/state)
+        env.setdefault("UV_LINK_MODE", "copy")  # its cache is another mount than the cwd: no hard link crosses
     for venv in policy.environments:  # the virtualenv activated, granted: poetry and pipenv use it
         if venv in policy.paths["rox"]:
             env["VIRTUAL_ENV"] = venv

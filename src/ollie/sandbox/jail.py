@@ -32,6 +32,7 @@ from typing import Any
 
 from .. import config
 from ..types import ConfigError
+from .overlays import take_slot
 
 # Read once: were the file inside a session's writable cwd (ollie's own checkout, a pipx install
 # under $HOME), sandboxed code could rewrite what the next jail runs outside the sandbox.
@@ -247,6 +248,10 @@ class Jail:
         self.has_view = False  # its view is mounted and served (set by its owner)
         self._control = _Channel(sock)
         self._channels: dict[Confinement, _Channel] = {}
+        # The overlays' slots it holds, by the cwd's cache and the overlay's name: each slot's path
+        # and the descriptor whose lock holds it until the jail is gone (`overlays.take_slot`).
+        self._slots: dict[tuple[str, str], tuple[str, int]] = {}
+        self._control.gone.add_done_callback(lambda _: self._free_slots())
         self.last_used = asyncio.get_running_loop().time()  # a program's start or end, the owner's get
 
     def touch(self) -> None:
@@ -357,8 +362,9 @@ class Jail:
         if confinement.ruleset >= 0:
             names.append("ruleset")
             fds.append(confinement.ruleset)
+        request = {"op": "channel", "id": rid, "fds": names, "slots": self.take_slots(confinement)}
         try:
-            await control.send({"op": "channel", "id": rid, "fds": names}, fds)
+            await control.send(request, fds)
         finally:
             os.close(memfd)
         try:
@@ -379,6 +385,24 @@ class Jail:
         for old in idle[: max(0, len(self._channels) - _CHANNELS)]:
             self._channels.pop(old).close()  # the oldest idle ones: their rulesets are out of use
         return channel
+
+    def take_slots(self, confinement: Confinement) -> list[str]:
+        """The slot of each overlay of `confinement` in this jail ("" where all are held): the
+        jail's own from its first ruleset with that cache on."""
+        slots = []
+        for name, _, _, _, _, cache in confinement.spec.get("overlays", ()):
+            held = self._slots.get((cache, name))
+            if held is None and not (self._control.gone.done() or self.namespaces_refused):
+                held = take_slot(cache, name)
+                if held is not None:
+                    self._slots[cache, name] = held
+            slots.append(held[0] if held else "")
+        return slots
+
+    def _free_slots(self) -> None:
+        for _, fd in self._slots.values():
+            os.close(fd)
+        self._slots.clear()
 
     async def close(self) -> None:
         """End the jail and everything in it; returns once the helper is gone."""

@@ -231,6 +231,7 @@ class Mounts:
         self.pinned = set()  # directories bound onto themselves, so that they cannot be renamed
         self.masked = {}  # the files `mask` masked (a dict: ordered, looked up at once)
         self.masked_dirs = {}  # the directories `mask_dir` hid
+        self.overlaid = {}  # the caches `overlay` mounted (a dict: ordered)
         self.own_devices = [0] * len(PRIVATE_TMPFS)  # each private tmpfs's device as made (0: none made)
         for path in [*PRIVATE_TMPFS, *hide]:
             if path not in self.hidden:
@@ -277,6 +278,7 @@ class Mounts:
             "servers": self.servers,
             "masked": list(self.masked),
             "masked_dirs": list(self.masked_dirs),
+            "overlaid": list(self.overlaid),
         }
 
     def descriptors(self):
@@ -293,6 +295,7 @@ class Mounts:
         mounts.pinned = set(state["pinned"])
         mounts.masked = dict.fromkeys(state.get("masked", ()))
         mounts.masked_dirs = dict.fromkeys(state.get("masked_dirs", ()))
+        mounts.overlaid = dict.fromkeys(state.get("overlaid", ()))
         return mounts
 
     def mount_view(self, path):
@@ -348,6 +351,8 @@ class Mounts:
                 self.exposed[path] = before
             raise
         self._restore_inside(path, writable)
+        for covered in [t for t in self.overlaid if t.startswith(path.rstrip("/") + "/")]:
+            del self.overlaid[covered]  # mounted again by the ruleset that asks for it
         if view_inside:
             self._rebind_view(path)
 
@@ -360,6 +365,56 @@ class Mounts:
         later grant bound the host's file there). Passed over where it leads to no file now, or
         through a symlink (the next look judges what is there), or out of sight."""
         self._masking(path, self._mask)
+
+    def overlay(self, target, lower, identity, slot):
+        """Mount at `target` (a cache's place in the cwd's cache) an overlay of the user's cache
+        `lower`, read-only beneath, and of the slot's `upper` directory, which takes what code
+        writes (`overlays.py`): only if `lower` is still the directory ollie decided, reached
+        without a symlink, out of every hidden directory and holding none (an overlay shows what
+        lies beneath the mounts that hide or mask). Passed over where the kernel or the file
+        system refuses it: code then finds the cwd's cache alone."""
+        inside = [*self.hidden, *self.servers, *self.masked, *self.masked_dirs]
+        if target in self.overlaid or self._root(lower) is not None:
+            return
+        if any(p == lower or p.startswith(lower.rstrip("/") + "/") for p in inside):
+            return
+        try:
+            below = open_path(lower, RESOLVE_NO_SYMLINKS, os.O_DIRECTORY)
+        except OSError:
+            return
+        try:
+            if (os.fstat(below).st_dev, os.fstat(below).st_ino) != tuple(identity):
+                return
+            with (
+                opened(f"{slot}/upper", make=stat.S_IFDIR) as upper,
+                opened(f"{slot}/work", make=stat.S_IFDIR) as work,
+                opened(target, make=stat.S_IFDIR) as at,
+            ):
+                layers = f"lowerdir=/proc/self/fd/{below},upperdir=/proc/self/fd/{upper},workdir=/proc/self/fd/{work}"
+                mount("overlay", f"/proc/self/fd/{at}", "overlay", MS_NOSUID | MS_NODEV, f"{layers},userxattr")
+        except OSError:
+            return
+        finally:
+            os.close(below)
+        self.overlaid[target] = None
+
+    def hide_slots(self, path):
+        """Hide the overlays' slots under an empty read-only tmpfs (their overlays hold them): code
+        changing what an overlay writes to, beneath it, is what the kernel leaves undefined."""
+        if path in self.masked_dirs:
+            return
+        try:
+            with opened(path) as target:
+                mount(
+                    "tmpfs",
+                    f"/proc/self/fd/{target}",
+                    "tmpfs",
+                    MS_NOSUID | MS_NODEV | MS_NOEXEC | MS_RDONLY,
+                    "size=4096",
+                )
+        except OSError:
+            return
+        self.masked_dirs[path] = None
 
     def mask_matches(self, where, glob_part, rest):
         """Mask `rest` in each entry of `where` that `glob_part` matches: ollie could not list that
@@ -998,7 +1053,8 @@ def answer_request(sock, mounts, view_rights):
     try:
         request = json.loads(data)
         rid = request["id"]
-        ours, theirs = make_channel(dict(zip(request.get("fds", []), fds, strict=True)), mounts, view_rights)
+        given = dict(zip(request.get("fds", []), fds, strict=True))
+        ours, theirs = make_channel(given, mounts, view_rights, request.get("slots", ()))
     except (OSError, ValueError, KeyError, TypeError) as e:
         reply(sock, {"id": rid, "error": describe(e), "changed": isinstance(e, GrantChanged)})
         return False
@@ -1010,13 +1066,21 @@ def answer_request(sock, mounts, view_rights):
     return ours
 
 
-def make_channel(fds, mounts, view_rights):
-    """A channel for the ruleset and the spec in `fds`; returns it and the parent's end of its socket."""
+def make_channel(fds, mounts, view_rights, slots=()):
+    """A channel for the ruleset and the spec in `fds`; returns it and the parent's end of its
+    socket. `slots`: the slot each of the spec's overlays takes in this jail ("": none free)."""
     spec = json.loads(os.pread(fds["spec"], os.fstat(fds["spec"]).st_size, 0))
     ruleset = fds.get("ruleset", -1)
     if mounts is not None:
         for grant in spec["expose"]:
             mounts.expose(*grant)
+        caches = {}  # type: dict[str, None]
+        for (_, target, lower, dev, ino, cache), slot in zip(spec.get("overlays", ()), slots, strict=False):
+            if slot:
+                mounts.overlay(target, lower, (dev, ino), slot)
+                caches[cache] = None
+        for cache in caches:  # the slots out of code's reach once mounted: they hold what overlays write
+            mounts.hide_slots(f"{cache}/.overlay")
         for path in spec.get("mask", ()):
             mounts.mask(path)
         for path in spec.get("mask_dirs", ()):

@@ -29,11 +29,12 @@ from pathlib import Path
 from typing import Any
 
 from .. import config
-from ..paths import Decided, decided, identities
+from ..paths import Decided, decided, identities, resolved
 from ..types import ConfigError
-from . import gitidentity, userconfig
+from . import gitidentity, overlays, userconfig
 from .caches import cache_dir
 from .linked import linked_installs
+from .overlays import Overlay
 from .repository import repository_root
 
 log = logging.getLogger(__name__)
@@ -271,6 +272,7 @@ class Policy:
     # the directories of versions hidden whole: more configurations with secrets than a jail masks
     masked_dirs: tuple[str, ...]
     linked: tuple[str, ...]  # the cwd's installs hard-linked from a shared store (`linked_installs`): read-only
+    overlays: tuple[Overlay, ...]  # your caches seen copy-on-write in the cwd's cache (`overlays.py`)
     shared: tuple[str, ...]  # granted writable to every session (the memory, the plans): no symlinks there
     own: frozenset[str]  # ollie's own grants (tools, scratch, memory, plans): shown from under its hidden directories
     optional: frozenset[str]  # built-in grants left out, rather than refused, when a planted symlink leads there
@@ -408,6 +410,7 @@ def load_policy(
         unlisted=unlisted,
         masked_dirs=masked_dirs,
         linked=linked_installs(cwd) if cwd else (),
+        overlays=_overlays(values, paths),
         shared=tuple(p for p in extra_rw if os.path.exists(p)),
         own=frozenset([*extra_rox, *extra_ro, *extra_rw, *extra_rwx, *(os.path.normpath(p) for p in own_paths if p)]),
         optional=frozenset([*_expand_paths(_OPTIONAL, values, ""), *configs, *venvs]),
@@ -534,6 +537,16 @@ def _template_values(cwd: str, tmpdir: str, repository: bool = True, cache: bool
         "OLLIE_DATA_PATH": str(config.data_path()),
         "OLLIE": str(config.mount_path()),
     }
+
+
+def _overlays(values: Mapping[str, str], paths: dict[str, tuple[str, ...]]) -> tuple[Overlay, ...]:
+    """Your caches that code sees at their places in the cwd's cache, copy-on-write."""
+    if not values["CACHE"]:
+        return ()
+    kept_out = [*config.hidden_dirs(), str(config.mount_point())]
+    # ("" for a link swapped meanwhile: every path counts as written, and no overlay is given)
+    writable = [real for key in ("rw", "rwx", "tmpfile") for p in paths[key] for real in (p, resolved(p))]
+    return overlays.decide(values["CACHE"], os.environ, values["HOME"], values["XDG_CACHE_HOME"], writable, kept_out)
 
 
 def _given_dir(env: Mapping[str, str], variable: str, default: str = "") -> str:

@@ -1,0 +1,133 @@
+"""Your package caches, seen copy-on-write from the cwd's own cache (`{CACHE}`) in a jail.
+
+Sandboxed code's $XDG_CACHE_HOME is the cwd's own cache, empty in a new project: `uv sync` or
+`npm ci --offline` could not find what your own cache holds and needed the network, and `go test`
+rebuilt the standard library. A jail mounts an overlay at the cache's place there (`{CACHE}/uv`):
+your cache read-only beneath, and above it a directory of the cwd's cache that takes what code
+writes. Your cache is never written; what code writes stays with the cwd.
+
+Two overlays may not share their upper directory, so each running jail of a cwd takes one of
+`SLOTS` slots (`{CACHE}/.overlay/<name>/<n>`), locked for the jail's life by the ollie process
+that started it (`take_slot`); past them a jail gets the cwd's cache alone, as without overlays.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import stat
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from ..paths import Identity, open_real, resolved
+
+SLOTS = 8  # jails of one cwd at once with their own view of each cache; the next get the cwd's cache alone
+
+
+@dataclass(frozen=True, slots=True)
+class Overlay:
+    name: str  # the cache's name, and its slots' directory: `{CACHE}/.overlay/<name>`
+    target: str  # where code finds it: the cache's place in the cwd's cache
+    lower: str  # your cache (a real path), read-only beneath
+    identity: Identity  # what `lower` was when decided: a jail mounts it only if it still is
+
+
+def your_caches(env: Mapping[str, str], home: str, xdg_cache: str) -> list[tuple[str, str, str, str]]:
+    """The caches given a view: (name, its place under $XDG_CACHE_HOME, where yours is, a name
+    its top holds, which says it is that tool's cache and not a directory a variable misnames)."""
+    npm = env.get("npm_config_cache") or f"{home}/.npm"
+    return [
+        ("uv", "uv", env.get("UV_CACHE_DIR") or f"{xdg_cache}/uv", "CACHEDIR.TAG"),
+        ("npm", "npm/_cacache", f"{npm}/_cacache", "index-v5"),
+        ("go-build", "go-build", env.get("GOCACHE") or f"{xdg_cache}/go-build", "README"),
+    ]
+
+
+def decide(
+    cache: str, env: Mapping[str, str], home: str, xdg_cache: str, writable: list[str], kept_out: Iterable[str]
+) -> tuple[Overlay, ...]:
+    """The overlays of a policy whose cwd's cache is `cache`: each of `your_caches` that is a
+    directory of yours, reached by no symlink code could have planted (in `writable`, the real
+    paths code may write), holding its mark, neither $HOME nor above it, none of it writable by
+    code (it would change beneath the overlay) and none of `kept_out` (ollie's hidden directories)
+    in it: an overlay shows what lies beneath the mounts that hide them."""
+
+    def writes(path: str) -> bool:
+        return any(path == w or path.startswith(w.rstrip("/") + "/") for w in writable)
+
+    found = []
+    for name, place, given, mark in your_caches(env, home, xdg_cache):
+        if not os.path.isabs(given):
+            continue
+        given = os.path.normpath(given)
+        real = resolved(given)
+        if not real:
+            continue
+        if real != given and any(writes(p) for p in _ancestors(given)):
+            continue  # a link on the way, where code could have made it
+        if real == "/" or (home.rstrip("/") + "/").startswith(real.rstrip("/") + "/") or writes(real):
+            continue
+        if any(p == real or p.startswith(real.rstrip("/") + "/") for p in kept_out):
+            continue
+        try:
+            fd = open_real(real)
+        except OSError:
+            continue
+        try:
+            st = os.fstat(fd)
+            os.stat(mark, dir_fd=fd, follow_symlinks=False)
+        except OSError:
+            continue
+        finally:
+            os.close(fd)
+        if stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid():
+            found.append(Overlay(name, f"{cache}/{place}", real, (st.st_dev, st.st_ino)))
+    return tuple(found)
+
+
+def _ancestors(path: str) -> list[str]:
+    parts = path.strip("/").split("/")
+    return ["/" + "/".join(parts[:n]) for n in range(1, len(parts) + 1)]
+
+
+def take_slot(cache: str, name: str) -> tuple[str, int] | None:
+    """A slot of the overlay `name` in the cwd's cache `cache` that no running jail holds: its
+    path and the descriptor whose lock holds it (closed when the jail ends); None when all are
+    held. Made and opened by descriptor, following no symlink (code writes the cwd's cache)."""
+    try:
+        top = open_real(cache)
+    except OSError:
+        return None
+    fd = -1
+    try:
+        for part in (".overlay", name):
+            fd = _subdirectory(top, part)
+            os.close(top)
+            top, fd = fd, -1
+        for n in range(SLOTS):
+            try:
+                fd = _subdirectory(top, str(n), os.O_RDONLY)
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError as e:
+                if fd >= 0:
+                    os.close(fd)
+                    fd = -1
+                if e.errno in (errno.EWOULDBLOCK, errno.ENOTDIR, errno.ELOOP):
+                    continue  # held by another jail, or code made something else of it
+                return None
+            return f"{cache}/.overlay/{name}/{n}", fd
+        return None
+    except OSError:
+        return None
+    finally:
+        os.close(top)
+
+
+def _subdirectory(parent: int, name: str, flags: int = os.O_PATH) -> int:
+    """The directory `name` in `parent`, made if missing, opened refusing a symlink."""
+    try:
+        os.mkdir(name, 0o700, dir_fd=parent)
+    except FileExistsError:
+        pass
+    return os.open(name, flags | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=parent)

@@ -1,0 +1,156 @@
+"""Your package caches in the default sandbox: code's $XDG_CACHE_HOME is the cwd's own cache, and
+there it finds what your uv, npm and Go caches hold, copy-on-write: `uv sync --offline` and
+`npm ci --offline` in a new project needed the network, and `go test` rebuilt the standard
+library. Your cache is never written, what code writes stays with the cwd, and each jail of a
+cwd running at once has a view of its own (two overlays may not share what they write to)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from ollie import sandbox
+from ollie.sandbox import overlays
+from ollie.tools import CallContext, execute
+from sandbox_helpers import POLICIES, SECRET
+
+pytestmark = pytest.mark.skipif(sandbox.landlock_abi() < 6, reason="needs Landlock ABI 6 (Linux 6.12)")
+
+GO = shutil.which("go")
+
+
+def your_caches(home: Path) -> dict[str, Path]:
+    """A uv cache and an npm one as those tools leave them (the mark each has at its top)."""
+    uv = home / ".cache" / "uv"
+    (uv / "wheels-v8" / "pkg").mkdir(parents=True)
+    (uv / "CACHEDIR.TAG").write_text("Signature: 8a477f597d28d172789f06886806bc55\n")
+    (uv / "wheels-v8" / "pkg" / "file").write_text("from your uv cache\n")
+    npm = home / ".npm" / "_cacache"
+    (npm / "index-v5").mkdir(parents=True)
+    (npm / "content-v2").mkdir()
+    (npm / "content-v2" / "tarball").write_text("from your npm cache\n")
+    return {"uv": uv, "npm": npm}
+
+
+def listing(top: Path) -> dict[str, tuple[int, int, bytes]]:
+    return {
+        str(p.relative_to(top)): (p.stat().st_mode, p.stat().st_mtime_ns, p.read_bytes() if p.is_file() else b"")
+        for p in sorted(top.rglob("*"))
+    }
+
+
+def session(cwd: Path, tmpdir: Path):
+    """A session's execute_code in `cwd`: its own server, so its own jail."""
+    tmpdir.mkdir(exist_ok=True)
+    server = execute.factory(str(cwd))()
+    ctx = CallContext(cwd=str(cwd), session_id=tmpdir.name, tmpdir=str(tmpdir), policies=POLICIES)
+
+    async def call(code: str, **extra):
+        arguments = {"steps": [{"code": code, "language": "bash"}], **extra}
+        return await server.call_tool("execute_code", arguments, ctx)
+
+    return server, call
+
+
+async def test_your_caches_are_read_where_code_looks_and_never_written(run, home, monkeypatch):
+    monkeypatch.delenv("UV_CACHE_DIR", raising=False)
+    monkeypatch.delenv("npm_config_cache", raising=False)
+    caches = your_caches(home)
+    before = {name: listing(path) for name, path in caches.items()}
+    first = await run(
+        'cat "$XDG_CACHE_HOME"/uv/wheels-v8/pkg/file "$npm_config_cache"/_cacache/content-v2/tarball && '
+        'echo changed > "$XDG_CACHE_HOME"/uv/wheels-v8/pkg/file && echo made > "$XDG_CACHE_HOME"/uv/made && '
+        'rm "$XDG_CACHE_HOME"/uv/CACHEDIR.TAG && echo built > "$npm_config_cache"/_cacache/content-v2/new && '
+        "(ls ~/.cache/uv ~/.npm 2>&1 | grep -c 'Permission denied')"
+    )
+    assert (first.is_error, first.text()) == (False, "from your uv cache\nfrom your npm cache\n2\n"), first.text()
+    assert {name: listing(path) for name, path in caches.items()} == before  # yours, untouched
+    again = await run(
+        'cat "$XDG_CACHE_HOME"/uv/wheels-v8/pkg/file "$XDG_CACHE_HOME"/uv/made; ls "$XDG_CACHE_HOME"/uv; '
+        'ls -A "$XDG_CACHE_HOME"/.overlay | wc -l; touch "$XDG_CACHE_HOME"/.overlay/x 2>&1 | grep -c Read-only'
+    )
+    # (where the overlays write is out of code's reach: changed beneath them, they would misbehave)
+    assert again.text() == "changed\nmade\nmade\nwheels-v8\n0\n1\n", again.text()
+    # the cwd's: a later session there (another jail) finds what this one's code wrote
+    await run.server.close()
+    server, later = session(Path(run.ctx.cwd), Path(run.ctx.tmpdir).with_name("later"))
+    try:
+        result = await later('cat "$XDG_CACHE_HOME"/uv/made "$npm_config_cache"/_cacache/content-v2/new')
+        assert result.text() == "made\nbuilt\n", result.text()
+    finally:
+        await server.close()
+
+
+async def test_two_sessions_of_one_cwd_at_once_each_write_a_view_of_their_own(run, home, monkeypatch):
+    """Two overlays writing to one directory misbehave (a file one made the other may not see, a
+    lock one took the other ignores): the second jail of a cwd running at once takes another
+    slot. Each sees your cache, and what it writes itself."""
+    monkeypatch.delenv("UV_CACHE_DIR", raising=False)
+    your_caches(home)
+    first = await run('echo first > "$XDG_CACHE_HOME"/uv/mine && cat "$XDG_CACHE_HOME"/uv/wheels-v8/pkg/file')
+    assert first.text() == "from your uv cache\n", first.text()
+    server, second = session(Path(run.ctx.cwd), Path(run.ctx.tmpdir).with_name("second"))
+    try:
+        result = await second(
+            'cat "$XDG_CACHE_HOME"/uv/wheels-v8/pkg/file; cat "$XDG_CACHE_HOME"/uv/mine 2>&1 | grep -c "No such"; '
+            'echo second > "$XDG_CACHE_HOME"/uv/mine'
+        )
+        assert (result.is_error, result.text()) == (False, "from your uv cache\n1\n"), result.text()
+        mine = await run('cat "$XDG_CACHE_HOME"/uv/mine')
+        assert mine.text() == "first\n"
+    finally:
+        await server.close()
+    cache = sandbox.load_policy("default", os.path.realpath(run.ctx.cwd), "").cache
+    assert sorted(p.name for p in (Path(cache) / ".overlay" / "uv").iterdir()) == ["0", "1"]
+
+
+async def test_only_a_tools_own_cache_is_shown(run, home, monkeypatch):
+    """A variable that names another directory (your $HOME, a directory without the tool's mark)
+    shows nothing: an overlay would show all of it, and what lies beneath ollie's hidden mounts."""
+    (home / "notes").mkdir()
+    (home / "notes" / "key").write_text(SECRET)
+    for given in (home, home / "notes"):
+        monkeypatch.setenv("UV_CACHE_DIR", str(given))
+        result = await run('ls -A "$XDG_CACHE_HOME"/uv 2>/dev/null; cat "$XDG_CACHE_HOME"/uv/.ssh/id_rsa 2>&1 | wc -l')
+        assert SECRET not in result.text() and ".ssh" not in result.text(), result.text()
+    policy = sandbox.load_policy("default", os.path.realpath(run.ctx.cwd), "")
+    assert [o.name for o in policy.overlays] == []
+    # a tool's cache holding one of ollie's hidden directories, or reached through a link code could plant
+    uv = home / "notes"
+    (uv / "CACHEDIR.TAG").write_text("Signature: 8a477f597d28d172789f06886806bc55\n")
+
+    def decide(given: Path, writable: list[str], kept_out: list[str]) -> list[tuple[str, str]]:
+        env = {"UV_CACHE_DIR": str(given)}
+        found = overlays.decide(policy.cache, env, str(home), str(home / ".cache"), writable, kept_out)
+        return [(o.name, o.lower) for o in found]
+
+    assert decide(uv, [], [str(uv / "x")]) == []
+    link = Path(run.ctx.cwd) / "link"
+    link.symlink_to(uv)
+    writable = [os.path.realpath(run.ctx.cwd)]
+    assert decide(link, writable, []) == []
+    assert decide(uv, writable, []) == [("uv", os.path.realpath(uv))]
+
+
+@pytest.mark.skipif(not GO, reason="needs go")
+async def test_go_builds_a_new_project_from_your_build_cache(run, home, monkeypatch):
+    """`go build` in the sandbox compiled again what you had built (with Go 1.20 and later, the
+    standard library too: seconds a package), as its cache was the cwd's own; it now finds your
+    build cache's, and writes none of it."""
+    for variable in ("GOCACHE", "GOFLAGS", "GOPATH", "GOTOOLCHAIN"):
+        monkeypatch.delenv(variable, raising=False)
+    monkeypatch.setenv("GOTOOLCHAIN", "local")
+    project = Path(run.ctx.cwd)
+    (project / "go.mod").write_text("module hello\n\ngo 1.19\n")
+    (project / "main.go").write_text('package main\n\nimport "fmt"\n\nfunc main() { fmt.Println("ran") }\n')
+    yours = home / ".cache" / "go-build"
+    env = {**os.environ, "GOCACHE": str(yours)}
+    subprocess.run([GO, "build", "-o", os.devnull, "."], cwd=project, env=env, check=True, timeout=300)
+    before = listing(yours)
+    result = await run('go build -v -o "$TMPDIR"/hello . 2>&1 && "$TMPDIR"/hello', timeout=300)
+    assert (result.is_error, result.text()) == (False, "ran\n"), result.text()  # -v names no package compiled
+    assert listing(yours) == before
