@@ -6,9 +6,17 @@ cwd running at once has a view of its own (two overlays may not share what they 
 
 from __future__ import annotations
 
+import base64
+import functools
+import hashlib
+import http.server
+import io
+import json
 import os
 import shutil
 import subprocess
+import tarfile
+import threading
 from pathlib import Path
 
 import pytest
@@ -21,6 +29,7 @@ from sandbox_helpers import POLICIES, SECRET
 pytestmark = pytest.mark.skipif(sandbox.landlock_abi() < 6, reason="needs Landlock ABI 6 (Linux 6.12)")
 
 GO = shutil.which("go")
+NPM = shutil.which("npm")
 
 
 def your_caches(home: Path) -> dict[str, Path]:
@@ -154,3 +163,52 @@ async def test_go_builds_a_new_project_from_your_build_cache(run, home, monkeypa
     result = await run('go build -v -o "$TMPDIR"/hello . 2>&1 && "$TMPDIR"/hello', timeout=300)
     assert (result.is_error, result.text()) == (False, "ran\n"), result.text()  # -v names no package compiled
     assert listing(yours) == before
+
+
+def npm_package(name: str, script: str) -> bytes:
+    """A package's tarball as npm publishes it (its files under `package/`)."""
+    data = io.BytesIO()
+    with tarfile.open(fileobj=data, mode="w:gz") as tar:
+        for path, text in [
+            ("package/package.json", json.dumps({"name": name, "version": "1.0.0"})),
+            ("package/index.js", script),
+        ]:
+            info = tarfile.TarInfo(path)
+            info.size = len(text.encode())
+            tar.addfile(info, io.BytesIO(text.encode()))
+    return data.getvalue()
+
+
+@pytest.mark.skipif(not NPM, reason="needs npm")
+async def test_npm_ci_offline_installs_a_new_project_from_your_cache(run, home, tmp_path, monkeypatch):
+    """`npm install` of a project on the host, then `npm ci --offline` in a clone of it in the
+    sandbox: npm looked in the cwd's own cache, found nothing, and wanted the registry."""
+    monkeypatch.delenv("npm_config_cache", raising=False)
+    tarball = npm_package("tiny", "module.exports = 'tiny from your cache';\n")
+    served = tmp_path / "served"
+    (served / "tarballs").mkdir(parents=True)
+    (served / "tarballs" / "tiny-1.0.0.tgz").write_bytes(tarball)
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(served))
+    with http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler) as registry:
+        threading.Thread(target=registry.serve_forever, daemon=True).start()
+        url = f"http://127.0.0.1:{registry.server_address[1]}"
+        integrity = "sha512-" + base64.b64encode(hashlib.sha512(tarball).digest()).decode()
+        dist = {"tarball": f"{url}/tarballs/tiny-1.0.0.tgz", "integrity": integrity}
+        version = {"name": "tiny", "version": "1.0.0", "dist": dist}
+        (served / "tiny").write_text(
+            json.dumps({"name": "tiny", "dist-tags": {"latest": "1.0.0"}, "versions": {"1.0.0": version}})
+        )
+        yours = tmp_path / "yours"
+        yours.mkdir()
+        (yours / "package.json").write_text(json.dumps({"name": "app", "dependencies": {"tiny": "1.0.0"}}))
+        install = [NPM, "install", "--no-audit", "--no-fund", f"--registry={url}/"]
+        subprocess.run(install, cwd=yours, check=True, timeout=120, capture_output=True)
+        registry.shutdown()
+    project = Path(run.ctx.cwd)
+    for name in ("package.json", "package-lock.json"):
+        shutil.copy(yours / name, project / name)
+    before = listing(home / ".npm" / "_cacache")
+    code = "npm ci --offline --no-audit --no-fund >/dev/null 2>&1; node -p \"require('tiny')\""
+    result = await run(code, timeout=120)
+    assert (result.is_error, result.text()) == (False, "tiny from your cache\n"), result.text()
+    assert listing(home / ".npm" / "_cacache") == before
