@@ -126,8 +126,12 @@ def take_slot(cache: str, name: str) -> tuple[str, int] | None:
 
 def _subdirectory(parent: int, name: str, flags: int = os.O_PATH) -> int:
     """The directory `name` in `parent`, made if missing, opened refusing a symlink."""
+    flags |= os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
     try:
-        os.mkdir(name, 0o700, dir_fd=parent)
-    except FileExistsError:
-        pass
-    return os.open(name, flags | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=parent)
+        return os.open(name, flags, dir_fd=parent)
+    except FileNotFoundError:
+        try:
+            os.mkdir(name, 0o700, dir_fd=parent)
+        except FileExistsError:
+            pass
+        return os.open(name, flags, dir_fd=parent)
