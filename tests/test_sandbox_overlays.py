@@ -143,6 +143,40 @@ async def test_only_a_tools_own_cache_is_shown(run, home, monkeypatch):
     writable = [os.path.realpath(run.ctx.cwd)]
     assert decide(link, writable, []) == []
     assert decide(uv, writable, []) == [("uv", os.path.realpath(uv))]
+    # your link to a place code writes, where code put a link of its own to a directory with the
+    # mark (found by a red-team pass: that directory was shown, its .env read)
+    (Path(run.ctx.cwd) / "shared").mkdir()
+    (Path(run.ctx.cwd) / "shared" / "uv").symlink_to(uv)
+    (home / ".uvcache").symlink_to(Path(run.ctx.cwd) / "shared" / "uv")
+    assert decide(home / ".uvcache", writable, []) == []
+    # $HOME given through a link of yours, as the cache itself (the whole of it was shown)
+    (home / "CACHEDIR.TAG").write_text("Signature: 8a477f597d28d172789f06886806bc55\n")
+    linked_home = home.with_name(home.name + "-link")
+    linked_home.symlink_to(home)
+    try:
+        env = {"UV_CACHE_DIR": str(linked_home)}
+        assert overlays.decide(policy.cache, env, str(linked_home), str(home / ".cache"), [], []) == ()
+    finally:
+        linked_home.unlink()
+
+
+async def test_a_jail_without_a_slot_cannot_reach_the_slots(run, home, monkeypatch):
+    """Past the slots, a jail sees the cwd's cache alone; the slots stay out of its reach (a
+    red-team pass wrote into the upper directory of a running jail's overlay from one)."""
+    monkeypatch.delenv("UV_CACHE_DIR", raising=False)
+    monkeypatch.setattr(overlays, "SLOTS", 1)
+    your_caches(home)
+    first = await run('cat "$XDG_CACHE_HOME"/uv/wheels-v8/pkg/file')
+    assert first.text() == "from your uv cache\n"
+    server, second = session(Path(run.ctx.cwd), Path(run.ctx.tmpdir).with_name("second"))
+    try:
+        result = await second(
+            'ls "$XDG_CACHE_HOME"/uv | wc -l; ls -A "$XDG_CACHE_HOME"/.overlay | wc -l; '
+            'mkdir "$XDG_CACHE_HOME"/.overlay/uv 2>&1 | grep -c Read-only'
+        )
+        assert (result.is_error, result.text()) == (False, "0\n0\n1\n"), result.text()
+    finally:
+        await server.close()
 
 
 @pytest.mark.skipif(not GO, reason="needs go")

@@ -177,6 +177,7 @@ class Sandbox:
                 # Your caches, seen copy-on-write at their places in the cwd's cache (`overlays.py`):
                 # each in a slot the jail takes (`Jail.take_slots`).
                 "overlays": [[o.name, o.target, o.lower, *o.identity, policy.cache] for o in policy.overlays],
+                "overlay_slots": f"{policy.cache}/.overlay" if policy.cache else "",
                 # Configurations in the trees it grants that hold a secret (or that ollie may not
                 # look at): read as /dev/null reads; and the matches of what ollie could not list.
                 "mask": list(policy.masked),

@@ -386,17 +386,21 @@ class Jail:
             self._channels.pop(old).close()  # the oldest idle ones: their rulesets are out of use
         return channel
 
-    def take_slots(self, confinement: Confinement) -> list[str]:
-        """The slot of each overlay of `confinement` in this jail ("" where all are held): the
-        jail's own from its first ruleset with that cache on."""
-        slots = []
+    def take_slots(self, confinement: Confinement) -> list[list[Any] | None]:
+        """The slot of each overlay of `confinement` in this jail, its path and identity (None where
+        all are held): the jail's own from its first ruleset with that cache on."""
+        slots: list[list[Any] | None] = []
         for name, _, _, _, _, cache in confinement.spec.get("overlays", ()):
             held = self._slots.get((cache, name))
             if held is None and not (self._control.gone.done() or self.namespaces_refused):
                 held = take_slot(cache, name)
                 if held is not None:
                     self._slots[cache, name] = held
-            slots.append(held[0] if held else "")
+            if held is None:
+                slots.append(None)
+            else:
+                st = os.fstat(held[1])
+                slots.append([held[0], st.st_dev, st.st_ino])
         return slots
 
     def _free_slots(self) -> None:

@@ -368,43 +368,46 @@ class Mounts:
 
     def overlay(self, target, lower, identity, slot):
         """Mount at `target` (a cache's place in the cwd's cache) an overlay of the user's cache
-        `lower`, read-only beneath, and of the slot's `upper` directory, which takes what code
-        writes (`overlays.py`): only if `lower` is still the directory ollie decided, reached
-        without a symlink, out of every hidden directory and holding none (an overlay shows what
-        lies beneath the mounts that hide or mask). Passed over where the kernel or the file
-        system refuses it: code then finds the cwd's cache alone."""
+        `lower`, read-only beneath, and of the `upper` directory of the slot ollie locked for this
+        jail (`slot`: its path and identity), which takes what code writes (`overlays.py`): only
+        if `lower` and the slot are still the directories ollie decided, reached without a
+        symlink, `lower` out of every hidden directory and holding none, nor a masked file (an
+        overlay shows what lies beneath the mounts that hide or mask). Passed over where the
+        kernel or the file system refuses it: code then finds the cwd's cache alone."""
         inside = [*self.hidden, *self.servers, *self.masked, *self.masked_dirs]
         if target in self.overlaid or self._root(lower) is not None:
             return
         if any(p == lower or p.startswith(lower.rstrip("/") + "/") for p in inside):
             return
+        opened_fds = []
         try:
-            below = open_path(lower, RESOLVE_NO_SYMLINKS, os.O_DIRECTORY)
-        except OSError:
-            return
-        try:
-            if (os.fstat(below).st_dev, os.fstat(below).st_ino) != tuple(identity):
-                return
-            with (
-                opened(f"{slot}/upper", make=stat.S_IFDIR) as upper,
-                opened(f"{slot}/work", make=stat.S_IFDIR) as work,
-                opened(target, make=stat.S_IFDIR) as at,
-            ):
+            for path, expected in ((lower, identity), (slot[0], slot[1:])):
+                opened_fds.append(open_path(path, RESOLVE_NO_SYMLINKS, os.O_DIRECTORY))
+                st = os.fstat(opened_fds[-1])
+                if (st.st_dev, st.st_ino) != tuple(expected):
+                    return
+            below, top = opened_fds
+            for name in ("upper", "work"):
+                opened_fds.append(_directory_beneath(top, name))
+            upper, work = opened_fds[2:]
+            with opened(target, make=stat.S_IFDIR) as at:
                 layers = f"lowerdir=/proc/self/fd/{below},upperdir=/proc/self/fd/{upper},workdir=/proc/self/fd/{work}"
                 mount("overlay", f"/proc/self/fd/{at}", "overlay", MS_NOSUID | MS_NODEV, f"{layers},userxattr")
         except OSError:
             return
         finally:
-            os.close(below)
+            for fd in opened_fds:
+                os.close(fd)
         self.overlaid[target] = None
 
     def hide_slots(self, path):
-        """Hide the overlays' slots under an empty read-only tmpfs (their overlays hold them): code
-        changing what an overlay writes to, beneath it, is what the kernel leaves undefined."""
+        """Hide the overlays' slots of a cwd's cache under an empty read-only tmpfs, in every jail
+        of that cache, whether it took a slot or not (the overlays hold theirs): code changing
+        what an overlay writes to, beneath it, is what the kernel leaves undefined."""
         if path in self.masked_dirs:
             return
         try:
-            with opened(path) as target:
+            with opened(path, make=stat.S_IFDIR) as target:
                 mount(
                     "tmpfs",
                     f"/proc/self/fd/{target}",
@@ -681,6 +684,15 @@ def attach(source, target, add=0, remove=0, whole=True):
         )
     finally:
         os.close(tree)
+
+
+def _directory_beneath(fd, name):
+    """The directory `name` in the directory `fd`, made if missing, opened refusing any symlink."""
+    try:
+        os.mkdir(name, 0o700, dir_fd=fd)
+    except FileExistsError:
+        pass
+    return open_path(name, RESOLVE_NO_SYMLINKS | RESOLVE_BENEATH, os.O_DIRECTORY, dir_fd=fd)
 
 
 def ollie_mounts():
@@ -1074,19 +1086,17 @@ def make_channel(fds, mounts, view_rights, slots=()):
     if mounts is not None:
         for grant in spec["expose"]:
             mounts.expose(*grant)
-        caches = {}  # type: dict[str, None]
-        for (_, target, lower, dev, ino, cache), slot in zip(spec.get("overlays", ()), slots, strict=False):
-            if slot:
-                mounts.overlay(target, lower, (dev, ino), slot)
-                caches[cache] = None
-        for cache in caches:  # the slots out of code's reach once mounted: they hold what overlays write
-            mounts.hide_slots(f"{cache}/.overlay")
         for path in spec.get("mask", ()):
             mounts.mask(path)
         for path in spec.get("mask_dirs", ()):
             mounts.mask_dir(path)
         for where, glob_part, rest in spec.get("mask_matches", ()):
             mounts.mask_matches(where, glob_part, rest)
+        for (_, target, lower, dev, ino, _), slot in zip(spec.get("overlays", ()), slots, strict=False):
+            if slot:
+                mounts.overlay(target, lower, (dev, ino), slot)
+        if spec.get("overlay_slots"):  # out of code's reach once mounted: what the overlays write to
+            mounts.hide_slots(spec["overlay_slots"])
         if ruleset >= 0:
             view = [[mounts.view_root, view_rights]] if mounts.view else []
             add_rules(ruleset, spec["jail_rules"] + view)

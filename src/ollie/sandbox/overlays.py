@@ -17,11 +17,12 @@ import errno
 import fcntl
 import os
 import stat
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from ..paths import Identity, open_real, resolved
 
+HOPS = 40  # symlinks followed on a cache's path, as the kernel's limit
 SLOTS = 8  # jails of one cwd at once with their own view of each cache; the next get the cwd's cache alone
 
 
@@ -48,25 +49,22 @@ def decide(
     cache: str, env: Mapping[str, str], home: str, xdg_cache: str, writable: list[str], kept_out: Iterable[str]
 ) -> tuple[Overlay, ...]:
     """The overlays of a policy whose cwd's cache is `cache`: each of `your_caches` that is a
-    directory of yours, reached by no symlink code could have planted (in `writable`, the real
-    paths code may write), holding its mark, neither $HOME nor above it, none of it writable by
-    code (it would change beneath the overlay) and none of `kept_out` (ollie's hidden directories)
-    in it: an overlay shows what lies beneath the mounts that hide them."""
+    directory of yours, reached by no symlink code could have made (one in a directory of
+    `writable`, the real paths code may write), holding its mark, neither $HOME nor above it, none
+    of it writable by code (it would change beneath the overlay) and none of `kept_out` (ollie's
+    hidden directories, the masked files) in it: an overlay shows what lies beneath the mounts
+    that hide them."""
 
     def writes(path: str) -> bool:
         return any(path == w or path.startswith(w.rstrip("/") + "/") for w in writable)
 
+    homes = {h.rstrip("/") + "/" for h in (home, resolved(home)) if h}
     found = []
     for name, place, given, mark in your_caches(env, home, xdg_cache):
-        if not os.path.isabs(given):
+        real = _resolve(given, writes) if os.path.isabs(given) else ""
+        if not real or real == "/" or writes(real):
             continue
-        given = os.path.normpath(given)
-        real = resolved(given)
-        if not real:
-            continue
-        if real != given and any(writes(p) for p in _ancestors(given)):
-            continue  # a link on the way, where code could have made it
-        if real == "/" or (home.rstrip("/") + "/").startswith(real.rstrip("/") + "/") or writes(real):
+        if any(h.startswith(real.rstrip("/") + "/") for h in homes):
             continue
         if any(p == real or p.startswith(real.rstrip("/") + "/") for p in kept_out):
             continue
@@ -86,9 +84,34 @@ def decide(
     return tuple(found)
 
 
-def _ancestors(path: str) -> list[str]:
-    parts = path.strip("/").split("/")
-    return ["/" + "/".join(parts[:n]) for n in range(1, len(parts) + 1)]
+def _resolve(path: str, writes: Callable[[str], bool]) -> str:
+    """The real path of `path` (absolute), a component at a time: "" where a symlink on the way
+    lies in a directory code may write (`writes`), which it could have made or replaced, or is
+    another user's than root's and yours, or the way leads nowhere."""
+    done, pending, hops = "/", path.split("/"), 0
+    while pending:
+        name = pending.pop(0)
+        if name in ("", "."):
+            continue
+        if name == "..":
+            done = os.path.dirname(done)
+            continue
+        here = os.path.join(done, name)
+        try:
+            st = os.lstat(here)
+            if not stat.S_ISLNK(st.st_mode):
+                done = here
+                continue
+            hops += 1
+            if hops > HOPS or writes(done) or st.st_uid not in (0, os.geteuid()):
+                return ""
+            target = os.readlink(here)
+        except OSError:
+            return ""
+        if target.startswith("/"):
+            done = "/"
+        pending = target.split("/") + pending
+    return done
 
 
 def take_slot(cache: str, name: str) -> tuple[str, int] | None:

@@ -410,7 +410,7 @@ def load_policy(
         unlisted=unlisted,
         masked_dirs=masked_dirs,
         linked=linked_installs(cwd) if cwd else (),
-        overlays=_overlays(values, paths),
+        overlays=_overlays(values, paths, [*masked, *masked_dirs, *(where for where, _, _ in unlisted)]),
         shared=tuple(p for p in extra_rw if os.path.exists(p)),
         own=frozenset([*extra_rox, *extra_ro, *extra_rw, *extra_rwx, *(os.path.normpath(p) for p in own_paths if p)]),
         optional=frozenset([*_expand_paths(_OPTIONAL, values, ""), *configs, *venvs]),
@@ -539,11 +539,12 @@ def _template_values(cwd: str, tmpdir: str, repository: bool = True, cache: bool
     }
 
 
-def _overlays(values: Mapping[str, str], paths: dict[str, tuple[str, ...]]) -> tuple[Overlay, ...]:
-    """Your caches that code sees at their places in the cwd's cache, copy-on-write."""
+def _overlays(values: Mapping[str, str], paths: dict[str, tuple[str, ...]], masked: list[str]) -> tuple[Overlay, ...]:
+    """Your caches that code sees at their places in the cwd's cache, copy-on-write; none holding
+    one of ollie's hidden directories or the files masked (an overlay shows what lies beneath)."""
     if not values["CACHE"]:
         return ()
-    kept_out = [*config.hidden_dirs(), str(config.mount_point())]
+    kept_out = [*config.hidden_dirs(), str(config.mount_point()), *masked]
     # ("" for a link swapped meanwhile: every path counts as written, and no overlay is given)
     writable = [real for key in ("rw", "rwx", "tmpfile") for p in paths[key] for real in (p, resolved(p))]
     return overlays.decide(values["CACHE"], os.environ, values["HOME"], values["XDG_CACHE_HOME"], writable, kept_out)
