@@ -149,6 +149,9 @@ async def test_only_a_tools_own_cache_is_shown(run, home, monkeypatch):
     (Path(run.ctx.cwd) / "shared" / "uv").symlink_to(uv)
     (home / ".uvcache").symlink_to(Path(run.ctx.cwd) / "shared" / "uv")
     assert decide(home / ".uvcache", writable, []) == []
+    # ... and followed by another project's jail, for which that project is no place code writes
+    # (the second pass: a link of yours, or code's, is never followed)
+    assert decide(home / ".uvcache", [], []) == decide(link, [], []) == []
     # $HOME given through a link of yours, as the cache itself (the whole of it was shown)
     (home / "CACHEDIR.TAG").write_text("Signature: 8a477f597d28d172789f06886806bc55\n")
     linked_home = home.with_name(home.name + "-link")

@@ -86,8 +86,10 @@ def decide(
 
 def _resolve(path: str, writes: Callable[[str], bool]) -> str:
     """The real path of `path` (absolute), a component at a time: "" where a symlink on the way
-    lies in a directory code may write (`writes`), which it could have made or replaced, or is
-    another user's than root's and yours, or the way leads nowhere."""
+    is not the system's (`_system_made`) or lies in a directory code may write (`writes`), or the
+    way leads nowhere. A link of yours could be one code made: in a project, any project's
+    sessions write it (a red-team pass planted one in one project's tree that another project's
+    jail followed to a directory of secrets)."""
     done, pending, hops = "/", path.split("/"), 0
     while pending:
         name = pending.pop(0)
@@ -103,7 +105,7 @@ def _resolve(path: str, writes: Callable[[str], bool]) -> str:
                 done = here
                 continue
             hops += 1
-            if hops > HOPS or writes(done) or st.st_uid not in (0, os.geteuid()):
+            if hops > HOPS or writes(done) or not _system_made(st, done):
                 return ""
             target = os.readlink(here)
         except OSError:
@@ -112,6 +114,18 @@ def _resolve(path: str, writes: Callable[[str], bool]) -> str:
             done = "/"
         pending = target.split("/") + pending
     return done
+
+
+def _system_made(link: os.stat_result, directory: str) -> bool:
+    """Whether a symlink is root's, in a directory only root may write, and you are not root:
+    made by the system's administrator, never by code of yours (as root, every link is yours)."""
+    if os.geteuid() == 0 or link.st_uid != 0:
+        return False
+    try:
+        st = os.stat(directory)
+    except OSError:
+        return False
+    return st.st_uid == 0 and not st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
 
 
 def take_slot(cache: str, name: str) -> tuple[str, int] | None:
