@@ -415,6 +415,26 @@ async def test_your_gitconfig_stays_masked_when_you_change_it_and_when_a_session
     assert result.text() == "Ada L <ada@example.com>\n", result.text()
 
 
+async def test_a_gitconfig_stow_links_into_home_is_masked_too(run, home):
+    """A dotfiles manager (stow) links ~/.gitconfig to the file in your dotfiles: the mask, which
+    follows no link, passed over it, and libgit2 died on the file it may not read (`cargo new`
+    failed). The file the link leads to is masked; git still commits as you."""
+    (home / "dotfiles" / "git").mkdir(parents=True)
+    (home / "dotfiles" / "git" / ".gitconfig").write_text(GITCONFIG)
+    (home / ".gitconfig").symlink_to("dotfiles/git/.gitconfig")
+    code = (
+        "wc -c < ~/.gitconfig; grep -c tok-SECRET ~/.gitconfig; "
+        "git init -q repoS && cd repoS && git commit -q --allow-empty -m x && git log --format='%an <%ae>'"
+    )
+    result = await run(code)
+    assert result.text() == "0\n0\nAda L <ada@example.com>\n", result.text()
+    # a link to a file of another name (which code working in $HOME could have planted) masks nothing
+    (home / ".gitconfig").unlink()
+    (home / ".gitconfig").symlink_to(cwd_of(run) / "Makefile")
+    (cwd_of(run) / "Makefile").write_text("all:\n")
+    assert (await run("cat Makefile")).text() == "all:\n"
+
+
 async def test_a_git_config_in_the_project_is_not_masked(run, home, monkeypatch):
     """A dotfiles project holding $XDG_CONFIG_HOME/git/config: code works on that file, which a
     mask would have shown empty, and had take writes into /dev/null."""

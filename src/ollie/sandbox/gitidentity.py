@@ -19,7 +19,7 @@ import time
 from collections.abc import Sequence
 
 from .. import config
-from ..paths import Identity, identities, open_regular, write_new
+from ..paths import Identity, identities, open_regular, resolved, write_new
 from ..types import ConfigError
 
 log = logging.getLogger(__name__)
@@ -100,11 +100,22 @@ def _user_global_config() -> str:
 
 
 def user_configs() -> tuple[str, ...]:
-    """The global git configs that exist, for a jail to mask, `$HOME` as a real path: a link on
-    the way there (which code working in `$HOME` may have planted) has the jail pass over it, so
-    it masks no file code chose."""
-    paths = _global_paths(os.path.realpath(os.path.expanduser("~")))
-    return tuple(p for p in paths if os.path.isabs(p) and os.path.lexists(p))
+    """The global git configs that exist, for a jail to mask, `$HOME` as a real path. Where one is
+    a link (stow's, a dotfiles manager's), the file it leads to, if that is a git config by its
+    name (`.gitconfig`, `gitconfig`, a `git` directory's `config`): code working in `$HOME` could
+    have planted the link, and a mask makes what code writes to the file vanish. A link on the
+    way to them has the jail pass over it."""
+    found = []
+    for path in _global_paths(os.path.realpath(os.path.expanduser("~"))):
+        if not os.path.isabs(path) or not os.path.lexists(path):
+            continue
+        if os.path.islink(path):
+            path = resolved(path)
+            name, parent = os.path.basename(path), os.path.basename(os.path.dirname(path))
+            if not (name in (".gitconfig", "gitconfig") or (name, parent) == ("config", "git")):
+                continue
+        found.append(path)
+    return tuple(found)
 
 
 def _global_paths(home: str) -> tuple[str, str]:
