@@ -1,7 +1,7 @@
 """Your package caches in the default sandbox: code's $XDG_CACHE_HOME is the cwd's own cache, and
-there it finds what your uv, npm and Go caches hold, copy-on-write: `uv sync --offline` and
-`npm ci --offline` in a new project needed the network, and `go test` rebuilt the standard
-library. Your cache is never written, what code writes stays with the cwd, and each jail of a
+there it finds what your uv, npm, pnpm and Go caches hold, copy-on-write: `uv sync --offline`,
+`npm ci --offline` and `pnpm install --offline` in a new project needed the network, and `go build`
+compiled again what you had built. Your cache is never written, what code writes stays with the cwd, and each jail of a
 cwd running at once has a view of its own (two overlays may not share what they write to)."""
 
 from __future__ import annotations
@@ -42,7 +42,13 @@ def your_caches(home: Path) -> dict[str, Path]:
     (npm / "index-v5").mkdir(parents=True)
     (npm / "content-v2").mkdir()
     (npm / "content-v2" / "tarball").write_text("from your npm cache\n")
-    return {"uv": uv, "npm": npm}
+    store = home / ".local" / "share" / "pnpm" / "store"
+    (store / "v10" / "files" / "00").mkdir(parents=True)
+    (store / "v10" / "files" / "00" / "abc").write_text("from your pnpm store\n")
+    pnpm = home / ".cache" / "pnpm"
+    (pnpm / "metadata" / "registry.npmjs.org").mkdir(parents=True)
+    (pnpm / "metadata" / "registry.npmjs.org" / "tiny.json").write_text("from your pnpm cache\n")
+    return {"uv": uv, "npm": npm, "pnpm-store": store, "pnpm": pnpm}
 
 
 def listing(top: Path) -> dict[str, tuple[int, int, bytes]]:
@@ -66,10 +72,15 @@ def session(cwd: Path, tmpdir: Path):
 
 
 async def test_your_caches_are_read_where_code_looks_and_never_written(run, home, monkeypatch):
-    monkeypatch.delenv("UV_CACHE_DIR", raising=False)
-    monkeypatch.delenv("npm_config_cache", raising=False)
+    for variable in ("UV_CACHE_DIR", "npm_config_cache", "npm_config_store_dir", "pnpm_config_store_dir"):
+        monkeypatch.delenv(variable, raising=False)
     caches = your_caches(home)
     before = {name: listing(path) for name, path in caches.items()}
+    pnpm = await run(
+        'cat "$pnpm_config_store_dir"/v10/files/00/abc "$npm_config_store_dir"/v10/files/00/abc '
+        '"$XDG_CACHE_HOME"/pnpm/metadata/registry.npmjs.org/tiny.json && touch "$pnpm_config_store_dir"/v10/new'
+    )
+    assert pnpm.text() == "from your pnpm store\n" * 2 + "from your pnpm cache\n", pnpm.text()
     first = await run(
         'cat "$XDG_CACHE_HOME"/uv/wheels-v8/pkg/file "$npm_config_cache"/_cacache/content-v2/tarball && '
         'echo changed > "$XDG_CACHE_HOME"/uv/wheels-v8/pkg/file && echo made > "$XDG_CACHE_HOME"/uv/made && '
@@ -132,9 +143,11 @@ async def test_only_a_tools_own_cache_is_shown(run, home, monkeypatch):
     uv = home / "notes"
     (uv / "CACHEDIR.TAG").write_text("Signature: 8a477f597d28d172789f06886806bc55\n")
 
+    xdg = {"XDG_CACHE_HOME": str(home / ".cache"), "XDG_DATA_HOME": str(home / ".local" / "share")}
+
     def decide(given: Path, writable: list[str], kept_out: list[str]) -> list[tuple[str, str]]:
         env = {"UV_CACHE_DIR": str(given)}
-        found = overlays.decide(policy.cache, env, str(home), str(home / ".cache"), writable, kept_out)
+        found = overlays.decide(policy.cache, env, str(home), xdg, writable, kept_out)
         return [(o.name, o.lower) for o in found]
 
     assert decide(uv, [], [str(uv / "x")]) == []
@@ -158,7 +171,7 @@ async def test_only_a_tools_own_cache_is_shown(run, home, monkeypatch):
     linked_home.symlink_to(home)
     try:
         env = {"UV_CACHE_DIR": str(linked_home)}
-        assert overlays.decide(policy.cache, env, str(linked_home), str(home / ".cache"), [], []) == ()
+        assert overlays.decide(policy.cache, env, str(linked_home), xdg, [], []) == ()
     finally:
         linked_home.unlink()
 

@@ -34,19 +34,32 @@ class Overlay:
     identity: Identity  # what `lower` was when decided: a jail mounts it only if it still is
 
 
-def your_caches(env: Mapping[str, str], home: str, xdg_cache: str) -> list[tuple[str, str, str, str]]:
-    """The caches given a view: (name, its place under $XDG_CACHE_HOME, where yours is, a name
-    its top holds, which says it is that tool's cache and not a directory a variable misnames)."""
+def your_caches(
+    env: Mapping[str, str], home: str, xdg: Mapping[str, str]
+) -> list[tuple[str, str, str, tuple[str, ...]]]:
+    """The caches given a view: (name, its place in the cwd's cache, where yours is, names one of
+    which its top holds: it is that tool's cache, not a directory a variable misnames). `xdg`:
+    the XDG base directories, as the user's tools find them."""
     npm = env.get("npm_config_cache") or f"{home}/.npm"
+    pnpm = env.get("pnpm_config_store_dir") or env.get("npm_config_store_dir") or f"{xdg['XDG_DATA_HOME']}/pnpm/store"
     return [
-        ("uv", "uv", env.get("UV_CACHE_DIR") or f"{xdg_cache}/uv", "CACHEDIR.TAG"),
-        ("npm", "npm/_cacache", f"{npm}/_cacache", "index-v5"),
-        ("go-build", "go-build", env.get("GOCACHE") or f"{xdg_cache}/go-build", "README"),
+        ("uv", "uv", env.get("UV_CACHE_DIR") or f"{xdg['XDG_CACHE_HOME']}/uv", ("CACHEDIR.TAG",)),
+        ("npm", "npm/_cacache", f"{npm}/_cacache", ("index-v5",)),
+        ("go-build", "go-build", env.get("GOCACHE") or f"{xdg['XDG_CACHE_HOME']}/go-build", ("README",)),
+        # pnpm's store, each major version in a directory of its own, and its cache of the registry's
+        # answers and of the lockfiles it checked (pnpm 10 and later, by version too)
+        ("pnpm-store", "pnpm-store", pnpm, tuple(f"v{n}/files" for n in (3, 10, 11, 12))),
+        ("pnpm", "pnpm", f"{xdg['XDG_CACHE_HOME']}/pnpm", ("metadata", *(f"v{n}/metadata" for n in (10, 11, 12)))),
     ]
 
 
 def decide(
-    cache: str, env: Mapping[str, str], home: str, xdg_cache: str, writable: list[str], kept_out: Iterable[str]
+    cache: str,
+    env: Mapping[str, str],
+    home: str,
+    xdg: Mapping[str, str],
+    writable: list[str],
+    kept_out: Iterable[str],
 ) -> tuple[Overlay, ...]:
     """The overlays of a policy whose cwd's cache is `cache`: each of `your_caches` that is a
     directory of yours, reached by no symlink code could have made (one in a directory of
@@ -60,7 +73,7 @@ def decide(
 
     homes = {h.rstrip("/") + "/" for h in (home, resolved(home)) if h}
     found = []
-    for name, place, given, mark in your_caches(env, home, xdg_cache):
+    for name, place, given, marks in your_caches(env, home, xdg):
         real = _resolve(given, writes) if os.path.isabs(given) else ""
         if not real or real == "/" or writes(real):
             continue
@@ -74,14 +87,20 @@ def decide(
             continue
         try:
             st = os.fstat(fd)
-            os.stat(mark, dir_fd=fd, follow_symlinks=False)
-        except OSError:
-            continue
+            marked = any(_holds(fd, mark) for mark in marks)
         finally:
             os.close(fd)
-        if stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid():
+        if marked and stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid():
             found.append(Overlay(name, f"{cache}/{place}", real, (st.st_dev, st.st_ino)))
     return tuple(found)
+
+
+def _holds(fd: int, name: str) -> bool:
+    try:
+        os.stat(name, dir_fd=fd, follow_symlinks=False)
+    except OSError:
+        return False
+    return True
 
 
 def _resolve(path: str, writes: Callable[[str], bool]) -> str:

@@ -547,7 +547,7 @@ def _overlays(values: Mapping[str, str], paths: dict[str, tuple[str, ...]], mask
     kept_out = [*config.hidden_dirs(), str(config.mount_point()), *masked]
     # ("" for a link swapped meanwhile: every path counts as written, and no overlay is given)
     writable = [real for key in ("rw", "rwx", "tmpfile") for p in paths[key] for real in (p, resolved(p))]
-    return overlays.decide(values["CACHE"], os.environ, values["HOME"], values["XDG_CACHE_HOME"], writable, kept_out)
+    return overlays.decide(values["CACHE"], os.environ, values["HOME"], values, writable, kept_out)
 
 
 def _given_dir(env: Mapping[str, str], variable: str, default: str = "") -> str:
