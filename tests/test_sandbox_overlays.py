@@ -77,10 +77,10 @@ async def test_your_caches_are_read_where_code_looks_and_never_written(run, home
     caches = your_caches(home)
     before = {name: listing(path) for name, path in caches.items()}
     pnpm = await run(
-        'cat "$pnpm_config_store_dir"/v10/files/00/abc "$npm_config_store_dir"/v10/files/00/abc '
+        'cat "$pnpm_config_store_dir"/v10/files/00/abc '
         '"$XDG_CACHE_HOME"/pnpm/metadata/registry.npmjs.org/tiny.json && touch "$pnpm_config_store_dir"/v10/new'
     )
-    assert pnpm.text() == "from your pnpm store\n" * 2 + "from your pnpm cache\n", pnpm.text()
+    assert pnpm.text() == "from your pnpm store\nfrom your pnpm cache\n", pnpm.text()
     first = await run(
         'cat "$XDG_CACHE_HOME"/uv/wheels-v8/pkg/file "$npm_config_cache"/_cacache/content-v2/tarball && '
         'echo changed > "$XDG_CACHE_HOME"/uv/wheels-v8/pkg/file && echo made > "$XDG_CACHE_HOME"/uv/made && '

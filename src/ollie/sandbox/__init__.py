@@ -302,8 +302,8 @@ def _given_environ(policy: Policy, passed: dict[str, str]) -> dict[str, str]:
         env.setdefault("npm_config_cache", f"{policy.cache}/npm")
         env.setdefault("XDG_STATE_HOME", f"{policy.cache}/state")  # and keep logs (pdm died on ~/.local/state)
         env.setdefault("UV_LINK_MODE", "copy")  # its cache is another mount than the cwd: no hard link crosses
-        for variable in ("pnpm_config_store_dir", "npm_config_store_dir"):  # pnpm 10 and later, and before
-            env.setdefault(variable, f"{policy.cache}/pnpm-store")  # (your store, copy-on-write: `overlays.py`)
+        # pnpm's store (yours, copy-on-write: `overlays.py`); not by the npm_config_ name, at which npm warns
+        env.setdefault("pnpm_config_store_dir", f"{policy.cache}/pnpm-store")
     for venv in policy.environments:  # the virtualenv activated, granted: poetry and pipenv use it
         if venv in policy.paths["rox"]:
             env["VIRTUAL_ENV"] = venv
