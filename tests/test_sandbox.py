@@ -1024,7 +1024,7 @@ def test_what_the_look_for_linked_installs_reads_is_bounded(tmp_path):
     assert linked_installs(str(tmp_path)) == ()  # copies only: writable
     for n in range(8):
         (tmp_path / ".venv" / "lib" / f"python3.{n}x").mkdir()
-    assert linked_installs(str(tmp_path)) == (f"{tmp_path}/.venv/lib",)
+    assert linked_installs(str(tmp_path)) == (f"{tmp_path}/.venv",)
 
 
 def test_the_look_for_linked_installs_is_bounded_for_the_cwd_as_a_whole(tmp_path, monkeypatch):
@@ -1036,4 +1036,53 @@ def test_the_look_for_linked_installs_is_bounded_for_the_cwd_as_a_whole(tmp_path
         site.mkdir(parents=True)
         for n in range(60):
             (site / f"pkg{n}.py").write_text("")
-    assert linked_installs(str(tmp_path)) == (f"{tmp_path}/venv/lib",)  # counted as linked: not looked through
+    assert linked_installs(str(tmp_path)) == (f"{tmp_path}/venv",)  # counted as linked: not looked through
+
+
+def _linked_venv(cwd: Path, store: Path) -> Path:
+    """A virtualenv as uv makes one: its package's METADATA and a data file hard links into `store`."""
+    store.mkdir(exist_ok=True)
+    (store / "METADATA").write_text("Name: pkg\n")
+    (store / "kernel.json").write_text("{}\n")
+    site = cwd / ".venv" / "lib" / "python3.11" / "site-packages"
+    (site / "pkg-1.0.dist-info").mkdir(parents=True)
+    os.link(store / "METADATA", site / "pkg-1.0.dist-info" / "METADATA")
+    (cwd / ".venv" / "share" / "kernels").mkdir(parents=True)
+    os.link(store / "kernel.json", cwd / ".venv" / "share" / "kernels" / "kernel.json")
+    (cwd / ".venv" / "lib64").symlink_to("lib")  # as venv makes them: links that stay inside
+    (cwd / ".venv" / "bin").mkdir()
+    (cwd / ".venv" / "bin" / "python").symlink_to(sys.executable)
+    return site
+
+
+def test_a_linked_virtualenv_is_kept_whole_and_where_its_links_lead(tmp_path):
+    """A wheel's data files (`share/jupyter/kernels/python3/kernel.json`, run by Jupyter in your
+    other projects) are hard links too, so the virtualenv is kept whole; a symlink code planted in
+    one before your next install leads the install's links where it points, so that is kept too
+    (red-team pass, stop 57: `lib/python3.11` moved to `stash/`, linked back)."""
+    cwd, store = tmp_path / "project", tmp_path / "store"
+    site = _linked_venv(cwd, store)
+    assert linked_installs(str(cwd)) == (f"{cwd}/.venv",)
+    (cwd / "stash").mkdir()
+    (site.parent).rename(cwd / "stash" / "python3.11")
+    site.parent.symlink_to("../../stash/python3.11")
+    (cwd / "deep").mkdir()
+    (cwd / "stash" / "python3.11" / "site-packages" / "pkg").symlink_to(cwd / "deep")
+    assert linked_installs(str(cwd)) == (f"{cwd}/.venv", f"{cwd}/stash/python3.11", f"{cwd}/deep")
+    for n in range(9):  # more than it keeps one by one: the cwd whole
+        (cwd / f"d{n}").mkdir()
+        (cwd / ".venv" / "share" / f"l{n}").symlink_to(cwd / f"d{n}")
+    assert linked_installs(str(cwd))[0] == f"{cwd}/.venv"  # looked through again at your next install:
+    (cwd / "stash" / "python3.11" / "site-packages" / "other-1.0.dist-info").mkdir()  # (what it adds)
+    assert linked_installs(str(cwd)) == (str(cwd),)
+
+
+def test_a_linked_virtualenv_behind_a_link_is_kept_where_it_is(tmp_path):
+    cwd = tmp_path / "project"
+    _linked_venv(cwd / "stash", tmp_path / "store")
+    (cwd / ".venv").symlink_to("stash/.venv")
+    assert linked_installs(str(cwd)) == (f"{cwd}/stash/.venv",)
+    unlinked = tmp_path / "unlinked"
+    (unlinked / ".venv" / "lib" / "python3.11" / "site-packages").mkdir(parents=True)
+    (unlinked / ".venv" / "share").symlink_to(tmp_path)  # nothing linked yet: nothing kept
+    assert linked_installs(str(unlinked)) == ()
