@@ -313,3 +313,67 @@ def test_a_projects_skills_directory_that_is_a_link_is_not_listed(tmp_path, olli
     (cwd / ".ollie" / "skills").symlink_to(ollie_dirs / "cfg" / "skills")
     found, notices = skills.list_skills(str(cwd))
     assert [(s.name, s.project) for s in found] == [("mine", False)] and notices == []
+
+
+def test_a_skill_folder_linked_out_of_the_project_is_left_out_by_name(tmp_path, ollie_dirs):
+    """Red-team pass, stop 57: a link planted as a skill folder led the read of its SKILL.md
+    anywhere (your `~/.claude/skills`, another project's), and its description into the prompt the
+    session's own view serves back; a folder is now reached through no symlink."""
+    _, cwd = _repo(tmp_path)
+    private = _skill(tmp_path / "home" / ".claude" / "skills", "deploy-prod", "ssh with password SECRET-PW")
+    _skill(cwd / ".claude" / "skills", "own", "The project's own")
+    (cwd / ".claude" / "skills" / "x").symlink_to(private.parent)
+    found, notices = skills.list_skills(str(cwd))
+    assert [s.name for s in found] == ["own"]
+    assert notices == [f"skill {cwd}/.claude/skills/x/SKILL.md left out: it is reached through a symlink"]
+
+
+async def test_a_cwd_swapped_for_a_link_gives_no_instructions_from_where_it_leads(tmp_path):
+    """Red-team pass, stop 57: a sub-session's cwd, judged a real directory, was swapped by its
+    parent's code for a link to `~/.claude` before the instructions were read through it: your
+    CLAUDE.md in a prompt the code reads back with `sp`."""
+    _, cwd = _repo(tmp_path)
+    private = tmp_path / "home" / ".claude"
+    private.mkdir(parents=True)
+    (private / "CLAUDE.md").write_text("SECRET-NOTES\n")
+    core, _ = await _turn(cwd, script=[{"text": "one"}, {"text": "two"}])
+    sub = cwd / "sub"
+    sub.mkdir()
+    core.session.set_cwd(str(sub))
+    sub.rmdir()
+    sub.symlink_to(private)
+    notices: list[str] = []
+    core.subscribe(lambda e: notices.append(e.text) if e.kind == "info" else None)
+    await core.submit("again")
+    assert "SECRET-NOTES" not in core.backend.requests[1][0].content
+    assert f"instructions: {sub}/AGENTS.md not read: it is reached through a symlink" in notices
+    await core.close()
+
+
+async def test_the_projects_files_are_read_off_the_event_loop(tmp_path, monkeypatch):
+    """Red-team pass, stop 57: links planted as skill folders into ollie's own mount stopped the
+    server's loop, which serves that mount (for good once anything else used the mount meanwhile):
+    the files code may write are read in a thread, at a session's start, a cwd change and `/skills`."""
+    import threading
+
+    from ollie import project
+
+    _, cwd = _repo(tmp_path)
+    readers: list[bool] = []
+    real = project.read_text
+
+    def watched(*args, **kw):
+        readers.append(threading.current_thread() is threading.main_thread())
+        return real(*args, **kw)
+
+    monkeypatch.setattr(project, "read_text", watched)
+    monkeypatch.setattr(skills, "read_text", watched)
+    _skill(cwd / ".claude" / "skills", "own", "The project's own")
+    core, _ = await _turn(cwd)
+    assert "LEAF" in _system(core)
+    assert "own" in (await commands.run(core, "skills") or "")
+    other = tmp_path / "other"
+    other.mkdir()
+    assert await commands.run(core, "cwd", str(other)) == f"cwd: {other}"
+    assert readers and not any(readers), readers
+    await core.close()

@@ -115,14 +115,23 @@ def open_real(path: str, beneath: int | None = None, links: bool = False) -> int
     return fd
 
 
-def read_beneath(directory: str, name: str, limit: int, hidden: dict[Identity, str]) -> tuple[bytes, int]:
+def read_beneath(
+    directory: str, name: str, limit: int, hidden: dict[Identity, str], linked: bool = False
+) -> tuple[bytes, int]:
     """The first `limit` bytes of the regular file `name` in `directory`, and its size, for text
     ollie reads on the user's behalf from a directory sandboxed code may write (a project's
-    AGENTS.md, a skill): a symlink is followed only while it stays beneath `directory`, and a file
+    AGENTS.md, a skill): `directory` is reached through no symlink (`linked`: one of the user's
+    own, reached as they set it up), `name` through one only while it stays beneath it, and a file
     in one of the `hidden` directories is refused (PermissionError), so that a planted link cannot
-    make ollie read what the sandbox may not (its keys) into text the sandbox reads back. Opened
-    without blocking (a FIFO is refused, not waited on)."""
-    top = os.open(directory, _FLAGS | os.O_DIRECTORY)
+    make ollie read what the sandbox may not (its keys, your other projects' instructions, ollie's
+    own mount) into text the sandbox reads back. Opened without blocking (a FIFO is refused, not
+    waited on)."""
+    try:
+        top = os.open(directory, _FLAGS | os.O_DIRECTORY) if linked else open_real(directory)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise PermissionError(errno.EACCES, "it is reached through a symlink", directory) from None
+        raise
     try:
         fd = open_real(name, beneath=top, links=True)
     except OSError as e:

@@ -22,6 +22,7 @@ PROJECT_DIRS = (".ollie/skills", ".claude/skills")
 HEAD_MAX = 16 * 1024  # bytes of a SKILL.md read for its front matter
 DESCRIPTION_MAX = 1024  # characters of a description offered to the model, as Anthropic bounds it
 SKILLS_MAX = 100  # skills offered
+ENTRIES_MAX = 1000  # entries of a skills directory looked at
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 
 
@@ -43,7 +44,8 @@ def skill_dirs(cwd: str | None) -> list[tuple[Path, bool]]:
 
 def list_skills(cwd: str | None = None) -> tuple[list[Skill], list[str]]:
     """Every skill once, sorted by name (the user's, and with `cwd` the project's), and notices for
-    the user about the SKILL.md files that were left out and why."""
+    the user about the SKILL.md files that were left out and why. Not on the event loop
+    (`project.read_text`)."""
     found: dict[str, Skill] = {}
     notices: list[str] = []
     for root, in_project in skill_dirs(cwd):
@@ -53,6 +55,9 @@ def list_skills(cwd: str | None = None) -> tuple[list[Skill], list[str]]:
             names = sorted(os.listdir(root))
         except OSError:
             continue
+        if len(names) > ENTRIES_MAX:  # (code can fill a project's: each one is a file to read)
+            notices.append(f"skills: {root} holds {len(names)} entries; only the first {ENTRIES_MAX} are looked at")
+            names = names[:ENTRIES_MAX]
         for dirname in names:
             if dirname.startswith("."):
                 continue

@@ -198,6 +198,7 @@ async def _agent(core: Core, arg: str) -> str:
 async def _cwd(core: Core, arg: str) -> str:
     if arg:
         core.session.set_cwd(arg)
+        await core.say_notices()  # what the new cwd's project tells the model, before `sp` shows it
     return f"cwd: {core.session.cwd}"
 
 
@@ -309,7 +310,7 @@ async def _sessions(core: Core, arg: str) -> str:
 
 @command("skills", "list the skills offered to the model (OLLIE_SKILLS_PATH, the project's .ollie/skills)")
 async def _skills(core: Core, arg: str) -> str:
-    skills, notices = list_skills(core.session.cwd)
+    skills, notices = await asyncio.to_thread(list_skills, core.session.cwd)  # (`project.read_text`)
     return (index(skills) + "".join(f"{n}\n" for n in notices)).rstrip() or "(no skills)"
 
 

@@ -256,10 +256,10 @@ class Core:
         """Send an event to every subscriber and to the chat log (frontends may add notes too)."""
         self._rt.bus.emit(ev)
 
-    def say_notices(self) -> None:
-        """Emit, once, what reading the project's instructions and skills had to say (a file cut
-        short or left out); a turn's start says what a new cwd's had."""
-        self._rt.say_notices()
+    async def say_notices(self) -> None:
+        """Read the project's instructions and skills for a new cwd or agent, and emit, once, what
+        that had to say (a file cut short or left out); a turn's start says what a new cwd's had."""
+        await self._rt.say_notices()
 
     async def wait_change(self, name: str, current: Any, timeout: float | None = None) -> Any:
         """Block until `name` (one of FIELDS: the state word, the Usage, the ContextSize, the cwd,
@@ -432,7 +432,7 @@ class Core:
     async def _guarded_turn(self, prompt: str) -> str | None:
         """One turn, whatever happens in it: errors become events, completed work is saved."""
         self._rt.bus.set_state("thinking")
-        self._rt.say_notices()
+        await self._rt.say_notices()
         self._turn_error = None
         try:
             try:
@@ -573,7 +573,7 @@ class Core:
             self._new_window()
             for info in rt.env.infos:
                 self.emit(Event("info", info))
-            rt.say_notices()
+            await rt.say_notices()
             await self.spawned()
 
     async def spawned(self) -> None:

@@ -1,6 +1,6 @@
 """What the model is told besides its agent's prompt: the project's instructions (`AGENTS.md`), the
 skills it may read, and the agents it may start as sub-agents. Gathered for a cwd and an agent,
-when a session starts, switches agent or changes cwd (`Runtime.system_prompt`), not at each
+when a session starts, switches agent or changes cwd (`Runtime.say_notices`, in a thread), not at each
 request: the system prompt stays the same from one request to the next, as prompt caches want.
 """
 

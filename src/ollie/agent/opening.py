@@ -152,7 +152,7 @@ async def _open(
     await core.refresh_context_length()
     for info in env.infos:
         core.emit(Event("info", info))
-    core.say_notices()
+    await core.say_notices()
     if meta is None or meta.agent != cfg.name:  # a new session, or a stored one under another agent
         await core.spawned()
     return core

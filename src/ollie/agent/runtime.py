@@ -5,6 +5,7 @@ backend and agent; the loop (`loop.py`) and compaction (`compaction.py`) only us
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,6 +25,8 @@ if TYPE_CHECKING:
     from .checkpoints import Checkpoints
     from .env import AgentEnv
     from .extensions import Extension
+
+_UNKNOWN = Knowledge("")  # what the model is told of a project before it is gathered
 
 
 @dataclass
@@ -58,17 +61,18 @@ class Runtime:
         return prompt
 
     def knowledge(self) -> Knowledge:
-        """What the project tells the model, gathered again only for another cwd or agent (its
-        notices are said by `say_notices`: this may run before anyone listens)."""
-        cwd = self.state.cwd
-        if self._knowledge is None or self._knowledge[0] != cwd or self._knowledge[1] is not self.env:
-            self._knowledge = (cwd, self.env, gather(self.env.config, cwd))
-            self._unsaid = list(self._knowledge[2].notices)
-        return self._knowledge[2]
+        """What the project tells the model, as `say_notices` last gathered it."""
+        return self._knowledge[2] if self._knowledge is not None else _UNKNOWN
 
-    def say_notices(self) -> None:
-        """Emit what the last gathering of `knowledge` had to say, once (a session's start, a turn's)."""
-        self.knowledge()
+    async def say_notices(self) -> None:
+        """Gather what the project tells the model again for another cwd or agent (a session's
+        start, a turn's), in a thread: its files lie where code writes, and a link there can lead
+        into ollie's own mount, which this loop serves. Then emit, once, what that had to say."""
+        cwd, env = self.state.cwd, self.env
+        if self._knowledge is None or self._knowledge[0] != cwd or self._knowledge[1] is not env:
+            known = await asyncio.to_thread(gather, env.config, cwd)
+            self._knowledge = (cwd, env, known)
+            self._unsaid = list(known.notices)
         for notice in self._unsaid:
             self.bus.emit(Event("info", notice))
         self._unsaid = []

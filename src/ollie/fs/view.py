@@ -14,6 +14,7 @@ u/, tr/, tmp/ and the user's own b/ scripts answer ENOENT. Symlinks in the direc
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
 import errno as E
 import os
@@ -99,7 +100,7 @@ def build(sessions: Sessions, jobs: Jobs, session: Session) -> Namespace:
                     writable=False,
                     shared=True,
                     nested=True,
-                    synthetic={"idx": TextFile(lambda: skills_index(session.settings()["cwd"]))},
+                    synthetic={"idx": TextFile(lambda: asyncio.to_thread(skills_index, session.settings()["cwd"]))},
                 ),
                 "p": DiskDir(cfg / "prompts", writable=False, shared=True),
             }
