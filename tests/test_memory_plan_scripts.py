@@ -4,6 +4,7 @@ execute_code names in every stage's environment ($OLLIE_MEMORY_DIR, $OLLIE_PLANS
 
 from __future__ import annotations
 
+import errno
 import importlib.machinery
 import json
 import re
@@ -373,6 +374,20 @@ async def test_links_another_session_left_for_the_index_are_removed_not_followed
         "forgot" in (await tools.ok("memory_forget", memory_id)).lower()
         or not (tools.memory / f"{memory_id}.md").exists()
     )
+
+
+def test_a_link_planted_for_the_lock_while_a_corrupt_index_is_discarded_is_not_followed(tmp_path, monkeypatch):
+    """Red-team pass, stop 57: code that kept a link at `.index.lock` (after the check that
+    removes one) had the web page's recall, which runs unsandboxed, make a file where it led."""
+    memory = tmp_path / "memory"
+    memory.mkdir()
+    script = _recall_script(monkeypatch, memory)
+    index = memory / ".index.sqlite"
+    index.write_bytes(b"not a database")
+    (memory / ".index.lock").symlink_to(tmp_path / "made-by-ollie")
+    with pytest.raises(OSError) as refused:
+        script.discard_index(str(index), index.stat().st_ino)
+    assert refused.value.errno == errno.ELOOP and not (tmp_path / "made-by-ollie").exists()
 
 
 async def test_concurrent_remembers_and_recalls_keep_the_index_sound(tools):
