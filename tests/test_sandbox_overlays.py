@@ -156,6 +156,7 @@ async def test_only_a_tools_own_cache_is_shown(run, home, monkeypatch):
     writable = [os.path.realpath(run.ctx.cwd)]
     assert decide(link, writable, []) == []
     assert decide(uv, writable, []) == [("uv", os.path.realpath(uv))]
+    assert decide(uv, [*writable, os.path.realpath(uv / "sub")], []) == []  # a place code writes in it
     # your link to a place code writes, where code put a link of its own to a directory with the
     # mark (found by a red-team pass: that directory was shown, its .env read)
     (Path(run.ctx.cwd) / "shared").mkdir()

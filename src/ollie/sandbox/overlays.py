@@ -64,7 +64,7 @@ def decide(
     """The overlays of a policy whose cwd's cache is `cache`: each of `your_caches` that is a
     directory of yours, reached by no symlink code could have made (one in a directory of
     `writable`, the real paths code may write), holding its mark, neither $HOME nor above it, none
-    of it writable by code (it would change beneath the overlay) and none of `kept_out` (ollie's
+    of it writable by code, nor in it (it would change beneath the overlay) and none of `kept_out` (ollie's
     hidden directories, the masked files) in it: an overlay shows what lies beneath the mounts
     that hide them."""
 
@@ -75,7 +75,7 @@ def decide(
     found = []
     for name, place, given, marks in your_caches(env, home, xdg):
         real = _resolve(given, writes) if os.path.isabs(given) else ""
-        if not real or real == "/" or writes(real):
+        if not real or real == "/" or writes(real) or any(w.startswith(real.rstrip("/") + "/") for w in writable):
             continue
         if any(h.startswith(real.rstrip("/") + "/") for h in homes):
             continue
