@@ -283,6 +283,24 @@ async def test_a_link_the_turn_planted_is_replaced_not_written_through(tmp_path)
     await core.close()
 
 
+async def test_undo_writes_nothing_where_a_directory_above_the_cwd_was_swapped_for_a_link(tmp_path):
+    """A sub-session's cwd lies in its parent's, whose code can swap a directory above it for a
+    link: /undo then restored through it, outside the cwd (red-team pass, stop 57)."""
+    (tmp_path / "p" / "a").mkdir(parents=True)
+    cwd = _project(tmp_path / "p" / "a" / "b")
+    outside = tmp_path / "outside"
+    (outside / "b").mkdir(parents=True)
+    core = await _session(cwd, [_stage("echo two > a.txt; rm old.txt"), {"text": "ok"}])
+    await core.submit("edit")
+    (tmp_path / "p" / "a").rename(tmp_path / "p" / "moved")
+    (tmp_path / "p" / "a").symlink_to(outside)
+    refused = r"rewind: .*/p/a/b is reached through a symlink \(.*/p/a\).*nothing was changed"
+    with pytest.raises(InvalidValue, match=refused):
+        await commands.run(core, "undo")
+    assert os.listdir(outside / "b") == []
+    await core.close()
+
+
 # ---- the file interface ----------------------------------------------------------------------------
 
 

@@ -37,7 +37,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from .. import config
+from .. import config, paths
 from ..threads import in_own_thread
 from ..types import InvalidValue, OllieError
 
@@ -212,7 +212,10 @@ class Checkpoints:
         chosen = live[-back:]
         if len({c.cwd for c in chosen}) > 1:
             raise InvalidValue("rewind: those turns worked in different directories; go back through each with /undo")
-        return await Shadow(chosen[0].cwd).plan(chosen[0], chosen[-1].after)
+        cwd = chosen[0].cwd  # (real when the turns ran: code around it may have swapped a directory for a link)
+        if problem := await asyncio.to_thread(paths.real_dir_problem, cwd):
+            raise InvalidValue(f"rewind: {cwd} {problem}; nothing was changed")
+        return await Shadow(cwd).plan(chosen[0], chosen[-1].after)
 
     async def rewind(self, back: int, force: bool = False) -> tuple[Plan, list[Checkpoint]]:
         """Go back `back` checkpoints; returns the plan carried out and the checkpoints undone."""
@@ -634,7 +637,16 @@ _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 def _write_back(cwd: str, plan: Plan, blobs: dict[str, bytes]) -> None:
-    root = os.open(cwd, _DIR_FLAGS)
+    try:  # (a real path: one a symlink replaced since, by the code of a session around it, leads elsewhere)
+        found = paths.open_real(cwd)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise InvalidValue(f"rewind: {cwd} is reached through a symlink now; nothing was restored") from None
+        raise
+    try:
+        root = os.open(f"/proc/self/fd/{found}", _DIR_FLAGS & ~os.O_NOFOLLOW)
+    finally:
+        os.close(found)
     try:
         for path in sorted(plan.delete, key=lambda p: p.count("/"), reverse=True):
             parent = _walk(root, path, create=False)
