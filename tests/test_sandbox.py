@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import os
 import platform
+import re
 import shutil
 import socket
 import subprocess
@@ -20,7 +21,7 @@ import pytest
 from ollie import config, paths, sandbox
 from ollie.sandbox import caches as caches_module
 from ollie.sandbox import gitidentity, linked, userconfig
-from ollie.sandbox.linked import linked_installs
+from ollie.sandbox.linked import LinkedLayout, linked_installs
 from ollie.tools import CallContext, execute
 from sandbox_helpers import API_KEY, NO_UNIX_SOCKETS, SECRET, UNIX_SOCKETS, write_policy
 from test_execute import alive
@@ -1055,33 +1056,62 @@ def _linked_venv(cwd: Path, store: Path) -> Path:
     return site
 
 
-def test_a_linked_virtualenv_is_kept_whole_and_where_its_links_lead(tmp_path):
+def test_a_linked_virtualenv_is_kept_whole_and_one_a_link_leads_out_of_is_refused(tmp_path):
     """A wheel's data files (`share/jupyter/kernels/python3/kernel.json`, run by Jupyter in your
-    other projects) are hard links too, so the virtualenv is kept whole; a symlink code planted in
-    one before your next install leads the install's links where it points, so that is kept too
-    (red-team pass, stop 57: `lib/python3.11` moved to `stash/`, linked back)."""
+    other projects) are hard links too: the virtualenv is kept whole. A symlink code planted in one
+    before your next install led the install's links where it points (`lib/python3.11` moved to
+    `stash/`, linked back); keeping that place was not enough, since code could then point a link
+    of the chain elsewhere for the next session (red-team passes, stop 57): refused, saying why."""
     cwd, store = tmp_path / "project", tmp_path / "store"
     site = _linked_venv(cwd, store)
     assert linked_installs(str(cwd)) == (f"{cwd}/.venv",)
     (cwd / "stash").mkdir()
-    (site.parent).rename(cwd / "stash" / "python3.11")
-    site.parent.symlink_to("../../stash/python3.11")
-    (cwd / "deep").mkdir()
-    (cwd / "stash" / "python3.11" / "site-packages" / "pkg").symlink_to(cwd / "deep")
-    assert linked_installs(str(cwd)) == (f"{cwd}/.venv", f"{cwd}/stash/python3.11", f"{cwd}/deep")
-    for n in range(9):  # more than it keeps one by one: the cwd whole
-        (cwd / f"d{n}").mkdir()
-        (cwd / ".venv" / "share" / f"l{n}").symlink_to(cwd / f"d{n}")
-    assert linked_installs(str(cwd))[0] == f"{cwd}/.venv"  # looked through again at your next install:
-    (cwd / "stash" / "python3.11" / "site-packages" / "other-1.0.dist-info").mkdir()  # (what it adds)
-    assert linked_installs(str(cwd)) == (str(cwd),)
+    site.parent.rename(cwd / "stash" / "python3.11")
+    (cwd / "L1").symlink_to("stash/python3.11")
+    site.parent.symlink_to("../../L1")
+    (site / "other-1.0.dist-info").mkdir()  # your next install, through the link (what makes it looked at again)
+    link = f"{cwd}/.venv/lib/python3.11 -> {cwd}/stash/python3.11"
+    with pytest.raises(LinkedLayout, match=re.escape(f"holds a symlink leading out of it ({link})")):
+        linked_installs(str(cwd))
+    # ... and so is a cwd inside a linked virtualenv (a sub-agent's may be any directory of its parent's)
+    (cwd / ".venv" / "lib" / "python3.11").unlink()
+    (cwd / "stash" / "python3.11").rename(cwd / ".venv" / "lib" / "python3.11")
+    (site / "other-1.0.dist-info").rmdir()
+    assert linked_installs(str(cwd)) == (f"{cwd}/.venv",)
+    for inside in (cwd / ".venv", cwd / ".venv" / "share" / "kernels"):
+        with pytest.raises(LinkedLayout, match=re.escape(f"{inside} lies in {cwd}/.venv, a virtualenv whose")):
+            linked_installs(str(inside))
 
 
-def test_a_linked_virtualenv_behind_a_link_is_kept_where_it_is(tmp_path):
+def test_what_was_looked_at_is_looked_at_again_once_its_times_are_set_back(tmp_path):
+    """A jail running while you install (the site-packages writable in it) could set the
+    site-packages' mtime back: the look of before, kept by it, said nothing was linked."""
     cwd = tmp_path / "project"
-    _linked_venv(cwd / "stash", tmp_path / "store")
-    (cwd / ".venv").symlink_to("stash/.venv")
-    assert linked_installs(str(cwd)) == (f"{cwd}/stash/.venv",)
+    site = cwd / ".venv" / "lib" / "python3.11" / "site-packages"
+    (site / "pkg-1.0.dist-info").mkdir(parents=True)
+    (site / "pkg-1.0.dist-info" / "METADATA").write_text("Name: pkg\n")
+    assert linked_installs(str(cwd)) == ()
+    before = site.stat()
+    (site / "pkg-1.0.dist-info" / "METADATA").unlink()
+    (tmp_path / "store").mkdir()
+    (tmp_path / "store" / "METADATA").write_text("Name: pkg\n")
+    os.link(tmp_path / "store" / "METADATA", site / "pkg-1.0.dist-info" / "METADATA")
+    os.utime(site, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert linked_installs(str(cwd)) == (f"{cwd}/.venv",)
+
+
+def test_a_linked_virtualenv_behind_a_link_is_kept_where_it_is_outside_the_cwd(tmp_path):
+    """Your `.venv`, a link to a virtualenv outside the project, is kept where it is; one into the
+    project, which code could point elsewhere or remove, is refused."""
+    cwd = tmp_path / "project"
+    cwd.mkdir()
+    _linked_venv(tmp_path / "venvs", tmp_path / "store")
+    (cwd / ".venv").symlink_to(tmp_path / "venvs" / ".venv")
+    assert linked_installs(str(cwd)) == (f"{tmp_path}/venvs/.venv",)
+    _linked_venv(cwd / "stash", tmp_path / "store2")
+    (cwd / "venv").symlink_to("stash/.venv")
+    with pytest.raises(LinkedLayout, match=re.escape(f"{cwd}/venv is a symlink to {cwd}/stash/.venv, a virtualenv")):
+        linked_installs(str(cwd))
     unlinked = tmp_path / "unlinked"
     (unlinked / ".venv" / "lib" / "python3.11" / "site-packages").mkdir(parents=True)
     (unlinked / ".venv" / "share").symlink_to(tmp_path)  # nothing linked yet: nothing kept

@@ -1135,37 +1135,42 @@ async def test_a_link_one_session_plants_in_the_shared_dirs_leads_no_other_sessi
     assert sorted(os.listdir(proj_b)) == []
 
 
-async def test_a_linked_virtualenv_is_read_only_whole_and_where_a_planted_link_led_its_install(home, tmp_path):
-    """Red-team pass, stop 57: a wheel's data files are uv's hard links too (ipykernel's
+async def test_a_linked_virtualenv_is_read_only_whole_and_a_link_leading_out_of_it_refused(home, tmp_path):
+    """Red-team passes, stop 57: a wheel's data files are uv's hard links too (ipykernel's
     `share/jupyter/kernels/python3/kernel.json`, whose argv Jupyter runs in your other projects),
     and were writable beside the read-only `lib`; and code that moved `lib/python3.11` aside and
-    linked it back had your next `uv pip install` link the packages where `lib` was not kept."""
+    linked it back had your next `uv pip install` link the packages where `lib` was not kept
+    (kept there, code could point the link elsewhere for the next session)."""
     store = home / ".cache" / "store"
     store.mkdir(parents=True)
     for name in ("METADATA", "kernel.json", "pkg.py"):
         (store / name).write_text(f"{name} from the store\n")
     cwd = home / "work" / "project"
-    (cwd / "stash" / "python3.11" / "site-packages" / "pkg-1.0.dist-info").mkdir(parents=True)
-    (cwd / ".venv" / "lib").mkdir(parents=True)
-    (cwd / ".venv" / "lib" / "python3.11").symlink_to("../../stash/python3.11")  # what code planted
-    site = cwd / ".venv" / "lib" / "python3.11" / "site-packages"
     (cwd / ".venv" / "share" / "kernels").mkdir(parents=True)
-    # what your install then did, following the link
-    os.link(store / "METADATA", site / "pkg-1.0.dist-info" / "METADATA")
-    os.link(store / "pkg.py", site / "pkg.py")
     os.link(store / "kernel.json", cwd / ".venv" / "share" / "kernels" / "kernel.json")
-    targets = ["stash/python3.11/site-packages/pkg.py", ".venv/share/kernels/kernel.json"]
-    code = (
-        f"for f in {' '.join(targets)}; do "
-        "{ echo PLANTED >> $f; } 2>&1 | grep -o 'Read-only file system'; done; "
-        "echo mine > stash/own.txt && echo writable"
+    site = cwd / ".venv" / "lib" / "python3.11" / "site-packages"
+    (site / "pkg-1.0.dist-info").mkdir(parents=True)
+    os.link(store / "METADATA", site / "pkg-1.0.dist-info" / "METADATA")
+
+    async def run(code: str):
+        server = execute.factory(str(cwd))()
+        try:
+            return await server.call_tool("execute_code", {"steps": [{"code": code}]}, CallContext(cwd=str(cwd)))
+        finally:
+            await server.close()
+
+    tried = await run(
+        "{ echo PLANTED >> .venv/share/kernels/kernel.json; } 2>&1 | grep -o 'Read-only file system'; "
+        "echo mine > own.txt && echo writable"
     )
-    server = execute.factory(str(cwd))()
-    try:
-        result = await server.call_tool("execute_code", {"steps": [{"code": code}]}, CallContext(cwd=str(cwd)))
-    finally:
-        await server.close()
-    assert result.text() == "Read-only file system\nRead-only file system\nwritable\n", result.text()
+    assert tried.text() == "Read-only file system\nwritable\n", tried.text()
+    # code moves lib/python3.11 aside and links it back; your install then links through it
+    (site.parent).rename(cwd / "stash")
+    site.parent.symlink_to("../../stash")
+    os.link(store / "pkg.py", site / "pkg.py")
+    refused = await run("echo PLANTED >> stash/site-packages/pkg.py")
+    assert refused.is_error and "the sandbox cannot keep a shared store's links read-only here" in refused.text()
+    assert f"holds a symlink leading out of it ({cwd}/.venv/lib/python3.11 -> {cwd}/stash)" in refused.text()
     assert "PLANTED" not in "".join(f.read_text() for f in store.iterdir())
 
 

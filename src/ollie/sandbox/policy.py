@@ -33,7 +33,7 @@ from ..paths import Decided, decided, identities, resolved
 from ..types import ConfigError
 from . import gitidentity, overlays, userconfig
 from .caches import cache_dir
-from .linked import linked_installs
+from .linked import LinkedLayout, linked_installs
 from .overlays import Overlay
 from .repository import repository_root
 
@@ -409,7 +409,7 @@ def load_policy(
         masked=masked,
         unlisted=unlisted,
         masked_dirs=masked_dirs,
-        linked=linked_installs(cwd) if cwd else (),
+        linked=_linked(cwd),
         overlays=_overlays(values, paths, [*masked, *masked_dirs, *(where for where, _, _ in unlisted)]),
         shared=tuple(p for p in extra_rw if os.path.exists(p)),
         own=frozenset([*extra_rox, *extra_ro, *extra_rw, *extra_rwx, *(os.path.normpath(p) for p in own_paths if p)]),
@@ -426,6 +426,13 @@ def load_policy(
         limits=_limits(raw["limits"]),
         best_effort=bool(raw["general"].get("best_effort")),
     )
+
+
+def _linked(cwd: str) -> tuple[str, ...]:
+    try:
+        return linked_installs(cwd) if cwd else ()
+    except LinkedLayout as e:
+        raise SandboxError(f"the sandbox cannot keep a shared store's links read-only here: {e}") from None
 
 
 def _writes(paths: dict[str, tuple[str, ...]], path: str) -> bool:
