@@ -19,7 +19,7 @@ import pytest
 
 from ollie import open_session
 from ollie.agent import commands
-from ollie.agent.checkpoints import Shadow
+from ollie.agent.checkpoints import CheckpointError, Shadow
 from ollie.types import InvalidValue
 
 
@@ -298,6 +298,31 @@ async def test_undo_writes_nothing_where_a_directory_above_the_cwd_was_swapped_f
     with pytest.raises(InvalidValue, match=refused):
         await commands.run(core, "undo")
     assert os.listdir(outside / "b") == []
+    await core.close()
+
+
+async def test_a_cwd_a_directory_above_was_swapped_for_a_link_is_not_snapshot_through_it(tmp_path):
+    """A sub-session's cwd lies in its parent's, whose code can swap a directory above it for a
+    link: each turn's snapshot followed it (and the fork that starts git, which the loop waits on,
+    into ollie's own mount: the server hung for good; red-team pass, stop 57)."""
+    (tmp_path / "p" / "a").mkdir(parents=True)
+    cwd = _project(tmp_path / "p" / "a" / "b")
+    outside = tmp_path / "outside"
+    (outside / "b").mkdir(parents=True)
+    (outside / "b" / "theirs.txt").write_text("not the project's\n")
+    notices: list[str] = []
+    core = await open_session(
+        backend="scripted",
+        script=[{"text": "ok"}],
+        cwd=str(cwd),
+        on_event=lambda e: notices.append(e.text) if e.kind == "info" else None,
+    )
+    (tmp_path / "p" / "a").rename(tmp_path / "p" / "moved")
+    (tmp_path / "p" / "a").symlink_to(outside)
+    await core.submit("hello")
+    assert any(f"checkpoints: off (the cwd {cwd} is reached through a symlink" in n for n in notices), notices
+    with pytest.raises(CheckpointError, match="is reached through a symlink"):
+        await Shadow(str(cwd)).snapshot()
     await core.close()
 
 

@@ -390,7 +390,7 @@ async def test_slash_commands(cores, tmp_path, ollie_dirs):
     assert "toy: ok\n  echo: echo text" in await run(core, events, "/mcp")
     assert await run(core, events, "/sp") == core.system_prompt()
     assert await run(core, events, f"/cwd {tmp_path}") == f"cwd: {tmp_path}" and core.session.cwd == str(tmp_path)
-    assert "not a directory" in await run(core, events, "/cwd /nonexistent")
+    assert "cwd: /nonexistent does not exist" in await run(core, events, "/cwd /nonexistent")
     assert "other" in await run(core, events, "/agents")
     assert await run(core, events, "/agent other") == "agent: other, backend: scripted, model: scripted"
     assert core.system_prompt() == "You are other.\n" and core.session.cwd == str(tmp_path)

@@ -330,6 +330,13 @@ def test_what_cannot_hold_a_worktree_is_refused_before_git_runs(tmp_path):
     git(tmp_path / "repo", "worktree", "add", "-q", str(linked))
     with pytest.raises(FsError, match="is not a directory .a linked worktree or a submodule"):
         worktrees.repository_root(str(linked), None)
+    # a `.git` code planted as a link is refused without being followed (one into ollie's own mount
+    # stopped the loop that serves it: red-team pass, stop 57)
+    planted = tmp_path / "planted"
+    planted.mkdir()
+    (planted / ".git").symlink_to(tmp_path / "repo" / ".git")
+    with pytest.raises(FsError, match="is not a directory .a linked worktree or a submodule"):
+        worktrees.repository_root(str(planted), None)
     for bad in (".hidden", "a..b", "x.lock", "trailing."):
         with pytest.raises(FsError, match="cannot name a git branch"):
             worktrees.check_id(bad)

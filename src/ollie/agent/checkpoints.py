@@ -330,9 +330,12 @@ def _refused_cwd(cwd: str) -> str:
     snapshot reads every file: `fifo.out` would pop prompts, `statewait` would block)."""
     if mount := config.ollie_mount_of(cwd):  # by name: a lookup there may be this very process's
         return f"the cwd is on ollie's file server's mount {mount}"
-    real = os.path.realpath(cwd)
-    if real in ("/", os.path.realpath(os.path.expanduser("~"))):
-        return f"the cwd is {real}, not a project directory"
+    # (kept real: one a symlink replaced since, by the code of a session around it, is not followed,
+    # on this loop, into wherever it leads, this process's mount included)
+    if problem := paths.real_dir_problem(cwd):
+        return f"the cwd {cwd} {problem}"
+    if cwd in ("/", os.path.realpath(os.path.expanduser("~"))):
+        return f"the cwd is {cwd}, not a project directory"
     return ""
 
 
@@ -343,7 +346,7 @@ class Shadow:
     """The shadow repository of one working directory."""
 
     def __init__(self, cwd: str) -> None:
-        self.cwd = os.path.realpath(cwd)
+        self.cwd = cwd  # a real path, as sessions keep theirs
         key = hashlib.sha256(self.cwd.encode()).hexdigest()[:20]
         self.repo = config.data_path() / "checkpoints" / key
 
@@ -353,7 +356,7 @@ class Shadow:
             "HOME": str(self.repo),  # no ~/.config/git of anyone's
             "LC_ALL": "C",
             "GIT_DIR": str(self.repo),
-            "GIT_WORK_TREE": self.cwd,
+            "GIT_WORK_TREE": ".",  # its cwd, the work tree's descriptor (`_git`)
             "GIT_CONFIG_GLOBAL": os.devnull,
             "GIT_CONFIG_NOSYSTEM": "1",
             "GIT_TERMINAL_PROMPT": "0",
@@ -372,16 +375,27 @@ class Shadow:
 
     async def _git(self, *args: str, stdin: bytes | None = None, fatal_only: bool = False) -> bytes:
         """Run git on the shadow repository; CheckpointError if it fails (with `fatal_only`, only
-        if it gave up: `add --ignore-errors` exits 1 for a file that vanished while it ran)."""
-        proc = await asyncio.create_subprocess_exec(
-            config.system_program("git"),  # it runs as the user, unsandboxed: the system's alone
-            *args,
-            cwd=self.cwd,
-            env=self._env(),
-            stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-        )
+        if it gave up: `add --ignore-errors` exits 1 for a file that vanished while it ran).
+        It starts in the work tree by its descriptor, opened through no symlink: by its path, a link
+        put in place of a directory on the way would lead git, and the fork that starts it (which
+        this loop waits on), wherever it points, this process's own mount included."""
+        try:
+            tree = paths.open_real(self.cwd)
+        except OSError as e:
+            raise CheckpointError(f"the cwd {self.cwd} {paths.real_dir_problem(self.cwd) or e}") from None
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                config.system_program("git"),  # it runs as the user, unsandboxed: the system's alone
+                *args,
+                cwd=f"/proc/self/fd/{tree}",
+                pass_fds=(tree,),
+                env=self._env(),
+                stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+            )
+        finally:
+            os.close(tree)
         out, err = await proc.communicate(stdin)
         if proc.returncode and not (fatal_only and proc.returncode == 1):
             raise CheckpointError(f"git {args[0]} failed: {err.decode(errors='replace').strip()[:300]}")

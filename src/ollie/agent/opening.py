@@ -8,7 +8,7 @@ from collections.abc import Awaitable, Callable, Generator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .. import backends, config, sandbox
+from .. import backends, config, paths, sandbox
 from ..plans import Plans
 from ..tools import dispatcher_factory, execute
 from ..types import ConfigError, Event, NotFound
@@ -216,6 +216,6 @@ def _cwd(cwd: str | None, cwd_within: str, meta: SessionMeta | None) -> str:
         cwd = os.path.realpath(os.path.expanduser(cwd))
     else:
         cwd = meta.cwd if meta and meta.cwd else os.getcwd()
-    if not os.path.isdir(cwd):
-        raise ConfigError(f"cwd {cwd!r} is not a directory")
+    if problem := paths.real_dir_problem(cwd):  # (a stored one swapped for a link since is not followed)
+        raise ConfigError(f"cwd {cwd!r} {problem}")
     return cwd

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from .. import config, sandbox
+from .. import config, paths, sandbox
 from ..cost import price_known
 from ..types import Busy, ContextSize, Cost, GenerationParams, InvalidValue, Message, Usage, valid_text, valid_value
 from .session import SessionMeta, SessionStore
@@ -71,7 +71,7 @@ class SessionState:
         self.usage = Usage(**meta.usage) if meta.usage else Usage()
         self._env = dict(meta.env)
         self._params.restore(meta.params)
-        if meta.cwd and os.path.isdir(meta.cwd):
+        if meta.cwd and not paths.real_dir_problem(meta.cwd):
             self._cwd = meta.cwd
         self._plan = self.store.load_plan()
         self.reply = last_reply(self._messages)
@@ -148,8 +148,8 @@ class SessionState:
                 raise InvalidValue(f"cwd: {path} is on ollie's file server's mount {mount}; a session works elsewhere")
         if own := config.own_dir_of(path):  # (real by now, either way)
             raise InvalidValue(f"cwd: {path} lies in ollie's own directory {own}, which sandboxed code never sees")
-        if not os.path.isdir(path):
-            raise InvalidValue(f"not a directory: {path}")
+        if problem := paths.real_dir_problem(path):  # (a link swapped in since is not followed, on this loop)
+            raise InvalidValue(f"cwd: {path} {problem}")
         self._cwd = path
         self.save()
         self._changed()

@@ -28,6 +28,7 @@ import logging
 import os
 import re
 import shlex
+import stat
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -85,7 +86,11 @@ def repository_root(cwd: str, bound: str | None) -> str:
                 "run it without worktree=1, or make the directory a repository first (git init, one commit)",
             )
         here = up
-    if not os.path.isdir(dot_git) or os.path.islink(dot_git):
+    try:  # (a link not followed: it could lead into the mount this loop serves)
+        is_dir = stat.S_ISDIR(os.lstat(dot_git).st_mode)
+    except OSError:
+        is_dir = False
+    if not is_dir:
         raise FsError(
             E.EINVAL,
             f"worktree=1: {dot_git} is not a directory (a linked worktree or a submodule, whose repository lies "
