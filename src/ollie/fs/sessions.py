@@ -413,7 +413,11 @@ class Sessions:
                 session_id = name or job_id or new_session_id()  # its branch's name: ollie/<id>
                 bound = parent.settings()["cwd"] if parent is not None else None
                 kind, by = ("job", "") if job_id else ("session", parent.id if parent is not None else "")
-                tree = worktrees.plan(session_id, os.path.realpath(cwd), bound, kind, by)
+                # (in a thread: the parent's code may have swapped a directory on the way for a
+                # link, into the mount this loop serves)
+                tree = await asyncio.to_thread(
+                    lambda: worktrees.plan(session_id, os.path.realpath(cwd), bound, kind, by)
+                )
                 tree = await worktrees.create(tree, parent)
                 cwd = tree.cwd
             opened: list[Session] = []  # the view serves the Session, made once the Core is

@@ -33,7 +33,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .. import config
+from .. import config, paths
 from ..sandbox.repository import WORKTREES
 from ..tools import CallContext, execute
 from ..vfs.namespace import FsError
@@ -308,7 +308,7 @@ git worktree prune
 if git rev-parse -q --verify {ref} >/dev/null; then git branch -q -D {q(wt.branch)} || exit 1; fi
 [ ! -e {place} ]
 """
-    if not os.path.isdir(wt.root):  # the repository itself is gone: nothing to remove
+    if paths.real_dir_problem(wt.root):  # the repository is gone (or a link now: never followed here)
         _forget(wt.id)
         return True
     try:
