@@ -115,6 +115,16 @@ def open_real(path: str, beneath: int | None = None, links: bool = False) -> int
     return fd
 
 
+def open_real_dir(path: str) -> int:
+    """A readable descriptor of the directory at the real path `path` (to list, or to open and
+    make files beneath), refusing every symlink on the way (ELOOP), as `open_real`."""
+    found = open_real(path)
+    try:
+        return os.open(f"/proc/self/fd/{found}", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC | os.O_NONBLOCK)
+    finally:
+        os.close(found)
+
+
 def read_beneath(
     directory: str, name: str, limit: int, hidden: dict[Identity, str], linked: bool = False
 ) -> tuple[bytes, int]:

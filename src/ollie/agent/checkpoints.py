@@ -652,15 +652,11 @@ _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 def _write_back(cwd: str, plan: Plan, blobs: dict[str, bytes]) -> None:
     try:  # (a real path: one a symlink replaced since, by the code of a session around it, leads elsewhere)
-        found = paths.open_real(cwd)
+        root = paths.open_real_dir(cwd)
     except OSError as e:
         if e.errno == errno.ELOOP:
             raise InvalidValue(f"rewind: {cwd} is reached through a symlink now; nothing was restored") from None
         raise
-    try:
-        root = os.open(f"/proc/self/fd/{found}", _DIR_FLAGS & ~os.O_NOFOLLOW)
-    finally:
-        os.close(found)
     try:
         for path in sorted(plan.delete, key=lambda p: p.count("/"), reverse=True):
             parent = _walk(root, path, create=False)

@@ -10,7 +10,7 @@ import os
 import stat
 from collections.abc import Callable
 
-from ..paths import open_real, resolved
+from ..paths import open_real_dir, resolved
 
 _DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
 _VENVS = (".venv", "venv")
@@ -145,17 +145,11 @@ def _leads_out(venv: int, path: str) -> tuple[str, str]:
 
 
 def _open_real_dir(path: str) -> int | None:
-    """A readable descriptor of the directory at the real path `path`, refusing a symlink swapped in since."""
+    """`paths.open_real_dir`, None where it is gone, or a symlink swapped in since."""
     try:
-        found = open_real(path)
+        return open_real_dir(path)
     except OSError:
         return None
-    try:
-        return os.open(f"/proc/self/fd/{found}", _DIR & ~os.O_NOFOLLOW)
-    except OSError:
-        return None
-    finally:
-        os.close(found)
 
 
 def _open_dir(parent: int, *names: str, follow: bool = False) -> int | None:
