@@ -15,7 +15,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import config
+from . import config, paths
 from .project import project_dirs, read_text
 
 PROJECT_DIRS = (".ollie/skills", ".claude/skills")
@@ -49,10 +49,8 @@ def list_skills(cwd: str | None = None) -> tuple[list[Skill], list[str]]:
     found: dict[str, Skill] = {}
     notices: list[str] = []
     for root, in_project in skill_dirs(cwd):
-        if in_project and (root.is_symlink() or root.parent.is_symlink()):
-            continue  # planted (`.claude -> ~/.config/ollie`): its listing would name what ollie hides
         try:
-            names = sorted(os.listdir(root))
+            names = sorted(_listing(root) if in_project else os.listdir(root))
         except OSError:
             continue
         if len(names) > ENTRIES_MAX:  # (code can fill a project's: each one is a file to read)
@@ -72,6 +70,17 @@ def list_skills(cwd: str | None = None) -> tuple[list[Skill], list[str]]:
     if len(skills) > SKILLS_MAX:
         notices.append(f"skills: {len(skills)} found; the model is offered the first {SKILLS_MAX} by name")
     return skills[:SKILLS_MAX], notices
+
+
+def _listing(root: Path) -> list[str]:
+    """A project's skills directory's names, the directory reached through no symlink, once, by
+    descriptor: a planted `.claude -> ~/.config/ollie` (or one swapped in after a look) would have
+    its listing name what ollie hides, in notices the session's chat shows."""
+    fd = paths.open_real_dir(str(root))
+    try:
+        return os.listdir(fd)
+    finally:
+        os.close(fd)
 
 
 def _read(root: Path, dirname: str, in_project: bool) -> Skill | None:
